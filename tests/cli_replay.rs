@@ -1,0 +1,360 @@
+//! The `kvsched replay` binary: output, `--bench`, exit codes and one-line error messages
+//! (SPEC §5).
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+const BIN: &str = env!("CARGO_BIN_EXE_kvsched");
+
+/// The scenario of SPEC §5, verbatim.
+const SPEC_EXAMPLE: &str = r#"{
+  "mode": "vllm",
+  "policy": "recompute",
+  "null_block_id": 0,
+  "scheduler_block_size": 16,
+  "groups": [ {"kind": "full_attention", "block_size": 16},
+              {"kind": "mamba", "block_size": 16, "mamba_mode": "align"} ],
+  "requests": [
+    {"id": "a", "class": "async", "num_computed_tokens": 144,
+     "block_tables": [[101,102,103,104,105,106,107,108,109], [0,0,0,0,0,0,0,0,201]]},
+    {"id": "s", "class": "sync", "num_computed_tokens": 48, "num_scheduled_tokens": 16,
+     "block_tables": [[1,2,3], [0,0,9]]}
+  ],
+  "invalid_blocks": [104]
+}
+"#;
+
+/// SPEC §5's outcome, as the tool prints it (pretty, 2-space indent, trailing newline).
+const SPEC_OUTCOME: &str = r#"{
+  "affected": [
+    "a"
+  ],
+  "skip": [],
+  "failed": [],
+  "failed_recving": [
+    "a"
+  ],
+  "total_affected_tokens": 96,
+  "evicted_blocks": [],
+  "requests": [
+    {
+      "id": "a",
+      "affected": true,
+      "num_computed_tokens": 48,
+      "affected_tokens": 96,
+      "claimed_blocks": [
+        104
+      ],
+      "waits_for": []
+    },
+    {
+      "id": "s",
+      "affected": false,
+      "num_computed_tokens": 48,
+      "affected_tokens": 0,
+      "claimed_blocks": [],
+      "waits_for": []
+    }
+  ]
+}
+"#;
+
+fn run(args: &[&str], stdin: &[u8]) -> Output {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .env_remove("RUST_BACKTRACE")
+        .env_remove("RUST_LIB_BACKTRACE")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn kvsched");
+    {
+        let mut input = child.stdin.take().expect("stdin");
+        // The binary may exit before reading everything (e.g. on a bad argument).
+        let _ = input.write_all(stdin);
+    }
+    child.wait_with_output().expect("wait for kvsched")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn temp_file(name: &str, contents: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("kvsched-cli-replay-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join(name);
+    std::fs::write(&path, contents).expect("write temp file");
+    path
+}
+
+/// Asserts exit code 2, empty stdout and exactly one stderr line `error: {field}: …problem…`.
+fn assert_bad(out: &Output, field: &str, problem: &str, what: &str) {
+    let stderr = text(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{what}: expected exit code 2, got {:?}; stderr: {stderr}",
+        out.status
+    );
+    assert!(out.stdout.is_empty(), "{what}: stdout not empty");
+    assert!(
+        stderr.ends_with('\n') && stderr.matches('\n').count() == 1,
+        "{what}: stderr is not exactly one line: {stderr:?}"
+    );
+    let line = stderr.trim_end();
+    let prefix = format!("error: {field}: ");
+    assert!(
+        line.starts_with(&prefix),
+        "{what}: expected the message to start with {prefix:?}, got {line:?}"
+    );
+    assert!(
+        line[prefix.len()..].contains(problem),
+        "{what}: expected the problem to mention {problem:?}, got {line:?}"
+    );
+    assert!(!line.contains("panicked"), "{what}: {line}");
+}
+
+#[test]
+fn spec_example_from_file() {
+    let path = temp_file("spec_example.json", SPEC_EXAMPLE);
+    let out = run(&["replay", path.to_str().expect("utf-8 path")], b"");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), SPEC_OUTCOME);
+    assert!(out.stderr.is_empty(), "{}", text(&out.stderr));
+}
+
+#[test]
+fn spec_example_from_stdin() {
+    let out = run(&["replay", "-"], SPEC_EXAMPLE.as_bytes());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), SPEC_OUTCOME);
+    assert!(out.stderr.is_empty(), "{}", text(&out.stderr));
+}
+
+#[test]
+fn bench_prints_median_and_leaves_stdout_unchanged() {
+    let plain = run(&["replay", "-"], SPEC_EXAMPLE.as_bytes());
+    let out = run(&["replay", "--bench", "5", "-"], SPEC_EXAMPLE.as_bytes());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(out.stdout, plain.stdout);
+    let stderr = text(&out.stderr);
+    let value = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("recovery_ns_median="))
+        .unwrap_or_else(|| panic!("no recovery_ns_median= line in {stderr:?}"));
+    assert!(
+        !value.is_empty() && value.parse::<u64>().is_ok(),
+        "median is not an integer: {value:?}"
+    );
+}
+
+#[test]
+fn bench_zero_is_a_usage_error() {
+    let out = run(&["replay", "--bench", "0", "-"], SPEC_EXAMPLE.as_bytes());
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(text(&out.stderr).matches('\n').count(), 1);
+}
+
+#[test]
+fn missing_file() {
+    let out = run(&["replay", "/nonexistent/kvsched/scenario.json"], b"");
+    assert_bad(&out, "FILE", "cannot read", "missing file");
+}
+
+#[test]
+fn directory_instead_of_file() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+    let out = run(&["replay", dir.to_str().expect("utf-8 path")], b"");
+    assert_bad(&out, "FILE", "cannot read", "directory");
+}
+
+#[test]
+fn usage_errors_are_one_line() {
+    for args in [&["replay"][..], &[][..], &["replay", "--nope", "-"][..]] {
+        let out = run(args, b"");
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let stderr = text(&out.stderr);
+        assert!(
+            stderr.starts_with("error: ") && stderr.matches('\n').count() == 1,
+            "{args:?}: {stderr:?}"
+        );
+    }
+}
+
+const G1: &str = r#"[{"kind":"full_attention","block_size":16}]"#;
+const G2: &str =
+    r#"[{"kind":"full_attention","block_size":16},{"kind":"full_attention","block_size":16}]"#;
+const R1: &str = r#"[{"id":"a","class":"async","num_computed_tokens":32,"block_tables":[[1,2]]}]"#;
+const REPORT: &str = r#","invalid_blocks":[1]"#;
+
+/// A scenario with the given groups, requests and trailing top-level fields.
+fn sc(groups: &str, requests: &str, tail: &str) -> String {
+    format!(r#"{{"groups":{groups},"requests":{requests}{tail}}}"#)
+}
+
+fn group(g: &str) -> String {
+    sc(&format!("[{g}]"), "[]", REPORT)
+}
+
+fn request(r: &str) -> String {
+    sc(G1, &format!("[{r}]"), REPORT)
+}
+
+/// (what, input, field, problem)
+fn bad_inputs() -> Vec<(&'static str, Vec<u8>, &'static str, &'static str)> {
+    let s = |x: String| x.into_bytes();
+    vec![
+        // Malformed JSON, top level.
+        ("truncated JSON", s(r#"{"groups": ["#.into()), "scenario", "line 1 column"),
+        ("trailing characters", s(format!("{} x", sc(G1, R1, REPORT))), "scenario", "trailing"),
+        ("empty input", vec![], "scenario", "EOF"),
+        ("invalid UTF-8", vec![b'{', 0xff, b'}'], "scenario", "malformed JSON"),
+        ("top level array", s("[]".into()), "scenario", "must be a JSON object"),
+        ("top level number", s("3".into()), "scenario", "must be a JSON object"),
+        // Unknown fields and enum values.
+        ("unknown top field", s(sc(G1, R1, r#","invalid_blocks":[],"foo":1"#)), "foo", "unknown field"),
+        ("unknown group field", s(group(r#"{"kind":"full_attention","block_size":16,"size":3}"#)), "groups[0].size", "unknown field"),
+        ("unknown request field", s(request(r#"{"id":"a","class":"async","num_computed_tokens":0,"block_tables":[[]],"prio":1}"#)), "requests[0].prio", "unknown field"),
+        ("unknown mode", s(sc(G1, R1, r#","invalid_blocks":[],"mode":"fast""#)), "mode", "unknown value \"fast\""),
+        ("unknown policy", s(sc(G1, R1, r#","invalid_blocks":[],"policy":"retry""#)), "policy", "unknown value \"retry\""),
+        ("unknown kind", s(group(r#"{"kind":"linear","block_size":16}"#)), "groups[0].kind", "unknown value \"linear\""),
+        ("unknown mamba_mode", s(group(r#"{"kind":"mamba","block_size":16,"mamba_mode":"some"}"#)), "groups[0].mamba_mode", "unknown value \"some\""),
+        ("unknown class", s(request(r#"{"id":"a","class":"batch","num_computed_tokens":0,"block_tables":[[]]}"#)), "requests[0].class", "unknown value \"batch\""),
+        ("mode not a string", s(sc(G1, R1, r#","invalid_blocks":[],"mode":1"#)), "mode", "got number 1"),
+        // Duplicate keys.
+        ("top key twice", s(r#"{"mode":"vllm","mode":"safe","groups":[{"kind":"full_attention","block_size":16}],"requests":[],"invalid_blocks":[]}"#.into()), "mode", "key given twice"),
+        ("group key twice", s(group(r#"{"kind":"full_attention","block_size":16,"block_size":32}"#)), "groups[0].block_size", "key given twice"),
+        ("request key twice", s(request(r#"{"id":"a","id":"b","class":"async","num_computed_tokens":0,"block_tables":[[]]}"#)), "requests[0].id", "key given twice"),
+        // Numbers that are not non-negative 64-bit integers.
+        ("float size", s(group(r#"{"kind":"full_attention","block_size":16.0}"#)), "groups[0].block_size", "float 16.0"),
+        ("string size", s(group(r#"{"kind":"full_attention","block_size":"16"}"#)), "groups[0].block_size", "got string \"16\""),
+        ("boolean tokens", s(request(r#"{"id":"a","class":"async","num_computed_tokens":true,"block_tables":[[]]}"#)), "requests[0].num_computed_tokens", "boolean"),
+        ("negative size", s(group(r#"{"kind":"full_attention","block_size":-16}"#)), "groups[0].block_size", "non-negative"),
+        ("negative null id", s(sc(G1, R1, r#","invalid_blocks":[],"null_block_id":-1"#)), "null_block_id", "non-negative"),
+        ("overflowing report id", s(sc(G1, R1, r#","invalid_blocks":[18446744073709551616]"#)), "invalid_blocks[0]", "64 bits"),
+        ("overflowing table entry", s(request(r#"{"id":"a","class":"async","num_computed_tokens":32,"block_tables":[[1,99999999999999999999]]}"#)), "requests[0].block_tables[0][1]", "64 bits"),
+        ("null report id", s(sc(G1, R1, r#","invalid_blocks":[null]"#)), "invalid_blocks[0]", "null"),
+        ("string table entry", s(request(r#"{"id":"a","class":"async","num_computed_tokens":32,"block_tables":[["1",2]]}"#)), "requests[0].block_tables[0][0]", "string"),
+        ("null scheduler_block_size", s(sc(G1, R1, r#","invalid_blocks":[],"scheduler_block_size":null"#)), "scheduler_block_size", "null"),
+        ("float in by-group list", s(sc(G1, R1, r#","invalid_blocks_by_group":[[1.5]]"#)), "invalid_blocks_by_group[0][0]", "float 1.5"),
+        // Geometry.
+        ("zero block size", s(sc(r#"[{"kind":"full_attention","block_size":16},{"kind":"full_attention","block_size":0}]"#, "[]", REPORT)), "groups[1].block_size", "must be > 0"),
+        ("zero window", s(group(r#"{"kind":"sliding_window","block_size":16,"window":0}"#)), "groups[0].window", "must be > 0"),
+        ("zero S", s(sc(G1, R1, r#","invalid_blocks":[],"scheduler_block_size":0"#)), "scheduler_block_size", "must be > 0"),
+        ("S not a multiple", s(sc(G2, "[]", r#","invalid_blocks":[],"scheduler_block_size":24"#)), "scheduler_block_size", "24 is not a multiple of groups[0].block_size 16"),
+        ("lcm overflow", s(sc(r#"[{"kind":"full_attention","block_size":9223372036854775783},{"kind":"full_attention","block_size":4611686018427387904}]"#, "[]", REPORT)), "groups", "overflows 64 bits"),
+        ("empty groups", s(sc("[]", "[]", REPORT)), "groups", "at least one cache group"),
+        ("groups not an array", s(sc("{}", "[]", REPORT)), "groups", "expected an array"),
+        ("group not an object", s(sc("[16]", "[]", REPORT)), "groups[0]", "must be a JSON object"),
+        // Fields that do not belong to the group's kind; missing kind fields.
+        ("window on full attention", s(group(r#"{"kind":"full_attention","block_size":16,"window":32}"#)), "groups[0].window", "not a field of a full_attention group"),
+        ("mamba_mode on sliding window", s(group(r#"{"kind":"sliding_window","block_size":16,"window":32,"mamba_mode":"all"}"#)), "groups[0].mamba_mode", "not a field of a sliding_window group"),
+        ("window on mamba", s(group(r#"{"kind":"mamba","block_size":16,"mamba_mode":"all","window":3}"#)), "groups[0].window", "not a field of a mamba group"),
+        ("missing window", s(group(r#"{"kind":"sliding_window","block_size":16}"#)), "groups[0].window", "missing"),
+        ("missing mamba_mode", s(group(r#"{"kind":"mamba","block_size":16}"#)), "groups[0].mamba_mode", "missing"),
+        ("missing kind", s(group(r#"{"block_size":16}"#)), "groups[0].kind", "missing"),
+        ("missing block_size", s(group(r#"{"kind":"full_attention"}"#)), "groups[0].block_size", "missing"),
+        ("missing groups", s(r#"{"requests":[],"invalid_blocks":[]}"#.into()), "groups", "missing"),
+        ("missing requests", s(format!(r#"{{"groups":{G1},"invalid_blocks":[]}}"#)), "requests", "missing"),
+        // Requests.
+        ("missing id", s(request(r#"{"class":"async","num_computed_tokens":0,"block_tables":[[]]}"#)), "requests[0].id", "missing"),
+        ("missing class", s(request(r#"{"id":"a","num_computed_tokens":0,"block_tables":[[]]}"#)), "requests[0].class", "missing"),
+        ("missing num_computed_tokens", s(request(r#"{"id":"a","class":"sync","block_tables":[[]]}"#)), "requests[0].num_computed_tokens", "missing"),
+        ("missing block_tables", s(request(r#"{"id":"a","class":"sync","num_computed_tokens":0}"#)), "requests[0].block_tables", "missing"),
+        ("numeric id", s(request(r#"{"id":7,"class":"async","num_computed_tokens":0,"block_tables":[[]]}"#)), "requests[0].id", "non-empty string"),
+        ("empty id", s(request(r#"{"id":"","class":"async","num_computed_tokens":0,"block_tables":[[]]}"#)), "requests[0].id", "non-empty string"),
+        ("requests not an array", s(sc(G1, r#"{"a":1}"#, REPORT)), "requests", "expected an array"),
+        ("table not an array", s(request(r#"{"id":"a","class":"async","num_computed_tokens":0,"block_tables":[3]}"#)), "requests[0].block_tables[0]", "expected an array"),
+        ("duplicate request ids", s(sc(G1, r#"[{"id":"a","class":"async","num_computed_tokens":0,"block_tables":[[]]},{"id":"a","class":"sync","num_computed_tokens":0,"block_tables":[[]]}]"#, REPORT)), "requests[1].id", "duplicate request id \"a\""),
+        ("scheduled > computed", s(request(r#"{"id":"a","class":"sync","num_computed_tokens":16,"num_scheduled_tokens":32,"block_tables":[[1]]}"#)), "requests[0].num_scheduled_tokens", "num_scheduled_tokens 32 exceeds num_computed_tokens 16"),
+        ("async with scheduled tokens", s(request(r#"{"id":"a","class":"async","num_computed_tokens":32,"num_scheduled_tokens":16,"block_tables":[[1,2]]}"#)), "requests[0].num_scheduled_tokens", "must be 0"),
+        ("null in full attention below P", s(sc(G2, r#"[{"id":"a","class":"async","num_computed_tokens":64,"block_tables":[[1,2,3,4],[5,6,7,0]]}]"#, REPORT)), "requests[0].block_tables[1][3]", "null block 0 in a full_attention table below P = 64"),
+        ("custom null in full attention", s(sc(G1, r#"[{"id":"a","class":"async","num_computed_tokens":32,"block_tables":[[9,7]]}]"#, r#","invalid_blocks":[],"null_block_id":7"#)), "requests[0].block_tables[0][1]", "null block 7"),
+        // Reports.
+        ("by-group list count", s(sc(G2, "[]", r#","invalid_blocks_by_group":[[1]]"#)), "invalid_blocks_by_group", "1 lists given, 2 groups configured"),
+        ("no report", s(sc(G1, R1, "")), "invalid_blocks", "missing"),
+        ("report not an array", s(sc(G1, R1, r#","invalid_blocks":1"#)), "invalid_blocks", "expected an array"),
+    ]
+}
+
+#[test]
+fn bad_inputs_exit_2_with_one_line_naming_field_and_problem() {
+    let cases = bad_inputs();
+    assert!(cases.len() >= 25);
+    for (what, input, field, problem) in cases {
+        let out = run(&["replay", "-"], &input);
+        assert_bad(&out, field, problem, what);
+    }
+}
+
+#[test]
+fn table_count_message_is_the_spec_example() {
+    let groups = r#"[{"kind":"full_attention","block_size":16},{"kind":"full_attention","block_size":16},{"kind":"full_attention","block_size":16}]"#;
+    let requests = r#"[{"id":"a","class":"async","num_computed_tokens":0,"block_tables":[[],[],[]]},{"id":"b","class":"async","num_computed_tokens":0,"block_tables":[[],[]]}]"#;
+    let out = run(&["replay", "-"], sc(groups, requests, REPORT).as_bytes());
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        text(&out.stderr),
+        "error: requests[1].block_tables: 2 tables given, 3 groups configured\n"
+    );
+}
+
+#[test]
+fn accepted_edge_cases() {
+    for (what, input) in [
+        ("empty requests", sc(G1, "[]", REPORT)),
+        ("empty report", sc(G1, R1, r#","invalid_blocks":[]"#)),
+        (
+            "repeated ids in a report",
+            sc(G1, R1, r#","invalid_blocks":[2,2,2]"#),
+        ),
+        (
+            "one id in two groups' tables",
+            sc(
+                G2,
+                r#"[{"id":"a","class":"async","num_computed_tokens":32,"block_tables":[[1,2],[2,1]]}]"#,
+                REPORT,
+            ),
+        ),
+        (
+            "both report forms",
+            sc(
+                G2,
+                "[]",
+                r#","invalid_blocks":[1],"invalid_blocks_by_group":[[],[2]]"#,
+            ),
+        ),
+        (
+            "null above P in full attention",
+            sc(
+                G1,
+                r#"[{"id":"a","class":"async","num_computed_tokens":16,"block_tables":[[1,0,0]]}]"#,
+                REPORT,
+            ),
+        ),
+        (
+            "nulls inside a window; mamba align with several real entries",
+            sc(
+                r#"[{"kind":"sliding_window","block_size":16,"window":64},{"kind":"mamba","block_size":16,"mamba_mode":"align"}]"#,
+                r#"[{"id":"a","class":"async","num_computed_tokens":48,"block_tables":[[0,5,0],[6,7,8]]}]"#,
+                REPORT,
+            ),
+        ),
+        (
+            "unicode id and u64::MAX",
+            sc(
+                G1,
+                r#"[{"id":"é\n","class":"async","num_computed_tokens":18446744073709551615,"block_tables":[[1]]}]"#,
+                REPORT,
+            ),
+        ),
+    ] {
+        let out = run(&["replay", "-"], input.as_bytes());
+        assert_eq!(out.status.code(), Some(0), "{what}: {}", text(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON outcome");
+        assert!(v.get("requests").is_some(), "{what}");
+    }
+}
