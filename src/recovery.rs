@@ -350,7 +350,8 @@ pub struct Decision<O> {
     /// Ids of the new hits, ascending, deduplicated.
     pub claimed_blocks: Vec<BlockId>,
     /// Old-hit blocks starting below the new computed length, one per id, ascending, with the
-    /// owner (the least owner when an id has several). Mode `safe` + `recompute` only.
+    /// owner. When an id has several owners (one id in two groups' tables, with per-group
+    /// pools), the least `O` — the earliest in canonical order. Mode `safe` + `recompute` only.
     pub waits_for: Vec<(BlockId, O)>,
     /// Blocks whose prefix-cache entry this request's rollback clears *as applied* under the
     /// mode and policy: non-null entries at indices `≥ boundary / b_g` in every group.
@@ -492,9 +493,12 @@ fn resumable_boundary<O>(
     earliest_new: u64,
 ) -> u64 {
     let groups = geo.groups();
+    // Every kind needs entry `c/b − 1` at `c > 0`, except a sliding window of one token,
+    // whose range `[c, c)` is empty.
     let cap = groups
         .iter()
         .zip(req.block_tables)
+        .filter(|(g, _)| g.kind != GroupKind::SlidingWindow { window: 1 })
         .map(|(g, t)| (t.len() as u64).saturating_mul(g.block_size))
         .fold(earliest_new, u64::min);
     let start = geo.round_down_to_s(cap);
@@ -537,7 +541,7 @@ fn resumable_boundary<O>(
                 GroupKind::Mamba { .. } => hi - 1,
             };
             let (lo, hi) = (lo as usize, hi as usize);
-            hi < prefix.len() && prefix[hi] == prefix[lo]
+            lo >= hi || (hi < prefix.len() && prefix[hi] == prefix[lo])
         });
         if ok {
             return c;
@@ -605,11 +609,13 @@ pub fn recover(
 ) -> Outcome {
     let mut decisions: Vec<Option<RequestOutcome>> = vec![None; requests.len()];
     let order = canonical_order(requests);
+    // Owners are canonical positions while deciding (so "the least owner" of an id is the
+    // earliest in canonical order), mapped back to input indices afterwards.
     let mut marked: FxHashMap<(u32, BlockId), usize> = FxHashMap::default();
     let mut hits = Vec::new();
     let mut owners = Vec::new();
     let mut prev_class = None;
-    for &i in &order {
+    for (pos, &i) in order.iter().enumerate() {
         let req = requests[i].view();
         if mode == Mode::Vllm
             && prev_class == Some(RequestClass::Async)
@@ -629,12 +635,22 @@ pub fn recover(
         }));
         for (h, o) in hits.iter().zip(&owners) {
             if let (HitOwner::Mine, Entry::Vacant(e)) = (o, marked.entry((h.group, h.block))) {
-                e.insert(i);
+                e.insert(pos);
             }
         }
-        decisions[i] = Some(decide(geo, mode, policy, req, &hits, &owners));
+        let mut d = decide(geo, mode, policy, req, &hits, &owners);
+        for w in &mut d.waits_for {
+            w.1 = order[w.1];
+        }
+        decisions[i] = Some(d);
     }
     let requests_out: Vec<RequestOutcome> = decisions.into_iter().flatten().collect();
+    outcome_from_decisions(requests, requests_out)
+}
+
+/// Assembles an [`Outcome`] from per-request decisions (in input order): the canonical-order
+/// lists, the total of affected tokens and the union of applied evictions.
+pub fn outcome_from_decisions(requests: &[Request], decisions: Vec<RequestOutcome>) -> Outcome {
     let mut out = Outcome {
         affected: Vec::new(),
         skip: Vec::new(),
@@ -644,8 +660,8 @@ pub fn recover(
         evicted_blocks: Vec::new(),
         requests: Vec::new(),
     };
-    for &i in &order {
-        let d = &requests_out[i];
+    for i in canonical_order(requests) {
+        let Some(d) = decisions.get(i) else { continue };
         out.total_affected_tokens += u128::from(d.affected_tokens);
         match d.disposition {
             Disposition::Unaffected => continue,
@@ -658,6 +674,6 @@ pub fn recover(
     }
     out.evicted_blocks.sort_unstable();
     out.evicted_blocks.dedup();
-    out.requests = requests_out;
+    out.requests = decisions;
     out
 }
