@@ -13,6 +13,22 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
+#[cfg(not(kvsched_loom))]
+pub mod baseline;
 pub mod blockset;
+pub mod claim;
+pub mod connector;
 pub mod geometry;
+#[cfg(not(kvsched_loom))]
+pub mod parallel;
+pub mod pool;
 pub mod recovery;
+pub mod replay;
+#[cfg(not(kvsched_loom))]
+pub mod runtime;
+#[cfg(not(kvsched_loom))]
+mod shard;
+#[cfg(not(kvsched_loom))]
+pub mod stress;
+pub mod sync;
+pub mod worker;

@@ -1,0 +1,929 @@
+//! The runtime an engine embeds (SPEC §7): [`Runtime::builder`], [`Runtime::submit`],
+//! [`Runtime::schedule`] → [`StepPlan`], [`Runtime::update`] with a [`StepOutput`],
+//! [`Runtime::cancel`], [`Runtime::shutdown`] → [`Report`].
+//!
+//! # Threads
+//!
+//! * **Workers** run asynchronous loads ([`crate::worker`]) and push completions to the owning
+//!   shard's bounded lock-free queue. They never touch scheduler state.
+//! * **Shards** each own the requests whose id hashes to them. A step fans out to every shard
+//!   in parallel: shard 0 runs on the calling (engine) thread, shards `1..K` on their own
+//!   threads, woken by a parker. Phases are separated by two barriers (publish → claim →
+//!   decide); the second is skipped, by every shard alike, when the step's report is empty.
+//!
+//! # Guarantees
+//!
+//! * **Deterministic recovery.** A step's recovery outcome equals the sequential rules of
+//!   [`crate::recovery::recover`] applied in canonical order (loading requests, then running
+//!   ones, each by `(priority, admission sequence)`), whatever the shard count and thread
+//!   interleaving: ownership comes from the [`ClaimTable`], never from gathering requests.
+//! * **Sharers wait** (mode `safe`, policy `recompute`): a request is never scheduled while a
+//!   block it waits for is pending; an owner that ends first hands its blocks off through the
+//!   next step's report, so the next waiter in canonical order recomputes them.
+//! * **Nothing is lost.** Every submitted request ends in exactly one of finished, failed,
+//!   cancelled; every completion is applied once or counted stale; `shutdown` reports all.
+//!
+//! # Limits
+//!
+//! * `schedule`, `update` and `shutdown` take `&mut self`: one engine thread drives steps.
+//!   `submit` and `cancel` take `&self` and may be called from any thread.
+//! * Priorities are `i16`; at most `2^47 − 2` admissions per runtime.
+
+use std::sync::Arc as StdArc;
+use std::time::{Duration, Instant};
+
+use thiserror::Error;
+
+use crate::claim::{ClaimKey, ClaimTable};
+use crate::connector::{hash_str, KvConnector, LoadJob, NoConnector};
+use crate::geometry::{BlockId, CacheGroup, Geometry, GeometryError, DEFAULT_NULL_BLOCK};
+use crate::pool::{BlockPool, BlockRef, Census, PoolError};
+use crate::recovery::{InvalidSet, Mode, Policy};
+use crate::shard::{Command, Env, NewRequest, Shard, ShardCounters, ShardStepResult, StepSettings};
+pub use crate::shard::{EndState, RecoveredRequest, ScannedRequest, ScheduledRequest};
+use crate::sync::{
+    thread, Arc, ArrayQueue, AtomicBool, AtomicU64, AtomicUsize, Backoff, Condvar, Mutex, Ordering,
+    Parker, PhaseBarrier, SegQueue, Unparker,
+};
+use crate::worker::{Completion, WorkerPool};
+
+/// Why the runtime refused something.
+#[derive(Debug, Error)]
+pub enum RuntimeError {
+    /// Invalid cache-group geometry.
+    #[error("groups: {0}")]
+    Geometry(#[from] GeometryError),
+    /// Invalid pool size.
+    #[error("pool_blocks: {0}")]
+    Pool(#[from] PoolError),
+    /// A builder setting is out of range.
+    #[error("{field}: {problem}")]
+    Config {
+        /// The setting.
+        field: &'static str,
+        /// What is wrong.
+        problem: String,
+    },
+    /// A live request already has this id.
+    #[error("request {0:?}: duplicate id")]
+    DuplicateId(String),
+    /// The request can never fit in the pool.
+    #[error("request {id:?}: needs {needed} blocks, the pool has {usable}")]
+    TooLong {
+        /// Request id.
+        id: String,
+        /// Blocks it needs at full length.
+        needed: u64,
+        /// Usable blocks in the pool.
+        usable: u64,
+    },
+    /// An empty prompt.
+    #[error("request {0:?}: empty prompt")]
+    EmptyPrompt(String),
+    /// The runtime is shutting down.
+    #[error("the runtime is shut down")]
+    ShutDown,
+    /// A thread could not be started.
+    #[error("spawning a thread: {0}")]
+    Spawn(#[from] std::io::Error),
+}
+
+/// A request to submit.
+#[derive(Clone, Debug)]
+pub struct SubmitRequest {
+    /// Unique among live requests.
+    pub id: String,
+    /// The prompt's token ids (non-empty).
+    pub prompt: Vec<u32>,
+    /// Tokens to generate before the runtime finishes it (0: until the engine finishes it).
+    pub max_new_tokens: u32,
+    /// Lower runs first (default 0).
+    pub priority: i16,
+}
+
+/// What the engine reports after running a step.
+#[derive(Clone, Debug, Default)]
+pub struct StepOutput {
+    /// Requests that sampled a token (those scheduled with `samples`).
+    pub sampled: Vec<String>,
+    /// Requests the engine finished (stop token, client gone, …).
+    pub finished: Vec<String>,
+    /// Blocks that sync loads in the step failed to fill.
+    pub invalid_blocks: Vec<BlockRef>,
+}
+
+/// A step's recovery.
+#[derive(Clone, Debug, Default)]
+pub struct StepRecovery {
+    /// The step's report: ids, ascending.
+    pub report: Vec<BlockId>,
+    /// Every affected request's decision, in canonical order.
+    pub recovered: Vec<RecoveredRequest>,
+    /// Blocks whose prefix-cache entries were cleared, ascending.
+    pub evicted_blocks: Vec<BlockId>,
+    /// Every scanned request's inputs, in canonical order (only with
+    /// [`Builder::record_recovery_inputs`]).
+    pub scanned: Vec<ScannedRequest>,
+}
+
+/// What to run in a step.
+#[derive(Clone, Debug, Default)]
+pub struct StepPlan {
+    /// Step number (from 1).
+    pub epoch: u64,
+    /// Requests to compute, in canonical order.
+    pub scheduled: Vec<ScheduledRequest>,
+    /// The step's recovery.
+    pub recovery: StepRecovery,
+    /// Requests that ended during the step.
+    pub ended: Vec<(StdArc<str>, EndState)>,
+    /// Load completion → runnable, per request that became runnable (ns).
+    pub runnable_latency_ns: Vec<u64>,
+    /// Submit → first scheduled, per request scheduled for the first time (ns).
+    pub first_schedule_latency_ns: Vec<u64>,
+}
+
+/// Counters since start.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Metrics {
+    /// Requests accepted by `submit`.
+    pub submitted: u64,
+    /// Ended finished.
+    pub finished: u64,
+    /// Ended failed.
+    pub failed: u64,
+    /// Ended cancelled.
+    pub cancelled: u64,
+    /// Loads dispatched (async and sync).
+    pub loads_dispatched: u64,
+    /// Async loads that completed ok.
+    pub loads_ok: u64,
+    /// Async loads that completed failed.
+    pub loads_failed: u64,
+    /// Completions for unknown, ended or superseded loads, ignored.
+    pub stale_completions: u64,
+    /// Reported blocks whose generation changed (freed and reused) or out of range, ignored.
+    pub stale_blocks: u64,
+    /// Blocks claimed for recompute.
+    pub claims: u64,
+    /// Owned blocks handed off because the owner ended first.
+    pub handoffs: u64,
+    /// Tokens rolled back by recovery.
+    pub tokens_recomputed: u64,
+    /// Requests preempted for lack of blocks.
+    pub preemptions: u64,
+    /// Connector panics caught by workers.
+    pub connector_panics: u64,
+    /// Commands (sampled, finish, cancel) naming no live request, ignored.
+    pub unknown_commands: u64,
+    /// Steps run.
+    pub steps: u64,
+}
+
+/// The final account of a runtime.
+#[derive(Clone, Debug)]
+pub struct Report {
+    /// Counters at the end.
+    pub metrics: Metrics,
+    /// Loads queued but never started, cancelled by shutdown.
+    pub loads_cancelled: u64,
+    /// The pool's census after every block was released.
+    pub census: Census,
+    /// Requests still live at shutdown (all cancelled), with their ids.
+    pub cancelled_at_shutdown: Vec<String>,
+    /// Invariant violations found at shutdown (empty when all hold).
+    pub violations: Vec<String>,
+}
+
+/// Configures a [`Runtime`].
+pub struct Builder {
+    groups: Vec<CacheGroup>,
+    scheduler_block_size: Option<u64>,
+    pool_blocks: usize,
+    shards: usize,
+    workers: usize,
+    mode: Mode,
+    policy: Policy,
+    token_budget: u64,
+    max_seqs: usize,
+    completion_queue_capacity: usize,
+    connector: StdArc<dyn KvConnector>,
+    record: bool,
+}
+
+impl std::fmt::Debug for Builder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Builder")
+            .field("groups", &self.groups)
+            .field("pool_blocks", &self.pool_blocks)
+            .field("shards", &self.shards)
+            .field("workers", &self.workers)
+            .field("mode", &self.mode)
+            .field("policy", &self.policy)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for Builder {
+    fn default() -> Self {
+        Builder {
+            groups: vec![CacheGroup::full_attention(16)],
+            scheduler_block_size: None,
+            pool_blocks: 4096,
+            shards: 2,
+            workers: 2,
+            mode: Mode::Safe,
+            policy: Policy::Recompute,
+            token_budget: 8192,
+            max_seqs: 256,
+            completion_queue_capacity: crate::sync::DEFAULT_COMPLETION_QUEUE_CAPACITY,
+            connector: StdArc::new(NoConnector),
+            record: false,
+        }
+    }
+}
+
+impl Builder {
+    /// Cache groups (default: one full-attention group of 16).
+    pub fn groups(mut self, groups: Vec<CacheGroup>) -> Self {
+        self.groups = groups;
+        self
+    }
+    /// Explicit scheduler block size (default: lcm of the block sizes).
+    pub fn scheduler_block_size(mut self, s: u64) -> Self {
+        self.scheduler_block_size = Some(s);
+        self
+    }
+    /// Pool size in blocks, the null block included (default 4096).
+    pub fn pool_blocks(mut self, n: usize) -> Self {
+        self.pool_blocks = n;
+        self
+    }
+    /// Shards (1–64, default 2).
+    pub fn shards(mut self, n: usize) -> Self {
+        self.shards = n;
+        self
+    }
+    /// Worker threads (1–256, default 2).
+    pub fn workers(mut self, n: usize) -> Self {
+        self.workers = n;
+        self
+    }
+    /// Recovery mode (default `safe`).
+    pub fn mode(mut self, m: Mode) -> Self {
+        self.mode = m;
+        self
+    }
+    /// Recovery policy (default `recompute`).
+    pub fn policy(mut self, p: Policy) -> Self {
+        self.policy = p;
+        self
+    }
+    /// Tokens per step across all shards (default 8192); each shard gets an equal share.
+    pub fn token_budget(mut self, n: u64) -> Self {
+        self.token_budget = n;
+        self
+    }
+    /// Sequences per step across all shards (default 256); each shard gets an equal share.
+    pub fn max_seqs(mut self, n: usize) -> Self {
+        self.max_seqs = n;
+        self
+    }
+    /// Capacity of each shard's completion queue (default 4096).
+    pub fn completion_queue_capacity(mut self, n: usize) -> Self {
+        self.completion_queue_capacity = n;
+        self
+    }
+    /// The KV connector (default: none, everything recomputes locally).
+    pub fn connector(mut self, c: StdArc<dyn KvConnector>) -> Self {
+        self.connector = c;
+        self
+    }
+    /// Record every scanned request's inputs in [`StepRecovery::scanned`] (for differential
+    /// checks; costs a copy of each scanned table on steps with a non-empty report).
+    pub fn record_recovery_inputs(mut self, on: bool) -> Self {
+        self.record = on;
+        self
+    }
+
+    /// Validates the settings and starts the threads.
+    pub fn build(self) -> Result<Runtime, RuntimeError> {
+        let geo = Geometry::new(self.groups, self.scheduler_block_size, DEFAULT_NULL_BLOCK)?;
+        let cfg = |field, ok: bool, problem: &str| {
+            if ok {
+                Ok(())
+            } else {
+                Err(RuntimeError::Config {
+                    field,
+                    problem: problem.to_string(),
+                })
+            }
+        };
+        cfg("shards", (1..=64).contains(&self.shards), "must be 1 to 64")?;
+        cfg(
+            "workers",
+            (1..=256).contains(&self.workers),
+            "must be 1 to 256",
+        )?;
+        cfg(
+            "token_budget",
+            self.token_budget >= self.shards as u64,
+            "must be at least the shard count",
+        )?;
+        cfg(
+            "max_seqs",
+            self.max_seqs >= self.shards,
+            "must be at least the shard count",
+        )?;
+        cfg(
+            "completion_queue_capacity",
+            self.completion_queue_capacity > 0,
+            "must be > 0",
+        )?;
+        let pool = BlockPool::new(self.pool_blocks)?;
+        let claims = ClaimTable::new(self.pool_blocks);
+        let k = self.shards;
+        let queues: Vec<Arc<ArrayQueue<Completion>>> = (0..k)
+            .map(|_| Arc::new(ArrayQueue::new(self.completion_queue_capacity)))
+            .collect();
+        let signal = StdArc::new(WorkSignal::default());
+        let notify_signal = StdArc::clone(&signal);
+        let workers = WorkerPool::start(
+            self.workers,
+            queues.clone(),
+            StdArc::clone(&self.connector),
+            StdArc::new(move || notify_signal.notify()),
+        )?;
+        let budget =
+            |total: u64, i: usize| total / k as u64 + u64::from((i as u64) < total % k as u64);
+        let settings: Vec<StepSettings> = (0..k)
+            .map(|i| StepSettings {
+                mode: self.mode,
+                policy: self.policy,
+                token_budget: budget(self.token_budget, i),
+                max_seqs: budget(self.max_seqs as u64, i) as usize,
+                record_inputs: self.record,
+            })
+            .collect();
+        let inner = Arc::new(Inner {
+            geo,
+            pool,
+            claims,
+            connector: self.connector,
+            shards: (0..k)
+                .map(|i| ShardSlot {
+                    state: Mutex::new(Shard::default()),
+                    inbox: SegQueue::new(),
+                    completions: Arc::clone(&queues[i]),
+                    published: Mutex::new(Vec::new()),
+                    result: Mutex::new(None),
+                    ids: Mutex::new(rustc_hash::FxHashSet::default()),
+                })
+                .collect(),
+            barrier: PhaseBarrier::new(k),
+            report: Mutex::new(None),
+            settings,
+            go: AtomicU64::new(0),
+            done: AtomicUsize::new(0),
+            stop: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
+            engine: Mutex::new(None),
+            seq: AtomicU64::new(1),
+            submitted: AtomicU64::new(0),
+        });
+        let mut threads = Vec::new();
+        let mut unparkers = Vec::new();
+        for i in 1..k {
+            let p = Parker::new();
+            unparkers.push(p.unparker().clone());
+            let inner2 = Arc::clone(&inner);
+            let h = thread::Builder::new()
+                .name(format!("kvsched-shard-{i}"))
+                .spawn(move || shard_loop(&inner2, i, p));
+            match h {
+                Ok(h) => threads.push(h),
+                Err(e) => {
+                    inner.stop.store(true, Ordering::Release);
+                    for u in &unparkers {
+                        u.unpark();
+                    }
+                    for t in threads {
+                        let _ = t.join();
+                    }
+                    return Err(e.into());
+                }
+            }
+        }
+        Ok(Runtime {
+            inner,
+            workers: Some(workers),
+            shard_threads: threads,
+            unparkers,
+            engine_parker: Parker::new(),
+            sync_invalid: Vec::new(),
+            handoffs: Vec::new(),
+            metrics: Metrics::default(),
+            signal,
+            epoch: 0,
+            shut: false,
+        })
+    }
+}
+
+/// Wake-ups for an idle engine: bumped on every delivered completion.
+#[derive(Debug, Default)]
+struct WorkSignal {
+    events: AtomicU64,
+    lock: Mutex<()>,
+    cv: Condvar,
+}
+
+impl WorkSignal {
+    fn notify(&self) {
+        // Release: pairs with the Acquire loads in `wait_for_work`.
+        self.events.fetch_add(1, Ordering::Release);
+        let _g = self.lock.lock();
+        self.cv.notify_all();
+    }
+}
+
+struct ShardSlot {
+    state: Mutex<Shard>,
+    inbox: SegQueue<Command>,
+    completions: Arc<ArrayQueue<Completion>>,
+    published: Mutex<Vec<BlockId>>,
+    result: Mutex<Option<(ShardStepResult, Vec<LoadJob>)>>,
+    /// Live request ids (duplicate check at submit; removed when a request ends).
+    ids: Mutex<rustc_hash::FxHashSet<StdArc<str>>>,
+}
+
+struct Inner {
+    geo: Geometry,
+    pool: BlockPool,
+    claims: ClaimTable,
+    connector: StdArc<dyn KvConnector>,
+    shards: Vec<ShardSlot>,
+    barrier: PhaseBarrier,
+    /// The engine thread's share of the step's report (sync-load failures, hand-offs).
+    report: Mutex<Option<Vec<BlockId>>>,
+    settings: Vec<StepSettings>,
+    go: AtomicU64,
+    done: AtomicUsize,
+    stop: AtomicBool,
+    /// Shutdown's last step: apply what arrived, admit and schedule nothing.
+    draining: AtomicBool,
+    engine: Mutex<Option<Unparker>>,
+    seq: AtomicU64,
+    submitted: AtomicU64,
+}
+
+impl Inner {
+    fn shard_of(&self, id: &str) -> usize {
+        (hash_str(id) % self.shards.len() as u64) as usize
+    }
+
+    fn env(&self, shard: usize) -> Env<'_> {
+        Env {
+            geo: &self.geo,
+            pool: &self.pool,
+            claims: &self.claims,
+            connector: self.connector.as_ref(),
+            shard,
+        }
+    }
+
+    /// One shard's part of a step; every shard runs it concurrently.
+    fn run_shard_step(&self, i: usize, engine_share: &[BlockId]) {
+        let slot = &self.shards[i];
+        let env = self.env(i);
+        let settings = &self.settings[i];
+        let mut shard = slot.state.lock();
+        let commands = std::iter::from_fn(|| slot.inbox.pop());
+        let completions = std::iter::from_fn(|| slot.completions.pop());
+        let mine = shard.publish(&env, commands, completions);
+        *slot.published.lock() = mine;
+        // Barrier 1: every share of the report is published and its claim words reset.
+        self.barrier.wait();
+        let mut ids: Vec<BlockId> = engine_share.to_vec();
+        for s in &self.shards {
+            ids.extend_from_slice(&s.published.lock());
+        }
+        let report = InvalidSet::flat(ids, &self.geo);
+        if !report.is_empty() {
+            shard.claim(&env, settings, &report);
+            // Barrier 2: every hit of every shard is claimed before anyone decides.
+            #[cfg(not(kvsched_plant = "decide-early"))]
+            self.barrier.wait();
+        }
+        let now = Instant::now();
+        let mut loads = Vec::new();
+        // Relaxed: set by the engine thread before the `go` Release that started this step.
+        let draining = self.draining.load(Ordering::Relaxed);
+        let res = shard.finish_step(&env, settings, now, draining, &mut loads);
+        #[cfg(kvsched_plant = "decide-early")]
+        if !report.is_empty() {
+            self.barrier.wait();
+        }
+        {
+            let mut live = slot.ids.lock();
+            for (id, _) in &res.ended {
+                live.remove(id);
+            }
+        }
+        *slot.result.lock() = Some((res, loads));
+    }
+}
+
+fn shard_loop(inner: &Inner, i: usize, parker: Parker) {
+    let mut seen = 0u64;
+    loop {
+        // Acquire: pairs with the Release increment of `go` in `schedule`; the step's
+        // report share and settings written before it are visible.
+        let go = inner.go.load(Ordering::Acquire);
+        if inner.stop.load(Ordering::Acquire) {
+            return;
+        }
+        if go == seen {
+            parker.park_timeout(Duration::from_millis(50));
+            continue;
+        }
+        seen = go;
+        let share = inner.report.lock().clone().unwrap_or_default();
+        inner.run_shard_step(i, &share);
+        // Release: publishes this shard's result slot to the engine, which Acquire-loads
+        // `done` in `schedule`.
+        inner.done.fetch_add(1, Ordering::Release);
+        if let Some(u) = inner.engine.lock().as_ref() {
+            u.unpark();
+        }
+    }
+}
+
+/// The scheduler core. See the module docs.
+pub struct Runtime {
+    inner: Arc<Inner>,
+    workers: Option<WorkerPool>,
+    shard_threads: Vec<thread::JoinHandle<()>>,
+    unparkers: Vec<Unparker>,
+    engine_parker: Parker,
+    sync_invalid: Vec<BlockRef>,
+    handoffs: Vec<BlockRef>,
+    metrics: Metrics,
+    signal: StdArc<WorkSignal>,
+    epoch: u64,
+    shut: bool,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("epoch", &self.epoch)
+            .field("shards", &self.inner.shards.len())
+            .finish()
+    }
+}
+
+impl Runtime {
+    /// A builder with the defaults.
+    pub fn builder() -> Builder {
+        Builder::default()
+    }
+
+    /// The validated geometry.
+    pub fn geometry(&self) -> &Geometry {
+        &self.inner.geo
+    }
+
+    /// The shared block pool.
+    pub fn pool(&self) -> &BlockPool {
+        &self.inner.pool
+    }
+
+    /// Number of shards.
+    pub fn shards(&self) -> usize {
+        self.inner.shards.len()
+    }
+
+    /// Queues a request; it is admitted at a following step.
+    pub fn submit(&self, req: SubmitRequest) -> Result<(), RuntimeError> {
+        if self.shut {
+            return Err(RuntimeError::ShutDown);
+        }
+        if req.prompt.is_empty() {
+            return Err(RuntimeError::EmptyPrompt(req.id));
+        }
+        let total = req.prompt.len() as u64 + u64::from(req.max_new_tokens.max(1));
+        let needed: u64 = self
+            .inner
+            .geo
+            .groups()
+            .iter()
+            .map(|g| g.blocks_for_tokens(total))
+            .sum();
+        let usable = self.inner.pool.num_blocks() as u64 - 1;
+        if needed > usable {
+            return Err(RuntimeError::TooLong {
+                id: req.id,
+                needed,
+                usable,
+            });
+        }
+        let i = self.inner.shard_of(&req.id);
+        let id: StdArc<str> = req.id.as_str().into();
+        if !self.inner.shards[i].ids.lock().insert(id.clone()) {
+            return Err(RuntimeError::DuplicateId(req.id));
+        }
+        let seq = self.inner.seq.fetch_add(1, Ordering::Relaxed);
+        self.inner.submitted.fetch_add(1, Ordering::Relaxed);
+        self.inner.shards[i].inbox.push(Command::Submit(NewRequest {
+            id,
+            prompt: req.prompt.into(),
+            max_new_tokens: req.max_new_tokens,
+            key: ClaimKey::new(false, req.priority, seq),
+            submitted_at: Instant::now(),
+        }));
+        Ok(())
+    }
+
+    /// Cancels a request at the next step (once its in-flight load, if any, lands). Unknown
+    /// ids are counted in [`Metrics::unknown_commands`].
+    pub fn cancel(&self, id: &str) {
+        let i = self.inner.shard_of(id);
+        self.inner.shards[i].inbox.push(Command::Cancel(id.into()));
+    }
+
+    /// Runs one step on every shard in parallel and returns what to compute.
+    pub fn schedule(&mut self) -> StepPlan {
+        self.epoch += 1;
+        // The engine thread's share of the report: sync-load failures of the last step and
+        // blocks handed off by owners that ended, minus stale ones.
+        let mut share = Vec::new();
+        for b in self.sync_invalid.drain(..).chain(self.handoffs.drain(..)) {
+            if b.id != self.inner.geo.null_block() && self.inner.pool.is_current(b) {
+                share.push(b.id);
+            } else {
+                self.metrics.stale_blocks += 1;
+                self.inner.claims.forget(b.id);
+            }
+        }
+        for &id in &share {
+            self.inner.claims.reset(id);
+        }
+        *self.inner.report.lock() = Some(share.clone());
+        *self.inner.engine.lock() = Some(self.engine_parker.unparker().clone());
+        self.inner.done.store(0, Ordering::Relaxed);
+        // Release: pairs with the Acquire load of `go` in `shard_loop`.
+        self.inner.go.fetch_add(1, Ordering::Release);
+        for u in &self.unparkers {
+            u.unpark();
+        }
+        self.inner.run_shard_step(0, &share);
+        let others = self.inner.shards.len() - 1;
+        let backoff = Backoff::new();
+        // Acquire: pairs with the Release increments of `done` by the shard threads.
+        while self.inner.done.load(Ordering::Acquire) < others {
+            if backoff.is_completed() {
+                self.engine_parker.park_timeout(Duration::from_millis(1));
+            } else {
+                backoff.snooze();
+            }
+        }
+        self.collect(share)
+    }
+
+    fn collect(&mut self, engine_share: Vec<BlockId>) -> StepPlan {
+        let mut plan = StepPlan {
+            epoch: self.epoch,
+            ..StepPlan::default()
+        };
+        let mut report = engine_share;
+        let mut evicted = Vec::new();
+        for slot in &self.inner.shards {
+            report.extend_from_slice(&slot.published.lock());
+            let Some((res, loads)) = slot.result.lock().take() else {
+                continue;
+            };
+            if let Some(w) = &self.workers {
+                for j in loads {
+                    w.dispatch(j);
+                }
+            }
+            add_counters(&mut self.metrics, &res.counters);
+            for (_, state) in &res.ended {
+                match state {
+                    EndState::Finished => self.metrics.finished += 1,
+                    EndState::Failed => self.metrics.failed += 1,
+                    EndState::Cancelled => self.metrics.cancelled += 1,
+                }
+            }
+            plan.scheduled.extend(res.scheduled);
+            plan.recovery.recovered.extend(res.recovered);
+            plan.recovery.scanned.extend(res.scanned);
+            evicted.extend(res.evicted);
+            plan.ended.extend(res.ended);
+            self.handoffs.extend(res.handoffs);
+            plan.runnable_latency_ns.extend(res.runnable_latency_ns);
+            plan.first_schedule_latency_ns
+                .extend(res.first_schedule_latency_ns);
+        }
+        report.sort_unstable();
+        report.dedup();
+        evicted.sort_unstable();
+        evicted.dedup();
+        plan.recovery.report = report;
+        plan.recovery.evicted_blocks = evicted;
+        plan.scheduled.sort_by_key(|s| s.key);
+        plan.recovery.recovered.sort_by_key(|r| r.key);
+        plan.recovery.scanned.sort_by_key(|r| r.key);
+        self.metrics.steps += 1;
+        plan
+    }
+
+    /// Applies the engine's output for the last step. It takes effect at the next
+    /// [`Runtime::schedule`], after that step's recovery (which may discard it).
+    pub fn update(&mut self, out: StepOutput) {
+        for id in out.sampled {
+            let i = self.inner.shard_of(&id);
+            self.inner.shards[i].inbox.push(Command::Sampled(id.into()));
+        }
+        for id in out.finished {
+            let i = self.inner.shard_of(&id);
+            self.inner.shards[i].inbox.push(Command::Finish(id.into()));
+        }
+        let cap = self.inner.pool.num_blocks() as u64;
+        for b in out.invalid_blocks {
+            if b.id < cap {
+                self.sync_invalid.push(b);
+            } else {
+                self.metrics.stale_blocks += 1;
+            }
+        }
+    }
+
+    /// Counters so far.
+    pub fn metrics(&self) -> Metrics {
+        let mut m = self.metrics.clone();
+        m.submitted = self.inner.submitted.load(Ordering::Relaxed);
+        m
+    }
+
+    /// Requests live (submitted and not ended) as of the last step.
+    pub fn live(&self) -> usize {
+        self.inner.shards.iter().map(|s| s.ids.lock().len()).sum()
+    }
+
+    /// Waits until a load completes or `timeout` passes; returns whether something happened.
+    pub fn wait_for_work(&self, timeout: Duration) -> bool {
+        let s = &self.signal;
+        // Acquire: pairs with the Release increment in `WorkSignal::notify`.
+        let before = s.events.load(Ordering::Acquire);
+        let deadline = Instant::now() + timeout;
+        let mut g = s.lock.lock();
+        loop {
+            // Acquire: as above. Checked under the lock `notify` takes, so no wake-up is lost.
+            if s.events.load(Ordering::Acquire) != before {
+                return true;
+            }
+            if s.cv.wait_until(&mut g, deadline).timed_out() {
+                return s.events.load(Ordering::Acquire) != before;
+            }
+        }
+    }
+
+    /// SPEC §7 invariants that can be checked between steps; returns the violations.
+    pub fn check_invariants(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        let census = self.inner.pool.census();
+        if !census.conserved() {
+            v.push(format!("pool conservation: {census:?}"));
+        }
+        let df = self.inner.pool.double_frees();
+        if df > 0 {
+            v.push(format!("double frees: {df}"));
+        }
+        let stale = self.inner.pool.stale_releases();
+        if stale > 0 {
+            v.push(format!("releases of a block's old generation: {stale}"));
+        }
+        // Between steps requests are the only holders: each block's count is its holders.
+        let null = self.inner.geo.null_block();
+        let mut held = vec![0u32; self.inner.pool.num_blocks()];
+        for s in &self.inner.shards {
+            for id in s.state.lock().held_blocks(null) {
+                if let Some(h) = held.get_mut(id as usize) {
+                    *h += 1;
+                }
+            }
+        }
+        let mut bad = 0;
+        for (id, &n) in held.iter().enumerate().skip(1) {
+            let rc = self.inner.pool.ref_count(id as BlockId);
+            if rc != n {
+                if bad < 5 {
+                    v.push(format!(
+                        "block {id}: held by {n} requests, reference count {rc}"
+                    ));
+                }
+                bad += 1;
+            }
+        }
+        if bad > 5 {
+            v.push(format!(
+                "… {} more blocks whose reference count is not their holder count",
+                bad - 5
+            ));
+        }
+        let m = self.metrics();
+        let live = self.live() as u64;
+        if m.finished + m.failed + m.cancelled + live != m.submitted {
+            v.push(format!(
+                "accounting: submitted {} != finished {} + failed {} + cancelled {} + live {live}",
+                m.submitted, m.finished, m.failed, m.cancelled
+            ));
+        }
+        v
+    }
+
+    /// Stops the workers (loads in flight finish and are drained), cancels every live request,
+    /// releases every block and reports.
+    pub fn shutdown(mut self) -> Report {
+        self.shut = true;
+        let mut loads_cancelled = 0;
+        if let Some(w) = self.workers.take() {
+            let inner = &self.inner;
+            let mut parked: Vec<Vec<Completion>> = vec![Vec::new(); inner.shards.len()];
+            let left = w.shutdown(|| {
+                for (i, s) in inner.shards.iter().enumerate() {
+                    while let Some(c) = s.completions.pop() {
+                        parked[i].push(c);
+                    }
+                }
+            });
+            loads_cancelled = left.len() as u64;
+            // Completions that landed are applied once (as a step would), then everyone is
+            // cancelled. Whatever does not fit back in a queue is counted stale.
+            for (i, cs) in parked.into_iter().enumerate() {
+                for c in cs {
+                    if inner.shards[i].completions.push(c).is_err() {
+                        self.metrics.stale_completions += 1;
+                    }
+                }
+            }
+        }
+        // One last step applies drained completions and pending commands, admitting and
+        // scheduling nothing.
+        self.inner.draining.store(true, Ordering::Relaxed);
+        let _ = self.schedule();
+        let mut cancelled_ids = Vec::new();
+        for (i, s) in self.inner.shards.iter().enumerate() {
+            let env = self.inner.env(i);
+            let res = s.state.lock().cancel_all(&env);
+            add_counters(&mut self.metrics, &res.counters);
+            for (id, _) in &res.ended {
+                cancelled_ids.push(id.to_string());
+                self.metrics.cancelled += 1;
+            }
+            s.ids.lock().clear();
+        }
+        self.stop_shards();
+        let violations = self.check_invariants();
+        Report {
+            metrics: self.metrics(),
+            loads_cancelled,
+            census: self.inner.pool.census(),
+            cancelled_at_shutdown: cancelled_ids,
+            violations,
+        }
+    }
+
+    fn stop_shards(&mut self) {
+        // Release: pairs with the Acquire load of `stop` in `shard_loop`.
+        self.inner.stop.store(true, Ordering::Release);
+        for u in &self.unparkers {
+            u.unpark();
+        }
+        for t in self.shard_threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        self.stop_shards();
+    }
+}
+
+fn add_counters(m: &mut Metrics, c: &ShardCounters) {
+    m.loads_dispatched += c.loads_dispatched;
+    m.loads_ok += c.loads_ok;
+    m.loads_failed += c.loads_failed;
+    m.stale_completions += c.stale_completions;
+    m.stale_blocks += c.stale_blocks;
+    m.claims += c.claims;
+    m.handoffs += c.handoffs;
+    m.tokens_recomputed += c.tokens_recomputed;
+    m.preemptions += c.preemptions;
+    m.connector_panics += c.connector_panics;
+    m.unknown_commands += c.unknown_commands;
+}

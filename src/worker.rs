@@ -1,0 +1,261 @@
+//! Worker threads that run asynchronous loads and deliver completions to the owning shard
+//! through a bounded lock-free queue.
+//!
+//! # Guarantees
+//!
+//! * A worker never takes a scheduler lock: it pops a [`LoadJob`] from a lock-free queue, runs
+//!   [`KvConnector::load`], and pushes a [`Completion`] onto the owning shard's bounded
+//!   completion queue.
+//! * **Back-pressure is explicit:** when a shard's completion queue is full the worker backs
+//!   off (spin, then yield) and retries; it never drops a completion. Shards drain their queue
+//!   at every step, so a stalled engine stalls the workers, never loses results.
+//! * A connector that panics is reported as a failed load of every block the job writes; the
+//!   worker thread survives and takes the next job.
+//! * On shutdown, workers finish the load they are running, deliver it, and exit; jobs still
+//!   queued are returned to the caller so it can report them cancelled.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::Instant;
+
+use crate::claim::ClaimKey;
+use crate::connector::{InvalidBlocks, KvConnector, LoadJob, LoadResult};
+#[cfg(not(kvsched_loom))]
+pub use pool_impl::{WorkerCounters, WorkerPool};
+
+/// A finished load, on its way to the shard that owns the request.
+#[derive(Clone, Debug)]
+pub struct Completion {
+    /// The request's key.
+    pub key: ClaimKey,
+    /// The load attempt it answers.
+    pub attempt: u32,
+    /// Success, or the invalid blocks.
+    pub result: LoadResult,
+    /// Whether the connector panicked (the result then fails every loaded block).
+    pub panicked: bool,
+    /// When the worker finished the load.
+    pub finished_at: Instant,
+}
+
+/// Runs one load, turning a panic into a failure of every block the job writes.
+pub fn run_load(connector: &dyn KvConnector, job: &LoadJob) -> (LoadResult, bool) {
+    match catch_unwind(AssertUnwindSafe(|| connector.load(job))) {
+        Ok(r) => (r, false),
+        Err(_) => (
+            LoadResult::Failed(InvalidBlocks::Flat(job.all_loaded_blocks())),
+            true,
+        ),
+    }
+}
+
+/// The worker threads (real OS threads with timed parking: not modelled under loom; the loom
+/// models drive the completion queue itself).
+#[cfg(not(kvsched_loom))]
+mod pool_impl {
+    use std::time::{Duration, Instant};
+
+    use super::{run_load, Completion};
+    use crate::connector::{KvConnector, LoadJob};
+    use crate::sync::{
+        thread, Arc, ArrayQueue, AtomicBool, AtomicU64, Backoff, Ordering, SegQueue,
+    };
+
+    /// Counters kept by the workers.
+    #[derive(Debug, Default)]
+    pub struct WorkerCounters {
+        /// Loads run.
+        pub loads: AtomicU64,
+        /// Connector panics caught.
+        pub panics: AtomicU64,
+        /// Times a worker found a completion queue full and backed off.
+        pub queue_full_retries: AtomicU64,
+    }
+
+    struct Shared {
+        jobs: SegQueue<LoadJob>,
+        queues: Vec<Arc<ArrayQueue<Completion>>>,
+        connector: Arc<dyn KvConnector>,
+        stop: AtomicBool,
+        /// Set when the pool is dropped without a drain: a full queue is abandoned.
+        abandon: AtomicBool,
+        sleepers: SegQueue<thread::Thread>,
+        counters: WorkerCounters,
+        notify: Arc<dyn Fn() + Send + Sync>,
+    }
+
+    /// A fixed set of worker threads.
+    pub struct WorkerPool {
+        shared: Arc<Shared>,
+        handles: Vec<thread::JoinHandle<()>>,
+    }
+
+    impl std::fmt::Debug for WorkerPool {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("WorkerPool")
+                .field("workers", &self.handles.len())
+                .finish()
+        }
+    }
+
+    impl WorkerPool {
+        /// Starts `workers` threads (at least 1) delivering to `queues` (indexed by shard);
+        /// `notify` is called after every delivered completion.
+        pub fn start(
+            workers: usize,
+            queues: Vec<Arc<ArrayQueue<Completion>>>,
+            connector: Arc<dyn KvConnector>,
+            notify: Arc<dyn Fn() + Send + Sync>,
+        ) -> std::io::Result<Self> {
+            let shared = Arc::new(Shared {
+                jobs: SegQueue::new(),
+                queues,
+                connector,
+                stop: AtomicBool::new(false),
+                abandon: AtomicBool::new(false),
+                sleepers: SegQueue::new(),
+                counters: WorkerCounters::default(),
+                notify,
+            });
+            let mut handles = Vec::new();
+            for i in 0..workers.max(1) {
+                let s = Arc::clone(&shared);
+                let h = thread::Builder::new()
+                    .name(format!("kvsched-worker-{i}"))
+                    .spawn(move || worker_loop(&s));
+                match h {
+                    Ok(h) => handles.push(h),
+                    Err(e) => {
+                        // Stop the ones already started before reporting the error.
+                        shared.stop.store(true, Ordering::Release);
+                        for h in handles {
+                            h.thread().unpark();
+                            let _ = h.join();
+                        }
+                        return Err(e);
+                    }
+                }
+            }
+            Ok(WorkerPool { shared, handles })
+        }
+
+        /// Queues a load and wakes an idle worker.
+        pub fn dispatch(&self, job: LoadJob) {
+            self.shared.jobs.push(job);
+            if let Some(t) = self.shared.sleepers.pop() {
+                t.unpark();
+            }
+        }
+
+        /// Loads queued and not yet taken by a worker.
+        pub fn queued(&self) -> usize {
+            self.shared.jobs.len()
+        }
+
+        /// The workers' counters.
+        pub fn counters(&self) -> &WorkerCounters {
+            &self.shared.counters
+        }
+
+        /// Stops the workers after their current load and returns the jobs never started.
+        /// `drain` is called repeatedly while waiting, so the caller can empty completion queues
+        /// that a finishing worker may be blocked on.
+        pub fn shutdown(mut self, drain: impl FnMut()) -> Vec<LoadJob> {
+            self.stop_and_join(drain)
+        }
+
+        fn stop_and_join(&mut self, mut drain: impl FnMut()) -> Vec<LoadJob> {
+            // Release: pairs with the Acquire load in `worker_loop`; a worker that sees the flag
+            // exits after its current load.
+            self.shared.stop.store(true, Ordering::Release);
+            for h in &self.handles {
+                h.thread().unpark();
+            }
+            while self.handles.iter().any(|h| !h.is_finished()) {
+                drain();
+                thread::yield_now();
+            }
+            drain();
+            for h in self.handles.drain(..) {
+                let _ = h.join();
+            }
+            let mut left = Vec::new();
+            while let Some(j) = self.shared.jobs.pop() {
+                left.push(j);
+            }
+            left
+        }
+    }
+
+    impl Drop for WorkerPool {
+        fn drop(&mut self) {
+            if !self.handles.is_empty() {
+                // Nobody drains the queues any more: workers blocked on a full queue give up.
+                self.shared.abandon.store(true, Ordering::Release);
+                let _ = self.stop_and_join(|| {});
+            }
+        }
+    }
+
+    fn worker_loop(s: &Shared) {
+        let backoff = Backoff::new();
+        loop {
+            // Acquire: pairs with the Release store in `stop_and_join`.
+            if s.stop.load(Ordering::Acquire) {
+                return;
+            }
+            let Some(job) = s.jobs.pop() else {
+                if !backoff.is_completed() {
+                    backoff.snooze();
+                    continue;
+                }
+                // Register as a sleeper, re-check, then park: a dispatch after the re-check
+                // unparks us (an unpark before park makes park return at once).
+                s.sleepers.push(thread::current());
+                if s.jobs.is_empty() && !s.stop.load(Ordering::Acquire) {
+                    thread::park_timeout(Duration::from_millis(5));
+                }
+                backoff.reset();
+                continue;
+            };
+            backoff.reset();
+            let (result, panicked) = run_load(s.connector.as_ref(), &job);
+            s.counters.loads.fetch_add(1, Ordering::Relaxed);
+            if panicked {
+                s.counters.panics.fetch_add(1, Ordering::Relaxed);
+            }
+            let mut c = Completion {
+                key: job.key,
+                attempt: job.attempt,
+                result,
+                panicked,
+                finished_at: Instant::now(),
+            };
+            let Some(q) = s.queues.get(job.shard) else {
+                continue;
+            };
+            let push_backoff = Backoff::new();
+            loop {
+                match q.push(c) {
+                    Ok(()) => break,
+                    Err(back) => {
+                        // Acquire: pairs with the Release store in `Drop`.
+                        if s.abandon.load(Ordering::Acquire) {
+                            break;
+                        }
+                        c = back;
+                        s.counters
+                            .queue_full_retries
+                            .fetch_add(1, Ordering::Relaxed);
+                        (s.notify)();
+                        if push_backoff.is_completed() {
+                            thread::sleep(Duration::from_micros(50));
+                        } else {
+                            push_backoff.snooze();
+                        }
+                    }
+                }
+            }
+            (s.notify)();
+        }
+    }
+}

@@ -1,0 +1,173 @@
+//! The runtime's claim path (`parallel::recover_sharded`: shard threads, the real claim table,
+//! a barrier between claiming and deciding) must give the sequential engine's outcome on every
+//! bundled scenario, on random ones, and through the CLI (`replay --engine runtime`).
+
+use std::path::Path;
+use std::process::Command;
+
+use kvsched::geometry::{BlockId, CacheGroup, Geometry, MambaMode};
+use kvsched::parallel::recover_sharded;
+use kvsched::recovery::{self, InvalidSet, Mode, Policy, Request, RequestClass};
+use kvsched::replay::parse_scenario;
+use proptest::prelude::*;
+
+fn scenario_files() -> Vec<std::path::PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scenarios");
+    let mut v: Vec<_> = std::fs::read_dir(dir)
+        .expect("scenario dir")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.extension().is_some_and(|x| x == "json")
+                && !p.to_string_lossy().ends_with(".expected.json")
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn claim_path_equals_sequential_on_every_scenario() {
+    let files = scenario_files();
+    assert!(files.len() >= 10);
+    for f in files {
+        let text = std::fs::read_to_string(&f).expect("read");
+        let sc = parse_scenario(&text).expect("parse");
+        let want = sc.run();
+        for shards in 1..=4 {
+            // Repeat: thread interleavings differ from run to run.
+            for _ in 0..5 {
+                let got = recover_sharded(
+                    &sc.geometry,
+                    sc.mode,
+                    sc.policy,
+                    &sc.requests,
+                    &sc.invalid,
+                    shards,
+                );
+                assert_eq!(got, want, "{} with {shards} shards", f.display());
+            }
+        }
+    }
+}
+
+#[test]
+fn cli_engine_runtime_prints_the_same_outcome() {
+    let bin = env!("CARGO_BIN_EXE_kvsched");
+    for f in scenario_files().into_iter().take(12) {
+        let seq = Command::new(bin)
+            .arg("replay")
+            .arg(&f)
+            .output()
+            .expect("run");
+        assert!(seq.status.success());
+        for k in ["1", "3"] {
+            let rt = Command::new(bin)
+                .args(["replay", "--engine", "runtime", "--shards", k])
+                .arg(&f)
+                .output()
+                .expect("run");
+            assert!(
+                rt.status.success(),
+                "{}",
+                String::from_utf8_lossy(&rt.stderr)
+            );
+            assert_eq!(rt.stdout, seq.stdout, "{} --shards {k}", f.display());
+        }
+    }
+    let bad = Command::new(bin)
+        .args(["replay", "--engine", "runtime", "--shards", "0", "x.json"])
+        .output()
+        .expect("run");
+    assert_eq!(bad.status.code(), Some(2));
+}
+
+/// Random scenarios with heavy sharing: a few prefixes of block ids reused across requests.
+fn scenario() -> impl Strategy<Value = (Geometry, Mode, Policy, Vec<Request>, Vec<BlockId>)> {
+    let groups = prop_oneof![
+        Just(vec![CacheGroup::full_attention(4)]),
+        Just(vec![
+            CacheGroup::full_attention(4),
+            CacheGroup::sliding_window(4, 6)
+        ]),
+        Just(vec![
+            CacheGroup::full_attention(2),
+            CacheGroup::mamba(4, MambaMode::Align)
+        ]),
+        Just(vec![
+            CacheGroup::full_attention(2),
+            CacheGroup::full_attention(4),
+            CacheGroup::mamba(8, MambaMode::All)
+        ]),
+    ];
+    (
+        groups,
+        any::<bool>(),
+        any::<bool>(),
+        prop::collection::vec(
+            (any::<bool>(), 0u64..48, 0u64..8, 0usize..3, any::<u64>()),
+            0..14,
+        ),
+        prop::collection::vec(1u64..60, 0..8),
+    )
+        .prop_map(|(groups, vllm, fail, reqs, invalid)| {
+            let geo = Geometry::new(groups, None, 0).expect("geometry");
+            let requests = reqs
+                .into_iter()
+                .enumerate()
+                .map(|(i, (sync, p, sched, prefix, salt))| {
+                    let nst = if sync { sched.min(p) } else { 0 };
+                    let tables = geo
+                        .groups()
+                        .iter()
+                        .enumerate()
+                        .map(|(g, grp)| {
+                            let n = grp.blocks_for_tokens(p + 4) as usize;
+                            (0..n)
+                                .map(|k| {
+                                    // Shared prefix ids from a small range, private ids above.
+                                    if k < 3 + prefix * 2 {
+                                        1 + (prefix as u64 * 7 + k as u64 + g as u64 * 3) % 30
+                                    } else {
+                                        30 + ((salt >> (k % 16)) % 30)
+                                    }
+                                })
+                                .collect()
+                        })
+                        .collect();
+                    Request {
+                        id: format!("q{i}"),
+                        class: if sync {
+                            RequestClass::Sync
+                        } else {
+                            RequestClass::Async
+                        },
+                        num_computed_tokens: p,
+                        num_scheduled_tokens: nst,
+                        block_tables: tables,
+                    }
+                })
+                .collect();
+            (
+                geo,
+                if vllm { Mode::Vllm } else { Mode::Safe },
+                if fail {
+                    Policy::Fail
+                } else {
+                    Policy::Recompute
+                },
+                requests,
+                invalid,
+            )
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+    #[test]
+    fn claim_path_equals_sequential_on_random_scenarios((geo, mode, policy, requests, invalid) in scenario(), shards in 1usize..5) {
+        let invalid = InvalidSet::flat(invalid, &geo);
+        let want = recovery::recover(&geo, mode, policy, &requests, &invalid);
+        let got = recover_sharded(&geo, mode, policy, &requests, &invalid, shards);
+        prop_assert_eq!(got, want);
+    }
+}
