@@ -864,7 +864,8 @@ impl State {
             let Some(r) = self.reqs.get_mut(&key) else {
                 continue;
             };
-            if !r.first_scheduled {
+            let first = !r.first_scheduled;
+            if first {
                 r.first_scheduled = true;
                 plan.first_schedule_latency_ns
                     .push(now.saturating_duration_since(r.submitted_at).as_nanos() as u64);
@@ -876,6 +877,7 @@ impl State {
                 num_tokens: n,
                 samples: upto == r.seq_len(),
                 sync_load: r.sync_job.take(),
+                first,
             });
             r.num_computed_tokens = upto;
             r.last_scheduled = n;

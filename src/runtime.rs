@@ -424,6 +424,7 @@ impl Builder {
             handoffs: Vec::new(),
             metrics: Metrics::default(),
             signal,
+            events_at_schedule: 0,
             epoch: 0,
             shut: false,
         })
@@ -508,9 +509,11 @@ impl Inner {
         for s in &self.shards {
             ids.extend_from_slice(&s.published.lock());
         }
-        let report = InvalidSet::flat(ids, &self.geo);
+        ids.sort_unstable();
+        ids.dedup();
+        let report = InvalidSet::flat(ids.iter().copied(), &self.geo);
         if !report.is_empty() {
-            shard.claim(&env, settings, &report);
+            shard.claim(&env, settings, &report, &ids);
             // Barrier 2: every hit of every shard is claimed before anyone decides.
             #[cfg(not(kvsched_plant = "decide-early"))]
             self.barrier.wait();
@@ -570,6 +573,8 @@ pub struct Runtime {
     handoffs: Vec<BlockRef>,
     metrics: Metrics,
     signal: StdArc<WorkSignal>,
+    /// Completions signalled before the last `schedule` started draining.
+    events_at_schedule: u64,
     epoch: u64,
     shut: bool,
 }
@@ -655,6 +660,10 @@ impl Runtime {
     /// Runs one step on every shard in parallel and returns what to compute.
     pub fn schedule(&mut self) -> StepPlan {
         self.epoch += 1;
+        // Acquire: pairs with the Release increment in `WorkSignal::notify`; read before the
+        // shards drain, so a completion counted after this point may still be undrained and
+        // `wait_for_work` must not sleep past it.
+        self.events_at_schedule = self.signal.events.load(Ordering::Acquire);
         // The engine thread's share of the report: sync-load failures of the last step and
         // blocks handed off by owners that ended, minus stale ones.
         let mut share = Vec::new();
@@ -772,11 +781,12 @@ impl Runtime {
         self.inner.shards.iter().map(|s| s.ids.lock().len()).sum()
     }
 
-    /// Waits until a load completes or `timeout` passes; returns whether something happened.
+    /// Waits until a load completes or `timeout` passes; returns whether a completion arrived
+    /// since the last [`Runtime::schedule`] began draining (so a completion that landed between
+    /// `schedule` and this call returns at once: an idle engine never sleeps past work).
     pub fn wait_for_work(&self, timeout: Duration) -> bool {
         let s = &self.signal;
-        // Acquire: pairs with the Release increment in `WorkSignal::notify`.
-        let before = s.events.load(Ordering::Acquire);
+        let before = self.events_at_schedule;
         let deadline = Instant::now() + timeout;
         let mut g = s.lock.lock();
         loop {
@@ -804,6 +814,13 @@ impl Runtime {
         let stale = self.inner.pool.stale_releases();
         if stale > 0 {
             v.push(format!("releases of a block's old generation: {stale}"));
+        }
+        for (i, s) in self.inner.shards.iter().enumerate() {
+            if !s.state.lock().index_consistent(self.inner.geo.null_block()) {
+                v.push(format!(
+                    "shard {i}: holder index out of step with the block tables"
+                ));
+            }
         }
         // Between steps requests are the only holders: each block's count is its holders.
         let null = self.inner.geo.null_block();

@@ -11,6 +11,7 @@
 //!    output, admit, allocate, dispatch loads, pick runnable requests within the budget.
 
 use std::collections::BTreeMap;
+use std::ops::Bound::{Excluded, Unbounded};
 use std::sync::Arc as StdArc;
 use std::time::Instant;
 
@@ -149,6 +150,9 @@ pub struct ScheduledRequest {
     pub samples: bool,
     /// A synchronous load the engine runs in this step before computing.
     pub sync_load: Option<LoadJob>,
+    /// Whether this is the request's first scheduling (its submit → first-schedule latency is
+    /// in [`crate::runtime::StepPlan::first_schedule_latency_ns`]).
+    pub first: bool,
 }
 
 /// One request's recovery in a step.
@@ -231,6 +235,73 @@ pub(crate) struct Env<'a> {
     pub shard: usize,
 }
 
+/// Which of the shard's requests hold each block: the claim phase scans only the holders of
+/// reported blocks, so its cost follows the report, not the number of live requests.
+#[derive(Debug, Default)]
+struct HolderIndex {
+    map: FxHashMap<BlockId, Holders>,
+}
+
+#[derive(Debug)]
+enum Holders {
+    One(u64),
+    Many(Vec<u64>),
+}
+
+impl HolderIndex {
+    fn add(&mut self, id: BlockId, seq: u64) {
+        match self.map.get_mut(&id) {
+            None => {
+                self.map.insert(id, Holders::One(seq));
+            }
+            Some(h) => {
+                let first = match h {
+                    Holders::One(s) => *s,
+                    Holders::Many(v) => {
+                        v.push(seq);
+                        return;
+                    }
+                };
+                *h = Holders::Many(vec![first, seq]);
+            }
+        }
+    }
+
+    fn remove(&mut self, id: BlockId, seq: u64) {
+        let empty = match self.map.get_mut(&id) {
+            None => false,
+            Some(Holders::One(s)) => *s == seq,
+            Some(Holders::Many(v)) => {
+                if let Some(i) = v.iter().position(|&x| x == seq) {
+                    v.swap_remove(i);
+                }
+                v.is_empty()
+            }
+        };
+        if empty {
+            self.map.remove(&id);
+        }
+    }
+
+    fn holders(&self, id: BlockId) -> &[u64] {
+        match self.map.get(&id) {
+            None => &[],
+            Some(Holders::One(s)) => std::slice::from_ref(s),
+            Some(Holders::Many(v)) => v,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.map
+            .values()
+            .map(|h| match h {
+                Holders::One(_) => 1,
+                Holders::Many(v) => v.len(),
+            })
+            .sum()
+    }
+}
+
 /// One shard's requests.
 #[derive(Debug, Default)]
 pub(crate) struct Shard {
@@ -242,8 +313,16 @@ pub(crate) struct Shard {
     running: BTreeMap<ClaimKey, ()>,
     /// Steps run by this shard.
     step: u64,
+    index: HolderIndex,
+    /// Requests with something to apply after recovery: scheduled in the last step, named by a
+    /// command, or recovered this step. Keeps that phase proportional to what changed.
+    touched: Vec<u64>,
+    /// Loading requests whose load completed this step.
+    landed: Vec<u64>,
     /// Per step scratch: hits of each scanned request.
     hits: Vec<(u64, RequestClass, Vec<Hit>)>,
+    /// Hit buffers kept for reuse.
+    spare_hits: Vec<Vec<Hit>>,
     result: ShardStepResult,
 }
 
@@ -283,8 +362,14 @@ impl Shard {
     }
 
     /// Releases every block of `r` and hands off the blocks it owned but did not recompute.
-    fn release_all(env: &Env<'_>, r: &mut Req, res: &mut ShardStepResult) {
+    fn release_all(env: &Env<'_>, r: &mut Req, res: &mut ShardStepResult, index: &mut HolderIndex) {
         let key = r.key;
+        let null = env.geo.null_block();
+        for &id in r.tables.iter().flatten() {
+            if id != null {
+                index.remove(id, key.seq());
+            }
+        }
         r.sync_job = None;
         for id in r.owned_pending.drain(..) {
             env.claims.orphan(id, key);
@@ -312,7 +397,7 @@ impl Shard {
             self.loading.remove(&r.key);
             self.running.remove(&r.key);
             self.by_id.remove(&r.id);
-            Self::release_all(env, &mut r, &mut self.result);
+            Self::release_all(env, &mut r, &mut self.result, &mut self.index);
             self.result.ended.push((r.id.clone(), state));
         }
     }
@@ -423,7 +508,10 @@ impl Shard {
                 }
                 Command::Finish(id) => match self.by_id.get(&id).and_then(|s| self.reqs.get_mut(s))
                 {
-                    Some(r) => r.finish_pending = true,
+                    Some(r) => {
+                        r.finish_pending = true;
+                        self.touched.push(r.key.seq());
+                    }
                     None => self.result.counters.unknown_commands += 1,
                 },
             }
@@ -446,10 +534,12 @@ impl Shard {
                 LoadResult::Ok => {
                     self.result.counters.loads_ok += 1;
                     r.load_done = Some((true, c.finished_at));
+                    self.landed.push(seq);
                 }
                 LoadResult::Failed(bad) => {
                     self.result.counters.loads_failed += 1;
                     r.load_done = Some((false, c.finished_at));
+                    self.landed.push(seq);
                     for b in bad.into_flat() {
                         if b.id != env.geo.null_block() && env.pool.is_current(b) {
                             published.push(b.id);
@@ -466,38 +556,76 @@ impl Shard {
         published
     }
 
-    /// Phase 2: scans every loading (async) and running (sync) request against the step's
-    /// whole report and claims each hit.
-    pub fn claim(&mut self, env: &Env<'_>, settings: &StepSettings, report: &InvalidSet) {
+    /// Phase 2: scans the loading (async) and running (sync) requests that hold a reported
+    /// block (found through the holder index) against the step's whole report and claims
+    /// each hit. With `record_inputs`, every scannable request's inputs are recorded too, so a
+    /// differential check also covers requests the index would have missed.
+    pub fn claim(
+        &mut self,
+        env: &Env<'_>,
+        settings: &StepSettings,
+        report: &InvalidSet,
+        report_ids: &[BlockId],
+    ) {
         self.hits.clear();
-        let scans = self.loading.keys().chain(self.running.keys());
-        for key in scans {
-            let Some(r) = self.reqs.get(&key.seq()) else {
-                continue;
-            };
-            let Some(view) = r.view() else { continue };
-            let mut hits = Vec::new();
-            recovery::scan_request(env.geo, view, report, &mut hits);
-            let class_key = r.key.with_sync(view.class == RequestClass::Sync);
-            if settings.record_inputs {
+        if settings.record_inputs {
+            for key in self.loading.keys().chain(self.running.keys()) {
+                let Some(r) = self.reqs.get(&key.seq()) else {
+                    continue;
+                };
+                let Some(view) = r.view() else { continue };
                 self.result.scanned.push(ScannedRequest {
                     id: r.id.clone(),
-                    key: class_key,
+                    key: r.key.with_sync(view.class == RequestClass::Sync),
                     class: view.class,
                     num_computed_tokens: view.num_computed_tokens,
                     num_scheduled_tokens: view.num_scheduled_tokens,
                     block_tables: r.tables.clone(),
                 });
             }
+        }
+        let mut candidates: Vec<u64> = report_ids
+            .iter()
+            .flat_map(|&id| self.index.holders(id))
+            .copied()
+            .collect();
+        candidates.sort_unstable();
+        candidates.dedup();
+        for seq in candidates {
+            let Some(r) = self.reqs.get(&seq) else {
+                continue;
+            };
+            let Some(view) = r.view() else { continue };
+            let mut hits = self.spare_hits.pop().unwrap_or_default();
+            hits.clear();
+            recovery::scan_request(env.geo, view, report, &mut hits);
             if hits.is_empty() {
+                self.spare_hits.push(hits);
                 continue;
             }
+            let class_key = r.key.with_sync(view.class == RequestClass::Sync);
             let scan = scan_of(settings.mode, view.class);
             for h in &hits {
                 env.claims.claim(h.block, scan, class_key);
             }
-            self.hits.push((key.seq(), view.class, hits));
+            self.hits.push((seq, view.class, hits));
         }
+    }
+
+    /// Whether the holder index lists exactly the non-null entries of every request.
+    pub fn index_consistent(&self, null: BlockId) -> bool {
+        let mut n = 0;
+        for (seq, r) in &self.reqs {
+            for &id in r.tables.iter().flatten() {
+                if id != null {
+                    n += 1;
+                    if !self.index.holders(id).contains(seq) {
+                        return false;
+                    }
+                }
+            }
+        }
+        n == self.index.len()
     }
 
     /// Phase 3: decide, apply the last step's output, admit, schedule. While `draining`
@@ -573,6 +701,7 @@ impl Shard {
                 }
             }
             let failed = d.disposition == Disposition::Failed;
+            self.touched.push(*seq);
             self.result.recovered.push(RecoveredRequest {
                 id: r.id.clone(),
                 key,
@@ -588,17 +717,28 @@ impl Shard {
             }
         }
         self.hits = hits;
-        self.hits.clear();
+        for (_, _, h) in self.hits.drain(..) {
+            self.spare_hits.push(h);
+        }
     }
 
     /// Applies the engine's output for the last step: sampled tokens (unless recovery
     /// discarded the step), engine finishes, owners' recomputed blocks.
     fn apply_outputs(&mut self, env: &Env<'_>) {
-        let seqs: Vec<u64> = self.running.keys().map(|k| k.seq()).collect();
+        let mut seqs = std::mem::take(&mut self.touched);
+        seqs.sort_unstable();
+        seqs.dedup();
+        let mut not_running = Vec::new();
         for seq in seqs {
             let Some(r) = self.reqs.get_mut(&seq) else {
                 continue;
             };
+            if r.phase != Phase::Running {
+                if r.finish_pending {
+                    not_running.push(seq);
+                }
+                continue;
+            }
             let skip = std::mem::take(&mut r.skip);
             let sampled = std::mem::take(&mut r.sampled_pending);
             let finish = std::mem::take(&mut r.finish_pending);
@@ -607,7 +747,7 @@ impl Shard {
                 if sampled {
                     r.generated += 1;
                 }
-                Self::confirm_progress(env, r);
+                Self::confirm_progress(env, r, &mut self.index);
             }
             if finish
                 || (!skip && r.generated >= r.max_new_tokens && r.max_new_tokens > 0 && sampled)
@@ -616,13 +756,7 @@ impl Shard {
             }
         }
         // Engine finishes of requests not running (loading/waiting): applied too.
-        let others: Vec<u64> = self
-            .reqs
-            .iter()
-            .filter(|(_, r)| r.finish_pending && r.phase != Phase::Running)
-            .map(|(s, _)| *s)
-            .collect();
-        for seq in others {
+        for seq in not_running {
             if let Some(r) = self.reqs.get_mut(&seq) {
                 r.finish_pending = false;
                 if r.phase == Phase::Loading && r.load_done.is_none() {
@@ -636,7 +770,7 @@ impl Shard {
 
     /// The computed length is confirmed (the step ran and was not discarded): clear pending
     /// marks of recomputed owned blocks, register full prompt blocks, trim nullable entries.
-    fn confirm_progress(env: &Env<'_>, r: &mut Req) {
+    fn confirm_progress(env: &Env<'_>, r: &mut Req, index: &mut HolderIndex) {
         let nct = r.num_computed_tokens;
         let key = r.key;
         let groups = env.geo.groups();
@@ -652,10 +786,10 @@ impl Shard {
             }
             !done
         });
-        Self::register_and_trim(env, r);
+        Self::register_and_trim(env, r, index);
     }
 
-    fn register_and_trim(env: &Env<'_>, r: &mut Req) {
+    fn register_and_trim(env: &Env<'_>, r: &mut Req, index: &mut HolderIndex) {
         let nct = r.num_computed_tokens;
         let null = env.geo.null_block();
         for (g, grp) in env.geo.groups().iter().enumerate() {
@@ -681,6 +815,7 @@ impl Shard {
                 let id = r.tables[g][i];
                 if id != null {
                     Self::release_entry(env, id, r.gens[g][i]);
+                    index.remove(id, r.key.seq());
                     r.tables[g][i] = null;
                     r.gens[g][i] = 0;
                 }
@@ -690,11 +825,15 @@ impl Shard {
 
     /// Loading requests whose load landed this step become runnable (or restart at 0).
     fn land_loads(&mut self, env: &Env<'_>, now: Instant) {
-        let seqs: Vec<u64> = self.loading.keys().map(|k| k.seq()).collect();
+        let mut seqs = std::mem::take(&mut self.landed);
+        seqs.sort_unstable();
         for seq in seqs {
             let Some(r) = self.reqs.get_mut(&seq) else {
                 continue;
             };
+            if r.phase != Phase::Loading {
+                continue;
+            }
             let Some((_ok, finished_at)) = r.load_done.take() else {
                 continue;
             };
@@ -706,12 +845,12 @@ impl Shard {
             r.load_cap = u64::MAX;
             if r.num_computed_tokens == 0 {
                 // Start over: free everything, admit again.
-                Self::release_all(env, r, &mut self.result);
+                Self::release_all(env, r, &mut self.result, &mut self.index);
                 r.attempt += 1;
                 self.set_phase(seq, Phase::Waiting);
                 continue;
             }
-            Self::register_and_trim(env, r);
+            Self::register_and_trim(env, r, &mut self.index);
             self.result
                 .runnable_latency_ns
                 .push(now.saturating_duration_since(finished_at).as_nanos() as u64);
@@ -780,8 +919,9 @@ impl Shard {
     fn admit(&mut self, env: &Env<'_>, settings: &StepSettings, loads_out: &mut Vec<LoadJob>) {
         let geo = env.geo;
         let mut admitted = 0usize;
-        let keys: Vec<ClaimKey> = self.waiting.keys().copied().collect();
-        for key in keys {
+        let mut cursor = None;
+        while let Some(key) = next_key(&self.waiting, cursor) {
+            cursor = Some(key);
             if admitted >= settings.max_seqs {
                 break;
             }
@@ -829,6 +969,11 @@ impl Shard {
                         got[g].push((b.id, b.generation));
                     }
                 }
+                for &(id, _) in &got[g] {
+                    if id != geo.null_block() {
+                        self.index.add(id, seq);
+                    }
+                }
                 r.tables[g] = got[g].iter().map(|x| x.0).collect();
                 r.gens[g] = got[g].iter().map(|x| x.1).collect();
                 r.registered[g] = (local / grp.block_size) as usize;
@@ -869,14 +1014,14 @@ impl Shard {
                     self.set_phase(seq, Phase::Running);
                 }
             } else {
-                Self::register_and_trim(env, r);
+                Self::register_and_trim(env, r, &mut self.index);
                 self.set_phase(seq, Phase::Running);
             }
         }
     }
 
     /// Makes room in the tables of `r` for `upto` computed tokens.
-    fn grow(env: &Env<'_>, r: &mut Req, upto: u64) -> bool {
+    fn grow(env: &Env<'_>, r: &mut Req, upto: u64, index: &mut HolderIndex) -> bool {
         let groups = env.geo.groups();
         let need: usize = groups
             .iter()
@@ -895,6 +1040,7 @@ impl Shard {
             while (r.tables[g].len() as u64) < grp.blocks_for_tokens(upto) {
                 if let Some(b) = fresh.next() {
                     r.tables[g].push(b.id);
+                    index.add(b.id, r.key.seq());
                     r.gens[g].push(b.generation);
                 }
             }
@@ -905,8 +1051,9 @@ impl Shard {
     fn schedule(&mut self, env: &Env<'_>, settings: &StepSettings, now: Instant) {
         let mut budget = settings.token_budget;
         let mut seqs_left = settings.max_seqs;
-        let keys: Vec<ClaimKey> = self.running.keys().copied().collect();
-        for key in keys {
+        let mut cursor = None;
+        while let Some(key) = next_key(&self.running, cursor) {
+            cursor = Some(key);
             if budget == 0 || seqs_left == 0 {
                 break;
             }
@@ -931,7 +1078,7 @@ impl Shard {
                 continue;
             }
             let upto = r.num_computed_tokens + n;
-            if !Self::grow(env, r, upto) {
+            if !Self::grow(env, r, upto, &mut self.index) {
                 // Preempt the latest running request of this shard, if it is not this one.
                 let victim = self.running.keys().next_back().copied();
                 match victim {
@@ -944,14 +1091,15 @@ impl Shard {
                 let Some(r) = self.reqs.get_mut(&seq) else {
                     continue;
                 };
-                if !Self::grow(env, r, upto) {
+                if !Self::grow(env, r, upto, &mut self.index) {
                     continue;
                 }
             }
             let Some(r) = self.reqs.get_mut(&seq) else {
                 continue;
             };
-            if !r.first_scheduled {
+            let first = !r.first_scheduled;
+            if first {
                 r.first_scheduled = true;
                 self.result
                     .first_schedule_latency_ns
@@ -965,9 +1113,11 @@ impl Shard {
                 num_tokens: n,
                 samples: upto == r.seq_len(),
                 sync_load,
+                first,
             });
             r.num_computed_tokens = upto;
             r.last_scheduled = n;
+            self.touched.push(seq);
             budget -= n;
             seqs_left -= 1;
         }
@@ -975,7 +1125,7 @@ impl Shard {
 
     fn preempt(&mut self, env: &Env<'_>, seq: u64) {
         if let Some(r) = self.reqs.get_mut(&seq) {
-            Self::release_all(env, r, &mut self.result);
+            Self::release_all(env, r, &mut self.result, &mut self.index);
             r.num_computed_tokens = 0;
             r.last_scheduled = 0;
             r.sync_job = None;
@@ -1006,6 +1156,15 @@ impl Shard {
                     .filter(move |&id| id != null)
             })
             .collect()
+    }
+}
+
+/// The first key after `after` (the first key when `None`): a cursor that stays valid while
+/// the loop body moves requests between phases.
+fn next_key(set: &BTreeMap<ClaimKey, ()>, after: Option<ClaimKey>) -> Option<ClaimKey> {
+    match after {
+        None => set.keys().next().copied(),
+        Some(k) => set.range((Excluded(k), Unbounded)).next().map(|(k, _)| *k),
     }
 }
 
