@@ -50,7 +50,9 @@ impl BlockSet {
             range < BITMAP_MIN_RANGE.max((len as u64).saturating_mul(BITMAP_BITS_PER_MEMBER));
         let repr = if bitmap_ok {
             let range = range + 1;
-            let mut words = vec![0u64; range.div_ceil(64) as usize].into_boxed_slice();
+            // A power-of-two word count lets the scan index with a mask instead of a clamp.
+            let n_words = (range.div_ceil(64) as usize).next_power_of_two();
+            let mut words = vec![0u64; n_words].into_boxed_slice();
             for id in &v {
                 let off = id - min;
                 words[(off >> 6) as usize] |= 1 << (off & 63);
@@ -119,7 +121,8 @@ impl BlockSet {
             Repr::Empty => {}
             Repr::Bitmap { min, range, words } => {
                 let (min, range) = (*min, *range);
-                let last = words.len() - 1;
+                let mask = words.len() - 1; // len is a power of two
+                let words = &words[..=mask];
                 // Chunks are tested without branches (the common case is "no member"); only
                 // a chunk that holds a member is walked entry by entry.
                 const CHUNK: usize = 16;
@@ -130,7 +133,7 @@ impl BlockSet {
                     for &id in chunk {
                         let off = id.wrapping_sub(min);
                         let in_range = u64::from(off < range);
-                        let word = words[((off >> 6) as usize).min(last)];
+                        let word = words[((off >> 6) as usize) & mask];
                         any |= in_range & (word >> (off & 63));
                     }
                     if any & 1 != 0 {
