@@ -42,6 +42,7 @@ fn setup(live: usize) -> Option<(Runtime, StepOutput)> {
             prompt,
             max_new_tokens: 0,
             priority: 0,
+            load_deadline: None,
         })
         .ok()?;
     }

@@ -104,6 +104,14 @@ pub enum LoadResult {
     Failed(InvalidBlocks),
 }
 
+impl LoadResult {
+    /// Every block the job writes failed: what a connector returns on an error it cannot
+    /// narrow down (a panic in [`KvConnector::load`] is turned into the same).
+    pub fn all_failed(job: &LoadJob) -> Self {
+        LoadResult::Failed(InvalidBlocks::Flat(job.all_loaded_blocks()))
+    }
+}
+
 /// An external KV store. Implementations must be thread-safe: workers call `load` concurrently.
 pub trait KvConnector: Send + Sync + 'static {
     /// How many tokens past the local hit the store can supply, and whether asynchronously.
@@ -149,6 +157,13 @@ pub struct SimConfig {
     pub latency_min: Duration,
     /// See `latency_min`.
     pub latency_max: Duration,
+    /// Share of loads that panic inside the connector (0–1): a worker fault.
+    pub panic_rate: f64,
+    /// Share of loads that take `hang` instead of the normal latency (0–1): with a load
+    /// deadline below `hang`, these land late.
+    pub hang_rate: f64,
+    /// Latency of a hanging load.
+    pub hang: Duration,
 }
 
 impl Default for SimConfig {
@@ -163,6 +178,9 @@ impl Default for SimConfig {
             max_invalid_per_failure: 2,
             latency_min: Duration::from_micros(50),
             latency_max: Duration::from_micros(500),
+            panic_rate: 0.0,
+            hang_rate: 0.0,
+            hang: Duration::from_millis(50),
         }
     }
 }
@@ -207,6 +225,10 @@ pub fn hash_str(s: &str) -> u64 {
         (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
     })
 }
+
+/// The payload of a simulated connector panic (so a panic hook can tell it from a real one).
+#[derive(Clone, Copy, Debug)]
+pub struct SimulatedPanic;
 
 /// An in-memory, seeded connector with configurable latency and failures.
 #[derive(Clone, Debug, Default)]
@@ -295,7 +317,14 @@ impl KvConnector for SimConnector {
             self.cfg.latency_min.as_nanos() as u64,
             self.cfg.latency_max.as_nanos() as u64,
         );
-        let ns = lo + rng.below(hi.saturating_sub(lo) + 1);
+        let mut ns = lo + rng.below(hi.saturating_sub(lo) + 1);
+        if rng.unit() < self.cfg.hang_rate {
+            ns = self.cfg.hang.as_nanos() as u64;
+        }
+        if rng.unit() < self.cfg.panic_rate {
+            // A simulated connector bug: the worker must survive it.
+            std::panic::panic_any(SimulatedPanic);
+        }
         if ns > 0 {
             std::thread::sleep(Duration::from_nanos(ns));
         }

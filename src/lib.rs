@@ -22,6 +22,8 @@ pub mod geometry;
 #[cfg(not(kvsched_loom))]
 pub mod parallel;
 pub mod pool;
+#[cfg(not(kvsched_loom))]
+pub mod quarantine;
 pub mod recovery;
 pub mod replay;
 #[cfg(not(kvsched_loom))]

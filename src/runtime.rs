@@ -38,6 +38,7 @@ use crate::claim::{ClaimKey, ClaimTable};
 use crate::connector::{hash_str, KvConnector, LoadJob, NoConnector};
 use crate::geometry::{BlockId, CacheGroup, Geometry, GeometryError, DEFAULT_NULL_BLOCK};
 use crate::pool::{BlockPool, BlockRef, Census, PoolError};
+use crate::quarantine::Quarantine;
 use crate::recovery::{InvalidSet, Mode, Policy};
 use crate::shard::{Command, Env, NewRequest, Shard, ShardCounters, ShardStepResult, StepSettings};
 pub use crate::shard::{EndState, RecoveredRequest, ScannedRequest, ScheduledRequest};
@@ -46,6 +47,7 @@ use crate::sync::{
     Parker, PhaseBarrier, SegQueue, Unparker,
 };
 use crate::worker::{Completion, WorkerPool};
+use arc_swap::ArcSwap;
 
 /// Why the runtime refused something.
 #[derive(Debug, Error)]
@@ -99,6 +101,55 @@ pub struct SubmitRequest {
     pub max_new_tokens: u32,
     /// Lower runs first (default 0).
     pub priority: i16,
+    /// This request's async-load deadline, overriding [`Settings::load_deadline`].
+    pub load_deadline: Option<Duration>,
+}
+
+/// Settings that can change while the runtime runs ([`Runtime::update_settings`]). Shards
+/// read one snapshot per step, so a change applies from the next step, never mid-step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Settings {
+    /// Recovery mode (default `safe`).
+    pub mode: Mode,
+    /// Recovery policy (default `recompute`).
+    pub policy: Policy,
+    /// Deadline of an async load from its dispatch (default 5 s; `None`: none). A load past it
+    /// is treated as failed for all its blocks; its late completion is counted stale, and its
+    /// blocks stay parked (never reused) until it lands.
+    pub load_deadline: Option<Duration>,
+    /// Failed external loads after which a request is offered no more (default 2): its next
+    /// attempt recomputes locally.
+    pub max_load_retries: u32,
+    /// Consecutive failed loads of one prefix, across requests, that quarantine it (default 3;
+    /// 0 disables quarantine).
+    pub quarantine_after: u32,
+    /// How long a quarantined prefix gets no external load (default 10 s).
+    pub quarantine_for: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            mode: Mode::Safe,
+            policy: Policy::Recompute,
+            load_deadline: Some(Duration::from_secs(5)),
+            max_load_retries: 2,
+            quarantine_after: 3,
+            quarantine_for: Duration::from_secs(10),
+        }
+    }
+}
+
+impl Settings {
+    fn validate(&self) -> Result<(), RuntimeError> {
+        if self.load_deadline.is_some_and(|d| d.is_zero()) {
+            return Err(RuntimeError::Config {
+                field: "load_deadline",
+                problem: "must be > 0 (or None)".into(),
+            });
+        }
+        Ok(())
+    }
 }
 
 /// What the engine reports after running a step.
@@ -176,6 +227,18 @@ pub struct Metrics {
     pub connector_panics: u64,
     /// Commands (sampled, finish, cancel) naming no live request, ignored.
     pub unknown_commands: u64,
+    /// Async loads that passed their deadline (counted in `loads_failed` too).
+    pub deadlines_expired: u64,
+    /// Completions of loads that had passed their deadline (counted in `stale_completions`).
+    pub late_completions: u64,
+    /// Sampled / finish commands repeated for one request in one step, applied once.
+    pub duplicate_commands: u64,
+    /// Admissions offered no external load because the request's retry budget was spent.
+    pub retry_budget_skips: u64,
+    /// Admissions offered no external load because the prefix was quarantined.
+    pub quarantine_skips: u64,
+    /// Times a prefix entered quarantine.
+    pub prefixes_quarantined: u64,
     /// Steps run.
     pub steps: u64,
 }
@@ -202,8 +265,7 @@ pub struct Builder {
     pool_blocks: usize,
     shards: usize,
     workers: usize,
-    mode: Mode,
-    policy: Policy,
+    settings: Settings,
     token_budget: u64,
     max_seqs: usize,
     completion_queue_capacity: usize,
@@ -218,8 +280,7 @@ impl std::fmt::Debug for Builder {
             .field("pool_blocks", &self.pool_blocks)
             .field("shards", &self.shards)
             .field("workers", &self.workers)
-            .field("mode", &self.mode)
-            .field("policy", &self.policy)
+            .field("settings", &self.settings)
             .finish_non_exhaustive()
     }
 }
@@ -232,8 +293,7 @@ impl Default for Builder {
             pool_blocks: 4096,
             shards: 2,
             workers: 2,
-            mode: Mode::Safe,
-            policy: Policy::Recompute,
+            settings: Settings::default(),
             token_budget: 8192,
             max_seqs: 256,
             completion_queue_capacity: crate::sync::DEFAULT_COMPLETION_QUEUE_CAPACITY,
@@ -271,12 +331,17 @@ impl Builder {
     }
     /// Recovery mode (default `safe`).
     pub fn mode(mut self, m: Mode) -> Self {
-        self.mode = m;
+        self.settings.mode = m;
         self
     }
     /// Recovery policy (default `recompute`).
     pub fn policy(mut self, p: Policy) -> Self {
-        self.policy = p;
+        self.settings.policy = p;
+        self
+    }
+    /// Every live setting at once (mode, policy, deadlines, retries, quarantine).
+    pub fn settings(mut self, s: Settings) -> Self {
+        self.settings = s;
         self
     }
     /// Tokens per step across all shards (default 8192); each shard gets an equal share.
@@ -340,6 +405,7 @@ impl Builder {
             self.completion_queue_capacity > 0,
             "must be > 0",
         )?;
+        self.settings.validate()?;
         let pool = BlockPool::new(self.pool_blocks)?;
         let claims = ClaimTable::new(self.pool_blocks);
         let k = self.shards;
@@ -358,17 +424,23 @@ impl Builder {
             |total: u64, i: usize| total / k as u64 + u64::from((i as u64) < total % k as u64);
         let settings: Vec<StepSettings> = (0..k)
             .map(|i| StepSettings {
-                mode: self.mode,
-                policy: self.policy,
+                mode: self.settings.mode,
+                policy: self.settings.policy,
                 token_budget: budget(self.token_budget, i),
                 max_seqs: budget(self.max_seqs as u64, i) as usize,
                 record_inputs: self.record,
+                load_deadline: self.settings.load_deadline,
+                max_load_retries: self.settings.max_load_retries,
+                quarantine_after: self.settings.quarantine_after,
+                quarantine_for: self.settings.quarantine_for,
             })
             .collect();
         let inner = Arc::new(Inner {
             geo,
             pool,
             claims,
+            quarantine: Quarantine::default(),
+            live_settings: ArcSwap::from_pointee(self.settings),
             connector: self.connector,
             shards: (0..k)
                 .map(|i| ShardSlot {
@@ -466,8 +538,12 @@ struct Inner {
     shards: Vec<ShardSlot>,
     barrier: PhaseBarrier,
     /// The engine thread's share of the step's report (sync-load failures, hand-offs).
-    report: Mutex<Option<Vec<BlockId>>>,
+    report: Mutex<Option<(Vec<BlockId>, StdArc<Settings>)>>,
+    /// Static per-shard parts (budget share, recording).
     settings: Vec<StepSettings>,
+    /// The live settings; the engine thread snapshots them once per step.
+    live_settings: ArcSwap<Settings>,
+    quarantine: Quarantine,
     go: AtomicU64,
     done: AtomicUsize,
     stop: AtomicBool,
@@ -489,19 +565,28 @@ impl Inner {
             pool: &self.pool,
             claims: &self.claims,
             connector: self.connector.as_ref(),
+            quarantine: &self.quarantine,
             shard,
         }
     }
 
     /// One shard's part of a step; every shard runs it concurrently.
-    fn run_shard_step(&self, i: usize, engine_share: &[BlockId]) {
+    fn run_shard_step(&self, i: usize, engine_share: &[BlockId], live: &Settings) {
         let slot = &self.shards[i];
         let env = self.env(i);
-        let settings = &self.settings[i];
+        let settings = &StepSettings {
+            mode: live.mode,
+            policy: live.policy,
+            load_deadline: live.load_deadline,
+            max_load_retries: live.max_load_retries,
+            quarantine_after: live.quarantine_after,
+            quarantine_for: live.quarantine_for,
+            ..self.settings[i].clone()
+        };
         let mut shard = slot.state.lock();
         let commands = std::iter::from_fn(|| slot.inbox.pop());
         let completions = std::iter::from_fn(|| slot.completions.pop());
-        let mine = shard.publish(&env, commands, completions);
+        let mine = shard.publish(&env, settings, Instant::now(), commands, completions);
         *slot.published.lock() = mine;
         // Barrier 1: every share of the report is published and its claim words reset.
         self.barrier.wait();
@@ -551,8 +636,10 @@ fn shard_loop(inner: &Inner, i: usize, parker: Parker) {
             continue;
         }
         seen = go;
-        let share = inner.report.lock().clone().unwrap_or_default();
-        inner.run_shard_step(i, &share);
+        let Some((share, live)) = inner.report.lock().clone() else {
+            continue;
+        };
+        inner.run_shard_step(i, &share, &live);
         // Release: publishes this shard's result slot to the engine, which Acquire-loads
         // `done` in `schedule`.
         inner.done.fetch_add(1, Ordering::Release);
@@ -646,6 +733,7 @@ impl Runtime {
             max_new_tokens: req.max_new_tokens,
             key: ClaimKey::new(false, req.priority, seq),
             submitted_at: Instant::now(),
+            load_deadline: req.load_deadline,
         }));
         Ok(())
     }
@@ -668,7 +756,12 @@ impl Runtime {
         // blocks handed off by owners that ended, minus stale ones.
         let mut share = Vec::new();
         for b in self.sync_invalid.drain(..).chain(self.handoffs.drain(..)) {
-            if b.id != self.inner.geo.null_block() && self.inner.pool.is_current(b) {
+            // Planted bug for the fault matrix: trust a report whatever its generation.
+            #[cfg(kvsched_plant = "trust-stale")]
+            let current = b.id < self.inner.pool.num_blocks() as u64;
+            #[cfg(not(kvsched_plant = "trust-stale"))]
+            let current = self.inner.pool.is_current(b);
+            if b.id != self.inner.geo.null_block() && current {
                 share.push(b.id);
             } else {
                 self.metrics.stale_blocks += 1;
@@ -678,7 +771,9 @@ impl Runtime {
         for &id in &share {
             self.inner.claims.reset(id);
         }
-        *self.inner.report.lock() = Some(share.clone());
+        // One snapshot of the live settings for the whole step, on every shard.
+        let live = self.inner.live_settings.load_full();
+        *self.inner.report.lock() = Some((share.clone(), StdArc::clone(&live)));
         *self.inner.engine.lock() = Some(self.engine_parker.unparker().clone());
         self.inner.done.store(0, Ordering::Relaxed);
         // Release: pairs with the Acquire load of `go` in `shard_loop`.
@@ -686,7 +781,9 @@ impl Runtime {
         for u in &self.unparkers {
             u.unpark();
         }
-        self.inner.run_shard_step(0, &share);
+        let span = tracing::debug_span!("kvsched_step", epoch = self.epoch);
+        let _enter = span.enter();
+        self.inner.run_shard_step(0, &share, &live);
         let others = self.inner.shards.len() - 1;
         let backoff = Backoff::new();
         // Acquire: pairs with the Release increments of `done` by the shard threads.
@@ -744,6 +841,21 @@ impl Runtime {
         plan.scheduled.sort_by_key(|s| s.key);
         plan.recovery.recovered.sort_by_key(|r| r.key);
         plan.recovery.scanned.sort_by_key(|r| r.key);
+        if !plan.recovery.recovered.is_empty() {
+            let tokens: u64 = plan
+                .recovery
+                .recovered
+                .iter()
+                .map(|r| r.decision.affected_tokens)
+                .sum();
+            tracing::warn!(
+                epoch = self.epoch,
+                invalid_blocks = plan.recovery.report.len(),
+                affected_requests = plan.recovery.recovered.len(),
+                affected_tokens = tokens,
+                "recovered from failed KV loads"
+            );
+        }
         self.metrics.steps += 1;
         plan
     }
@@ -767,6 +879,25 @@ impl Runtime {
                 self.metrics.stale_blocks += 1;
             }
         }
+    }
+
+    /// Replaces the live settings; they apply from the next step. Lock-free for the shards.
+    pub fn update_settings(&self, s: Settings) -> Result<(), RuntimeError> {
+        s.validate()?;
+        self.inner.live_settings.store(StdArc::new(s));
+        Ok(())
+    }
+
+    /// The live settings.
+    pub fn settings(&self) -> Settings {
+        Settings::clone(&self.inner.live_settings.load())
+    }
+
+    /// Non-blocking: whether a load completed since the last [`Runtime::schedule`] began
+    /// draining (so a `schedule` now has something new to apply).
+    pub fn poll_work(&self) -> bool {
+        // Acquire: pairs with the Release increment in `WorkSignal::notify`.
+        self.signal.events.load(Ordering::Acquire) != self.events_at_schedule
     }
 
     /// Counters so far.
@@ -943,4 +1074,10 @@ fn add_counters(m: &mut Metrics, c: &ShardCounters) {
     m.preemptions += c.preemptions;
     m.connector_panics += c.connector_panics;
     m.unknown_commands += c.unknown_commands;
+    m.deadlines_expired += c.deadlines_expired;
+    m.late_completions += c.late_completions;
+    m.duplicate_commands += c.duplicate_commands;
+    m.retry_budget_skips += c.retry_budget_skips;
+    m.quarantine_skips += c.quarantine_skips;
+    m.prefixes_quarantined += c.prefixes_quarantined;
 }

@@ -10,10 +10,11 @@
 //! 3. [`Shard::finish_step`]: decide with ownership from the claim table, apply the last step's
 //!    output, admit, allocate, dispatch loads, pick runnable requests within the budget.
 
-use std::collections::BTreeMap;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
 use std::ops::Bound::{Excluded, Unbounded};
 use std::sync::Arc as StdArc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap;
 
@@ -21,6 +22,7 @@ use crate::claim::{ClaimKey, ClaimTable, Scan};
 use crate::connector::{KvConnector, LoadJob, LoadResult, LookupQuery};
 use crate::geometry::{BlockId, Geometry, GroupKind, MambaMode};
 use crate::pool::{BlockHash, BlockPool, BlockRef, Generation};
+use crate::quarantine::Quarantine;
 use crate::recovery::{
     self, Decision, Disposition, Hit, HitOwner, InvalidSet, Mode, Policy, RequestClass, RequestView,
 };
@@ -45,6 +47,7 @@ pub(crate) struct NewRequest {
     pub max_new_tokens: u32,
     pub key: ClaimKey,
     pub submitted_at: Instant,
+    pub load_deadline: Option<Duration>,
 }
 
 /// What the engine thread sends a shard between steps.
@@ -92,8 +95,18 @@ struct Req {
     /// Blocks this request owns and has not recomputed yet.
     owned_pending: Vec<BlockId>,
     attempt: u32,
+    /// Start of the in-flight load (tokens).
+    load_start: u64,
     /// End of the in-flight load (tokens).
     load_end: u64,
+    /// The in-flight load passed its deadline: treated as failed for all its blocks.
+    timed_out: bool,
+    /// External loads of this request that failed (completion or deadline).
+    load_failures: u32,
+    /// Prefix key of the external range, for quarantine.
+    prefix_key: Option<u64>,
+    /// Per-request load deadline (overrides the settings').
+    load_deadline: Option<Duration>,
     /// Recovery's cap on the computed length when the in-flight load lands.
     load_cap: u64,
     /// The load completed this step: `Some(true)` ok, `Some(false)` failed.
@@ -200,6 +213,12 @@ pub(crate) struct ShardCounters {
     pub preemptions: u64,
     pub connector_panics: u64,
     pub unknown_commands: u64,
+    pub deadlines_expired: u64,
+    pub late_completions: u64,
+    pub duplicate_commands: u64,
+    pub retry_budget_skips: u64,
+    pub quarantine_skips: u64,
+    pub prefixes_quarantined: u64,
 }
 
 /// What a shard hands back from a step.
@@ -224,6 +243,10 @@ pub(crate) struct StepSettings {
     pub token_budget: u64,
     pub max_seqs: usize,
     pub record_inputs: bool,
+    pub load_deadline: Option<Duration>,
+    pub max_load_retries: u32,
+    pub quarantine_after: u32,
+    pub quarantine_for: Duration,
 }
 
 /// Shared, read-only context of the runtime, as a shard sees it.
@@ -232,6 +255,7 @@ pub(crate) struct Env<'a> {
     pub pool: &'a BlockPool,
     pub claims: &'a ClaimTable,
     pub connector: &'a dyn KvConnector,
+    pub quarantine: &'a Quarantine,
     pub shard: usize,
 }
 
@@ -319,6 +343,11 @@ pub(crate) struct Shard {
     touched: Vec<u64>,
     /// Loading requests whose load completed this step.
     landed: Vec<u64>,
+    /// Deadlines of in-flight async loads: (deadline, seq, attempt).
+    deadlines: BinaryHeap<Reverse<(Instant, u64, u32)>>,
+    /// Blocks of loads that passed their deadline, held (not freed, not read) until the late
+    /// completion lands, so a worker still writing into them never writes into a reused block.
+    parked: FxHashMap<(u64, u32), Vec<BlockRef>>,
     /// Per step scratch: hits of each scanned request.
     hits: Vec<(u64, RequestClass, Vec<Hit>)>,
     /// Hit buffers kept for reuse.
@@ -425,6 +454,8 @@ impl Shard {
     pub fn publish(
         &mut self,
         env: &Env<'_>,
+        settings: &StepSettings,
+        now: Instant,
         commands: impl IntoIterator<Item = Command>,
         completions: impl IntoIterator<Item = Completion>,
     ) -> Vec<BlockId> {
@@ -466,7 +497,12 @@ impl Shard {
                         waits_step: 0,
                         owned_pending: Vec::new(),
                         attempt: 0,
+                        load_start: 0,
                         load_end: 0,
+                        timed_out: false,
+                        load_failures: 0,
+                        prefix_key: None,
+                        load_deadline: n.load_deadline,
                         load_cap: u64::MAX,
                         load_done: None,
                         end_after_load: None,
@@ -501,7 +537,9 @@ impl Shard {
                 Command::Sampled(id) => {
                     match self.by_id.get(&id).and_then(|s| self.reqs.get_mut(s)) {
                         Some(r) if r.phase == Phase::Running && r.last_scheduled > 0 => {
-                            r.sampled_pending = true
+                            if std::mem::replace(&mut r.sampled_pending, true) {
+                                self.result.counters.duplicate_commands += 1;
+                            }
                         }
                         _ => self.result.counters.unknown_commands += 1,
                     }
@@ -509,7 +547,9 @@ impl Shard {
                 Command::Finish(id) => match self.by_id.get(&id).and_then(|s| self.reqs.get_mut(s))
                 {
                     Some(r) => {
-                        r.finish_pending = true;
+                        if std::mem::replace(&mut r.finish_pending, true) {
+                            self.result.counters.duplicate_commands += 1;
+                        }
                         self.touched.push(r.key.seq());
                     }
                     None => self.result.counters.unknown_commands += 1,
@@ -519,6 +559,22 @@ impl Shard {
         let mut published = Vec::new();
         for c in completions {
             let seq = c.key.seq();
+            if c.panicked {
+                self.result.counters.connector_panics += 1;
+            }
+            // A load that passed its deadline: its blocks were parked; now they can go.
+            if let Some(blocks) = self.parked.remove(&(seq, c.attempt)) {
+                // Planted bug for the fault matrix: a late completion forgets its parked blocks.
+                #[cfg(not(kvsched_plant = "late-leak"))]
+                for b in blocks {
+                    let _ = env.pool.release(b);
+                }
+                #[cfg(kvsched_plant = "late-leak")]
+                drop(blocks);
+                self.result.counters.late_completions += 1;
+                self.result.counters.stale_completions += 1;
+                continue;
+            }
             let Some(r) = self.reqs.get_mut(&seq) else {
                 self.result.counters.stale_completions += 1;
                 continue;
@@ -527,19 +583,36 @@ impl Shard {
                 self.result.counters.stale_completions += 1;
                 continue;
             }
-            if c.panicked {
-                self.result.counters.connector_panics += 1;
-            }
+            // Planted bug for the fault matrix: a connector panic taken for a successful load.
+            #[cfg(kvsched_plant = "panic-ok")]
+            let c = Completion {
+                result: if c.panicked { LoadResult::Ok } else { c.result },
+                ..c
+            };
             match c.result {
                 LoadResult::Ok => {
                     self.result.counters.loads_ok += 1;
                     r.load_done = Some((true, c.finished_at));
                     self.landed.push(seq);
+                    if let Some(k) = r.prefix_key {
+                        env.quarantine.record_success(k);
+                    }
                 }
                 LoadResult::Failed(bad) => {
                     self.result.counters.loads_failed += 1;
                     r.load_done = Some((false, c.finished_at));
                     self.landed.push(seq);
+                    r.load_failures += 1;
+                    if let Some(k) = r.prefix_key {
+                        if env.quarantine.record_failure(
+                            k,
+                            now,
+                            settings.quarantine_after,
+                            settings.quarantine_for,
+                        ) {
+                            self.result.counters.prefixes_quarantined += 1;
+                        }
+                    }
                     for b in bad.into_flat() {
                         if b.id != env.geo.null_block() && env.pool.is_current(b) {
                             published.push(b.id);
@@ -550,10 +623,89 @@ impl Shard {
                 }
             }
         }
+        // Loads past their deadline fail for all their blocks.
+        while let Some(&Reverse((at, seq, attempt))) = self.deadlines.peek() {
+            if at > now {
+                break;
+            }
+            self.deadlines.pop();
+            let Some(r) = self.reqs.get_mut(&seq) else {
+                continue;
+            };
+            if r.phase != Phase::Loading || r.attempt != attempt || r.load_done.is_some() {
+                continue; // landed in time, or superseded
+            }
+            self.result.counters.deadlines_expired += 1;
+            self.result.counters.loads_failed += 1;
+            r.load_failures += 1;
+            r.timed_out = true;
+            r.load_done = Some((false, now));
+            self.landed.push(seq);
+            if let Some(k) = r.prefix_key {
+                if env.quarantine.record_failure(
+                    k,
+                    now,
+                    settings.quarantine_after,
+                    settings.quarantine_for,
+                ) {
+                    self.result.counters.prefixes_quarantined += 1;
+                }
+            }
+            let null = env.geo.null_block();
+            for (grp, t) in env.geo.groups().iter().zip(&r.tables) {
+                let lo = (r.load_start / grp.block_size) as usize;
+                let hi = (grp.blocks_for_tokens(r.load_end) as usize).min(t.len());
+                published.extend(
+                    t.get(lo..hi)
+                        .unwrap_or(&[])
+                        .iter()
+                        .copied()
+                        .filter(|&id| id != null),
+                );
+            }
+        }
         for &id in &published {
             env.claims.reset(id);
         }
         published
+    }
+
+    /// Moves the blocks of a timed-out load out of `r`'s tables into the parked set (held
+    /// until the late completion lands) and returns the emptied positions.
+    fn park_timed_out(&mut self, env: &Env<'_>, seq: u64) -> Vec<(usize, usize)> {
+        let Some(r) = self.reqs.get_mut(&seq) else {
+            return Vec::new();
+        };
+        r.timed_out = false;
+        let null = env.geo.null_block();
+        let mut holes = Vec::new();
+        let mut parked = Vec::new();
+        for (g, grp) in env.geo.groups().iter().enumerate() {
+            let lo = (r.load_start / grp.block_size) as usize;
+            let hi = (grp.blocks_for_tokens(r.load_end) as usize).min(r.tables[g].len());
+            for i in lo..hi {
+                let id = r.tables[g][i];
+                if id == null {
+                    continue;
+                }
+                self.index.remove(id, seq);
+                if let Some(p) = r.owned_pending.iter().position(|&x| x == id) {
+                    r.owned_pending.swap_remove(p);
+                    env.claims.forget(id);
+                }
+                parked.push(BlockRef {
+                    id,
+                    generation: r.gens[g][i],
+                });
+                r.tables[g][i] = null;
+                r.gens[g][i] = 0;
+                holes.push((g, i));
+            }
+        }
+        if !parked.is_empty() {
+            self.parked.insert((seq, r.attempt), parked);
+        }
+        holes
     }
 
     /// Phase 2: scans the loading (async) and running (sync) requests that hold a reported
@@ -642,7 +794,7 @@ impl Shard {
         self.apply_outputs(env);
         self.land_loads(env, now);
         if !draining {
-            self.admit(env, settings, loads_out);
+            self.admit(env, settings, now, loads_out);
             self.schedule(env, settings, now);
         }
         std::mem::take(&mut self.result)
@@ -759,6 +911,9 @@ impl Shard {
         for seq in not_running {
             if let Some(r) = self.reqs.get_mut(&seq) {
                 r.finish_pending = false;
+                // Planted bug for the fault matrix: end a loading request at once, freeing
+                // blocks a worker may still be filling.
+                #[cfg(not(kvsched_plant = "end-while-loading"))]
                 if r.phase == Phase::Loading && r.load_done.is_none() {
                     r.end_after_load = Some(EndState::Finished);
                     continue;
@@ -837,12 +992,33 @@ impl Shard {
             let Some((_ok, finished_at)) = r.load_done.take() else {
                 continue;
             };
+            let holes = if r.timed_out {
+                self.park_timed_out(env, seq)
+            } else {
+                Vec::new()
+            };
+            let Some(r) = self.reqs.get_mut(&seq) else {
+                continue;
+            };
             if let Some(state) = r.end_after_load.take() {
                 self.end(env, seq, state);
                 continue;
             }
             r.num_computed_tokens = r.num_computed_tokens.min(r.load_cap);
             r.load_cap = u64::MAX;
+            // Refill the parked positions with fresh blocks (they are recomputed).
+            if r.num_computed_tokens > 0 && !holes.is_empty() {
+                let mut fresh = Vec::with_capacity(holes.len());
+                if env.pool.allocate_n(holes.len(), &mut fresh) {
+                    for (&(g, i), b) in holes.iter().zip(fresh) {
+                        r.tables[g][i] = b.id;
+                        r.gens[g][i] = b.generation;
+                        self.index.add(b.id, seq);
+                    }
+                } else {
+                    r.num_computed_tokens = 0; // no room: start over
+                }
+            }
             if r.num_computed_tokens == 0 {
                 // Start over: free everything, admit again.
                 Self::release_all(env, r, &mut self.result, &mut self.index);
@@ -916,7 +1092,13 @@ impl Shard {
         (0, vec![Vec::new(); groups.len()])
     }
 
-    fn admit(&mut self, env: &Env<'_>, settings: &StepSettings, loads_out: &mut Vec<LoadJob>) {
+    fn admit(
+        &mut self,
+        env: &Env<'_>,
+        settings: &StepSettings,
+        now: Instant,
+        loads_out: &mut Vec<LoadJob>,
+    ) {
         let geo = env.geo;
         let mut admitted = 0usize;
         let mut cursor = None;
@@ -934,11 +1116,31 @@ impl Shard {
                 "a waiting request holds blocks"
             );
             let (local, mut got) = Self::local_prefix(env, r);
-            let look = env.connector.lookup(LookupQuery {
-                request: &r.id,
-                prompt: &r.prompt,
-                local_tokens: local,
-            });
+            // The prefix the connector would load from: the chained hash of group 0's first
+            // block past the local hit (the same for every request sharing that prefix).
+            let b0 = geo.groups()[0].block_size;
+            r.prefix_key = r.hashes[0].get((local / b0) as usize).copied();
+            let offer_external = if r.load_failures >= settings.max_load_retries {
+                self.result.counters.retry_budget_skips += 1;
+                false
+            } else if r
+                .prefix_key
+                .is_some_and(|k| env.quarantine.is_quarantined(k, now))
+            {
+                self.result.counters.quarantine_skips += 1;
+                false
+            } else {
+                true
+            };
+            let look = if !offer_external {
+                crate::connector::LookupResult::default()
+            } else {
+                env.connector.lookup(LookupQuery {
+                    request: &r.id,
+                    prompt: &r.prompt,
+                    local_tokens: local,
+                })
+            };
             let limit = geo.round_down_to_s((r.prompt.len() as u64).saturating_sub(1));
             let ext_end = geo
                 .round_down_to_s(local.saturating_add(look.external_tokens))
@@ -1005,8 +1207,12 @@ impl Shard {
                 };
                 self.result.counters.loads_dispatched += 1;
                 if look.load_async {
+                    r.load_start = local;
                     r.load_end = ext_end;
                     r.load_cap = u64::MAX;
+                    if let Some(d) = r.load_deadline.or(settings.load_deadline) {
+                        self.deadlines.push(Reverse((now + d, seq, r.attempt)));
+                    }
                     loads_out.push(job);
                     self.set_phase(seq, Phase::Loading);
                 } else {
@@ -1137,6 +1343,13 @@ impl Shard {
     /// the caller. Returns how many were cancelled.
     pub fn cancel_all(&mut self, env: &Env<'_>) -> ShardStepResult {
         self.result = ShardStepResult::default();
+        // Called after the workers stopped: no load can still write into parked blocks.
+        for (_, blocks) in self.parked.drain() {
+            for b in blocks {
+                let _ = env.pool.release(b);
+            }
+        }
+        self.deadlines.clear();
         let seqs: Vec<u64> = self.reqs.keys().copied().collect();
         for seq in seqs {
             self.end(env, seq, EndState::Cancelled);
@@ -1146,6 +1359,15 @@ impl Shard {
 
     /// Blocks each live request holds a reference on, for invariant checks.
     pub fn held_blocks(&self, null: BlockId) -> Vec<BlockId> {
+        self.parked
+            .values()
+            .flatten()
+            .map(|b| b.id)
+            .chain(self.held_by_requests(null))
+            .collect()
+    }
+
+    fn held_by_requests(&self, null: BlockId) -> Vec<BlockId> {
         self.reqs
             .values()
             .flat_map(|r| {

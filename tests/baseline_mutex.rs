@@ -25,6 +25,7 @@ fn run(seed: u64, preset: Preset, mode: Mode, policy: Policy, steps: usize) -> (
         max_invalid_per_failure: 3,
         latency_min: Duration::ZERO,
         latency_max: Duration::from_micros(30),
+        ..SimConfig::default()
     }));
     let mut b = MutexScheduler::new(BaselineConfig {
         groups: preset.groups(),
@@ -56,6 +57,7 @@ fn run(seed: u64, preset: Preset, mode: Mode, policy: Policy, steps: usize) -> (
                     prompt,
                     max_new_tokens: 1 + rng.below(6) as u32,
                     priority: 0,
+                    load_deadline: None,
                 })
                 .expect("submit");
             }

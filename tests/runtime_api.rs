@@ -17,6 +17,7 @@ fn req(id: &str, len: usize) -> SubmitRequest {
         prompt: (0..len as u32).collect(),
         max_new_tokens: 2,
         priority: 0,
+        load_deadline: None,
     }
 }
 

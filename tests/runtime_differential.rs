@@ -207,6 +207,7 @@ fn run(cfg: Config) -> Seen {
         max_invalid_per_failure: 3,
         latency_min: Duration::ZERO,
         latency_max: Duration::from_micros(30),
+        ..SimConfig::default()
     });
     let sim = Arc::new(sim);
     let groups = preset(cfg.preset);
@@ -251,6 +252,7 @@ fn run(cfg: Config) -> Seen {
                     prompt,
                     max_new_tokens: max_new,
                     priority,
+                    load_deadline: None,
                 })
                 .expect("submit");
                 live.push(id);
