@@ -785,6 +785,7 @@ impl State {
                     end_tokens: ext_end,
                     block_tables: got,
                     block_sizes: self.geo.groups().iter().map(|g| g.block_size).collect(),
+                    deadline: None,
                 };
                 self.metrics.loads_dispatched += 1;
                 if look.load_async {

@@ -53,6 +53,9 @@ pub struct LoadJob {
     pub block_tables: Vec<Vec<BlockRef>>,
     /// Block size of each group, in tokens.
     pub block_sizes: Vec<u64>,
+    /// When the scheduler stops waiting for this load: a worker that takes the job after
+    /// this does not run it (the scheduler already failed it) and hands it straight back.
+    pub deadline: Option<std::time::Instant>,
 }
 
 impl LoadJob {

@@ -233,6 +233,8 @@ pub struct Metrics {
     pub late_completions: u64,
     /// Sampled / finish commands repeated for one request in one step, applied once.
     pub duplicate_commands: u64,
+    /// Queued loads whose deadline had passed when a worker took them: handed back unrun.
+    pub loads_expired_unrun: u64,
     /// Admissions offered no external load because the request's retry budget was spent.
     pub retry_budget_skips: u64,
     /// Admissions offered no external load because the prefix was quarantined.
@@ -497,6 +499,7 @@ impl Builder {
             metrics: Metrics::default(),
             signal,
             events_at_schedule: 0,
+            expired_unrun_at_shutdown: 0,
             epoch: 0,
             shut: false,
         })
@@ -660,6 +663,8 @@ pub struct Runtime {
     handoffs: Vec<BlockRef>,
     metrics: Metrics,
     signal: StdArc<WorkSignal>,
+    /// Workers' count of expired jobs handed back unrun, kept once the workers are gone.
+    expired_unrun_at_shutdown: u64,
     /// Completions signalled before the last `schedule` started draining.
     events_at_schedule: u64,
     epoch: u64,
@@ -904,6 +909,11 @@ impl Runtime {
     pub fn metrics(&self) -> Metrics {
         let mut m = self.metrics.clone();
         m.submitted = self.inner.submitted.load(Ordering::Relaxed);
+        if let Some(w) = &self.workers {
+            m.loads_expired_unrun = w.counters().expired_unrun.load(Ordering::Relaxed);
+        } else {
+            m.loads_expired_unrun = self.expired_unrun_at_shutdown;
+        }
         m
     }
 
@@ -998,6 +1008,7 @@ impl Runtime {
         self.shut = true;
         let mut loads_cancelled = 0;
         if let Some(w) = self.workers.take() {
+            self.expired_unrun_at_shutdown = w.counters().expired_unrun.load(Ordering::Relaxed);
             let inner = &self.inner;
             let mut parked: Vec<Vec<Completion>> = vec![Vec::new(); inner.shards.len()];
             let left = w.shutdown(|| {

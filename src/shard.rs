@@ -1204,13 +1204,16 @@ impl Shard {
                         })
                         .collect(),
                     block_sizes: geo.groups().iter().map(|g| g.block_size).collect(),
+                    deadline: None,
                 };
                 self.result.counters.loads_dispatched += 1;
                 if look.load_async {
                     r.load_start = local;
                     r.load_end = ext_end;
                     r.load_cap = u64::MAX;
+                    let mut job = job;
                     if let Some(d) = r.load_deadline.or(settings.load_deadline) {
+                        job.deadline = Some(now + d);
                         self.deadlines.push(Reverse((now + d, seq, r.attempt)));
                     }
                     loads_out.push(job);

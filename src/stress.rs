@@ -34,19 +34,33 @@
 //!
 //! Latencies are recorded in hdrhistogram per-thread recorders and merged at the end.
 //!
+//! # Faults
+//!
+//! `--faults deadline=R,panic=R,late=R,duplicate=R,stale=R,cancel=R` rehearses failures: the
+//! connector is wrapped in a fault-injecting one (hangs past the load deadline, panics,
+//! decided per request and load attempt from the seed and counted exactly), and the engine
+//! damages its own output (cancels right after a load is dispatched, repeated step outputs,
+//! stale blocks, cancels at random later steps). The report counts what was injected
+//! (`faults_injected`) and what the scheduler did about it (`events`); see [`render_json`].
+//!
 //! # Invariants
 //!
 //! Checked every `--check-every` steps and at the end ([`Scheduler::check_invariants`]), at
 //! every step on the plan (no request scheduled in the step that told it to wait; no block
 //! claimed twice in one marked set), at shutdown ([`Report::violations`], every block released),
 //! and by reconciliation (submitted = finished + failed + cancelled; completions applied,
-//! stale or cancelled never exceed loads dispatched).
+//! stale or cancelled never exceed loads dispatched, a load past its deadline counted once;
+//! late completions never exceed expired deadlines; every injected panic caught; no request
+//! finished with fewer samples sent than tokens to generate, so no sample was applied twice).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use crossbeam_queue::SegQueue;
 
 use hdrhistogram::sync::{Recorder, SyncHistogram};
 use hdrhistogram::Histogram;
@@ -55,10 +69,16 @@ use serde::{Serialize, Serializer};
 use thiserror::Error;
 
 use crate::baseline::{BaselineConfig, MutexScheduler};
-use crate::connector::{LoadResult, SimConfig, SimConnector, SplitMix64};
+use crate::connector::{
+    hash_str, KvConnector, LoadJob, LoadResult, LookupQuery, LookupResult, SimConfig, SimConnector,
+    SimulatedPanic, SplitMix64,
+};
 use crate::geometry::{CacheGroup, MambaMode};
+use crate::pool::BlockRef;
 use crate::recovery::{Mode, Policy, RequestClass};
-use crate::runtime::{Metrics, Report, Runtime, RuntimeError, StepOutput, StepPlan, SubmitRequest};
+use crate::runtime::{
+    EndState, Metrics, Report, Runtime, RuntimeError, Settings, StepOutput, StepPlan, SubmitRequest,
+};
 
 /// What the stress loop needs from a scheduler: the engine-facing API of [`Runtime`], also
 /// implemented by the [`MutexScheduler`] baseline.
@@ -336,6 +356,81 @@ impl FromStr for LatencyRange {
     }
 }
 
+/// The fault names of `--faults`, in order.
+pub const FAULT_NAMES: [&str; 6] = ["deadline", "panic", "late", "duplicate", "stale", "cancel"];
+
+/// Fault rates of `--faults deadline=R,panic=R,late=R,duplicate=R,stale=R,cancel=R` (each
+/// 0–1; a fault not named is off). See [`StressConfig::faults`] for what each one injects.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Faults {
+    /// Share of asynchronous loads that hang past the load deadline.
+    pub deadline: f64,
+    /// Share of asynchronous loads that panic inside the connector.
+    pub panic: f64,
+    /// Share of requests with an asynchronous load the engine cancels right after dispatch.
+    pub late: f64,
+    /// Share of steps whose engine output is reported twice.
+    pub duplicate: f64,
+    /// Share of steps whose engine output names a stale block.
+    pub stale: f64,
+    /// Share of requests the client cancels at a random later step.
+    pub cancel: f64,
+}
+
+impl Faults {
+    fn rates(&self) -> [f64; 6] {
+        [
+            self.deadline,
+            self.panic,
+            self.late,
+            self.duplicate,
+            self.stale,
+            self.cancel,
+        ]
+    }
+}
+
+impl FromStr for Faults {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let names = "deadline, panic, late, duplicate, stale or cancel";
+        if s.trim().is_empty() {
+            return Err(format!(
+                "expected NAME=RATE[,NAME=RATE...] with NAME one of {names}, got an empty list"
+            ));
+        }
+        let mut f = Faults::default();
+        let mut seen: Vec<&str> = Vec::new();
+        for part in s.split(',') {
+            let part = part.trim();
+            let (name, rate) = part.split_once('=').ok_or_else(|| {
+                format!("`{part}`: missing `=` (expected NAME=RATE, e.g. panic=0.01)")
+            })?;
+            let name = name.trim();
+            let slot = match name {
+                "deadline" => &mut f.deadline,
+                "panic" => &mut f.panic,
+                "late" => &mut f.late,
+                "duplicate" => &mut f.duplicate,
+                "stale" => &mut f.stale,
+                "cancel" => &mut f.cancel,
+                _ => return Err(format!("unknown fault `{name}` (expected {names})")),
+            };
+            if seen.contains(&name) {
+                return Err(format!("fault `{name}` given twice"));
+            }
+            seen.push(name);
+            let rate = rate.trim();
+            *slot = rate
+                .parse::<f64>()
+                .ok()
+                .filter(|r| (0.0..=1.0).contains(r))
+                .ok_or_else(|| format!("{name}: expected a rate from 0 to 1, got `{rate}`"))?;
+        }
+        Ok(f)
+    }
+}
+
 fn ser_mode<S: Serializer>(m: &Mode, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(match m {
         Mode::Safe => "safe",
@@ -362,6 +457,10 @@ pub const DEFAULT_DURATION_S: f64 = 20.0;
 pub const DEFAULT_POOL_BLOCKS: usize = 1 << 17;
 /// Default of `--model-us`.
 pub const DEFAULT_MODEL_US: u64 = 200;
+/// Default of `--load-deadline-ms` with deadline faults.
+pub const DEFAULT_FAULT_DEADLINE_MS: u64 = 20;
+/// How long a load injected with a deadline fault hangs, in load deadlines.
+pub const HANG_DEADLINES: u32 = 4;
 /// Default of `--check-every` (steps).
 pub const DEFAULT_CHECK_EVERY: u64 = 1000;
 
@@ -444,6 +543,32 @@ pub struct StressConfig {
     /// Also run the same workload through a baseline scheduler: `mutex`.
     #[arg(long, value_parser = BaselineKind::from_str)]
     pub baseline: Option<BaselineKind>,
+    /// Inject faults: `NAME=RATE[,NAME=RATE...]`, each rate 0–1 (a fault not named is off).
+    ///
+    /// * `deadline=R`: share R of asynchronous loads hang (the connector sleeps 4× the load
+    ///   deadline), so the load deadline expires and their completion lands late;
+    /// * `panic=R`: share R of asynchronous loads panic inside the connector (the worker
+    ///   catches it and fails every block of the load);
+    /// * `late=R`: share R of the requests offered an asynchronous load are cancelled by the
+    ///   engine right after the step that dispatched it, so the load lands for a cancelled
+    ///   request (the runtime ends the request once the load lands);
+    /// * `duplicate=R`: in share R of steps the engine reports its output twice (every sampled
+    ///   and finished id, every failed sync-load block);
+    /// * `stale=R`: in share R of steps the engine names a stale block among the failed
+    ///   blocks (a block seen in an earlier sync load with a wrong generation, or an id past
+    ///   the pool);
+    /// * `cancel=R`: share R of requests are cancelled by the client at a random later step
+    ///   (1–128 steps after submission; on top of --cancel-ratio).
+    ///
+    /// Deadline and panic faults are decided per (request, load attempt), the others per
+    /// request or step, all from --seed. Injected counts and what the runtime did about them
+    /// are reported (`faults_injected`, `events`).
+    #[arg(long, value_name = "FAULTS", value_parser = Faults::from_str, verbatim_doc_comment)]
+    pub faults: Option<Faults>,
+    /// Deadline of an asynchronous load in ms (default: 20 with `--faults deadline=R`, R > 0;
+    /// else the runtime's default of 5000).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    pub load_deadline_ms: Option<u64>,
 }
 
 fn parse_range(s: &str, lo: usize, hi: usize) -> Result<usize, String> {
@@ -498,6 +623,8 @@ impl Default for StressConfig {
             cancel_ratio: 0.005,
             check_every: DEFAULT_CHECK_EVERY,
             baseline: None,
+            faults: None,
+            load_deadline_ms: None,
         }
     }
 }
@@ -541,6 +668,16 @@ impl StressConfig {
             if !(0.0..=1.0).contains(&x) {
                 return bad(flag, format!("must be from 0 to 1, got {x}"));
             }
+        }
+        if let Some(f) = &self.faults {
+            for (name, x) in FAULT_NAMES.iter().zip(f.rates()) {
+                if !(0.0..=1.0).contains(&x) {
+                    return bad("--faults", format!("{name}: must be from 0 to 1, got {x}"));
+                }
+            }
+        }
+        if self.load_deadline_ms == Some(0) {
+            return bad("--load-deadline-ms", "must be positive".to_owned());
         }
         if let Rate::PerSecond(r) = self.rate {
             if !(r.is_finite() && r > 0.0) {
@@ -596,6 +733,32 @@ impl StressConfig {
         Ok(())
     }
 
+    /// The fault rates (all 0 without `--faults`).
+    fn fault_rates(&self) -> Faults {
+        self.faults.unwrap_or_default()
+    }
+
+    /// The async-load deadline the run uses (see `--load-deadline-ms`).
+    pub fn effective_load_deadline(&self) -> Option<Duration> {
+        match self.load_deadline_ms {
+            Some(ms) => Some(Duration::from_millis(ms)),
+            None if self.fault_rates().deadline > 0.0 => {
+                Some(Duration::from_millis(DEFAULT_FAULT_DEADLINE_MS))
+            }
+            None => Settings::default().load_deadline,
+        }
+    }
+
+    /// The runtime's live settings.
+    fn runtime_settings(&self) -> Settings {
+        Settings {
+            mode: self.mode,
+            policy: self.policy,
+            load_deadline: self.effective_load_deadline(),
+            ..Settings::default()
+        }
+    }
+
     fn sim_config(&self) -> SimConfig {
         let groups = self.groups.groups();
         let s = crate::geometry::Geometry::new(groups, None, 0)
@@ -611,6 +774,7 @@ impl StressConfig {
             max_invalid_per_failure: 2,
             latency_min: Duration::from_micros(self.load_latency_us.min_us),
             latency_max: Duration::from_micros(self.load_latency_us.max_us),
+            ..SimConfig::default()
         }
     }
 }
@@ -632,6 +796,7 @@ struct Workload {
     output_mean: f64,
     output_cap: u64,
     cancel_ratio: f64,
+    fault_cancel: f64,
     arrivals: SplitMix64,
     rate: Option<f64>,
     next_arrival_s: f64,
@@ -642,6 +807,8 @@ struct Generated {
     req: SubmitRequest,
     /// Steps after submission at which the client cancels it.
     cancel_after: Option<u64>,
+    /// Steps after submission at which a `cancel` fault cancels it.
+    fault_cancel_after: Option<u64>,
 }
 
 impl Workload {
@@ -660,6 +827,7 @@ impl Workload {
             output_mean: f64::from(cfg.output_tokens),
             output_cap: cfg.max_output_tokens(),
             cancel_ratio: cfg.cancel_ratio,
+            fault_cancel: cfg.fault_rates().cancel,
             arrivals: SplitMix64::new(cfg.seed ^ 0xA221_7A15),
             rate: match cfg.rate {
                 Rate::PerSecond(r) => Some(r),
@@ -683,14 +851,21 @@ impl Workload {
         let out = 1 + (exp * (self.output_mean - 1.0)) as u64;
         let max_new_tokens = out.min(self.output_cap).max(1) as u32;
         let cancel_after = (rng.unit() < self.cancel_ratio).then(|| 1 + rng.below(64));
+        // A separate stream, so faults do not change the workload.
+        let mut frng =
+            SplitMix64::new(self.seed ^ 0xFA17_CA2C ^ (i + 1).wrapping_mul(0xD1B5_4A32_D192_ED03));
+        let fault_cancel_after = (self.fault_cancel > 0.0 && frng.unit() < self.fault_cancel)
+            .then(|| 1 + frng.below(128));
         Generated {
             req: SubmitRequest {
                 id: format!("r{i}"),
                 prompt,
                 max_new_tokens,
                 priority: 0,
+                load_deadline: None,
             },
             cancel_after,
+            fault_cancel_after,
         }
     }
 
@@ -755,11 +930,79 @@ pub struct Percentiles {
     pub count: u64,
 }
 
+/// Faults injected by `--faults` (exact counts).
+#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct FaultCounts {
+    /// Asynchronous loads the connector hung past the load deadline.
+    pub deadline: u64,
+    /// Asynchronous loads that panicked in the connector.
+    pub panic: u64,
+    /// Requests the engine cancelled right after their asynchronous load was dispatched.
+    pub late: u64,
+    /// Steps whose output the engine reported twice.
+    pub duplicate: u64,
+    /// Stale blocks the engine named among the failed blocks.
+    pub stale: u64,
+    /// Cancels issued by the `cancel` fault (some may name a request already ended).
+    pub cancel: u64,
+}
+
+/// What the scheduler did about faults (its counters at the end of the run).
+#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct Events {
+    /// Asynchronous loads that passed their deadline (failed for all their blocks).
+    pub deadlines_expired: u64,
+    /// Completions of loads that had passed their deadline (also in `stale_completions`).
+    pub late_completions: u64,
+    /// Connector panics caught by workers.
+    pub connector_panics: u64,
+    /// Completions ignored as stale (ended, superseded, unknown or late loads).
+    pub stale_completions: u64,
+    /// Reported blocks ignored as stale (wrong generation or out of range).
+    pub stale_blocks: u64,
+    /// Commands (sampled, finish, cancel) naming no live request, ignored.
+    pub unknown_commands: u64,
+    /// Sampled / finish commands repeated within a step, applied once.
+    pub duplicate_commands: u64,
+    /// Queued loads past their deadline that a worker handed back without running.
+    pub loads_expired_unrun: u64,
+    /// Admissions offered no external load because the request's retry budget was spent.
+    pub retry_budget_skips: u64,
+    /// Admissions offered no external load because the prefix was quarantined.
+    pub quarantine_skips: u64,
+    /// Times a prefix entered quarantine.
+    pub prefixes_quarantined: u64,
+    /// Owned blocks handed off because their owner ended first.
+    pub handoffs: u64,
+}
+
+impl Events {
+    fn of(m: &Metrics) -> Self {
+        Events {
+            deadlines_expired: m.deadlines_expired,
+            late_completions: m.late_completions,
+            connector_panics: m.connector_panics,
+            stale_completions: m.stale_completions,
+            stale_blocks: m.stale_blocks,
+            unknown_commands: m.unknown_commands,
+            duplicate_commands: m.duplicate_commands,
+            loads_expired_unrun: m.loads_expired_unrun,
+            retry_budget_skips: m.retry_budget_skips,
+            quarantine_skips: m.quarantine_skips,
+            prefixes_quarantined: m.prefixes_quarantined,
+            handoffs: m.handoffs,
+        }
+    }
+}
+
 /// The invariant verdict.
 #[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
 pub struct Invariants {
-    /// Whether every invariant held.
+    /// Whether every invariant held (`reconciled` included).
     pub ok: bool,
+    /// Whether the request accounts reconcile: submitted (by the engine and as counted by
+    /// the scheduler) = finished + failed + cancelled.
+    pub reconciled: bool,
     /// What was violated, one line each.
     pub violations: Vec<String>,
 }
@@ -795,6 +1038,10 @@ pub struct RunReport {
     pub elapsed_s: f64,
     /// Whether `--duration` ended the run before every request ended.
     pub timed_out: bool,
+    /// Faults injected (all 0 without `--faults`).
+    pub faults_injected: FaultCounts,
+    /// What the scheduler did about faults.
+    pub events: Events,
     /// Invariants.
     pub invariants: Invariants,
 }
@@ -1005,14 +1252,113 @@ fn check_plan(mode: Mode, plan: &StepPlan, violations: &mut Vec<String>) {
 
 const MAX_VIOLATIONS: usize = 50;
 
+/// The simulated connector wrapped with the connector-side faults of `--faults`: each
+/// asynchronous load draws, from its own seeded stream per (request, attempt), whether it
+/// panics (`panic=R`) or hangs for `hang` (`deadline=R`), counting both exactly; every other
+/// load is the [`SimConnector`]'s. With `late=R` it also records the requests it offers an
+/// asynchronous load, for the engine to cancel.
+struct FaultConnector {
+    sim: Arc<SimConnector>,
+    seed: u64,
+    hang_rate: f64,
+    panic_rate: f64,
+    hang: Duration,
+    record_offers: bool,
+    hangs: AtomicU64,
+    panics: AtomicU64,
+    offers: SegQueue<Arc<str>>,
+}
+
+impl FaultConnector {
+    fn new(cfg: &StressConfig, sim: Arc<SimConnector>) -> Self {
+        let f = cfg.fault_rates();
+        let hang = cfg
+            .effective_load_deadline()
+            .map_or(Duration::from_millis(50), |d| d * HANG_DEADLINES);
+        FaultConnector {
+            sim,
+            seed: cfg.seed ^ 0xFA17_C044,
+            hang_rate: f.deadline,
+            panic_rate: f.panic,
+            hang,
+            record_offers: f.late > 0.0,
+            hangs: AtomicU64::new(0),
+            panics: AtomicU64::new(0),
+            offers: SegQueue::new(),
+        }
+    }
+}
+
+impl KvConnector for FaultConnector {
+    fn lookup(&self, q: LookupQuery<'_>) -> LookupResult {
+        let r = self.sim.lookup(q);
+        if self.record_offers && r.load_async && r.external_tokens > 0 {
+            self.offers.push(q.request.into());
+        }
+        r
+    }
+
+    fn load(&self, job: &LoadJob) -> LoadResult {
+        if self.hang_rate > 0.0 || self.panic_rate > 0.0 {
+            let mut rng = SplitMix64::new(
+                self.seed
+                    ^ hash_str(&job.request).rotate_left(29)
+                    ^ u64::from(job.attempt)
+                        .wrapping_add(1)
+                        .wrapping_mul(0xD6E8_FEB8_6659_FD93),
+            );
+            let (p, h) = (rng.unit(), rng.unit());
+            if p < self.panic_rate {
+                self.panics.fetch_add(1, Ordering::Relaxed);
+                std::panic::panic_any(SimulatedPanic);
+            }
+            if h < self.hang_rate {
+                self.hangs.fetch_add(1, Ordering::Relaxed);
+                std::thread::sleep(self.hang);
+                return self.sim.decide(job);
+            }
+        }
+        self.sim.load(job)
+    }
+}
+
+/// Installs (once per process) a panic hook that prints nothing for [`SimulatedPanic`]
+/// payloads and defers to the previous hook for every other panic.
+fn silence_simulated_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let prev = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !info.payload().is::<SimulatedPanic>() {
+                prev(info);
+            }
+        }));
+    });
+}
+
+/// A uniform draw in `[0, 1)` that depends on the seed, a salt and a request id only.
+fn draw_for(seed: u64, salt: u64, id: &str) -> f64 {
+    SplitMix64::new(seed ^ salt ^ hash_str(id).rotate_left(7)).unit()
+}
+
 /// Drives `sched` through the workload of `cfg`.
 fn drive<S: Scheduler>(
     mut sched: S,
     name: &'static str,
     cfg: &StressConfig,
-    sim: &SimConnector,
+    conn: &FaultConnector,
     progress: &mut dyn FnMut(&Progress),
 ) -> Result<RunReport, StressError> {
+    let sim = &*conn.sim;
+    let faults = cfg.fault_rates();
+    let mut injected = FaultCounts::default();
+    // The engine's fault stream: two draws per step (duplicate, stale) and one per stale block.
+    let mut frng = SplitMix64::new(cfg.seed ^ 0xE561_FA17);
+    let mut late_done: FxHashSet<Arc<str>> = FxHashSet::default();
+    let mut last_sync_block: Option<BlockRef> = None;
+    // Samples sent per live request, and its max_new_tokens: a request that finishes having
+    // been sent fewer samples than that had one applied twice.
+    let mut samples_sent: FxHashMap<Arc<str>, (u32, u32)> = FxHashMap::default();
     let mut h_step = Hist::new()?;
     let mut h_first = Hist::new()?;
     let mut h_runnable = Hist::new()?;
@@ -1027,7 +1373,7 @@ fn drive<S: Scheduler>(
     let mut violations = Vec::new();
     let mut out = StepOutput::default();
     let mut arrival_of: FxHashMap<Arc<str>, Instant> = FxHashMap::default();
-    let mut cancels: BTreeMap<u64, Vec<String>> = BTreeMap::new();
+    let mut cancels: BTreeMap<u64, Vec<(String, bool)>> = BTreeMap::new();
     let (mut next, mut submitted, mut ended, mut rejected, mut sync_run, mut steps) =
         (0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
     let mut next_at = work.next_arrival();
@@ -1050,15 +1396,23 @@ fn drive<S: Scheduler>(
             };
             let g = work.request(next);
             let id: Arc<str> = g.req.id.as_str().into();
+            let max_new_tokens = g.req.max_new_tokens;
             match sched.submit(g.req) {
                 Ok(()) => {
                     submitted += 1;
                     arrival_of.insert(id.clone(), arrival);
+                    samples_sent.insert(id.clone(), (0, max_new_tokens));
                     if let Some(after) = g.cancel_after {
                         cancels
                             .entry(steps + after)
                             .or_default()
-                            .push(id.to_string());
+                            .push((id.to_string(), false));
+                    }
+                    if let Some(after) = g.fault_cancel_after {
+                        cancels
+                            .entry(steps + after)
+                            .or_default()
+                            .push((id.to_string(), true));
                     }
                 }
                 Err(e) => {
@@ -1078,7 +1432,8 @@ fn drive<S: Scheduler>(
             if *entry.key() > steps {
                 break;
             }
-            for id in entry.remove() {
+            for (id, fault) in entry.remove() {
+                injected.cancel += u64::from(fault);
                 sched.cancel(&id);
             }
         }
@@ -1098,8 +1453,26 @@ fn drive<S: Scheduler>(
                     .saturating_record(ns(t1.saturating_duration_since(at)));
             }
         }
-        for (id, _) in &plan.ended {
+        for (id, state) in &plan.ended {
             arrival_of.remove(&**id);
+            if let Some((sent, max)) = samples_sent.remove(&**id) {
+                if *state == EndState::Finished && sent < max && violations.len() < MAX_VIOLATIONS {
+                    violations.push(format!(
+                        "step {steps}: request {id} finished after {sent} samples, fewer than its {max} tokens to generate (a sample applied twice?)"
+                    ));
+                }
+            }
+        }
+        // `late`: cancel requests offered an async load in this step, right after dispatch.
+        if faults.late > 0.0 {
+            while let Some(id) = conn.offers.pop() {
+                if draw_for(cfg.seed, 0x1A7E_CA2C, &id) < faults.late
+                    && late_done.insert(id.clone())
+                {
+                    injected.late += 1;
+                    sched.cancel(&id);
+                }
+            }
         }
         ended += plan.ended.len() as u64;
         if violations.len() < MAX_VIOLATIONS {
@@ -1112,12 +1485,46 @@ fn drive<S: Scheduler>(
         for s in &plan.scheduled {
             if let Some(job) = &s.sync_load {
                 sync_run += 1;
+                if faults.stale > 0.0 {
+                    if let Some(&b) = job.all_loaded_blocks().first() {
+                        last_sync_block = Some(b);
+                    }
+                }
                 if let LoadResult::Failed(bad) = sim.decide(job) {
                     out.invalid_blocks.extend(bad.into_flat());
                 }
             }
             if s.samples {
                 out.sampled.push(s.id.to_string());
+                if let Some((sent, _)) = samples_sent.get_mut(&*s.id) {
+                    *sent += 1;
+                }
+            }
+        }
+        // `duplicate` and `stale`: the engine's output, damaged.
+        if cfg.faults.is_some() {
+            let (dup, stale) = (frng.unit(), frng.unit());
+            let empty =
+                out.sampled.is_empty() && out.finished.is_empty() && out.invalid_blocks.is_empty();
+            if dup < faults.duplicate && !empty {
+                injected.duplicate += 1;
+                out.sampled.extend_from_within(..);
+                out.finished.extend_from_within(..);
+                out.invalid_blocks.extend_from_within(..);
+            }
+            if stale < faults.stale {
+                injected.stale += 1;
+                let b = match last_sync_block {
+                    Some(b) if frng.unit() < 0.5 => BlockRef {
+                        id: b.id,
+                        generation: b.generation.wrapping_add(0x8000_0000),
+                    },
+                    _ => BlockRef {
+                        id: cfg.pool_blocks as u64 + frng.below(1024),
+                        generation: 1,
+                    },
+                };
+                out.invalid_blocks.push(b);
             }
         }
         if plan.scheduled.is_empty() && plan.ended.is_empty() {
@@ -1175,17 +1582,44 @@ fn drive<S: Scheduler>(
             fm.submitted
         ));
     }
+    let reconciled =
+        fm.submitted == submitted && fm.finished + fm.failed + fm.cancelled == fm.submitted;
     if fm.finished + fm.failed + fm.cancelled != fm.submitted {
         violations.push(format!(
             "accounting: submitted {} != finished {} + failed {} + cancelled {}",
             fm.submitted, fm.finished, fm.failed, fm.cancelled
         ));
     }
-    let applied = fm.loads_ok + fm.loads_failed + fm.stale_completions + report.loads_cancelled;
+    // A load past its deadline is counted failed when it expires, and again when its
+    // completion lands (late, in stale) or, still queued at shutdown, in cancelled: count it
+    // once.
+    let late = fm.late_completions.min(fm.stale_completions);
+    let expired_unlanded = fm
+        .deadlines_expired
+        .saturating_sub(late)
+        .min(report.loads_cancelled);
+    let applied = fm.loads_ok
+        + fm.loads_failed
+        + (fm.stale_completions - late)
+        + (report.loads_cancelled - expired_unlanded);
     if applied + sync_run > fm.loads_dispatched {
         violations.push(format!(
             "completions: {applied} applied, stale or cancelled + {sync_run} sync loads run > {} dispatched",
             fm.loads_dispatched
+        ));
+    }
+    if fm.late_completions > fm.deadlines_expired {
+        violations.push(format!(
+            "deadlines: {} late completions > {} deadlines expired",
+            fm.late_completions, fm.deadlines_expired
+        ));
+    }
+    injected.deadline = conn.hangs.load(Ordering::Relaxed);
+    injected.panic = conn.panics.load(Ordering::Relaxed);
+    if name == "kvsched" && fm.connector_panics != injected.panic {
+        violations.push(format!(
+            "panics: {} injected, {} caught by the workers",
+            injected.panic, fm.connector_panics
         ));
     }
     if !report.census.conserved() || report.census.referenced != 0 {
@@ -1224,8 +1658,11 @@ fn drive<S: Scheduler>(
         steps,
         elapsed_s: (secs * 1000.0).round() / 1000.0,
         timed_out,
+        faults_injected: injected,
+        events: Events::of(fm),
         invariants: Invariants {
             ok: violations.is_empty(),
+            reconciled,
             violations,
         },
     })
@@ -1242,22 +1679,27 @@ pub fn run_stress_with_progress(
     progress: &mut dyn FnMut(&Progress),
 ) -> Result<StressReport, StressError> {
     cfg.validate()?;
+    if cfg.fault_rates().panic > 0.0 {
+        silence_simulated_panics();
+    }
     let sim = Arc::new(SimConnector::new(cfg.sim_config()));
+    let conn = Arc::new(FaultConnector::new(cfg, sim.clone()));
     let rt = Runtime::builder()
         .groups(cfg.groups.groups())
         .pool_blocks(cfg.pool_blocks)
         .shards(cfg.shards)
         .workers(cfg.workers)
-        .mode(cfg.mode)
-        .policy(cfg.policy)
+        .settings(cfg.runtime_settings())
         .token_budget(cfg.token_budget)
         .max_seqs(cfg.max_seqs)
-        .connector(sim.clone())
+        .connector(conn.clone())
         .build()?;
-    let run = drive(rt, "kvsched", cfg, &sim, progress)?;
+    let run = drive(rt, "kvsched", cfg, &conn, progress)?;
     let baseline = match cfg.baseline {
         None => None,
         Some(BaselineKind::Mutex) => {
+            // The same faults, counted afresh.
+            let conn = Arc::new(FaultConnector::new(cfg, sim.clone()));
             let b = MutexScheduler::new(BaselineConfig {
                 groups: cfg.groups.groups(),
                 pool_blocks: cfg.pool_blocks,
@@ -1266,9 +1708,9 @@ pub fn run_stress_with_progress(
                 policy: cfg.policy,
                 token_budget: cfg.token_budget,
                 max_seqs: cfg.max_seqs,
-                connector: sim.clone(),
+                connector: conn.clone(),
             })?;
-            Some(drive(b, "mutex", cfg, &sim, progress)?)
+            Some(drive(b, "mutex", cfg, &conn, progress)?)
         }
     };
     let ratio = |a: f64, b: f64| (b > 0.0).then(|| (a / b * 100.0).round() / 100.0);
@@ -1276,9 +1718,13 @@ pub fn run_stress_with_progress(
         completions_per_s: ratio(run.completions_per_s, b.completions_per_s),
         step_overhead_p99: ratio(b.step_overhead_us.p99, run.step_overhead_us.p99),
     });
+    let mut config = cfg.clone();
+    config.load_deadline_ms = cfg
+        .effective_load_deadline()
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
     Ok(StressReport {
         run,
-        config: cfg.clone(),
+        config,
         baseline,
         ratios,
     })
@@ -1289,13 +1735,40 @@ pub fn run_stress_with_progress(
 /// Stable keys: `requests.{submitted,finished,failed,cancelled}`, `loads.{ok,failed,stale}`,
 /// `tokens_recomputed`, `claims`, `handoffs`, `completions_per_s`,
 /// `step_overhead_us.{p50,p90,p99,p999,max}`, `submit_to_schedule_us.{p50,p99,p999,max}`,
-/// `completion_to_runnable_us.{p50,p99,p999,max}`, `invariants.ok`, `invariants.violations`,
-/// `config` (every setting); with `--baseline mutex` also `baseline` (the same keys but
+/// `completion_to_runnable_us.{p50,p99,p999,max}`, `invariants.ok`, `invariants.reconciled`,
+/// `invariants.violations`, `faults_injected.{deadline,panic,late,duplicate,stale,cancel}`,
+/// `events.{deadlines_expired,late_completions,connector_panics,stale_completions,stale_blocks,
+/// unknown_commands,duplicate_commands,loads_expired_unrun,retry_budget_skips,quarantine_skips,
+/// prefixes_quarantined,handoffs}`,
+/// `config` (every setting; `config.faults` is `null` without `--faults`, and
+/// `config.load_deadline_ms` is the deadline used, `null` for none); with `--baseline mutex` also `baseline` (the same keys but
 /// `config`, for the baseline run) and `ratios.{completions_per_s,step_overhead_p99}`
 /// (kvsched ÷ baseline for throughput, baseline ÷ kvsched for latency: > 1 means kvsched is
 /// better; `null` when a divisor is 0). Additional keys (`scheduler`, `preemptions`, `steps`,
 /// `elapsed_s`, `timed_out`, `loads.{dispatched,stale_blocks,sync_run}`, `count` in each
 /// latency object) are informative.
+///
+/// `faults_injected` counts what `--faults` injected, exactly (all 0 without it):
+///
+/// * `deadline`: asynchronous loads the connector hung for 4× the load deadline
+///   (`deadline=R`: share R of loads, per request and attempt);
+/// * `panic`: asynchronous loads that panicked in the connector (`panic=R`);
+/// * `late`: requests the engine cancelled right after the step that dispatched their
+///   asynchronous load (`late=R`: share R of requests offered one), so that load's completion
+///   arrives for a cancelled request (the runtime applies it, then ends the request);
+/// * `duplicate`: steps whose output the engine reported twice — every sampled and finished
+///   id and every failed sync-load block (`duplicate=R`: share R of steps with output);
+/// * `stale`: stale blocks the engine named among a step's failed blocks — a block of an
+///   earlier sync load with a wrong generation, or an id past the pool (`stale=R`: share R of
+///   steps);
+/// * `cancel`: client cancels issued at a random later step (`cancel=R`: share R of
+///   requests; a cancel may find its request already ended).
+///
+/// `events` are the scheduler's counters at the end ([`Metrics`]): how it absorbed them
+/// (`deadlines_expired`, `late_completions` ⊆ `stale_completions`, `connector_panics`,
+/// `stale_blocks`, `unknown_commands`, and the retry-budget / quarantine / hand-off counts).
+/// `invariants.reconciled` is whether submitted = finished + failed + cancelled (and the
+/// engine's submissions = the scheduler's); it is part of `invariants.ok`.
 pub fn render_json(report: &StressReport) -> String {
     let mut s =
         serde_json::to_string_pretty(report).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"));
@@ -1327,6 +1800,25 @@ pub fn render_human(report: &StressReport) -> String {
         c.failure_rate,
         c.seed
     );
+    if let Some(f) = &c.faults {
+        let list: Vec<String> = FAULT_NAMES
+            .iter()
+            .zip(f.rates())
+            .filter(|(_, r)| *r > 0.0)
+            .map(|(n, r)| format!("{n}={r}"))
+            .collect();
+        let _ = writeln!(
+            o,
+            "faults: {} · load deadline {}",
+            if list.is_empty() {
+                "none".to_owned()
+            } else {
+                list.join(",")
+            },
+            c.load_deadline_ms
+                .map_or("none".to_owned(), |ms| format!("{ms} ms"))
+        );
+    }
     let runs: Vec<&RunReport> = std::iter::once(&report.run)
         .chain(report.baseline.as_ref())
         .collect();
@@ -1339,7 +1831,7 @@ pub fn render_human(report: &StressReport) -> String {
     }
     let _ = writeln!(o, "\n{}", header.trim_end());
     type Row = (&'static str, fn(&RunReport) -> String);
-    let sections: Vec<(&str, Vec<Row>)> = vec![
+    let mut sections: Vec<(&str, Vec<Row>)> = vec![
         (
             "requests",
             vec![
@@ -1407,6 +1899,64 @@ pub fn render_human(report: &StressReport) -> String {
             ],
         ),
     ];
+    if c.faults.is_some() {
+        sections.push((
+            "faults injected",
+            vec![
+                ("deadline (loads hung)", |r| {
+                    r.faults_injected.deadline.to_string()
+                }),
+                ("panic (loads panicked)", |r| {
+                    r.faults_injected.panic.to_string()
+                }),
+                ("late (cancelled in load)", |r| {
+                    r.faults_injected.late.to_string()
+                }),
+                ("duplicate (steps)", |r| {
+                    r.faults_injected.duplicate.to_string()
+                }),
+                ("stale (blocks)", |r| r.faults_injected.stale.to_string()),
+                ("cancel (cancels)", |r| r.faults_injected.cancel.to_string()),
+            ],
+        ));
+        sections.push((
+            "fault events",
+            vec![
+                ("deadlines expired", |r| {
+                    r.events.deadlines_expired.to_string()
+                }),
+                ("late completions", |r| {
+                    r.events.late_completions.to_string()
+                }),
+                ("connector panics", |r| {
+                    r.events.connector_panics.to_string()
+                }),
+                ("stale completions", |r| {
+                    r.events.stale_completions.to_string()
+                }),
+                ("stale blocks", |r| r.events.stale_blocks.to_string()),
+                ("unknown commands", |r| {
+                    r.events.unknown_commands.to_string()
+                }),
+                ("duplicate commands", |r| {
+                    r.events.duplicate_commands.to_string()
+                }),
+                ("expired loads not run", |r| {
+                    r.events.loads_expired_unrun.to_string()
+                }),
+                ("retry budget skips", |r| {
+                    r.events.retry_budget_skips.to_string()
+                }),
+                ("quarantine skips", |r| {
+                    r.events.quarantine_skips.to_string()
+                }),
+                ("prefixes quarantined", |r| {
+                    r.events.prefixes_quarantined.to_string()
+                }),
+                ("hand-offs", |r| r.events.handoffs.to_string()),
+            ],
+        ));
+    }
     for (title, rows) in sections {
         let _ = writeln!(o, "{title}");
         for (label, f) in rows {
@@ -1433,6 +1983,12 @@ pub fn render_human(report: &StressReport) -> String {
     }
     let _ = writeln!(o, "invariants");
     for r in &runs {
+        let _ = writeln!(
+            o,
+            "  {:<32}{:>14}",
+            format!("{} reconciled", r.scheduler),
+            if r.invariants.reconciled { "yes" } else { "NO" }
+        );
         if r.invariants.ok {
             let _ = writeln!(o, "  {:<32}{:>14}", r.scheduler, "ok");
         } else {

@@ -55,7 +55,7 @@ mod pool_impl {
     use std::time::{Duration, Instant};
 
     use super::{run_load, Completion};
-    use crate::connector::{KvConnector, LoadJob};
+    use crate::connector::{KvConnector, LoadJob, LoadResult};
     use crate::sync::{
         thread, Arc, ArrayQueue, AtomicBool, AtomicU64, Backoff, Ordering, SegQueue,
     };
@@ -69,6 +69,8 @@ mod pool_impl {
         pub panics: AtomicU64,
         /// Times a worker found a completion queue full and backed off.
         pub queue_full_retries: AtomicU64,
+        /// Jobs whose deadline had passed when a worker took them: returned without running.
+        pub expired_unrun: AtomicU64,
     }
 
     struct Shared {
@@ -218,8 +220,15 @@ mod pool_impl {
                 continue;
             };
             backoff.reset();
-            let (result, panicked) = run_load(s.connector.as_ref(), &job);
-            s.counters.loads.fetch_add(1, Ordering::Relaxed);
+            // A job whose deadline passed while queued is not run: the scheduler has already
+            // failed it, and running it would only delay the loads queued behind it.
+            let (result, panicked) = if job.deadline.is_some_and(|d| Instant::now() >= d) {
+                s.counters.expired_unrun.fetch_add(1, Ordering::Relaxed);
+                (LoadResult::all_failed(&job), false)
+            } else {
+                s.counters.loads.fetch_add(1, Ordering::Relaxed);
+                run_load(s.connector.as_ref(), &job)
+            };
             if panicked {
                 s.counters.panics.fetch_add(1, Ordering::Relaxed);
             }

@@ -41,6 +41,21 @@ fn json_of(out: &Output) -> Value {
     serde_json::from_slice(&out.stdout).expect("stdout is JSON")
 }
 
+const FAULTS: [&str; 6] = ["deadline", "panic", "late", "duplicate", "stale", "cancel"];
+
+const EVENTS: [&str; 10] = [
+    "deadlines_expired",
+    "late_completions",
+    "connector_panics",
+    "stale_completions",
+    "stale_blocks",
+    "unknown_commands",
+    "retry_budget_skips",
+    "quarantine_skips",
+    "prefixes_quarantined",
+    "handoffs",
+];
+
 fn get<'a>(v: &'a Value, path: &str) -> &'a Value {
     path.split('.').fold(v, |v, k| {
         v.get(k).unwrap_or_else(|| panic!("missing key {path}"))
@@ -70,7 +85,17 @@ fn assert_run_keys(v: &Value) {
         }
     }
     assert_eq!(get(v, "invariants.ok"), &Value::Bool(true));
+    assert_eq!(get(v, "invariants.reconciled"), &Value::Bool(true));
     assert_eq!(get(v, "invariants.violations"), &Value::Array(Vec::new()));
+    for k in FAULTS {
+        assert!(
+            get(v, &format!("faults_injected.{k}")).is_u64(),
+            "faults_injected.{k}"
+        );
+    }
+    for k in EVENTS {
+        assert!(get(v, &format!("events.{k}")).is_u64(), "events.{k}");
+    }
     let r = get(v, "requests");
     let n = |k: &str| r[k].as_u64().unwrap_or(0);
     assert_eq!(n("submitted"), 300);
@@ -231,4 +256,140 @@ fn bad_flags_exit_2_with_one_line() {
         );
         assert!(out.stdout.is_empty(), "{args:?}");
     }
+}
+
+const ALL_FAULTS: &str = "deadline=0.05,panic=0.05,late=0.05,duplicate=0.2,stale=0.2,cancel=0.05";
+
+#[test]
+fn faults_are_injected_counted_and_absorbed() {
+    // Enough workers that a hung load (4 × the 20 ms deadline) does not stall all the others.
+    let out = stress(&[
+        "--requests",
+        "400",
+        "--duration",
+        "10",
+        "--rate",
+        "1000",
+        "--workers",
+        "8",
+        "--model-us",
+        "50",
+        "--faults",
+        ALL_FAULTS,
+        "--json",
+    ]);
+    let v = json_of(&out);
+    let n = |path: &str| {
+        get(&v, path)
+            .as_u64()
+            .unwrap_or_else(|| panic!("{path} is not a count: {v}"))
+    };
+    assert_eq!(get(&v, "invariants.ok"), &Value::Bool(true), "{v}");
+    assert_eq!(get(&v, "invariants.reconciled"), &Value::Bool(true), "{v}");
+    assert_eq!(n("requests.submitted"), 400);
+    assert_eq!(
+        n("requests.finished") + n("requests.failed") + n("requests.cancelled"),
+        400
+    );
+    for k in FAULTS {
+        assert!(
+            n(&format!("faults_injected.{k}")) > 0,
+            "faults_injected.{k}: {v}"
+        );
+    }
+    for k in EVENTS {
+        get(&v, &format!("events.{k}"));
+    }
+    for k in [
+        "deadlines_expired",
+        "late_completions",
+        "connector_panics",
+        "stale_completions",
+        "stale_blocks",
+        "unknown_commands",
+    ] {
+        assert!(n(&format!("events.{k}")) > 0, "events.{k}: {v}");
+    }
+    // Exact accounting of the connector-side faults.
+    assert_eq!(
+        n("events.connector_panics"),
+        n("faults_injected.panic"),
+        "{v}"
+    );
+    assert!(
+        n("events.deadlines_expired") >= n("faults_injected.deadline") / 2,
+        "{v}"
+    );
+    assert!(
+        n("events.late_completions") <= n("events.deadlines_expired"),
+        "{v}"
+    );
+    assert!(
+        n("events.stale_blocks") >= n("faults_injected.stale"),
+        "{v}"
+    );
+    let cfg = get(&v, "config");
+    assert_eq!(cfg["load_deadline_ms"], 20);
+    assert_eq!(cfg["faults"]["duplicate"], 0.2);
+    assert_eq!(cfg["faults"]["cancel"], 0.05);
+}
+
+#[test]
+fn human_report_has_a_faults_section_with_faults() {
+    let out = small(&[
+        "--faults",
+        "cancel=0.1,stale=0.5",
+        "--load-deadline-ms",
+        "100",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    for section in [
+        "faults: stale=0.5,cancel=0.1 · load deadline 100 ms",
+        "faults injected",
+        "fault events",
+        "stale blocks",
+        "unknown commands",
+        "kvsched reconciled",
+    ] {
+        assert!(text.contains(section), "missing {section:?} in:\n{text}");
+    }
+    assert!(!text.contains("VIOLATED"), "{text}");
+    let plain = small(&[]);
+    let plain = String::from_utf8_lossy(&plain.stdout);
+    assert!(!plain.contains("faults injected"), "{plain}");
+}
+
+#[test]
+fn bad_faults_exit_2_with_one_line() {
+    for (faults, needle) in [
+        ("deadline", "missing `=`"),
+        ("panic=0.1,late", "missing `=`"),
+        ("bogus=0.1", "unknown fault `bogus`"),
+        ("panic=1.5", "from 0 to 1"),
+        ("panic=-0.1", "from 0 to 1"),
+        ("stale=often", "from 0 to 1"),
+        ("cancel=NaN", "from 0 to 1"),
+        ("", "empty"),
+        ("late=0.1,late=0.2", "twice"),
+    ] {
+        let out = stress(&["--faults", faults]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{faults:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{faults:?}: not one line: {err:?}");
+        assert!(err.starts_with("error: "), "{faults:?}: {err}");
+        assert!(
+            err.contains("--faults"),
+            "{faults:?}: {err} does not name --faults"
+        );
+        assert!(
+            err.contains(needle),
+            "{faults:?}: {err} does not say {needle:?}"
+        );
+        assert!(out.stdout.is_empty(), "{faults:?}");
+    }
+    let out = stress(&["--load-deadline-ms", "0"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--load-deadline-ms"), "{err}");
 }
