@@ -290,30 +290,6 @@ struct State {
     shut: bool,
 }
 
-fn chain_hash(parent: u64, group: usize, tokens: &[u32]) -> u64 {
-    let mut h = parent ^ (group as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xcbf2_9ce4_8422_2325;
-    for &t in tokens {
-        h = (h ^ u64::from(t)).wrapping_mul(0x100_0000_01b3);
-        h ^= h >> 29;
-    }
-    h
-}
-
-/// Indices below which a request at `tokens` computed tokens may hold the null block.
-fn nullable_below(group: &CacheGroup, tokens: u64) -> usize {
-    let b = group.block_size;
-    match group.kind {
-        GroupKind::FullAttention
-        | GroupKind::Mamba {
-            mode: MambaMode::All,
-        } => 0,
-        GroupKind::SlidingWindow { window } => (tokens.saturating_sub(window) / b) as usize,
-        GroupKind::Mamba {
-            mode: MambaMode::Align,
-        } => (tokens / b).saturating_sub(1) as usize,
-    }
-}
-
 impl State {
     fn null(&self) -> BlockId {
         self.geo.null_block()
@@ -402,7 +378,7 @@ impl State {
                 }
                 r.registered[g] += 1;
             }
-            for i in 0..nullable_below(grp, nct).min(r.tables[g].len()) {
+            for i in 0..(grp.nullable_below(nct) as usize).min(r.tables[g].len()) {
                 if r.tables[g][i] != null {
                     self.blocks.release(BlockRef {
                         id: r.tables[g][i],
@@ -697,7 +673,7 @@ impl State {
         while l > 0 {
             let ok = groups.iter().enumerate().all(|(g, grp)| {
                 let n = (l / grp.block_size) as usize;
-                (nullable_below(grp, l)..n).all(|i| {
+                ((grp.nullable_below(l) as usize)..n).all(|i| {
                     r.hashes[g]
                         .get(i)
                         .is_some_and(|h| self.blocks.index.contains_key(h))
@@ -707,7 +683,7 @@ impl State {
                 let hashes = r.hashes.clone();
                 for (g, grp) in groups.iter().enumerate() {
                     let n = (l / grp.block_size) as usize;
-                    let nullable = nullable_below(grp, l);
+                    let nullable = grp.nullable_below(l) as usize;
                     for (i, &h) in hashes[g].iter().take(n).enumerate() {
                         let b = if i < nullable {
                             None
@@ -1121,7 +1097,7 @@ impl MutexScheduler {
                 req.prompt
                     .chunks_exact(grp.block_size as usize)
                     .map(|c| {
-                        parent = chain_hash(parent, g, c);
+                        parent = crate::pool::chain_hash(parent, g, c);
                         parent
                     })
                     .collect()

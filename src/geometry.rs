@@ -84,6 +84,23 @@ impl CacheGroup {
         }
     }
 
+    /// Entries `0..n` that a request with `tokens` computed tokens may hold as the null block
+    /// (returns `n`): for a sliding window, the entries wholly outside the window; for Mamba
+    /// `align`, every state older than the newest complete one; none otherwise.
+    pub fn nullable_below(&self, tokens: u64) -> u64 {
+        let b = self.block_size;
+        match self.kind {
+            GroupKind::FullAttention
+            | GroupKind::Mamba {
+                mode: MambaMode::All,
+            } => 0,
+            GroupKind::SlidingWindow { window } => tokens.saturating_sub(window) / b,
+            GroupKind::Mamba {
+                mode: MambaMode::Align,
+            } => (tokens / b).saturating_sub(1),
+        }
+    }
+
     /// Number of table entries that overlap the first `tokens` tokens: `ceil(tokens / b)`.
     #[inline]
     pub fn blocks_for_tokens(&self, tokens: u64) -> u64 {

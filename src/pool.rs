@@ -30,6 +30,18 @@ pub type Generation = u32;
 /// and the parent block's hash into it, so one index serves every group.
 pub type BlockHash = u64;
 
+/// The prefix-cache hash of one full block of `tokens` in cache group `group`, chained on the
+/// hash of the blocks before it (`parent`, 0 for the first), so equal hashes mean equal
+/// prefixes (up to 64-bit collisions).
+pub fn chain_hash(parent: BlockHash, group: usize, tokens: &[u32]) -> BlockHash {
+    let mut h = parent ^ (group as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xcbf2_9ce4_8422_2325;
+    for &t in tokens {
+        h = (h ^ u64::from(t)).wrapping_mul(0x100_0000_01b3);
+        h ^= h >> 29;
+    }
+    h
+}
+
 /// One use of a pool slot: its id and the generation it had when it was handed out.
 ///
 /// # Guarantees
@@ -319,6 +331,24 @@ const INDEX_SHARDS: usize = 1 << INDEX_SHARD_BITS;
 const EVICT_RETRIES: u32 = 1 << 12;
 #[cfg(kvsched_loom)]
 const EVICT_RETRIES: u32 = 3;
+
+/// The free-list head's next ABA tag. The planted bug `free-list-no-tag` (loom demonstration,
+/// `loom-tests/plants.sh`) keeps the tag unchanged, so the stack is open to ABA.
+#[inline]
+fn next_tag(tag: u32) -> u32 {
+    if cfg!(kvsched_plant = "free-list-no-tag") {
+        tag
+    } else {
+        tag.wrapping_add(1)
+    }
+}
+
+/// Success ordering of the CAS in [`BlockPool::release`]: Release. The planted bug
+/// `release-relaxed` (loom demonstration, `loom-tests/plants.sh`) weakens it to Relaxed.
+#[cfg(not(kvsched_plant = "release-relaxed"))]
+const RELEASE_ORDER: Ordering = Ordering::Release;
+#[cfg(kvsched_plant = "release-relaxed")]
+const RELEASE_ORDER: Ordering = Ordering::Relaxed;
 
 /// Free-list head: `tag (high 32) | index (low 32)`; index 0 (the null block) = empty.
 fn pack_head(tag: u32, index: u32) -> u64 {
@@ -626,12 +656,10 @@ impl BlockPool {
             };
             // Release: pairs with the Acquire CAS that next claims the slot (`allocate` or
             // `allocate_reclaimed`), so this holder's writes happen-before the next owner's.
-            match slot.state.compare_exchange_weak(
-                cur,
-                next.0,
-                Ordering::Release,
-                Ordering::Relaxed,
-            ) {
+            match slot
+                .state
+                .compare_exchange_weak(cur, next.0, RELEASE_ORDER, Ordering::Relaxed)
+            {
                 Ok(_) => break after,
                 Err(actual) => cur = actual,
             }
@@ -925,7 +953,7 @@ impl BlockPool {
             // that release sequence).
             match self.free_head.compare_exchange_weak(
                 head,
-                pack_head(tag.wrapping_add(1), below),
+                pack_head(next_tag(tag), below),
                 Ordering::Acquire,
                 Ordering::Acquire,
             ) {
@@ -948,7 +976,7 @@ impl BlockPool {
             // Release: pairs with the Acquire load/CAS in `pop_free`, publishing `next[index]`.
             match self.free_head.compare_exchange_weak(
                 head,
-                pack_head(tag.wrapping_add(1), index),
+                pack_head(next_tag(tag), index),
                 Ordering::Release,
                 Ordering::Relaxed,
             ) {

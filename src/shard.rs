@@ -355,31 +355,6 @@ pub(crate) struct Shard {
     result: ShardStepResult,
 }
 
-fn chain_hash(parent: u64, group: usize, tokens: &[u32]) -> BlockHash {
-    let mut h = parent ^ (group as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xcbf2_9ce4_8422_2325;
-    for &t in tokens {
-        h = (h ^ u64::from(t)).wrapping_mul(0x100_0000_01b3);
-        h ^= h >> 29;
-    }
-    h
-}
-
-/// Indices `< n` of group `g` that a request at `tokens` computed tokens may hold as the null
-/// block: entries wholly outside a sliding window, Mamba `align` states older than the newest.
-fn nullable_below(group: &crate::geometry::CacheGroup, tokens: u64) -> usize {
-    let b = group.block_size;
-    match group.kind {
-        GroupKind::FullAttention
-        | GroupKind::Mamba {
-            mode: MambaMode::All,
-        } => 0,
-        GroupKind::SlidingWindow { window } => (tokens.saturating_sub(window) / b) as usize,
-        GroupKind::Mamba {
-            mode: MambaMode::Align,
-        } => (tokens / b).saturating_sub(1) as usize,
-    }
-}
-
 impl Shard {
     fn release_entry(env: &Env<'_>, id: BlockId, gen: Generation) {
         if id != env.geo.null_block() {
@@ -474,7 +449,7 @@ impl Shard {
                             n.prompt
                                 .chunks_exact(grp.block_size as usize)
                                 .map(|c| {
-                                    parent = chain_hash(parent, g, c);
+                                    parent = crate::pool::chain_hash(parent, g, c);
                                     parent
                                 })
                                 .collect()
@@ -965,7 +940,7 @@ impl Shard {
                 }
                 r.registered[g] += 1;
             }
-            let nullable = nullable_below(grp, nct).min(r.tables[g].len());
+            let nullable = (grp.nullable_below(nct) as usize).min(r.tables[g].len());
             for i in 0..nullable {
                 let id = r.tables[g][i];
                 if id != null {
@@ -1064,7 +1039,7 @@ impl Shard {
             let mut ok = true;
             'groups: for (g, grp) in groups.iter().enumerate() {
                 let n = (l / grp.block_size) as usize;
-                let nullable = nullable_below(grp, l);
+                let nullable = grp.nullable_below(l) as usize;
                 for i in 0..n {
                     if i < nullable {
                         got[g].push((geo.null_block(), 0));
