@@ -1573,6 +1573,9 @@ fn drive<S: Scheduler>(
             .into_iter()
             .map(|v| format!("end: {v}")),
     );
+    // The engine's output for the last step still goes to the scheduler: shutdown's final
+    // step applies it (and counts whatever in it is stale).
+    sched.update(std::mem::take(&mut out));
     let report = sched.shutdown();
     violations.extend(report.violations.iter().map(|v| format!("shutdown: {v}")));
     let fm = &report.metrics;
