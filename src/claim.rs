@@ -106,6 +106,13 @@ pub struct ClaimTable {
     pending: Box<[AtomicU64]>,
 }
 
+/// Success ordering of [`ClaimTable::clear_pending`]: Release. The planted bug
+/// `clear-pending-relaxed` (loom demonstration, `loom-tests/plants.sh`) weakens it to Relaxed.
+#[cfg(not(kvsched_plant = "clear-pending-relaxed"))]
+const CLEAR_ORDER: Ordering = Ordering::Release;
+#[cfg(kvsched_plant = "clear-pending-relaxed")]
+const CLEAR_ORDER: Ordering = Ordering::Relaxed;
+
 /// `pending` value of a block nobody has to recompute.
 const NOT_PENDING: u64 = 0;
 /// `pending` value of a block whose owner left before recomputing it; it is reported again and
@@ -203,12 +210,7 @@ impl ClaimTable {
             // Release on success: publishes the owner's recomputed block contents; pairs with
             // the Acquire load in `pending_owner` by the waiters.
             Some(w) => w
-                .compare_exchange(
-                    owner.raw(),
-                    NOT_PENDING,
-                    Ordering::Release,
-                    Ordering::Relaxed,
-                )
+                .compare_exchange(owner.raw(), NOT_PENDING, CLEAR_ORDER, Ordering::Relaxed)
                 .is_ok(),
             None => false,
         }

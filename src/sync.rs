@@ -152,6 +152,13 @@ pub const DEFAULT_COMPLETION_QUEUE_CAPACITY: usize = 4096;
 #[cfg(kvsched_loom)]
 pub const DEFAULT_COMPLETION_QUEUE_CAPACITY: usize = 2;
 
+/// Ordering of a waiter's departure load in [`PhaseBarrier::wait`]: Acquire. The planted bug
+/// `barrier-relaxed` (loom demonstration, `loom-tests/plants.sh`) weakens it to Relaxed.
+#[cfg(not(kvsched_plant = "barrier-relaxed"))]
+const BARRIER_DEPART: Ordering = Ordering::Acquire;
+#[cfg(kvsched_plant = "barrier-relaxed")]
+const BARRIER_DEPART: Ordering = Ordering::Relaxed;
+
 /// A reusable barrier for the `n` participants of a step's phases: each `wait` returns once all
 /// `n` have arrived. Waiters spin briefly, then yield (under loom: yield at once).
 ///
@@ -192,7 +199,7 @@ impl PhaseBarrier {
         } else {
             let mut spins = 0u32;
             // Acquire: pairs with the Release increment by the last arriver.
-            while self.generation.load(Ordering::Acquire) == gen {
+            while self.generation.load(BARRIER_DEPART) == gen {
                 if spins < 64 {
                     spins += 1;
                     spin_hint();
