@@ -1263,9 +1263,12 @@ impl MutexScheduler {
             s.end(k, EndState::Cancelled);
         }
         s.ended.clear();
+        // The baseline waits for every load in flight: nothing is abandoned.
         Report {
             metrics: s.metrics.clone(),
             loads_cancelled,
+            loads_abandoned: 0,
+            blocks_abandoned: 0,
             census: s.blocks.census(),
             cancelled_at_shutdown: ids,
             violations: s.violations(),

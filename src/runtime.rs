@@ -235,6 +235,8 @@ pub struct Metrics {
     pub duplicate_commands: u64,
     /// Queued loads whose deadline had passed when a worker took them: handed back unrun.
     pub loads_expired_unrun: u64,
+    /// Loads still running when shutdown stopped waiting for them.
+    pub loads_abandoned: u64,
     /// Admissions offered no external load because the request's retry budget was spent.
     pub retry_budget_skips: u64,
     /// Admissions offered no external load because the prefix was quarantined.
@@ -252,6 +254,10 @@ pub struct Report {
     pub metrics: Metrics,
     /// Loads queued but never started, cancelled by shutdown.
     pub loads_cancelled: u64,
+    /// Loads still running when shutdown stopped waiting (see [`Runtime::shutdown`]).
+    pub loads_abandoned: u64,
+    /// Blocks still held after shutdown: those of abandoned loads (0 when none was abandoned).
+    pub blocks_abandoned: u64,
     /// The pool's census after every block was released.
     pub census: Census,
     /// Requests still live at shutdown (all cancelled), with their ids.
@@ -273,6 +279,7 @@ pub struct Builder {
     completion_queue_capacity: usize,
     connector: StdArc<dyn KvConnector>,
     record: bool,
+    shutdown_timeout: Duration,
 }
 
 impl std::fmt::Debug for Builder {
@@ -301,6 +308,7 @@ impl Default for Builder {
             completion_queue_capacity: crate::sync::DEFAULT_COMPLETION_QUEUE_CAPACITY,
             connector: StdArc::new(NoConnector),
             record: false,
+            shutdown_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -370,6 +378,12 @@ impl Builder {
     /// checks; costs a copy of each scanned table on steps with a non-empty report).
     pub fn record_recovery_inputs(mut self, on: bool) -> Self {
         self.record = on;
+        self
+    }
+
+    /// How long [`Runtime::shutdown`] waits for loads in flight (default 10 s).
+    pub fn shutdown_timeout(mut self, t: Duration) -> Self {
+        self.shutdown_timeout = t;
         self
     }
 
@@ -500,6 +514,7 @@ impl Builder {
             signal,
             events_at_schedule: 0,
             expired_unrun_at_shutdown: 0,
+            shutdown_timeout: self.shutdown_timeout,
             epoch: 0,
             shut: false,
         })
@@ -663,6 +678,7 @@ pub struct Runtime {
     handoffs: Vec<BlockRef>,
     metrics: Metrics,
     signal: StdArc<WorkSignal>,
+    shutdown_timeout: Duration,
     /// Workers' count of expired jobs handed back unrun, kept once the workers are gone.
     expired_unrun_at_shutdown: u64,
     /// Completions signalled before the last `schedule` started draining.
@@ -1002,23 +1018,33 @@ impl Runtime {
         v
     }
 
-    /// Stops the workers (loads in flight finish and are drained), cancels every live request,
-    /// releases every block and reports.
+    /// Stops the workers, waiting at most [`Builder::shutdown_timeout`] for the loads in
+    /// flight (those that finish are applied), cancels every live request and queued load,
+    /// releases every block and reports. Loads still running at the timeout are abandoned:
+    /// their requests are cancelled, but their blocks stay held (a detached worker may still
+    /// write them) and are counted in [`Report::loads_abandoned`] / [`Report::blocks_abandoned`].
     pub fn shutdown(mut self) -> Report {
         self.shut = true;
         let mut loads_cancelled = 0;
+        let mut workers_finished = true;
+        let mut never_started = rustc_hash::FxHashSet::default();
         if let Some(w) = self.workers.take() {
             self.expired_unrun_at_shutdown = w.counters().expired_unrun.load(Ordering::Relaxed);
             let inner = &self.inner;
             let mut parked: Vec<Vec<Completion>> = vec![Vec::new(); inner.shards.len()];
-            let left = w.shutdown(|| {
-                for (i, s) in inner.shards.iter().enumerate() {
-                    while let Some(c) = s.completions.pop() {
-                        parked[i].push(c);
+            let (left, finished) = w.shutdown(
+                || {
+                    for (i, s) in inner.shards.iter().enumerate() {
+                        while let Some(c) = s.completions.pop() {
+                            parked[i].push(c);
+                        }
                     }
-                }
-            });
+                },
+                self.shutdown_timeout,
+            );
+            workers_finished = finished;
             loads_cancelled = left.len() as u64;
+            never_started = left.iter().map(|j| (j.key.seq(), j.attempt)).collect();
             // Completions that landed are applied once (as a step would), then everyone is
             // cancelled. Whatever does not fit back in a queue is counted stale.
             for (i, cs) in parked.into_iter().enumerate() {
@@ -1036,7 +1062,10 @@ impl Runtime {
         let mut cancelled_ids = Vec::new();
         for (i, s) in self.inner.shards.iter().enumerate() {
             let env = self.inner.env(i);
-            let res = s.state.lock().cancel_all(&env);
+            let res = s
+                .state
+                .lock()
+                .cancel_all(&env, workers_finished, &never_started);
             add_counters(&mut self.metrics, &res.counters);
             for (id, _) in &res.ended {
                 cancelled_ids.push(id.to_string());
@@ -1046,10 +1075,13 @@ impl Runtime {
         }
         self.stop_shards();
         let violations = self.check_invariants();
+        let census = self.inner.pool.census();
         Report {
+            loads_abandoned: self.metrics.loads_abandoned,
+            blocks_abandoned: census.referenced as u64,
             metrics: self.metrics(),
             loads_cancelled,
-            census: self.inner.pool.census(),
+            census,
             cancelled_at_shutdown: cancelled_ids,
             violations,
         }
@@ -1088,6 +1120,7 @@ fn add_counters(m: &mut Metrics, c: &ShardCounters) {
     m.deadlines_expired += c.deadlines_expired;
     m.late_completions += c.late_completions;
     m.duplicate_commands += c.duplicate_commands;
+    m.loads_abandoned += c.loads_abandoned;
     m.retry_budget_skips += c.retry_budget_skips;
     m.quarantine_skips += c.quarantine_skips;
     m.prefixes_quarantined += c.prefixes_quarantined;

@@ -216,6 +216,7 @@ pub(crate) struct ShardCounters {
     pub deadlines_expired: u64,
     pub late_completions: u64,
     pub duplicate_commands: u64,
+    pub loads_abandoned: u64,
     pub retry_budget_skips: u64,
     pub quarantine_skips: u64,
     pub prefixes_quarantined: u64,
@@ -348,6 +349,9 @@ pub(crate) struct Shard {
     /// Blocks of loads that passed their deadline, held (not freed, not read) until the late
     /// completion lands, so a worker still writing into them never writes into a reused block.
     parked: FxHashMap<(u64, u32), Vec<BlockRef>>,
+    /// Blocks of loads still running when shutdown gave up waiting: held for good (a detached
+    /// worker may still write them), reported.
+    abandoned: Vec<BlockRef>,
     /// Per step scratch: hits of each scanned request.
     hits: Vec<(u64, RequestClass, Vec<Hit>)>,
     /// Hit buffers kept for reuse.
@@ -1319,15 +1323,58 @@ impl Shard {
 
     /// Ends every request (shutdown): loading ones only once their load is known finished by
     /// the caller. Returns how many were cancelled.
-    pub fn cancel_all(&mut self, env: &Env<'_>) -> ShardStepResult {
+    pub fn cancel_all(
+        &mut self,
+        env: &Env<'_>,
+        workers_finished: bool,
+        never_started: &rustc_hash::FxHashSet<(u64, u32)>,
+    ) -> ShardStepResult {
         self.result = ShardStepResult::default();
-        // Called after the workers stopped: no load can still write into parked blocks.
-        for (_, blocks) in self.parked.drain() {
-            for b in blocks {
-                let _ = env.pool.release(b);
+        // Once every worker finished no load can still write into parked blocks; otherwise a
+        // parked (timed-out) load may still be running: its blocks stay held.
+        for ((seq, attempt), blocks) in self.parked.drain() {
+            if workers_finished || never_started.contains(&(seq, attempt)) {
+                for b in blocks {
+                    let _ = env.pool.release(b);
+                }
+            } else {
+                self.result.counters.loads_abandoned += 1;
+                self.abandoned.extend(blocks);
             }
         }
         self.deadlines.clear();
+        if !workers_finished {
+            // Loads still in flight: take their blocks out of the requests before ending them.
+            let in_flight: Vec<u64> = self
+                .reqs
+                .iter()
+                .filter(|(seq, r)| {
+                    r.phase == Phase::Loading
+                        && r.load_done.is_none()
+                        && !never_started.contains(&(**seq, r.attempt))
+                })
+                .map(|(seq, _)| *seq)
+                .collect();
+            let null = env.geo.null_block();
+            for seq in in_flight {
+                let Some(r) = self.reqs.get_mut(&seq) else {
+                    continue;
+                };
+                for (t, g) in r.tables.iter_mut().zip(r.gens.iter_mut()) {
+                    for (id, gen) in t.iter_mut().zip(g.iter_mut()) {
+                        if *id != null {
+                            self.index.remove(*id, seq);
+                            self.abandoned.push(BlockRef {
+                                id: *id,
+                                generation: *gen,
+                            });
+                            *id = null;
+                        }
+                    }
+                }
+                self.result.counters.loads_abandoned += 1;
+            }
+        }
         let seqs: Vec<u64> = self.reqs.keys().copied().collect();
         for seq in seqs {
             self.end(env, seq, EndState::Cancelled);
@@ -1340,6 +1387,7 @@ impl Shard {
         self.parked
             .values()
             .flatten()
+            .chain(&self.abandoned)
             .map(|b| b.id)
             .chain(self.held_by_requests(null))
             .collect()

@@ -161,39 +161,60 @@ mod pool_impl {
         /// Stops the workers after their current load and returns the jobs never started.
         /// `drain` is called repeatedly while waiting, so the caller can empty completion queues
         /// that a finishing worker may be blocked on.
-        pub fn shutdown(mut self, drain: impl FnMut()) -> Vec<LoadJob> {
-            self.stop_and_join(drain)
+        /// Waits at most `timeout` for the loads in flight; returns the jobs never started and
+        /// whether every worker finished. Workers still inside a load after the timeout are
+        /// detached: they finish it, deliver nothing, and exit — the caller must treat their
+        /// loads' blocks as still being written.
+        pub fn shutdown(mut self, drain: impl FnMut(), timeout: Duration) -> (Vec<LoadJob>, bool) {
+            self.stop_and_join(drain, timeout)
         }
 
-        fn stop_and_join(&mut self, mut drain: impl FnMut()) -> Vec<LoadJob> {
+        fn stop_and_join(
+            &mut self,
+            mut drain: impl FnMut(),
+            timeout: Duration,
+        ) -> (Vec<LoadJob>, bool) {
             // Release: pairs with the Acquire load in `worker_loop`; a worker that sees the flag
             // exits after its current load.
             self.shared.stop.store(true, Ordering::Release);
             for h in &self.handles {
                 h.thread().unpark();
             }
+            let deadline = Instant::now() + timeout;
             while self.handles.iter().any(|h| !h.is_finished()) {
                 drain();
-                thread::yield_now();
+                if Instant::now() >= deadline {
+                    // Release: pairs with the Acquire load in the push loop; a late worker
+                    // delivers nothing.
+                    self.shared.abandon.store(true, Ordering::Release);
+                    break;
+                }
+                thread::sleep(Duration::from_micros(100));
             }
             drain();
+            let mut all_finished = true;
             for h in self.handles.drain(..) {
-                let _ = h.join();
+                if h.is_finished() {
+                    let _ = h.join();
+                } else {
+                    all_finished = false; // detached
+                }
             }
             let mut left = Vec::new();
             while let Some(j) = self.shared.jobs.pop() {
                 left.push(j);
             }
-            left
+            (left, all_finished)
         }
     }
 
     impl Drop for WorkerPool {
         fn drop(&mut self) {
             if !self.handles.is_empty() {
-                // Nobody drains the queues any more: workers blocked on a full queue give up.
+                // Nobody drains the queues any more: workers blocked on a full queue give up,
+                // and a worker stuck in a load is detached after a second.
                 self.shared.abandon.store(true, Ordering::Release);
-                let _ = self.stop_and_join(|| {});
+                let _ = self.stop_and_join(|| {}, Duration::from_secs(1));
             }
         }
     }
@@ -239,6 +260,10 @@ mod pool_impl {
                 panicked,
                 finished_at: Instant::now(),
             };
+            // Acquire: pairs with the Release store in `stop_and_join` / `Drop`.
+            if s.abandon.load(Ordering::Acquire) {
+                return;
+            }
             let Some(q) = s.queues.get(job.shard) else {
                 continue;
             };

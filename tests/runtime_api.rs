@@ -249,3 +249,50 @@ fn wait_for_work_wakes_on_a_completion_and_times_out_otherwise() {
     assert_eq!(plan.runnable_latency_ns.len(), 1);
     drop(rt.shutdown());
 }
+
+/// A connector whose loads never return (until the process exits).
+struct Hang;
+
+impl KvConnector for Hang {
+    fn lookup(&self, q: LookupQuery<'_>) -> LookupResult {
+        LookupResult {
+            external_tokens: (q.prompt.len() as u64 - 1) / 16 * 16,
+            load_async: true,
+        }
+    }
+    fn load(&self, _: &LoadJob) -> LoadResult {
+        loop {
+            std::thread::park();
+        }
+    }
+}
+
+#[test]
+fn shutdown_is_bounded_and_reports_loads_still_running() {
+    let mut rt = Runtime::builder()
+        .shards(2)
+        .workers(1)
+        .connector(Arc::new(Hang))
+        .shutdown_timeout(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    for id in ["h1", "h2", "h3"] {
+        rt.submit(req(id, 100)).unwrap();
+    }
+    let _ = rt.schedule();
+    std::thread::sleep(Duration::from_millis(20)); // the one worker is now stuck in a load
+    let t0 = std::time::Instant::now();
+    let report = rt.shutdown();
+    assert!(
+        t0.elapsed() < Duration::from_secs(2),
+        "shutdown took {:?}",
+        t0.elapsed()
+    );
+    // One load was running (abandoned: its blocks stay held), two never started.
+    assert_eq!(report.loads_abandoned, 1);
+    assert_eq!(report.loads_cancelled, 2);
+    assert_eq!(report.blocks_abandoned, 7); // ceil(100 / 16) blocks of the running load
+    assert_eq!(report.metrics.cancelled, 3);
+    assert!(report.violations.is_empty(), "{:?}", report.violations);
+    assert!(report.census.conserved());
+}
