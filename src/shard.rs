@@ -578,20 +578,15 @@ impl Shard {
                     }
                 }
                 LoadResult::Failed(bad) => {
-                    self.result.counters.loads_failed += 1;
-                    r.load_done = Some((false, c.finished_at));
+                    Self::load_failed(
+                        env,
+                        settings,
+                        now,
+                        r,
+                        c.finished_at,
+                        &mut self.result.counters,
+                    );
                     self.landed.push(seq);
-                    r.load_failures += 1;
-                    if let Some(k) = r.prefix_key {
-                        if env.quarantine.record_failure(
-                            k,
-                            now,
-                            settings.quarantine_after,
-                            settings.quarantine_for,
-                        ) {
-                            self.result.counters.prefixes_quarantined += 1;
-                        }
-                    }
                     for b in bad.into_flat() {
                         if b.id != env.geo.null_block() && env.pool.is_current(b) {
                             published.push(b.id);
@@ -615,21 +610,9 @@ impl Shard {
                 continue; // landed in time, or superseded
             }
             self.result.counters.deadlines_expired += 1;
-            self.result.counters.loads_failed += 1;
-            r.load_failures += 1;
             r.timed_out = true;
-            r.load_done = Some((false, now));
+            Self::load_failed(env, settings, now, r, now, &mut self.result.counters);
             self.landed.push(seq);
-            if let Some(k) = r.prefix_key {
-                if env.quarantine.record_failure(
-                    k,
-                    now,
-                    settings.quarantine_after,
-                    settings.quarantine_for,
-                ) {
-                    self.result.counters.prefixes_quarantined += 1;
-                }
-            }
             let null = env.geo.null_block();
             for (grp, t) in env.geo.groups().iter().zip(&r.tables) {
                 let lo = (r.load_start / grp.block_size) as usize;
@@ -647,6 +630,31 @@ impl Shard {
             env.claims.reset(id);
         }
         published
+    }
+
+    /// Bookkeeping of a failed async load (its completion said so, or its deadline passed):
+    /// the request's retry budget and its prefix's quarantine streak.
+    fn load_failed(
+        env: &Env<'_>,
+        settings: &StepSettings,
+        now: Instant,
+        r: &mut Req,
+        at: Instant,
+        counters: &mut ShardCounters,
+    ) {
+        counters.loads_failed += 1;
+        r.load_done = Some((false, at));
+        r.load_failures += 1;
+        if let Some(k) = r.prefix_key {
+            if env.quarantine.record_failure(
+                k,
+                now,
+                settings.quarantine_after,
+                settings.quarantine_for,
+            ) {
+                counters.prefixes_quarantined += 1;
+            }
+        }
     }
 
     /// Moves the blocks of a timed-out load out of `r`'s tables into the parked set (held

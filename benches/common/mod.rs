@@ -12,40 +12,18 @@ use std::io::{self, Write};
 use kvsched::geometry::{BlockId, CacheGroup, Geometry, GroupKind, MambaMode};
 use kvsched::recovery::{Mode, Policy, Request, RequestClass};
 
-/// SplitMix64: a tiny, good-enough, seedable PRNG.
-pub struct SplitMix64(u64);
+pub use kvsched::connector::SplitMix64;
 
-impl SplitMix64 {
-    /// A generator from `seed`.
-    pub fn new(seed: u64) -> Self {
-        SplitMix64(seed)
+/// `k` distinct indices out of `0..n`, in random order (partial Fisher–Yates).
+pub fn choose(rng: &mut SplitMix64, n: usize, k: usize) -> Vec<usize> {
+    let mut v: Vec<usize> = (0..n).collect();
+    let k = k.min(n);
+    for i in 0..k {
+        let j = i + rng.below((n - i) as u64) as usize;
+        v.swap(i, j);
     }
-
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// A number in `0..n` (`n > 0`; the modulo bias is irrelevant here).
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n
-    }
-
-    /// `k` distinct indices out of `0..n`, in random order (partial Fisher–Yates).
-    pub fn choose(&mut self, n: usize, k: usize) -> Vec<usize> {
-        let mut v: Vec<usize> = (0..n).collect();
-        let k = k.min(n);
-        for i in 0..k {
-            let j = i + self.below((n - i) as u64) as usize;
-            v.swap(i, j);
-        }
-        v.truncate(k);
-        v
-    }
+    v.truncate(k);
+    v
 }
 
 /// What to generate.
@@ -144,7 +122,7 @@ pub fn generate(p: &ScenarioParams) -> Scenario {
         .collect();
     let n = p.num_requests;
     let mut sharing = vec![false; n];
-    for i in rng.choose(n, n * p.shared_percent as usize / 100) {
+    for i in choose(&mut rng, n, n * p.shared_percent as usize / 100) {
         sharing[i] = true;
     }
 
@@ -195,7 +173,7 @@ pub fn generate(p: &ScenarioParams) -> Scenario {
 
     // One invalid block in each chosen request: a random non-null entry of its scan range.
     let mut invalid = Vec::new();
-    for r in rng.choose(n, n * p.invalid_percent as usize / 100) {
+    for r in choose(&mut rng, n, n * p.invalid_percent as usize / 100) {
         let candidates: Vec<BlockId> = p
             .groups
             .iter()
