@@ -2,6 +2,49 @@
 //! [`Runtime::schedule`] → [`StepPlan`], [`Runtime::update`] with a [`StepOutput`],
 //! [`Runtime::cancel`], [`Runtime::shutdown`] → [`Report`].
 //!
+//! # Example
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use kvsched::connector::{SimConfig, SimConnector};
+//! use kvsched::geometry::{CacheGroup, MambaMode};
+//! use kvsched::runtime::{Runtime, StepOutput, SubmitRequest};
+//!
+//! let mut rt = Runtime::builder()
+//!     .groups(vec![CacheGroup::full_attention(16), CacheGroup::mamba(64, MambaMode::Align)])
+//!     .pool_blocks(4096)
+//!     .shards(2)
+//!     .workers(2)
+//!     .connector(Arc::new(SimConnector::new(SimConfig::default())))
+//!     .build()?;
+//! rt.submit(SubmitRequest {
+//!     id: "r1".into(),
+//!     prompt: vec![1; 300],
+//!     max_new_tokens: 8,
+//!     priority: 0,
+//!     load_deadline: None,
+//! })?;
+//! let mut out = StepOutput::default();
+//! while rt.live() > 0 {
+//!     rt.update(std::mem::take(&mut out));
+//!     let plan = rt.schedule(); // recovery, admission, loads, scheduling
+//!     // … the engine runs the model on plan.scheduled (and the sync loads they carry) …
+//!     for s in &plan.scheduled {
+//!         if s.samples {
+//!             out.sampled.push(s.id.to_string());
+//!         }
+//!     }
+//!     if plan.scheduled.is_empty() {
+//!         rt.wait_for_work(Duration::from_millis(1));
+//!     }
+//! }
+//! let report = rt.shutdown();
+//! assert_eq!(report.metrics.finished, 1);
+//! assert!(report.violations.is_empty());
+//! # Ok::<(), kvsched::runtime::RuntimeError>(())
+//! ```
+//!
 //! # Threads
 //!
 //! * **Workers** run asynchronous loads ([`crate::worker`]) and push completions to the owning
