@@ -83,8 +83,8 @@ use crate::geometry::{BlockId, CacheGroup, Geometry, GeometryError, DEFAULT_NULL
 use crate::pool::{BlockPool, BlockRef, Census, PoolError};
 use crate::quarantine::Quarantine;
 use crate::recovery::{InvalidSet, Mode, Policy};
-use crate::shard::{Command, Env, NewRequest, Shard, ShardCounters, ShardStepResult, StepSettings};
-pub use crate::shard::{EndState, RecoveredRequest, ScannedRequest, ScheduledRequest};
+use crate::shard::{Command, Env, NewRequest, Shard, ShardStepResult, StepSettings};
+pub use crate::shard::{EndState, Metrics, RecoveredRequest, ScannedRequest, ScheduledRequest};
 use crate::sync::{
     thread, Arc, ArrayQueue, AtomicBool, AtomicU64, AtomicUsize, Backoff, Condvar, Mutex, Ordering,
     Parker, PhaseBarrier, SegQueue, Unparker,
@@ -235,59 +235,6 @@ pub struct StepPlan {
     pub runnable_latency_ns: Vec<u64>,
     /// Submit → first scheduled, per request scheduled for the first time (ns).
     pub first_schedule_latency_ns: Vec<u64>,
-}
-
-/// Counters since start.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Metrics {
-    /// Requests accepted by `submit`.
-    pub submitted: u64,
-    /// Ended finished.
-    pub finished: u64,
-    /// Ended failed.
-    pub failed: u64,
-    /// Ended cancelled.
-    pub cancelled: u64,
-    /// Loads dispatched (async and sync).
-    pub loads_dispatched: u64,
-    /// Async loads that completed ok.
-    pub loads_ok: u64,
-    /// Async loads that completed failed.
-    pub loads_failed: u64,
-    /// Completions for unknown, ended or superseded loads, ignored.
-    pub stale_completions: u64,
-    /// Reported blocks whose generation changed (freed and reused) or out of range, ignored.
-    pub stale_blocks: u64,
-    /// Blocks claimed for recompute.
-    pub claims: u64,
-    /// Owned blocks handed off because the owner ended first.
-    pub handoffs: u64,
-    /// Tokens rolled back by recovery.
-    pub tokens_recomputed: u64,
-    /// Requests preempted for lack of blocks.
-    pub preemptions: u64,
-    /// Connector panics caught by workers.
-    pub connector_panics: u64,
-    /// Commands (sampled, finish, cancel) naming no live request, ignored.
-    pub unknown_commands: u64,
-    /// Async loads that passed their deadline (counted in `loads_failed` too).
-    pub deadlines_expired: u64,
-    /// Completions of loads that had passed their deadline (counted in `stale_completions`).
-    pub late_completions: u64,
-    /// Sampled / finish commands repeated for one request in one step, applied once.
-    pub duplicate_commands: u64,
-    /// Queued loads whose deadline had passed when a worker took them: handed back unrun.
-    pub loads_expired_unrun: u64,
-    /// Loads still running when shutdown stopped waiting for them.
-    pub loads_abandoned: u64,
-    /// Admissions offered no external load because the request's retry budget was spent.
-    pub retry_budget_skips: u64,
-    /// Admissions offered no external load because the prefix was quarantined.
-    pub quarantine_skips: u64,
-    /// Times a prefix entered quarantine.
-    pub prefixes_quarantined: u64,
-    /// Steps run.
-    pub steps: u64,
 }
 
 /// The final account of a runtime.
@@ -897,7 +844,7 @@ impl Runtime {
                     w.dispatch(j);
                 }
             }
-            add_counters(&mut self.metrics, &res.counters);
+            self.metrics += &res.counters;
             for (_, state) in &res.ended {
                 match state {
                     EndState::Finished => self.metrics.finished += 1,
@@ -1128,7 +1075,7 @@ impl Runtime {
                 .state
                 .lock()
                 .cancel_all(&env, workers_finished, &never_started);
-            add_counters(&mut self.metrics, &res.counters);
+            self.metrics += &res.counters;
             for (id, _) in &res.ended {
                 cancelled_ids.push(id.to_string());
                 self.metrics.cancelled += 1;
@@ -1165,25 +1112,4 @@ impl Drop for Runtime {
     fn drop(&mut self) {
         self.stop_shards();
     }
-}
-
-fn add_counters(m: &mut Metrics, c: &ShardCounters) {
-    m.loads_dispatched += c.loads_dispatched;
-    m.loads_ok += c.loads_ok;
-    m.loads_failed += c.loads_failed;
-    m.stale_completions += c.stale_completions;
-    m.stale_blocks += c.stale_blocks;
-    m.claims += c.claims;
-    m.handoffs += c.handoffs;
-    m.tokens_recomputed += c.tokens_recomputed;
-    m.preemptions += c.preemptions;
-    m.connector_panics += c.connector_panics;
-    m.unknown_commands += c.unknown_commands;
-    m.deadlines_expired += c.deadlines_expired;
-    m.late_completions += c.late_completions;
-    m.duplicate_commands += c.duplicate_commands;
-    m.loads_abandoned += c.loads_abandoned;
-    m.retry_budget_skips += c.retry_budget_skips;
-    m.quarantine_skips += c.quarantine_skips;
-    m.prefixes_quarantined += c.prefixes_quarantined;
 }
