@@ -7,7 +7,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use kvsched::claim::{ClaimKey, ClaimTable, Scan};
+use kvsched::runtime::claim::{ClaimTable, RequestKey, Scan};
 
 /// Claims per thread per measured batch.
 const CLAIMS_PER_THREAD: u64 = 64 * 1024;
@@ -29,7 +29,7 @@ fn run(table: &ClaimTable, threads: u64, iters: u64) -> Duration {
                         x ^= x << 13;
                         x ^= x >> 7;
                         x ^= x << 17;
-                        let key = ClaimKey::new(false, 0, 1 + (x % 1_000_000));
+                        let key = RequestKey::new(false, 0, 1 + (x % 1_000_000));
                         table.claim(black_box(i % HOT_BLOCKS), Scan::Async, key);
                     }
                 });

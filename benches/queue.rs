@@ -7,10 +7,10 @@
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use kvsched::claim::ClaimKey;
 use kvsched::connector::LoadResult;
+use kvsched::runtime::claim::RequestKey;
+use kvsched::runtime::worker::Completion;
 use kvsched::sync::ArrayQueue;
-use kvsched::worker::Completion;
 
 /// Completions handed off per measured batch.
 const BATCH: u64 = 32 * 1024;
@@ -25,7 +25,7 @@ fn run(queue: &ArrayQueue<Completion>, producers: u64, iters: u64) -> Duration {
                 s.spawn(move || {
                     for i in 0..per {
                         let mut c = Completion {
-                            key: ClaimKey::new(false, 0, 1 + p * per + i),
+                            key: RequestKey::new(false, 0, 1 + p * per + i),
                             attempt: 1,
                             result: LoadResult::Ok,
                             panicked: false,

@@ -6,7 +6,7 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use kvsched::recovery::{recover, InvalidSet, Mode, Policy};
+use kvsched::rules::recovery::{recover, InvalidSet, Mode, Policy};
 
 mod common;
 use common::{generate, ScenarioParams};

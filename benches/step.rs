@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use kvsched::connector::SplitMix64;
-use kvsched::runtime::{Runtime, StepOutput, StepPlan, SubmitRequest};
+use kvsched::{Runtime, StepOutput, StepPlan, SubmitRequest};
 
 const PROMPT_TOKENS: usize = 64;
 

@@ -12,7 +12,7 @@
 use std::io::{self, BufWriter, Write};
 use std::process::ExitCode;
 
-use kvsched::recovery::{Mode, Policy};
+use kvsched::rules::recovery::{Mode, Policy};
 
 #[path = "../benches/common/mod.rs"]
 mod common;

@@ -4,33 +4,69 @@
 //! and to recover correctly when they fail — on hybrid models too (several cache groups with
 //! their own block sizes and null-block placeholders).
 //!
-//! Layers, bottom up (each imports only from layers below it):
+//! An engine builds a [`Runtime`] with a [`Builder`], plugs in a [`KvConnector`], submits
+//! requests ([`SubmitRequest`], from any thread through a [`Handle`]), and then loops:
+//! [`Runtime::update`] with the last [`StepOutput`], [`Runtime::schedule`] for the next
+//! [`StepPlan`], run the model on it. See the [`Runtime`] docs for the loop as a doctest.
 //!
-//! * [`geometry`]: cache groups, the scheduler block size `S`, the null block;
-//! * [`recovery`]: the pure recovery rules (SPEC §3 mode `vllm`, §4 mode `safe`) per request,
-//!   and the sequential engine built from them;
-//! * [`replay`]: the scenario format of `kvsched replay`.
+//! What an embedder uses:
+//!
+//! * the crate root: the runtime ([`Runtime`], [`Handle`], [`Builder`], [`Settings`]), what
+//!   goes in and out of a step ([`SubmitRequest`], [`StepPlan`], [`ScheduledRequest`],
+//!   [`StepOutput`]), what comes back at the end ([`Report`], [`Metrics`]), errors
+//!   ([`RuntimeError`]), and the common rule and geometry types ([`CacheGroup`],
+//!   [`MambaMode`], [`Mode`], [`Policy`], [`BlockRef`]);
+//! * [`connector`]: the [`KvConnector`] trait an engine implements to reach its KV store, the
+//!   [`LoadJob`](connector::LoadJob) it runs and the [`LoadResult`](connector::LoadResult) it
+//!   returns, and a seeded simulated connector;
+//! * [`rules`]: the pure recovery rules (mode `vllm` and mode `safe`), usable without the
+//!   runtime.
+//!
+//! The rules are specified in the repository's `docs/rules.md`, the runtime's guarantees and
+//! limits in `docs/runtime.md`.
+//!
+//! Layers, bottom up (each imports only from layers below it): `sync` (the only place naming
+//! atomics, locks and threads) and `rng`; [`rules`] (pure); `pool` and [`connector`]
+//! (resources); `runtime`. The command-line tools (`kvsched replay`, `kvsched stress`, the
+//! mutex baseline) sit on top, behind the default `cli` feature, and are not part of the
+//! library's API.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
-#[cfg(not(kvsched_loom))]
-pub mod baseline;
-pub mod blockset;
-pub mod claim;
+/// Declares an internal module: crate-private in a normal build, public only to the loom
+/// models (`cfg(kvsched_loom)`) and to the internals benchmarks (feature `internals`).
+macro_rules! internal_mod {
+    ($(#[$m:meta])* $name:ident) => {
+        $(#[$m])*
+        #[cfg(any(kvsched_loom, feature = "internals"))]
+        pub mod $name;
+        $(#[$m])*
+        #[cfg(not(any(kvsched_loom, feature = "internals")))]
+        pub(crate) mod $name;
+    };
+}
+
 pub mod connector;
-pub mod geometry;
+internal_mod!(pool);
+internal_mod!(rng);
+pub mod rules;
+internal_mod!(runtime);
+internal_mod!(sync);
+
+#[cfg(all(feature = "cli", not(kvsched_loom)))]
+mod tools;
+
+#[cfg(all(feature = "cli", not(kvsched_loom)))]
+#[doc(hidden)]
+pub use tools::cli::main as cli_main;
+
+pub use connector::{KvConnector, LoadJob, LoadResult};
+pub use pool::{BlockRef, Census, Generation, PoolError};
+pub use rules::geometry::{BlockId, CacheGroup, GeometryError, GroupKind, MambaMode};
+pub use rules::recovery::{Mode, Policy};
 #[cfg(not(kvsched_loom))]
-pub mod parallel;
-pub mod pool;
-#[cfg(not(kvsched_loom))]
-pub mod quarantine;
-pub mod recovery;
-pub mod replay;
-#[cfg(not(kvsched_loom))]
-pub mod runtime;
-#[cfg(not(kvsched_loom))]
-mod shard;
-#[cfg(not(kvsched_loom))]
-pub mod stress;
-pub mod sync;
-pub mod worker;
+pub use runtime::{
+    Builder, EndState, Handle, Metrics, RecoveredRequest, Report, RequestKey, Runtime,
+    RuntimeError, ScannedRequest, ScheduledRequest, Settings, StepOutput, StepPlan, StepRecovery,
+    SubmitRequest,
+};

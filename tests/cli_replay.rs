@@ -358,3 +358,45 @@ fn accepted_edge_cases() {
         assert!(v.get("requests").is_some(), "{what}");
     }
 }
+
+/// The runtime's claim path (`--engine runtime`, K shard threads) prints byte-identical output.
+#[test]
+fn cli_engine_runtime_prints_the_same_outcome() {
+    let bin = BIN;
+    let mut files: Vec<_> =
+        std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scenarios"))
+            .expect("scenario dir")
+            .map(|e| e.expect("entry").path())
+            .filter(|p| {
+                p.extension().is_some_and(|e| e == "json")
+                    && !p.to_string_lossy().ends_with(".expected.json")
+            })
+            .collect();
+    files.sort();
+    for f in files.into_iter().take(12) {
+        let seq = Command::new(bin)
+            .arg("replay")
+            .arg(&f)
+            .output()
+            .expect("run");
+        assert!(seq.status.success());
+        for k in ["1", "3"] {
+            let rt = Command::new(bin)
+                .args(["replay", "--engine", "runtime", "--shards", k])
+                .arg(&f)
+                .output()
+                .expect("run");
+            assert!(
+                rt.status.success(),
+                "{}",
+                String::from_utf8_lossy(&rt.stderr)
+            );
+            assert_eq!(rt.stdout, seq.stdout, "{} --shards {k}", f.display());
+        }
+    }
+    let bad = Command::new(bin)
+        .args(["replay", "--engine", "runtime", "--shards", "0", "x.json"])
+        .output()
+        .expect("run");
+    assert_eq!(bad.status.code(), Some(2));
+}

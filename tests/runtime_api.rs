@@ -7,9 +7,9 @@ use std::time::Duration;
 use kvsched::connector::{
     KvConnector, LoadJob, LoadResult, LookupQuery, LookupResult, SimConfig, SimConnector,
 };
-use kvsched::geometry::{CacheGroup, MambaMode};
-use kvsched::pool::BlockRef;
-use kvsched::runtime::{EndState, Runtime, RuntimeError, StepOutput, SubmitRequest};
+use kvsched::rules::geometry::{CacheGroup, MambaMode};
+use kvsched::BlockRef;
+use kvsched::{EndState, Runtime, RuntimeError, StepOutput, SubmitRequest};
 
 fn req(id: &str, len: usize) -> SubmitRequest {
     SubmitRequest {

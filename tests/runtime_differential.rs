@@ -12,9 +12,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvsched::connector::{LoadResult, SimConfig, SimConnector, SplitMix64};
-use kvsched::geometry::{BlockId, CacheGroup, Geometry, MambaMode};
-use kvsched::recovery::{self, Disposition, InvalidSet, Mode, Policy, Request, RequestClass};
-use kvsched::runtime::{Runtime, StepOutput, StepPlan, SubmitRequest};
+use kvsched::rules::geometry::{BlockId, CacheGroup, Geometry, MambaMode};
+use kvsched::rules::recovery::{
+    self, Disposition, InvalidSet, Mode, Policy, Request, RequestClass,
+};
+use kvsched::{Runtime, StepOutput, StepPlan, SubmitRequest};
 
 #[derive(Clone, Copy, Debug)]
 struct Config {

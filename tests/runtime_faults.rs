@@ -10,10 +10,10 @@ use std::sync::{Arc, Once};
 use std::time::Duration;
 
 use kvsched::connector::{LoadResult, SimConfig, SimConnector, SimulatedPanic, SplitMix64};
-use kvsched::geometry::{CacheGroup, MambaMode};
-use kvsched::pool::BlockRef;
-use kvsched::recovery::{Mode, Policy};
-use kvsched::runtime::{Metrics, Runtime, Settings, StepOutput, SubmitRequest};
+use kvsched::rules::geometry::{CacheGroup, MambaMode};
+use kvsched::rules::recovery::{Mode, Policy};
+use kvsched::BlockRef;
+use kvsched::{Metrics, Runtime, Settings, StepOutput, SubmitRequest};
 
 #[derive(Clone, Copy, Debug, Default)]
 struct Faults {
@@ -176,7 +176,7 @@ fn run(seed: u64, shards: usize, f: Faults, steps: usize) -> Metrics {
             .recovery
             .recovered
             .iter()
-            .filter(|r| r.decision.disposition == kvsched::recovery::Disposition::Failed)
+            .filter(|r| r.decision.disposition == kvsched::rules::recovery::Disposition::Failed)
             .count();
         assert!(
             fails == 0 || fails == plan.recovery.recovered.len(),

@@ -9,8 +9,8 @@
 
 use std::io::{self, Write};
 
-use kvsched::geometry::{BlockId, CacheGroup, Geometry, GroupKind, MambaMode};
-use kvsched::recovery::{Mode, Policy, Request, RequestClass};
+use kvsched::rules::geometry::{BlockId, CacheGroup, Geometry, GroupKind, MambaMode};
+use kvsched::rules::recovery::{Mode, Policy, Request, RequestClass};
 
 pub use kvsched::connector::SplitMix64;
 

@@ -17,12 +17,12 @@
 
 #![cfg(kvsched_loom)]
 
-use kvsched::claim::{ClaimKey, ClaimTable, Scan};
+use kvsched::runtime::claim::{ClaimTable, RequestKey, Scan};
 use kvsched::sync::{thread, Arc, PhaseBarrier};
 use kvsched_loom_tests::model;
 
-fn key(seq: u64) -> ClaimKey {
-    ClaimKey::new(false, 0, seq)
+fn key(seq: u64) -> RequestKey {
+    RequestKey::new(false, 0, seq)
 }
 
 /// Requests a shard runs: `(seq, blocks it hits)`.

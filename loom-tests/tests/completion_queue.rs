@@ -20,17 +20,17 @@
 
 use std::time::Instant;
 
-use kvsched::claim::ClaimKey;
+use kvsched::runtime::claim::RequestKey;
 use kvsched::connector::LoadResult;
 use kvsched::sync::{
     spin_hint, thread, Arc, ArrayQueue, AtomicU64, Ordering, DEFAULT_COMPLETION_QUEUE_CAPACITY,
 };
-use kvsched::worker::Completion;
+use kvsched::runtime::worker::Completion;
 use kvsched_loom_tests::model;
 
 fn completion(seq: u64, attempt: u32) -> Completion {
     Completion {
-        key: ClaimKey::new(false, 0, seq),
+        key: RequestKey::new(false, 0, seq),
         attempt,
         result: LoadResult::Ok,
         panicked: false,

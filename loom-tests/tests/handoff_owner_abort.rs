@@ -19,7 +19,7 @@
 
 #![cfg(kvsched_loom)]
 
-use kvsched::claim::{ClaimKey, ClaimTable, Scan, ORPHANED};
+use kvsched::runtime::claim::{ClaimTable, RequestKey, Scan, ORPHANED};
 use kvsched::sync::{thread, Arc, PhaseBarrier};
 use kvsched_loom_tests::{model, BlockContents};
 
@@ -27,8 +27,8 @@ const BLOCK: u64 = 1;
 /// What a failed load left in the block.
 const GARBAGE: u64 = 0;
 
-fn key(seq: u64) -> ClaimKey {
-    ClaimKey::new(false, 0, seq)
+fn key(seq: u64) -> RequestKey {
+    RequestKey::new(false, 0, seq)
 }
 
 /// Contents recomputed by the request `seq`.

@@ -23,12 +23,12 @@
 
 use std::time::Instant;
 
-use kvsched::claim::ClaimKey;
+use kvsched::runtime::claim::RequestKey;
 use kvsched::connector::LoadResult;
 use kvsched::sync::{
     spin_hint, thread, Arc, ArrayQueue, AtomicBool, AtomicUsize, Ordering, SegQueue,
 };
-use kvsched::worker::Completion;
+use kvsched::runtime::worker::Completion;
 use kvsched_loom_tests::model;
 
 struct Shared {
@@ -56,7 +56,7 @@ fn worker_loop(s: &Shared) {
             continue;
         };
         let mut c = Completion {
-            key: ClaimKey::new(false, 0, job),
+            key: RequestKey::new(false, 0, job),
             attempt: 1,
             result: LoadResult::Ok,
             panicked: false,

@@ -22,11 +22,11 @@
 
 use std::time::Instant;
 
-use kvsched::claim::ClaimKey;
+use kvsched::runtime::claim::RequestKey;
 use kvsched::connector::{InvalidBlocks, LoadResult};
 use kvsched::pool::{BlockPool, BlockRef, PoolError};
 use kvsched::sync::{spin_hint, thread, Arc, ArrayQueue, PhaseBarrier};
-use kvsched::worker::Completion;
+use kvsched::runtime::worker::Completion;
 use kvsched_loom_tests::{model, BlockContents};
 
 struct Shared {
@@ -75,7 +75,7 @@ fn stale_completion_for_reused_block() {
             let s = Arc::clone(&s);
             thread::spawn(move || {
                 let mut c = Completion {
-                    key: ClaimKey::new(false, 0, 1),
+                    key: RequestKey::new(false, 0, 1),
                     attempt: 1,
                     result: LoadResult::Failed(InvalidBlocks::Flat(vec![r])),
                     panicked: false,

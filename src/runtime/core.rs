@@ -1,95 +1,24 @@
-//! The runtime an engine embeds (SPEC §7): [`Runtime::builder`], [`Runtime::submit`],
-//! [`Runtime::schedule`] → [`StepPlan`], [`Runtime::update`] with a [`StepOutput`],
-//! [`Runtime::cancel`], [`Runtime::shutdown`] → [`Report`].
-//!
-//! # Example
-//!
-//! ```
-//! use std::sync::Arc;
-//! use std::time::Duration;
-//! use kvsched::connector::{SimConfig, SimConnector};
-//! use kvsched::geometry::{CacheGroup, MambaMode};
-//! use kvsched::runtime::{Runtime, StepOutput, SubmitRequest};
-//!
-//! let mut rt = Runtime::builder()
-//!     .groups(vec![CacheGroup::full_attention(16), CacheGroup::mamba(64, MambaMode::Align)])
-//!     .pool_blocks(4096)
-//!     .shards(2)
-//!     .workers(2)
-//!     .connector(Arc::new(SimConnector::new(SimConfig::default())))
-//!     .build()?;
-//! rt.submit(SubmitRequest {
-//!     id: "r1".into(),
-//!     prompt: vec![1; 300],
-//!     max_new_tokens: 8,
-//!     priority: 0,
-//!     load_deadline: None,
-//! })?;
-//! let mut out = StepOutput::default();
-//! while rt.live() > 0 {
-//!     rt.update(std::mem::take(&mut out));
-//!     let plan = rt.schedule(); // recovery, admission, loads, scheduling
-//!     // … the engine runs the model on plan.scheduled (and the sync loads they carry) …
-//!     for s in &plan.scheduled {
-//!         if s.samples {
-//!             out.sampled.push(s.id.to_string());
-//!         }
-//!     }
-//!     if plan.scheduled.is_empty() {
-//!         rt.wait_for_work(Duration::from_millis(1));
-//!     }
-//! }
-//! let report = rt.shutdown();
-//! assert_eq!(report.metrics.finished, 1);
-//! assert!(report.violations.is_empty());
-//! # Ok::<(), kvsched::runtime::RuntimeError>(())
-//! ```
-//!
-//! # Threads
-//!
-//! * **Workers** run asynchronous loads ([`crate::worker`]) and push completions to the owning
-//!   shard's bounded lock-free queue. They never touch scheduler state.
-//! * **Shards** each own the requests whose id hashes to them. A step fans out to every shard
-//!   in parallel: shard 0 runs on the calling (engine) thread, shards `1..K` on their own
-//!   threads, woken by a parker. Phases are separated by two barriers (publish → claim →
-//!   decide); the second is skipped, by every shard alike, when the step's report is empty.
-//!
-//! # Guarantees
-//!
-//! * **Deterministic recovery.** A step's recovery outcome equals the sequential rules of
-//!   [`crate::recovery::recover`] applied in canonical order (loading requests, then running
-//!   ones, each by `(priority, admission sequence)`), whatever the shard count and thread
-//!   interleaving: ownership comes from the [`ClaimTable`], never from gathering requests.
-//! * **Sharers wait** (mode `safe`, policy `recompute`): a request is never scheduled while a
-//!   block it waits for is pending; an owner that ends first hands its blocks off through the
-//!   next step's report, so the next waiter in canonical order recomputes them.
-//! * **Nothing is lost.** Every submitted request ends in exactly one of finished, failed,
-//!   cancelled; every completion is applied once or counted stale; `shutdown` reports all.
-//!
-//! # Limits
-//!
-//! * `schedule`, `update` and `shutdown` take `&mut self`: one engine thread drives steps.
-//!   `submit` and `cancel` take `&self` and may be called from any thread.
-//! * Priorities are `i16`; at most `2^47 − 2` admissions per runtime.
+//! The [`Runtime`] and its [`Builder`]: threads, the step hand-off, submission.
 
 use std::sync::Arc as StdArc;
 use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
-use crate::claim::{ClaimKey, ClaimTable};
-use crate::connector::{hash_str, KvConnector, LoadJob, NoConnector};
-use crate::geometry::{BlockId, CacheGroup, Geometry, GeometryError, DEFAULT_NULL_BLOCK};
+use crate::runtime::claim::{RequestKey, ClaimTable};
+use crate::connector::{KvConnector, LoadJob, NoConnector};
+use crate::runtime::route::shard_of;
+use crate::rules::geometry::{BlockId, CacheGroup, Geometry, GeometryError, DEFAULT_NULL_BLOCK};
 use crate::pool::{BlockPool, BlockRef, Census, PoolError};
-use crate::quarantine::Quarantine;
-use crate::recovery::{InvalidSet, Mode, Policy};
-use crate::shard::{Command, Env, NewRequest, Shard, ShardStepResult, StepSettings};
-pub use crate::shard::{EndState, Metrics, RecoveredRequest, ScannedRequest, ScheduledRequest};
+use crate::runtime::quarantine::Quarantine;
+use crate::rules::recovery::{InvalidSet, Mode, Policy};
+use crate::runtime::shard::{Command, Env, NewRequest, Shard, ShardStepResult, StepSettings};
+pub use crate::runtime::shard::{EndState, Metrics, RecoveredRequest, ScannedRequest, ScheduledRequest};
 use crate::sync::{
     thread, Arc, ArrayQueue, AtomicBool, AtomicU64, AtomicUsize, Backoff, Condvar, Mutex, Ordering,
-    Parker, PhaseBarrier, SegQueue, Unparker,
+    Parker, PhaseBarrier, RwLock, SegQueue, Unparker,
 };
-use crate::worker::{Completion, WorkerPool};
+use crate::runtime::worker::{Completion, WorkerPool};
 use arc_swap::ArcSwap;
 
 /// Why the runtime refused something.
@@ -468,6 +397,7 @@ impl Builder {
             engine: Mutex::new(None),
             seq: AtomicU64::new(1),
             submitted: AtomicU64::new(0),
+            open: RwLock::new(true),
         });
         let mut threads = Vec::new();
         let mut unparkers = Vec::new();
@@ -506,7 +436,6 @@ impl Builder {
             expired_unrun_at_shutdown: 0,
             shutdown_timeout: self.shutdown_timeout,
             epoch: 0,
-            shut: false,
         })
     }
 }
@@ -566,11 +495,62 @@ struct Inner {
     engine: Mutex<Option<Unparker>>,
     seq: AtomicU64,
     submitted: AtomicU64,
+    /// Whether `submit` is accepted; `shutdown` closes it under the write lock.
+    open: RwLock<bool>,
 }
 
 impl Inner {
+    /// Queues a request (under the read lock of `open`, so shutdown cannot miss it).
+    fn submit(&self, req: SubmitRequest) -> Result<(), RuntimeError> {
+        let open = self.open.read();
+        if !*open {
+            return Err(RuntimeError::ShutDown);
+        }
+        if req.prompt.is_empty() {
+            return Err(RuntimeError::EmptyPrompt(req.id));
+        }
+        let total = req.prompt.len() as u64 + u64::from(req.max_new_tokens.max(1));
+        let needed: u64 = self
+            .geo
+            .groups()
+            .iter()
+            .map(|g| g.blocks_for_tokens(total))
+            .sum();
+        let usable = self.pool.num_blocks() as u64 - 1;
+        if needed > usable {
+            return Err(RuntimeError::TooLong {
+                id: req.id,
+                needed,
+                usable,
+            });
+        }
+        let i = self.shard_of(&req.id);
+        let id: StdArc<str> = req.id.as_str().into();
+        if !self.shards[i].ids.lock().insert(id.clone()) {
+            return Err(RuntimeError::DuplicateId(req.id));
+        }
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        self.submitted.fetch_add(1, Ordering::Relaxed);
+        self.shards[i].inbox.push(Command::Submit(NewRequest {
+            id,
+            prompt: req.prompt.into(),
+            max_new_tokens: req.max_new_tokens,
+            key: RequestKey::new(false, req.priority, seq),
+            submitted_at: Instant::now(),
+            load_deadline: req.load_deadline,
+        }));
+        Ok(())
+    }
+
+    /// Cancels a request at the next step (once its in-flight load, if any, lands). Unknown
+    /// ids are counted in [`Metrics::unknown_commands`].
+    fn cancel(&self, id: &str) {
+        let i = self.shard_of(id);
+        self.shards[i].inbox.push(Command::Cancel(id.into()));
+    }
+
     fn shard_of(&self, id: &str) -> usize {
-        (hash_str(id) % self.shards.len() as u64) as usize
+        shard_of(id, self.shards.len())
     }
 
     fn env(&self, shard: usize) -> Env<'_> {
@@ -671,7 +651,82 @@ fn shard_loop(inner: &Inner, i: usize, parker: Parker) {
     }
 }
 
-/// The scheduler core. See the module docs.
+/// A cheap, cloneable, `Send + Sync` handle to a [`Runtime`], for [`submit`](Handle::submit)
+/// and [`cancel`](Handle::cancel) from threads other than the engine's. It keeps the
+/// runtime's shared state alive but not its threads: after [`Runtime::shutdown`], `submit`
+/// returns [`RuntimeError::ShutDown`] and `cancel` does nothing.
+#[derive(Clone)]
+pub struct Handle {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Handle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handle")
+            .field("shards", &self.inner.shards.len())
+            .finish()
+    }
+}
+
+impl Handle {
+    /// Queues a request; it is admitted at a following step. Errors: an empty prompt, a
+    /// request longer than the pool can ever hold, an id already live, or a runtime that is
+    /// shut down.
+    pub fn submit(&self, req: SubmitRequest) -> Result<(), RuntimeError> {
+        self.inner.submit(req)
+    }
+
+    /// Cancels a request at the next step (once its in-flight load, if any, lands). Unknown
+    /// ids are counted in [`Metrics::unknown_commands`].
+    pub fn cancel(&self, id: &str) {
+        self.inner.cancel(id)
+    }
+}
+
+/// The scheduler core an engine embeds: one engine thread drives [`schedule`](Runtime::schedule)
+/// and [`update`](Runtime::update); other threads submit and cancel through a [`Handle`].
+///
+/// # Example
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use kvsched::connector::{SimConfig, SimConnector};
+/// use kvsched::{CacheGroup, MambaMode, Runtime, StepOutput, SubmitRequest};
+///
+/// let mut rt = Runtime::builder()
+///     .groups(vec![CacheGroup::full_attention(16), CacheGroup::mamba(64, MambaMode::Align)])
+///     .pool_blocks(4096)
+///     .shards(2)
+///     .workers(2)
+///     .connector(Arc::new(SimConnector::new(SimConfig::default())))
+///     .build()?;
+/// rt.submit(SubmitRequest {
+///     id: "r1".into(),
+///     prompt: vec![1; 300],
+///     max_new_tokens: 8,
+///     priority: 0,
+///     load_deadline: None,
+/// })?;
+/// let mut out = StepOutput::default();
+/// while rt.live() > 0 {
+///     rt.update(std::mem::take(&mut out));
+///     let plan = rt.schedule(); // recovery, admission, loads, scheduling
+///     // … the engine runs the model on plan.scheduled (and the sync loads they carry) …
+///     for s in &plan.scheduled {
+///         if s.samples {
+///             out.sampled.push(s.id.to_string());
+///         }
+///     }
+///     if plan.scheduled.is_empty() {
+///         rt.wait_for_work(Duration::from_millis(1));
+///     }
+/// }
+/// let report = rt.shutdown();
+/// assert_eq!(report.metrics.finished, 1);
+/// assert!(report.violations.is_empty());
+/// # Ok::<(), kvsched::RuntimeError>(())
+/// ```
 pub struct Runtime {
     inner: Arc<Inner>,
     workers: Option<WorkerPool>,
@@ -688,7 +743,6 @@ pub struct Runtime {
     /// Completions signalled before the last `schedule` started draining.
     events_at_schedule: u64,
     epoch: u64,
-    shut: bool,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -721,53 +775,22 @@ impl Runtime {
         self.inner.shards.len()
     }
 
-    /// Queues a request; it is admitted at a following step.
-    pub fn submit(&self, req: SubmitRequest) -> Result<(), RuntimeError> {
-        if self.shut {
-            return Err(RuntimeError::ShutDown);
+    /// A thread-safe handle for [`Handle::submit`] and [`Handle::cancel`] from other threads.
+    pub fn handle(&self) -> Handle {
+        Handle {
+            inner: Arc::clone(&self.inner),
         }
-        if req.prompt.is_empty() {
-            return Err(RuntimeError::EmptyPrompt(req.id));
-        }
-        let total = req.prompt.len() as u64 + u64::from(req.max_new_tokens.max(1));
-        let needed: u64 = self
-            .inner
-            .geo
-            .groups()
-            .iter()
-            .map(|g| g.blocks_for_tokens(total))
-            .sum();
-        let usable = self.inner.pool.num_blocks() as u64 - 1;
-        if needed > usable {
-            return Err(RuntimeError::TooLong {
-                id: req.id,
-                needed,
-                usable,
-            });
-        }
-        let i = self.inner.shard_of(&req.id);
-        let id: StdArc<str> = req.id.as_str().into();
-        if !self.inner.shards[i].ids.lock().insert(id.clone()) {
-            return Err(RuntimeError::DuplicateId(req.id));
-        }
-        let seq = self.inner.seq.fetch_add(1, Ordering::Relaxed);
-        self.inner.submitted.fetch_add(1, Ordering::Relaxed);
-        self.inner.shards[i].inbox.push(Command::Submit(NewRequest {
-            id,
-            prompt: req.prompt.into(),
-            max_new_tokens: req.max_new_tokens,
-            key: ClaimKey::new(false, req.priority, seq),
-            submitted_at: Instant::now(),
-            load_deadline: req.load_deadline,
-        }));
-        Ok(())
     }
 
-    /// Cancels a request at the next step (once its in-flight load, if any, lands). Unknown
-    /// ids are counted in [`Metrics::unknown_commands`].
+    /// Queues a request; it is admitted at a following step. Same as
+    /// [`Handle::submit`].
+    pub fn submit(&self, req: SubmitRequest) -> Result<(), RuntimeError> {
+        self.inner.submit(req)
+    }
+
+    /// Cancels a request at the next step. Same as [`Handle::cancel`].
     pub fn cancel(&self, id: &str) {
-        let i = self.inner.shard_of(id);
-        self.inner.shards[i].inbox.push(Command::Cancel(id.into()));
+        self.inner.cancel(id)
     }
 
     /// Runs one step on every shard in parallel and returns what to compute.
@@ -1033,7 +1056,9 @@ impl Runtime {
     /// their requests are cancelled, but their blocks stay held (a detached worker may still
     /// write them) and are counted in [`Report::loads_abandoned`] / [`Report::blocks_abandoned`].
     pub fn shutdown(mut self) -> Report {
-        self.shut = true;
+        // Closed under the write lock: a submit holding the read lock has pushed its
+        // command before this returns, so the last step below sees it.
+        *self.inner.open.write() = false;
         let mut loads_cancelled = 0;
         let mut workers_finished = true;
         let mut never_started = rustc_hash::FxHashSet::default();
@@ -1053,7 +1078,10 @@ impl Runtime {
             );
             workers_finished = finished;
             loads_cancelled = left.len() as u64;
-            never_started = left.iter().map(|j| (j.key.seq(), j.attempt)).collect();
+            never_started = left
+                .iter()
+                .map(|j| (RequestKey::from_raw(j.owner.key).seq(), j.attempt))
+                .collect();
             // Completions that landed are applied once (as a step would), then everyone is
             // cancelled. Whatever does not fit back in a queue is counted stale.
             for (i, cs) in parked.into_iter().enumerate() {

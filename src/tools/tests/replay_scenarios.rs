@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use kvsched::replay::{parse_scenario, render_outcome};
+use crate::tools::replay::{parse_scenario, render_outcome};
 use serde_json::Value;
 
 fn scenario_dir() -> PathBuf {

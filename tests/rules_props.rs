@@ -7,8 +7,8 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
-use kvsched::geometry::{BlockId, CacheGroup, Geometry, GroupKind, MambaMode};
-use kvsched::recovery::{
+use kvsched::rules::geometry::{BlockId, CacheGroup, Geometry, GroupKind, MambaMode};
+use kvsched::rules::recovery::{
     recover, validate_requests, Disposition, InvalidSet, Mode, Outcome, Policy, Request,
     RequestClass,
 };

@@ -20,8 +20,8 @@ use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Serialize;
 use thiserror::Error;
 
-use crate::geometry::{BlockId, CacheGroup, Geometry, GeometryError, MambaMode};
-use crate::recovery::{
+use crate::rules::geometry::{BlockId, CacheGroup, Geometry, GeometryError, MambaMode};
+use crate::rules::recovery::{
     recover, validate_requests, InvalidSet, Mode, Outcome, Policy, RecoveryError, Request,
     RequestClass,
 };
@@ -82,11 +82,6 @@ pub struct Scenario {
     pub requests: Vec<Request>,
     /// The report, ready for the scan (union of the flat and group-qualified parts).
     pub invalid: InvalidSet,
-    /// The flat part of the report as given (`invalid_blocks`; empty when absent).
-    pub invalid_blocks: Vec<BlockId>,
-    /// The group-qualified part of the report as given (`invalid_blocks_by_group`), one list
-    /// per group, or `None` when absent.
-    pub invalid_blocks_by_group: Option<Vec<Vec<BlockId>>>,
 }
 
 impl Scenario {
@@ -401,6 +396,7 @@ const REQUEST_FIELDS: &[&str] = &[
 ];
 
 /// Parses and validates a scenario (SPEC §5) from JSON text.
+#[cfg(test)]
 pub fn parse_scenario(text: &str) -> Result<Scenario, ScenarioError> {
     parse_scenario_bytes(text.as_bytes())
 }
@@ -447,7 +443,7 @@ fn scenario_from_json(doc: &Json) -> Result<Scenario, ScenarioError> {
     };
     let null_block = top
         .opt_uint("null_block_id")?
-        .unwrap_or(crate::geometry::DEFAULT_NULL_BLOCK);
+        .unwrap_or(crate::rules::geometry::DEFAULT_NULL_BLOCK);
 
     let groups_json = array(top.required("groups")?, "groups")?;
     let groups = groups_json
@@ -503,8 +499,6 @@ fn scenario_from_json(doc: &Json) -> Result<Scenario, ScenarioError> {
         policy,
         requests,
         invalid,
-        invalid_blocks,
-        invalid_blocks_by_group: by_group,
     })
 }
 

@@ -17,16 +17,16 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Instant;
 
-use crate::claim::ClaimKey;
+use crate::runtime::claim::RequestKey;
 use crate::connector::{InvalidBlocks, KvConnector, LoadJob, LoadResult};
 #[cfg(not(kvsched_loom))]
-pub use pool_impl::{WorkerCounters, WorkerPool};
+pub use pool_impl::WorkerPool;
 
 /// A finished load, on its way to the shard that owns the request.
 #[derive(Clone, Debug)]
 pub struct Completion {
     /// The request's key.
-    pub key: ClaimKey,
+    pub key: RequestKey,
     /// The load attempt it answers.
     pub attempt: u32,
     /// Success, or the invalid blocks.
@@ -54,7 +54,7 @@ pub fn run_load(connector: &dyn KvConnector, job: &LoadJob) -> (LoadResult, bool
 mod pool_impl {
     use std::time::{Duration, Instant};
 
-    use super::{run_load, Completion};
+    use super::{run_load, Completion, RequestKey};
     use crate::connector::{KvConnector, LoadJob, LoadResult};
     use crate::sync::{
         thread, Arc, ArrayQueue, AtomicBool, AtomicU64, Backoff, Ordering, SegQueue,
@@ -146,11 +146,6 @@ mod pool_impl {
             if let Some(t) = self.shared.sleepers.pop() {
                 t.unpark();
             }
-        }
-
-        /// Loads queued and not yet taken by a worker.
-        pub fn queued(&self) -> usize {
-            self.shared.jobs.len()
         }
 
         /// The workers' counters.
@@ -254,7 +249,7 @@ mod pool_impl {
                 s.counters.panics.fetch_add(1, Ordering::Relaxed);
             }
             let mut c = Completion {
-                key: job.key,
+                key: RequestKey::from_raw(job.owner.key),
                 attempt: job.attempt,
                 result,
                 panicked,
@@ -264,7 +259,7 @@ mod pool_impl {
             if s.abandon.load(Ordering::Acquire) {
                 return;
             }
-            let Some(q) = s.queues.get(job.shard) else {
+            let Some(q) = s.queues.get(job.owner.shard) else {
                 continue;
             };
             let push_backoff = Backoff::new();

@@ -20,7 +20,7 @@
 use rustc_hash::FxHashMap;
 use thiserror::Error;
 
-use crate::geometry::BlockId;
+use crate::rules::geometry::BlockId;
 use crate::sync::{spin_hint, AtomicU32, AtomicU64, Mutex, Ordering, SegQueue};
 
 /// How many times a slot has been allocated (wrapping). Part of every [`BlockRef`].
@@ -1423,3 +1423,6 @@ mod tests {
         assert_eq!(c.referenced, 5);
     }
 }
+
+#[cfg(test)]
+mod concurrent_tests;

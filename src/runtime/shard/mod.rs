@@ -18,15 +18,15 @@ use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap;
 
-use crate::claim::{ClaimKey, ClaimTable, Scan};
-use crate::connector::{KvConnector, LoadJob, LoadResult, LookupQuery};
-use crate::geometry::{BlockId, Geometry, GroupKind, MambaMode};
+use crate::runtime::claim::{RequestKey, ClaimTable, Scan};
+use crate::connector::{KvConnector, LoadJob, LoadOwner, LoadResult, LookupQuery};
+use crate::rules::geometry::{BlockId, Geometry, GroupKind, MambaMode};
 use crate::pool::{BlockHash, BlockPool, BlockRef, Generation};
-use crate::quarantine::Quarantine;
-use crate::recovery::{
+use crate::runtime::quarantine::Quarantine;
+use crate::rules::recovery::{
     self, Decision, Disposition, Hit, HitOwner, InvalidSet, Mode, Policy, RequestClass, RequestView,
 };
-use crate::worker::Completion;
+use crate::runtime::worker::Completion;
 
 /// How a request ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -45,7 +45,7 @@ pub(crate) struct NewRequest {
     pub id: StdArc<str>,
     pub prompt: StdArc<[u32]>,
     pub max_new_tokens: u32,
-    pub key: ClaimKey,
+    pub key: RequestKey,
     pub submitted_at: Instant,
     pub load_deadline: Option<Duration>,
 }
@@ -72,7 +72,7 @@ enum Phase {
 struct Req {
     id: StdArc<str>,
     /// Async-class key; the sync-class key is `key.with_sync(true)`.
-    key: ClaimKey,
+    key: RequestKey,
     prompt: StdArc<[u32]>,
     max_new_tokens: u32,
     generated: u32,
@@ -154,7 +154,7 @@ pub struct ScheduledRequest {
     /// Request id.
     pub id: StdArc<str>,
     /// Canonical key.
-    pub key: ClaimKey,
+    pub key: RequestKey,
     /// Computed tokens before this step.
     pub num_computed_tokens: u64,
     /// Tokens to compute in this step.
@@ -174,11 +174,11 @@ pub struct RecoveredRequest {
     /// Request id.
     pub id: StdArc<str>,
     /// Canonical key (class bit included).
-    pub key: ClaimKey,
+    pub key: RequestKey,
     /// Async or sync in this report.
     pub class: RequestClass,
     /// The rules' decision, owners as canonical keys.
-    pub decision: Decision<ClaimKey>,
+    pub decision: Decision<RequestKey>,
 }
 
 /// A scanned request's inputs, recorded for differential checks.
@@ -187,7 +187,7 @@ pub struct ScannedRequest {
     /// Request id.
     pub id: StdArc<str>,
     /// Canonical key (class bit included).
-    pub key: ClaimKey,
+    pub key: RequestKey,
     /// Async or sync.
     pub class: RequestClass,
     /// Computed tokens at scan time.
@@ -392,9 +392,9 @@ pub(crate) struct Shard {
     reqs: FxHashMap<u64, Req>,
     by_id: FxHashMap<StdArc<str>, u64>,
     /// Canonical order (async-class key) of each phase.
-    waiting: BTreeMap<ClaimKey, ()>,
-    loading: BTreeMap<ClaimKey, ()>,
-    running: BTreeMap<ClaimKey, ()>,
+    waiting: BTreeMap<RequestKey, ()>,
+    loading: BTreeMap<RequestKey, ()>,
+    running: BTreeMap<RequestKey, ()>,
     /// Steps run by this shard.
     step: u64,
     index: HolderIndex,
@@ -1232,8 +1232,10 @@ impl Shard {
                 r.attempt += 1;
                 let job = LoadJob {
                     request: r.id.clone(),
-                    key: r.key,
-                    shard: env.shard,
+                    owner: LoadOwner {
+                        shard: env.shard,
+                        key: r.key.raw(),
+                    },
                     attempt: r.attempt,
                     start_tokens: local,
                     end_tokens: ext_end,
@@ -1475,7 +1477,7 @@ impl Shard {
 
 /// The first key after `after` (the first key when `None`): a cursor that stays valid while
 /// the loop body moves requests between phases.
-fn next_key(set: &BTreeMap<ClaimKey, ()>, after: Option<ClaimKey>) -> Option<ClaimKey> {
+fn next_key(set: &BTreeMap<RequestKey, ()>, after: Option<RequestKey>) -> Option<RequestKey> {
     match after {
         None => set.keys().next().copied(),
         Some(k) => set.range((Excluded(k), Unbounded)).next().map(|(k, _)| *k),

@@ -10,15 +10,11 @@ use std::ffi::OsString;
 use std::io::Write;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
-use kvsched::replay::{load_scenario, render_outcome};
-use kvsched::stress::{
+use crate::tools::replay::{load_scenario, render_outcome};
+use crate::tools::stress::{
     render_human, render_json, run_stress_with_progress, terminal_progress, StressConfig,
 };
-
-#[cfg(not(kvsched_loom))]
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+use clap::{Args, Parser, Subcommand};
 
 /// Scheduler core for asynchronous KV-cache loads and their failure recovery.
 #[derive(Parser)]
@@ -74,7 +70,8 @@ enum Engine {
 /// Exit code for bad input and usage errors.
 const EXIT_BAD_INPUT: u8 = 2;
 
-fn main() -> ExitCode {
+/// Parses the command line, runs the command and returns its exit code.
+pub fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) if !e.use_stderr() => {
@@ -123,7 +120,7 @@ fn replay(args: &ReplayArgs) -> Result<(), String> {
     let scenario = load_scenario(&args.file).map_err(|e| e.to_string())?;
     let outcome = match args.engine {
         Engine::Sequential => scenario.run(),
-        Engine::Runtime => kvsched::parallel::recover_sharded(
+        Engine::Runtime => crate::tools::parallel::recover_sharded(
             &scenario.geometry,
             scenario.mode,
             scenario.policy,

@@ -5,9 +5,9 @@
 //! # Protocol (one step)
 //!
 //! 1. **Publish.** Every block in the step's report has its claim word reset to
-//!    [`ClaimKey::EMPTY`] by whoever publishes it ([`ClaimTable::reset`]).
+//!    [`RequestKey::EMPTY`] by whoever publishes it ([`ClaimTable::reset`]).
 //! 2. *Barrier.* No claim starts before every reset is done.
-//! 3. **Claim.** Every hit does one wait-free `fetch_min` of its request's [`ClaimKey`] on the
+//! 3. **Claim.** Every hit does one wait-free `fetch_min` of its request's [`RequestKey`] on the
 //!    block's word ([`ClaimTable::claim`]). The least key — the earliest request in canonical
 //!    order — survives, whatever order the `fetch_min`s run in.
 //! 4. *Barrier.* No decision starts before every claim is done.
@@ -32,7 +32,7 @@
 //!   see a later-superseded key (the loom model `claim_decide_after_all_claimed` checks this).
 //! * Block ids index the table directly: ids must be below the capacity given at construction.
 
-use crate::geometry::BlockId;
+use crate::rules::geometry::BlockId;
 use crate::sync::{AtomicU64, Ordering};
 
 /// Which marked set a claim belongs to.
@@ -47,16 +47,16 @@ pub enum Scan {
 /// A request's canonical position, packed so that a smaller key is earlier in canonical order:
 /// class (async before sync) | priority (lower first) | admission sequence number.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ClaimKey(u64);
+pub struct RequestKey(u64);
 
 const SEQ_BITS: u32 = 47;
 const PRIO_BITS: u32 = 16;
 
-impl ClaimKey {
+impl RequestKey {
     /// The value of an unclaimed word: greater than every real key.
     pub const EMPTY: u64 = u64::MAX;
     /// Largest admission sequence number a key can hold. Sequence numbers start at 1, so no
-    /// key is 0 (a clear pending mark) or `u64::MAX` ([`ClaimKey::EMPTY`], [`ORPHANED`]).
+    /// key is 0 (a clear pending mark) or `u64::MAX` ([`RequestKey::EMPTY`], [`ORPHANED`]).
     pub const MAX_SEQ: u64 = (1 << SEQ_BITS) - 2;
     const SEQ_MASK: u64 = (1 << SEQ_BITS) - 1;
 
@@ -65,7 +65,7 @@ impl ClaimKey {
     pub fn new(sync: bool, priority: i16, seq: u64) -> Self {
         let prio = (priority as i32 - i16::MIN as i32) as u64; // order-preserving bias
         debug_assert!(seq <= Self::MAX_SEQ);
-        ClaimKey(
+        RequestKey(
             (u64::from(sync) << (SEQ_BITS + PRIO_BITS))
                 | (prio << SEQ_BITS)
                 | (seq & Self::SEQ_MASK),
@@ -81,7 +81,7 @@ impl ClaimKey {
     /// A key from a raw word (e.g. read back from the table).
     #[inline]
     pub fn from_raw(raw: u64) -> Self {
-        ClaimKey(raw)
+        RequestKey(raw)
     }
 
     /// The admission sequence number.
@@ -94,7 +94,7 @@ impl ClaimKey {
     #[inline]
     pub fn with_sync(self, sync: bool) -> Self {
         let mask = 1u64 << (SEQ_BITS + PRIO_BITS);
-        ClaimKey(if sync { self.0 | mask } else { self.0 & !mask })
+        RequestKey(if sync { self.0 | mask } else { self.0 & !mask })
     }
 }
 
@@ -128,15 +128,10 @@ impl ClaimTable {
                 .collect::<Box<[_]>>()
         };
         ClaimTable {
-            async_words: words(ClaimKey::EMPTY),
-            sync_words: words(ClaimKey::EMPTY),
+            async_words: words(RequestKey::EMPTY),
+            sync_words: words(RequestKey::EMPTY),
             pending: words(NOT_PENDING),
         }
-    }
-
-    /// Number of block ids covered.
-    pub fn capacity(&self) -> usize {
-        self.pending.len()
     }
 
     #[inline]
@@ -156,14 +151,14 @@ impl ClaimTable {
             if let Some(w) = self.word(id, scan) {
                 // Relaxed: ordered before every claim of this step by the publish barrier
                 // (its Release arrive pairs with the claimers' Acquire departure).
-                w.store(ClaimKey::EMPTY, Ordering::Relaxed);
+                w.store(RequestKey::EMPTY, Ordering::Relaxed);
             }
         }
     }
 
     /// Claim phase: offers `key` for `id`; the least key wins.
     #[inline]
-    pub fn claim(&self, id: BlockId, scan: Scan, key: ClaimKey) {
+    pub fn claim(&self, id: BlockId, scan: Scan, key: RequestKey) {
         if let Some(w) = self.word(id, scan) {
             #[cfg(not(kvsched_plant = "claim-store"))]
             // Relaxed: every claim is an RMW on the same word, so they are totally ordered;
@@ -178,15 +173,15 @@ impl ClaimTable {
 
     /// Decide phase: the winning key of `id` in `scan`, `None` if nobody claimed it.
     #[inline]
-    pub fn winner(&self, id: BlockId, scan: Scan) -> Option<ClaimKey> {
+    pub fn winner(&self, id: BlockId, scan: Scan) -> Option<RequestKey> {
         // Relaxed: the claim barrier orders every claim before this load (see `claim`).
         let raw = self.word(id, scan)?.load(Ordering::Relaxed);
-        (raw != ClaimKey::EMPTY).then_some(ClaimKey(raw))
+        (raw != RequestKey::EMPTY).then_some(RequestKey(raw))
     }
 
     /// Marks `id` as awaiting recompute by `owner`.
     #[inline]
-    pub fn set_pending(&self, id: BlockId, owner: ClaimKey) {
+    pub fn set_pending(&self, id: BlockId, owner: RequestKey) {
         if let Some(w) = usize::try_from(id).ok().and_then(|i| self.pending.get(i)) {
             // Relaxed: waiters learn of the mark through the step barrier that follows the
             // decide phase, not through this word; only the clear publishes data.
@@ -196,7 +191,7 @@ impl ClaimTable {
 
     /// Marks `id` as orphaned: its owner left before recomputing it.
     #[inline]
-    pub fn orphan(&self, id: BlockId, owner: ClaimKey) {
+    pub fn orphan(&self, id: BlockId, owner: RequestKey) {
         if let Some(w) = usize::try_from(id).ok().and_then(|i| self.pending.get(i)) {
             // Relaxed CAS: only the owner changes its own mark; ordering as in `set_pending`.
             let _ = w.compare_exchange(owner.raw(), ORPHANED, Ordering::Relaxed, Ordering::Relaxed);
@@ -205,7 +200,7 @@ impl ClaimTable {
 
     /// The owner recomputed `id`: sharers may read it. Only clears the owner's own mark.
     #[inline]
-    pub fn clear_pending(&self, id: BlockId, owner: ClaimKey) -> bool {
+    pub fn clear_pending(&self, id: BlockId, owner: RequestKey) -> bool {
         match usize::try_from(id).ok().and_then(|i| self.pending.get(i)) {
             // Release on success: publishes the owner's recomputed block contents; pairs with
             // the Acquire load in `pending_owner` by the waiters.
@@ -243,16 +238,16 @@ mod tests {
 
     #[test]
     fn key_order_is_canonical_order() {
-        let a = ClaimKey::new(false, 5, 100);
-        let b = ClaimKey::new(false, 5, 101);
-        let c = ClaimKey::new(false, 6, 1);
-        let d = ClaimKey::new(true, i16::MIN, 0);
-        let e = ClaimKey::new(false, -3, 900);
+        let a = RequestKey::new(false, 5, 100);
+        let b = RequestKey::new(false, 5, 101);
+        let c = RequestKey::new(false, 6, 1);
+        let d = RequestKey::new(true, i16::MIN, 0);
+        let e = RequestKey::new(false, -3, 900);
         assert!(e < a && a < b && b < c && c < d);
-        assert!(d.raw() < ClaimKey::EMPTY);
+        assert!(d.raw() < RequestKey::EMPTY);
         assert_eq!(
-            ClaimKey::new(true, i16::MAX, ClaimKey::MAX_SEQ).seq(),
-            ClaimKey::MAX_SEQ
+            RequestKey::new(true, i16::MAX, RequestKey::MAX_SEQ).seq(),
+            RequestKey::MAX_SEQ
         );
         assert_eq!(a.with_sync(true).with_sync(false), a);
         assert!(a.with_sync(true) > c);
@@ -261,7 +256,7 @@ mod tests {
     #[test]
     fn least_key_wins_per_scan() {
         let t = ClaimTable::new(8);
-        let (k1, k2) = (ClaimKey::new(false, 0, 2), ClaimKey::new(false, 0, 1));
+        let (k1, k2) = (RequestKey::new(false, 0, 2), RequestKey::new(false, 0, 1));
         t.reset(3);
         assert_eq!(t.winner(3, Scan::Async), None);
         t.claim(3, Scan::Async, k1);
@@ -279,7 +274,7 @@ mod tests {
     #[test]
     fn pending_marks() {
         let t = ClaimTable::new(4);
-        let (o, other) = (ClaimKey::new(false, 0, 1), ClaimKey::new(false, 0, 2));
+        let (o, other) = (RequestKey::new(false, 0, 1), RequestKey::new(false, 0, 2));
         t.set_pending(2, o);
         assert_eq!(t.pending_owner(2), Some(o.raw()));
         assert!(!t.clear_pending(2, other));

@@ -1,14 +1,14 @@
 //! The runtime's claim path (`parallel::recover_sharded`: shard threads, the real claim table,
 //! a barrier between claiming and deciding) must give the sequential engine's outcome on every
-//! bundled scenario, on random ones, and through the CLI (`replay --engine runtime`).
+//! bundled scenario and on random ones (the CLI's `replay --engine runtime` is checked in
+//! `tests/cli_replay.rs`).
 
 use std::path::Path;
-use std::process::Command;
 
-use kvsched::geometry::{BlockId, CacheGroup, Geometry, MambaMode};
-use kvsched::parallel::recover_sharded;
-use kvsched::recovery::{self, InvalidSet, Mode, Policy, Request, RequestClass};
-use kvsched::replay::parse_scenario;
+use crate::rules::geometry::{BlockId, CacheGroup, Geometry, MambaMode};
+use crate::rules::recovery::{self, InvalidSet, Mode, Policy, Request, RequestClass};
+use crate::tools::parallel::recover_sharded;
+use crate::tools::replay::parse_scenario;
 use proptest::prelude::*;
 
 fn scenario_files() -> Vec<std::path::PathBuf> {
@@ -48,37 +48,6 @@ fn claim_path_equals_sequential_on_every_scenario() {
             }
         }
     }
-}
-
-#[test]
-fn cli_engine_runtime_prints_the_same_outcome() {
-    let bin = env!("CARGO_BIN_EXE_kvsched");
-    for f in scenario_files().into_iter().take(12) {
-        let seq = Command::new(bin)
-            .arg("replay")
-            .arg(&f)
-            .output()
-            .expect("run");
-        assert!(seq.status.success());
-        for k in ["1", "3"] {
-            let rt = Command::new(bin)
-                .args(["replay", "--engine", "runtime", "--shards", k])
-                .arg(&f)
-                .output()
-                .expect("run");
-            assert!(
-                rt.status.success(),
-                "{}",
-                String::from_utf8_lossy(&rt.stderr)
-            );
-            assert_eq!(rt.stdout, seq.stdout, "{} --shards {k}", f.display());
-        }
-    }
-    let bad = Command::new(bin)
-        .args(["replay", "--engine", "runtime", "--shards", "0", "x.json"])
-        .output()
-        .expect("run");
-    assert_eq!(bad.status.code(), Some(2));
 }
 
 /// Random scenarios with heavy sharing: a few prefixes of block ids reused across requests.

@@ -13,13 +13,13 @@
 
 use rustc_hash::FxHashMap;
 
-use crate::claim::{ClaimKey, ClaimTable, Scan};
-use crate::connector::hash_str;
-use crate::geometry::{BlockId, Geometry};
-use crate::recovery::{
+use crate::rules::geometry::{BlockId, Geometry};
+use crate::rules::recovery::{
     self, Decision, Disposition, Hit, HitOwner, InvalidSet, Mode, Outcome, Policy, Request,
     RequestClass,
 };
+use crate::runtime::claim::{ClaimTable, RequestKey, Scan};
+use crate::runtime::route::shard_of;
 use crate::sync::{thread, PhaseBarrier};
 
 /// Recovers `requests` against `invalid` with `shards` threads (at least 1) and the claim
@@ -36,10 +36,10 @@ pub fn recover_sharded(
 ) -> Outcome {
     let shards = shards.max(1);
     // Canonical keys: class, then input position within the class (priority 0).
-    let keys: Vec<ClaimKey> = requests
+    let keys: Vec<RequestKey> = requests
         .iter()
         .enumerate()
-        .map(|(i, r)| ClaimKey::new(r.class == RequestClass::Sync, 0, i as u64 + 1))
+        .map(|(i, r)| RequestKey::new(r.class == RequestClass::Sync, 0, i as u64 + 1))
         .collect();
     // Dense claim slots for every (group, id) the report names in some table.
     let mut slots: FxHashMap<(u32, BlockId), usize> = FxHashMap::default();
@@ -62,7 +62,7 @@ pub fn recover_sharded(
     let owner_of: Vec<Vec<usize>> = (0..shards)
         .map(|s| {
             (0..requests.len())
-                .filter(|&i| (hash_str(&requests[i].id) % shards as u64) as usize == s)
+                .filter(|&i| shard_of(&requests[i].id, shards) == s)
                 .collect()
         })
         .collect();
@@ -70,7 +70,7 @@ pub fn recover_sharded(
         (Mode::Vllm, RequestClass::Sync) => Scan::Sync,
         _ => Scan::Async,
     };
-    let shard_work = |mine: &[usize]| -> Vec<(usize, Decision<ClaimKey>)> {
+    let shard_work = |mine: &[usize]| -> Vec<(usize, Decision<RequestKey>)> {
         // Claim phase.
         let mut scanned: Vec<(usize, Vec<Hit>)> = Vec::new();
         for &i in mine {
@@ -110,7 +110,7 @@ pub fn recover_sharded(
         barrier.wait();
         out
     };
-    let mut decided: Vec<(usize, Decision<ClaimKey>)> = Vec::new();
+    let mut decided: Vec<(usize, Decision<RequestKey>)> = Vec::new();
     thread::scope(|s| {
         let handles: Vec<_> = owner_of[1..]
             .iter()
@@ -131,10 +131,10 @@ pub fn recover_sharded(
 /// Turns per-request decisions (owners as keys) into an [`Outcome`] (owners as indices).
 fn assemble(
     requests: &[Request],
-    keys: Vec<ClaimKey>,
-    decided: Vec<(usize, Decision<ClaimKey>)>,
+    keys: Vec<RequestKey>,
+    decided: Vec<(usize, Decision<RequestKey>)>,
 ) -> Outcome {
-    let index_of: FxHashMap<ClaimKey, usize> =
+    let index_of: FxHashMap<RequestKey, usize> =
         keys.iter().enumerate().map(|(i, k)| (*k, i)).collect();
     let mut per: Vec<Option<Decision<usize>>> = vec![None; requests.len()];
     for (i, d) in decided {

@@ -68,17 +68,18 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use serde::{Serialize, Serializer};
 use thiserror::Error;
 
-use crate::baseline::{BaselineConfig, MutexScheduler};
 use crate::connector::{
-    hash_str, KvConnector, LoadJob, LoadResult, LookupQuery, LookupResult, SimConfig, SimConnector,
+    KvConnector, LoadJob, LoadResult, LookupQuery, LookupResult, SimConfig, SimConnector,
     SimulatedPanic, SplitMix64,
 };
-use crate::geometry::{CacheGroup, MambaMode};
 use crate::pool::BlockRef;
-use crate::recovery::{Mode, Policy, RequestClass};
+use crate::rng::hash_str;
+use crate::rules::geometry::{CacheGroup, MambaMode};
+use crate::rules::recovery::{Mode, Policy, RequestClass};
 use crate::runtime::{
     EndState, Metrics, Report, Runtime, RuntimeError, Settings, StepOutput, StepPlan, SubmitRequest,
 };
+use crate::tools::baseline::{BaselineConfig, MutexScheduler};
 
 /// What the stress loop needs from a scheduler: the engine-facing API of [`Runtime`], also
 /// implemented by the [`MutexScheduler`] baseline.
@@ -761,7 +762,7 @@ impl StressConfig {
 
     fn sim_config(&self) -> SimConfig {
         let groups = self.groups.groups();
-        let s = crate::geometry::Geometry::new(groups, None, 0)
+        let s = crate::rules::geometry::Geometry::new(groups, None, 0)
             .map(|g| g.scheduler_block_size())
             .unwrap_or(16);
         SimConfig {
@@ -1108,8 +1109,6 @@ pub struct Progress {
     pub total: u64,
     /// Requests ended so far.
     pub ended: u64,
-    /// Requests submitted so far.
-    pub submitted: u64,
     /// Time since the run started.
     pub elapsed: Duration,
     /// Load completions applied so far.
@@ -1551,7 +1550,6 @@ fn drive<S: Scheduler>(
                 scheduler: name,
                 total: cfg.requests,
                 ended,
-                submitted,
                 elapsed: start.elapsed(),
                 completions: m.loads_ok + m.loads_failed,
             });
@@ -1563,7 +1561,6 @@ fn drive<S: Scheduler>(
         scheduler: name,
         total: cfg.requests,
         ended: cfg.requests,
-        submitted,
         elapsed,
         completions: m.loads_ok + m.loads_failed,
     });
@@ -1672,6 +1669,7 @@ fn drive<S: Scheduler>(
 }
 
 /// Runs the stress test of `cfg` (and its baseline, if any) without a progress display.
+#[cfg(test)]
 pub fn run_stress(cfg: &StressConfig) -> Result<StressReport, StressError> {
     run_stress_with_progress(cfg, &mut |_| {})
 }

@@ -31,8 +31,8 @@ use std::collections::hash_map::Entry;
 use rustc_hash::FxHashMap;
 use thiserror::Error;
 
-use crate::blockset::BlockSet;
-use crate::geometry::{BlockId, Geometry, GroupKind};
+use crate::rules::blockset::BlockSet;
+use crate::rules::geometry::{BlockId, Geometry, GroupKind};
 
 /// Which rule set to apply.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]

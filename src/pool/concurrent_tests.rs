@@ -11,13 +11,13 @@
 //!   again (nothing leaked off the free list or the reclaim queue).
 //!
 //! Seeded: `POOL_STRESS_SEED=<u64>` replays a run; `POOL_STRESS_ROUNDS=<n>` runs more rounds.
-#![cfg(not(kvsched_loom))]
+
 
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::Mutex;
 use std::thread;
 
-use kvsched::pool::{BlockHash, BlockPool, BlockRef};
+use crate::pool::{BlockHash, BlockPool, BlockRef};
 
 const THREADS: usize = 4;
 /// Slots including the null block: small, so allocation often reclaims and blocks are reused.

@@ -8,7 +8,7 @@
 
 use rustc_hash::FxHashSet;
 
-use crate::geometry::BlockId;
+use crate::rules::geometry::BlockId;
 
 /// Ranges up to this many ids always use a bitmap (2 MiB).
 const BITMAP_MIN_RANGE: u64 = 1 << 24;

@@ -5,8 +5,8 @@
 //! Where §6 states a result only for mode `vllm`, the mode `safe` result is asserted only when
 //! it follows directly from §4's text (noted at each such place).
 
-use kvsched::geometry::{BlockId, CacheGroup, Geometry, GeometryError, MambaMode};
-use kvsched::recovery::{
+use kvsched::rules::geometry::{BlockId, CacheGroup, Geometry, GeometryError, MambaMode};
+use kvsched::rules::recovery::{
     self, recover, validate_request, validate_requests, Disposition, InvalidSet, Mode, Outcome,
     Policy, RecoveryError, Request, RequestClass,
 };

@@ -33,19 +33,21 @@ use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap;
 
-use crate::claim::ClaimKey;
-use crate::connector::{KvConnector, LoadJob, LoadResult, LookupQuery, NoConnector};
-use crate::geometry::{BlockId, CacheGroup, Geometry, GroupKind, MambaMode, DEFAULT_NULL_BLOCK};
+use crate::connector::{KvConnector, LoadJob, LoadOwner, LoadResult, LookupQuery, NoConnector};
 use crate::pool::{BlockRef, Census, Generation};
-use crate::recovery::{
+use crate::rules::geometry::{
+    BlockId, CacheGroup, Geometry, GroupKind, MambaMode, DEFAULT_NULL_BLOCK,
+};
+use crate::rules::recovery::{
     self, Decision, Disposition, InvalidSet, Mode, Policy, Request, RequestClass,
 };
+use crate::runtime::claim::RequestKey;
+use crate::runtime::worker::{run_load, Completion};
 use crate::runtime::{
     EndState, Metrics, RecoveredRequest, Report, RuntimeError, ScheduledRequest, StepOutput,
     StepPlan, SubmitRequest,
 };
 use crate::sync::{thread, Arc, AtomicBool, AtomicU64, Mutex, Ordering};
-use crate::worker::{run_load, Completion};
 
 /// Settings of a [`MutexScheduler`] (the same meaning as the runtime builder's).
 #[derive(Clone)]
@@ -272,11 +274,11 @@ struct State {
     geo: Geometry,
     cfg: BaselineConfig,
     blocks: Blocks,
-    reqs: FxHashMap<ClaimKey, Req>,
-    by_id: FxHashMap<StdArc<str>, ClaimKey>,
-    waiting: BTreeSet<ClaimKey>,
-    loading: BTreeSet<ClaimKey>,
-    running: BTreeSet<ClaimKey>,
+    reqs: FxHashMap<RequestKey, Req>,
+    by_id: FxHashMap<StdArc<str>, RequestKey>,
+    waiting: BTreeSet<RequestKey>,
+    loading: BTreeSet<RequestKey>,
+    running: BTreeSet<RequestKey>,
     /// Block → owner key (raw) that must recompute it, or [`ORPHANED`].
     pending: FxHashMap<BlockId, u64>,
     sync_invalid: Vec<BlockRef>,
@@ -296,7 +298,7 @@ impl State {
     }
 
     /// Releases every block of `r`; owned, unrecomputed blocks go into the next report.
-    fn release_all(&mut self, key: ClaimKey) {
+    fn release_all(&mut self, key: RequestKey) {
         let Some(r) = self.reqs.get_mut(&key) else {
             return;
         };
@@ -324,7 +326,7 @@ impl State {
         r.waits.clear();
     }
 
-    fn end(&mut self, key: ClaimKey, state: EndState) {
+    fn end(&mut self, key: RequestKey, state: EndState) {
         self.release_all(key);
         if let Some(r) = self.reqs.remove(&key) {
             self.waiting.remove(&key);
@@ -340,7 +342,7 @@ impl State {
         }
     }
 
-    fn set_phase(&mut self, key: ClaimKey, phase: Phase) {
+    fn set_phase(&mut self, key: RequestKey, phase: Phase) {
         let Some(r) = self.reqs.get_mut(&key) else {
             return;
         };
@@ -357,7 +359,7 @@ impl State {
         };
     }
 
-    fn register_and_trim(&mut self, key: ClaimKey) {
+    fn register_and_trim(&mut self, key: RequestKey) {
         let null = self.null();
         let Some(r) = self.reqs.get_mut(&key) else {
             return;
@@ -561,7 +563,7 @@ impl State {
     }
 
     fn apply_outputs(&mut self) {
-        let keys: Vec<ClaimKey> = self.running.iter().copied().collect();
+        let keys: Vec<RequestKey> = self.running.iter().copied().collect();
         for key in keys {
             let Some(r) = self.reqs.get_mut(&key) else {
                 continue;
@@ -598,7 +600,7 @@ impl State {
                 self.end(key, EndState::Finished);
             }
         }
-        let others: Vec<ClaimKey> = self
+        let others: Vec<RequestKey> = self
             .reqs
             .iter()
             .filter(|(_, r)| r.finish_pending && r.phase != Phase::Running)
@@ -617,7 +619,7 @@ impl State {
     }
 
     fn land_loads(&mut self, now: Instant, plan: &mut StepPlan) {
-        let keys: Vec<ClaimKey> = self.loading.iter().copied().collect();
+        let keys: Vec<RequestKey> = self.loading.iter().copied().collect();
         for key in keys {
             let Some(r) = self.reqs.get_mut(&key) else {
                 continue;
@@ -645,7 +647,7 @@ impl State {
     }
 
     /// Longest usable local prefix (a multiple of `S` below the prompt's end), referenced.
-    fn local_prefix(&mut self, key: ClaimKey) -> (u64, Vec<Vec<BlockRef>>) {
+    fn local_prefix(&mut self, key: RequestKey) -> (u64, Vec<Vec<BlockRef>>) {
         let groups = self.geo.groups().to_vec();
         let mut got = vec![Vec::new(); groups.len()];
         let Some(r) = self.reqs.get(&key) else {
@@ -704,7 +706,7 @@ impl State {
     }
 
     fn admit(&mut self) {
-        let keys: Vec<ClaimKey> = self
+        let keys: Vec<RequestKey> = self
             .waiting
             .iter()
             .take(self.cfg.max_seqs)
@@ -754,8 +756,10 @@ impl State {
                 r.attempt += 1;
                 let job = LoadJob {
                     request: r.id.clone(),
-                    key,
-                    shard: 0,
+                    owner: LoadOwner {
+                        shard: 0,
+                        key: key.raw(),
+                    },
                     attempt: r.attempt,
                     start_tokens: local,
                     end_tokens: ext_end,
@@ -779,7 +783,7 @@ impl State {
         }
     }
 
-    fn grow(&mut self, key: ClaimKey, upto: u64) -> bool {
+    fn grow(&mut self, key: RequestKey, upto: u64) -> bool {
         let Some(r) = self.reqs.get_mut(&key) else {
             return false;
         };
@@ -807,7 +811,7 @@ impl State {
     fn schedule(&mut self, now: Instant, plan: &mut StepPlan) {
         let mut budget = self.cfg.token_budget;
         let mut seqs_left = self.cfg.max_seqs;
-        let keys: Vec<ClaimKey> = self.running.iter().copied().collect();
+        let keys: Vec<RequestKey> = self.running.iter().copied().collect();
         for key in keys {
             if budget == 0 || seqs_left == 0 {
                 break;
@@ -863,7 +867,7 @@ impl State {
         }
     }
 
-    fn preempt(&mut self, key: ClaimKey) {
+    fn preempt(&mut self, key: RequestKey) {
         self.release_all(key);
         if let Some(r) = self.reqs.get_mut(&key) {
             r.num_computed_tokens = 0;
@@ -1003,7 +1007,7 @@ impl MutexScheduler {
                     }
                     let (result, panicked) = run_load(conn.as_ref(), &job);
                     let c = Completion {
-                        key: job.key,
+                        key: RequestKey::from_raw(job.owner.key),
                         attempt: job.attempt,
                         result,
                         panicked,
@@ -1086,7 +1090,7 @@ impl MutexScheduler {
         }
         let seq = s.seq;
         s.seq += 1;
-        let key = ClaimKey::new(false, req.priority, seq);
+        let key = RequestKey::new(false, req.priority, seq);
         let hashes = s
             .geo
             .groups()
@@ -1218,11 +1222,6 @@ impl MutexScheduler {
         self.state.lock().metrics.clone()
     }
 
-    /// Requests live (submitted and not ended).
-    pub fn live(&self) -> usize {
-        self.state.lock().reqs.len()
-    }
-
     /// Waits until a load completes or `timeout` passes; returns whether something happened.
     pub fn wait_for_work(&self, timeout: Duration) -> bool {
         let got = self.completions.lock().recv_timeout(timeout);
@@ -1254,7 +1253,7 @@ impl MutexScheduler {
         let _ = self.step(true);
         let mut s = self.state.lock();
         s.jobs.clear();
-        let keys: Vec<ClaimKey> = s.reqs.keys().copied().collect();
+        let keys: Vec<RequestKey> = s.reqs.keys().copied().collect();
         let mut ids = Vec::new();
         for k in keys {
             if let Some(r) = s.reqs.get(&k) {

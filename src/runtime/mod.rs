@@ -1,0 +1,50 @@
+//! The runtime an engine embeds: [`Runtime::builder`], [`Runtime::submit`],
+//! [`Runtime::schedule`] → [`StepPlan`], [`Runtime::update`] with a [`StepOutput`],
+//! [`Runtime::cancel`], [`Runtime::shutdown`] → [`Report`]. The engine loop is the example
+//! on [`Runtime`].
+//!
+//! # Threads
+//!
+//! * **Workers** run asynchronous loads ([`crate::runtime::worker`]) and push completions to the owning
+//!   shard's bounded lock-free queue. They never touch scheduler state.
+//! * **Shards** each own the requests whose id hashes to them. A step fans out to every shard
+//!   in parallel: shard 0 runs on the calling (engine) thread, shards `1..K` on their own
+//!   threads, woken by a parker. Phases are separated by two barriers (publish → claim →
+//!   decide); the second is skipped, by every shard alike, when the step's report is empty.
+//!
+//! # Guarantees
+//!
+//! * **Deterministic recovery.** A step's recovery outcome equals the sequential rules of
+//!   [`crate::rules::recovery::recover`] applied in canonical order (loading requests, then running
+//!   ones, each by `(priority, admission sequence)`), whatever the shard count and thread
+//!   interleaving: ownership comes from the [`ClaimTable`], never from gathering requests.
+//! * **Sharers wait** (mode `safe`, policy `recompute`): a request is never scheduled while a
+//!   block it waits for is pending; an owner that ends first hands its blocks off through the
+//!   next step's report, so the next waiter in canonical order recomputes them.
+//! * **Nothing is lost.** Every submitted request ends in exactly one of finished, failed,
+//!   cancelled; every completion is applied once or counted stale; `shutdown` reports all.
+//!
+//! # Limits
+//!
+//! * `schedule`, `update` and `shutdown` take `&mut self`: one engine thread drives steps.
+//!   `submit` and `cancel` take `&self` and may be called from any thread.
+//! * Priorities are `i16`; at most `2^47 − 2` admissions per runtime.
+
+internal_mod!(claim);
+#[cfg(not(kvsched_loom))]
+mod core;
+#[cfg(not(kvsched_loom))]
+mod quarantine;
+internal_mod!(route);
+#[cfg(not(kvsched_loom))]
+mod shard;
+internal_mod!(worker);
+
+#[cfg(not(kvsched_loom))]
+pub use self::core::{
+    Builder, Handle, Report, Runtime, RuntimeError, Settings, StepOutput, StepPlan, StepRecovery,
+    SubmitRequest,
+};
+pub use claim::RequestKey;
+#[cfg(not(kvsched_loom))]
+pub use shard::{EndState, Metrics, RecoveredRequest, ScannedRequest, ScheduledRequest};
