@@ -14,6 +14,7 @@ const PROMPT_TOKENS: usize = 64;
 
 fn output_of(plan: &StepPlan) -> StepOutput {
     StepOutput {
+        step: plan.step,
         sampled: plan
             .scheduled
             .iter()

@@ -98,6 +98,7 @@ fn submit_errors_are_typed_and_lose_nothing() {
     // Unknown ids in commands and out-of-range blocks in reports are counted, not fatal.
     rt.cancel("nobody");
     rt.update(StepOutput {
+        step: 0, // no plan yet
         sampled: vec!["ghost".into()],
         finished: vec!["ghost2".into()],
         invalid_blocks: vec![
@@ -135,6 +136,7 @@ fn a_request_runs_to_completion_and_its_id_can_be_reused() {
     for _ in 0..10 {
         rt.update(std::mem::take(&mut out));
         let plan = rt.schedule();
+        out.step = plan.step;
         for s in &plan.scheduled {
             if s.samples {
                 out.sampled.push(s.id.to_string());
@@ -295,4 +297,79 @@ fn shutdown_is_bounded_and_reports_loads_still_running() {
     assert_eq!(report.metrics.cancelled, 3);
     assert!(report.violations.is_empty(), "{:?}", report.violations);
     assert!(report.census.conserved());
+}
+
+/// `Handle` is `Send + Sync + Clone`: checked at compile time, then used from four threads.
+#[test]
+fn handle_submits_and_cancels_from_other_threads() {
+    fn send_sync_clone<T: Send + Sync + Clone + 'static>() {}
+    send_sync_clone::<kvsched::Handle>();
+
+    let mut rt = Runtime::builder().shards(2).workers(2).build().unwrap();
+    let handle = rt.handle();
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let h = handle.clone();
+            std::thread::spawn(move || {
+                for i in 0..25 {
+                    h.submit(req(&format!("t{t}-{i}"), 20)).unwrap();
+                }
+                // Queued after its own submit, so it is cancelled before admission.
+                h.cancel(&format!("t{t}-0"));
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let mut out = StepOutput::default();
+    for _ in 0..1_000 {
+        rt.update(std::mem::take(&mut out));
+        let plan = rt.schedule();
+        out.step = plan.step;
+        for s in plan.scheduled.iter().filter(|s| s.samples) {
+            out.sampled.push(s.id.to_string());
+        }
+        if rt.live() == 0 {
+            break;
+        }
+    }
+    let report = rt.shutdown();
+    assert!(report.violations.is_empty(), "{report}");
+    let m = &report.metrics;
+    assert_eq!(m.submitted, 100);
+    assert_eq!((m.finished, m.cancelled, m.failed), (96, 4, 0), "{report}");
+    assert!(matches!(
+        handle.submit(req("late", 20)),
+        Err(RuntimeError::ShutDown)
+    ));
+    handle.cancel("late"); // a no-op, never a panic
+}
+
+/// Plans are numbered from 1; an output naming another step has its samples ignored and is
+/// counted, while `finished` still applies.
+#[test]
+fn step_outputs_answer_their_plan() {
+    let mut rt = Runtime::builder().shards(1).build().unwrap();
+    rt.submit(req("x", 33)).unwrap();
+    rt.submit(req("y", 33)).unwrap();
+    let first = rt.schedule();
+    assert_eq!(first.step, 1);
+    let ids: Vec<String> = first.scheduled.iter().map(|s| s.id.to_string()).collect();
+    assert_eq!(ids.len(), 2);
+    rt.update(StepOutput {
+        step: first.step + 7,
+        sampled: ids.clone(),
+        finished: vec!["y".into()],
+        ..StepOutput::default()
+    });
+    let second = rt.schedule();
+    assert_eq!(second.step, 2);
+    let m = rt.metrics();
+    assert_eq!(m.stale_outputs, 1);
+    assert_eq!(m.finished, 1, "finished applies whatever the step");
+    // The stale sample was not applied: `x` has not generated a token, so it is still live.
+    assert_eq!(rt.live(), 1);
+    let report = rt.shutdown();
+    assert_eq!(report.cancelled_at_shutdown, vec!["x".to_string()]);
 }

@@ -103,7 +103,7 @@ fn check_step(cfg: &Config, geo: &Geometry, plan: &StepPlan, seen: &mut Seen) {
         runtime_affected.insert(i);
         let want = &seq.requests[i];
         let got = &r.decision;
-        let ctx = || format!("{cfg:?} epoch {} request {}", plan.epoch, r.id);
+        let ctx = || format!("{cfg:?} step {} request {}", plan.step, r.id);
         assert_eq!(got.disposition, want.disposition, "{}", ctx());
         assert_eq!(
             got.num_computed_tokens,
@@ -131,13 +131,13 @@ fn check_step(cfg: &Config, geo: &Geometry, plan: &StepPlan, seen: &mut Seen) {
     let seq_affected: BTreeSet<usize> = seq.affected.iter().copied().collect();
     assert_eq!(
         runtime_affected, seq_affected,
-        "{cfg:?} epoch {}: affected sets differ",
-        plan.epoch
+        "{cfg:?} step {}: affected sets differ",
+        plan.step
     );
     assert_eq!(
         rec.evicted_blocks, seq.evicted_blocks,
-        "{cfg:?} epoch {}: evictions differ",
-        plan.epoch
+        "{cfg:?} step {}: evictions differ",
+        plan.step
     );
 
     // Exactly one claim per invalid block per marked set (among blocks in some scan range).
@@ -162,8 +162,8 @@ fn check_step(cfg: &Config, geo: &Geometry, plan: &StepPlan, seen: &mut Seen) {
     for ((set, b), n) in &hits_by_set {
         assert_eq!(
             *n, 1,
-            "{cfg:?} epoch {}: block {b} (sync set: {set}) claimed {n} times",
-            plan.epoch
+            "{cfg:?} step {}: block {b} (sync set: {set}) claimed {n} times",
+            plan.step
         );
     }
     seen.shared_claims += rec
@@ -182,8 +182,8 @@ fn check_step(cfg: &Config, geo: &Geometry, plan: &StepPlan, seen: &mut Seen) {
     for s in &plan.scheduled {
         assert!(
             !waiting.contains(&*s.id),
-            "{cfg:?} epoch {}: {} scheduled while waiting",
-            plan.epoch,
+            "{cfg:?} step {}: {} scheduled while waiting",
+            plan.step,
             s.id
         );
     }
@@ -266,6 +266,7 @@ fn run(cfg: Config) -> Seen {
         }
         rt.update(std::mem::take(&mut out));
         let plan = rt.schedule();
+        out.step = plan.step;
         check_step(&cfg, &geo, &plan, &mut seen);
         let violations = rt.check_invariants();
         assert!(violations.is_empty(), "{cfg:?} step {step}: {violations:?}");

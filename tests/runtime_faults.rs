@@ -159,6 +159,7 @@ fn run(seed: u64, shards: usize, f: Faults, steps: usize) -> Metrics {
         }
         rt.update(std::mem::take(&mut out));
         let plan = rt.schedule();
+        out.step = plan.step;
         out.finished.append(&mut finish_next);
         if f.no_failures {
             assert!(

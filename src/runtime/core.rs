@@ -125,14 +125,31 @@ impl Settings {
 }
 
 /// What the engine reports after running a step.
+///
+/// `step` must echo the [`StepPlan::step`] of the plan the output answers — the latest one
+/// (build it with [`StepOutput::for_plan`]). `sampled` and `invalid_blocks` belong to that
+/// step: in an output naming any other step they are ignored and the output is counted in
+/// [`Metrics::stale_outputs`]. `finished` is not tied to a step and always applies.
 #[derive(Clone, Debug, Default)]
 pub struct StepOutput {
+    /// The step this output answers ([`StepPlan::step`]).
+    pub step: u64,
     /// Requests that sampled a token (those scheduled with `samples`).
     pub sampled: Vec<String>,
     /// Requests the engine finished (stop token, client gone, …).
     pub finished: Vec<String>,
     /// Blocks that sync loads in the step failed to fill.
     pub invalid_blocks: Vec<BlockRef>,
+}
+
+impl StepOutput {
+    /// An empty output answering `plan`.
+    pub fn for_plan(plan: &StepPlan) -> Self {
+        StepOutput {
+            step: plan.step,
+            ..StepOutput::default()
+        }
+    }
 }
 
 /// A step's recovery.
@@ -152,8 +169,8 @@ pub struct StepRecovery {
 /// What to run in a step.
 #[derive(Clone, Debug, Default)]
 pub struct StepPlan {
-    /// Step number (from 1).
-    pub epoch: u64,
+    /// Step number, from 1; the engine echoes it in [`StepOutput::step`].
+    pub step: u64,
     /// Requests to compute, in canonical order.
     pub scheduled: Vec<ScheduledRequest>,
     /// The step's recovery.
@@ -183,6 +200,37 @@ pub struct Report {
     pub cancelled_at_shutdown: Vec<String>,
     /// Invariant violations found at shutdown (empty when all hold).
     pub violations: Vec<String>,
+}
+
+impl std::fmt::Display for Report {
+    /// A few lines: what happened to the requests and loads, and whether the invariants held.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let m = &self.metrics;
+        writeln!(
+            f,
+            "requests: {} submitted, {} finished, {} failed, {} cancelled",
+            m.submitted, m.finished, m.failed, m.cancelled
+        )?;
+        writeln!(
+            f,
+            "loads: {} dispatched, {} ok, {} failed, {} stale, {} cancelled at shutdown, {} abandoned",
+            m.loads_dispatched,
+            m.loads_ok,
+            m.loads_failed,
+            m.stale_completions,
+            self.loads_cancelled,
+            self.loads_abandoned
+        )?;
+        writeln!(
+            f,
+            "recovery: {} claims, {} hand-offs, {} tokens recomputed, {} preemptions over {} steps",
+            m.claims, m.handoffs, m.tokens_recomputed, m.preemptions, m.steps
+        )?;
+        match self.violations.len() {
+            0 => write!(f, "invariants: ok"),
+            n => write!(f, "invariants: {n} violated: {}", self.violations.join("; ")),
+        }
+    }
 }
 
 /// Configures a [`Runtime`].
@@ -435,7 +483,7 @@ impl Builder {
             events_at_schedule: 0,
             expired_unrun_at_shutdown: 0,
             shutdown_timeout: self.shutdown_timeout,
-            epoch: 0,
+            step: 0,
         })
     }
 }
@@ -712,6 +760,7 @@ impl Handle {
 /// while rt.live() > 0 {
 ///     rt.update(std::mem::take(&mut out));
 ///     let plan = rt.schedule(); // recovery, admission, loads, scheduling
+///     out.step = plan.step; // the output answers this plan
 ///     // … the engine runs the model on plan.scheduled (and the sync loads they carry) …
 ///     for s in &plan.scheduled {
 ///         if s.samples {
@@ -742,13 +791,14 @@ pub struct Runtime {
     expired_unrun_at_shutdown: u64,
     /// Completions signalled before the last `schedule` started draining.
     events_at_schedule: u64,
-    epoch: u64,
+    /// The latest plan's step number (0 before the first).
+    step: u64,
 }
 
 impl std::fmt::Debug for Runtime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Runtime")
-            .field("epoch", &self.epoch)
+            .field("step", &self.step)
             .field("shards", &self.inner.shards.len())
             .finish()
     }
@@ -795,7 +845,7 @@ impl Runtime {
 
     /// Runs one step on every shard in parallel and returns what to compute.
     pub fn schedule(&mut self) -> StepPlan {
-        self.epoch += 1;
+        self.step += 1;
         // Acquire: pairs with the Release increment in `WorkSignal::notify`; read before the
         // shards drain, so a completion counted after this point may still be undrained and
         // `wait_for_work` must not sleep past it.
@@ -829,7 +879,7 @@ impl Runtime {
         for u in &self.unparkers {
             u.unpark();
         }
-        let span = tracing::debug_span!("kvsched_step", epoch = self.epoch);
+        let span = tracing::debug_span!("kvsched_step", step = self.step);
         let _enter = span.enter();
         self.inner.run_shard_step(0, &share, &live);
         let others = self.inner.shards.len() - 1;
@@ -852,7 +902,7 @@ impl Runtime {
 
     fn collect(&mut self, engine_share: Vec<BlockId>) -> StepPlan {
         let mut plan = StepPlan {
-            epoch: self.epoch,
+            step: self.step,
             ..StepPlan::default()
         };
         let mut report = engine_share;
@@ -902,7 +952,7 @@ impl Runtime {
                 .map(|r| r.decision.affected_tokens)
                 .sum();
             tracing::warn!(
-                epoch = self.epoch,
+                step = self.step,
                 invalid_blocks = plan.recovery.report.len(),
                 affected_requests = plan.recovery.recovered.len(),
                 affected_tokens = tokens,
@@ -916,13 +966,19 @@ impl Runtime {
     /// Applies the engine's output for the last step. It takes effect at the next
     /// [`Runtime::schedule`], after that step's recovery (which may discard it).
     pub fn update(&mut self, out: StepOutput) {
-        for id in out.sampled {
-            let i = self.inner.shard_of(&id);
-            self.inner.shards[i].inbox.push(Command::Sampled(id.into()));
-        }
         for id in out.finished {
             let i = self.inner.shard_of(&id);
             self.inner.shards[i].inbox.push(Command::Finish(id.into()));
+        }
+        if out.step != self.step {
+            if !out.sampled.is_empty() || !out.invalid_blocks.is_empty() {
+                self.metrics.stale_outputs += 1;
+            }
+            return;
+        }
+        for id in out.sampled {
+            let i = self.inner.shard_of(&id);
+            self.inner.shards[i].inbox.push(Command::Sampled(id.into()));
         }
         let cap = self.inner.pool.num_blocks() as u64;
         for b in out.invalid_blocks {

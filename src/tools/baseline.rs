@@ -288,7 +288,7 @@ struct State {
     jobs: Vec<LoadJob>,
     metrics: Metrics,
     seq: u64,
-    epoch: u64,
+    step: u64,
     shut: bool,
 }
 
@@ -878,10 +878,10 @@ impl State {
     }
 
     fn step(&mut self, completions: Vec<Completion>, draining: bool) -> StepPlan {
-        self.epoch += 1;
+        self.step += 1;
         self.metrics.steps += 1;
         let mut plan = StepPlan {
-            epoch: self.epoch,
+            step: self.step,
             ..StepPlan::default()
         };
         let bad = self.drain_completions(completions);
@@ -1046,7 +1046,7 @@ impl MutexScheduler {
             jobs: Vec::new(),
             metrics: Metrics::default(),
             seq: 1,
-            epoch: 0,
+            step: 0,
             shut: false,
         };
         Ok(MutexScheduler {
@@ -1183,7 +1183,16 @@ impl MutexScheduler {
     /// Applies the engine's output for the last step (at the next [`MutexScheduler::schedule`]).
     pub fn update(&mut self, out: StepOutput) {
         let mut s = self.state.lock();
-        for id in out.sampled {
+        let current = out.step == s.step;
+        if !current && (!out.sampled.is_empty() || !out.invalid_blocks.is_empty()) {
+            s.metrics.stale_outputs += 1;
+        }
+        let (sampled, invalid_blocks) = if current {
+            (out.sampled, out.invalid_blocks)
+        } else {
+            (Vec::new(), Vec::new())
+        };
+        for id in sampled {
             match s
                 .by_id
                 .get(id.as_str())
@@ -1208,7 +1217,7 @@ impl MutexScheduler {
             }
         }
         let cap = s.blocks.ref_count.len() as u64;
-        for b in out.invalid_blocks {
+        for b in invalid_blocks {
             if b.id < cap {
                 s.sync_invalid.push(b);
             } else {

@@ -1224,7 +1224,7 @@ fn check_plan(mode: Mode, plan: &StepPlan, violations: &mut Vec<String>) {
             if waiting.contains(&*s.id) {
                 violations.push(format!(
                     "step {}: request {} scheduled while waiting for an owner",
-                    plan.epoch, s.id
+                    plan.step, s.id
                 ));
             }
         }
@@ -1236,13 +1236,13 @@ fn check_plan(mode: Mode, plan: &StepPlan, violations: &mut Vec<String>) {
             if rec.report.binary_search(&b).is_err() {
                 violations.push(format!(
                     "step {}: block {b} claimed by {} but not in the report",
-                    plan.epoch, r.id
+                    plan.step, r.id
                 ));
             }
             if !claimed.insert((set, b)) {
                 violations.push(format!(
                     "step {}: block {b} claimed by more than one request",
-                    plan.epoch
+                    plan.step
                 ));
             }
         }
@@ -1440,6 +1440,7 @@ fn drive<S: Scheduler>(
         let t0 = Instant::now();
         sched.update(std::mem::take(&mut out));
         let plan = sched.schedule();
+        out.step = plan.step;
         let t1 = Instant::now();
         steps += 1;
         rec.step.saturating_record(ns(t1 - t0));

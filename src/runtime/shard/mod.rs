@@ -250,6 +250,9 @@ pub struct Metrics {
     pub prefixes_quarantined: u64,
     /// Steps run.
     pub steps: u64,
+    /// Step outputs naming a step other than the latest plan's (their samples and invalid
+    /// blocks ignored).
+    pub stale_outputs: u64,
 }
 
 impl std::ops::AddAssign<&Metrics> for Metrics {
@@ -278,6 +281,7 @@ impl std::ops::AddAssign<&Metrics> for Metrics {
         self.quarantine_skips += other.quarantine_skips;
         self.prefixes_quarantined += other.prefixes_quarantined;
         self.steps += other.steps;
+        self.stale_outputs += other.stale_outputs;
     }
 }
 

@@ -67,6 +67,7 @@ fn run(seed: u64, preset: Preset, mode: Mode, policy: Policy, steps: usize) -> (
         }
         b.update(std::mem::take(&mut out));
         let plan = b.schedule();
+        out.step = plan.step;
         let v = b.check_invariants();
         assert!(v.is_empty(), "seed {seed} {preset:?} step {step}: {v:?}");
         let waiting: BTreeSet<&str> = plan
