@@ -1,4 +1,4 @@
-//! Writes the recovery benchmark's scenario as SPEC §5 replay input (JSON) to stdout.
+//! Writes the recovery benchmark's scenario as `kvsched replay` input (JSON, docs/replay.md) to stdout.
 //!
 //! ```text
 //! cargo run --release --example gen_scenario -- [--mode vllm|safe] [--policy recompute|fail]

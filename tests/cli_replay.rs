@@ -1,5 +1,5 @@
 //! The `kvsched replay` binary: output, `--bench`, exit codes and one-line error messages
-//! (SPEC §5).
+//! (docs/replay.md).
 
 use std::io::Write;
 use std::path::Path;
@@ -7,8 +7,8 @@ use std::process::{Command, Output, Stdio};
 
 const BIN: &str = env!("CARGO_BIN_EXE_kvsched");
 
-/// The scenario of SPEC §5, verbatim.
-const SPEC_EXAMPLE: &str = r#"{
+/// The annotated example scenario of docs/replay.md, verbatim.
+const DOC_EXAMPLE: &str = r#"{
   "mode": "vllm",
   "policy": "recompute",
   "null_block_id": 0,
@@ -25,8 +25,8 @@ const SPEC_EXAMPLE: &str = r#"{
 }
 "#;
 
-/// SPEC §5's outcome, as the tool prints it (pretty, 2-space indent, trailing newline).
-const SPEC_OUTCOME: &str = r#"{
+/// Its outcome, as the tool prints it (pretty, 2-space indent, trailing newline).
+const DOC_OUTCOME: &str = r#"{
   "affected": [
     "a"
   ],
@@ -119,25 +119,25 @@ fn assert_bad(out: &Output, field: &str, problem: &str, what: &str) {
 
 #[test]
 fn spec_example_from_file() {
-    let path = temp_file("spec_example.json", SPEC_EXAMPLE);
+    let path = temp_file("spec_example.json", DOC_EXAMPLE);
     let out = run(&["replay", path.to_str().expect("utf-8 path")], b"");
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    assert_eq!(text(&out.stdout), SPEC_OUTCOME);
+    assert_eq!(text(&out.stdout), DOC_OUTCOME);
     assert!(out.stderr.is_empty(), "{}", text(&out.stderr));
 }
 
 #[test]
 fn spec_example_from_stdin() {
-    let out = run(&["replay", "-"], SPEC_EXAMPLE.as_bytes());
+    let out = run(&["replay", "-"], DOC_EXAMPLE.as_bytes());
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    assert_eq!(text(&out.stdout), SPEC_OUTCOME);
+    assert_eq!(text(&out.stdout), DOC_OUTCOME);
     assert!(out.stderr.is_empty(), "{}", text(&out.stderr));
 }
 
 #[test]
 fn bench_prints_median_and_leaves_stdout_unchanged() {
-    let plain = run(&["replay", "-"], SPEC_EXAMPLE.as_bytes());
-    let out = run(&["replay", "--bench", "5", "-"], SPEC_EXAMPLE.as_bytes());
+    let plain = run(&["replay", "-"], DOC_EXAMPLE.as_bytes());
+    let out = run(&["replay", "--bench", "5", "-"], DOC_EXAMPLE.as_bytes());
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert_eq!(out.stdout, plain.stdout);
     let stderr = text(&out.stderr);
@@ -153,7 +153,7 @@ fn bench_prints_median_and_leaves_stdout_unchanged() {
 
 #[test]
 fn bench_zero_is_a_usage_error() {
-    let out = run(&["replay", "--bench", "0", "-"], SPEC_EXAMPLE.as_bytes());
+    let out = run(&["replay", "--bench", "0", "-"], DOC_EXAMPLE.as_bytes());
     assert_eq!(out.status.code(), Some(2));
     assert_eq!(text(&out.stderr).matches('\n').count(), 1);
 }

@@ -1,4 +1,4 @@
-//! The worked examples of SPEC §6 and the §5 example outcome, through the library API, with
+//! The worked examples of docs/rules.md and the example outcome of docs/replay.md, through the library API, with
 //! exact numbers; plus the edge rules of §2/§3 (null blocks, flat vs group-qualified reports,
 //! ids outside every scan range, empty reports, repeated ids) and request validation.
 //!
@@ -846,13 +846,13 @@ fn geometry_errors() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// disagreement with SPEC, left for the owner of src/recovery.rs to decide
+// readings of the rules (docs/rules.md#readings-of-the-rules)
 
-/// SPEC §4 item 3: `sliding_window` needs the entries holding tokens
+/// The resumable boundary (docs/rules.md#the-resumable-boundary): `sliding_window` needs the entries holding tokens
 /// `[max(0, c − window + 1), c)`. With `window = 1` that range is empty, so a short
 /// sliding-window table does not stop a resume: 12, not 8.
 #[test]
-fn safe_window_1_short_table_resumes_per_spec() {
+fn safe_window_1_short_table_resumes() {
     let g = geo(
         vec![
             CacheGroup::full_attention(4),

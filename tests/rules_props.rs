@@ -1,8 +1,8 @@
-//! Property tests of the recovery rules (SPEC §3, §4) on random geometries, requests and
+//! Property tests of the recovery rules (docs/rules.md, modes `vllm` and `safe`) on random geometries, requests and
 //! reports.
 //!
 //! Everything the properties compare against — the scan, the marked sets, the resume check,
-//! the plain mode-`vllm` implementation — is written here again from the SPEC text, sharing
+//! the plain mode-`vllm` implementation — is written here again from the text of docs/rules.md, sharing
 //! no code with `src/` beyond the public input and output types.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -53,7 +53,7 @@ impl Case {
         recover(&self.geo, mode, policy, &self.requests, &self.invalid_set())
     }
 
-    /// Whether `id` is reported for group `g` (SPEC §2: flat ids match in every group,
+    /// Whether `id` is reported for group `g` (docs/rules.md#block-ids-and-failure-reports: flat ids match in every group,
     /// qualified ones only in their group; the null block never).
     fn reported(&self, g: usize, id: BlockId) -> bool {
         if id == self.geo.null_block() {
@@ -93,7 +93,7 @@ struct Hit {
     pos: u64,
 }
 
-/// SPEC §3 step 1, from the text: indices `0 .. min(ceil(P / b_g), len) - 1`, nulls skipped.
+/// Mode `vllm`'s scan (docs/rules.md#scanning-a-request), from the text: indices `0 .. min(ceil(P / b_g), len) - 1`, nulls skipped.
 fn hits_of(case: &Case, r: usize) -> Vec<Hit> {
     let p = case.p(r);
     let null = case.geo.null_block();
@@ -156,7 +156,7 @@ fn min_new_pos(owned: &[(Hit, usize)], r: usize) -> Option<u64> {
         .min()
 }
 
-/// SPEC §4 item 3: can request `r` resume at `c` (a multiple of `S`)?
+/// The resumable boundary (docs/rules.md#the-resumable-boundary): can request `r` resume at `c` (a multiple of `S`)?
 fn can_resume(case: &Case, r: usize, owned: &[(Hit, usize)], c: u64) -> bool {
     if c == 0 {
         return true;
@@ -202,7 +202,7 @@ fn non_null_from(case: &Case, r: usize, boundary: u64) -> BTreeSet<BlockId> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// a plain mode-`vllm` implementation of SPEC §3 (loops and a HashSet marked set per scan)
+// a plain mode-`vllm` implementation of mode `vllm` (loops and a HashSet marked set per scan)
 
 #[derive(Debug, PartialEq, Eq)]
 struct PlainRequest {

@@ -1,11 +1,11 @@
-//! Differential and invariant tests of the runtime (SPEC §7).
+//! Differential and invariant tests of the runtime (docs/runtime.md).
 //!
 //! Random workloads — prompts sharing prefixes across shards, loads failing on blocks that
 //! other shards' requests hold, sync and async loads, cancels and engine finishes — run through
 //! the runtime with 1, 2 and 4 shards and 1–4 workers. At every step with a non-empty report,
 //! the runtime's recovery (ownership from the claim table, decided concurrently per shard) must
 //! equal the sequential rules (`recovery::recover`, ownership from marked sets in canonical
-//! order) on the same inputs; and after every step the SPEC §7 invariants must hold.
+//! order) on the same inputs; and after every step the invariants of docs/runtime.md#invariants must hold.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;

@@ -1,5 +1,5 @@
 //! Fault-injection matrix (issue: runtime robustness). Each fault alone and all mixed, over
-//! thousands of steps, with the SPEC §7 invariants asserted after every step and the final
+//! thousands of steps, with the invariants (docs/runtime.md#invariants) asserted after every step and the final
 //! report reconciled (submitted = finished + failed + cancelled, nothing referenced).
 //!
 //! Faults: loads hanging past their deadline (late completions), connector panics, requests

@@ -214,7 +214,7 @@ impl Scenario {
             .sum()
     }
 
-    /// Writes the scenario as SPEC §5 replay input.
+    /// Writes the scenario as `kvsched replay` input (docs/replay.md).
     pub fn write_json(&self, mode: Mode, policy: Policy, out: &mut impl Write) -> io::Result<()> {
         let mode = match mode {
             Mode::Vllm => "vllm",
