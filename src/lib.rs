@@ -17,7 +17,7 @@
 //!   ([`RuntimeError`]), and the common rule and geometry types ([`CacheGroup`],
 //!   [`MambaMode`], [`Mode`], [`Policy`], [`BlockRef`]);
 //! * [`connector`]: the [`KvConnector`] trait an engine implements to reach its KV store, the
-//!   [`LoadJob`](connector::LoadJob) it runs and the [`LoadResult`](connector::LoadResult) it
+//!   [`LoadJob`] it runs and the [`LoadResult`] it
 //!   returns, and a seeded simulated connector;
 //! * [`rules`]: the pure recovery rules (mode `vllm` and mode `safe`), usable without the
 //!   runtime.
@@ -70,3 +70,8 @@ pub use runtime::{
     RuntimeError, ScannedRequest, ScheduledRequest, Settings, StepOutput, StepPlan, StepRecovery,
     SubmitRequest,
 };
+
+/// Compiles and runs the Rust examples of README.md as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

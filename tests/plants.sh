@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Proves the runtime's tests can fail: builds the test suite with each planted bug
+# (`--cfg kvsched_plant="NAME"`, the `kvsched_plant` cfgs in src/) and asserts that the tests
+# meant to catch it fail. Prints a table plant → test → caught and exits non-zero if any plant
+# goes uncaught (or does not build). The loom models have their own: loom-tests/plants.sh.
+#
+#   tests/plants.sh                  # every plant
+#   tests/plants.sh late-leak        # some plants
+#
+# Each plant builds in its own target dir, target-plants/NAME (kept between runs).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# plant → the test targets that must fail: `--test FILE` or `--lib FILTER`, `;`-separated.
+declare -A TESTS=(
+  # runtime/core.rs + tools/parallel.rs: deciding before every shard has claimed.
+  [decide-early]="--test runtime_differential;--lib tools::tests::claim_path"
+  # runtime/claim.rs: a claim is a plain store, so the last writer wins instead of the least key.
+  [claim-store]="--test runtime_differential;--lib tools::tests::claim_path"
+  # shard: a late completion's parked blocks are never released.
+  [late-leak]="--test runtime_faults"
+  # shard: a connector panic counts as a successful load.
+  [panic-ok]="--test runtime_faults"
+  # runtime: a reported block of an older generation is trusted.
+  [trust-stale]="--test runtime_faults"
+  # shard: an engine finish of a request whose load is in flight frees its blocks at once.
+  [end-while-loading]="--test runtime_faults"
+)
+ORDER=(decide-early claim-store late-leak panic-ok trust-stale end-while-loading)
+
+if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi
+
+rows=()
+bad=0
+for plant in "${plants[@]}"; do
+  if [ -z "${TESTS[$plant]:-}" ]; then
+    echo "unknown plant '$plant' (known: ${ORDER[*]})" >&2
+    exit 2
+  fi
+  dir="target-plants/$plant"
+  mkdir -p "$dir"
+  export RUSTFLAGS="--cfg kvsched_plant=\"$plant\""
+  echo "== plant $plant: building ($dir)"
+  if ! cargo test --target-dir "$dir" --no-run --quiet >"$dir/build.log" 2>&1; then
+    tail -n 30 "$dir/build.log" >&2
+    rows+=("$plant|(build)|BUILD FAILED")
+    bad=1
+    continue
+  fi
+  IFS=';' read -ra targets <<<"${TESTS[$plant]}"
+  for t in "${targets[@]}"; do
+    read -ra args <<<"$t"
+    log="$dir/$(printf '%s' "$t" | tr -c 'A-Za-z0-9_' '_').log"
+    if cargo test --target-dir "$dir" --quiet "${args[0]}" ${args[1]:+"${args[1]}"} >"$log" 2>&1; then
+      rows+=("$plant|$t|NOT CAUGHT")
+      bad=1
+    else
+      first=$(grep -m1 -E "panicked at|assertion" "$log" | cut -c1-100 || true)
+      rows+=("$plant|$t|caught: ${first:-tests failed}")
+    fi
+  done
+done
+unset RUSTFLAGS
+
+printf '\n%-18s %-36s %s\n' plant test result
+for r in "${rows[@]}"; do
+  IFS='|' read -r p t res <<<"$r"
+  printf '%-18s %-36s %s\n' "$p" "$t" "$res"
+done
+if [ "$bad" -ne 0 ]; then
+  echo "plants: some plant was not caught (logs in target-plants/NAME/)" >&2
+  exit 1
+fi
+echo "plants: all ${#plants[@]} caught"
