@@ -1,0 +1,257 @@
+//! Admission: a waiting request gets the longest usable local prefix from the prefix cache,
+//! whatever the connector offers to load past it, and fresh blocks for the rest of its
+//! prompt. An external range is loaded asynchronously (the request is loading) or
+//! synchronously in the step that first schedules it (the request runs).
+
+use std::cmp::Reverse;
+use std::time::Instant;
+
+use crate::connector::{LoadJob, LoadOwner, LookupQuery, LookupResult};
+use crate::pool::{BlockHash, BlockPool, BlockRef, Generation};
+use crate::rules::geometry::{BlockId, GroupKind, MambaMode};
+
+use super::{next_key, Env, HolderIndex, Metrics, Phase, Req, Shard, StepSettings};
+
+impl Shard {
+    /// Longest usable local prefix (a multiple of `S`, below the prompt's end), retained.
+    fn local_prefix(env: &Env<'_>, r: &Req) -> (u64, Vec<Vec<(BlockId, Generation)>>) {
+        let geo = env.geo;
+        let groups = geo.groups();
+        let limit = (r.prompt.len() as u64).saturating_sub(1);
+        let mut cap = geo.round_down_to_s(limit);
+        // Full-attention-like groups need every entry below L.
+        for (g, grp) in groups.iter().enumerate() {
+            if matches!(
+                grp.kind,
+                GroupKind::FullAttention
+                    | GroupKind::Mamba {
+                        mode: MambaMode::All
+                    }
+            ) {
+                let n = r.hashes[g]
+                    .iter()
+                    .take_while(|&&h| probe(env.pool, h))
+                    .count() as u64;
+                cap = cap.min(n * grp.block_size);
+            }
+        }
+        let mut l = geo.round_down_to_s(cap);
+        let mut tries = 0;
+        while l > 0 && tries < 8 {
+            tries += 1;
+            let mut got: Vec<Vec<(BlockId, Generation)>> = vec![Vec::new(); groups.len()];
+            let mut ok = true;
+            'groups: for (g, grp) in groups.iter().enumerate() {
+                let n = (l / grp.block_size) as usize;
+                let nullable = grp.nullable_below(l) as usize;
+                for i in 0..n {
+                    if i < nullable {
+                        got[g].push((geo.null_block(), 0));
+                        continue;
+                    }
+                    match r.hashes[g].get(i).and_then(|&h| env.pool.lookup(h)) {
+                        Some(b) => got[g].push((b.id, b.generation)),
+                        None => {
+                            ok = false;
+                            break 'groups;
+                        }
+                    }
+                }
+            }
+            if ok {
+                return (l, got);
+            }
+            for t in got {
+                for (id, gen) in t {
+                    Self::release_entry(env, id, gen);
+                }
+            }
+            l -= geo.scheduler_block_size();
+        }
+        (0, vec![Vec::new(); groups.len()])
+    }
+
+    /// Admits waiting requests in canonical order, at most `max_seqs` per step: each gets its
+    /// local prefix, what the connector offers past it, and fresh blocks for the rest of its
+    /// prompt. Stops at the first request the pool cannot hold (it is admitted again next
+    /// step).
+    pub(super) fn admit(
+        &mut self,
+        env: &Env<'_>,
+        settings: &StepSettings,
+        now: Instant,
+        loads_out: &mut Vec<LoadJob>,
+    ) {
+        let geo = env.geo;
+        let mut admitted = 0usize;
+        let mut cursor = None;
+        while let Some(key) = next_key(&self.waiting, cursor) {
+            cursor = Some(key);
+            if admitted >= settings.max_seqs {
+                break;
+            }
+            let seq = key.seq();
+            let Some(r) = self.reqs.get_mut(&seq) else {
+                continue;
+            };
+            debug_assert!(
+                r.tables.iter().all(Vec::is_empty),
+                "a waiting request holds blocks"
+            );
+            let (local, got) = Self::local_prefix(env, r);
+            // The prefix the connector would load from: the chained hash of group 0's first
+            // block past the local hit (the same for every request sharing that prefix).
+            let b0 = geo.groups()[0].block_size;
+            r.prefix_key = r.hashes[0].get((local / b0) as usize).copied();
+            let look =
+                Self::lookup_external(env, settings, now, r, local, &mut self.result.counters);
+            let limit = geo.round_down_to_s((r.prompt.len() as u64).saturating_sub(1));
+            let ext_end = geo
+                .round_down_to_s(local.saturating_add(look.external_tokens))
+                .clamp(local, limit.max(local));
+            if !Self::allocate_prompt(env, r, seq, local, got, &mut self.index) {
+                break; // pool exhausted: admit again next step
+            }
+            r.num_computed_tokens = ext_end;
+            admitted += 1;
+            if ext_end > local {
+                r.attempt += 1;
+                let job = Self::load_job(env, r, local, ext_end);
+                self.result.counters.loads_dispatched += 1;
+                if look.load_async {
+                    r.load_start = local;
+                    r.load_end = ext_end;
+                    r.load_cap = u64::MAX;
+                    let mut job = job;
+                    if let Some(d) = r.load_deadline.or(settings.load_deadline) {
+                        job.deadline = Some(now + d);
+                        self.deadlines.push(Reverse((now + d, seq, r.attempt)));
+                    }
+                    loads_out.push(job);
+                    self.set_phase(seq, Phase::Loading);
+                } else {
+                    r.sync_job = Some(job);
+                    self.set_phase(seq, Phase::Running);
+                }
+            } else {
+                Self::register_and_trim(env, r, &mut self.index);
+                self.set_phase(seq, Phase::Running);
+            }
+        }
+    }
+
+    /// What the connector offers past the local prefix of `r`: nothing (counted) when the
+    /// request's retry budget is spent or its prefix is quarantined.
+    fn lookup_external(
+        env: &Env<'_>,
+        settings: &StepSettings,
+        now: Instant,
+        r: &Req,
+        local: u64,
+        counters: &mut Metrics,
+    ) -> LookupResult {
+        let offer_external = if r.load_failures >= settings.max_load_retries {
+            counters.retry_budget_skips += 1;
+            false
+        } else if r
+            .prefix_key
+            .is_some_and(|k| env.quarantine.is_quarantined(k, now))
+        {
+            counters.quarantine_skips += 1;
+            false
+        } else {
+            true
+        };
+        if !offer_external {
+            LookupResult::default()
+        } else {
+            env.connector.lookup(LookupQuery {
+                request: &r.id,
+                prompt: &r.prompt,
+                local_tokens: local,
+            })
+        }
+    }
+
+    /// Fills the tables of `r` for its whole prompt: the local prefix `got` first, fresh
+    /// blocks after it, entries below `local` counted as registered. Returns `false`, with the
+    /// prefix released, when the pool cannot supply the fresh blocks.
+    fn allocate_prompt(
+        env: &Env<'_>,
+        r: &mut Req,
+        seq: u64,
+        local: u64,
+        mut got: Vec<Vec<(BlockId, Generation)>>,
+        index: &mut HolderIndex,
+    ) -> bool {
+        let geo = env.geo;
+        // Allocate the rest of the prompt in every group.
+        let mut fresh: Vec<BlockRef> = Vec::new();
+        let need: usize = geo
+            .groups()
+            .iter()
+            .zip(&got)
+            .map(|(grp, t)| {
+                (grp.blocks_for_tokens(r.prompt.len() as u64) as usize).saturating_sub(t.len())
+            })
+            .sum();
+        if !env.pool.allocate_n(need, &mut fresh) {
+            for t in got {
+                for (id, gen) in t {
+                    Self::release_entry(env, id, gen);
+                }
+            }
+            return false;
+        }
+        let mut fresh = fresh.into_iter();
+        for (g, grp) in geo.groups().iter().enumerate() {
+            let total = grp.blocks_for_tokens(r.prompt.len() as u64) as usize;
+            while got[g].len() < total {
+                if let Some(b) = fresh.next() {
+                    got[g].push((b.id, b.generation));
+                }
+            }
+            for &(id, _) in &got[g] {
+                if id != geo.null_block() {
+                    index.add(id, seq);
+                }
+            }
+            r.tables[g] = got[g].iter().map(|x| x.0).collect();
+            r.gens[g] = got[g].iter().map(|x| x.1).collect();
+            r.registered[g] = (local / grp.block_size) as usize;
+        }
+        true
+    }
+
+    /// The load of `r`'s external range `start..end` into its tables, without a deadline.
+    fn load_job(env: &Env<'_>, r: &Req, start: u64, end: u64) -> LoadJob {
+        LoadJob {
+            request: r.id.clone(),
+            owner: LoadOwner {
+                shard: env.shard,
+                key: r.key.raw(),
+            },
+            attempt: r.attempt,
+            start_tokens: start,
+            end_tokens: end,
+            block_tables: r
+                .tables
+                .iter()
+                .zip(&r.gens)
+                .map(|(t, g)| {
+                    t.iter()
+                        .zip(g)
+                        .map(|(&id, &generation)| BlockRef { id, generation })
+                        .collect()
+                })
+                .collect(),
+            block_sizes: env.geo.groups().iter().map(|g| g.block_size).collect(),
+            deadline: None,
+        }
+    }
+}
+
+/// Whether `hash` is in the prefix cache (a hint: it may be gone by the time it is looked up).
+fn probe(pool: &BlockPool, hash: BlockHash) -> bool {
+    pool.contains_hash(hash)
+}

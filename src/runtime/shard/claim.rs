@@ -1,0 +1,148 @@
+//! Claiming and deciding: phase 2 scans the requests that hold a reported block and claims
+//! each hit; phase 3 starts by deciding each scanned request with ownership from the claim
+//! table.
+
+use crate::rules::geometry::BlockId;
+use crate::rules::recovery::{self, Disposition, HitOwner, InvalidSet, Mode, Policy, RequestClass};
+use crate::runtime::claim::Scan;
+
+use super::{EndState, Env, Phase, RecoveredRequest, ScannedRequest, Shard, StepSettings};
+
+impl Shard {
+    /// Phase 2: scans the loading (async) and running (sync) requests that hold a reported
+    /// block (found through the holder index) against the step's whole report and claims
+    /// each hit. With `record_inputs`, every scannable request's inputs are recorded too, so a
+    /// differential check also covers requests the index would have missed.
+    pub fn claim(
+        &mut self,
+        env: &Env<'_>,
+        settings: &StepSettings,
+        report: &InvalidSet,
+        report_ids: &[BlockId],
+    ) {
+        self.hits.clear();
+        if settings.record_inputs {
+            for key in self.loading.keys().chain(self.running.keys()) {
+                let Some(r) = self.reqs.get(&key.seq()) else {
+                    continue;
+                };
+                let Some(view) = r.view() else { continue };
+                self.result.scanned.push(ScannedRequest {
+                    id: r.id.clone(),
+                    key: r.key.with_sync(view.class == RequestClass::Sync),
+                    class: view.class,
+                    num_computed_tokens: view.num_computed_tokens,
+                    num_scheduled_tokens: view.num_scheduled_tokens,
+                    block_tables: r.tables.clone(),
+                });
+            }
+        }
+        let mut candidates: Vec<u64> = report_ids
+            .iter()
+            .flat_map(|&id| self.index.holders(id))
+            .copied()
+            .collect();
+        candidates.sort_unstable();
+        candidates.dedup();
+        for seq in candidates {
+            let Some(r) = self.reqs.get(&seq) else {
+                continue;
+            };
+            let Some(view) = r.view() else { continue };
+            let mut hits = self.spare_hits.pop().unwrap_or_default();
+            hits.clear();
+            recovery::scan_request(env.geo, view, report, &mut hits);
+            if hits.is_empty() {
+                self.spare_hits.push(hits);
+                continue;
+            }
+            let class_key = r.key.with_sync(view.class == RequestClass::Sync);
+            let scan = scan_of(settings.mode, view.class);
+            for h in &hits {
+                env.claims.claim(h.block, scan, class_key);
+            }
+            self.hits.push((seq, view.class, hits));
+        }
+    }
+
+    pub(super) fn decide(&mut self, env: &Env<'_>, settings: &StepSettings) {
+        let hits = std::mem::take(&mut self.hits);
+        let mut owners = Vec::new();
+        for (seq, class, hits) in &hits {
+            let Some(r) = self.reqs.get_mut(seq) else {
+                continue;
+            };
+            let Some(view) = r.view() else { continue };
+            let key = r.key.with_sync(*class == RequestClass::Sync);
+            let scan = scan_of(settings.mode, *class);
+            owners.clear();
+            owners.extend(hits.iter().map(|h| match env.claims.winner(h.block, scan) {
+                Some(w) if w != key => HitOwner::Other(w),
+                _ => HitOwner::Mine,
+            }));
+            let d = recovery::decide(env.geo, settings.mode, settings.policy, view, hits, &owners);
+            self.result.counters.claims += d.claimed_blocks.len() as u64;
+            self.result.counters.tokens_recomputed += d.affected_tokens;
+            for &id in &d.evicted_blocks {
+                env.pool.evict(id);
+            }
+            self.result.evicted.extend_from_slice(&d.evicted_blocks);
+            r.waits = d.waits_for.iter().map(|(b, _)| *b).collect();
+            r.waits_step = self.step;
+            let nct = d.num_computed_tokens;
+            match d.disposition {
+                Disposition::Unaffected => {}
+                Disposition::Failed => {}
+                Disposition::FailedRecving => {
+                    r.load_cap = r.load_cap.min(nct);
+                    r.num_computed_tokens = r.num_computed_tokens.min(nct);
+                }
+                Disposition::Skip => {
+                    r.num_computed_tokens = nct;
+                    r.skip = true;
+                }
+            }
+            if d.disposition != Disposition::Failed {
+                // Rolled back: entries at or past the boundary are rewritten and registered
+                // again once recomputed.
+                for (reg, grp) in r.registered.iter_mut().zip(env.geo.groups()) {
+                    *reg = (*reg).min((r.num_computed_tokens / grp.block_size) as usize);
+                }
+                if settings.mode == Mode::Safe && settings.policy == Policy::Recompute {
+                    for &b in &d.claimed_blocks {
+                        env.claims.set_pending(b, r.key);
+                        if !r.owned_pending.contains(&b) {
+                            r.owned_pending.push(b);
+                        }
+                    }
+                }
+            }
+            let failed = d.disposition == Disposition::Failed;
+            self.touched.push(*seq);
+            self.result.recovered.push(RecoveredRequest {
+                id: r.id.clone(),
+                key,
+                class: *class,
+                decision: d,
+            });
+            if failed {
+                if r.phase == Phase::Loading && r.load_done.is_none() {
+                    r.end_after_load = Some(EndState::Failed);
+                } else {
+                    self.end(env, *seq, EndState::Failed);
+                }
+            }
+        }
+        self.hits = hits;
+        for (_, _, h) in self.hits.drain(..) {
+            self.spare_hits.push(h);
+        }
+    }
+}
+
+fn scan_of(mode: Mode, class: RequestClass) -> Scan {
+    match (mode, class) {
+        (Mode::Vllm, RequestClass::Sync) => Scan::Sync,
+        _ => Scan::Async,
+    }
+}

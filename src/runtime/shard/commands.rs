@@ -1,0 +1,54 @@
+//! The engine's commands, taken at the start of a step: submissions, cancels, sampled tokens
+//! and engine finishes.
+
+use super::{Command, EndState, Env, Phase, Req, Shard};
+
+impl Shard {
+    /// Applies one command: a submission waits for admission; a cancel ends the request (once
+    /// its in-flight load lands, if it is loading); a sampled token or an engine finish is
+    /// marked, and applied after recovery.
+    pub(super) fn apply_command(&mut self, env: &Env<'_>, cmd: Command) {
+        match cmd {
+            Command::Submit(n) => {
+                let seq = n.key.seq();
+                let req = Req::new(env.geo, n);
+                self.by_id.insert(req.id.clone(), seq);
+                self.waiting.insert(req.key, ());
+                self.reqs.insert(seq, req);
+            }
+            Command::Cancel(id) => match self.by_id.get(&id).copied() {
+                Some(seq) => {
+                    let loading = self
+                        .reqs
+                        .get(&seq)
+                        .is_some_and(|r| r.phase == Phase::Loading);
+                    if loading {
+                        if let Some(r) = self.reqs.get_mut(&seq) {
+                            r.end_after_load = Some(EndState::Cancelled);
+                        }
+                    } else {
+                        self.end(env, seq, EndState::Cancelled);
+                    }
+                }
+                None => self.result.counters.unknown_commands += 1,
+            },
+            Command::Sampled(id) => match self.by_id.get(&id).and_then(|s| self.reqs.get_mut(s)) {
+                Some(r) if r.phase == Phase::Running && r.last_scheduled > 0 => {
+                    if std::mem::replace(&mut r.sampled_pending, true) {
+                        self.result.counters.duplicate_commands += 1;
+                    }
+                }
+                _ => self.result.counters.unknown_commands += 1,
+            },
+            Command::Finish(id) => match self.by_id.get(&id).and_then(|s| self.reqs.get_mut(s)) {
+                Some(r) => {
+                    if std::mem::replace(&mut r.finish_pending, true) {
+                        self.result.counters.duplicate_commands += 1;
+                    }
+                    self.touched.push(r.key.seq());
+                }
+                None => self.result.counters.unknown_commands += 1,
+            },
+        }
+    }
+}

@@ -1,0 +1,148 @@
+//! Completions of async loads, and their deadlines: what landed, what failed (its bad blocks
+//! join this shard's share of the report), and which late loads to treat as failed.
+
+use std::cmp::Reverse;
+use std::time::Instant;
+
+use crate::connector::LoadResult;
+use crate::rules::geometry::BlockId;
+use crate::runtime::worker::Completion;
+
+use super::{Env, Metrics, Phase, Req, Shard, StepSettings};
+
+impl Shard {
+    /// Takes one completion: a late one frees its parked blocks; a stale one is counted; a
+    /// current one marks the load done and, when it failed, publishes its current bad blocks.
+    pub(super) fn take_completion(
+        &mut self,
+        env: &Env<'_>,
+        settings: &StepSettings,
+        now: Instant,
+        c: Completion,
+        published: &mut Vec<BlockId>,
+    ) {
+        let seq = c.key.seq();
+        if c.panicked {
+            self.result.counters.connector_panics += 1;
+        }
+        // A load that passed its deadline: its blocks were parked; now they can go.
+        if let Some(blocks) = self.parked.remove(&(seq, c.attempt)) {
+            // Planted bug for the fault matrix: a late completion forgets its parked blocks.
+            #[cfg(not(kvsched_plant = "late-leak"))]
+            for b in blocks {
+                let _ = env.pool.release(b);
+            }
+            #[cfg(kvsched_plant = "late-leak")]
+            drop(blocks);
+            self.result.counters.late_completions += 1;
+            self.result.counters.stale_completions += 1;
+            return;
+        }
+        let Some(r) = self.reqs.get_mut(&seq) else {
+            self.result.counters.stale_completions += 1;
+            return;
+        };
+        if r.phase != Phase::Loading || r.attempt != c.attempt || r.load_done.is_some() {
+            self.result.counters.stale_completions += 1;
+            return;
+        }
+        // Planted bug for the fault matrix: a connector panic taken for a successful load.
+        #[cfg(kvsched_plant = "panic-ok")]
+        let c = Completion {
+            result: if c.panicked { LoadResult::Ok } else { c.result },
+            ..c
+        };
+        match c.result {
+            LoadResult::Ok => {
+                self.result.counters.loads_ok += 1;
+                r.load_done = Some((true, c.finished_at));
+                self.landed.push(seq);
+                if let Some(k) = r.prefix_key {
+                    env.quarantine.record_success(k);
+                }
+            }
+            LoadResult::Failed(bad) => {
+                Self::load_failed(
+                    env,
+                    settings,
+                    now,
+                    r,
+                    c.finished_at,
+                    &mut self.result.counters,
+                );
+                self.landed.push(seq);
+                for b in bad.into_flat() {
+                    if b.id != env.geo.null_block() && env.pool.is_current(b) {
+                        published.push(b.id);
+                    } else {
+                        self.result.counters.stale_blocks += 1;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Fails the in-flight loads whose deadline has passed and publishes all their blocks.
+    pub(super) fn expire_deadlines(
+        &mut self,
+        env: &Env<'_>,
+        settings: &StepSettings,
+        now: Instant,
+        published: &mut Vec<BlockId>,
+    ) {
+        // Loads past their deadline fail for all their blocks.
+        while let Some(&Reverse((at, seq, attempt))) = self.deadlines.peek() {
+            if at > now {
+                break;
+            }
+            self.deadlines.pop();
+            let Some(r) = self.reqs.get_mut(&seq) else {
+                continue;
+            };
+            if r.phase != Phase::Loading || r.attempt != attempt || r.load_done.is_some() {
+                continue; // landed in time, or superseded
+            }
+            self.result.counters.deadlines_expired += 1;
+            r.timed_out = true;
+            Self::load_failed(env, settings, now, r, now, &mut self.result.counters);
+            self.landed.push(seq);
+            let null = env.geo.null_block();
+            for (grp, t) in env.geo.groups().iter().zip(&r.tables) {
+                let lo = (r.load_start / grp.block_size) as usize;
+                let hi = (grp.blocks_for_tokens(r.load_end) as usize).min(t.len());
+                published.extend(
+                    t.get(lo..hi)
+                        .unwrap_or(&[])
+                        .iter()
+                        .copied()
+                        .filter(|&id| id != null),
+                );
+            }
+        }
+    }
+
+    /// Bookkeeping of a failed async load (its completion said so, or its deadline passed):
+    /// the request's retry budget and its prefix's quarantine streak.
+    fn load_failed(
+        env: &Env<'_>,
+        settings: &StepSettings,
+        now: Instant,
+        r: &mut Req,
+        at: Instant,
+        counters: &mut Metrics,
+    ) {
+        counters.loads_failed += 1;
+        r.load_done = Some((false, at));
+        r.load_failures += 1;
+        if let Some(k) = r.prefix_key {
+            if env.quarantine.record_failure(
+                k,
+                now,
+                settings.quarantine_after,
+                settings.quarantine_for,
+            ) {
+                counters.prefixes_quarantined += 1;
+            }
+        }
+    }
+}

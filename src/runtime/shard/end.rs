@@ -1,0 +1,150 @@
+//! Ending requests and releasing what they hold: blocks back to the pool, owned blocks
+//! handed off; at shutdown, every request cancelled and the blocks of loads still running
+//! held for good. Also the blocks held, for invariant checks.
+
+use crate::pool::{BlockRef, Generation};
+use crate::rules::geometry::BlockId;
+
+use super::{EndState, Env, HolderIndex, Phase, Req, Shard, ShardStepResult};
+
+impl Shard {
+    pub(super) fn release_entry(env: &Env<'_>, id: BlockId, gen: Generation) {
+        if id != env.geo.null_block() {
+            let _ = env.pool.release(BlockRef {
+                id,
+                generation: gen,
+            });
+        }
+    }
+
+    /// Releases every block of `r` and hands off the blocks it owned but did not recompute.
+    pub(super) fn release_all(
+        env: &Env<'_>,
+        r: &mut Req,
+        res: &mut ShardStepResult,
+        index: &mut HolderIndex,
+    ) {
+        let key = r.key;
+        let null = env.geo.null_block();
+        for &id in r.tables.iter().flatten() {
+            if id != null {
+                index.remove(id, key.seq());
+            }
+        }
+        r.sync_job = None;
+        for id in r.owned_pending.drain(..) {
+            env.claims.orphan(id, key);
+            if let Some(generation) = env.pool.generation(id) {
+                res.handoffs.push(BlockRef { id, generation });
+                res.counters.handoffs += 1;
+            }
+        }
+        for (t, g) in r.tables.iter_mut().zip(r.gens.iter_mut()) {
+            for (&id, &gen) in t.iter().zip(g.iter()) {
+                Self::release_entry(env, id, gen);
+            }
+            t.clear();
+            g.clear();
+        }
+        for reg in &mut r.registered {
+            *reg = 0;
+        }
+        r.waits.clear();
+    }
+
+    pub(super) fn end(&mut self, env: &Env<'_>, seq: u64, state: EndState) {
+        if let Some(mut r) = self.reqs.remove(&seq) {
+            self.waiting.remove(&r.key);
+            self.loading.remove(&r.key);
+            self.running.remove(&r.key);
+            self.by_id.remove(&r.id);
+            Self::release_all(env, &mut r, &mut self.result, &mut self.index);
+            self.result.ended.push((r.id.clone(), state));
+        }
+    }
+
+    /// Ends every request (shutdown): loading ones only once their load is known finished by
+    /// the caller. Returns how many were cancelled.
+    pub fn cancel_all(
+        &mut self,
+        env: &Env<'_>,
+        workers_finished: bool,
+        never_started: &rustc_hash::FxHashSet<(u64, u32)>,
+    ) -> ShardStepResult {
+        self.result = ShardStepResult::default();
+        // Once every worker finished no load can still write into parked blocks; otherwise a
+        // parked (timed-out) load may still be running: its blocks stay held.
+        for ((seq, attempt), blocks) in self.parked.drain() {
+            if workers_finished || never_started.contains(&(seq, attempt)) {
+                for b in blocks {
+                    let _ = env.pool.release(b);
+                }
+            } else {
+                self.result.counters.loads_abandoned += 1;
+                self.abandoned.extend(blocks);
+            }
+        }
+        self.deadlines.clear();
+        if !workers_finished {
+            // Loads still in flight: take their blocks out of the requests before ending them.
+            let in_flight: Vec<u64> = self
+                .reqs
+                .iter()
+                .filter(|(seq, r)| {
+                    r.phase == Phase::Loading
+                        && r.load_done.is_none()
+                        && !never_started.contains(&(**seq, r.attempt))
+                })
+                .map(|(seq, _)| *seq)
+                .collect();
+            let null = env.geo.null_block();
+            for seq in in_flight {
+                let Some(r) = self.reqs.get_mut(&seq) else {
+                    continue;
+                };
+                for (t, g) in r.tables.iter_mut().zip(r.gens.iter_mut()) {
+                    for (id, gen) in t.iter_mut().zip(g.iter_mut()) {
+                        if *id != null {
+                            self.index.remove(*id, seq);
+                            self.abandoned.push(BlockRef {
+                                id: *id,
+                                generation: *gen,
+                            });
+                            *id = null;
+                        }
+                    }
+                }
+                self.result.counters.loads_abandoned += 1;
+            }
+        }
+        let seqs: Vec<u64> = self.reqs.keys().copied().collect();
+        for seq in seqs {
+            self.end(env, seq, EndState::Cancelled);
+        }
+        std::mem::take(&mut self.result)
+    }
+
+    /// Blocks each live request holds a reference on, for invariant checks.
+    pub fn held_blocks(&self, null: BlockId) -> Vec<BlockId> {
+        self.parked
+            .values()
+            .flatten()
+            .chain(&self.abandoned)
+            .map(|b| b.id)
+            .chain(self.held_by_requests(null))
+            .collect()
+    }
+
+    fn held_by_requests(&self, null: BlockId) -> Vec<BlockId> {
+        self.reqs
+            .values()
+            .flat_map(|r| {
+                r.tables
+                    .iter()
+                    .flatten()
+                    .copied()
+                    .filter(move |&id| id != null)
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,88 @@
+//! The runtime's event counters.
+
+/// Counters of a runtime since start. Each shard counts its events of a step into one of
+/// these and the runtime sums them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Metrics {
+    /// Requests accepted by `submit`.
+    pub submitted: u64,
+    /// Ended finished.
+    pub finished: u64,
+    /// Ended failed.
+    pub failed: u64,
+    /// Ended cancelled.
+    pub cancelled: u64,
+    /// Loads dispatched (async and sync).
+    pub loads_dispatched: u64,
+    /// Async loads that completed ok.
+    pub loads_ok: u64,
+    /// Async loads that completed failed.
+    pub loads_failed: u64,
+    /// Completions for unknown, ended or superseded loads, ignored.
+    pub stale_completions: u64,
+    /// Reported blocks whose generation changed (freed and reused) or out of range, ignored.
+    pub stale_blocks: u64,
+    /// Blocks claimed for recompute.
+    pub claims: u64,
+    /// Owned blocks handed off because the owner ended first.
+    pub handoffs: u64,
+    /// Tokens rolled back by recovery.
+    pub tokens_recomputed: u64,
+    /// Requests preempted for lack of blocks.
+    pub preemptions: u64,
+    /// Connector panics caught by workers.
+    pub connector_panics: u64,
+    /// Commands (sampled, finish, cancel) naming no live request, ignored.
+    pub unknown_commands: u64,
+    /// Async loads that passed their deadline (counted in `loads_failed` too).
+    pub deadlines_expired: u64,
+    /// Completions of loads that had passed their deadline (counted in `stale_completions`).
+    pub late_completions: u64,
+    /// Sampled / finish commands repeated for one request in one step, applied once.
+    pub duplicate_commands: u64,
+    /// Queued loads whose deadline had passed when a worker took them: handed back unrun.
+    pub loads_expired_unrun: u64,
+    /// Loads still running when shutdown stopped waiting for them.
+    pub loads_abandoned: u64,
+    /// Admissions offered no external load because the request's retry budget was spent.
+    pub retry_budget_skips: u64,
+    /// Admissions offered no external load because the prefix was quarantined.
+    pub quarantine_skips: u64,
+    /// Times a prefix entered quarantine.
+    pub prefixes_quarantined: u64,
+    /// Steps run.
+    pub steps: u64,
+    /// Step outputs naming a step other than the latest plan's (their samples and invalid
+    /// blocks ignored).
+    pub stale_outputs: u64,
+}
+
+impl std::ops::AddAssign<&Metrics> for Metrics {
+    fn add_assign(&mut self, other: &Metrics) {
+        self.submitted += other.submitted;
+        self.finished += other.finished;
+        self.failed += other.failed;
+        self.cancelled += other.cancelled;
+        self.loads_dispatched += other.loads_dispatched;
+        self.loads_ok += other.loads_ok;
+        self.loads_failed += other.loads_failed;
+        self.stale_completions += other.stale_completions;
+        self.stale_blocks += other.stale_blocks;
+        self.claims += other.claims;
+        self.handoffs += other.handoffs;
+        self.tokens_recomputed += other.tokens_recomputed;
+        self.preemptions += other.preemptions;
+        self.connector_panics += other.connector_panics;
+        self.unknown_commands += other.unknown_commands;
+        self.deadlines_expired += other.deadlines_expired;
+        self.late_completions += other.late_completions;
+        self.duplicate_commands += other.duplicate_commands;
+        self.loads_expired_unrun += other.loads_expired_unrun;
+        self.loads_abandoned += other.loads_abandoned;
+        self.retry_budget_skips += other.retry_budget_skips;
+        self.quarantine_skips += other.quarantine_skips;
+        self.prefixes_quarantined += other.prefixes_quarantined;
+        self.steps += other.steps;
+        self.stale_outputs += other.stale_outputs;
+    }
+}

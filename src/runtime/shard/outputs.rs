@@ -1,0 +1,113 @@
+//! Applying the engine's output for the last step once recovery has decided: sampled tokens,
+//! engine finishes, and the progress it confirms (pending marks cleared, full prompt blocks
+//! registered in the prefix cache, nullable entries trimmed).
+
+use crate::pool::BlockRef;
+
+use super::{EndState, Env, HolderIndex, Phase, Req, Shard};
+
+impl Shard {
+    /// Applies the engine's output for the last step: sampled tokens (unless recovery
+    /// discarded the step), engine finishes, owners' recomputed blocks.
+    pub(super) fn apply_outputs(&mut self, env: &Env<'_>) {
+        let mut seqs = std::mem::take(&mut self.touched);
+        seqs.sort_unstable();
+        seqs.dedup();
+        let mut not_running = Vec::new();
+        for seq in seqs {
+            let Some(r) = self.reqs.get_mut(&seq) else {
+                continue;
+            };
+            if r.phase != Phase::Running {
+                if r.finish_pending {
+                    not_running.push(seq);
+                }
+                continue;
+            }
+            let skip = std::mem::take(&mut r.skip);
+            let sampled = std::mem::take(&mut r.sampled_pending);
+            let finish = std::mem::take(&mut r.finish_pending);
+            r.last_scheduled = 0;
+            if !skip {
+                if sampled {
+                    r.generated += 1;
+                }
+                Self::confirm_progress(env, r, &mut self.index);
+            }
+            if finish
+                || (!skip && r.generated >= r.max_new_tokens && r.max_new_tokens > 0 && sampled)
+            {
+                self.end(env, seq, EndState::Finished);
+            }
+        }
+        // Engine finishes of requests not running (loading/waiting): applied too.
+        for seq in not_running {
+            if let Some(r) = self.reqs.get_mut(&seq) {
+                r.finish_pending = false;
+                // Planted bug for the fault matrix: end a loading request at once, freeing
+                // blocks a worker may still be filling.
+                #[cfg(not(kvsched_plant = "end-while-loading"))]
+                if r.phase == Phase::Loading && r.load_done.is_none() {
+                    r.end_after_load = Some(EndState::Finished);
+                    continue;
+                }
+            }
+            self.end(env, seq, EndState::Finished);
+        }
+    }
+
+    /// The computed length is confirmed (the step ran and was not discarded): clear pending
+    /// marks of recomputed owned blocks, register full prompt blocks, trim nullable entries.
+    fn confirm_progress(env: &Env<'_>, r: &mut Req, index: &mut HolderIndex) {
+        let nct = r.num_computed_tokens;
+        let key = r.key;
+        let groups = env.geo.groups();
+        r.owned_pending.retain(|&id| {
+            // Find the block's end in whichever group holds it.
+            let done = r.tables.iter().zip(groups).any(|(t, grp)| {
+                t.iter()
+                    .position(|&x| x == id)
+                    .is_some_and(|i| (i as u64 + 1) * grp.block_size <= nct)
+            });
+            if done {
+                env.claims.clear_pending(id, key);
+            }
+            !done
+        });
+        Self::register_and_trim(env, r, index);
+    }
+
+    pub(super) fn register_and_trim(env: &Env<'_>, r: &mut Req, index: &mut HolderIndex) {
+        let nct = r.num_computed_tokens;
+        let null = env.geo.null_block();
+        for (g, grp) in env.geo.groups().iter().enumerate() {
+            let full = ((nct / grp.block_size) as usize)
+                .min(r.hashes[g].len())
+                .min(r.tables[g].len());
+            while r.registered[g] < full {
+                let i = r.registered[g];
+                let id = r.tables[g][i];
+                if id != null {
+                    let _ = env.pool.register(
+                        r.hashes[g][i],
+                        BlockRef {
+                            id,
+                            generation: r.gens[g][i],
+                        },
+                    );
+                }
+                r.registered[g] += 1;
+            }
+            let nullable = (grp.nullable_below(nct) as usize).min(r.tables[g].len());
+            for i in 0..nullable {
+                let id = r.tables[g][i];
+                if id != null {
+                    Self::release_entry(env, id, r.gens[g][i]);
+                    index.remove(id, r.key.seq());
+                    r.tables[g][i] = null;
+                    r.gens[g][i] = 0;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,70 @@
+//! What a shard contributes to a step's plan: the requests it schedules, the recoveries it
+//! decided, the inputs it scanned, and how its requests ended.
+
+use std::sync::Arc as StdArc;
+
+use crate::connector::LoadJob;
+use crate::rules::geometry::BlockId;
+use crate::rules::recovery::{Decision, RequestClass};
+use crate::runtime::claim::RequestKey;
+
+/// How a request ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EndState {
+    /// Generated all its tokens, or the engine finished it.
+    Finished,
+    /// Failed by recovery under policy `fail`.
+    Failed,
+    /// Cancelled by the engine or by shutdown.
+    Cancelled,
+}
+
+/// A request scheduled in a step.
+#[derive(Clone, Debug)]
+pub struct ScheduledRequest {
+    /// Request id.
+    pub id: StdArc<str>,
+    /// Canonical key.
+    pub key: RequestKey,
+    /// Computed tokens before this step.
+    pub num_computed_tokens: u64,
+    /// Tokens to compute in this step.
+    pub num_tokens: u64,
+    /// Whether the step computes the sequence's last token (the engine samples one).
+    pub samples: bool,
+    /// A synchronous load the engine runs in this step before computing.
+    pub sync_load: Option<LoadJob>,
+    /// Whether this is the request's first scheduling (its submit → first-schedule latency is
+    /// in [`crate::runtime::StepPlan::first_schedule_latency_ns`]).
+    pub first: bool,
+}
+
+/// One request's recovery in a step.
+#[derive(Clone, Debug)]
+pub struct RecoveredRequest {
+    /// Request id.
+    pub id: StdArc<str>,
+    /// Canonical key (class bit included).
+    pub key: RequestKey,
+    /// Async or sync in this report.
+    pub class: RequestClass,
+    /// The rules' decision, owners as canonical keys.
+    pub decision: Decision<RequestKey>,
+}
+
+/// A scanned request's inputs, recorded for differential checks.
+#[derive(Clone, Debug)]
+pub struct ScannedRequest {
+    /// Request id.
+    pub id: StdArc<str>,
+    /// Canonical key (class bit included).
+    pub key: RequestKey,
+    /// Async or sync.
+    pub class: RequestClass,
+    /// Computed tokens at scan time.
+    pub num_computed_tokens: u64,
+    /// Tokens scheduled in the step the report belongs to.
+    pub num_scheduled_tokens: u64,
+    /// Block tables at scan time.
+    pub block_tables: Vec<Vec<BlockId>>,
+}

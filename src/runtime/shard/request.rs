@@ -1,0 +1,175 @@
+//! A request as the engine submits it, the commands that reach a shard between steps, and the
+//! shard's record of each live request it owns.
+
+use std::sync::Arc as StdArc;
+use std::time::{Duration, Instant};
+
+use crate::connector::LoadJob;
+use crate::pool::{BlockHash, Generation};
+use crate::rules::geometry::{BlockId, Geometry};
+use crate::rules::recovery::{RequestClass, RequestView};
+use crate::runtime::claim::RequestKey;
+
+use super::EndState;
+
+/// A request as submitted.
+#[derive(Clone, Debug)]
+pub(crate) struct NewRequest {
+    pub id: StdArc<str>,
+    pub prompt: StdArc<[u32]>,
+    pub max_new_tokens: u32,
+    pub key: RequestKey,
+    pub submitted_at: Instant,
+    pub load_deadline: Option<Duration>,
+}
+
+/// What the engine thread sends a shard between steps.
+#[derive(Debug)]
+pub(crate) enum Command {
+    Submit(NewRequest),
+    Cancel(StdArc<str>),
+    /// A sampled token for a request scheduled in the last step.
+    Sampled(StdArc<str>),
+    /// The engine finished this request (stop token, …).
+    Finish(StdArc<str>),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Phase {
+    Waiting,
+    Loading,
+    Running,
+}
+
+#[derive(Debug)]
+pub(super) struct Req {
+    pub(super) id: StdArc<str>,
+    /// Async-class key; the sync-class key is `key.with_sync(true)`.
+    pub(super) key: RequestKey,
+    pub(super) prompt: StdArc<[u32]>,
+    pub(super) max_new_tokens: u32,
+    pub(super) generated: u32,
+    /// Per group: chained hashes of the prompt's full blocks.
+    pub(super) hashes: Vec<Vec<BlockHash>>,
+    pub(super) tables: Vec<Vec<BlockId>>,
+    pub(super) gens: Vec<Vec<Generation>>,
+    /// Per group: entries below this index are registered in the prefix cache (or null).
+    pub(super) registered: Vec<usize>,
+    pub(super) num_computed_tokens: u64,
+    /// Tokens scheduled in the last step (0 when not scheduled).
+    pub(super) last_scheduled: u64,
+    pub(super) phase: Phase,
+    /// Blocks this request must not read until their owner recomputes them (mode `safe`).
+    pub(super) waits: Vec<BlockId>,
+    /// `waits` was set by this step's decision: owners in other shards may not have set their
+    /// pending marks yet (no barrier separates deciding from scheduling), so the request is not
+    /// scheduled before the next step, whose start orders those marks before its reads.
+    pub(super) waits_step: u64,
+    /// Blocks this request owns and has not recomputed yet.
+    pub(super) owned_pending: Vec<BlockId>,
+    pub(super) attempt: u32,
+    /// Start of the in-flight load (tokens).
+    pub(super) load_start: u64,
+    /// End of the in-flight load (tokens).
+    pub(super) load_end: u64,
+    /// The in-flight load passed its deadline: treated as failed for all its blocks.
+    pub(super) timed_out: bool,
+    /// External loads of this request that failed (completion or deadline).
+    pub(super) load_failures: u32,
+    /// Prefix key of the external range, for quarantine.
+    pub(super) prefix_key: Option<u64>,
+    /// Per-request load deadline (overrides the settings').
+    pub(super) load_deadline: Option<Duration>,
+    /// Recovery's cap on the computed length when the in-flight load lands.
+    pub(super) load_cap: u64,
+    /// The load completed this step: `Some(true)` ok, `Some(false)` failed.
+    pub(super) load_done: Option<(bool, Instant)>,
+    /// An end decided while a load was in flight; applied when it lands.
+    pub(super) end_after_load: Option<EndState>,
+    /// A sync load to run in the step that first schedules the request.
+    pub(super) sync_job: Option<LoadJob>,
+    pub(super) submitted_at: Instant,
+    pub(super) first_scheduled: bool,
+    pub(super) sampled_pending: bool,
+    pub(super) finish_pending: bool,
+    pub(super) skip: bool,
+}
+
+impl Req {
+    /// The record of a submitted request: waiting, holding no blocks, its prompt's block
+    /// hashes chained per group.
+    pub(super) fn new(geo: &Geometry, n: NewRequest) -> Req {
+        let groups = geo.groups();
+        let hashes = groups
+            .iter()
+            .enumerate()
+            .map(|(g, grp)| {
+                let mut parent = 0u64;
+                n.prompt
+                    .chunks_exact(grp.block_size as usize)
+                    .map(|c| {
+                        parent = crate::pool::chain_hash(parent, g, c);
+                        parent
+                    })
+                    .collect()
+            })
+            .collect();
+        Req {
+            id: n.id,
+            key: n.key,
+            prompt: n.prompt,
+            max_new_tokens: n.max_new_tokens,
+            generated: 0,
+            hashes,
+            tables: vec![Vec::new(); groups.len()],
+            gens: vec![Vec::new(); groups.len()],
+            registered: vec![0; groups.len()],
+            num_computed_tokens: 0,
+            last_scheduled: 0,
+            phase: Phase::Waiting,
+            waits: Vec::new(),
+            waits_step: 0,
+            owned_pending: Vec::new(),
+            attempt: 0,
+            load_start: 0,
+            load_end: 0,
+            timed_out: false,
+            load_failures: 0,
+            prefix_key: None,
+            load_deadline: n.load_deadline,
+            load_cap: u64::MAX,
+            load_done: None,
+            end_after_load: None,
+            sync_job: None,
+            submitted_at: n.submitted_at,
+            first_scheduled: false,
+            sampled_pending: false,
+            finish_pending: false,
+            skip: false,
+        }
+    }
+
+    pub(super) fn seq_len(&self) -> u64 {
+        self.prompt.len() as u64 + u64::from(self.generated)
+    }
+    pub(super) fn class(&self) -> Option<RequestClass> {
+        match self.phase {
+            Phase::Loading => Some(RequestClass::Async),
+            Phase::Running => Some(RequestClass::Sync),
+            Phase::Waiting => None,
+        }
+    }
+    pub(super) fn view(&self) -> Option<RequestView<'_>> {
+        let class = self.class()?;
+        Some(RequestView {
+            class,
+            num_computed_tokens: self.num_computed_tokens,
+            num_scheduled_tokens: if class == RequestClass::Sync {
+                self.last_scheduled
+            } else {
+                0
+            },
+            block_tables: &self.tables,
+        })
+    }
+}

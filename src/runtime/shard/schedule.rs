@@ -1,0 +1,122 @@
+//! Scheduling: the running requests, in canonical order, get tokens within the step's
+//! budget; tables grow as they compute, and a request that finds no blocks preempts the
+//! latest running one.
+
+use std::time::Instant;
+
+use super::{next_key, Env, HolderIndex, Phase, Req, ScheduledRequest, Shard, StepSettings};
+
+impl Shard {
+    /// Makes room in the tables of `r` for `upto` computed tokens.
+    fn grow(env: &Env<'_>, r: &mut Req, upto: u64, index: &mut HolderIndex) -> bool {
+        let groups = env.geo.groups();
+        let need: usize = groups
+            .iter()
+            .zip(&r.tables)
+            .map(|(grp, t)| (grp.blocks_for_tokens(upto) as usize).saturating_sub(t.len()))
+            .sum();
+        if need == 0 {
+            return true;
+        }
+        let mut fresh = Vec::with_capacity(need);
+        if !env.pool.allocate_n(need, &mut fresh) {
+            return false;
+        }
+        let mut fresh = fresh.into_iter();
+        for (g, grp) in groups.iter().enumerate() {
+            while (r.tables[g].len() as u64) < grp.blocks_for_tokens(upto) {
+                if let Some(b) = fresh.next() {
+                    r.tables[g].push(b.id);
+                    index.add(b.id, r.key.seq());
+                    r.gens[g].push(b.generation);
+                }
+            }
+        }
+        true
+    }
+
+    pub(super) fn schedule(&mut self, env: &Env<'_>, settings: &StepSettings, now: Instant) {
+        let mut budget = settings.token_budget;
+        let mut seqs_left = settings.max_seqs;
+        let mut cursor = None;
+        while let Some(key) = next_key(&self.running, cursor) {
+            cursor = Some(key);
+            if budget == 0 || seqs_left == 0 {
+                break;
+            }
+            let seq = key.seq();
+            let Some(r) = self.reqs.get_mut(&seq) else {
+                continue;
+            };
+            if r.phase != Phase::Running {
+                continue; // preempted earlier in this loop
+            }
+            // Sharers wait for owners (mode `safe`): never scheduled to read a pending block.
+            if r.waits_step == self.step && !r.waits.is_empty() {
+                continue;
+            }
+            r.waits.retain(|&b| env.claims.pending_owner(b).is_some());
+            if !r.waits.is_empty() {
+                continue;
+            }
+            let remaining = r.seq_len().saturating_sub(r.num_computed_tokens);
+            let n = remaining.min(budget);
+            if n == 0 {
+                continue;
+            }
+            let upto = r.num_computed_tokens + n;
+            if !Self::grow(env, r, upto, &mut self.index) {
+                // Preempt the latest running request of this shard, if it is not this one.
+                let victim = self.running.keys().next_back().copied();
+                match victim {
+                    Some(v) if v != key => {
+                        self.preempt(env, v.seq());
+                        self.result.counters.preemptions += 1;
+                    }
+                    _ => {}
+                }
+                let Some(r) = self.reqs.get_mut(&seq) else {
+                    continue;
+                };
+                if !Self::grow(env, r, upto, &mut self.index) {
+                    continue;
+                }
+            }
+            let Some(r) = self.reqs.get_mut(&seq) else {
+                continue;
+            };
+            let first = !r.first_scheduled;
+            if first {
+                r.first_scheduled = true;
+                self.result
+                    .first_schedule_latency_ns
+                    .push(now.saturating_duration_since(r.submitted_at).as_nanos() as u64);
+            }
+            let sync_load = r.sync_job.take();
+            self.result.scheduled.push(ScheduledRequest {
+                id: r.id.clone(),
+                key: r.key,
+                num_computed_tokens: r.num_computed_tokens,
+                num_tokens: n,
+                samples: upto == r.seq_len(),
+                sync_load,
+                first,
+            });
+            r.num_computed_tokens = upto;
+            r.last_scheduled = n;
+            self.touched.push(seq);
+            budget -= n;
+            seqs_left -= 1;
+        }
+    }
+
+    fn preempt(&mut self, env: &Env<'_>, seq: u64) {
+        if let Some(r) = self.reqs.get_mut(&seq) {
+            Self::release_all(env, r, &mut self.result, &mut self.index);
+            r.num_computed_tokens = 0;
+            r.last_scheduled = 0;
+            r.sync_job = None;
+            self.set_phase(seq, Phase::Waiting);
+        }
+    }
+}
