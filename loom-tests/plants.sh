@@ -23,15 +23,17 @@ declare -A MODELS=(
   # sync.rs: PhaseBarrier waiters depart with a Relaxed load instead of Acquire.
   # (loom's bounded DPOR reaches the stale decision in claim_decide_after_all_claimed only
   # from bound 3 — 30–50 executions; stale_completion catches it at bound 2.)
-  [barrier-relaxed]="stale_completion claim_decide_after_all_claimed@3"
+  [barrier-relaxed]="stale_completion claim_decide_after_all_claimed@3 park_lost_wakeup::barrier_sleepers_wake"
   # claim.rs: clear_pending succeeds with Relaxed instead of Release.
   [clear-pending-relaxed]="handoff_owner_abort::waiter_reads_recomputed_contents handoff_owner_abort::owner_aborts_while_sharer_waits"
   # pool.rs: the free-list head's ABA tag is never bumped.
   [free-list-no-tag]="free_list_aba::aba_pop_against_pop_pop_push"
   # pool.rs: the release CAS is Relaxed instead of Release.
   [release-relaxed]="pool_release_allocate::last_release_races_allocate pool_release_allocate::cached_release_races_reclaim_and_lookup"
+  # sync/park.rs: unpark signals the condition variable without taking the lock.
+  [unpark-no-lock]="park_lost_wakeup::unpark_before_or_during_park"
 )
-ORDER=(claim-store barrier-relaxed clear-pending-relaxed free-list-no-tag release-relaxed)
+ORDER=(claim-store barrier-relaxed clear-pending-relaxed free-list-no-tag release-relaxed unpark-no-lock)
 
 if [ "$#" -gt 0 ]; then
   plants=("$@")

@@ -33,25 +33,26 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
-/// Declares an internal module: crate-private in a normal build, public only to the loom
-/// models (`cfg(kvsched_loom)`) and to the internals benchmarks (feature `internals`).
-macro_rules! internal_mod {
-    ($(#[$m:meta])* $name:ident) => {
-        $(#[$m])*
-        #[cfg(any(kvsched_loom, feature = "internals"))]
-        pub mod $name;
-        $(#[$m])*
-        #[cfg(not(any(kvsched_loom, feature = "internals")))]
-        pub(crate) mod $name;
-    };
-}
-
+// Internal modules are crate-private in a normal build and public only to the loom models
+// (`cfg(kvsched_loom)`) and the mechanism benchmarks (feature `internals`).
 pub mod connector;
-internal_mod!(pool);
-internal_mod!(rng);
+#[cfg(any(kvsched_loom, feature = "internals"))]
+pub mod pool;
+#[cfg(not(any(kvsched_loom, feature = "internals")))]
+pub(crate) mod pool;
+#[cfg(any(kvsched_loom, feature = "internals"))]
+pub mod rng;
+#[cfg(not(any(kvsched_loom, feature = "internals")))]
+pub(crate) mod rng;
 pub mod rules;
-internal_mod!(runtime);
-internal_mod!(sync);
+#[cfg(any(kvsched_loom, feature = "internals"))]
+pub mod runtime;
+#[cfg(not(any(kvsched_loom, feature = "internals")))]
+pub(crate) mod runtime;
+#[cfg(any(kvsched_loom, feature = "internals"))]
+pub mod sync;
+#[cfg(not(any(kvsched_loom, feature = "internals")))]
+pub(crate) mod sync;
 
 #[cfg(all(feature = "cli", not(kvsched_loom)))]
 mod tools;

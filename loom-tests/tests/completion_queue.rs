@@ -20,12 +20,12 @@
 
 use std::time::Instant;
 
-use kvsched::runtime::claim::RequestKey;
 use kvsched::connector::LoadResult;
+use kvsched::runtime::claim::RequestKey;
+use kvsched::runtime::worker::Completion;
 use kvsched::sync::{
     spin_hint, thread, Arc, ArrayQueue, AtomicU64, Ordering, DEFAULT_COMPLETION_QUEUE_CAPACITY,
 };
-use kvsched::runtime::worker::Completion;
 use kvsched_loom_tests::model;
 
 fn completion(seq: u64, attempt: u32) -> Completion {

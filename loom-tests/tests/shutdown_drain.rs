@@ -23,12 +23,12 @@
 
 use std::time::Instant;
 
-use kvsched::runtime::claim::RequestKey;
 use kvsched::connector::LoadResult;
+use kvsched::runtime::claim::RequestKey;
+use kvsched::runtime::worker::Completion;
 use kvsched::sync::{
     spin_hint, thread, Arc, ArrayQueue, AtomicBool, AtomicUsize, Ordering, SegQueue,
 };
-use kvsched::runtime::worker::Completion;
 use kvsched_loom_tests::model;
 
 struct Shared {

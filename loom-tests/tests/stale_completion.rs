@@ -22,11 +22,11 @@
 
 use std::time::Instant;
 
-use kvsched::runtime::claim::RequestKey;
 use kvsched::connector::{InvalidBlocks, LoadResult};
 use kvsched::pool::{BlockPool, BlockRef, PoolError};
-use kvsched::sync::{spin_hint, thread, Arc, ArrayQueue, PhaseBarrier};
+use kvsched::runtime::claim::RequestKey;
 use kvsched::runtime::worker::Completion;
+use kvsched::sync::{spin_hint, thread, Arc, ArrayQueue, PhaseBarrier};
 use kvsched_loom_tests::{model, BlockContents};
 
 struct Shared {

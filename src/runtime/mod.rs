@@ -30,15 +30,24 @@
 //!   `submit` and `cancel` take `&self` and may be called from any thread.
 //! * Priorities are `i16`; at most `2^47 − 2` admissions per runtime.
 
-internal_mod!(claim);
+#[cfg(any(kvsched_loom, feature = "internals"))]
+pub mod claim;
+#[cfg(not(any(kvsched_loom, feature = "internals")))]
+pub(crate) mod claim;
 #[cfg(not(kvsched_loom))]
 mod core;
 #[cfg(not(kvsched_loom))]
 mod quarantine;
-internal_mod!(route);
+#[cfg(any(kvsched_loom, feature = "internals"))]
+pub mod route;
+#[cfg(not(any(kvsched_loom, feature = "internals")))]
+pub(crate) mod route;
 #[cfg(not(kvsched_loom))]
 mod shard;
-internal_mod!(worker);
+#[cfg(any(kvsched_loom, feature = "internals"))]
+pub mod worker;
+#[cfg(not(any(kvsched_loom, feature = "internals")))]
+pub(crate) mod worker;
 
 #[cfg(not(kvsched_loom))]
 pub use self::core::{

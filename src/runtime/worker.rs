@@ -17,8 +17,8 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Instant;
 
-use crate::runtime::claim::RequestKey;
 use crate::connector::{InvalidBlocks, KvConnector, LoadJob, LoadResult};
+use crate::runtime::claim::RequestKey;
 #[cfg(not(kvsched_loom))]
 pub use pool_impl::WorkerPool;
 
@@ -56,8 +56,9 @@ mod pool_impl {
 
     use super::{run_load, Completion, RequestKey};
     use crate::connector::{KvConnector, LoadJob, LoadResult};
+    use crate::sync::park::{Parker, Unparker};
     use crate::sync::{
-        thread, Arc, ArrayQueue, AtomicBool, AtomicU64, Backoff, Ordering, SegQueue,
+        fence, thread, Arc, ArrayQueue, AtomicBool, AtomicU64, Backoff, Ordering, SegQueue,
     };
 
     /// Counters kept by the workers.
@@ -80,7 +81,11 @@ mod pool_impl {
         stop: AtomicBool,
         /// Set when the pool is dropped without a drain: a full queue is abandoned.
         abandon: AtomicBool,
-        sleepers: SegQueue<thread::Thread>,
+        /// Idle workers, by index: each is listed at most once (its `listed` flag goes
+        /// false → true before it is pushed), so the queue, sized to the workers, never fills.
+        idle: ArrayQueue<usize>,
+        listed: Vec<AtomicBool>,
+        unparkers: Vec<Unparker>,
         counters: WorkerCounters,
         notify: Arc<dyn Fn() + Send + Sync>,
     }
@@ -108,29 +113,35 @@ mod pool_impl {
             connector: Arc<dyn KvConnector>,
             notify: Arc<dyn Fn() + Send + Sync>,
         ) -> std::io::Result<Self> {
+            let n = workers.max(1);
+            let parkers: Vec<Parker> = (0..n).map(|_| Parker::new()).collect();
             let shared = Arc::new(Shared {
                 jobs: SegQueue::new(),
                 queues,
                 connector,
                 stop: AtomicBool::new(false),
                 abandon: AtomicBool::new(false),
-                sleepers: SegQueue::new(),
+                idle: ArrayQueue::new(n),
+                listed: (0..n).map(|_| AtomicBool::new(false)).collect(),
+                unparkers: parkers.iter().map(Parker::unparker).collect(),
                 counters: WorkerCounters::default(),
                 notify,
             });
             let mut handles = Vec::new();
-            for i in 0..workers.max(1) {
+            for (i, parker) in parkers.into_iter().enumerate() {
                 let s = Arc::clone(&shared);
                 let h = thread::Builder::new()
                     .name(format!("kvsched-worker-{i}"))
-                    .spawn(move || worker_loop(&s));
+                    .spawn(move || worker_loop(&s, i, &parker));
                 match h {
                     Ok(h) => handles.push(h),
                     Err(e) => {
                         // Stop the ones already started before reporting the error.
                         shared.stop.store(true, Ordering::Release);
+                        for u in &shared.unparkers {
+                            u.unpark();
+                        }
                         for h in handles {
-                            h.thread().unpark();
                             let _ = h.join();
                         }
                         return Err(e);
@@ -140,11 +151,19 @@ mod pool_impl {
             Ok(WorkerPool { shared, handles })
         }
 
-        /// Queues a load and wakes an idle worker.
+        /// Queues a load and wakes one idle worker, if any is listed (an awake worker takes
+        /// every queued job before it lists itself again).
         pub fn dispatch(&self, job: LoadJob) {
-            self.shared.jobs.push(job);
-            if let Some(t) = self.shared.sleepers.pop() {
-                t.unpark();
+            let s = &*self.shared;
+            s.jobs.push(job);
+            // SeqCst: pairs with the fence in `worker_loop` between listing and re-checking the
+            // jobs: either that re-check sees this job, or this pop sees the listing.
+            fence(Ordering::SeqCst);
+            if let Some(i) = s.idle.pop() {
+                // Release: pairs with the Acquire swap in `worker_loop`, which may list the
+                // worker again only after this pop.
+                s.listed[i].store(false, Ordering::Release);
+                s.unparkers[i].unpark();
             }
         }
 
@@ -172,8 +191,8 @@ mod pool_impl {
             // Release: pairs with the Acquire load in `worker_loop`; a worker that sees the flag
             // exits after its current load.
             self.shared.stop.store(true, Ordering::Release);
-            for h in &self.handles {
-                h.thread().unpark();
+            for u in &self.shared.unparkers {
+                u.unpark();
             }
             let deadline = Instant::now() + timeout;
             while self.handles.iter().any(|h| !h.is_finished()) {
@@ -214,7 +233,7 @@ mod pool_impl {
         }
     }
 
-    fn worker_loop(s: &Shared) {
+    fn worker_loop(s: &Shared, me: usize, parker: &Parker) {
         let backoff = Backoff::new();
         loop {
             // Acquire: pairs with the Release store in `stop_and_join`.
@@ -226,11 +245,21 @@ mod pool_impl {
                     backoff.snooze();
                     continue;
                 }
-                // Register as a sleeper, re-check, then park: a dispatch after the re-check
-                // unparks us (an unpark before park makes park return at once).
-                s.sleepers.push(thread::current());
+                // List as idle (at most once), re-check, then park untimed: a dispatch after
+                // the re-check pops the listing and unparks us, and an unpark that lands
+                // before the park makes it return at once.
+                // Acquire: pairs with the Release store in `dispatch` that unlisted us.
+                if !s.listed[me].swap(true, Ordering::Acquire) {
+                    // Cannot fail: the queue holds one slot per worker and each is listed at
+                    // most once.
+                    let _ = s.idle.push(me);
+                }
+                // SeqCst: pairs with the fence in `dispatch` (listing, then re-check here;
+                // push, then pop there).
+                fence(Ordering::SeqCst);
+                // Acquire: pairs with the Release store of `stop` in `stop_and_join`.
                 if s.jobs.is_empty() && !s.stop.load(Ordering::Acquire) {
-                    thread::park_timeout(Duration::from_millis(5));
+                    parker.park();
                 }
                 backoff.reset();
                 continue;

@@ -8,7 +8,7 @@
 #[cfg(not(kvsched_loom))]
 mod imp {
     pub use parking_lot::{Condvar, Mutex, RwLock};
-    pub use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+    pub use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
     pub use std::sync::Arc;
     pub use std::thread;
 
@@ -29,7 +29,7 @@ mod imp {
 
 #[cfg(kvsched_loom)]
 mod imp {
-    pub use loom::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+    pub use loom::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
     pub use loom::sync::Arc;
     pub use loom::thread;
 
@@ -153,4 +153,6 @@ pub const DEFAULT_COMPLETION_QUEUE_CAPACITY: usize = 4096;
 pub const DEFAULT_COMPLETION_QUEUE_CAPACITY: usize = 2;
 
 mod barrier;
+pub mod condvar;
+pub mod park;
 pub use barrier::PhaseBarrier;
