@@ -1,5 +1,6 @@
 //! Cache-group geometry: group kinds and block sizes, the scheduler block size `S`, the null
-//! block, and the token ↔ block arithmetic every other module relies on (SPEC §2).
+//! block, and the token ↔ block arithmetic every other module relies on
+//! (`docs/rules.md#data-model`).
 //!
 //! Everything here is pure and total: invalid geometry is a [`GeometryError`], never a panic,
 //! and no arithmetic here can overflow.
@@ -10,7 +11,7 @@ use thiserror::Error;
 /// in replayed scenarios one id may appear in several groups' tables.
 pub type BlockId = u64;
 
-/// The default null-block id (SPEC §2).
+/// The default null-block id (`docs/rules.md#data-model`).
 pub const DEFAULT_NULL_BLOCK: BlockId = 0;
 
 /// How a Mamba group keeps its recurrent-state blocks.

@@ -1,6 +1,7 @@
 //! The `kvsched` command line: thin front-ends over the library.
 //!
-//! * `kvsched replay FILE|-` — replay one scenario (SPEC §5), print the outcome as JSON.
+//! * `kvsched replay FILE|-` — replay one scenario (`docs/replay.md`), print the outcome as
+//!   JSON.
 //! * `kvsched stress [FLAGS]` — drive the runtime with a simulated engine and print a report
 //!   (exit 1 when an invariant was violated).
 //!
@@ -26,10 +27,11 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Replay one scenario (SPEC §5) and print the recovery outcome as JSON on stdout.
+    /// Replay one scenario (JSON, format in docs/replay.md) and print the recovery outcome as
+    /// JSON on stdout.
     Replay(ReplayArgs),
     /// Drive the runtime with a simulated engine and report throughput, latencies and the
-    /// SPEC §7 invariants (exit 1 if one was violated).
+    /// runtime's invariants (exit 1 if one was violated).
     Stress(StressArgs),
 }
 

@@ -15,8 +15,7 @@ use rustc_hash::FxHashMap;
 
 use crate::rules::geometry::{BlockId, Geometry};
 use crate::rules::recovery::{
-    self, Decision, Disposition, Hit, HitOwner, InvalidSet, Mode, Outcome, Policy, Request,
-    RequestClass,
+    self, Decision, Hit, HitOwner, InvalidSet, Mode, Outcome, Policy, Request, RequestClass,
 };
 use crate::runtime::claim::{ClaimTable, RequestKey, Scan};
 use crate::runtime::route::shard_of;
@@ -41,19 +40,7 @@ pub fn recover_sharded(
         .enumerate()
         .map(|(i, r)| RequestKey::new(r.class == RequestClass::Sync, 0, i as u64 + 1))
         .collect();
-    // Dense claim slots for every (group, id) the report names in some table.
-    let mut slots: FxHashMap<(u32, BlockId), usize> = FxHashMap::default();
-    {
-        let mut hits = Vec::new();
-        for r in requests {
-            hits.clear();
-            recovery::scan_request(geo, r.view(), invalid, &mut hits);
-            for h in &hits {
-                let n = slots.len();
-                slots.entry((h.group, h.block)).or_insert(n);
-            }
-        }
-    }
+    let slots = claim_slots(geo, requests, invalid);
     let table = ClaimTable::new(slots.len());
     for i in 0..slots.len() {
         table.reset(i as BlockId);
@@ -128,6 +115,25 @@ pub fn recover_sharded(
     assemble(requests, keys, decided)
 }
 
+/// Dense claim slots for every (group, id) the report names in some table.
+fn claim_slots(
+    geo: &Geometry,
+    requests: &[Request],
+    invalid: &InvalidSet,
+) -> FxHashMap<(u32, BlockId), usize> {
+    let mut slots: FxHashMap<(u32, BlockId), usize> = FxHashMap::default();
+    let mut hits = Vec::new();
+    for r in requests {
+        hits.clear();
+        recovery::scan_request(geo, r.view(), invalid, &mut hits);
+        for h in &hits {
+            let n = slots.len();
+            slots.entry((h.group, h.block)).or_insert(n);
+        }
+    }
+    slots
+}
+
 /// Turns per-request decisions (owners as keys) into an [`Outcome`] (owners as indices).
 fn assemble(
     requests: &[Request],
@@ -155,16 +161,7 @@ fn assemble(
     let requests_out: Vec<Decision<usize>> = per
         .into_iter()
         .zip(requests)
-        .map(|(d, r)| {
-            d.unwrap_or(Decision {
-                disposition: Disposition::Unaffected,
-                num_computed_tokens: r.num_computed_tokens,
-                affected_tokens: 0,
-                claimed_blocks: Vec::new(),
-                waits_for: Vec::new(),
-                evicted_blocks: Vec::new(),
-            })
-        })
+        .map(|(d, r)| d.unwrap_or_else(|| Decision::unaffected(r.num_computed_tokens)))
         .collect();
     recovery::outcome_from_decisions(requests, requests_out)
 }

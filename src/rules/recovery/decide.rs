@@ -1,0 +1,165 @@
+//! Steps 3–5 of the rules: one request's [`Decision`] from its hits and who owns each of them
+//! — the boundary it rolls back to, where it goes, what it claims, waits for and evicts.
+
+use crate::rules::geometry::{BlockId, Geometry};
+use crate::rules::recovery::boundary::resumable_boundary;
+use crate::rules::recovery::{scan_len, Hit, Mode, Policy, RequestClass, RequestView};
+
+/// Who recomputes a hit's block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HitOwner<O> {
+    /// This request: a *new* hit.
+    Mine,
+    /// Another request, earlier in canonical order: an *old* hit.
+    Other(O),
+}
+
+/// Where an affected request goes (the "Then" of `docs/rules.md#mode-vllm`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Disposition {
+    /// No hit.
+    Unaffected,
+    /// `recompute`, async: its load result is cached only up to the new computed length.
+    FailedRecving,
+    /// `recompute`, sync: its sampled tokens from the step are discarded.
+    Skip,
+    /// `fail`: finished with an error.
+    Failed,
+}
+
+/// One request's outcome under the rules.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decision<O> {
+    /// Where the request goes.
+    pub disposition: Disposition,
+    /// The resulting computed length (unchanged when unaffected).
+    pub num_computed_tokens: u64,
+    /// Tokens to recompute (or discarded for old-hit-only sync requests).
+    pub affected_tokens: u64,
+    /// Ids of the new hits, ascending, deduplicated.
+    pub claimed_blocks: Vec<BlockId>,
+    /// Old-hit blocks starting below the new computed length, one per id, ascending, with the
+    /// owner. When an id has several owners (one id in two groups' tables, with per-group
+    /// pools), the least `O` — the earliest in canonical order. Mode `safe` + `recompute` only.
+    pub waits_for: Vec<(BlockId, O)>,
+    /// Blocks whose prefix-cache entry this request's rollback clears *as applied* under the
+    /// mode and policy: non-null entries at indices `≥ boundary / b_g` in every group.
+    /// Ascending, deduplicated.
+    pub evicted_blocks: Vec<BlockId>,
+}
+
+impl<O> Decision<O> {
+    /// Whether the request had any hit.
+    #[inline]
+    pub fn affected(&self) -> bool {
+        self.disposition != Disposition::Unaffected
+    }
+
+    /// The decision for a request without a hit: its computed length unchanged.
+    pub(crate) fn unaffected(num_computed_tokens: u64) -> Self {
+        Decision {
+            disposition: Disposition::Unaffected,
+            num_computed_tokens,
+            affected_tokens: 0,
+            claimed_blocks: Vec::new(),
+            waits_for: Vec::new(),
+            evicted_blocks: Vec::new(),
+        }
+    }
+}
+
+/// Decides one request (steps 3–5 of `docs/rules.md#mode-vllm`, and `docs/rules.md#mode-safe`):
+/// `hits` from [`scan_request`](super::scan_request), `owners[k]` the owner of `hits[k]`.
+///
+/// The request must have passed [`validate_request`](super::validate_request); otherwise the
+/// result is still defined (no panic) but meaningless.
+pub fn decide<O: Ord + Clone>(
+    geo: &Geometry,
+    mode: Mode,
+    policy: Policy,
+    req: RequestView<'_>,
+    hits: &[Hit],
+    owners: &[HitOwner<O>],
+) -> Decision<O> {
+    debug_assert_eq!(hits.len(), owners.len());
+    if hits.is_empty() {
+        return Decision::unaffected(req.num_computed_tokens);
+    }
+    let p = req.pre_step_tokens();
+    let min_new = hits
+        .iter()
+        .zip(owners)
+        .filter(|(_, o)| matches!(o, HitOwner::Mine))
+        .map(|(h, _)| h.position)
+        .min();
+    let (nct, affected_tokens) = match min_new {
+        Some(pos) => {
+            let boundary = match mode {
+                Mode::Vllm => geo.round_down_to_s(pos),
+                Mode::Safe => resumable_boundary(geo, req, hits, owners, pos),
+            };
+            (boundary, p - boundary)
+        }
+        None => (p, req.num_scheduled_tokens),
+    };
+    let disposition = match (policy, req.class) {
+        (Policy::Fail, _) => Disposition::Failed,
+        (Policy::Recompute, RequestClass::Async) => Disposition::FailedRecving,
+        (Policy::Recompute, RequestClass::Sync) => Disposition::Skip,
+    };
+    let mut claimed_blocks: Vec<BlockId> = hits
+        .iter()
+        .zip(owners)
+        .filter(|(_, o)| matches!(o, HitOwner::Mine))
+        .map(|(h, _)| h.block)
+        .collect();
+    claimed_blocks.sort_unstable();
+    claimed_blocks.dedup();
+
+    let mut waits_for = Vec::new();
+    if mode == Mode::Safe && policy == Policy::Recompute {
+        for (h, o) in hits.iter().zip(owners) {
+            if let HitOwner::Other(owner) = o {
+                if h.position < nct {
+                    waits_for.push((h.block, owner.clone()));
+                }
+            }
+        }
+        // One entry per id: the least owner.
+        waits_for.sort_unstable();
+        waits_for.dedup_by(|later, first| later.0 == first.0);
+    }
+
+    let applies_eviction = min_new.is_some()
+        && match mode {
+            Mode::Safe => true,
+            Mode::Vllm => req.class == RequestClass::Sync && policy == Policy::Fail,
+        };
+    let evicted_blocks = if applies_eviction {
+        entries_from(geo, req, nct)
+    } else {
+        Vec::new()
+    };
+
+    Decision {
+        disposition,
+        num_computed_tokens: nct,
+        affected_tokens,
+        claimed_blocks,
+        waits_for,
+        evicted_blocks,
+    }
+}
+
+/// Non-null entries at indices `≥ boundary / b_g` of every group, ascending, deduplicated.
+fn entries_from(geo: &Geometry, req: RequestView<'_>, boundary: u64) -> Vec<BlockId> {
+    let null = geo.null_block();
+    let mut out = Vec::new();
+    for (group, table) in geo.groups().iter().zip(req.block_tables) {
+        let from = scan_len(boundary / group.block_size, table.len());
+        out.extend(table[from..].iter().copied().filter(|&id| id != null));
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
+}

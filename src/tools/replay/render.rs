@@ -1,0 +1,75 @@
+//! The outcome of a replayed scenario as JSON (`docs/replay.md#outcome-format`), with request
+//! ids in place of the engine's request indices.
+
+use serde::Serialize;
+
+use crate::rules::geometry::BlockId;
+use crate::rules::recovery::Outcome;
+use crate::tools::replay::Scenario;
+
+#[derive(Serialize)]
+struct OutcomeJson<'a> {
+    affected: Vec<&'a str>,
+    skip: Vec<&'a str>,
+    failed: Vec<&'a str>,
+    failed_recving: Vec<&'a str>,
+    total_affected_tokens: u128,
+    evicted_blocks: &'a [BlockId],
+    requests: Vec<RequestJson<'a>>,
+}
+
+#[derive(Serialize)]
+struct RequestJson<'a> {
+    id: &'a str,
+    affected: bool,
+    num_computed_tokens: u64,
+    affected_tokens: u64,
+    claimed_blocks: &'a [BlockId],
+    waits_for: Vec<WaitJson<'a>>,
+}
+
+#[derive(Serialize)]
+struct WaitJson<'a> {
+    block: BlockId,
+    owner: &'a str,
+}
+
+/// Renders `outcome` (which must come from [`Scenario::run`] on `scenario`) as the outcome JSON
+/// of `docs/replay.md#outcome-format`: pretty-printed with two-space indentation and a trailing
+/// newline, keys in the order of the example there, request indices replaced by request ids.
+pub fn render_outcome(scenario: &Scenario, outcome: &Outcome) -> String {
+    let id = |i: usize| scenario.requests.get(i).map_or("", |r| r.id.as_str());
+    let ids = |v: &[usize]| v.iter().map(|&i| id(i)).collect::<Vec<_>>();
+    let json = OutcomeJson {
+        affected: ids(&outcome.affected),
+        skip: ids(&outcome.skip),
+        failed: ids(&outcome.failed),
+        failed_recving: ids(&outcome.failed_recving),
+        total_affected_tokens: outcome.total_affected_tokens,
+        evicted_blocks: &outcome.evicted_blocks,
+        requests: outcome
+            .requests
+            .iter()
+            .enumerate()
+            .map(|(i, d)| RequestJson {
+                id: id(i),
+                affected: d.affected(),
+                num_computed_tokens: d.num_computed_tokens,
+                affected_tokens: d.affected_tokens,
+                claimed_blocks: &d.claimed_blocks,
+                waits_for: d
+                    .waits_for
+                    .iter()
+                    .map(|&(block, owner)| WaitJson {
+                        block,
+                        owner: id(owner),
+                    })
+                    .collect(),
+            })
+            .collect(),
+    };
+    // Serializing plain structs with string keys cannot fail.
+    let mut text = serde_json::to_string_pretty(&json).unwrap_or_default();
+    text.push('\n');
+    text
+}
