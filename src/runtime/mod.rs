@@ -12,6 +12,17 @@
 //!   threads, woken by a parker. Phases are separated by two barriers (publish → claim →
 //!   decide); the second is skipped, by every shard alike, when the step's report is empty.
 //!
+//! # Files
+//!
+//! One mechanism a file. The engine thread's side: `engine` ([`Runtime`], the step and its
+//! merge into a [`StepPlan`]), `builder` ([`Builder`]), `settings` (live [`Settings`]),
+//! `signal` (idle wake-ups), `invariants` and `shutdown`. Between threads: `shared` (the
+//! state they share), `handoff` (the engine ↔ shard step hand-off) and `handle` (submission,
+//! [`Handle`]). Exchanged with the engine: `plan` ([`StepPlan`], [`StepOutput`]), `report`
+//! ([`Report`]) and `error` ([`RuntimeError`]). Beneath them: `shard` (one shard's
+//! scheduling and recovery), `claim` (the claim table), `worker` (the load workers),
+//! `quarantine` and `route`.
+//!
 //! # Guarantees
 //!
 //! * **Deterministic recovery.** A step's recovery outcome equals the sequential rules of
@@ -30,30 +41,56 @@
 //!   `submit` and `cancel` take `&self` and may be called from any thread.
 //! * Priorities are `i16`; at most `2^47 − 2` admissions per runtime.
 
+#[cfg(not(kvsched_loom))]
+mod builder;
 #[cfg(any(kvsched_loom, feature = "internals"))]
 pub mod claim;
 #[cfg(not(any(kvsched_loom, feature = "internals")))]
 pub(crate) mod claim;
 #[cfg(not(kvsched_loom))]
-mod core;
+mod engine;
+#[cfg(not(kvsched_loom))]
+mod error;
+#[cfg(not(kvsched_loom))]
+mod handle;
+#[cfg(not(kvsched_loom))]
+mod handoff;
+#[cfg(not(kvsched_loom))]
+mod invariants;
+#[cfg(not(kvsched_loom))]
+mod plan;
 #[cfg(not(kvsched_loom))]
 mod quarantine;
+#[cfg(not(kvsched_loom))]
+mod report;
 #[cfg(any(kvsched_loom, feature = "internals"))]
 pub mod route;
 #[cfg(not(any(kvsched_loom, feature = "internals")))]
 pub(crate) mod route;
 #[cfg(not(kvsched_loom))]
+mod settings;
+#[cfg(not(kvsched_loom))]
 mod shard;
+#[cfg(not(kvsched_loom))]
+mod shared;
+#[cfg(not(kvsched_loom))]
+mod shutdown;
+#[cfg(not(kvsched_loom))]
+mod signal;
 #[cfg(any(kvsched_loom, feature = "internals"))]
 pub mod worker;
 #[cfg(not(any(kvsched_loom, feature = "internals")))]
 pub(crate) mod worker;
 
 #[cfg(not(kvsched_loom))]
-pub use self::core::{
-    Builder, Handle, Report, Runtime, RuntimeError, Settings, StepOutput, StepPlan, StepRecovery,
-    SubmitRequest,
+pub use self::{
+    builder::Builder,
+    engine::Runtime,
+    error::RuntimeError,
+    handle::{Handle, SubmitRequest},
+    plan::{StepOutput, StepPlan, StepRecovery},
+    report::Report,
+    settings::Settings,
+    shard::{EndState, Metrics, RecoveredRequest, ScannedRequest, ScheduledRequest},
 };
 pub use claim::RequestKey;
-#[cfg(not(kvsched_loom))]
-pub use shard::{EndState, Metrics, RecoveredRequest, ScannedRequest, ScheduledRequest};

@@ -1,0 +1,251 @@
+//! The [`Builder`]: checks the configuration, then starts the workers and the shard threads.
+
+use std::sync::Arc as StdArc;
+use std::time::Duration;
+
+use crate::connector::{KvConnector, NoConnector};
+use crate::pool::BlockPool;
+use crate::rules::geometry::{CacheGroup, Geometry, DEFAULT_NULL_BLOCK};
+use crate::rules::recovery::{Mode, Policy};
+use crate::runtime::claim::ClaimTable;
+use crate::runtime::engine::Runtime;
+use crate::runtime::error::RuntimeError;
+use crate::runtime::handoff::spawn_shard_threads;
+#[cfg(doc)]
+use crate::runtime::plan::StepRecovery;
+use crate::runtime::settings::Settings;
+use crate::runtime::shard::{Metrics, StepSettings};
+use crate::runtime::shared::Inner;
+use crate::runtime::signal::WorkSignal;
+use crate::runtime::worker::{Completion, WorkerPool};
+use crate::sync::{Arc, ArrayQueue, Parker};
+
+/// Configures a [`Runtime`].
+pub struct Builder {
+    groups: Vec<CacheGroup>,
+    scheduler_block_size: Option<u64>,
+    pool_blocks: usize,
+    shards: usize,
+    workers: usize,
+    settings: Settings,
+    token_budget: u64,
+    max_seqs: usize,
+    completion_queue_capacity: usize,
+    connector: StdArc<dyn KvConnector>,
+    record: bool,
+    shutdown_timeout: Duration,
+}
+
+impl std::fmt::Debug for Builder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Builder")
+            .field("groups", &self.groups)
+            .field("pool_blocks", &self.pool_blocks)
+            .field("shards", &self.shards)
+            .field("workers", &self.workers)
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for Builder {
+    fn default() -> Self {
+        Builder {
+            groups: vec![CacheGroup::full_attention(16)],
+            scheduler_block_size: None,
+            pool_blocks: 4096,
+            shards: 2,
+            workers: 2,
+            settings: Settings::default(),
+            token_budget: 8192,
+            max_seqs: 256,
+            completion_queue_capacity: crate::sync::DEFAULT_COMPLETION_QUEUE_CAPACITY,
+            connector: StdArc::new(NoConnector),
+            record: false,
+            shutdown_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl Builder {
+    /// Cache groups (default: one full-attention group of 16).
+    pub fn groups(mut self, groups: Vec<CacheGroup>) -> Self {
+        self.groups = groups;
+        self
+    }
+    /// Explicit scheduler block size (default: lcm of the block sizes).
+    pub fn scheduler_block_size(mut self, s: u64) -> Self {
+        self.scheduler_block_size = Some(s);
+        self
+    }
+    /// Pool size in blocks, the null block included (default 4096).
+    pub fn pool_blocks(mut self, n: usize) -> Self {
+        self.pool_blocks = n;
+        self
+    }
+    /// Shards (1–64, default 2).
+    pub fn shards(mut self, n: usize) -> Self {
+        self.shards = n;
+        self
+    }
+    /// Worker threads (1–256, default 2).
+    pub fn workers(mut self, n: usize) -> Self {
+        self.workers = n;
+        self
+    }
+    /// Recovery mode (default `safe`).
+    pub fn mode(mut self, m: Mode) -> Self {
+        self.settings.mode = m;
+        self
+    }
+    /// Recovery policy (default `recompute`).
+    pub fn policy(mut self, p: Policy) -> Self {
+        self.settings.policy = p;
+        self
+    }
+    /// Every live setting at once (mode, policy, deadlines, retries, quarantine).
+    pub fn settings(mut self, s: Settings) -> Self {
+        self.settings = s;
+        self
+    }
+    /// Tokens per step across all shards (default 8192); each shard gets an equal share.
+    pub fn token_budget(mut self, n: u64) -> Self {
+        self.token_budget = n;
+        self
+    }
+    /// Sequences per step across all shards (default 256); each shard gets an equal share.
+    pub fn max_seqs(mut self, n: usize) -> Self {
+        self.max_seqs = n;
+        self
+    }
+    /// Capacity of each shard's completion queue (default 4096).
+    pub fn completion_queue_capacity(mut self, n: usize) -> Self {
+        self.completion_queue_capacity = n;
+        self
+    }
+    /// The KV connector (default: none, everything recomputes locally).
+    pub fn connector(mut self, c: StdArc<dyn KvConnector>) -> Self {
+        self.connector = c;
+        self
+    }
+    /// Record every scanned request's inputs in [`StepRecovery::scanned`] (for differential
+    /// checks; costs a copy of each scanned table on steps with a non-empty report).
+    pub fn record_recovery_inputs(mut self, on: bool) -> Self {
+        self.record = on;
+        self
+    }
+
+    /// How long [`Runtime::shutdown`] waits for loads in flight (default 10 s).
+    pub fn shutdown_timeout(mut self, t: Duration) -> Self {
+        self.shutdown_timeout = t;
+        self
+    }
+
+    /// Validates the settings and starts the threads.
+    pub fn build(mut self) -> Result<Runtime, RuntimeError> {
+        let geo = Geometry::new(
+            std::mem::take(&mut self.groups),
+            self.scheduler_block_size,
+            DEFAULT_NULL_BLOCK,
+        )?;
+        self.check()?;
+        let pool = BlockPool::new(self.pool_blocks)?;
+        let claims = ClaimTable::new(self.pool_blocks);
+        let k = self.shards;
+        let queues: Vec<Arc<ArrayQueue<Completion>>> = (0..k)
+            .map(|_| Arc::new(ArrayQueue::new(self.completion_queue_capacity)))
+            .collect();
+        let signal = StdArc::new(WorkSignal::default());
+        let notify_signal = StdArc::clone(&signal);
+        let workers = WorkerPool::start(
+            self.workers,
+            queues.clone(),
+            StdArc::clone(&self.connector),
+            StdArc::new(move || notify_signal.notify()),
+        )?;
+        let settings = self.shard_settings();
+        let inner = Arc::new(Inner::new(
+            geo,
+            pool,
+            claims,
+            self.connector,
+            &queues,
+            settings,
+            self.settings,
+        ));
+        let (threads, unparkers) = spawn_shard_threads(&inner)?;
+        Ok(Runtime {
+            inner,
+            workers: Some(workers),
+            shard_threads: threads,
+            unparkers,
+            engine_parker: Parker::new(),
+            sync_invalid: Vec::new(),
+            handoffs: Vec::new(),
+            metrics: Metrics::default(),
+            signal,
+            events_at_schedule: 0,
+            expired_unrun_at_shutdown: 0,
+            shutdown_timeout: self.shutdown_timeout,
+            step: 0,
+        })
+    }
+
+    /// The range checks on the sizes, then the live settings' own.
+    fn check(&self) -> Result<(), RuntimeError> {
+        let cfg = |field, ok: bool, problem: &str| {
+            if ok {
+                Ok(())
+            } else {
+                Err(RuntimeError::Config {
+                    field,
+                    problem: problem.to_string(),
+                })
+            }
+        };
+        cfg("shards", (1..=64).contains(&self.shards), "must be 1 to 64")?;
+        cfg(
+            "workers",
+            (1..=256).contains(&self.workers),
+            "must be 1 to 256",
+        )?;
+        cfg(
+            "token_budget",
+            self.token_budget >= self.shards as u64,
+            "must be at least the shard count",
+        )?;
+        cfg(
+            "max_seqs",
+            self.max_seqs >= self.shards,
+            "must be at least the shard count",
+        )?;
+        cfg(
+            "completion_queue_capacity",
+            self.completion_queue_capacity > 0,
+            "must be > 0",
+        )?;
+        self.settings.validate()?;
+        Ok(())
+    }
+
+    /// Each shard's static step settings: an equal share of the budgets (the first
+    /// `total % k` shards get one more), the recording flag, and the initial live settings.
+    fn shard_settings(&self) -> Vec<StepSettings> {
+        let k = self.shards;
+        let budget =
+            |total: u64, i: usize| total / k as u64 + u64::from((i as u64) < total % k as u64);
+        (0..k)
+            .map(|i| StepSettings {
+                mode: self.settings.mode,
+                policy: self.settings.policy,
+                token_budget: budget(self.token_budget, i),
+                max_seqs: budget(self.max_seqs as u64, i) as usize,
+                record_inputs: self.record,
+                load_deadline: self.settings.load_deadline,
+                max_load_retries: self.settings.max_load_retries,
+                quarantine_after: self.settings.quarantine_after,
+                quarantine_for: self.settings.quarantine_for,
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,263 @@
+//! The [`Runtime`] the engine thread drives: each [`schedule`](Runtime::schedule) runs a
+//! step on every shard and merges their results into a [`StepPlan`]; [`update`](Runtime::update)
+//! queues the engine's [`StepOutput`] for the next one.
+
+use std::sync::Arc as StdArc;
+use std::time::Duration;
+
+use crate::pool::{BlockPool, BlockRef};
+use crate::rules::geometry::{BlockId, Geometry};
+use crate::runtime::builder::Builder;
+#[cfg(doc)]
+use crate::runtime::handle::Handle;
+use crate::runtime::plan::{StepOutput, StepPlan};
+use crate::runtime::shard::{Command, EndState, Metrics};
+use crate::runtime::shared::Inner;
+use crate::runtime::signal::WorkSignal;
+use crate::runtime::worker::WorkerPool;
+use crate::sync::{thread, Arc, Ordering, Parker, Unparker};
+
+/// The scheduler core an engine embeds: one engine thread drives [`schedule`](Runtime::schedule)
+/// and [`update`](Runtime::update); other threads submit and cancel through a [`Handle`].
+///
+/// # Example
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use kvsched::connector::{SimConfig, SimConnector};
+/// use kvsched::{CacheGroup, MambaMode, Runtime, StepOutput, SubmitRequest};
+///
+/// let mut rt = Runtime::builder()
+///     .groups(vec![CacheGroup::full_attention(16), CacheGroup::mamba(64, MambaMode::Align)])
+///     .pool_blocks(4096)
+///     .shards(2)
+///     .workers(2)
+///     .connector(Arc::new(SimConnector::new(SimConfig::default())))
+///     .build()?;
+/// rt.submit(SubmitRequest {
+///     id: "r1".into(),
+///     prompt: vec![1; 300],
+///     max_new_tokens: 8,
+///     priority: 0,
+///     load_deadline: None,
+/// })?;
+/// let mut out = StepOutput::default();
+/// while rt.live() > 0 {
+///     rt.update(std::mem::take(&mut out));
+///     let plan = rt.schedule(); // recovery, admission, loads, scheduling
+///     out.step = plan.step; // the output answers this plan
+///     // … the engine runs the model on plan.scheduled (and the sync loads they carry) …
+///     for s in &plan.scheduled {
+///         if s.samples {
+///             out.sampled.push(s.id.to_string());
+///         }
+///     }
+///     if plan.scheduled.is_empty() {
+///         rt.wait_for_work(Duration::from_millis(1));
+///     }
+/// }
+/// let report = rt.shutdown();
+/// assert_eq!(report.metrics.finished, 1);
+/// assert!(report.violations.is_empty());
+/// # Ok::<(), kvsched::RuntimeError>(())
+/// ```
+pub struct Runtime {
+    pub(super) inner: Arc<Inner>,
+    pub(super) workers: Option<WorkerPool>,
+    pub(super) shard_threads: Vec<thread::JoinHandle<()>>,
+    pub(super) unparkers: Vec<Unparker>,
+    pub(super) engine_parker: Parker,
+    pub(super) sync_invalid: Vec<BlockRef>,
+    pub(super) handoffs: Vec<BlockRef>,
+    pub(super) metrics: Metrics,
+    pub(super) signal: StdArc<WorkSignal>,
+    pub(super) shutdown_timeout: Duration,
+    /// Workers' count of expired jobs handed back unrun, kept once the workers are gone.
+    pub(super) expired_unrun_at_shutdown: u64,
+    /// Completions signalled before the last `schedule` started draining.
+    pub(super) events_at_schedule: u64,
+    /// The latest plan's step number (0 before the first).
+    pub(super) step: u64,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("step", &self.step)
+            .field("shards", &self.inner.shards.len())
+            .finish()
+    }
+}
+
+impl Runtime {
+    /// A builder with the defaults.
+    pub fn builder() -> Builder {
+        Builder::default()
+    }
+
+    /// The validated geometry.
+    pub fn geometry(&self) -> &Geometry {
+        &self.inner.geo
+    }
+
+    /// The shared block pool.
+    pub fn pool(&self) -> &BlockPool {
+        &self.inner.pool
+    }
+
+    /// Number of shards.
+    pub fn shards(&self) -> usize {
+        self.inner.shards.len()
+    }
+
+    /// Runs one step on every shard in parallel and returns what to compute.
+    pub fn schedule(&mut self) -> StepPlan {
+        self.step += 1;
+        // Acquire: pairs with the Release increment in `WorkSignal::notify`; read before the
+        // shards drain, so a completion counted after this point may still be undrained and
+        // `wait_for_work` must not sleep past it.
+        self.events_at_schedule = self.signal.events.load(Ordering::Acquire);
+        let share = self.engine_share();
+        // One snapshot of the live settings for the whole step, on every shard.
+        let live = self.inner.live_settings.load_full();
+        self.start_step(&share, &live);
+        let span = tracing::debug_span!("kvsched_step", step = self.step);
+        let _enter = span.enter();
+        self.inner.run_shard_step(0, &share, &live);
+        self.wait_for_shards();
+        self.collect(share)
+    }
+
+    /// The engine thread's share of the report: sync-load failures of the last step and
+    /// blocks handed off by owners that ended, minus stale ones. Their claim words are reset.
+    fn engine_share(&mut self) -> Vec<BlockId> {
+        let mut share = Vec::new();
+        for b in self.sync_invalid.drain(..).chain(self.handoffs.drain(..)) {
+            // Planted bug for the fault matrix: trust a report whatever its generation.
+            #[cfg(kvsched_plant = "trust-stale")]
+            let current = b.id < self.inner.pool.num_blocks() as u64;
+            #[cfg(not(kvsched_plant = "trust-stale"))]
+            let current = self.inner.pool.is_current(b);
+            if b.id != self.inner.geo.null_block() && current {
+                share.push(b.id);
+            } else {
+                self.metrics.stale_blocks += 1;
+                self.inner.claims.forget(b.id);
+            }
+        }
+        for &id in &share {
+            self.inner.claims.reset(id);
+        }
+        share
+    }
+
+    /// Merges every shard's result into the step's plan, in canonical order, dispatching
+    /// the loads they started and counting what they did.
+    fn collect(&mut self, engine_share: Vec<BlockId>) -> StepPlan {
+        let mut plan = StepPlan {
+            step: self.step,
+            ..StepPlan::default()
+        };
+        let mut report = engine_share;
+        let mut evicted = Vec::new();
+        for slot in &self.inner.shards {
+            report.extend_from_slice(&slot.published.lock());
+            let Some((res, loads)) = slot.result.lock().take() else {
+                continue;
+            };
+            if let Some(w) = &self.workers {
+                for j in loads {
+                    w.dispatch(j);
+                }
+            }
+            self.metrics += &res.counters;
+            for (_, state) in &res.ended {
+                match state {
+                    EndState::Finished => self.metrics.finished += 1,
+                    EndState::Failed => self.metrics.failed += 1,
+                    EndState::Cancelled => self.metrics.cancelled += 1,
+                }
+            }
+            plan.scheduled.extend(res.scheduled);
+            plan.recovery.recovered.extend(res.recovered);
+            plan.recovery.scanned.extend(res.scanned);
+            evicted.extend(res.evicted);
+            plan.ended.extend(res.ended);
+            self.handoffs.extend(res.handoffs);
+            plan.runnable_latency_ns.extend(res.runnable_latency_ns);
+            plan.first_schedule_latency_ns
+                .extend(res.first_schedule_latency_ns);
+        }
+        report.sort_unstable();
+        report.dedup();
+        evicted.sort_unstable();
+        evicted.dedup();
+        plan.recovery.report = report;
+        plan.recovery.evicted_blocks = evicted;
+        plan.scheduled.sort_by_key(|s| s.key);
+        plan.recovery.recovered.sort_by_key(|r| r.key);
+        plan.recovery.scanned.sort_by_key(|r| r.key);
+        if !plan.recovery.recovered.is_empty() {
+            let tokens: u64 = plan
+                .recovery
+                .recovered
+                .iter()
+                .map(|r| r.decision.affected_tokens)
+                .sum();
+            tracing::warn!(
+                step = self.step,
+                invalid_blocks = plan.recovery.report.len(),
+                affected_requests = plan.recovery.recovered.len(),
+                affected_tokens = tokens,
+                "recovered from failed KV loads"
+            );
+        }
+        self.metrics.steps += 1;
+        plan
+    }
+
+    /// Applies the engine's output for the last step. It takes effect at the next
+    /// [`Runtime::schedule`], after that step's recovery (which may discard it).
+    pub fn update(&mut self, out: StepOutput) {
+        for id in out.finished {
+            let i = self.inner.shard_of(&id);
+            self.inner.shards[i].inbox.push(Command::Finish(id.into()));
+        }
+        if out.step != self.step {
+            if !out.sampled.is_empty() || !out.invalid_blocks.is_empty() {
+                self.metrics.stale_outputs += 1;
+            }
+            return;
+        }
+        for id in out.sampled {
+            let i = self.inner.shard_of(&id);
+            self.inner.shards[i].inbox.push(Command::Sampled(id.into()));
+        }
+        let cap = self.inner.pool.num_blocks() as u64;
+        for b in out.invalid_blocks {
+            if b.id < cap {
+                self.sync_invalid.push(b);
+            } else {
+                self.metrics.stale_blocks += 1;
+            }
+        }
+    }
+
+    /// Counters so far.
+    pub fn metrics(&self) -> Metrics {
+        let mut m = self.metrics.clone();
+        m.submitted = self.inner.submitted.load(Ordering::Relaxed);
+        if let Some(w) = &self.workers {
+            m.loads_expired_unrun = w.counters().expired_unrun.load(Ordering::Relaxed);
+        } else {
+            m.loads_expired_unrun = self.expired_unrun_at_shutdown;
+        }
+        m
+    }
+
+    /// Requests live (submitted and not ended) as of the last step.
+    pub fn live(&self) -> usize {
+        self.inner.shards.iter().map(|s| s.ids.lock().len()).sum()
+    }
+}

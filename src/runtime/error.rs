@@ -1,0 +1,47 @@
+//! [`RuntimeError`]: every way the runtime refuses a setting, a request or a start.
+
+use thiserror::Error;
+
+use crate::pool::PoolError;
+use crate::rules::geometry::GeometryError;
+
+/// Why the runtime refused something.
+#[derive(Debug, Error)]
+pub enum RuntimeError {
+    /// Invalid cache-group geometry.
+    #[error("groups: {0}")]
+    Geometry(#[from] GeometryError),
+    /// Invalid pool size.
+    #[error("pool_blocks: {0}")]
+    Pool(#[from] PoolError),
+    /// A builder setting is out of range.
+    #[error("{field}: {problem}")]
+    Config {
+        /// The setting.
+        field: &'static str,
+        /// What is wrong.
+        problem: String,
+    },
+    /// A live request already has this id.
+    #[error("request {0:?}: duplicate id")]
+    DuplicateId(String),
+    /// The request can never fit in the pool.
+    #[error("request {id:?}: needs {needed} blocks, the pool has {usable}")]
+    TooLong {
+        /// Request id.
+        id: String,
+        /// Blocks it needs at full length.
+        needed: u64,
+        /// Usable blocks in the pool.
+        usable: u64,
+    },
+    /// An empty prompt.
+    #[error("request {0:?}: empty prompt")]
+    EmptyPrompt(String),
+    /// The runtime is shutting down.
+    #[error("the runtime is shut down")]
+    ShutDown,
+    /// A thread could not be started.
+    #[error("spawning a thread: {0}")]
+    Spawn(#[from] std::io::Error),
+}

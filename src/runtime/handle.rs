@@ -1,0 +1,134 @@
+//! Submission: a [`SubmitRequest`] goes to its shard's inbox, from the engine thread
+//! ([`Runtime::submit`]) or any other ([`Handle`]); so does a cancellation.
+
+use std::sync::Arc as StdArc;
+use std::time::{Duration, Instant};
+
+use crate::runtime::claim::RequestKey;
+use crate::runtime::engine::Runtime;
+use crate::runtime::error::RuntimeError;
+#[cfg(doc)]
+use crate::runtime::settings::Settings;
+#[cfg(doc)]
+use crate::runtime::shard::Metrics;
+use crate::runtime::shard::{Command, NewRequest};
+use crate::runtime::shared::Inner;
+use crate::sync::{Arc, Ordering};
+
+/// A request to submit.
+#[derive(Clone, Debug)]
+pub struct SubmitRequest {
+    /// Unique among live requests.
+    pub id: String,
+    /// The prompt's token ids (non-empty).
+    pub prompt: Vec<u32>,
+    /// Tokens to generate before the runtime finishes it (0: until the engine finishes it).
+    pub max_new_tokens: u32,
+    /// Lower runs first (default 0).
+    pub priority: i16,
+    /// This request's async-load deadline, overriding [`Settings::load_deadline`].
+    pub load_deadline: Option<Duration>,
+}
+
+/// A cheap, cloneable, `Send + Sync` handle to a [`Runtime`], for [`submit`](Handle::submit)
+/// and [`cancel`](Handle::cancel) from threads other than the engine's. It keeps the
+/// runtime's shared state alive but not its threads: after [`Runtime::shutdown`], `submit`
+/// returns [`RuntimeError::ShutDown`] and `cancel` does nothing.
+#[derive(Clone)]
+pub struct Handle {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Handle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handle")
+            .field("shards", &self.inner.shards.len())
+            .finish()
+    }
+}
+
+impl Handle {
+    /// Queues a request; it is admitted at a following step. Errors: an empty prompt, a
+    /// request longer than the pool can ever hold, an id already live, or a runtime that is
+    /// shut down.
+    pub fn submit(&self, req: SubmitRequest) -> Result<(), RuntimeError> {
+        self.inner.submit(req)
+    }
+
+    /// Cancels a request at the next step (once its in-flight load, if any, lands). Unknown
+    /// ids are counted in [`Metrics::unknown_commands`].
+    pub fn cancel(&self, id: &str) {
+        self.inner.cancel(id)
+    }
+}
+
+impl Inner {
+    /// Queues a request (under the read lock of `open`, so shutdown cannot miss it).
+    pub(super) fn submit(&self, req: SubmitRequest) -> Result<(), RuntimeError> {
+        let open = self.open.read();
+        if !*open {
+            return Err(RuntimeError::ShutDown);
+        }
+        if req.prompt.is_empty() {
+            return Err(RuntimeError::EmptyPrompt(req.id));
+        }
+        let total = req.prompt.len() as u64 + u64::from(req.max_new_tokens.max(1));
+        let needed: u64 = self
+            .geo
+            .groups()
+            .iter()
+            .map(|g| g.blocks_for_tokens(total))
+            .sum();
+        let usable = self.pool.num_blocks() as u64 - 1;
+        if needed > usable {
+            return Err(RuntimeError::TooLong {
+                id: req.id,
+                needed,
+                usable,
+            });
+        }
+        let i = self.shard_of(&req.id);
+        let id: StdArc<str> = req.id.as_str().into();
+        if !self.shards[i].ids.lock().insert(id.clone()) {
+            return Err(RuntimeError::DuplicateId(req.id));
+        }
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        self.submitted.fetch_add(1, Ordering::Relaxed);
+        self.shards[i].inbox.push(Command::Submit(NewRequest {
+            id,
+            prompt: req.prompt.into(),
+            max_new_tokens: req.max_new_tokens,
+            key: RequestKey::new(false, req.priority, seq),
+            submitted_at: Instant::now(),
+            load_deadline: req.load_deadline,
+        }));
+        Ok(())
+    }
+
+    /// Cancels a request at the next step (once its in-flight load, if any, lands). Unknown
+    /// ids are counted in [`Metrics::unknown_commands`].
+    pub(super) fn cancel(&self, id: &str) {
+        let i = self.shard_of(id);
+        self.shards[i].inbox.push(Command::Cancel(id.into()));
+    }
+}
+
+impl Runtime {
+    /// A thread-safe handle for [`Handle::submit`] and [`Handle::cancel`] from other threads.
+    pub fn handle(&self) -> Handle {
+        Handle {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+
+    /// Queues a request; it is admitted at a following step. Same as
+    /// [`Handle::submit`].
+    pub fn submit(&self, req: SubmitRequest) -> Result<(), RuntimeError> {
+        self.inner.submit(req)
+    }
+
+    /// Cancels a request at the next step. Same as [`Handle::cancel`].
+    pub fn cancel(&self, id: &str) {
+        self.inner.cancel(id)
+    }
+}

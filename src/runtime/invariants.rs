@@ -1,0 +1,67 @@
+//! The invariants that can be checked between steps ([`Runtime::check_invariants`]).
+
+use crate::rules::geometry::BlockId;
+use crate::runtime::engine::Runtime;
+
+impl Runtime {
+    /// SPEC §7 invariants that can be checked between steps; returns the violations.
+    pub fn check_invariants(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        let census = self.inner.pool.census();
+        if !census.conserved() {
+            v.push(format!("pool conservation: {census:?}"));
+        }
+        let df = self.inner.pool.double_frees();
+        if df > 0 {
+            v.push(format!("double frees: {df}"));
+        }
+        let stale = self.inner.pool.stale_releases();
+        if stale > 0 {
+            v.push(format!("releases of a block's old generation: {stale}"));
+        }
+        for (i, s) in self.inner.shards.iter().enumerate() {
+            if !s.state.lock().index_consistent(self.inner.geo.null_block()) {
+                v.push(format!(
+                    "shard {i}: holder index out of step with the block tables"
+                ));
+            }
+        }
+        // Between steps requests are the only holders: each block's count is its holders.
+        let null = self.inner.geo.null_block();
+        let mut held = vec![0u32; self.inner.pool.num_blocks()];
+        for s in &self.inner.shards {
+            for id in s.state.lock().held_blocks(null) {
+                if let Some(h) = held.get_mut(id as usize) {
+                    *h += 1;
+                }
+            }
+        }
+        let mut bad = 0;
+        for (id, &n) in held.iter().enumerate().skip(1) {
+            let rc = self.inner.pool.ref_count(id as BlockId);
+            if rc != n {
+                if bad < 5 {
+                    v.push(format!(
+                        "block {id}: held by {n} requests, reference count {rc}"
+                    ));
+                }
+                bad += 1;
+            }
+        }
+        if bad > 5 {
+            v.push(format!(
+                "… {} more blocks whose reference count is not their holder count",
+                bad - 5
+            ));
+        }
+        let m = self.metrics();
+        let live = self.live() as u64;
+        if m.finished + m.failed + m.cancelled + live != m.submitted {
+            v.push(format!(
+                "accounting: submitted {} != finished {} + failed {} + cancelled {} + live {live}",
+                m.submitted, m.finished, m.failed, m.cancelled
+            ));
+        }
+        v
+    }
+}

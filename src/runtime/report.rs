@@ -1,0 +1,62 @@
+//! The [`Report`] that [`Runtime::shutdown`] returns, and its few-line [`Display`] form.
+//!
+//! [`Display`]: std::fmt::Display
+
+use crate::pool::Census;
+#[cfg(doc)]
+use crate::runtime::engine::Runtime;
+use crate::runtime::shard::Metrics;
+
+/// The final account of a runtime.
+#[derive(Clone, Debug)]
+pub struct Report {
+    /// Counters at the end.
+    pub metrics: Metrics,
+    /// Loads queued but never started, cancelled by shutdown.
+    pub loads_cancelled: u64,
+    /// Loads still running when shutdown stopped waiting (see [`Runtime::shutdown`]).
+    pub loads_abandoned: u64,
+    /// Blocks still held after shutdown: those of abandoned loads (0 when none was abandoned).
+    pub blocks_abandoned: u64,
+    /// The pool's census after every block was released.
+    pub census: Census,
+    /// Requests still live at shutdown (all cancelled), with their ids.
+    pub cancelled_at_shutdown: Vec<String>,
+    /// Invariant violations found at shutdown (empty when all hold).
+    pub violations: Vec<String>,
+}
+
+impl std::fmt::Display for Report {
+    /// A few lines: what happened to the requests and loads, and whether the invariants held.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let m = &self.metrics;
+        writeln!(
+            f,
+            "requests: {} submitted, {} finished, {} failed, {} cancelled",
+            m.submitted, m.finished, m.failed, m.cancelled
+        )?;
+        writeln!(
+            f,
+            "loads: {} dispatched, {} ok, {} failed, {} stale, {} cancelled at shutdown, {} abandoned",
+            m.loads_dispatched,
+            m.loads_ok,
+            m.loads_failed,
+            m.stale_completions,
+            self.loads_cancelled,
+            self.loads_abandoned
+        )?;
+        writeln!(
+            f,
+            "recovery: {} claims, {} hand-offs, {} tokens recomputed, {} preemptions over {} steps",
+            m.claims, m.handoffs, m.tokens_recomputed, m.preemptions, m.steps
+        )?;
+        match self.violations.len() {
+            0 => write!(f, "invariants: ok"),
+            n => write!(
+                f,
+                "invariants: {n} violated: {}",
+                self.violations.join("; ")
+            ),
+        }
+    }
+}

@@ -1,0 +1,70 @@
+//! The live [`Settings`]: validated when set, swapped in without a lock
+//! ([`Runtime::update_settings`]), read by the shards as one snapshot per step.
+
+use std::sync::Arc as StdArc;
+use std::time::Duration;
+
+use crate::rules::recovery::{Mode, Policy};
+use crate::runtime::engine::Runtime;
+use crate::runtime::error::RuntimeError;
+
+/// Settings that can change while the runtime runs ([`Runtime::update_settings`]). Shards
+/// read one snapshot per step, so a change applies from the next step, never mid-step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Settings {
+    /// Recovery mode (default `safe`).
+    pub mode: Mode,
+    /// Recovery policy (default `recompute`).
+    pub policy: Policy,
+    /// Deadline of an async load from its dispatch (default 5 s; `None`: none). A load past it
+    /// is treated as failed for all its blocks; its late completion is counted stale, and its
+    /// blocks stay parked (never reused) until it lands.
+    pub load_deadline: Option<Duration>,
+    /// Failed external loads after which a request is offered no more (default 2): its next
+    /// attempt recomputes locally.
+    pub max_load_retries: u32,
+    /// Consecutive failed loads of one prefix, across requests, that quarantine it (default 3;
+    /// 0 disables quarantine).
+    pub quarantine_after: u32,
+    /// How long a quarantined prefix gets no external load (default 10 s).
+    pub quarantine_for: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            mode: Mode::Safe,
+            policy: Policy::Recompute,
+            load_deadline: Some(Duration::from_secs(5)),
+            max_load_retries: 2,
+            quarantine_after: 3,
+            quarantine_for: Duration::from_secs(10),
+        }
+    }
+}
+
+impl Settings {
+    pub(super) fn validate(&self) -> Result<(), RuntimeError> {
+        if self.load_deadline.is_some_and(|d| d.is_zero()) {
+            return Err(RuntimeError::Config {
+                field: "load_deadline",
+                problem: "must be > 0 (or None)".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Runtime {
+    /// Replaces the live settings; they apply from the next step. Lock-free for the shards.
+    pub fn update_settings(&self, s: Settings) -> Result<(), RuntimeError> {
+        s.validate()?;
+        self.inner.live_settings.store(StdArc::new(s));
+        Ok(())
+    }
+
+    /// The live settings.
+    pub fn settings(&self) -> Settings {
+        Settings::clone(&self.inner.live_settings.load())
+    }
+}

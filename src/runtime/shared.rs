@@ -1,0 +1,120 @@
+//! The state the engine thread, the shard threads and every [`Handle`] share: the pool,
+//! the claim table, one slot per shard, and the step hand-off's flags and counters.
+//!
+//! [`Handle`]: crate::runtime::Handle
+
+use std::sync::Arc as StdArc;
+
+use arc_swap::ArcSwap;
+
+use crate::connector::{KvConnector, LoadJob};
+use crate::pool::BlockPool;
+use crate::rules::geometry::{BlockId, Geometry};
+use crate::runtime::claim::ClaimTable;
+use crate::runtime::quarantine::Quarantine;
+use crate::runtime::route::shard_of;
+use crate::runtime::settings::Settings;
+use crate::runtime::shard::{Command, Env, Shard, ShardStepResult, StepSettings};
+use crate::runtime::worker::Completion;
+use crate::sync::{
+    Arc, ArrayQueue, AtomicBool, AtomicU64, AtomicUsize, Mutex, PhaseBarrier, RwLock, SegQueue,
+    Unparker,
+};
+
+/// One shard's slot: its state, its inputs (commands, completions), and what its part of
+/// the last step published and produced.
+pub(super) struct ShardSlot {
+    pub(super) state: Mutex<Shard>,
+    pub(super) inbox: SegQueue<Command>,
+    pub(super) completions: Arc<ArrayQueue<Completion>>,
+    pub(super) published: Mutex<Vec<BlockId>>,
+    pub(super) result: Mutex<Option<(ShardStepResult, Vec<LoadJob>)>>,
+    /// Live request ids (duplicate check at submit; removed when a request ends).
+    pub(super) ids: Mutex<rustc_hash::FxHashSet<StdArc<str>>>,
+}
+
+/// What the engine thread, the shard threads and the handles share.
+pub(super) struct Inner {
+    pub(super) geo: Geometry,
+    pub(super) pool: BlockPool,
+    pub(super) claims: ClaimTable,
+    pub(super) connector: StdArc<dyn KvConnector>,
+    pub(super) shards: Vec<ShardSlot>,
+    pub(super) barrier: PhaseBarrier,
+    /// The engine thread's share of the step's report (sync-load failures, hand-offs).
+    pub(super) report: Mutex<Option<(Vec<BlockId>, StdArc<Settings>)>>,
+    /// Static per-shard parts (budget share, recording).
+    pub(super) settings: Vec<StepSettings>,
+    /// The live settings; the engine thread snapshots them once per step.
+    pub(super) live_settings: ArcSwap<Settings>,
+    pub(super) quarantine: Quarantine,
+    pub(super) go: AtomicU64,
+    pub(super) done: AtomicUsize,
+    pub(super) stop: AtomicBool,
+    /// Shutdown's last step: apply what arrived, admit and schedule nothing.
+    pub(super) draining: AtomicBool,
+    pub(super) engine: Mutex<Option<Unparker>>,
+    pub(super) seq: AtomicU64,
+    pub(super) submitted: AtomicU64,
+    /// Whether `submit` is accepted; `shutdown` closes it under the write lock.
+    pub(super) open: RwLock<bool>,
+}
+
+impl Inner {
+    /// The shared state of a runtime with one shard per completion queue, before any step.
+    pub(super) fn new(
+        geo: Geometry,
+        pool: BlockPool,
+        claims: ClaimTable,
+        connector: StdArc<dyn KvConnector>,
+        queues: &[Arc<ArrayQueue<Completion>>],
+        settings: Vec<StepSettings>,
+        live: Settings,
+    ) -> Inner {
+        let k = queues.len();
+        Inner {
+            geo,
+            pool,
+            claims,
+            quarantine: Quarantine::default(),
+            live_settings: ArcSwap::from_pointee(live),
+            connector,
+            shards: (0..k)
+                .map(|i| ShardSlot {
+                    state: Mutex::new(Shard::default()),
+                    inbox: SegQueue::new(),
+                    completions: Arc::clone(&queues[i]),
+                    published: Mutex::new(Vec::new()),
+                    result: Mutex::new(None),
+                    ids: Mutex::new(rustc_hash::FxHashSet::default()),
+                })
+                .collect(),
+            barrier: PhaseBarrier::new(k),
+            report: Mutex::new(None),
+            settings,
+            go: AtomicU64::new(0),
+            done: AtomicUsize::new(0),
+            stop: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
+            engine: Mutex::new(None),
+            seq: AtomicU64::new(1),
+            submitted: AtomicU64::new(0),
+            open: RwLock::new(true),
+        }
+    }
+
+    pub(super) fn shard_of(&self, id: &str) -> usize {
+        shard_of(id, self.shards.len())
+    }
+
+    pub(super) fn env(&self, shard: usize) -> Env<'_> {
+        Env {
+            geo: &self.geo,
+            pool: &self.pool,
+            claims: &self.claims,
+            connector: self.connector.as_ref(),
+            quarantine: &self.quarantine,
+            shard,
+        }
+    }
+}

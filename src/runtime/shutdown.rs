@@ -1,0 +1,92 @@
+//! Shutdown: stop the workers, apply what landed, cancel everyone, release every block,
+//! report ([`Runtime::shutdown`]); dropping a runtime only stops its shard threads.
+
+#[cfg(doc)]
+use crate::runtime::builder::Builder;
+use crate::runtime::claim::RequestKey;
+use crate::runtime::engine::Runtime;
+use crate::runtime::report::Report;
+use crate::runtime::worker::Completion;
+use crate::sync::Ordering;
+
+impl Runtime {
+    /// Stops the workers, waiting at most [`Builder::shutdown_timeout`] for the loads in
+    /// flight (those that finish are applied), cancels every live request and queued load,
+    /// releases every block and reports. Loads still running at the timeout are abandoned:
+    /// their requests are cancelled, but their blocks stay held (a detached worker may still
+    /// write them) and are counted in [`Report::loads_abandoned`] / [`Report::blocks_abandoned`].
+    pub fn shutdown(mut self) -> Report {
+        // Closed under the write lock: a submit holding the read lock has pushed its
+        // command before this returns, so the last step below sees it.
+        *self.inner.open.write() = false;
+        let mut loads_cancelled = 0;
+        let mut workers_finished = true;
+        let mut never_started = rustc_hash::FxHashSet::default();
+        if let Some(w) = self.workers.take() {
+            self.expired_unrun_at_shutdown = w.counters().expired_unrun.load(Ordering::Relaxed);
+            let inner = &self.inner;
+            let mut parked: Vec<Vec<Completion>> = vec![Vec::new(); inner.shards.len()];
+            let (left, finished) = w.shutdown(
+                || {
+                    for (i, s) in inner.shards.iter().enumerate() {
+                        while let Some(c) = s.completions.pop() {
+                            parked[i].push(c);
+                        }
+                    }
+                },
+                self.shutdown_timeout,
+            );
+            workers_finished = finished;
+            loads_cancelled = left.len() as u64;
+            never_started = left
+                .iter()
+                .map(|j| (RequestKey::from_raw(j.owner.key).seq(), j.attempt))
+                .collect();
+            // Completions that landed are applied once (as a step would), then everyone is
+            // cancelled. Whatever does not fit back in a queue is counted stale.
+            for (i, cs) in parked.into_iter().enumerate() {
+                for c in cs {
+                    if inner.shards[i].completions.push(c).is_err() {
+                        self.metrics.stale_completions += 1;
+                    }
+                }
+            }
+        }
+        // One last step applies drained completions and pending commands, admitting and
+        // scheduling nothing.
+        self.inner.draining.store(true, Ordering::Relaxed);
+        let _ = self.schedule();
+        let mut cancelled_ids = Vec::new();
+        for (i, s) in self.inner.shards.iter().enumerate() {
+            let env = self.inner.env(i);
+            let res = s
+                .state
+                .lock()
+                .cancel_all(&env, workers_finished, &never_started);
+            self.metrics += &res.counters;
+            for (id, _) in &res.ended {
+                cancelled_ids.push(id.to_string());
+                self.metrics.cancelled += 1;
+            }
+            s.ids.lock().clear();
+        }
+        self.stop_shards();
+        let violations = self.check_invariants();
+        let census = self.inner.pool.census();
+        Report {
+            loads_abandoned: self.metrics.loads_abandoned,
+            blocks_abandoned: census.referenced as u64,
+            metrics: self.metrics(),
+            loads_cancelled,
+            census,
+            cancelled_at_shutdown: cancelled_ids,
+            violations,
+        }
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        self.stop_shards();
+    }
+}
