@@ -7,7 +7,6 @@ use crate::connector::{KvConnector, NoConnector};
 use crate::pool::BlockPool;
 use crate::rules::geometry::{CacheGroup, Geometry, DEFAULT_NULL_BLOCK};
 use crate::rules::recovery::{Mode, Policy};
-use crate::runtime::claim::ClaimTable;
 use crate::runtime::engine::Runtime;
 use crate::runtime::error::RuntimeError;
 use crate::runtime::handoff::spawn_shard_threads;
@@ -150,12 +149,12 @@ impl Builder {
         )?;
         self.check()?;
         let pool = BlockPool::new(self.pool_blocks)?;
-        let claims = ClaimTable::new(self.pool_blocks);
         let k = self.shards;
         let queues: Vec<Arc<ArrayQueue<Completion>>> = (0..k)
             .map(|_| Arc::new(ArrayQueue::new(self.completion_queue_capacity)))
             .collect();
-        let signal = StdArc::new(WorkSignal::default());
+        let engine_parker = Parker::new();
+        let signal = StdArc::new(WorkSignal::new(engine_parker.unparker()));
         let notify_signal = StdArc::clone(&signal);
         let workers = WorkerPool::start(
             self.workers,
@@ -167,11 +166,11 @@ impl Builder {
         let inner = Arc::new(Inner::new(
             geo,
             pool,
-            claims,
             self.connector,
             &queues,
             settings,
             self.settings,
+            engine_parker.unparker(),
         ));
         let (threads, unparkers) = spawn_shard_threads(&inner)?;
         Ok(Runtime {
@@ -179,7 +178,7 @@ impl Builder {
             workers: Some(workers),
             shard_threads: threads,
             unparkers,
-            engine_parker: Parker::new(),
+            engine_parker,
             sync_invalid: Vec::new(),
             handoffs: Vec::new(),
             metrics: Metrics::default(),

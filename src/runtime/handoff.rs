@@ -8,7 +8,7 @@
 //! `stop` ends the threads ([`Runtime::stop_shards`]).
 
 use std::sync::Arc as StdArc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::rules::geometry::BlockId;
 use crate::rules::recovery::InvalidSet;
@@ -19,18 +19,11 @@ use crate::runtime::shard::StepSettings;
 use crate::runtime::shared::Inner;
 use crate::sync::{thread, Arc, Backoff, Ordering, Parker, Unparker};
 
-/// How long a shard thread yields after a step, waiting for the next, before parking.
-const SHARD_YIELD_WAIT: Duration = Duration::from_micros(300);
-
-/// How long the engine thread yields, waiting for the other shards of a step, before parking.
-const ENGINE_YIELD_WAIT: Duration = Duration::from_micros(500);
-
 impl Runtime {
     /// Hands the step to shard threads `1..K`: publishes the engine thread's share of the
     /// report and the settings snapshot, then bumps `go` and wakes them.
     pub(super) fn start_step(&self, share: &[BlockId], live: &StdArc<Settings>) {
         *self.inner.report.lock() = Some((share.to_vec(), StdArc::clone(live)));
-        *self.inner.engine.lock() = Some(self.engine_parker.unparker().clone());
         self.inner.done.store(0, Ordering::Relaxed);
         // Release: pairs with the Acquire load of `go` in `shard_loop`.
         self.inner.go.fetch_add(1, Ordering::Release);
@@ -39,22 +32,19 @@ impl Runtime {
         }
     }
 
-    /// Waits until shard threads `1..K` have finished the step: snoozes, then yields, then
-    /// parks until a shard thread unparks it.
+    /// Waits until shard threads `1..K` have finished the step: spins briefly (they usually
+    /// finish within microseconds of shard 0), then parks until a shard thread unparks it.
     pub(super) fn wait_for_shards(&self) {
         let others = self.inner.shards.len() - 1;
         let backoff = Backoff::new();
-        let park_after = Instant::now() + ENGINE_YIELD_WAIT;
         // Acquire: pairs with the Release increments of `done` by the shard threads.
         while self.inner.done.load(Ordering::Acquire) < others {
-            if !backoff.is_completed() {
-                backoff.snooze();
-            } else if Instant::now() < park_after {
-                // The other shards usually finish within microseconds of shard 0: yielding
-                // keeps the engine off the futex path (a park costs a second wake-up).
-                thread::yield_now();
+            if backoff.is_completed() {
+                // Each shard thread unparks the engine after its increment of `done`; one
+                // landing before this park makes it return at once.
+                self.engine_parker.park();
             } else {
-                self.engine_parker.park_timeout(Duration::from_millis(1));
+                backoff.snooze();
             }
         }
     }
@@ -128,7 +118,7 @@ impl Inner {
 /// Shard `i`'s thread: waits for each step's `go`, runs its part of it, counts it in `done`.
 pub(super) fn shard_loop(inner: &Inner, i: usize, parker: Parker) {
     let mut seen = 0u64;
-    let mut idle_since = Instant::now();
+    let backoff = Backoff::new();
     loop {
         // Acquire: pairs with the Release increment of `go` in `Runtime::start_step`; the
         // step's report share and settings written before it are visible.
@@ -137,15 +127,17 @@ pub(super) fn shard_loop(inner: &Inner, i: usize, parker: Parker) {
             return;
         }
         if go == seen {
-            // Steps of a busy engine come close together: yield for a short while so the next
-            // one starts without a wake-up, then park.
-            if idle_since.elapsed() < SHARD_YIELD_WAIT {
-                thread::yield_now();
+            // Steps of a busy engine come close together: spin briefly so the next one can
+            // start without a wake-up, then park untimed (`start_step` and `stop_shards`
+            // unpark; one landing before the park makes it return at once).
+            if backoff.is_completed() {
+                parker.park();
             } else {
-                parker.park_timeout(Duration::from_millis(50));
+                backoff.snooze();
             }
             continue;
         }
+        backoff.reset();
         seen = go;
         let Some((share, live)) = inner.report.lock().clone() else {
             continue;
@@ -154,10 +146,7 @@ pub(super) fn shard_loop(inner: &Inner, i: usize, parker: Parker) {
         // Release: publishes this shard's result slot to the engine, which Acquire-loads
         // `done` in `Runtime::wait_for_shards`.
         inner.done.fetch_add(1, Ordering::Release);
-        idle_since = Instant::now();
-        if let Some(u) = inner.engine.lock().as_ref() {
-            u.unpark();
-        }
+        inner.engine.unpark();
     }
 }
 
@@ -172,7 +161,7 @@ pub(super) fn spawn_shard_threads(inner: &Arc<Inner>) -> Result<ShardThreads, Ru
     let mut unparkers = Vec::new();
     for i in 1..k {
         let p = Parker::new();
-        unparkers.push(p.unparker().clone());
+        unparkers.push(p.unparker());
         let inner2 = Arc::clone(inner);
         let h = thread::Builder::new()
             .name(format!("kvsched-shard-{i}"))

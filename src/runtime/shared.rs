@@ -53,7 +53,8 @@ pub(super) struct Inner {
     pub(super) stop: AtomicBool,
     /// Shutdown's last step: apply what arrived, admit and schedule nothing.
     pub(super) draining: AtomicBool,
-    pub(super) engine: Mutex<Option<Unparker>>,
+    /// Wakes the engine thread, which parks while shard threads finish a step.
+    pub(super) engine: Unparker,
     pub(super) seq: AtomicU64,
     pub(super) submitted: AtomicU64,
     /// Whether `submit` is accepted; `shutdown` closes it under the write lock.
@@ -65,17 +66,18 @@ impl Inner {
     pub(super) fn new(
         geo: Geometry,
         pool: BlockPool,
-        claims: ClaimTable,
         connector: StdArc<dyn KvConnector>,
         queues: &[Arc<ArrayQueue<Completion>>],
         settings: Vec<StepSettings>,
         live: Settings,
+        engine: Unparker,
     ) -> Inner {
         let k = queues.len();
         Inner {
             geo,
+            // One claim word per block id.
+            claims: ClaimTable::new(pool.num_blocks()),
             pool,
-            claims,
             quarantine: Quarantine::default(),
             live_settings: ArcSwap::from_pointee(live),
             connector,
@@ -96,7 +98,7 @@ impl Inner {
             done: AtomicUsize::new(0),
             stop: AtomicBool::new(false),
             draining: AtomicBool::new(false),
-            engine: Mutex::new(None),
+            engine,
             seq: AtomicU64::new(1),
             submitted: AtomicU64::new(0),
             open: RwLock::new(true),

@@ -1,26 +1,36 @@
-//! Wake-ups for an idle engine: workers count every delivered completion, and
-//! [`Runtime::poll_work`] / [`Runtime::wait_for_work`] compare that count with the one read
-//! when the last [`Runtime::schedule`] began draining.
+//! Wake-ups for an idle engine: workers count every delivered completion and unpark the
+//! engine thread; [`Runtime::poll_work`] / [`Runtime::wait_for_work`] compare that count
+//! with the one read when the last [`Runtime::schedule`] began draining.
+//!
+//! A delivery costs one atomic add and one swap of the engine's parker state; it takes a lock
+//! only when the engine is actually asleep in `wait_for_work` (or waiting for its shards).
 
 use std::time::{Duration, Instant};
 
 use crate::runtime::engine::Runtime;
-use crate::sync::{AtomicU64, Condvar, Mutex, Ordering};
+use crate::sync::{AtomicU64, Ordering, Unparker};
 
 /// Wake-ups for an idle engine: bumped on every delivered completion.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct WorkSignal {
     pub(super) events: AtomicU64,
-    pub(super) lock: Mutex<()>,
-    pub(super) cv: Condvar,
+    /// Wakes the engine thread's parker (the one `Runtime` owns).
+    engine: Unparker,
 }
 
 impl WorkSignal {
+    /// A signal that wakes the engine thread through `engine`.
+    pub(super) fn new(engine: Unparker) -> Self {
+        WorkSignal {
+            events: AtomicU64::new(0),
+            engine,
+        }
+    }
+
     pub(super) fn notify(&self) {
-        // Release: pairs with the Acquire loads in `wait_for_work`.
+        // Release: pairs with the Acquire loads in `poll_work` / `wait_for_work`.
         self.events.fetch_add(1, Ordering::Release);
-        let _g = self.lock.lock();
-        self.cv.notify_all();
+        self.engine.unpark();
     }
 }
 
@@ -35,18 +45,27 @@ impl Runtime {
     /// Waits until a load completes or `timeout` passes; returns whether a completion arrived
     /// since the last [`Runtime::schedule`] began draining (so a completion that landed between
     /// `schedule` and this call returns at once: an idle engine never sleeps past work).
+    ///
+    /// A `timeout` too large to represent as an instant waits until a completion arrives.
     pub fn wait_for_work(&self, timeout: Duration) -> bool {
-        let s = &self.signal;
         let before = self.events_at_schedule;
-        let deadline = Instant::now() + timeout;
-        let mut g = s.lock.lock();
+        let deadline = Instant::now().checked_add(timeout);
         loop {
-            // Acquire: as above. Checked under the lock `notify` takes, so no wake-up is lost.
-            if s.events.load(Ordering::Acquire) != before {
+            // Acquire: pairs with the Release increment in `WorkSignal::notify`. Checked before
+            // every park, and a notify that lands first leaves the parker notified, so no
+            // wake-up is lost.
+            if self.signal.events.load(Ordering::Acquire) != before {
                 return true;
             }
-            if s.cv.wait_until(&mut g, deadline).timed_out() {
-                return s.events.load(Ordering::Acquire) != before;
+            match deadline {
+                None => self.engine_parker.park(),
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        return false;
+                    }
+                    self.engine_parker.park_timeout(d - now);
+                }
             }
         }
     }

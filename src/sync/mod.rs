@@ -7,12 +7,11 @@
 
 #[cfg(not(kvsched_loom))]
 mod imp {
-    pub use parking_lot::{Condvar, Mutex, RwLock};
+    pub use parking_lot::{Mutex, RwLock};
     pub use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
     pub use std::sync::Arc;
     pub use std::thread;
 
-    pub use crossbeam_utils::sync::{Parker, Unparker};
     pub use crossbeam_utils::Backoff;
 
     /// Spin-loop hint.
@@ -156,3 +155,4 @@ mod barrier;
 pub mod condvar;
 pub mod park;
 pub use barrier::PhaseBarrier;
+pub use park::{Parker, Unparker};
