@@ -385,5 +385,5 @@ fn refusal(e: Refused, r: BlockRef) -> PoolError {
 #[cfg(all(test, not(kvsched_loom)))]
 mod tests;
 
-#[cfg(test)]
+#[cfg(all(test, not(kvsched_loom)))]
 mod concurrent_tests;
