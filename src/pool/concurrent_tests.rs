@@ -12,7 +12,9 @@
 //!
 //! Seeded: `POOL_STRESS_SEED=<u64>` replays a run; `POOL_STRESS_ROUNDS=<n>` runs more rounds.
 
-
+// The checker's own bookkeeping (owner and content tags, counters, the violation list) uses
+// std's atomics and locks directly, all SeqCst: it pairs with nothing in the pool and is not
+// what is being checked. (It stays out of loom builds, where `crate::sync` is loom's.)
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::Mutex;
 use std::thread;

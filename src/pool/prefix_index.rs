@@ -1,0 +1,360 @@
+//! The prefix index: `hash → BlockRef`, split into shards behind short mutexes, and the pool
+//! operations that use it — [`register`](BlockPool::register),
+//! [`lookup`](BlockPool::lookup), [`contains_hash`](BlockPool::contains_hash) and
+//! [`evict`](BlockPool::evict). (The reclaim path drops a claimed block's entry with
+//! [`remove_index_entry`](BlockPool::remove_index_entry).)
+//!
+//! The index only names candidates: an entry counts while its block is `CACHED` at the
+//! entry's generation, checked under the shard lock of the entry's hash. `CACHED` is set and
+//! cleared only under that lock (by [`register`](BlockPool::register) and
+//! [`evict`](BlockPool::evict)) or together with a generation bump (a reclaim), so stale
+//! entries are recognised and removed when met.
+
+use rustc_hash::FxHashMap;
+
+use super::state::State;
+use super::{BlockHash, BlockPool, BlockRef};
+use crate::rules::geometry::BlockId;
+use crate::sync::{spin_hint, Mutex, Ordering};
+
+/// Shards of the prefix index (a power of two).
+#[cfg(not(kvsched_loom))]
+const INDEX_SHARD_BITS: u32 = 5;
+#[cfg(kvsched_loom)]
+const INDEX_SHARD_BITS: u32 = 1;
+const INDEX_SHARDS: usize = 1 << INDEX_SHARD_BITS;
+
+/// How often [`BlockPool::evict`] re-reads a slot whose hash word does not match the index
+/// (a registration in flight on another thread) before giving up.
+#[cfg(not(kvsched_loom))]
+const EVICT_RETRIES: u32 = 1 << 12;
+#[cfg(kvsched_loom)]
+const EVICT_RETRIES: u32 = 3;
+
+/// The prefix index, sharded by hash.
+pub(super) struct PrefixIndex {
+    shards: Box<[Mutex<FxHashMap<BlockHash, BlockRef>>]>,
+}
+
+impl PrefixIndex {
+    /// An empty index.
+    pub(super) fn new() -> Self {
+        let shards = (0..INDEX_SHARDS)
+            .map(|_| Mutex::new(FxHashMap::default()))
+            .collect();
+        PrefixIndex { shards }
+    }
+
+    /// The shard holding `hash`.
+    fn shard(&self, hash: BlockHash) -> &Mutex<FxHashMap<BlockHash, BlockRef>> {
+        // Fibonacci hashing: callers' hashes may vary mostly in their low bits.
+        let i = (hash.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - INDEX_SHARD_BITS)) as usize;
+        &self.shards[i & (INDEX_SHARDS - 1)]
+    }
+}
+
+impl BlockPool {
+    /// Registers `r` in the prefix index under `hash` and marks it cached.
+    ///
+    /// Returns `true` if it did: `hash` was absent (or named a block no longer cached under
+    /// it), `r` is current, referenced and not already cached. Otherwise `false`, with no
+    /// change.
+    ///
+    /// # Guarantees
+    ///
+    /// The caller's writes to the block before this call happen-before any
+    /// [`lookup`](Self::lookup) hit on it. The caller must hold a reference to `r` for the
+    /// duration of the call (as it must to write the block); a registration racing with the
+    /// block's last release may leave a stale index entry, which lookups discard.
+    pub fn register(&self, hash: BlockHash, r: BlockRef) -> bool {
+        let Some(slot) = self.slot(r.id) else {
+            return false;
+        };
+        let mut shard = self.index.shard(hash).lock();
+        if let Some(&existing) = shard.get(&hash) {
+            if self.is_registered(existing) {
+                return false;
+            }
+        }
+        let mut cur = slot.state.load(Ordering::Relaxed);
+        loop {
+            let Some(next) = State(cur).mark_cached(r.generation) else {
+                return false;
+            };
+            // Release: pairs with the Acquire CAS in `lookup`, publishing the block's contents
+            // to prefix hits (the shard lock orders the index entry itself).
+            match slot.state.compare_exchange_weak(
+                cur,
+                next.0,
+                Ordering::Release,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => break,
+                Err(actual) => cur = actual,
+            }
+        }
+        // Relaxed: we alone may write it (we set CACHED, and only the registration that sets
+        // CACHED writes the word); readers reach it through this shard's lock (`evict`) or
+        // through the caller's later release (the reclaim path).
+        slot.hash.store(hash, Ordering::Relaxed);
+        shard.insert(hash, r);
+        true
+    }
+
+    /// A prefix-cache lookup: on a hit, takes a reference to the block (reviving a cached,
+    /// unreferenced one) and returns it.
+    ///
+    /// # Guarantees
+    ///
+    /// A hit is a block registered under `hash` at the returned generation, now referenced by
+    /// the caller; the registrant's writes happen-before this returns. A block being
+    /// reclaimed or evicted concurrently is a miss, never a block of another generation or
+    /// hash. Stale index entries met on the way are removed.
+    pub fn lookup(&self, hash: BlockHash) -> Option<BlockRef> {
+        let mut shard = self.index.shard(hash).lock();
+        let r = *shard.get(&hash)?;
+        let Some(slot) = self.slot(r.id) else {
+            shard.remove(&hash);
+            return None;
+        };
+        // The revive CAS runs under the shard lock: `evict` clears CACHED only under the lock
+        // of the block's hash, so while we hold it a CACHED flag at `r.generation` still means
+        // "cached under `hash`" (not: evicted and re-registered under another hash).
+        let mut cur = slot.state.load(Ordering::Relaxed);
+        loop {
+            let Some(next) = State(cur).revive(r.generation) else {
+                let s = State(cur);
+                if s.generation() != r.generation || !s.is_cached() {
+                    // Reclaimed (its claimer will also try to remove it) or stale.
+                    shard.remove(&hash);
+                }
+                return None;
+            };
+            // Acquire: pairs with the Release CAS in `register` (and in `release`), so the
+            // registrant's writes to the block happen-before the hit is returned.
+            match slot.state.compare_exchange_weak(
+                cur,
+                next.0,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Some(r),
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    /// Whether `hash` names a block currently registered in the prefix index — a peek that,
+    /// unlike [`lookup`](Self::lookup), takes no reference.
+    ///
+    /// # Guarantees
+    ///
+    /// Exact at the instant the shard lock is held; the block may be reclaimed or evicted
+    /// right after, so a `true` is a hint, not a reservation.
+    pub fn contains_hash(&self, hash: BlockHash) -> bool {
+        let shard = self.index.shard(hash).lock();
+        shard.get(&hash).is_some_and(|&r| self.is_registered(r))
+    }
+
+    /// Removes the block from the prefix index and clears its cached mark; its reference
+    /// count is untouched. An unreferenced block becomes free. Returns whether the block was
+    /// cached and is now evicted; `false` for uncached, null and out-of-range ids.
+    ///
+    /// # Guarantees
+    ///
+    /// After `true`, no [`lookup`](Self::lookup) returns this block until it is registered
+    /// again. `false` may also mean a registration of the block was still in flight on
+    /// another thread and did not settle within a bounded number of retries.
+    pub fn evict(&self, id: BlockId) -> bool {
+        let Some(slot) = self.slot(id) else {
+            return false;
+        };
+        for _ in 0..EVICT_RETRIES {
+            let s = State(slot.state.load(Ordering::Relaxed));
+            if !s.is_cached() {
+                return false;
+            }
+            let r = BlockRef {
+                id,
+                generation: s.generation(),
+            };
+            // Relaxed: only a hint for which shard to lock; validated against the index under
+            // that lock below.
+            let hash = slot.hash.load(Ordering::Relaxed);
+            let mut shard = self.index.shard(hash).lock();
+            if shard.get(&hash) != Some(&r) {
+                // A registration is between its CAS and its hash store; let it finish.
+                drop(shard);
+                spin_hint();
+                continue;
+            }
+            // Under this lock with `hash → r` in the index, CACHED at `r.generation` can only
+            // be cleared by us or by a reclaim (which bumps the generation).
+            let mut cur = slot.state.load(Ordering::Relaxed);
+            let now_free = loop {
+                let Some((next, now_free)) = State(cur).clear_cached(r.generation) else {
+                    shard.remove(&hash); // reclaimed meanwhile; drop its entry
+                    return false;
+                };
+                // Relaxed: an RMW, so it continues the release sequence of the `release`
+                // that dropped the count to 0; the next claim's Acquire still pairs with it.
+                match slot.state.compare_exchange_weak(
+                    cur,
+                    next.0,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                ) {
+                    Ok(_) => break now_free,
+                    Err(actual) => cur = actual,
+                }
+            };
+            shard.remove(&hash);
+            drop(shard);
+            if now_free {
+                self.free.push(id as u32); // in range: `slot` succeeded
+            }
+            return true;
+        }
+        false
+    }
+
+    /// Whether `r` is cached at its generation (called under the lock of its hash's shard).
+    pub(super) fn is_registered(&self, r: BlockRef) -> bool {
+        self.load(r.id)
+            .is_some_and(|s| s.generation() == r.generation && s.is_cached())
+    }
+
+    /// Drops `hash → old` from the index if it is still there.
+    pub(super) fn remove_index_entry(&self, hash: BlockHash, old: BlockRef) {
+        let mut shard = self.index.shard(hash).lock();
+        if shard.get(&hash) == Some(&old) {
+            shard.remove(&hash);
+        }
+    }
+}
+
+#[cfg(all(test, not(kvsched_loom)))]
+mod tests {
+    use super::*;
+    use crate::pool::tests::{alloc, conserved, pool};
+
+    #[test]
+    fn register_rules() {
+        let p = pool(4);
+        let a = alloc(&p);
+        let b = alloc(&p);
+        assert!(p.register(10, a));
+        assert!(p.is_cached(a.id));
+        assert!(!p.register(10, b), "hash already present");
+        assert!(
+            !p.register(11, a),
+            "block already cached under another hash"
+        );
+        assert!(p.register(11, b));
+        let c = alloc(&p);
+        assert_eq!(p.release(c), Ok(()));
+        assert!(!p.register(12, c), "unreferenced");
+        conserved(&p);
+    }
+
+    #[test]
+    fn lookup_revives() {
+        let p = pool(3);
+        let a = alloc(&p);
+        assert_eq!(p.lookup(5), None);
+        assert!(p.register(5, a));
+        assert_eq!(p.lookup(5), Some(a));
+        assert_eq!(p.ref_count(a.id), 2);
+        assert_eq!(p.release(a), Ok(()));
+        assert_eq!(p.release(a), Ok(()));
+        let c = conserved(&p);
+        assert_eq!(c.cached_unreferenced, 1);
+        // Revive the unreferenced cached block.
+        assert_eq!(p.lookup(5), Some(a));
+        assert_eq!(p.ref_count(a.id), 1);
+        let c = conserved(&p);
+        assert_eq!((c.referenced, c.cached_unreferenced), (1, 0));
+        // It is referenced, so allocation takes the other block and then fails; the
+        // (now obsolete) queue entry is dropped on the way.
+        let b = alloc(&p);
+        assert_ne!(b.id, a.id);
+        assert_eq!(p.allocate(), None);
+        assert_eq!(p.release(a), Ok(()));
+        assert_eq!(
+            alloc(&p),
+            BlockRef {
+                id: a.id,
+                generation: a.generation + 1
+            }
+        );
+        assert_eq!(p.lookup(5), None);
+    }
+
+    #[test]
+    fn evict_keeps_the_count() {
+        let p = pool(3);
+        let a = alloc(&p);
+        assert!(!p.evict(a.id), "not cached");
+        assert!(p.register(1, a));
+        assert_eq!(p.retain(a), Ok(()));
+        assert!(p.evict(a.id));
+        assert!(!p.evict(a.id));
+        assert_eq!(p.ref_count(a.id), 2);
+        assert!(!p.is_cached(a.id));
+        assert_eq!(p.lookup(1), None);
+        conserved(&p);
+        // Re-registrable under another hash, at the same generation.
+        assert!(p.register(2, a));
+        assert_eq!(p.lookup(2), Some(a));
+        for _ in 0..3 {
+            assert_eq!(p.release(a), Ok(()));
+        }
+        // Cached and unreferenced; evicting makes it free, and it is allocated exactly once.
+        let c = conserved(&p);
+        assert_eq!((c.cached_unreferenced, c.free), (1, 1));
+        assert!(p.evict(a.id));
+        let c = conserved(&p);
+        assert_eq!((c.cached_unreferenced, c.free), (0, 2));
+        let x = alloc(&p);
+        let y = alloc(&p);
+        assert_ne!(x.id, y.id);
+        assert_eq!(
+            p.allocate(),
+            None,
+            "the stale queue entry must not yield the block again"
+        );
+    }
+
+    #[test]
+    fn contains_hash_peeks_without_retaining() {
+        let p = pool(2);
+        let a = alloc(&p);
+        assert!(!p.contains_hash(9));
+        assert!(p.register(9, a));
+        assert!(p.contains_hash(9));
+        assert_eq!(p.ref_count(a.id), 1);
+        assert_eq!(p.release(a), Ok(()));
+        assert!(
+            p.contains_hash(9),
+            "cached and unreferenced is still in the index"
+        );
+        let b = alloc(&p); // reclaims it
+        assert!(!p.contains_hash(9));
+        assert!(p.register(9, b));
+        assert!(p.evict(b.id));
+        assert!(!p.contains_hash(9));
+        assert_eq!(p.invariant_violations(), 0);
+    }
+
+    #[test]
+    fn reregistration_replaces_stale_entry() {
+        let p = pool(2);
+        let a = alloc(&p);
+        assert!(p.register(3, a));
+        assert_eq!(p.release(a), Ok(()));
+        let b = alloc(&p); // reclaims a, drops hash 3
+        assert!(p.register(3, b));
+        assert_eq!(p.lookup(3), Some(b));
+        conserved(&p);
+    }
+}

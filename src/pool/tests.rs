@@ -1,0 +1,212 @@
+//! Unit tests of the pool as a whole (allocation, retain/release, generations, bad ids), and
+//! the helpers the mechanism files' test modules share.
+
+use super::*;
+
+pub(super) fn pool(n: usize) -> BlockPool {
+    match BlockPool::new(n) {
+        Ok(p) => p,
+        Err(e) => panic!("pool({n}): {e}"),
+    }
+}
+
+pub(super) fn conserved(p: &BlockPool) -> Census {
+    let c = p.census();
+    assert!(c.conserved(), "{c:?}");
+    c
+}
+
+pub(super) fn alloc(p: &BlockPool) -> BlockRef {
+    let r = p.allocate();
+    conserved(p);
+    r.unwrap_or_else(|| panic!("pool exhausted"))
+}
+
+#[test]
+fn pool_is_send_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<BlockPool>();
+}
+
+#[test]
+fn construction_limits() {
+    assert_eq!(
+        BlockPool::new(0).err(),
+        Some(PoolError::TooSmall { num_blocks: 0 })
+    );
+    assert_eq!(
+        BlockPool::new(1).err(),
+        Some(PoolError::TooSmall { num_blocks: 1 })
+    );
+    #[cfg(target_pointer_width = "64")]
+    {
+        let n = u32::MAX as usize + 1;
+        assert_eq!(
+            BlockPool::new(n).err(),
+            Some(PoolError::TooLarge { num_blocks: n })
+        );
+    }
+    let p = pool(2);
+    assert_eq!(p.num_blocks(), 2);
+    assert_eq!(p.null_block(), 0);
+    let c = conserved(&p);
+    assert_eq!((c.total, c.null, c.free), (2, 1, 1));
+}
+
+#[test]
+fn allocation_until_exhaustion() {
+    let p = pool(5);
+    let got: Vec<BlockRef> = (0..4).map(|_| alloc(&p)).collect();
+    let ids: Vec<BlockId> = got.iter().map(|r| r.id).collect();
+    assert_eq!(ids, [1, 2, 3, 4]);
+    for r in &got {
+        assert_eq!(r.generation, 1);
+        assert_eq!(p.ref_count(r.id), 1);
+        assert!(!p.is_cached(r.id));
+    }
+    assert_eq!(p.allocate(), None);
+    let c = conserved(&p);
+    assert_eq!((c.referenced, c.free), (4, 0));
+    // Free one, get exactly that one back, generation bumped.
+    assert_eq!(p.release(got[2]), Ok(()));
+    conserved(&p);
+    let again = alloc(&p);
+    assert_eq!(
+        again,
+        BlockRef {
+            id: 3,
+            generation: 2
+        }
+    );
+    assert_eq!(p.allocate(), None);
+}
+
+#[test]
+fn allocate_n_is_all_or_nothing() {
+    let p = pool(5);
+    let mut out = vec![BlockRef {
+        id: 9,
+        generation: 9,
+    }];
+    assert!(!p.allocate_n(5, &mut out));
+    assert!(!p.allocate_n(usize::MAX, &mut out));
+    assert!(p.allocate_n(3, &mut out));
+    assert_eq!(out.len(), 4);
+    conserved(&p);
+    // Only one left: asking for two takes it, gives it back, leaves `out` alone.
+    assert!(!p.allocate_n(2, &mut out));
+    assert_eq!(out.len(), 4);
+    let c = conserved(&p);
+    assert_eq!((c.referenced, c.free), (3, 1));
+    assert!(p.allocate_n(1, &mut out));
+    assert!(p.allocate_n(0, &mut out));
+    assert_eq!(out.len(), 5);
+}
+
+#[test]
+fn generation_bumps_on_reuse_and_stale_is_detected() {
+    let p = pool(2);
+    let a = alloc(&p);
+    assert!(p.is_current(a));
+    assert_eq!(p.release(a), Ok(()));
+    assert!(
+        p.is_current(a),
+        "freed but not reused: still the current generation"
+    );
+    let b = alloc(&p);
+    assert_eq!(b.id, a.id);
+    assert_eq!(b.generation, a.generation + 1);
+    assert_eq!(p.generation(a.id), Some(b.generation));
+    assert!(!p.is_current(a));
+    let stale = PoolError::Stale {
+        block: a,
+        current: b.generation,
+    };
+    assert_eq!(p.release(a), Err(stale.clone()));
+    assert_eq!(p.retain(a), Err(stale));
+    assert_eq!(p.stale_releases(), 1);
+    assert_eq!(p.ref_count(b.id), 1);
+    assert!(!p.register(7, a));
+    conserved(&p);
+}
+
+#[test]
+fn double_free_is_detected_and_counted() {
+    let p = pool(3);
+    let a = alloc(&p);
+    assert_eq!(p.release(a), Ok(()));
+    assert_eq!(p.release(a), Err(PoolError::DoubleFree(a.id)));
+    assert_eq!(p.release(a), Err(PoolError::DoubleFree(a.id)));
+    assert_eq!(p.double_frees(), 2);
+    assert_eq!(p.retain(a), Err(PoolError::NotReferenced(a.id)));
+    let c = conserved(&p);
+    assert_eq!(c.free, 2);
+    // The slot is on the free list once: two allocations give two different blocks.
+    let x = alloc(&p);
+    let y = alloc(&p);
+    assert_ne!(x.id, y.id);
+    assert_eq!(p.allocate(), None);
+}
+
+#[test]
+fn retain_and_release_count() {
+    let p = pool(2);
+    let a = alloc(&p);
+    assert_eq!(p.retain(a), Ok(()));
+    assert_eq!(p.retain(a), Ok(()));
+    assert_eq!(p.ref_count(a.id), 3);
+    for left in [2, 1, 0] {
+        assert_eq!(p.release(a), Ok(()));
+        assert_eq!(p.ref_count(a.id), left);
+        conserved(&p);
+    }
+    assert_eq!(p.double_frees(), 0);
+}
+
+#[test]
+fn ref_count_overflow_is_an_error() {
+    let p = pool(2);
+    let a = alloc(&p);
+    // Drive the count to the maximum directly; a loop of 2^29 retains is too slow.
+    let max = State(State::INITIAL.0)
+        .fresh_use()
+        .0
+        .wrapping_add((State::RC_MAX - 1) << State::RC_SHIFT);
+    p.slots[1].state.store(max, Ordering::Relaxed);
+    assert_eq!(p.ref_count(a.id), MAX_REF_COUNT);
+    assert_eq!(p.retain(a), Err(PoolError::RefCountOverflow(a.id)));
+    assert_eq!(p.release(a), Ok(()));
+    assert_eq!(p.retain(a), Ok(()));
+}
+
+#[test]
+fn null_and_out_of_range_ids_never_panic() {
+    let p = pool(3);
+    let null = BlockRef {
+        id: 0,
+        generation: 0,
+    };
+    let far = BlockRef {
+        id: 3,
+        generation: 1,
+    };
+    let huge = BlockRef {
+        id: u64::MAX,
+        generation: 1,
+    };
+    assert_eq!(p.retain(null), Err(PoolError::NullBlock(0)));
+    assert_eq!(p.release(null), Err(PoolError::NullBlock(0)));
+    assert_eq!(p.retain(far), Err(PoolError::OutOfRange(3)));
+    assert_eq!(p.release(huge), Err(PoolError::OutOfRange(u64::MAX)));
+    for r in [null, far, huge] {
+        assert!(!p.is_current(r));
+        assert_eq!(p.generation(r.id), None);
+        assert_eq!(p.ref_count(r.id), 0);
+        assert!(!p.is_cached(r.id));
+        assert!(!p.register(1, r));
+        assert!(!p.evict(r.id));
+    }
+    assert_eq!((p.double_frees(), p.stale_releases()), (0, 0));
+    assert_eq!(p.lookup(1), None);
+    conserved(&p);
+}
