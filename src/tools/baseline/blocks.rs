@@ -1,0 +1,141 @@
+//! The baseline's block allocator and prefix cache: plain reference counts, a free list, a
+//! queue of cached unreferenced blocks to reclaim and a hash map from block hash to block.
+
+use std::collections::VecDeque;
+
+use rustc_hash::FxHashMap;
+
+use crate::pool::{BlockRef, Census, Generation};
+use crate::rules::geometry::{BlockId, DEFAULT_NULL_BLOCK};
+
+/// The block allocator and prefix cache: plain counters, a free list and a hash map.
+pub(super) struct Blocks {
+    pub(super) ref_count: Vec<u32>,
+    pub(super) generation: Vec<Generation>,
+    hash_of: Vec<Option<u64>>,
+    queued: Vec<bool>,
+    pub(super) free: Vec<BlockId>,
+    /// Cached, unreferenced blocks in release order (entries checked when popped).
+    reclaim: VecDeque<BlockId>,
+    pub(super) index: FxHashMap<u64, BlockId>,
+    pub(super) double_frees: u64,
+}
+
+impl Blocks {
+    pub(super) fn new(n: usize) -> Self {
+        Blocks {
+            ref_count: vec![0; n],
+            generation: vec![0; n],
+            hash_of: vec![None; n],
+            queued: vec![false; n],
+            free: (1..n as BlockId).rev().collect(),
+            reclaim: VecDeque::new(),
+            index: FxHashMap::default(),
+            double_frees: 0,
+        }
+    }
+    pub(super) fn is_current(&self, r: BlockRef) -> bool {
+        r.id != DEFAULT_NULL_BLOCK && self.generation.get(r.id as usize) == Some(&r.generation)
+    }
+    fn allocate(&mut self) -> Option<BlockRef> {
+        let id = match self.free.pop() {
+            Some(id) => id,
+            None => loop {
+                let id = self.reclaim.pop_front()?;
+                let i = id as usize;
+                self.queued[i] = false;
+                if self.ref_count[i] == 0 {
+                    if let Some(h) = self.hash_of[i].take() {
+                        self.index.remove(&h);
+                        break id;
+                    }
+                }
+            },
+        };
+        let i = id as usize;
+        self.generation[i] = self.generation[i].wrapping_add(1);
+        self.ref_count[i] = 1;
+        Some(BlockRef {
+            id,
+            generation: self.generation[i],
+        })
+    }
+    pub(super) fn allocate_n(&mut self, n: usize, out: &mut Vec<BlockRef>) -> bool {
+        let start = out.len();
+        for _ in 0..n {
+            match self.allocate() {
+                Some(b) => out.push(b),
+                None => {
+                    for b in out.drain(start..) {
+                        self.release(b);
+                    }
+                    return false;
+                }
+            }
+        }
+        true
+    }
+    pub(super) fn release(&mut self, r: BlockRef) {
+        if !self.is_current(r) {
+            return;
+        }
+        let i = r.id as usize;
+        if self.ref_count[i] == 0 {
+            self.double_frees += 1;
+            return;
+        }
+        self.ref_count[i] -= 1;
+        if self.ref_count[i] == 0 {
+            if self.hash_of[i].is_some() {
+                if !self.queued[i] {
+                    self.queued[i] = true;
+                    self.reclaim.push_back(r.id);
+                }
+            } else {
+                self.free.push(r.id);
+            }
+        }
+    }
+    pub(super) fn register(&mut self, hash: u64, r: BlockRef) -> bool {
+        let i = r.id as usize;
+        if !self.is_current(r) || self.hash_of[i].is_some() || self.index.contains_key(&hash) {
+            return false;
+        }
+        self.index.insert(hash, r.id);
+        self.hash_of[i] = Some(hash);
+        true
+    }
+    pub(super) fn lookup(&mut self, hash: u64) -> Option<BlockRef> {
+        let id = *self.index.get(&hash)?;
+        let i = id as usize;
+        self.ref_count[i] += 1;
+        Some(BlockRef {
+            id,
+            generation: self.generation[i],
+        })
+    }
+    pub(super) fn evict(&mut self, id: BlockId) {
+        let i = id as usize;
+        if let Some(h) = self.hash_of.get_mut(i).and_then(Option::take) {
+            self.index.remove(&h);
+            if self.ref_count[i] == 0 {
+                self.free.push(id);
+            }
+        }
+    }
+    pub(super) fn census(&self) -> Census {
+        let mut c = Census {
+            total: self.ref_count.len(),
+            null: 1,
+            ..Census::default()
+        };
+        for i in 1..self.ref_count.len() {
+            match (self.ref_count[i], self.hash_of[i].is_some()) {
+                (0, false) => c.free += 1,
+                (0, true) => c.cached_unreferenced += 1,
+                _ => c.referenced += 1,
+            }
+        }
+        c
+    }
+}

@@ -1,0 +1,54 @@
+//! The baseline's settings.
+
+use std::sync::Arc as StdArc;
+
+use crate::connector::{KvConnector, NoConnector};
+use crate::rules::geometry::CacheGroup;
+use crate::rules::recovery::{Mode, Policy};
+
+/// Settings of a [`MutexScheduler`](super::MutexScheduler) (the same meaning as the runtime
+/// builder's).
+#[derive(Clone)]
+pub struct BaselineConfig {
+    /// Cache groups.
+    pub groups: Vec<CacheGroup>,
+    /// Pool size in blocks, the null block included.
+    pub pool_blocks: usize,
+    /// Worker threads (1–256).
+    pub workers: usize,
+    /// Recovery mode.
+    pub mode: Mode,
+    /// Recovery policy.
+    pub policy: Policy,
+    /// Tokens per step.
+    pub token_budget: u64,
+    /// Sequences per step (also the admission limit per step).
+    pub max_seqs: usize,
+    /// The KV connector.
+    pub connector: StdArc<dyn KvConnector>,
+}
+
+impl std::fmt::Debug for BaselineConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BaselineConfig")
+            .field("groups", &self.groups)
+            .field("pool_blocks", &self.pool_blocks)
+            .field("workers", &self.workers)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for BaselineConfig {
+    fn default() -> Self {
+        BaselineConfig {
+            groups: vec![CacheGroup::full_attention(16)],
+            pool_blocks: 4096,
+            workers: 2,
+            mode: Mode::Safe,
+            policy: Policy::Recompute,
+            token_budget: 8192,
+            max_seqs: 256,
+            connector: StdArc::new(NoConnector),
+        }
+    }
+}

@@ -1,0 +1,52 @@
+//! The mutex baseline of `kvsched stress --baseline mutex`: the same engine-facing API as
+//! [`Runtime`](crate::runtime::Runtime), built the straightforward way, so one process can
+//! compare the two on the same seeded workload.
+//!
+//! * **One global lock.** Every piece of scheduler state — requests, the block allocator (a
+//!   `Vec` free list with plain reference counts), the prefix cache (a `HashMap`) and the
+//!   pending-recompute marks — lives behind one [`crate::sync::Mutex`]. A step runs on the
+//!   calling thread only.
+//! * **Channel completions.** Worker threads take jobs from an `mpsc` channel (its receiver
+//!   shared behind a mutex) and send completions back on another `mpsc` channel, drained at the
+//!   start of every step.
+//! * **Sequential recovery.** When a step's report is not empty, every loading and running
+//!   request is scanned, those with hits are gathered in canonical order and handed to
+//!   [`recovery::recover`] — the same rules as the runtime, ownership from marked sets.
+//!
+//! # Guarantees
+//!
+//! The same lifecycle rules as the runtime: every submitted request ends in exactly one of
+//! finished, failed, cancelled; every completion is applied once or counted stale; sharers
+//! (mode `safe`, policy `recompute`) are not scheduled while a block they wait for is pending,
+//! and an owner that ends first hands its blocks off through the next step's report.
+//!
+//! # Limits
+//!
+//! Meant for comparison, not production: `O(live requests)` work per step under one lock.
+//!
+//! # Layout
+//!
+//! [`scheduler`] (the API, each call under the lock) over [`state`] (everything behind the
+//! lock and the bookkeeping shared by the mechanisms, one step phase by phase), [`request`]
+//! (one request) and [`blocks`] (allocator and prefix cache); the step's phases:
+//! [`completions`] (drained into the report, loads landed), [`recovery`], [`outputs`] (the
+//! engine's output recorded and applied), [`admission`], [`scheduling`]; [`invariants`]; the
+//! [`workers`]; [`config`].
+//!
+//! [`recovery::recover`]: crate::rules::recovery::recover
+
+mod admission;
+mod blocks;
+mod completions;
+mod config;
+mod invariants;
+mod outputs;
+mod recovery;
+mod request;
+mod scheduler;
+mod scheduling;
+mod state;
+mod workers;
+
+pub use config::BaselineConfig;
+pub use scheduler::MutexScheduler;

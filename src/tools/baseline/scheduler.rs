@@ -1,0 +1,201 @@
+//! [`MutexScheduler`]: the engine-facing API, each call taking the global lock.
+
+use std::sync::Arc as StdArc;
+// The baseline deliberately uses std's mpsc channels for jobs and completions: that is the
+// design it stands for (the runtime uses lock-free queues from `crate::sync`).
+use std::sync::mpsc;
+use std::time::Duration;
+
+use super::config::BaselineConfig;
+use super::request::{prompt_hashes, Phase, Req};
+use super::state::State;
+use super::workers::Workers;
+use crate::rules::geometry::{Geometry, DEFAULT_NULL_BLOCK};
+use crate::runtime::claim::RequestKey;
+use crate::runtime::worker::Completion;
+use crate::runtime::{
+    EndState, Metrics, Report, RuntimeError, StepOutput, StepPlan, SubmitRequest,
+};
+use crate::sync::Mutex;
+
+/// The baseline scheduler. See the module docs.
+pub struct MutexScheduler {
+    state: Mutex<State>,
+    completions: Mutex<mpsc::Receiver<Completion>>,
+    workers: Workers,
+}
+
+impl std::fmt::Debug for MutexScheduler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MutexScheduler")
+            .field("workers", &self.workers.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl MutexScheduler {
+    /// Validates the settings and starts the worker threads.
+    pub fn new(cfg: BaselineConfig) -> Result<Self, RuntimeError> {
+        let geo = Geometry::new(cfg.groups.clone(), None, DEFAULT_NULL_BLOCK)?;
+        let bad = |field, problem: &str| {
+            Err(RuntimeError::Config {
+                field,
+                problem: problem.to_owned(),
+            })
+        };
+        if cfg.pool_blocks < 2 || cfg.pool_blocks > u32::MAX as usize {
+            return bad("pool_blocks", "must be 2 to 2^32 - 1");
+        }
+        if !(1..=256).contains(&cfg.workers) {
+            return bad("workers", "must be 1 to 256");
+        }
+        if cfg.token_budget == 0 || cfg.max_seqs == 0 {
+            return bad("token_budget", "token budget and max_seqs must be > 0");
+        }
+        let (workers, done_rx) = Workers::start(cfg.workers, &cfg.connector)?;
+        Ok(MutexScheduler {
+            state: Mutex::new(State::new(geo, cfg)),
+            completions: Mutex::new(done_rx),
+            workers,
+        })
+    }
+
+    /// Queues a request; it is admitted at a following step.
+    pub fn submit(&self, req: SubmitRequest) -> Result<(), RuntimeError> {
+        let mut s = self.state.lock();
+        if s.shut {
+            return Err(RuntimeError::ShutDown);
+        }
+        if req.prompt.is_empty() {
+            return Err(RuntimeError::EmptyPrompt(req.id));
+        }
+        let total = req.prompt.len() as u64 + u64::from(req.max_new_tokens.max(1));
+        let needed: u64 = s
+            .geo
+            .groups()
+            .iter()
+            .map(|g| g.blocks_for_tokens(total))
+            .sum();
+        let usable = s.blocks.ref_count.len() as u64 - 1;
+        if needed > usable {
+            return Err(RuntimeError::TooLong {
+                id: req.id,
+                needed,
+                usable,
+            });
+        }
+        if s.by_id.contains_key(req.id.as_str()) {
+            return Err(RuntimeError::DuplicateId(req.id));
+        }
+        let seq = s.seq;
+        s.seq += 1;
+        let key = RequestKey::new(false, req.priority, seq);
+        let hashes = prompt_hashes(&s.geo, &req.prompt);
+        let groups = s.geo.num_groups();
+        let id: StdArc<str> = req.id.into();
+        let r = Req::new(id.clone(), req.prompt, req.max_new_tokens, hashes, groups);
+        s.by_id.insert(id, key);
+        s.reqs.insert(key, r);
+        s.waiting.insert(key);
+        s.metrics.submitted += 1;
+        Ok(())
+    }
+
+    /// Cancels a request (once its in-flight load, if any, lands). Unknown ids are counted in
+    /// [`Metrics::unknown_commands`].
+    pub fn cancel(&self, id: &str) {
+        let mut s = self.state.lock();
+        let Some(&key) = s.by_id.get(id) else {
+            s.metrics.unknown_commands += 1;
+            return;
+        };
+        match s.reqs.get_mut(&key) {
+            Some(r) if r.phase == Phase::Loading => r.end_after_load = Some(EndState::Cancelled),
+            _ => s.end(key, EndState::Cancelled),
+        }
+    }
+
+    fn take_completions(&self) -> Vec<Completion> {
+        self.completions.lock().try_iter().collect()
+    }
+
+    /// Runs one step under the global lock and returns what to compute.
+    pub fn schedule(&mut self) -> StepPlan {
+        self.step(false)
+    }
+
+    fn step(&mut self, draining: bool) -> StepPlan {
+        let mut fresh = self.take_completions();
+        let mut s = self.state.lock();
+        let mut completions = std::mem::take(&mut s.stash);
+        completions.append(&mut fresh);
+        let plan = s.step(completions, draining);
+        let jobs = std::mem::take(&mut s.jobs);
+        drop(s);
+        self.workers.send(jobs);
+        plan
+    }
+
+    /// Applies the engine's output for the last step (at the next [`MutexScheduler::schedule`]).
+    pub fn update(&mut self, out: StepOutput) {
+        self.state.lock().record_output(out);
+    }
+
+    /// Counters so far.
+    pub fn metrics(&self) -> Metrics {
+        self.state.lock().metrics.clone()
+    }
+
+    /// Waits until a load completes or `timeout` passes; returns whether something happened.
+    pub fn wait_for_work(&self, timeout: Duration) -> bool {
+        let got = self.completions.lock().recv_timeout(timeout);
+        match got {
+            Ok(c) => {
+                self.state.lock().stash.push(c);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// SPEC §7 invariants that can be checked between steps; returns the violations.
+    pub fn check_invariants(&self) -> Vec<String> {
+        self.state.lock().violations()
+    }
+
+    /// Stops the workers (loads in flight finish and are applied), cancels every live request,
+    /// releases every block and reports.
+    pub fn shutdown(mut self) -> Report {
+        self.state.lock().shut = true;
+        self.workers.stop();
+        let loads_cancelled = self.workers.loads_cancelled();
+        let _ = self.step(true);
+        let mut s = self.state.lock();
+        s.jobs.clear();
+        let keys: Vec<RequestKey> = s.reqs.keys().copied().collect();
+        let mut ids = Vec::new();
+        for k in keys {
+            if let Some(r) = s.reqs.get(&k) {
+                ids.push(r.id.to_string());
+            }
+            s.end(k, EndState::Cancelled);
+        }
+        s.ended.clear();
+        // The baseline waits for every load in flight: nothing is abandoned.
+        Report {
+            metrics: s.metrics.clone(),
+            loads_cancelled,
+            loads_abandoned: 0,
+            blocks_abandoned: 0,
+            census: s.blocks.census(),
+            cancelled_at_shutdown: ids,
+            violations: s.violations(),
+        }
+    }
+}
+
+impl Drop for MutexScheduler {
+    fn drop(&mut self) {
+        self.workers.stop();
+    }
+}

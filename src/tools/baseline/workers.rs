@@ -1,0 +1,127 @@
+//! The baseline's worker threads: jobs in by one `mpsc` channel (its receiver shared behind a
+//! mutex), completions out by another.
+
+use std::sync::Arc as StdArc;
+// The baseline deliberately uses std's mpsc channels for jobs and completions: that is the
+// design it stands for (the runtime uses lock-free queues from `crate::sync`).
+use std::sync::mpsc;
+use std::time::Instant;
+
+use crate::connector::{KvConnector, LoadJob};
+use crate::runtime::claim::RequestKey;
+use crate::runtime::worker::{run_load, Completion};
+use crate::runtime::RuntimeError;
+use crate::sync::{thread, Arc, AtomicBool, AtomicU64, Mutex, Ordering};
+
+/// The worker threads: jobs in by one channel, completions out by another.
+pub(super) struct Workers {
+    jobs: Option<mpsc::Sender<LoadJob>>,
+    stop: Arc<AtomicBool>,
+    cancelled: Arc<AtomicU64>,
+    handles: Vec<thread::JoinHandle<()>>,
+}
+
+impl Workers {
+    /// Starts `n` workers running loads through `connector`; returns them and the receiving
+    /// end of their completions. If a thread cannot start, the ones started are joined.
+    pub(super) fn start(
+        n: usize,
+        connector: &StdArc<dyn KvConnector>,
+    ) -> Result<(Self, mpsc::Receiver<Completion>), RuntimeError> {
+        let (job_tx, job_rx) = mpsc::channel::<LoadJob>();
+        let (done_tx, done_rx) = mpsc::channel::<Completion>();
+        let job_rx = Arc::new(Mutex::new(job_rx));
+        let stop = Arc::new(AtomicBool::new(false));
+        let cancelled = Arc::new(AtomicU64::new(0));
+        let mut handles = Vec::new();
+        for i in 0..n {
+            let (rx, tx, conn) = (
+                Arc::clone(&job_rx),
+                done_tx.clone(),
+                StdArc::clone(connector),
+            );
+            let (stop, cancelled) = (Arc::clone(&stop), Arc::clone(&cancelled));
+            let h = thread::Builder::new()
+                .name(format!("baseline-worker-{i}"))
+                .spawn(move || work(&rx, &tx, conn.as_ref(), &stop, &cancelled));
+            match h {
+                Ok(h) => handles.push(h),
+                Err(e) => {
+                    drop(job_tx);
+                    for h in handles {
+                        let _ = h.join();
+                    }
+                    return Err(e.into());
+                }
+            }
+        }
+        let workers = Workers {
+            jobs: Some(job_tx),
+            stop,
+            cancelled,
+            handles,
+        };
+        Ok((workers, done_rx))
+    }
+
+    /// Worker threads running.
+    pub(super) fn len(&self) -> usize {
+        self.handles.len()
+    }
+
+    /// Queues `jobs` for the workers (none once stopped).
+    pub(super) fn send(&self, jobs: Vec<LoadJob>) {
+        if let Some(tx) = &self.jobs {
+            for j in jobs {
+                let _ = tx.send(j);
+            }
+        }
+    }
+
+    /// Stops the workers and joins them: loads in flight finish, queued jobs are skipped
+    /// (counted in [`Workers::loads_cancelled`]).
+    pub(super) fn stop(&mut self) {
+        // Release: pairs with the Acquire load in the worker loop; queued jobs are skipped.
+        self.stop.store(true, Ordering::Release);
+        self.jobs = None;
+        for h in self.handles.drain(..) {
+            let _ = h.join();
+        }
+    }
+
+    /// Queued jobs the workers skipped because they were stopping.
+    pub(super) fn loads_cancelled(&self) -> u64 {
+        self.cancelled.load(Ordering::Relaxed)
+    }
+}
+
+/// One worker: takes jobs until the job channel closes, runs each through `conn` (skipping,
+/// and counting, those taken once `stop` is set) and sends its completion back.
+fn work(
+    rx: &Mutex<mpsc::Receiver<LoadJob>>,
+    tx: &mpsc::Sender<Completion>,
+    conn: &dyn KvConnector,
+    stop: &AtomicBool,
+    cancelled: &AtomicU64,
+) {
+    loop {
+        let job = rx.lock().recv();
+        let Ok(job) = job else { return };
+        // Acquire: pairs with the Release store in `Workers::stop`.
+        if stop.load(Ordering::Acquire) {
+            cancelled.fetch_add(1, Ordering::Relaxed);
+            continue;
+        }
+        let (result, panicked) = run_load(conn, &job);
+        let c = Completion {
+            key: RequestKey::from_raw(job.owner.key),
+            attempt: job.attempt,
+            result,
+            panicked,
+            finished_at: Instant::now(),
+        };
+        if tx.send(c).is_err() {
+            return;
+        }
+    }
+}

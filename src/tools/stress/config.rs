@@ -1,0 +1,330 @@
+//! Every setting of a stress run ([`StressConfig`], also the `clap` arguments of
+//! `kvsched stress`), its defaults, the checks across settings, and what the runtime and the
+//! simulated connector are built with.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::Serialize;
+use thiserror::Error;
+
+use super::faults::{Faults, FAULT_NAMES};
+use super::values::{
+    parse_live, parse_max_seqs, parse_mode, parse_policy, parse_pool, parse_seconds, parse_shards,
+    parse_unit, parse_workers, ser_mode, ser_policy, BaselineKind, LatencyRange, Preset, Rate,
+};
+use crate::connector::SimConfig;
+use crate::rules::recovery::{Mode, Policy};
+use crate::runtime::{RuntimeError, Settings};
+
+/// Default of `--requests`.
+pub const DEFAULT_REQUESTS: u64 = 20_000;
+/// Default of `--rate` (requests per second).
+pub const DEFAULT_RATE: f64 = 2_000.0;
+/// Default of `--live`.
+pub const DEFAULT_LIVE: usize = 4096;
+/// Default of `--duration` (seconds).
+pub const DEFAULT_DURATION_S: f64 = 20.0;
+/// Default of `--pool-blocks`.
+pub const DEFAULT_POOL_BLOCKS: usize = 1 << 17;
+/// Default of `--model-us`.
+pub const DEFAULT_MODEL_US: u64 = 200;
+/// Default of `--load-deadline-ms` with deadline faults.
+pub const DEFAULT_FAULT_DEADLINE_MS: u64 = 20;
+/// How long a load injected with a deadline fault hangs, in load deadlines.
+pub const HANG_DEADLINES: u32 = 4;
+/// Default of `--check-every` (steps).
+pub const DEFAULT_CHECK_EVERY: u64 = 1000;
+
+/// Every setting of a stress run (the `config` key of the JSON report).
+#[derive(Clone, Debug, Serialize, clap::Args)]
+pub struct StressConfig {
+    /// Requests to submit in all.
+    #[arg(long, default_value_t = DEFAULT_REQUESTS, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub requests: u64,
+    /// Arrival rate: requests per second (open loop, Poisson), or `max` (closed loop at --live).
+    #[arg(long, default_value = "2000", value_parser = Rate::from_str)]
+    pub rate: Rate,
+    /// Live requests kept by `--rate max`.
+    #[arg(long, default_value_t = DEFAULT_LIVE, value_parser = parse_live)]
+    pub live: usize,
+    /// Longest run time in seconds (the run ends at whichever of --requests and --duration
+    /// comes first).
+    #[arg(long = "duration", default_value_t = DEFAULT_DURATION_S, value_parser = parse_seconds)]
+    #[serde(rename = "duration_s")]
+    pub duration_s: f64,
+    /// Shard threads (1–64).
+    #[arg(long, default_value_t = 2, value_parser = parse_shards)]
+    pub shards: usize,
+    /// Worker threads running loads (1–256).
+    #[arg(long, default_value_t = 2, value_parser = parse_workers)]
+    pub workers: usize,
+    /// Cache-group geometry: dense, hybrid-swa, hybrid-mamba or mixed-16-32-64.
+    #[arg(long, default_value = "dense", value_parser = Preset::from_str)]
+    pub groups: Preset,
+    /// Pool size in blocks, the null block included.
+    #[arg(long, default_value_t = DEFAULT_POOL_BLOCKS, value_parser = parse_pool)]
+    pub pool_blocks: usize,
+    /// Share of each prompt taken from one of a few shared base prefixes (0–1).
+    #[arg(long, default_value_t = 0.5, value_parser = parse_unit)]
+    pub prefix_share: f64,
+    /// Share of loads that fail (0–1).
+    #[arg(long, default_value_t = 0.01, value_parser = parse_unit)]
+    pub failure_rate: f64,
+    /// Recovery policy: recompute or fail.
+    #[arg(long, default_value = "recompute", value_parser = parse_policy)]
+    #[serde(serialize_with = "ser_policy")]
+    pub policy: Policy,
+    /// Recovery mode: safe or vllm.
+    #[arg(long, default_value = "safe", value_parser = parse_mode)]
+    #[serde(serialize_with = "ser_mode")]
+    pub mode: Mode,
+    /// Seed of every random choice (workload, arrivals, connector).
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Simulated model time per step with scheduled work, µs (excluded from step overhead).
+    #[arg(long, default_value_t = DEFAULT_MODEL_US, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
+    pub model_us: u64,
+    /// Tokens per step.
+    #[arg(long, default_value_t = 8192, value_parser = clap::value_parser!(u64).range(1..=1 << 32))]
+    pub token_budget: u64,
+    /// Sequences per step.
+    #[arg(long, default_value_t = 256, value_parser = parse_max_seqs)]
+    pub max_seqs: usize,
+    /// Longest prompt in tokens; prompts are uniform in [max/4, max].
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(8..=1 << 20))]
+    pub prompt_tokens: u32,
+    /// Mean tokens generated per request (geometric-like, capped at 8× the mean).
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1 << 16))]
+    pub output_tokens: u32,
+    /// Share of each prompt the simulated external store holds (0–1).
+    #[arg(long, default_value_t = 0.75, value_parser = parse_unit)]
+    pub hit_ratio: f64,
+    /// Share of loads that are asynchronous (0–1); the rest run inside the engine's step.
+    #[arg(long, default_value_t = 0.8, value_parser = parse_unit)]
+    pub async_ratio: f64,
+    /// Asynchronous load latency, `MIN..MAX` microseconds (uniform).
+    #[arg(long, default_value = "50..500", value_parser = LatencyRange::from_str)]
+    pub load_latency_us: LatencyRange,
+    /// Share of requests the client cancels a few steps after submitting (0–1).
+    #[arg(long, default_value_t = 0.005, value_parser = parse_unit)]
+    pub cancel_ratio: f64,
+    /// Check the scheduler's invariants every N steps (and always at the end).
+    #[arg(long, default_value_t = DEFAULT_CHECK_EVERY, value_parser = clap::value_parser!(u64).range(1..))]
+    pub check_every: u64,
+    /// Also run the same workload through a baseline scheduler: `mutex`.
+    #[arg(long, value_parser = BaselineKind::from_str)]
+    pub baseline: Option<BaselineKind>,
+    /// Inject faults: `NAME=RATE[,NAME=RATE...]`, each rate 0–1 (a fault not named is off).
+    ///
+    /// * `deadline=R`: share R of asynchronous loads hang (the connector sleeps 4× the load
+    ///   deadline), so the load deadline expires and their completion lands late;
+    /// * `panic=R`: share R of asynchronous loads panic inside the connector (the worker
+    ///   catches it and fails every block of the load);
+    /// * `late=R`: share R of the requests offered an asynchronous load are cancelled by the
+    ///   engine right after the step that dispatched it, so the load lands for a cancelled
+    ///   request (the runtime ends the request once the load lands);
+    /// * `duplicate=R`: in share R of steps the engine reports its output twice (every sampled
+    ///   and finished id, every failed sync-load block);
+    /// * `stale=R`: in share R of steps the engine names a stale block among the failed
+    ///   blocks (a block seen in an earlier sync load with a wrong generation, or an id past
+    ///   the pool);
+    /// * `cancel=R`: share R of requests are cancelled by the client at a random later step
+    ///   (1–128 steps after submission; on top of --cancel-ratio).
+    ///
+    /// Deadline and panic faults are decided per (request, load attempt), the others per
+    /// request or step, all from --seed. Injected counts and what the runtime did about them
+    /// are reported (`faults_injected`, `events`).
+    #[arg(long, value_name = "FAULTS", value_parser = Faults::from_str, verbatim_doc_comment)]
+    pub faults: Option<Faults>,
+    /// Deadline of an asynchronous load in ms (default: 20 with `--faults deadline=R`, R > 0;
+    /// else the runtime's default of 5000).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    pub load_deadline_ms: Option<u64>,
+}
+
+impl Default for StressConfig {
+    fn default() -> Self {
+        StressConfig {
+            requests: DEFAULT_REQUESTS,
+            rate: Rate::PerSecond(DEFAULT_RATE),
+            live: DEFAULT_LIVE,
+            duration_s: DEFAULT_DURATION_S,
+            shards: 2,
+            workers: 2,
+            groups: Preset::Dense,
+            pool_blocks: DEFAULT_POOL_BLOCKS,
+            prefix_share: 0.5,
+            failure_rate: 0.01,
+            policy: Policy::Recompute,
+            mode: Mode::Safe,
+            seed: 1,
+            model_us: DEFAULT_MODEL_US,
+            token_budget: 8192,
+            max_seqs: 256,
+            prompt_tokens: 512,
+            output_tokens: 16,
+            hit_ratio: 0.75,
+            async_ratio: 0.8,
+            load_latency_us: LatencyRange {
+                min_us: 50,
+                max_us: 500,
+            },
+            cancel_ratio: 0.005,
+            check_every: DEFAULT_CHECK_EVERY,
+            baseline: None,
+            faults: None,
+            load_deadline_ms: None,
+        }
+    }
+}
+
+/// Why a stress run could not start.
+#[derive(Debug, Error)]
+pub enum StressError {
+    /// A setting is out of range (the message names the flag).
+    #[error("{flag}: {problem}")]
+    Config {
+        /// The command-line flag.
+        flag: &'static str,
+        /// What is wrong.
+        problem: String,
+    },
+    /// The scheduler refused its settings or could not start its threads.
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    /// A histogram could not be created.
+    #[error("histogram: {0}")]
+    Histogram(String),
+}
+
+impl StressConfig {
+    /// The longest generation a request may draw.
+    pub(super) fn max_output_tokens(&self) -> u64 {
+        u64::from(self.output_tokens) * 8
+    }
+
+    /// Checks the settings together (each one is range-checked when parsed).
+    pub fn validate(&self) -> Result<(), StressError> {
+        let bad = |flag, problem: String| Err(StressError::Config { flag, problem });
+        let unit = [
+            ("--prefix-share", self.prefix_share),
+            ("--failure-rate", self.failure_rate),
+            ("--hit-ratio", self.hit_ratio),
+            ("--async-ratio", self.async_ratio),
+            ("--cancel-ratio", self.cancel_ratio),
+        ];
+        for (flag, x) in unit {
+            if !(0.0..=1.0).contains(&x) {
+                return bad(flag, format!("must be from 0 to 1, got {x}"));
+            }
+        }
+        if let Some(f) = &self.faults {
+            for (name, x) in FAULT_NAMES.iter().zip(f.rates()) {
+                if !(0.0..=1.0).contains(&x) {
+                    return bad("--faults", format!("{name}: must be from 0 to 1, got {x}"));
+                }
+            }
+        }
+        if self.load_deadline_ms == Some(0) {
+            return bad("--load-deadline-ms", "must be positive".to_owned());
+        }
+        if let Rate::PerSecond(r) = self.rate {
+            if !(r.is_finite() && r > 0.0) {
+                return bad("--rate", format!("must be positive, got {r}"));
+            }
+        }
+        if !(self.duration_s.is_finite() && self.duration_s > 0.0) {
+            return bad(
+                "--duration",
+                format!("must be positive, got {}", self.duration_s),
+            );
+        }
+        if !(1..=64).contains(&self.shards) {
+            return bad("--shards", format!("must be 1 to 64, got {}", self.shards));
+        }
+        if !(1..=256).contains(&self.workers) {
+            return bad(
+                "--workers",
+                format!("must be 1 to 256, got {}", self.workers),
+            );
+        }
+        if self.token_budget < self.shards as u64 {
+            return bad(
+                "--token-budget",
+                format!("must be at least --shards ({})", self.shards),
+            );
+        }
+        if self.max_seqs < self.shards {
+            return bad(
+                "--max-seqs",
+                format!("must be at least --shards ({})", self.shards),
+            );
+        }
+        if self.load_latency_us.min_us > self.load_latency_us.max_us {
+            return bad("--load-latency-us", "MIN must not exceed MAX".to_owned());
+        }
+        let tokens = u64::from(self.prompt_tokens) + self.max_output_tokens();
+        let needed: u64 = self
+            .groups
+            .groups()
+            .iter()
+            .map(|g| g.blocks_for_tokens(tokens))
+            .sum();
+        if needed + 1 > self.pool_blocks as u64 {
+            return bad(
+                "--pool-blocks",
+                format!(
+                    "{} blocks cannot hold one request of up to {tokens} tokens ({needed} blocks + the null block)",
+                    self.pool_blocks
+                ),
+            );
+        }
+        Ok(())
+    }
+
+    /// The fault rates (all 0 without `--faults`).
+    pub(super) fn fault_rates(&self) -> Faults {
+        self.faults.unwrap_or_default()
+    }
+
+    /// The async-load deadline the run uses (see `--load-deadline-ms`).
+    pub fn effective_load_deadline(&self) -> Option<Duration> {
+        match self.load_deadline_ms {
+            Some(ms) => Some(Duration::from_millis(ms)),
+            None if self.fault_rates().deadline > 0.0 => {
+                Some(Duration::from_millis(DEFAULT_FAULT_DEADLINE_MS))
+            }
+            None => Settings::default().load_deadline,
+        }
+    }
+
+    /// The runtime's live settings.
+    pub(super) fn runtime_settings(&self) -> Settings {
+        Settings {
+            mode: self.mode,
+            policy: self.policy,
+            load_deadline: self.effective_load_deadline(),
+            ..Settings::default()
+        }
+    }
+
+    pub(super) fn sim_config(&self) -> SimConfig {
+        let groups = self.groups.groups();
+        let s = crate::rules::geometry::Geometry::new(groups, None, 0)
+            .map(|g| g.scheduler_block_size())
+            .unwrap_or(16);
+        SimConfig {
+            seed: self.seed ^ 0x5eed_c0de,
+            hit_ratio: self.hit_ratio,
+            align_tokens: s,
+            async_ratio: self.async_ratio,
+            failure_rate: self.failure_rate,
+            shared_failure_share: 0.5,
+            max_invalid_per_failure: 2,
+            latency_min: Duration::from_micros(self.load_latency_us.min_us),
+            latency_max: Duration::from_micros(self.load_latency_us.max_us),
+            ..SimConfig::default()
+        }
+    }
+}

@@ -1,0 +1,182 @@
+//! `--faults`: the fault rates and their parsing, and the connector side of the injection (a
+//! fault-injecting wrapper around the simulated connector). The engine side (late cancels,
+//! duplicate outputs, stale blocks, client cancels) is in the engine loop.
+
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_queue::SegQueue;
+use serde::Serialize;
+
+use super::config::{StressConfig, HANG_DEADLINES};
+use crate::connector::{
+    KvConnector, LoadJob, LoadResult, LookupQuery, LookupResult, SimConnector, SimulatedPanic,
+    SplitMix64,
+};
+use crate::rng::hash_str;
+
+/// The fault names of `--faults`, in order.
+pub const FAULT_NAMES: [&str; 6] = ["deadline", "panic", "late", "duplicate", "stale", "cancel"];
+
+/// Fault rates of `--faults deadline=R,panic=R,late=R,duplicate=R,stale=R,cancel=R` (each
+/// 0–1; a fault not named is off). See [`StressConfig::faults`] for what each one injects.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Faults {
+    /// Share of asynchronous loads that hang past the load deadline.
+    pub deadline: f64,
+    /// Share of asynchronous loads that panic inside the connector.
+    pub panic: f64,
+    /// Share of requests with an asynchronous load the engine cancels right after dispatch.
+    pub late: f64,
+    /// Share of steps whose engine output is reported twice.
+    pub duplicate: f64,
+    /// Share of steps whose engine output names a stale block.
+    pub stale: f64,
+    /// Share of requests the client cancels at a random later step.
+    pub cancel: f64,
+}
+
+impl Faults {
+    pub(super) fn rates(&self) -> [f64; 6] {
+        [
+            self.deadline,
+            self.panic,
+            self.late,
+            self.duplicate,
+            self.stale,
+            self.cancel,
+        ]
+    }
+}
+
+impl FromStr for Faults {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let names = "deadline, panic, late, duplicate, stale or cancel";
+        if s.trim().is_empty() {
+            return Err(format!(
+                "expected NAME=RATE[,NAME=RATE...] with NAME one of {names}, got an empty list"
+            ));
+        }
+        let mut f = Faults::default();
+        let mut seen: Vec<&str> = Vec::new();
+        for part in s.split(',') {
+            let part = part.trim();
+            let (name, rate) = part.split_once('=').ok_or_else(|| {
+                format!("`{part}`: missing `=` (expected NAME=RATE, e.g. panic=0.01)")
+            })?;
+            let name = name.trim();
+            let slot = match name {
+                "deadline" => &mut f.deadline,
+                "panic" => &mut f.panic,
+                "late" => &mut f.late,
+                "duplicate" => &mut f.duplicate,
+                "stale" => &mut f.stale,
+                "cancel" => &mut f.cancel,
+                _ => return Err(format!("unknown fault `{name}` (expected {names})")),
+            };
+            if seen.contains(&name) {
+                return Err(format!("fault `{name}` given twice"));
+            }
+            seen.push(name);
+            let rate = rate.trim();
+            *slot = rate
+                .parse::<f64>()
+                .ok()
+                .filter(|r| (0.0..=1.0).contains(r))
+                .ok_or_else(|| format!("{name}: expected a rate from 0 to 1, got `{rate}`"))?;
+        }
+        Ok(f)
+    }
+}
+
+/// The simulated connector wrapped with the connector-side faults of `--faults`: each
+/// asynchronous load draws, from its own seeded stream per (request, attempt), whether it
+/// panics (`panic=R`) or hangs for `hang` (`deadline=R`), counting both exactly; every other
+/// load is the [`SimConnector`]'s. With `late=R` it also records the requests it offers an
+/// asynchronous load, for the engine to cancel.
+pub(super) struct FaultConnector {
+    pub(super) sim: Arc<SimConnector>,
+    seed: u64,
+    hang_rate: f64,
+    panic_rate: f64,
+    hang: Duration,
+    record_offers: bool,
+    pub(super) hangs: AtomicU64,
+    pub(super) panics: AtomicU64,
+    pub(super) offers: SegQueue<Arc<str>>,
+}
+
+impl FaultConnector {
+    pub(super) fn new(cfg: &StressConfig, sim: Arc<SimConnector>) -> Self {
+        let f = cfg.fault_rates();
+        let hang = cfg
+            .effective_load_deadline()
+            .map_or(Duration::from_millis(50), |d| d * HANG_DEADLINES);
+        FaultConnector {
+            sim,
+            seed: cfg.seed ^ 0xFA17_C044,
+            hang_rate: f.deadline,
+            panic_rate: f.panic,
+            hang,
+            record_offers: f.late > 0.0,
+            hangs: AtomicU64::new(0),
+            panics: AtomicU64::new(0),
+            offers: SegQueue::new(),
+        }
+    }
+}
+
+impl KvConnector for FaultConnector {
+    fn lookup(&self, q: LookupQuery<'_>) -> LookupResult {
+        let r = self.sim.lookup(q);
+        if self.record_offers && r.load_async && r.external_tokens > 0 {
+            self.offers.push(q.request.into());
+        }
+        r
+    }
+
+    fn load(&self, job: &LoadJob) -> LoadResult {
+        if self.hang_rate > 0.0 || self.panic_rate > 0.0 {
+            let mut rng = SplitMix64::new(
+                self.seed
+                    ^ hash_str(&job.request).rotate_left(29)
+                    ^ u64::from(job.attempt)
+                        .wrapping_add(1)
+                        .wrapping_mul(0xD6E8_FEB8_6659_FD93),
+            );
+            let (p, h) = (rng.unit(), rng.unit());
+            if p < self.panic_rate {
+                self.panics.fetch_add(1, Ordering::Relaxed);
+                std::panic::panic_any(SimulatedPanic);
+            }
+            if h < self.hang_rate {
+                self.hangs.fetch_add(1, Ordering::Relaxed);
+                std::thread::sleep(self.hang);
+                return self.sim.decide(job);
+            }
+        }
+        self.sim.load(job)
+    }
+}
+
+/// Installs (once per process) a panic hook that prints nothing for [`SimulatedPanic`]
+/// payloads and defers to the previous hook for every other panic.
+pub(super) fn silence_simulated_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let prev = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !info.payload().is::<SimulatedPanic>() {
+                prev(info);
+            }
+        }));
+    });
+}
+
+/// A uniform draw in `[0, 1)` that depends on the seed, a salt and a request id only.
+pub(super) fn draw_for(seed: u64, salt: u64, id: &str) -> f64 {
+    SplitMix64::new(seed ^ salt ^ hash_str(id).rotate_left(7)).unit()
+}

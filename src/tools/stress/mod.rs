@@ -1,0 +1,164 @@
+//! `kvsched stress`: a simulated engine driving the public [`Runtime`] API (and, with
+//! `--baseline mutex`, the [`MutexScheduler`] on the very same seeded workload), measured with
+//! hdrhistogram and checked against the SPEC §7 invariants.
+//!
+//! # The simulated engine
+//!
+//! A loop of steps: submit the requests whose arrival time has come, [`Scheduler::update`] with
+//! the last step's output, [`Scheduler::schedule`], then "run the model": wait a fixed cost per
+//! step (`--model-us`), run the plan's synchronous loads through the [`SimConnector`]'s
+//! [`decide`](SimConnector::decide) (failed blocks go into [`StepOutput::invalid_blocks`]) and
+//! sample a token for every request scheduled with `samples`. Asynchronous loads run on the
+//! scheduler's worker threads through the same connector. Each request's length to generate
+//! (`max_new_tokens`) is drawn from a seeded geometric-like distribution; the scheduler ends it
+//! when it has generated them.
+//!
+//! # Arrivals
+//!
+//! * `--rate R` (open loop): arrival times follow a seeded Poisson process of rate `R`/s,
+//!   fixed in advance; requests are submitted when their time has come, never waiting for
+//!   completions, and latencies are measured from the *scheduled arrival* time, so a stalled
+//!   scheduler cannot hide its stall (no coordinated omission).
+//! * `--rate max` (closed loop): the number of live requests is kept at `--live`.
+//!
+//! The run ends when all `--requests` have ended or after `--duration` seconds, whichever comes
+//! first; shutdown then cancels whatever is live.
+//!
+//! # Measurements
+//!
+//! * *completions*: load completions applied by the scheduler (`loads_ok + loads_failed`),
+//!   per second of run time;
+//! * *step overhead*: wall time of `schedule()` + `update()`, the simulated model excluded;
+//! * *submit → first schedule*: scheduled arrival → the plan that first schedules the request;
+//! * *completion → runnable*: [`StepPlan::runnable_latency_ns`].
+//!
+//! Latencies are recorded in hdrhistogram per-thread recorders and merged at the end.
+//!
+//! # Faults
+//!
+//! `--faults deadline=R,panic=R,late=R,duplicate=R,stale=R,cancel=R` rehearses failures: the
+//! connector is wrapped in a fault-injecting one (hangs past the load deadline, panics,
+//! decided per request and load attempt from the seed and counted exactly), and the engine
+//! damages its own output (cancels right after a load is dispatched, repeated step outputs,
+//! stale blocks, cancels at random later steps). The report counts what was injected
+//! (`faults_injected`) and what the scheduler did about it (`events`); see [`render_json`].
+//!
+//! # Invariants
+//!
+//! Checked every `--check-every` steps and at the end ([`Scheduler::check_invariants`]), at
+//! every step on the plan (no request scheduled in the step that told it to wait; no block
+//! claimed twice in one marked set), at shutdown ([`Report::violations`], every block released),
+//! and by reconciliation (submitted = finished + failed + cancelled; completions applied,
+//! stale or cancelled never exceed loads dispatched, a load past its deadline counted once;
+//! late completions never exceed expired deadlines; every injected panic caught; no request
+//! finished with fewer samples sent than tokens to generate, so no sample was applied twice).
+//!
+//! # Layout
+//!
+//! [`config`] (every setting, the `clap` arguments) over [`values`] (the flag value types and
+//! parsers); [`workload`] (the seeded requests and arrivals); [`faults`] (`--faults` and the
+//! fault-injecting connector); [`scheduler`] (the trait the engine drives, for the runtime and
+//! the baseline); [`drive`](mod@drive) (the simulated engine) with [`checks`] (its invariant
+//! checks and the reconciliation) and [`histograms`]; [`report`] (the data), [`render`] (human
+//! and JSON) and [`progress`] (the progress bar).
+//!
+//! [`Scheduler::update`]: scheduler::Scheduler::update
+//! [`Scheduler::schedule`]: scheduler::Scheduler::schedule
+//! [`Scheduler::check_invariants`]: scheduler::Scheduler::check_invariants
+//! [`StepOutput::invalid_blocks`]: crate::runtime::StepOutput::invalid_blocks
+//! [`StepPlan::runnable_latency_ns`]: crate::runtime::StepPlan::runnable_latency_ns
+//! [`Report::violations`]: crate::runtime::Report::violations
+
+mod checks;
+mod config;
+mod drive;
+mod faults;
+mod histograms;
+mod progress;
+mod render;
+mod report;
+mod scheduler;
+mod values;
+mod workload;
+
+use std::sync::Arc;
+
+pub use config::{StressConfig, StressError};
+pub use progress::{terminal_progress, Progress};
+pub use render::{render_human, render_json};
+pub use report::StressReport;
+pub use values::BaselineKind;
+// Named by the tools' tests (`crate::tools::stress::{Preset, Rate}`); nothing else outside
+// this module does.
+#[cfg(test)]
+pub use values::{Preset, Rate};
+
+use crate::connector::SimConnector;
+use crate::runtime::Runtime;
+use crate::tools::baseline::{BaselineConfig, MutexScheduler};
+use drive::drive;
+use faults::{silence_simulated_panics, FaultConnector};
+use report::Ratios;
+
+/// Runs the stress test of `cfg` (and its baseline, if any) without a progress display.
+#[cfg(test)]
+pub fn run_stress(cfg: &StressConfig) -> Result<StressReport, StressError> {
+    run_stress_with_progress(cfg, &mut |_| {})
+}
+
+/// Runs the stress test of `cfg`, reporting progress to `progress` about every 100 ms.
+pub fn run_stress_with_progress(
+    cfg: &StressConfig,
+    progress: &mut dyn FnMut(&Progress),
+) -> Result<StressReport, StressError> {
+    cfg.validate()?;
+    if cfg.fault_rates().panic > 0.0 {
+        silence_simulated_panics();
+    }
+    let sim = Arc::new(SimConnector::new(cfg.sim_config()));
+    let conn = Arc::new(FaultConnector::new(cfg, sim.clone()));
+    let rt = Runtime::builder()
+        .groups(cfg.groups.groups())
+        .pool_blocks(cfg.pool_blocks)
+        .shards(cfg.shards)
+        .workers(cfg.workers)
+        .settings(cfg.runtime_settings())
+        .token_budget(cfg.token_budget)
+        .max_seqs(cfg.max_seqs)
+        .connector(conn.clone())
+        .build()?;
+    let run = drive(rt, "kvsched", cfg, &conn, progress)?;
+    let baseline = match cfg.baseline {
+        None => None,
+        Some(BaselineKind::Mutex) => {
+            // The same faults, counted afresh.
+            let conn = Arc::new(FaultConnector::new(cfg, sim.clone()));
+            let b = MutexScheduler::new(BaselineConfig {
+                groups: cfg.groups.groups(),
+                pool_blocks: cfg.pool_blocks,
+                workers: cfg.workers,
+                mode: cfg.mode,
+                policy: cfg.policy,
+                token_budget: cfg.token_budget,
+                max_seqs: cfg.max_seqs,
+                connector: conn.clone(),
+            })?;
+            Some(drive(b, "mutex", cfg, &conn, progress)?)
+        }
+    };
+    let ratio = |a: f64, b: f64| (b > 0.0).then(|| (a / b * 100.0).round() / 100.0);
+    let ratios = baseline.as_ref().map(|b| Ratios {
+        completions_per_s: ratio(run.completions_per_s, b.completions_per_s),
+        step_overhead_p99: ratio(b.step_overhead_us.p99, run.step_overhead_us.p99),
+    });
+    let mut config = cfg.clone();
+    config.load_deadline_ms = cfg
+        .effective_load_deadline()
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    Ok(StressReport {
+        run,
+        config,
+        baseline,
+        ratios,
+    })
+}

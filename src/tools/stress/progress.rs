@@ -1,0 +1,52 @@
+//! Progress of a run, and the terminal progress bar drawn from it.
+
+use std::time::Duration;
+
+/// Progress of a run, for a progress bar.
+#[derive(Clone, Copy, Debug)]
+pub struct Progress {
+    /// `kvsched` or `mutex`.
+    pub scheduler: &'static str,
+    /// Requests to run in all.
+    pub total: u64,
+    /// Requests ended so far.
+    pub ended: u64,
+    /// Time since the run started.
+    pub elapsed: Duration,
+    /// Load completions applied so far.
+    pub completions: u64,
+}
+
+/// A progress sink drawing an indicatif bar on standard error when it is a terminal, and
+/// nothing otherwise.
+pub fn terminal_progress() -> impl FnMut(&Progress) {
+    use std::io::IsTerminal;
+    let tty = std::io::stderr().is_terminal();
+    let mut current: Option<(&'static str, indicatif::ProgressBar)> = None;
+    move |p: &Progress| {
+        if !tty {
+            return;
+        }
+        if current.as_ref().is_none_or(|(s, _)| *s != p.scheduler) {
+            if let Some((_, bar)) = current.take() {
+                bar.finish_and_clear();
+            }
+            let bar = indicatif::ProgressBar::new(p.total);
+            if let Ok(style) = indicatif::ProgressStyle::with_template(
+                "{prefix:>8} [{elapsed_precise}] {wide_bar} {pos}/{len} {msg}",
+            ) {
+                bar.set_style(style);
+            }
+            bar.set_prefix(p.scheduler);
+            current = Some((p.scheduler, bar));
+        }
+        if let Some((_, bar)) = &current {
+            bar.set_position(p.ended);
+            let secs = p.elapsed.as_secs_f64().max(1e-9);
+            bar.set_message(format!("{:.0} completions/s", p.completions as f64 / secs));
+            if p.ended >= p.total {
+                bar.finish_and_clear();
+            }
+        }
+    }
+}

@@ -1,0 +1,242 @@
+//! The value types of the stress flags and their parsers: geometry presets, the arrival rate,
+//! the baseline kind, recovery mode and policy, shares, seconds, latency ranges and integer
+//! ranges.
+
+use std::str::FromStr;
+
+use serde::{Serialize, Serializer};
+
+use crate::rules::geometry::{CacheGroup, MambaMode};
+use crate::rules::recovery::{Mode, Policy};
+
+/// A cache-group geometry preset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Preset {
+    /// Full attention, block size 16.
+    Dense,
+    /// Full attention 16 + sliding window 16 (window 128 tokens).
+    HybridSwa,
+    /// Full attention 16 + Mamba `align` 64 (`S` = 64).
+    HybridMamba,
+    /// Full attention 16 + full attention 32 + Mamba `all` 64.
+    Mixed16_32_64,
+}
+
+impl Preset {
+    /// The preset's name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Preset::Dense => "dense",
+            Preset::HybridSwa => "hybrid-swa",
+            Preset::HybridMamba => "hybrid-mamba",
+            Preset::Mixed16_32_64 => "mixed-16-32-64",
+        }
+    }
+    /// The cache groups.
+    pub fn groups(self) -> Vec<CacheGroup> {
+        match self {
+            Preset::Dense => vec![CacheGroup::full_attention(16)],
+            Preset::HybridSwa => vec![
+                CacheGroup::full_attention(16),
+                CacheGroup::sliding_window(16, 128),
+            ],
+            Preset::HybridMamba => vec![
+                CacheGroup::full_attention(16),
+                CacheGroup::mamba(64, MambaMode::Align),
+            ],
+            Preset::Mixed16_32_64 => vec![
+                CacheGroup::full_attention(16),
+                CacheGroup::full_attention(32),
+                CacheGroup::mamba(64, MambaMode::All),
+            ],
+        }
+    }
+}
+
+impl FromStr for Preset {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        [
+            Preset::Dense,
+            Preset::HybridSwa,
+            Preset::HybridMamba,
+            Preset::Mixed16_32_64,
+        ]
+        .into_iter()
+        .find(|p| p.name() == s)
+        .ok_or_else(|| {
+            format!(
+                "unknown preset `{s}` (expected dense, hybrid-swa, hybrid-mamba or mixed-16-32-64)"
+            )
+        })
+    }
+}
+
+impl Serialize for Preset {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+/// Arrival rate.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Rate {
+    /// Open loop: Poisson arrivals at this many requests per second.
+    PerSecond(f64),
+    /// Closed loop: keep `--live` requests live.
+    Max,
+}
+
+impl FromStr for Rate {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "max" {
+            return Ok(Rate::Max);
+        }
+        match s.parse::<f64>() {
+            Ok(r) if r.is_finite() && r > 0.0 => Ok(Rate::PerSecond(r)),
+            _ => Err(format!(
+                "expected a positive number of requests per second or `max`, got `{s}`"
+            )),
+        }
+    }
+}
+
+impl Serialize for Rate {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Rate::PerSecond(r) => s.serialize_f64(*r),
+            Rate::Max => s.serialize_str("max"),
+        }
+    }
+}
+
+impl std::fmt::Display for Rate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Rate::PerSecond(r) => write!(f, "{r}/s"),
+            Rate::Max => f.write_str("max"),
+        }
+    }
+}
+
+/// Which baseline to run beside kvsched.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BaselineKind {
+    /// [`MutexScheduler`](crate::tools::baseline::MutexScheduler): one global mutex, mpsc
+    /// completions, sequential recovery.
+    Mutex,
+}
+
+impl FromStr for BaselineKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "mutex" => Ok(BaselineKind::Mutex),
+            _ => Err(format!("unknown baseline `{s}` (expected mutex)")),
+        }
+    }
+}
+
+impl Serialize for BaselineKind {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str("mutex")
+    }
+}
+
+/// Parses a recovery mode: `safe` or `vllm`.
+pub fn parse_mode(s: &str) -> Result<Mode, String> {
+    match s {
+        "safe" => Ok(Mode::Safe),
+        "vllm" => Ok(Mode::Vllm),
+        _ => Err(format!("unknown mode `{s}` (expected safe or vllm)")),
+    }
+}
+
+/// Parses a recovery policy: `recompute` or `fail`.
+pub fn parse_policy(s: &str) -> Result<Policy, String> {
+    match s {
+        "recompute" => Ok(Policy::Recompute),
+        "fail" => Ok(Policy::Fail),
+        _ => Err(format!("unknown policy `{s}` (expected recompute or fail)")),
+    }
+}
+
+/// Parses a share in `[0, 1]`.
+pub fn parse_unit(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if (0.0..=1.0).contains(&x) => Ok(x),
+        _ => Err(format!("expected a number from 0 to 1, got `{s}`")),
+    }
+}
+
+/// Parses a positive, finite number of seconds.
+pub fn parse_seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x.is_finite() && x > 0.0 && x <= 86_400.0 => Ok(x),
+        _ => Err(format!(
+            "expected a number of seconds in (0, 86400], got `{s}`"
+        )),
+    }
+}
+
+/// A load latency range in microseconds, `MIN..MAX` (or one number).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct LatencyRange {
+    /// Shortest load, µs.
+    pub min_us: u64,
+    /// Longest load, µs.
+    pub max_us: u64,
+}
+
+impl FromStr for LatencyRange {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || format!("expected MIN..MAX microseconds (MIN <= MAX <= 1000000), got `{s}`");
+        let (a, b) = s.split_once("..").unwrap_or((s, s));
+        let (min_us, max_us) = (
+            a.trim().parse::<u64>().map_err(|_| bad())?,
+            b.trim().parse::<u64>().map_err(|_| bad())?,
+        );
+        if min_us > max_us || max_us > 1_000_000 {
+            return Err(bad());
+        }
+        Ok(LatencyRange { min_us, max_us })
+    }
+}
+
+pub(super) fn ser_mode<S: Serializer>(m: &Mode, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(match m {
+        Mode::Safe => "safe",
+        Mode::Vllm => "vllm",
+    })
+}
+
+pub(super) fn ser_policy<S: Serializer>(p: &Policy, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(match p {
+        Policy::Recompute => "recompute",
+        Policy::Fail => "fail",
+    })
+}
+
+fn parse_range(s: &str, lo: usize, hi: usize) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if (lo..=hi).contains(&n) => Ok(n),
+        _ => Err(format!("expected an integer from {lo} to {hi}, got `{s}`")),
+    }
+}
+pub(super) fn parse_live(s: &str) -> Result<usize, String> {
+    parse_range(s, 1, 1 << 24)
+}
+pub(super) fn parse_shards(s: &str) -> Result<usize, String> {
+    parse_range(s, 1, 64)
+}
+pub(super) fn parse_workers(s: &str) -> Result<usize, String> {
+    parse_range(s, 1, 256)
+}
+pub(super) fn parse_pool(s: &str) -> Result<usize, String> {
+    parse_range(s, 2, u32::MAX as usize)
+}
+pub(super) fn parse_max_seqs(s: &str) -> Result<usize, String> {
+    parse_range(s, 1, 1 << 20)
+}

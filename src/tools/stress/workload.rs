@@ -1,0 +1,104 @@
+//! The seeded workload: prompts (partly from a few shared base prefixes), lengths to generate,
+//! client cancels, `cancel` faults and open-loop Poisson arrival times.
+
+use std::time::Duration;
+
+use super::config::StressConfig;
+use super::values::Rate;
+use crate::connector::SplitMix64;
+use crate::runtime::SubmitRequest;
+
+const BASE_PREFIXES: u64 = 16;
+
+/// The seeded workload: request `i` and its arrival time depend on the seed and `i` only, so
+/// kvsched and the baseline see the same requests.
+pub(super) struct Workload {
+    seed: u64,
+    bases: Vec<Vec<u32>>,
+    min_prompt: u64,
+    max_prompt: u64,
+    share: f64,
+    output_mean: f64,
+    output_cap: u64,
+    cancel_ratio: f64,
+    fault_cancel: f64,
+    arrivals: SplitMix64,
+    rate: Option<f64>,
+    next_arrival_s: f64,
+}
+
+/// One generated request.
+pub(super) struct Generated {
+    pub(super) req: SubmitRequest,
+    /// Steps after submission at which the client cancels it.
+    pub(super) cancel_after: Option<u64>,
+    /// Steps after submission at which a `cancel` fault cancels it.
+    pub(super) fault_cancel_after: Option<u64>,
+}
+
+impl Workload {
+    pub(super) fn new(cfg: &StressConfig) -> Self {
+        let mut rng = SplitMix64::new(cfg.seed ^ 0xBA5E);
+        let max_prompt = u64::from(cfg.prompt_tokens);
+        let bases = (0..BASE_PREFIXES)
+            .map(|_| (0..max_prompt).map(|_| rng.next_u64() as u32).collect())
+            .collect();
+        Workload {
+            seed: cfg.seed,
+            bases,
+            min_prompt: (max_prompt / 4).max(2),
+            max_prompt,
+            share: cfg.prefix_share,
+            output_mean: f64::from(cfg.output_tokens),
+            output_cap: cfg.max_output_tokens(),
+            cancel_ratio: cfg.cancel_ratio,
+            fault_cancel: cfg.fault_rates().cancel,
+            arrivals: SplitMix64::new(cfg.seed ^ 0xA221_7A15),
+            rate: match cfg.rate {
+                Rate::PerSecond(r) => Some(r),
+                Rate::Max => None,
+            },
+            next_arrival_s: 0.0,
+        }
+    }
+
+    pub(super) fn request(&self, i: u64) -> Generated {
+        let mut rng = SplitMix64::new(self.seed ^ (i + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let len = self.min_prompt + rng.below(self.max_prompt - self.min_prompt + 1);
+        let shared = ((len as f64) * self.share) as usize;
+        let base = &self.bases[rng.below(BASE_PREFIXES) as usize];
+        let mut prompt = Vec::with_capacity(len as usize);
+        prompt.extend_from_slice(&base[..shared.min(base.len())]);
+        while (prompt.len() as u64) < len {
+            prompt.push(rng.next_u64() as u32);
+        }
+        let exp = -(1.0 - rng.unit()).ln();
+        let out = 1 + (exp * (self.output_mean - 1.0)) as u64;
+        let max_new_tokens = out.min(self.output_cap).max(1) as u32;
+        let cancel_after = (rng.unit() < self.cancel_ratio).then(|| 1 + rng.below(64));
+        // A separate stream, so faults do not change the workload.
+        let mut frng =
+            SplitMix64::new(self.seed ^ 0xFA17_CA2C ^ (i + 1).wrapping_mul(0xD1B5_4A32_D192_ED03));
+        let fault_cancel_after = (self.fault_cancel > 0.0 && frng.unit() < self.fault_cancel)
+            .then(|| 1 + frng.below(128));
+        Generated {
+            req: SubmitRequest {
+                id: format!("r{i}"),
+                prompt,
+                max_new_tokens,
+                priority: 0,
+                load_deadline: None,
+            },
+            cancel_after,
+            fault_cancel_after,
+        }
+    }
+
+    /// The next request's arrival offset from the start (open loop), advancing the process.
+    pub(super) fn next_arrival(&mut self) -> Option<Duration> {
+        let rate = self.rate?;
+        let at = self.next_arrival_s;
+        self.next_arrival_s += -(1.0 - self.arrivals.unit()).ln() / rate;
+        Some(Duration::from_secs_f64(at))
+    }
+}
