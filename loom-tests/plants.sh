@@ -18,17 +18,17 @@ export LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-2}"
 # plant → the models that must catch it: `file` (every test of loom-tests/tests/file.rs) or
 # `file::test`, optionally `@N` to run that row at LOOM_MAX_PREEMPTIONS=N instead.
 declare -A MODELS=(
-  # claim.rs: a claim is a plain store, so the last writer wins instead of the least key.
+  # runtime/claim.rs: a claim is a plain store, so the last writer wins instead of the least key.
   [claim-store]="claim_table::two_claimants_one_block claim_decide_after_all_claimed"
-  # sync.rs: PhaseBarrier waiters depart with a Relaxed load instead of Acquire.
+  # sync/barrier.rs: PhaseBarrier waiters depart with a Relaxed load instead of Acquire.
   # (loom's bounded DPOR reaches the stale decision in claim_decide_after_all_claimed only
   # from bound 3 — 30–50 executions; stale_completion catches it at bound 2.)
   [barrier-relaxed]="stale_completion claim_decide_after_all_claimed@3 park_lost_wakeup::barrier_sleepers_wake"
-  # claim.rs: clear_pending succeeds with Relaxed instead of Release.
+  # runtime/claim.rs: clear_pending succeeds with Relaxed instead of Release.
   [clear-pending-relaxed]="handoff_owner_abort::waiter_reads_recomputed_contents handoff_owner_abort::owner_aborts_while_sharer_waits"
-  # pool.rs: the free-list head's ABA tag is never bumped.
+  # pool/free_list.rs: the free-list head's ABA tag is never bumped.
   [free-list-no-tag]="free_list_aba::aba_pop_against_pop_pop_push"
-  # pool.rs: the release CAS is Relaxed instead of Release.
+  # pool/mod.rs: the release CAS is Relaxed instead of Release.
   [release-relaxed]="pool_release_allocate::last_release_races_allocate pool_release_allocate::cached_release_races_reclaim_and_lookup"
   # sync/park.rs: unpark signals the condition variable without taking the lock.
   [unpark-no-lock]="park_lost_wakeup::unpark_before_or_during_park"
@@ -76,7 +76,9 @@ for plant in "${plants[@]}"; do
       "${cargo_test[@]}" --quiet --test "$file" -- "${filter[@]}" >"$log" 2>&1; then
       verdict="NOT CAUGHT"
       bad=1
-    elif grep -q "test result: FAILED" "$log"; then
+    elif grep -q "test result: FAILED" "$log" || grep -q "^deadlock; threads" "$log"; then
+      # (A deadlock found by loom aborts the test binary while unwinding, so it may print no
+      # test result: the deadlock report is the failure.)
       # The first panic message names what loom saw (assertion, causality violation, ...).
       why=$(grep -m1 -A1 "panicked at" "$log" | tail -n 1 | cut -c1-90)
       verdict="caught ($((SECONDS - start))s): $why"
