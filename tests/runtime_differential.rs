@@ -225,6 +225,9 @@ fn run(cfg: Config) -> Seen {
         .max_seqs(32)
         .connector(sim.clone())
         .record_recovery_inputs(true)
+        // Odd seeds run every step inline on the engine thread, even seeds every step in
+        // parallel: both paths must equal the sequential rules.
+        .inline_steps_up_to(if cfg.seed % 2 == 1 { usize::MAX } else { 0 })
         .build()
         .expect("runtime");
     let geo = rt.geometry().clone();

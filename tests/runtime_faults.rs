@@ -79,6 +79,8 @@ fn run(seed: u64, shards: usize, f: Faults, steps: usize) -> Metrics {
         .token_budget(1024)
         .max_seqs(32)
         .connector(sim.clone())
+        // Alternate the inline and parallel step paths across seeds.
+        .inline_steps_up_to(if seed % 2 == 1 { usize::MAX } else { 0 })
         .build()
         .expect("runtime");
     let mut rng = SplitMix64::new(seed ^ 0xFA017);

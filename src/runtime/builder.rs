@@ -33,6 +33,7 @@ pub struct Builder {
     connector: StdArc<dyn KvConnector>,
     record: bool,
     shutdown_timeout: Duration,
+    inline_up_to: usize,
 }
 
 impl std::fmt::Debug for Builder {
@@ -43,6 +44,7 @@ impl std::fmt::Debug for Builder {
             .field("shards", &self.shards)
             .field("workers", &self.workers)
             .field("settings", &self.settings)
+            .field("inline_steps_up_to", &self.inline_up_to)
             .finish_non_exhaustive()
     }
 }
@@ -62,6 +64,7 @@ impl Default for Builder {
             connector: StdArc::new(NoConnector),
             record: false,
             shutdown_timeout: Duration::from_secs(10),
+            inline_up_to: 256,
         }
     }
 }
@@ -134,6 +137,15 @@ impl Builder {
         self
     }
 
+    /// Steps with at most `live` requests live run every shard's phases on the engine thread,
+    /// without waking the shard threads (default 256): a small
+    /// step costs less than the hand-off. `0` runs every step of a multi-shard runtime in
+    /// parallel; `usize::MAX` runs every step inline. The outcome is the same either way.
+    pub fn inline_steps_up_to(mut self, live: usize) -> Self {
+        self.inline_up_to = live;
+        self
+    }
+
     /// How long [`Runtime::shutdown`] waits for loads in flight (default 10 s).
     pub fn shutdown_timeout(mut self, t: Duration) -> Self {
         self.shutdown_timeout = t;
@@ -187,6 +199,7 @@ impl Builder {
             expired_unrun_at_shutdown: 0,
             shutdown_timeout: self.shutdown_timeout,
             step: 0,
+            inline_up_to: self.inline_up_to,
         })
     }
 

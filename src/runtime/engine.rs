@@ -79,6 +79,8 @@ pub struct Runtime {
     pub(super) events_at_schedule: u64,
     /// The latest plan's step number (0 before the first).
     pub(super) step: u64,
+    /// Steps with at most this many live requests run inline on the engine thread.
+    pub(super) inline_up_to: usize,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -111,7 +113,10 @@ impl Runtime {
         self.inner.shards.len()
     }
 
-    /// Runs one step on every shard in parallel and returns what to compute.
+    /// Runs one step on every shard and returns what to compute. A step runs its shards in
+    /// parallel (shard 0 on this thread, the others on theirs) while more than
+    /// [`Builder::inline_steps_up_to`] requests are live, and all on this thread otherwise —
+    /// the same phases in the same order, so the same outcome, without waking a thread.
     pub fn schedule(&mut self) -> StepPlan {
         self.step += 1;
         // Acquire: pairs with the Release increment in `WorkSignal::notify`; read before the
@@ -121,11 +126,15 @@ impl Runtime {
         let share = self.engine_share();
         // One snapshot of the live settings for the whole step, on every shard.
         let live = self.inner.live_settings.load_full();
-        self.start_step(&share, &live);
         let span = tracing::debug_span!("kvsched_step", step = self.step);
         let _enter = span.enter();
-        self.inner.run_shard_step(0, &share, &live);
-        self.wait_for_shards();
+        if self.inner.shards.len() == 1 || self.live_estimate() <= self.inline_up_to {
+            self.inner.run_step_inline(&share, &live);
+        } else {
+            self.start_step(&share, &live);
+            self.inner.run_shard_step(0, &share, &live);
+            self.wait_for_shards();
+        }
         self.collect(share)
     }
 
@@ -259,5 +268,13 @@ impl Runtime {
     /// Requests live (submitted and not ended) as of the last step.
     pub fn live(&self) -> usize {
         self.inner.shards.iter().map(|s| s.ids.lock().len()).sum()
+    }
+
+    /// Requests submitted and not yet ended, from counters (no lock): a step's size hint.
+    fn live_estimate(&self) -> usize {
+        let m = &self.metrics;
+        // Relaxed: a hint; submissions racing this read change only which mode runs.
+        let submitted = self.inner.submitted.load(Ordering::Relaxed);
+        submitted.saturating_sub(m.finished + m.failed + m.cancelled) as usize
     }
 }

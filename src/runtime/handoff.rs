@@ -15,7 +15,7 @@ use crate::rules::recovery::InvalidSet;
 use crate::runtime::engine::Runtime;
 use crate::runtime::error::RuntimeError;
 use crate::runtime::settings::Settings;
-use crate::runtime::shard::StepSettings;
+use crate::runtime::shard::{Shard, StepSettings};
 use crate::runtime::shared::Inner;
 use crate::sync::{thread, Arc, Backoff, Ordering, Parker, Unparker};
 
@@ -63,11 +63,9 @@ impl Runtime {
 }
 
 impl Inner {
-    /// One shard's part of a step; every shard runs it concurrently.
-    pub(super) fn run_shard_step(&self, i: usize, engine_share: &[BlockId], live: &Settings) {
-        let slot = &self.shards[i];
-        let env = self.env(i);
-        let settings = &StepSettings {
+    /// Shard `i`'s settings for this step: its static share with the live snapshot on top.
+    fn step_settings(&self, i: usize, live: &Settings) -> StepSettings {
+        StepSettings {
             mode: live.mode,
             policy: live.policy,
             load_deadline: live.load_deadline,
@@ -75,14 +73,27 @@ impl Inner {
             quarantine_after: live.quarantine_after,
             quarantine_for: live.quarantine_for,
             ..self.settings[i].clone()
-        };
-        let mut shard = slot.state.lock();
+        }
+    }
+
+    /// Phase 1 of shard `i`: apply commands and completions, publish its share of the report
+    /// (resetting those claim words).
+    fn phase_publish(&self, i: usize, shard: &mut Shard, settings: &StepSettings) {
+        let slot = &self.shards[i];
         let commands = std::iter::from_fn(|| slot.inbox.pop());
         let completions = std::iter::from_fn(|| slot.completions.pop());
-        let mine = shard.publish(&env, settings, Instant::now(), commands, completions);
+        let mine = shard.publish(
+            &self.env(i),
+            settings,
+            Instant::now(),
+            commands,
+            completions,
+        );
         *slot.published.lock() = mine;
-        // Barrier 1: every share of the report is published and its claim words reset.
-        self.barrier.wait();
+    }
+
+    /// The step's whole report: the engine's share and every shard's, once all are published.
+    fn step_report(&self, engine_share: &[BlockId]) -> (Vec<BlockId>, InvalidSet) {
         let mut ids: Vec<BlockId> = engine_share.to_vec();
         for s in &self.shards {
             ids.extend_from_slice(&s.published.lock());
@@ -90,21 +101,18 @@ impl Inner {
         ids.sort_unstable();
         ids.dedup();
         let report = InvalidSet::flat(ids.iter().copied(), &self.geo);
-        if !report.is_empty() {
-            shard.claim(&env, settings, &report, &ids);
-            // Barrier 2: every hit of every shard is claimed before anyone decides.
-            #[cfg(not(kvsched_plant = "decide-early"))]
-            self.barrier.wait();
-        }
-        let now = Instant::now();
+        (ids, report)
+    }
+
+    /// Phase 3 of shard `i`, once every hit of every shard is claimed: decide, land, admit,
+    /// schedule; the result goes to the shard's slot.
+    fn phase_finish(&self, i: usize, shard: &mut Shard, settings: &StepSettings) {
+        let slot = &self.shards[i];
         let mut loads = Vec::new();
-        // Relaxed: set by the engine thread before the `go` Release that started this step.
+        // Relaxed: set by the engine thread before the `go` Release that started this step
+        // (or on this very thread, for a step run inline).
         let draining = self.draining.load(Ordering::Relaxed);
-        let res = shard.finish_step(&env, settings, now, draining, &mut loads);
-        #[cfg(kvsched_plant = "decide-early")]
-        if !report.is_empty() {
-            self.barrier.wait();
-        }
+        let res = shard.finish_step(&self.env(i), settings, Instant::now(), draining, &mut loads);
         {
             let mut live = slot.ids.lock();
             for (id, _) in &res.ended {
@@ -112,6 +120,52 @@ impl Inner {
             }
         }
         *slot.result.lock() = Some((res, loads));
+    }
+
+    /// One shard's part of a step run in parallel: every shard runs it concurrently, meeting
+    /// at the phase barrier between publishing and claiming, and between claiming and
+    /// deciding (skipped by every shard alike when the report is empty).
+    pub(super) fn run_shard_step(&self, i: usize, engine_share: &[BlockId], live: &Settings) {
+        let settings = &self.step_settings(i, live);
+        let mut shard = self.shards[i].state.lock();
+        self.phase_publish(i, &mut shard, settings);
+        // Barrier 1: every share of the report is published and its claim words reset.
+        self.barrier.wait();
+        let (ids, report) = self.step_report(engine_share);
+        if !report.is_empty() {
+            shard.claim(&self.env(i), settings, &report, &ids);
+            // Barrier 2: every hit of every shard is claimed before anyone decides.
+            #[cfg(not(kvsched_plant = "decide-early"))]
+            self.barrier.wait();
+        }
+        #[cfg(kvsched_plant = "decide-early")]
+        let early = !report.is_empty();
+        self.phase_finish(i, &mut shard, settings);
+        #[cfg(kvsched_plant = "decide-early")]
+        if early {
+            self.barrier.wait();
+        }
+    }
+
+    /// The whole step on the calling thread, phase by phase across the shards: every shard
+    /// publishes, then every shard claims, then every shard decides — the same order the
+    /// barriers impose in parallel, with no hand-off at all.
+    pub(super) fn run_step_inline(&self, engine_share: &[BlockId], live: &Settings) {
+        let k = self.shards.len();
+        let settings: Vec<StepSettings> = (0..k).map(|i| self.step_settings(i, live)).collect();
+        let mut shards: Vec<_> = self.shards.iter().map(|s| s.state.lock()).collect();
+        for (i, shard) in shards.iter_mut().enumerate() {
+            self.phase_publish(i, shard, &settings[i]);
+        }
+        let (ids, report) = self.step_report(engine_share);
+        if !report.is_empty() {
+            for (i, shard) in shards.iter_mut().enumerate() {
+                shard.claim(&self.env(i), &settings[i], &report, &ids);
+            }
+        }
+        for (i, shard) in shards.iter_mut().enumerate() {
+            self.phase_finish(i, shard, &settings[i]);
+        }
     }
 }
 
