@@ -67,7 +67,7 @@ pub use rules::geometry::{BlockId, CacheGroup, GeometryError, GroupKind, MambaMo
 pub use rules::recovery::{Mode, Policy};
 #[cfg(not(kvsched_loom))]
 pub use runtime::{
-    Builder, EndState, Handle, Metrics, RecoveredRequest, Report, RequestKey, Runtime,
+    Builder, EndState, Handle, Metrics, RecoveredRequest, Report, RequestOrder, Runtime,
     RuntimeError, ScannedRequest, ScheduledRequest, Settings, StepOutput, StepPlan, StepRecovery,
     SubmitRequest,
 };

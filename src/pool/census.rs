@@ -5,7 +5,7 @@ use super::state::State;
 use super::BlockPool;
 use crate::sync::Ordering;
 
-/// A classification of every slot, from [`BlockPool::census`].
+/// A classification of every slot of the block pool (see [`Report::census`](crate::Report)).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Census {
     /// Slots in the pool, the null block included.

@@ -8,7 +8,7 @@ use crate::rules::geometry::BlockId;
 /// Why a pool operation was refused. No pool operation panics on its input.
 #[derive(Debug, Error, PartialEq, Eq, Clone)]
 pub enum PoolError {
-    /// [`BlockPool::new`](super::BlockPool::new) needs the null block and at least one
+    /// The pool needs the null block and at least one
     /// usable block.
     #[error(
         "a block pool needs at least 2 blocks (the null block and one usable), got {num_blocks}"
@@ -17,7 +17,7 @@ pub enum PoolError {
         /// The requested size.
         num_blocks: usize,
     },
-    /// [`BlockPool::new`](super::BlockPool::new) addresses slots with 32-bit indices.
+    /// The pool addresses slots with 32-bit indices.
     #[error("a block pool holds at most {max} blocks, got {num_blocks}", max = u32::MAX)]
     TooLarge {
         /// The requested size.
@@ -44,7 +44,7 @@ pub enum PoolError {
     /// A retain of a block nobody references (it is free or only cached).
     #[error("block {0} is not referenced; retain needs a live reference")]
     NotReferenced(BlockId),
-    /// The reference count would exceed [`MAX_REF_COUNT`].
+    /// The reference count would exceed its 29-bit maximum.
     #[error("block {0} reference count would exceed {max}", max = MAX_REF_COUNT)]
     RefCountOverflow(BlockId),
 }

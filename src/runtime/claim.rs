@@ -56,7 +56,7 @@ impl RequestKey {
     /// The value of an unclaimed word: greater than every real key.
     pub const EMPTY: u64 = u64::MAX;
     /// Largest admission sequence number a key can hold. Sequence numbers start at 1, so no
-    /// key is 0 (a clear pending mark) or `u64::MAX` ([`RequestKey::EMPTY`], [`ORPHANED`]).
+    /// key is 0 (a clear pending mark) or `u64::MAX` ([`RequestKey::EMPTY`], or the claim table's orphan mark).
     pub const MAX_SEQ: u64 = (1 << SEQ_BITS) - 2;
     const SEQ_MASK: u64 = (1 << SEQ_BITS) - 1;
 
@@ -88,6 +88,18 @@ impl RequestKey {
     #[inline]
     pub fn seq(self) -> u64 {
         self.0 & Self::SEQ_MASK
+    }
+
+    /// The priority it was packed with.
+    #[inline]
+    pub fn priority(self) -> i16 {
+        (((self.0 >> SEQ_BITS) & ((1 << PRIO_BITS) - 1)) as i32 + i16::MIN as i32) as i16
+    }
+
+    /// Whether it is the sync-class (running) key.
+    #[inline]
+    pub fn is_sync(self) -> bool {
+        self.0 >> (SEQ_BITS + PRIO_BITS) & 1 == 1
     }
 
     /// The same request's key in the other class.

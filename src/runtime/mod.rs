@@ -93,4 +93,7 @@ pub use self::{
     settings::Settings,
     shard::{EndState, Metrics, RecoveredRequest, ScannedRequest, ScheduledRequest},
 };
-pub use claim::RequestKey;
+#[cfg(not(kvsched_loom))]
+mod order;
+#[cfg(not(kvsched_loom))]
+pub use order::RequestOrder;

@@ -3,8 +3,11 @@
 //! table.
 
 use crate::rules::geometry::BlockId;
-use crate::rules::recovery::{self, Disposition, HitOwner, InvalidSet, Mode, Policy, RequestClass};
-use crate::runtime::claim::Scan;
+use crate::rules::recovery::{
+    self, Decision, Disposition, HitOwner, InvalidSet, Mode, Policy, RequestClass,
+};
+use crate::runtime::claim::{RequestKey, Scan};
+use crate::runtime::order::RequestOrder;
 
 use super::{EndState, Env, Phase, RecoveredRequest, ScannedRequest, Shard, StepSettings};
 
@@ -29,7 +32,7 @@ impl Shard {
                 let Some(view) = r.view() else { continue };
                 self.result.scanned.push(ScannedRequest {
                     id: r.id.clone(),
-                    key: r.key.with_sync(view.class == RequestClass::Sync),
+                    key: r.key.with_sync(view.class == RequestClass::Sync).into(),
                     class: view.class,
                     num_computed_tokens: view.num_computed_tokens,
                     num_scheduled_tokens: view.num_scheduled_tokens,
@@ -121,9 +124,9 @@ impl Shard {
             self.touched.push(*seq);
             self.result.recovered.push(RecoveredRequest {
                 id: r.id.clone(),
-                key,
+                key: key.into(),
                 class: *class,
-                decision: d,
+                decision: public_decision(d),
             });
             if failed {
                 if r.phase == Phase::Loading && r.load_done.is_none() {
@@ -144,5 +147,21 @@ fn scan_of(mode: Mode, class: RequestClass) -> Scan {
     match (mode, class) {
         (Mode::Vllm, RequestClass::Sync) => Scan::Sync,
         _ => Scan::Async,
+    }
+}
+
+/// The decision with owners named by their public [`RequestOrder`].
+fn public_decision(d: Decision<RequestKey>) -> Decision<RequestOrder> {
+    Decision {
+        disposition: d.disposition,
+        num_computed_tokens: d.num_computed_tokens,
+        affected_tokens: d.affected_tokens,
+        claimed_blocks: d.claimed_blocks,
+        waits_for: d
+            .waits_for
+            .into_iter()
+            .map(|(b, o)| (b, o.into()))
+            .collect(),
+        evicted_blocks: d.evicted_blocks,
     }
 }

@@ -6,7 +6,7 @@ use std::sync::Arc as StdArc;
 use crate::connector::LoadJob;
 use crate::rules::geometry::BlockId;
 use crate::rules::recovery::{Decision, RequestClass};
-use crate::runtime::claim::RequestKey;
+use crate::runtime::order::RequestOrder;
 
 /// How a request ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -24,8 +24,8 @@ pub enum EndState {
 pub struct ScheduledRequest {
     /// Request id.
     pub id: StdArc<str>,
-    /// Canonical key.
-    pub key: RequestKey,
+    /// Its place in canonical order.
+    pub key: RequestOrder,
     /// Computed tokens before this step.
     pub num_computed_tokens: u64,
     /// Tokens to compute in this step.
@@ -44,12 +44,12 @@ pub struct ScheduledRequest {
 pub struct RecoveredRequest {
     /// Request id.
     pub id: StdArc<str>,
-    /// Canonical key (class bit included).
-    pub key: RequestKey,
+    /// Its place in canonical order (in its class for this report).
+    pub key: RequestOrder,
     /// Async or sync in this report.
     pub class: RequestClass,
-    /// The rules' decision, owners as canonical keys.
-    pub decision: Decision<RequestKey>,
+    /// The rules' decision, owners named by their place in canonical order.
+    pub decision: Decision<RequestOrder>,
 }
 
 /// A scanned request's inputs, recorded for differential checks.
@@ -57,8 +57,8 @@ pub struct RecoveredRequest {
 pub struct ScannedRequest {
     /// Request id.
     pub id: StdArc<str>,
-    /// Canonical key (class bit included).
-    pub key: RequestKey,
+    /// Its place in canonical order (in its class for this report).
+    pub key: RequestOrder,
     /// Async or sync.
     pub class: RequestClass,
     /// Computed tokens at scan time.

@@ -95,7 +95,7 @@ impl Shard {
             let sync_load = r.sync_job.take();
             self.result.scheduled.push(ScheduledRequest {
                 id: r.id.clone(),
-                key: r.key,
+                key: r.key.into(),
                 num_computed_tokens: r.num_computed_tokens,
                 num_tokens: n,
                 samples: upto == r.seq_len(),

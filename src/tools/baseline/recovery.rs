@@ -164,14 +164,17 @@ impl State {
             waits_for: d
                 .waits_for
                 .into_iter()
-                .map(|(b, o)| (b, keys[o].0.with_sync(keys[o].1 == RequestClass::Sync)))
+                .map(|(b, o)| {
+                    let owner = keys[o].0.with_sync(keys[o].1 == RequestClass::Sync);
+                    (b, owner.into())
+                })
                 .collect(),
             evicted_blocks: d.evicted_blocks,
         };
         let class_key = key.with_sync(class == RequestClass::Sync);
         plan.recovery.recovered.push(RecoveredRequest {
             id,
-            key: class_key,
+            key: class_key.into(),
             class,
             decision,
         });

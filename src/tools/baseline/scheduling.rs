@@ -79,7 +79,7 @@ impl State {
             }
             plan.scheduled.push(ScheduledRequest {
                 id: r.id.clone(),
-                key,
+                key: key.into(),
                 num_computed_tokens: r.num_computed_tokens,
                 num_tokens: n,
                 samples: upto == r.seq_len(),
