@@ -51,7 +51,7 @@ fn setup(live: usize) -> Option<(Runtime, StepOutput)> {
     // Admit and prefill everything.
     for _ in 0..(live * PROMPT_TOKENS / 8192 + live / 256 + 8) {
         rt.update(out);
-        let plan = rt.schedule();
+        let plan = rt.schedule().ok()?;
         out = output_of(&plan);
     }
     Some((rt, out))
@@ -73,7 +73,7 @@ fn bench_step(c: &mut Criterion) {
             |b| {
                 b.iter(|| {
                     rt.update(std::mem::take(&mut out));
-                    let plan = rt.schedule();
+                    let Ok(plan) = rt.schedule() else { return 0 };
                     out = output_of(&plan);
                     plan.scheduled.len()
                 })

@@ -112,7 +112,7 @@ fn submit_errors_are_typed_and_lose_nothing() {
             },
         ],
     });
-    let plan = rt.schedule();
+    let plan = rt.schedule().expect("step");
     assert_eq!(plan.scheduled.len(), 1);
     let m = rt.metrics();
     assert_eq!(m.unknown_commands, 3);
@@ -135,7 +135,7 @@ fn a_request_runs_to_completion_and_its_id_can_be_reused() {
     let mut ended = Vec::new();
     for _ in 0..10 {
         rt.update(std::mem::take(&mut out));
-        let plan = rt.schedule();
+        let plan = rt.schedule().expect("step");
         out.step = plan.step;
         for s in &plan.scheduled {
             if s.samples {
@@ -194,7 +194,7 @@ fn connector_panic_is_a_failed_load_and_shutdown_drains_loads_in_flight() {
     for id in ["p", "a", "b", "c"] {
         rt.submit(req(id, 100)).unwrap();
     }
-    let plan = rt.schedule();
+    let plan = rt.schedule().expect("step");
     assert!(
         plan.scheduled.is_empty(),
         "every request waits for its load"
@@ -203,7 +203,7 @@ fn connector_panic_is_a_failed_load_and_shutdown_drains_loads_in_flight() {
     let mut seen_panic = false;
     for _ in 0..200 {
         rt.wait_for_work(Duration::from_millis(5));
-        let plan = rt.schedule();
+        let plan = rt.schedule().expect("step");
         if rt.metrics().connector_panics > 0 {
             seen_panic = true;
             assert!(
@@ -241,12 +241,12 @@ fn wait_for_work_wakes_on_a_completion_and_times_out_otherwise() {
         "nothing in flight"
     );
     rt.submit(req("w", 200)).unwrap();
-    let _ = rt.schedule();
+    rt.schedule().expect("step");
     assert!(
         rt.wait_for_work(Duration::from_secs(5)),
         "the load's completion wakes the engine"
     );
-    let plan = rt.schedule();
+    let plan = rt.schedule().expect("step");
     assert_eq!(plan.scheduled.len(), 1);
     assert_eq!(plan.runnable_latency_ns.len(), 1);
     drop(rt.shutdown());
@@ -281,7 +281,7 @@ fn shutdown_is_bounded_and_reports_loads_still_running() {
     for id in ["h1", "h2", "h3"] {
         rt.submit(req(id, 100)).unwrap();
     }
-    let _ = rt.schedule();
+    rt.schedule().expect("step");
     std::thread::sleep(Duration::from_millis(20)); // the one worker is now stuck in a load
     let t0 = std::time::Instant::now();
     let report = rt.shutdown();
@@ -325,7 +325,7 @@ fn handle_submits_and_cancels_from_other_threads() {
     let mut out = StepOutput::default();
     for _ in 0..1_000 {
         rt.update(std::mem::take(&mut out));
-        let plan = rt.schedule();
+        let plan = rt.schedule().expect("step");
         out.step = plan.step;
         for s in plan.scheduled.iter().filter(|s| s.samples) {
             out.sampled.push(s.id.to_string());
@@ -353,7 +353,7 @@ fn step_outputs_answer_their_plan() {
     let mut rt = Runtime::builder().shards(1).build().unwrap();
     rt.submit(req("x", 33)).unwrap();
     rt.submit(req("y", 33)).unwrap();
-    let first = rt.schedule();
+    let first = rt.schedule().expect("step");
     assert_eq!(first.step, 1);
     let ids: Vec<String> = first.scheduled.iter().map(|s| s.id.to_string()).collect();
     assert_eq!(ids.len(), 2);
@@ -363,7 +363,7 @@ fn step_outputs_answer_their_plan() {
         finished: vec!["y".into()],
         ..StepOutput::default()
     });
-    let second = rt.schedule();
+    let second = rt.schedule().expect("step");
     assert_eq!(second.step, 2);
     let m = rt.metrics();
     assert_eq!(m.stale_outputs, 1);

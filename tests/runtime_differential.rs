@@ -268,7 +268,7 @@ fn run(cfg: Config) -> Seen {
             rt.cancel(&victim);
         }
         rt.update(std::mem::take(&mut out));
-        let plan = rt.schedule();
+        let plan = rt.schedule().expect("step");
         out.step = plan.step;
         check_step(&cfg, &geo, &plan, &mut seen);
         let violations = rt.check_invariants();

@@ -160,7 +160,7 @@ fn run(seed: u64, shards: usize, f: Faults, steps: usize) -> Metrics {
             rt.update_settings(s).expect("settings");
         }
         rt.update(std::mem::take(&mut out));
-        let plan = rt.schedule();
+        let plan = rt.schedule().expect("step");
         out.step = plan.step;
         out.finished.append(&mut finish_next);
         if f.no_failures {
@@ -206,7 +206,7 @@ fn run(seed: u64, shards: usize, f: Faults, steps: usize) -> Metrics {
     // Let hanging loads land late before shutdown, so late completions are exercised.
     std::thread::sleep(Duration::from_millis(10));
     rt.update(std::mem::take(&mut out));
-    let _ = rt.schedule();
+    rt.schedule().expect("step");
     let report = rt.shutdown();
     let m = report.metrics.clone();
     assert!(

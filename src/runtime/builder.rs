@@ -200,6 +200,10 @@ impl Builder {
             shutdown_timeout: self.shutdown_timeout,
             step: 0,
             inline_up_to: self.inline_up_to,
+            expect_output: false,
+            answered: true,
+            stalled_steps: 0,
+            panicked: None,
         })
     }
 

@@ -8,10 +8,12 @@ use std::time::Duration;
 use crate::pool::{BlockPool, BlockRef};
 use crate::rules::geometry::{BlockId, Geometry};
 use crate::runtime::builder::Builder;
+use crate::runtime::claim::RequestKey;
+use crate::runtime::error::RuntimeError;
 #[cfg(doc)]
 use crate::runtime::handle::Handle;
 use crate::runtime::plan::{StepOutput, StepPlan};
-use crate::runtime::shard::{Command, EndState, Metrics};
+use crate::runtime::shard::{Command, EndState, Metrics, ShardStepResult};
 use crate::runtime::shared::Inner;
 use crate::runtime::signal::WorkSignal;
 use crate::runtime::worker::WorkerPool;
@@ -45,7 +47,7 @@ use crate::sync::{thread, Arc, Ordering, Parker, Unparker};
 /// let mut out = StepOutput::default();
 /// while rt.live() > 0 {
 ///     rt.update(std::mem::take(&mut out));
-///     let plan = rt.schedule(); // recovery, admission, loads, scheduling
+///     let plan = rt.schedule()?; // recovery, admission, loads, scheduling
 ///     out.step = plan.step; // the output answers this plan
 ///     // … the engine runs the model on plan.scheduled (and the sync loads they carry) …
 ///     for s in &plan.scheduled {
@@ -81,6 +83,14 @@ pub struct Runtime {
     pub(super) step: u64,
     /// Steps with at most this many live requests run inline on the engine thread.
     pub(super) inline_up_to: usize,
+    /// Whether the latest plan scheduled work whose output must come back.
+    pub(super) expect_output: bool,
+    /// Whether `update` brought the latest plan's output.
+    pub(super) answered: bool,
+    /// Consecutive steps without progress (see [`Runtime::schedule`]).
+    pub(super) stalled_steps: u32,
+    /// Set once a shard panicked: (shard, step, message). No step runs after it.
+    pub(super) panicked: Option<(usize, u64, String)>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -117,12 +127,29 @@ impl Runtime {
     /// parallel (shard 0 on this thread, the others on theirs) while more than
     /// [`Builder::inline_steps_up_to`] requests are live, and all on this thread otherwise —
     /// the same phases in the same order, so the same outcome, without waking a thread.
-    pub fn schedule(&mut self) -> StepPlan {
+    ///
+    /// # Errors
+    ///
+    /// [`RuntimeError::ShardPanicked`] when a shard panicked during this step or an earlier
+    /// one: the step was released on every shard (no thread is left waiting), and the
+    /// runtime takes no more steps. Panics in a connector never get here: they are caught
+    /// where they happen and counted ([`Metrics::connector_panics`]).
+    pub fn schedule(&mut self) -> Result<StepPlan, RuntimeError> {
+        if let Some(e) = self.poisoned() {
+            return Err(e);
+        }
         self.step += 1;
         // Acquire: pairs with the Release increment in `WorkSignal::notify`; read before the
         // shards drain, so a completion counted after this point may still be undrained and
         // `wait_for_work` must not sleep past it.
         self.events_at_schedule = self.signal.events.load(Ordering::Acquire);
+        if self.expect_output && !self.answered {
+            // The last plan's output never came back: its shards re-offer its work.
+            self.metrics.lost_outputs += 1;
+            for slot in &self.inner.shards {
+                slot.inbox.push(Command::OutputLost);
+            }
+        }
         let share = self.engine_share();
         // One snapshot of the live settings for the whole step, on every shard.
         let live = self.inner.live_settings.load_full();
@@ -135,7 +162,27 @@ impl Runtime {
             self.inner.run_shard_step(0, &share, &live);
             self.wait_for_shards();
         }
-        self.collect(share)
+        let plan = self.collect(share);
+        if let Some((shard, message)) = self.inner.poison.lock().clone() {
+            self.panicked = Some((shard, self.step, message));
+        }
+        if let Some(e) = self.poisoned() {
+            return Err(e);
+        }
+        self.expect_output = !plan.scheduled.is_empty();
+        self.answered = false;
+        Ok(plan)
+    }
+
+    /// The error of a poisoned runtime (a shard panicked), if it is one.
+    pub(super) fn poisoned(&self) -> Option<RuntimeError> {
+        self.panicked
+            .as_ref()
+            .map(|(shard, step, message)| RuntimeError::ShardPanicked {
+                shard: *shard,
+                step: *step,
+                message: message.clone(),
+            })
     }
 
     /// The engine thread's share of the report: sync-load failures of the last step and
@@ -170,11 +217,13 @@ impl Runtime {
         };
         let mut report = engine_share;
         let mut evicted = Vec::new();
-        for slot in &self.inner.shards {
+        let mut progress = Progress::default();
+        for (i, slot) in self.inner.shards.iter().enumerate() {
             report.extend_from_slice(&slot.published.lock());
             let Some((res, loads)) = slot.result.lock().take() else {
                 continue;
             };
+            progress.add(i, &res, loads.len());
             if let Some(w) = &self.workers {
                 for j in loads {
                     w.dispatch(j);
@@ -223,12 +272,47 @@ impl Runtime {
             );
         }
         self.metrics.steps += 1;
+        progress.moved |= !plan.scheduled.is_empty() || !plan.recovery.report.is_empty();
+        self.resolve_stall(&progress);
         plan
+    }
+
+    /// Pool pressure across shards can leave every shard unable to grow or admit: each holds
+    /// part of the pool and preempts only its own requests. After [`STALL_STEPS`] steps with
+    /// live requests and no progress — nothing scheduled, ended, recovered or loading, no load
+    /// started — the latest running request in canonical order (lowest priority, latest
+    /// admission), whichever shard holds it, is preempted at the next step. With no running
+    /// request to preempt the stall is counted in [`Metrics::no_progress_steps`].
+    fn resolve_stall(&mut self, p: &Progress) {
+        if p.moved || (p.waiting == 0 && p.latest.is_none()) {
+            self.stalled_steps = 0;
+            return;
+        }
+        self.stalled_steps += 1;
+        if self.stalled_steps < STALL_STEPS {
+            return;
+        }
+        self.stalled_steps = 0;
+        match p.latest {
+            Some((key, shard)) => self.inner.shards[shard]
+                .inbox
+                .push(Command::Preempt(key.seq())),
+            None => self.metrics.no_progress_steps += 1,
+        }
     }
 
     /// Applies the engine's output for the last step. It takes effect at the next
     /// [`Runtime::schedule`], after that step's recovery (which may discard it).
+    ///
+    /// The engine contract: every plan that schedules work is answered by one `update` whose
+    /// [`StepOutput::step`] is the plan's, before the next `schedule`. A plan left unanswered
+    /// when the next `schedule` starts is taken as lost (a crashed step): its requests go back
+    /// to where they were before it and are offered again ([`Metrics::lost_outputs`]); an
+    /// output arriving after that is stale and ignored.
     pub fn update(&mut self, out: StepOutput) {
+        if out.step == self.step {
+            self.answered = true;
+        }
         for id in out.finished {
             let i = self.inner.shard_of(&id);
             self.inner.shards[i].inbox.push(Command::Finish(id.into()));
@@ -276,5 +360,31 @@ impl Runtime {
         // Relaxed: a hint; submissions racing this read change only which mode runs.
         let submitted = self.inner.submitted.load(Ordering::Relaxed);
         submitted.saturating_sub(m.finished + m.failed + m.cancelled) as usize
+    }
+}
+
+/// Steps without progress before the runtime preempts across shards.
+const STALL_STEPS: u32 = 2;
+
+/// What a step's shards did, for stall detection.
+#[derive(Default)]
+struct Progress {
+    /// Something was ended, started loading, or is still loading.
+    moved: bool,
+    /// Requests waiting for admission.
+    waiting: usize,
+    /// The latest running request over all shards, with its shard.
+    latest: Option<(RequestKey, usize)>,
+}
+
+impl Progress {
+    fn add(&mut self, shard: usize, res: &ShardStepResult, loads: usize) {
+        self.moved |= !res.ended.is_empty() || res.loading > 0 || loads > 0;
+        self.waiting += res.waiting;
+        if let Some(k) = res.latest_running {
+            if self.latest.is_none_or(|(best, _)| k > best) {
+                self.latest = Some((k, shard));
+            }
+        }
     }
 }

@@ -44,4 +44,16 @@ pub enum RuntimeError {
     /// A thread could not be started.
     #[error("spawning a thread: {0}")]
     Spawn(#[from] std::io::Error),
+    /// A shard panicked during a step (a bug in the runtime: connector panics are caught
+    /// where they happen). The step was released on every shard; the runtime takes no more
+    /// steps, and [`Runtime::shutdown`](crate::Runtime::shutdown) reports what it can.
+    #[error("shard {shard} panicked during step {step}: {message}")]
+    ShardPanicked {
+        /// The shard.
+        shard: usize,
+        /// The step.
+        step: u64,
+        /// The panic message (when it was a string).
+        message: String,
+    },
 }

@@ -122,25 +122,62 @@ impl Inner {
         *slot.result.lock() = Some((res, loads));
     }
 
+    /// Runs `f`, one phase of shard `i`, unless an earlier phase of this step panicked; a
+    /// panic poisons the runtime (the first one is kept) and skips the shard's later phases,
+    /// while the shard still meets the others at every barrier, so no thread waits forever.
+    fn guarded(&self, i: usize, failed: &mut bool, f: impl FnOnce()) {
+        if *failed {
+            return;
+        }
+        if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+            *failed = true;
+            let message = panic_message(payload.as_ref());
+            self.poison.lock().get_or_insert((i, message));
+        }
+    }
+
+    /// Test hook: panics in the shard chosen by `panic_in_shard`.
+    #[cfg(test)]
+    fn test_panic(&self, i: usize) {
+        if self
+            .panic_in_shard
+            .compare_exchange(i, usize::MAX, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
+            panic!("test panic in shard {i}");
+        }
+    }
+
     /// One shard's part of a step run in parallel: every shard runs it concurrently, meeting
     /// at the phase barrier between publishing and claiming, and between claiming and
     /// deciding (skipped by every shard alike when the report is empty).
     pub(super) fn run_shard_step(&self, i: usize, engine_share: &[BlockId], live: &Settings) {
         let settings = &self.step_settings(i, live);
         let mut shard = self.shards[i].state.lock();
-        self.phase_publish(i, &mut shard, settings);
+        let mut failed = false;
+        // A share left from an earlier step must not stand in for one a panic never wrote.
+        self.shards[i].published.lock().clear();
+        self.guarded(i, &mut failed, || {
+            #[cfg(test)]
+            self.test_panic(i);
+            self.phase_publish(i, &mut shard, settings);
+        });
         // Barrier 1: every share of the report is published and its claim words reset.
         self.barrier.wait();
         let (ids, report) = self.step_report(engine_share);
         if !report.is_empty() {
-            shard.claim(&self.env(i), settings, &report, &ids);
+            self.guarded(i, &mut failed, || {
+                shard.claim(&self.env(i), settings, &report, &ids);
+            });
             // Barrier 2: every hit of every shard is claimed before anyone decides.
             #[cfg(not(kvsched_plant = "decide-early"))]
             self.barrier.wait();
         }
         #[cfg(kvsched_plant = "decide-early")]
         let early = !report.is_empty();
-        self.phase_finish(i, &mut shard, settings);
+        self.guarded(i, &mut failed, || {
+            self.phase_finish(i, &mut shard, settings)
+        });
         #[cfg(kvsched_plant = "decide-early")]
         if early {
             self.barrier.wait();
@@ -154,17 +191,27 @@ impl Inner {
         let k = self.shards.len();
         let settings: Vec<StepSettings> = (0..k).map(|i| self.step_settings(i, live)).collect();
         let mut shards: Vec<_> = self.shards.iter().map(|s| s.state.lock()).collect();
+        let mut failed = vec![false; k];
         for (i, shard) in shards.iter_mut().enumerate() {
-            self.phase_publish(i, shard, &settings[i]);
+            self.shards[i].published.lock().clear();
+            self.guarded(i, &mut failed[i], || {
+                #[cfg(test)]
+                self.test_panic(i);
+                self.phase_publish(i, shard, &settings[i]);
+            });
         }
         let (ids, report) = self.step_report(engine_share);
         if !report.is_empty() {
             for (i, shard) in shards.iter_mut().enumerate() {
-                shard.claim(&self.env(i), &settings[i], &report, &ids);
+                self.guarded(i, &mut failed[i], || {
+                    shard.claim(&self.env(i), &settings[i], &report, &ids);
+                });
             }
         }
         for (i, shard) in shards.iter_mut().enumerate() {
-            self.phase_finish(i, shard, &settings[i]);
+            self.guarded(i, &mut failed[i], || {
+                self.phase_finish(i, shard, &settings[i]);
+            });
         }
     }
 }
@@ -235,4 +282,15 @@ pub(super) fn spawn_shard_threads(inner: &Arc<Inner>) -> Result<ShardThreads, Ru
         }
     }
     Ok((threads, unparkers))
+}
+
+/// The message of a panic payload (a `&str` or `String`), or a placeholder.
+pub(super) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "(non-string panic payload)".to_string()
+    }
 }

@@ -54,7 +54,11 @@ impl Quarantine {
         e.consecutive_failures = e.consecutive_failures.saturating_add(1);
         if e.consecutive_failures >= after {
             e.consecutive_failures = 0;
-            e.until = Some(now + for_);
+            // A quarantine past what an Instant can hold lasts a century (no overflow).
+            e.until = now
+                .checked_add(for_)
+                .or_else(|| now.checked_add(Duration::from_secs(100 * 365 * 86_400)))
+                .or(Some(now));
             return true;
         }
         false

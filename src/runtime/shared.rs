@@ -59,6 +59,11 @@ pub(super) struct Inner {
     pub(super) submitted: AtomicU64,
     /// Whether `submit` is accepted; `shutdown` closes it under the write lock.
     pub(super) open: RwLock<bool>,
+    /// The first panic caught in a shard's step (shard, message): the runtime is poisoned.
+    pub(super) poison: Mutex<Option<(usize, String)>>,
+    /// Test hook: the shard whose next step panics (`usize::MAX`: none).
+    #[cfg(test)]
+    pub(super) panic_in_shard: AtomicUsize,
 }
 
 impl Inner {
@@ -102,6 +107,9 @@ impl Inner {
             seq: AtomicU64::new(1),
             submitted: AtomicU64::new(0),
             open: RwLock::new(true),
+            poison: Mutex::new(None),
+            #[cfg(test)]
+            panic_in_shard: AtomicUsize::new(usize::MAX),
         }
     }
 

@@ -5,6 +5,7 @@
 use crate::runtime::builder::Builder;
 use crate::runtime::claim::RequestKey;
 use crate::runtime::engine::Runtime;
+use crate::runtime::handoff::panic_message;
 use crate::runtime::report::Report;
 use crate::runtime::worker::Completion;
 use crate::sync::Ordering;
@@ -57,12 +58,28 @@ impl Runtime {
         self.inner.draining.store(true, Ordering::Relaxed);
         let _ = self.schedule();
         let mut cancelled_ids = Vec::new();
+        let mut violations = Vec::new();
+        if let Some(e) = self.poisoned() {
+            violations.push(e.to_string());
+        }
         for (i, s) in self.inner.shards.iter().enumerate() {
             let env = self.inner.env(i);
-            let res = s
-                .state
-                .lock()
-                .cancel_all(&env, workers_finished, &never_started);
+            // A poisoned shard's state may be half-updated: a second panic is reported, not
+            // propagated.
+            let res = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                s.state
+                    .lock()
+                    .cancel_all(&env, workers_finished, &never_started)
+            })) {
+                Ok(res) => res,
+                Err(p) => {
+                    violations.push(format!(
+                        "shard {i} panicked at shutdown: {}",
+                        panic_message(p.as_ref())
+                    ));
+                    continue;
+                }
+            };
             self.metrics += &res.counters;
             for (id, _) in &res.ended {
                 cancelled_ids.push(id.to_string());
@@ -71,7 +88,7 @@ impl Runtime {
             s.ids.lock().clear();
         }
         self.stop_shards();
-        let violations = self.check_invariants();
+        violations.extend(self.check_invariants());
         let census = self.inner.pool.census();
         Report {
             loads_abandoned: self.metrics.loads_abandoned,

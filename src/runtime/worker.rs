@@ -194,10 +194,11 @@ mod pool_impl {
             for u in &self.shared.unparkers {
                 u.unpark();
             }
-            let deadline = Instant::now() + timeout;
+            // A timeout past what an Instant can hold waits for the loads as long as they take.
+            let deadline = Instant::now().checked_add(timeout);
             while self.handles.iter().any(|h| !h.is_finished()) {
                 drain();
-                if Instant::now() >= deadline {
+                if deadline.is_some_and(|d| Instant::now() >= d) {
                     // Release: pairs with the Acquire load in the push loop; a late worker
                     // delivers nothing.
                     self.shared.abandon.store(true, Ordering::Release);

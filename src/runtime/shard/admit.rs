@@ -123,9 +123,14 @@ impl Shard {
                     r.load_end = ext_end;
                     r.load_cap = u64::MAX;
                     let mut job = job;
-                    if let Some(d) = r.load_deadline.or(settings.load_deadline) {
-                        job.deadline = Some(now + d);
-                        self.deadlines.push(Reverse((now + d, seq, r.attempt)));
+                    // A deadline past what an Instant can hold is no deadline.
+                    let deadline = r
+                        .load_deadline
+                        .or(settings.load_deadline)
+                        .and_then(|d| now.checked_add(d));
+                    if let Some(at) = deadline {
+                        job.deadline = Some(at);
+                        self.deadlines.push(Reverse((at, seq, r.attempt)));
                     }
                     loads_out.push(job);
                     self.set_phase(seq, Phase::Loading);
@@ -163,13 +168,23 @@ impl Shard {
             true
         };
         if !offer_external {
-            LookupResult::default()
-        } else {
-            env.connector.lookup(LookupQuery {
-                request: &r.id,
-                prompt: &r.prompt,
-                local_tokens: local,
-            })
+            return LookupResult::default();
+        }
+        let query = LookupQuery {
+            request: &r.id,
+            prompt: &r.prompt,
+            local_tokens: local,
+        };
+        // A connector that panics in `lookup` offers nothing: the request recomputes locally
+        // and the panic is counted; the step goes on.
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| env.connector.lookup(query)))
+        {
+            Ok(look) => look,
+            Err(_) => {
+                counters.connector_panics += 1;
+                counters.lookup_panics += 1;
+                LookupResult::default()
+            }
         }
     }
 

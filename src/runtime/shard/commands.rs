@@ -49,6 +49,26 @@ impl Shard {
                 }
                 None => self.result.counters.unknown_commands += 1,
             },
+            Command::OutputLost => {
+                for &seq in &self.touched {
+                    if let Some(r) = self.reqs.get_mut(&seq) {
+                        if r.phase == Phase::Running && r.last_scheduled > 0 {
+                            r.output_lost = true;
+                        }
+                    }
+                }
+            }
+            Command::Preempt(seq) => {
+                if self
+                    .reqs
+                    .get(&seq)
+                    .is_some_and(|r| r.phase == Phase::Running)
+                {
+                    self.preempt(env, seq);
+                    self.result.counters.preemptions += 1;
+                    self.result.counters.cross_shard_preemptions += 1;
+                }
+            }
         }
     }
 }

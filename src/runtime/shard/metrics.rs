@@ -55,6 +55,19 @@ pub struct Metrics {
     /// Step outputs naming a step other than the latest plan's (their samples and invalid
     /// blocks ignored).
     pub stale_outputs: u64,
+    /// Connector `lookup` calls that panicked (the request was offered nothing; also counted
+    /// in `connector_panics`).
+    pub lookup_panics: u64,
+    /// Plans whose output never came back before the next `schedule` (their work re-offered).
+    pub lost_outputs: u64,
+    /// Requests without a token limit (`max_new_tokens = 0`) finished because one more token
+    /// would need more blocks than the pool holds.
+    pub length_capped: u64,
+    /// Requests preempted in another shard to let a stalled step make progress.
+    pub cross_shard_preemptions: u64,
+    /// Steps that found no progress possible (live requests, no load in flight, nothing
+    /// computed, ended or preemptable) — a stall the runtime cannot resolve by itself.
+    pub no_progress_steps: u64,
 }
 
 impl std::ops::AddAssign<&Metrics> for Metrics {
@@ -84,5 +97,10 @@ impl std::ops::AddAssign<&Metrics> for Metrics {
         self.prefixes_quarantined += other.prefixes_quarantined;
         self.steps += other.steps;
         self.stale_outputs += other.stale_outputs;
+        self.lookup_panics += other.lookup_panics;
+        self.lost_outputs += other.lost_outputs;
+        self.length_capped += other.length_capped;
+        self.cross_shard_preemptions += other.cross_shard_preemptions;
+        self.no_progress_steps += other.no_progress_steps;
     }
 }

@@ -63,6 +63,12 @@ pub(crate) struct ShardStepResult {
     pub runnable_latency_ns: Vec<u64>,
     pub first_schedule_latency_ns: Vec<u64>,
     pub counters: Metrics,
+    /// Requests waiting for an async load at the end of the step.
+    pub loading: usize,
+    /// Requests waiting for admission at the end of the step.
+    pub waiting: usize,
+    /// The shard's latest running request, for cross-shard preemption.
+    pub latest_running: Option<RequestKey>,
 }
 
 /// The settings a step runs with (a snapshot; never changes mid-step).
@@ -165,6 +171,9 @@ impl Shard {
             self.admit(env, settings, now, loads_out);
             self.schedule(env, settings, now);
         }
+        self.result.loading = self.loading.len();
+        self.result.waiting = self.waiting.len();
+        self.result.latest_running = self.latest_running();
         std::mem::take(&mut self.result)
     }
 

@@ -24,7 +24,13 @@ impl Shard {
                 }
                 continue;
             }
-            let skip = std::mem::take(&mut r.skip);
+            let lost = std::mem::take(&mut r.output_lost);
+            if lost {
+                // Re-offer the step: nothing of it is known to have run.
+                r.num_computed_tokens = r.num_computed_tokens.min(r.pre_step);
+                r.sampled_pending = false;
+            }
+            let skip = std::mem::take(&mut r.skip) || lost;
             let sampled = std::mem::take(&mut r.sampled_pending);
             let finish = std::mem::take(&mut r.finish_pending);
             r.last_scheduled = 0;

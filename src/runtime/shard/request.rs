@@ -32,6 +32,10 @@ pub(crate) enum Command {
     Sampled(StdArc<str>),
     /// The engine finished this request (stop token, …).
     Finish(StdArc<str>),
+    /// The output of the shard's last step never came back: its scheduled work is re-offered.
+    OutputLost,
+    /// Preempt this request (by admission sequence) to let a stalled runtime progress.
+    Preempt(u64),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,6 +62,10 @@ pub(super) struct Req {
     pub(super) num_computed_tokens: u64,
     /// Tokens scheduled in the last step (0 when not scheduled).
     pub(super) last_scheduled: u64,
+    /// Computed tokens before the step that last scheduled it.
+    pub(super) pre_step: u64,
+    /// Its last step's output was lost: roll back to `pre_step`, apply nothing.
+    pub(super) output_lost: bool,
     pub(super) phase: Phase,
     /// Blocks this request must not read until their owner recomputes them (mode `safe`).
     pub(super) waits: Vec<BlockId>,
@@ -126,6 +134,8 @@ impl Req {
             registered: vec![0; groups.len()],
             num_computed_tokens: 0,
             last_scheduled: 0,
+            pre_step: 0,
+            output_lost: false,
             phase: Phase::Waiting,
             waits: Vec::new(),
             waits_step: 0,

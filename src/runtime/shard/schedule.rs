@@ -4,7 +4,10 @@
 
 use std::time::Instant;
 
-use super::{next_key, Env, HolderIndex, Phase, Req, ScheduledRequest, Shard, StepSettings};
+use super::{
+    next_key, EndState, Env, HolderIndex, Phase, Req, ScheduledRequest, Shard, StepSettings,
+};
+use crate::runtime::claim::RequestKey;
 
 impl Shard {
     /// Makes room in the tables of `r` for `upto` computed tokens.
@@ -65,6 +68,13 @@ impl Shard {
                 continue;
             }
             let upto = r.num_computed_tokens + n;
+            if r.max_new_tokens == 0 && Self::outgrows_pool(env, upto) {
+                // No token limit, and one more token would need more blocks than the pool
+                // holds: the request has generated all it ever can.
+                self.result.counters.length_capped += 1;
+                self.end(env, seq, EndState::Finished);
+                continue;
+            }
             if !Self::grow(env, r, upto, &mut self.index) {
                 // Preempt the latest running request of this shard, if it is not this one.
                 let victim = self.running.keys().next_back().copied();
@@ -102,6 +112,7 @@ impl Shard {
                 sync_load,
                 first,
             });
+            r.pre_step = r.num_computed_tokens;
             r.num_computed_tokens = upto;
             r.last_scheduled = n;
             self.touched.push(seq);
@@ -110,7 +121,25 @@ impl Shard {
         }
     }
 
-    fn preempt(&mut self, env: &Env<'_>, seq: u64) {
+    /// Whether `upto` computed tokens need more blocks, in all groups, than the pool has
+    /// besides the null block.
+    fn outgrows_pool(env: &Env<'_>, upto: u64) -> bool {
+        let need: u64 = env
+            .geo
+            .groups()
+            .iter()
+            .map(|g| g.blocks_for_tokens(upto))
+            .sum();
+        need > env.pool.num_blocks().saturating_sub(1) as u64
+    }
+
+    /// The latest running request (by canonical key) holding blocks: the cross-shard
+    /// preemption candidate of this shard.
+    pub(crate) fn latest_running(&self) -> Option<RequestKey> {
+        self.running.keys().next_back().copied()
+    }
+
+    pub(super) fn preempt(&mut self, env: &Env<'_>, seq: u64) {
         if let Some(r) = self.reqs.get_mut(&seq) {
             Self::release_all(env, r, &mut self.result, &mut self.index);
             r.num_computed_tokens = 0;

@@ -20,6 +20,7 @@ use super::scheduler::Scheduler;
 use super::workload::Workload;
 use crate::connector::{LoadJob, LoadResult, SplitMix64};
 use crate::pool::BlockRef;
+use crate::runtime::RuntimeError;
 use crate::runtime::{EndState, Metrics, Report, StepOutput, StepPlan};
 
 /// Drives `sched` through the workload of `cfg`.
@@ -146,7 +147,14 @@ impl<'a, S: Scheduler> Engine<'a, S> {
                 return false;
             }
             self.cancel_due();
-            let plan = self.step();
+            let plan = match self.step() {
+                Ok(plan) => plan,
+                Err(e) => {
+                    // The scheduler is poisoned: an invariant violation, and the run ends.
+                    self.violations.push(format!("schedule failed: {e}"));
+                    return self.next < self.cfg.requests || self.submitted > self.ended;
+                }
+            };
             self.cancel_late();
             self.ended += plan.ended.len() as u64;
             if self.violations.len() < MAX_VIOLATIONS {
@@ -227,10 +235,10 @@ impl<'a, S: Scheduler> Engine<'a, S> {
 
     /// The step: the last output in, the plan out (timed), its latencies recorded and the
     /// requests it ended settled.
-    fn step(&mut self) -> StepPlan {
+    fn step(&mut self) -> Result<StepPlan, RuntimeError> {
         let t0 = Instant::now();
         self.sched.update(std::mem::take(&mut self.out));
-        let plan = self.sched.schedule();
+        let plan = self.sched.schedule()?;
         self.out.step = plan.step;
         let t1 = Instant::now();
         self.steps += 1;
@@ -246,7 +254,7 @@ impl<'a, S: Scheduler> Engine<'a, S> {
             }
         }
         self.settle_ended(&plan);
-        plan
+        Ok(plan)
     }
 
     /// Forgets the requests `plan` ended; one finished with fewer samples sent than tokens to

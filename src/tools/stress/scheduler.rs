@@ -13,8 +13,8 @@ pub trait Scheduler {
     fn submit(&self, req: SubmitRequest) -> Result<(), RuntimeError>;
     /// Cancels a request.
     fn cancel(&self, id: &str);
-    /// Runs one step.
-    fn schedule(&mut self) -> StepPlan;
+    /// Runs one step (an error: the scheduler can take no more).
+    fn schedule(&mut self) -> Result<StepPlan, RuntimeError>;
     /// Applies the engine's output of the last step.
     fn update(&mut self, out: StepOutput);
     /// Counters so far.
@@ -36,7 +36,7 @@ impl Scheduler for Runtime {
     fn cancel(&self, id: &str) {
         Runtime::cancel(self, id)
     }
-    fn schedule(&mut self) -> StepPlan {
+    fn schedule(&mut self) -> Result<StepPlan, RuntimeError> {
         Runtime::schedule(self)
     }
     fn update(&mut self, out: StepOutput) {
@@ -63,8 +63,8 @@ impl Scheduler for MutexScheduler {
     fn cancel(&self, id: &str) {
         MutexScheduler::cancel(self, id)
     }
-    fn schedule(&mut self) -> StepPlan {
-        MutexScheduler::schedule(self)
+    fn schedule(&mut self) -> Result<StepPlan, RuntimeError> {
+        Ok(MutexScheduler::schedule(self))
     }
     fn update(&mut self, out: StepOutput) {
         MutexScheduler::update(self, out)
