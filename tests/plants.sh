@@ -25,8 +25,14 @@ declare -A TESTS=(
   [trust-stale]="--test runtime_faults"
   # shard: an engine finish of a request whose load is in flight frees its blocks at once.
   [end-while-loading]="--test runtime_faults"
+  # runtime/engine.rs: a stalled runtime never preempts across shards.
+  [no-cross-shard-preempt]="--test runtime_liveness"
+  # runtime/shard/admit.rs: a panicking connector lookup is not caught where it happens.
+  [lookup-uncaught]="--test runtime_liveness"
+  # runtime/handoff.rs: a panic in a shard's step escapes (the thread dies, the step hangs).
+  [shard-panic-escapes]="--lib runtime::poison_tests"
 )
-ORDER=(decide-early claim-store late-leak panic-ok trust-stale end-while-loading)
+ORDER=(decide-early claim-store late-leak panic-ok trust-stale end-while-loading no-cross-shard-preempt lookup-uncaught shard-panic-escapes)
 
 if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi
 

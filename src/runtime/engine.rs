@@ -293,6 +293,12 @@ impl Runtime {
             return;
         }
         self.stalled_steps = 0;
+        // Planted bug for the liveness tests: never preempt across shards.
+        #[cfg(kvsched_plant = "no-cross-shard-preempt")]
+        let p = &Progress {
+            latest: None,
+            ..Progress::default()
+        };
         match p.latest {
             Some((key, shard)) => self.inner.shards[shard]
                 .inbox

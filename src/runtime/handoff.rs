@@ -129,6 +129,10 @@ impl Inner {
         if *failed {
             return;
         }
+        // Planted bug for the poison test: a shard's panic is not caught.
+        #[cfg(kvsched_plant = "shard-panic-escapes")]
+        return f();
+        #[cfg_attr(kvsched_plant = "shard-panic-escapes", allow(unreachable_code))]
         if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
             *failed = true;
             let message = panic_message(payload.as_ref());

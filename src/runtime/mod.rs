@@ -59,6 +59,8 @@ mod handoff;
 mod invariants;
 #[cfg(not(kvsched_loom))]
 mod plan;
+#[cfg(all(test, not(kvsched_loom)))]
+mod poison_tests;
 #[cfg(not(kvsched_loom))]
 mod quarantine;
 #[cfg(not(kvsched_loom))]

@@ -1,0 +1,287 @@
+//! The runtime never hangs and never stalls: connector lookups that panic on any shard,
+//! durations too large for an `Instant`, a step output that never comes back, a request with
+//! no token limit that outgrows the pool, and pool pressure spread over two shards.
+//!
+//! Every test runs under a hang guard ([`guarded`]): the scenario runs on its own thread and
+//! the test fails if it has not finished within a generous bound. That bound is a guard
+//! against hanging, never a timing assertion: each scenario takes well under a second.
+
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kvsched::connector::{
+    KvConnector, LoadJob, LoadResult, LookupQuery, LookupResult, SimConfig, SimConnector,
+};
+use kvsched::{CacheGroup, EndState, Metrics, Runtime, Settings, StepOutput, SubmitRequest};
+
+/// Runs `f` on its own thread; fails the test if it does not return within two minutes.
+fn guarded<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(Duration::from_secs(120)) {
+        Ok(v) => v,
+        Err(_) => panic!("{what}: hung (no result after 120 s)"),
+    }
+}
+
+fn req(id: &str, prompt: Vec<u32>, max_new_tokens: u32) -> SubmitRequest {
+    SubmitRequest {
+        id: id.into(),
+        prompt,
+        max_new_tokens,
+        priority: 0,
+        load_deadline: None,
+    }
+}
+
+/// Drives the engine loop (update → schedule → sample every request that samples) until no
+/// request is live or `max_steps` pass; returns the metrics and how each request ended.
+fn drive(rt: &mut Runtime, max_steps: usize) -> (Metrics, Vec<(String, EndState)>) {
+    let mut out = StepOutput::default();
+    let mut ended = Vec::new();
+    for _ in 0..max_steps {
+        rt.update(std::mem::take(&mut out));
+        let plan = rt.schedule().expect("step");
+        out.step = plan.step;
+        out.sampled = plan
+            .scheduled
+            .iter()
+            .filter(|s| s.samples)
+            .map(|s| s.id.to_string())
+            .collect();
+        ended.extend(plan.ended.iter().map(|(id, e)| (id.to_string(), *e)));
+        if rt.live() == 0 {
+            break;
+        }
+        if plan.scheduled.is_empty() {
+            rt.wait_for_work(Duration::from_millis(1));
+        }
+    }
+    (rt.metrics(), ended)
+}
+
+/// The shard a request id routes to (FNV-1a of the id, modulo the shard count): the test
+/// places requests on chosen shards with it.
+fn shard_of(id: &str, shards: u64) -> u64 {
+    let h = id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
+    h % shards
+}
+
+/// A connector whose `lookup` panics for requests named `boom…` and offers nothing otherwise.
+struct PanickyLookup;
+
+impl KvConnector for PanickyLookup {
+    fn lookup(&self, q: LookupQuery<'_>) -> LookupResult {
+        if q.request.starts_with("boom") {
+            panic!("lookup of {} exploded", q.request);
+        }
+        LookupResult::default()
+    }
+    fn load(&self, _: &LoadJob) -> LoadResult {
+        LoadResult::Ok
+    }
+}
+
+#[test]
+fn lookup_panics_on_every_shard_are_counted_and_the_step_completes() {
+    // Quiet the expected panics' messages; anything else still prints.
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<String>()
+            .cloned()
+            .unwrap_or_default();
+        if !msg.contains("exploded") {
+            default_hook(info);
+        }
+    }));
+    // Booms on shard 0 and on shard 1, so the panic happens on the engine thread and on a
+    // shard thread (parallel), and all on the engine thread (inline).
+    let booms: Vec<String> = (0..40)
+        .map(|i| format!("boom-{i}"))
+        .filter(|id| shard_of(id, 2) == 0)
+        .take(3)
+        .chain(
+            (0..40)
+                .map(|i| format!("boom-{i}"))
+                .filter(|id| shard_of(id, 2) == 1)
+                .take(3),
+        )
+        .collect();
+    assert_eq!(booms.len(), 6);
+    for inline in [0, usize::MAX] {
+        let booms = booms.clone();
+        let (m, ended) = guarded("panicking lookup", move || {
+            let mut rt = Runtime::builder()
+                .shards(2)
+                .connector(Arc::new(PanickyLookup))
+                .inline_steps_up_to(inline)
+                .build()
+                .unwrap();
+            for id in &booms {
+                rt.submit(req(id, (0..40).collect(), 2)).unwrap();
+            }
+            for i in 0..6 {
+                rt.submit(req(&format!("ok-{i}"), (100..140).collect(), 2))
+                    .unwrap();
+            }
+            let out = drive(&mut rt, 1_000);
+            let report = rt.shutdown();
+            assert!(report.violations.is_empty(), "{report}");
+            out
+        });
+        assert_eq!(m.lookup_panics, 6, "inline {inline}: {m:?}");
+        assert_eq!(m.connector_panics, 6);
+        assert_eq!(m.finished, 12, "inline {inline}: every request finishes");
+        assert!(ended.iter().all(|(_, e)| *e == EndState::Finished));
+    }
+    let _ = std::panic::take_hook();
+}
+
+#[test]
+fn duration_max_in_every_setting_and_argument_never_panics() {
+    let (m, finished) = guarded("Duration::MAX", || {
+        let settings = Settings {
+            load_deadline: Some(Duration::MAX),
+            quarantine_after: 1,
+            quarantine_for: Duration::MAX,
+            ..Settings::default()
+        };
+        // Every load asynchronous and failing: deadlines are set, failures quarantine.
+        let sim = SimConnector::new(SimConfig {
+            hit_ratio: 1.0,
+            async_ratio: 1.0,
+            failure_rate: 1.0,
+            latency_min: Duration::from_micros(50),
+            latency_max: Duration::from_micros(100),
+            ..SimConfig::default()
+        });
+        let mut rt = Runtime::builder()
+            .shards(2)
+            .settings(settings)
+            .shutdown_timeout(Duration::MAX)
+            .connector(Arc::new(sim))
+            .build()
+            .unwrap();
+        for i in 0..8 {
+            let mut r = req(&format!("r{i}"), (0..200).map(|t| t + i).collect(), 2);
+            r.load_deadline = Some(Duration::MAX);
+            rt.submit(r).unwrap();
+        }
+        let plan = rt.schedule().expect("step");
+        assert!(
+            plan.scheduled.is_empty(),
+            "every request waits for its load"
+        );
+        // Untimed: returns because a completion arrives.
+        assert!(rt.wait_for_work(Duration::MAX));
+        let (m, _) = drive(&mut rt, 10_000);
+        let report = rt.shutdown();
+        assert!(report.violations.is_empty(), "{report}");
+        (m, report.metrics.finished)
+    });
+    assert!(m.loads_failed > 0, "{m:?}");
+    assert!(m.prefixes_quarantined > 0, "{m:?}");
+    assert_eq!(finished, 8);
+}
+
+#[test]
+fn a_lost_step_output_is_reoffered_and_counted() {
+    let (first, again, m) = guarded("lost output", || {
+        let mut rt = Runtime::builder().shards(1).build().unwrap();
+        rt.submit(req("x", (0..33).collect(), 2)).unwrap();
+        let first = rt.schedule().expect("step");
+        // The engine crashes in this step: no update.
+        let again = rt.schedule().expect("step");
+        let mut out = StepOutput::for_plan(&again);
+        out.sampled = again
+            .scheduled
+            .iter()
+            .filter(|s| s.samples)
+            .map(|s| s.id.to_string())
+            .collect();
+        rt.update(out);
+        let (m, _) = drive(&mut rt, 100);
+        drop(rt.shutdown());
+        (first, again, m)
+    });
+    assert_eq!(first.scheduled.len(), 1);
+    assert_eq!(first.scheduled[0].num_computed_tokens, 0);
+    assert_eq!(m.lost_outputs, 1);
+    let x = again.scheduled.first().expect("x offered again");
+    assert_eq!(
+        x.num_computed_tokens, 0,
+        "back to where the lost step started"
+    );
+    assert_eq!(x.num_tokens, first.scheduled[0].num_tokens);
+    assert_eq!(m.finished, 1);
+}
+
+#[test]
+fn a_request_without_a_token_limit_that_outgrows_the_pool_finishes() {
+    let (m, ended) = guarded("outgrowing request", || {
+        let mut rt = Runtime::builder()
+            .groups(vec![CacheGroup::full_attention(16)])
+            .pool_blocks(9) // 8 usable blocks: 128 tokens
+            .shards(1)
+            .build()
+            .unwrap();
+        rt.submit(req("endless", (0..20).collect(), 0)).unwrap();
+        let out = drive(&mut rt, 1_000);
+        drop(rt.shutdown());
+        out
+    });
+    assert_eq!(ended, vec![("endless".to_string(), EndState::Finished)]);
+    assert_eq!(m.length_capped, 1);
+}
+
+#[test]
+fn two_shards_sharing_a_small_pool_finish_every_request() {
+    let m = guarded("small pool", || {
+        let mut rt = Runtime::builder()
+            .groups(vec![CacheGroup::full_attention(16)])
+            .pool_blocks(41)
+            .shards(2)
+            .inline_steps_up_to(0)
+            .build()
+            .unwrap();
+        // Shared prefixes (cached blocks many requests hold), long generations that must grow.
+        let bases: Vec<Vec<u32>> = (0..3)
+            .map(|b| (0..96).map(|t| t * 7 + b).collect())
+            .collect();
+        let mut next = 0u32;
+        let mut out = StepOutput::default();
+        let mut steps = 0;
+        while (next < 300 || rt.live() > 0) && steps < 200_000 {
+            steps += 1;
+            while next < 300 && rt.live() < 24 {
+                let mut prompt = bases[(next % 3) as usize][..48 + (next % 48) as usize].to_vec();
+                prompt.push(1_000 + next);
+                rt.submit(req(&format!("r{next}"), prompt, 8 + next % 40))
+                    .unwrap();
+                next += 1;
+            }
+            rt.update(std::mem::take(&mut out));
+            let plan = rt.schedule().expect("step");
+            out.step = plan.step;
+            out.sampled = plan
+                .scheduled
+                .iter()
+                .filter(|s| s.samples)
+                .map(|s| s.id.to_string())
+                .collect();
+        }
+        let report = rt.shutdown();
+        assert!(report.violations.is_empty(), "{report}");
+        report.metrics
+    });
+    assert_eq!(m.submitted, 300);
+    assert_eq!(m.finished, 300, "{m:?}");
+    assert_eq!(m.no_progress_steps, 0);
+}
