@@ -324,8 +324,10 @@ fn faults_are_injected_counted_and_absorbed() {
         n("events.late_completions") <= n("events.deadlines_expired"),
         "{v}"
     );
+    // An injected stale block names no sync load's destination in its step: it is counted
+    // as foreign (ignored) or, when it happens to be one, as stale (wrong generation).
     assert!(
-        n("events.stale_blocks") >= n("faults_injected.stale"),
+        n("events.stale_blocks") + n("events.foreign_blocks") >= n("faults_injected.stale"),
         "{v}"
     );
     let cfg = get(&v, "config");

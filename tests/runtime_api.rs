@@ -46,9 +46,28 @@ fn builder_rejects_bad_settings_with_the_field_named() {
         ),
         (
             Runtime::builder().completion_queue_capacity(0).build(),
-            "completion_queue_capacity: must be > 0",
+            "completion_queue_capacity: must be 1 to 65536",
+        ),
+        (
+            Runtime::builder()
+                .completion_queue_capacity(usize::MAX)
+                .build(),
+            "completion_queue_capacity: must be 1 to 65536",
         ),
         (Runtime::builder().pool_blocks(1).build(), "pool_blocks:"),
+        (
+            Runtime::builder().pool_blocks(u32::MAX as usize).build(),
+            "pool_blocks: must be at most 16777216",
+        ),
+        (
+            Runtime::builder()
+                .settings(kvsched::Settings {
+                    load_deadline: Some(Duration::ZERO),
+                    ..kvsched::Settings::default()
+                })
+                .build(),
+            "load_deadline: must be > 0",
+        ),
         (
             Runtime::builder().groups(vec![]).build(),
             "groups: at least one cache group",
@@ -90,6 +109,7 @@ fn submit_errors_are_typed_and_lose_nothing() {
         rt.submit(req("e", 0)),
         Err(RuntimeError::EmptyPrompt(_))
     ));
+    assert!(matches!(rt.submit(req("", 40)), Err(RuntimeError::EmptyId)));
     // 63 usable blocks of 16 tokens: 1,100 tokens never fit.
     match rt.submit(req("big", 1100)) {
         Err(RuntimeError::TooLong { needed, usable, .. }) => assert_eq!((needed, usable), (69, 63)),
@@ -115,8 +135,12 @@ fn submit_errors_are_typed_and_lose_nothing() {
     let plan = rt.schedule().expect("step");
     assert_eq!(plan.scheduled.len(), 1);
     let m = rt.metrics();
-    assert_eq!(m.unknown_commands, 3);
-    assert_eq!(m.stale_blocks, 2);
+    // `cancel("nobody")` and the finish of "ghost2" name no request; the sample of "ghost"
+    // answers no plan that scheduled it; neither block is a sync load's destination.
+    assert_eq!(m.unknown_commands, 2);
+    assert_eq!(m.unexpected_samples, 1);
+    assert_eq!(m.foreign_blocks, 2);
+    assert_eq!(m.stale_blocks, 0);
     assert_eq!(m.submitted, 1);
     assert!(rt.check_invariants().is_empty());
     let report = rt.shutdown();

@@ -204,8 +204,10 @@ fn run(cfg: Config) -> Seen {
         hit_ratio: 0.8,
         align_tokens: 32,
         async_ratio: 0.6,
-        failure_rate: 0.35,
-        shared_failure_share: 0.6,
+        failure_rate: 0.5,
+        // Failures name the load's own blocks only: a connector naming the cached prefix
+        // below its load is refused (foreign blocks, tests/runtime_trust.rs).
+        shared_failure_share: 0.0,
         max_invalid_per_failure: 3,
         latency_min: Duration::ZERO,
         latency_max: Duration::from_micros(30),
@@ -359,10 +361,14 @@ fn runtime_matches_sequential_rules_and_keeps_invariants() {
     assert!(total.steps >= 10_000, "{total:?}");
     // The workload must actually exercise recovery, sharing and waiting.
     assert!(total.compared_steps >= 500, "{total:?}");
-    assert!(total.shared_claims >= 50, "{total:?}");
-    assert!(total.waits >= 20, "{total:?}");
-    assert!(total.handoffs >= 5, "{total:?}");
     assert!(total.preemptions >= 5, "{total:?}");
+    // In the runtime an invalid block has one holder: a block becomes findable in the prefix
+    // cache only once its load is applied, and a failure may name only the loader's own
+    // blocks. So nobody shares a reported block, waits or takes one over. (Shared reports
+    // are exercised through the claim path on replayed scenarios and by loom.)
+    assert_eq!(total.shared_claims, 0, "{total:?}");
+    assert_eq!(total.waits, 0, "{total:?}");
+    assert_eq!(total.handoffs, 0, "{total:?}");
 }
 
 #[test]

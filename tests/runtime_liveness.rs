@@ -23,7 +23,8 @@ fn guarded<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static
     });
     match rx.recv_timeout(Duration::from_secs(120)) {
         Ok(v) => v,
-        Err(_) => panic!("{what}: hung (no result after 120 s)"),
+        Err(mpsc::RecvTimeoutError::Disconnected) => panic!("{what}: the scenario panicked"),
+        Err(mpsc::RecvTimeoutError::Timeout) => panic!("{what}: hung (no result after 120 s)"),
     }
 }
 

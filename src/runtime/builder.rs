@@ -19,6 +19,14 @@ use crate::runtime::signal::WorkSignal;
 use crate::runtime::worker::{Completion, WorkerPool};
 use crate::sync::{Arc, ArrayQueue, Parker};
 
+/// The largest pool a runtime accepts: 2^24 blocks (about 40 bytes of bookkeeping each:
+/// state word, free-list link, claim words). A cap by documented limit, not by trying to
+/// allocate (with overcommit, an allocation that succeeds proves nothing).
+pub(super) const MAX_POOL_BLOCKS: usize = 1 << 24;
+
+/// The largest completion queue per shard (completions are about 100 bytes each).
+pub(super) const MAX_COMPLETION_QUEUE_CAPACITY: usize = 1 << 16;
+
 /// Configures a [`Runtime`].
 pub struct Builder {
     groups: Vec<CacheGroup>,
@@ -80,7 +88,7 @@ impl Builder {
         self.scheduler_block_size = Some(s);
         self
     }
-    /// Pool size in blocks, the null block included (default 4096).
+    /// Pool size in blocks, the null block included (default 4096, at most 2^24).
     pub fn pool_blocks(mut self, n: usize) -> Self {
         self.pool_blocks = n;
         self
@@ -120,7 +128,7 @@ impl Builder {
         self.max_seqs = n;
         self
     }
-    /// Capacity of each shard's completion queue (default 4096).
+    /// Capacity of each shard's completion queue (default 4096, at most 65,536).
     pub fn completion_queue_capacity(mut self, n: usize) -> Self {
         self.completion_queue_capacity = n;
         self
@@ -204,6 +212,8 @@ impl Builder {
             answered: true,
             stalled_steps: 0,
             panicked: None,
+            last_samplers: Default::default(),
+            last_sync: Vec::new(),
         })
     }
 
@@ -237,8 +247,13 @@ impl Builder {
         )?;
         cfg(
             "completion_queue_capacity",
-            self.completion_queue_capacity > 0,
-            "must be > 0",
+            (1..=MAX_COMPLETION_QUEUE_CAPACITY).contains(&self.completion_queue_capacity),
+            "must be 1 to 65536",
+        )?;
+        cfg(
+            "pool_blocks",
+            self.pool_blocks <= MAX_POOL_BLOCKS,
+            "must be at most 16777216 (2^24)",
         )?;
         self.settings.validate()?;
         Ok(())

@@ -5,6 +5,7 @@
 use std::sync::Arc as StdArc;
 use std::time::Duration;
 
+use crate::connector::LoadJob;
 use crate::pool::{BlockPool, BlockRef};
 use crate::rules::geometry::{BlockId, Geometry};
 use crate::runtime::builder::Builder;
@@ -91,6 +92,10 @@ pub struct Runtime {
     pub(super) stalled_steps: u32,
     /// Set once a shard panicked: (shard, step, message). No step runs after it.
     pub(super) panicked: Option<(usize, u64, String)>,
+    /// Requests the latest plan scheduled to sample.
+    pub(super) last_samplers: rustc_hash::FxHashSet<StdArc<str>>,
+    /// The destination blocks of each sync load of the latest plan.
+    pub(super) last_sync: Vec<Vec<BlockRef>>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -171,6 +176,18 @@ impl Runtime {
         }
         self.expect_output = !plan.scheduled.is_empty();
         self.answered = false;
+        self.last_samplers = plan
+            .scheduled
+            .iter()
+            .filter(|s| s.samples)
+            .map(|s| s.id.clone())
+            .collect();
+        self.last_sync = plan
+            .scheduled
+            .iter()
+            .filter_map(|s| s.sync_load.as_ref())
+            .map(LoadJob::all_loaded_blocks)
+            .collect();
         Ok(plan)
     }
 
@@ -189,7 +206,7 @@ impl Runtime {
     /// blocks handed off by owners that ended, minus stale ones. Their claim words are reset.
     fn engine_share(&mut self) -> Vec<BlockId> {
         let mut share = Vec::new();
-        for b in self.sync_invalid.drain(..).chain(self.handoffs.drain(..)) {
+        for b in self.sync_invalid.drain(..) {
             // Planted bug for the fault matrix: trust a report whatever its generation.
             #[cfg(kvsched_plant = "trust-stale")]
             let current = b.id < self.inner.pool.num_blocks() as u64;
@@ -199,6 +216,14 @@ impl Runtime {
                 share.push(b.id);
             } else {
                 self.metrics.stale_blocks += 1;
+                self.inner.claims.forget(b.id);
+            }
+        }
+        // A handed-off block freed and reused since has no sharer left to recompute it.
+        for b in self.handoffs.drain(..) {
+            if self.inner.pool.is_current(b) {
+                share.push(b.id);
+            } else {
                 self.inner.claims.forget(b.id);
             }
         }
@@ -315,7 +340,13 @@ impl Runtime {
     /// when the next `schedule` starts is taken as lost (a crashed step): its requests go back
     /// to where they were before it and are offered again ([`Metrics::lost_outputs`]); an
     /// output arriving after that is stale and ignored.
+    ///
+    /// What the output claims is checked against what the plan handed out: a sample counts
+    /// only for a request the plan scheduled to sample (others: `unexpected_samples`), and a
+    /// failed block only if it is a destination of one of the plan's sync loads (others:
+    /// `foreign_blocks`). Neither can roll back a request the step did not load for.
     pub fn update(&mut self, out: StepOutput) {
+        let first_answer = out.step == self.step && !self.answered;
         if out.step == self.step {
             self.answered = true;
         }
@@ -330,15 +361,29 @@ impl Runtime {
             return;
         }
         for id in out.sampled {
+            if !self.last_samplers.contains(id.as_str()) {
+                self.metrics.unexpected_samples += 1;
+                continue;
+            }
             let i = self.inner.shard_of(&id);
             self.inner.shards[i].inbox.push(Command::Sampled(id.into()));
         }
-        let cap = self.inner.pool.num_blocks() as u64;
+        let mut failed_ids = rustc_hash::FxHashSet::default();
         for b in out.invalid_blocks {
-            if b.id < cap {
+            if self.last_sync.iter().flatten().any(|d| d.id == b.id) {
+                failed_ids.insert(b.id);
                 self.sync_invalid.push(b);
             } else {
-                self.metrics.stale_blocks += 1;
+                self.metrics.foreign_blocks += 1;
+            }
+        }
+        if first_answer {
+            for load in &self.last_sync {
+                if load.iter().any(|d| failed_ids.contains(&d.id)) {
+                    self.metrics.sync_loads_failed += 1;
+                } else {
+                    self.metrics.sync_loads_ok += 1;
+                }
             }
         }
     }

@@ -35,6 +35,9 @@ pub enum RuntimeError {
         /// Usable blocks in the pool.
         usable: u64,
     },
+    /// An empty request id.
+    #[error("request id: must not be empty")]
+    EmptyId,
     /// An empty prompt.
     #[error("request {0:?}: empty prompt")]
     EmptyPrompt(String),

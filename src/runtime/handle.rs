@@ -69,6 +69,9 @@ impl Inner {
         if !*open {
             return Err(RuntimeError::ShutDown);
         }
+        if req.id.is_empty() {
+            return Err(RuntimeError::EmptyId);
+        }
         if req.prompt.is_empty() {
             return Err(RuntimeError::EmptyPrompt(req.id));
         }

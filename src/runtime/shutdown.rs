@@ -38,7 +38,13 @@ impl Runtime {
                 self.shutdown_timeout,
             );
             workers_finished = finished;
-            loads_cancelled = left.len() as u64;
+            // A queued load whose deadline has passed is the last step's expired load
+            // (`deadlines_expired`), not a load shutdown cancelled.
+            let now = std::time::Instant::now();
+            loads_cancelled = left
+                .iter()
+                .filter(|j| j.deadline.is_none_or(|d| d > now))
+                .count() as u64;
             never_started = left
                 .iter()
                 .map(|j| (RequestKey::from_raw(j.owner.key).seq(), j.attempt))

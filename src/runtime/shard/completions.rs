@@ -71,15 +71,51 @@ impl Shard {
                     &mut self.result.counters,
                 );
                 self.landed.push(seq);
+                // Only the blocks this load wrote are the connector's to report: any other is
+                // counted and ignored, never applied to another request. A failure naming
+                // none of its own blocks fails the whole load (the connector is not trusted
+                // to know which of them are fine).
+                let own = Self::load_blocks(env, r);
+                let mut named_own = false;
                 for b in bad.into_flat() {
-                    if b.id != env.geo.null_block() && env.pool.is_current(b) {
+                    if !own.iter().any(|o| o.id == b.id) {
+                        self.result.counters.foreign_blocks += 1;
+                    } else if env.pool.is_current(b) {
+                        named_own = true;
                         published.push(b.id);
                     } else {
                         self.result.counters.stale_blocks += 1;
                     }
                 }
+                if !named_own {
+                    published.extend(
+                        own.into_iter()
+                            .filter(|&b| env.pool.is_current(b))
+                            .map(|b| b.id),
+                    );
+                }
             }
         }
+    }
+
+    /// The non-null blocks the request's current load writes, in every group, with the
+    /// generations it holds them at.
+    fn load_blocks(env: &Env<'_>, r: &Req) -> Vec<crate::pool::BlockRef> {
+        let null = env.geo.null_block();
+        let mut out = Vec::new();
+        for ((grp, t), g) in env.geo.groups().iter().zip(&r.tables).zip(&r.gens) {
+            let lo = (r.load_start / grp.block_size) as usize;
+            let hi = (grp.blocks_for_tokens(r.load_end) as usize).min(t.len());
+            for (i, &id) in t.iter().enumerate().take(hi).skip(lo) {
+                if id != null {
+                    out.push(crate::pool::BlockRef {
+                        id,
+                        generation: g.get(i).copied().unwrap_or(0),
+                    });
+                }
+            }
+        }
+        out
     }
 
     /// Fails the in-flight loads whose deadline has passed and publishes all their blocks.
@@ -106,18 +142,7 @@ impl Shard {
             r.timed_out = true;
             Self::load_failed(env, settings, now, r, now, &mut self.result.counters);
             self.landed.push(seq);
-            let null = env.geo.null_block();
-            for (grp, t) in env.geo.groups().iter().zip(&r.tables) {
-                let lo = (r.load_start / grp.block_size) as usize;
-                let hi = (grp.blocks_for_tokens(r.load_end) as usize).min(t.len());
-                published.extend(
-                    t.get(lo..hi)
-                        .unwrap_or(&[])
-                        .iter()
-                        .copied()
-                        .filter(|&id| id != null),
-                );
-            }
+            published.extend(Self::load_blocks(env, r).into_iter().map(|b| b.id));
         }
     }
 

@@ -32,19 +32,24 @@ impl Shard {
             }
         }
         r.sync_job = None;
-        for id in r.owned_pending.drain(..) {
-            env.claims.orphan(id, key);
-            if let Some(generation) = env.pool.generation(id) {
-                res.handoffs.push(BlockRef { id, generation });
-                res.counters.handoffs += 1;
-            }
-        }
         for (t, g) in r.tables.iter_mut().zip(r.gens.iter_mut()) {
             for (&id, &gen) in t.iter().zip(g.iter()) {
                 Self::release_entry(env, id, gen);
             }
             t.clear();
             g.clear();
+        }
+        // Owned blocks it did not recompute pass to the next waiter — a hand-off only when
+        // another request still holds the block; one nobody holds is simply forgotten.
+        for id in r.owned_pending.drain(..) {
+            env.claims.orphan(id, key);
+            match env.pool.generation(id) {
+                Some(generation) if env.pool.ref_count(id) > 0 => {
+                    res.handoffs.push(BlockRef { id, generation });
+                    res.counters.handoffs += 1;
+                }
+                _ => env.claims.forget(id),
+            }
         }
         for reg in &mut r.registered {
             *reg = 0;

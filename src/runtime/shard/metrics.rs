@@ -68,6 +68,15 @@ pub struct Metrics {
     /// Steps that found no progress possible (live requests, no load in flight, nothing
     /// computed, ended or preemptable) — a stall the runtime cannot resolve by itself.
     pub no_progress_steps: u64,
+    /// Blocks a load's failure or a step output named that were not the load's own (another
+    /// request's, or no sync load's destination in that step): ignored.
+    pub foreign_blocks: u64,
+    /// Samples for requests the answered step did not schedule to sample: ignored.
+    pub unexpected_samples: u64,
+    /// Sync loads (run by the engine inside a step) that filled all their blocks.
+    pub sync_loads_ok: u64,
+    /// Sync loads the engine reported blocks of as failed.
+    pub sync_loads_failed: u64,
 }
 
 impl std::ops::AddAssign<&Metrics> for Metrics {
@@ -102,5 +111,9 @@ impl std::ops::AddAssign<&Metrics> for Metrics {
         self.length_capped += other.length_capped;
         self.cross_shard_preemptions += other.cross_shard_preemptions;
         self.no_progress_steps += other.no_progress_steps;
+        self.foreign_blocks += other.foreign_blocks;
+        self.unexpected_samples += other.unexpected_samples;
+        self.sync_loads_ok += other.sync_loads_ok;
+        self.sync_loads_failed += other.sync_loads_failed;
     }
 }

@@ -90,6 +90,12 @@ pub(super) fn reconcile(
     if engine.rejected > 0 {
         violations.push(format!("{} submissions refused", engine.rejected));
     }
+    if fm.no_progress_steps > 0 {
+        violations.push(format!(
+            "no progress: {} steps with live requests, nothing to run and nothing to preempt",
+            fm.no_progress_steps
+        ));
+    }
     reconciled
 }
 

@@ -98,6 +98,20 @@ pub struct Events {
     pub prefixes_quarantined: u64,
     /// Owned blocks handed off because their owner ended first.
     pub handoffs: u64,
+    /// Reported blocks that were not the reporting load's own (or no sync load's
+    /// destination in the step): ignored.
+    pub foreign_blocks: u64,
+    /// Samples for requests the step did not schedule to sample: ignored.
+    pub unexpected_samples: u64,
+    /// Connector lookups that panicked (also in `connector_panics`).
+    pub lookup_panics: u64,
+    /// Plans whose output never came back (their work re-offered).
+    pub lost_outputs: u64,
+    /// Requests preempted in another shard to end a stall.
+    pub cross_shard_preemptions: u64,
+    /// Steps that found no progress possible and nothing to preempt (an invariant
+    /// violation in a stress run).
+    pub no_progress_steps: u64,
 }
 
 impl Events {
@@ -115,6 +129,12 @@ impl Events {
             quarantine_skips: m.quarantine_skips,
             prefixes_quarantined: m.prefixes_quarantined,
             handoffs: m.handoffs,
+            foreign_blocks: m.foreign_blocks,
+            unexpected_samples: m.unexpected_samples,
+            lookup_panics: m.lookup_panics,
+            lost_outputs: m.lost_outputs,
+            cross_shard_preemptions: m.cross_shard_preemptions,
+            no_progress_steps: m.no_progress_steps,
         }
     }
 }

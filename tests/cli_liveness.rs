@@ -1,0 +1,59 @@
+//! `kvsched stress` under pool pressure across shards: two shards sharing a 41-block pool
+//! (shared prefixes make each hold part of it) must finish every request. Before cross-shard
+//! preemption the run finished 24 of 300 and timed out. The child runs under a hang guard
+//! (killed after two minutes), never a timing assertion.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// Runs `kvsched ARGS`, killing it if it has not exited within two minutes.
+fn run_guarded(args: &[&str]) -> (Option<i32>, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kvsched"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn kvsched");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            let out = child.wait_with_output().expect("output");
+            return (
+                status.code(),
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+            );
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            panic!("kvsched {args:?}: hung");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn two_shards_on_a_small_pool_finish_every_request() {
+    let args = [
+        "stress",
+        "--requests",
+        "300",
+        "--pool-blocks",
+        "41",
+        "--shards",
+        "2",
+        "--cancel-ratio",
+        "0",
+        "--duration",
+        "60",
+        "--json",
+    ];
+    let (code, out) = run_guarded(&args);
+    assert_eq!(code, Some(0), "{out}");
+    let v: Value = serde_json::from_str(&out).expect("json report");
+    assert_eq!(v["requests"]["submitted"], 300);
+    assert_eq!(v["requests"]["finished"], 300, "{}", v["requests"]);
+    assert_eq!(v["timed_out"], false);
+    assert_eq!(v["invariants"]["ok"], true);
+}

@@ -1,0 +1,223 @@
+//! What the runtime is told is intersected with what it handed out: a connector's failure
+//! naming blocks outside its job, an engine's failed blocks outside the step's sync loads, and
+//! samples for requests the step did not schedule to sample are counted and ignored — never
+//! applied to another request. Counters mean one thing each.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kvsched::connector::{
+    InvalidBlocks, KvConnector, LoadJob, LoadResult, LookupQuery, LookupResult,
+};
+use kvsched::{BlockRef, Metrics, Runtime, StepOutput, StepPlan, SubmitRequest};
+
+fn req(id: &str, prompt: Vec<u32>) -> SubmitRequest {
+    SubmitRequest {
+        id: id.into(),
+        prompt,
+        max_new_tokens: 4,
+        priority: 0,
+        load_deadline: None,
+    }
+}
+
+/// Offers every prompt but its last 16 tokens as an async (or sync) load (none to requests
+/// named `plain…`); `load` answers
+/// with what `answer` makes of the job, and remembers every job.
+struct Scripted {
+    sync: bool,
+    answer: fn(&LoadJob, &[BlockRef]) -> LoadResult,
+    jobs: Mutex<Vec<LoadJob>>,
+}
+
+impl KvConnector for Scripted {
+    fn lookup(&self, q: LookupQuery<'_>) -> LookupResult {
+        if q.request.starts_with("plain") {
+            return LookupResult::default();
+        }
+        LookupResult {
+            external_tokens: (q.prompt.len() as u64).saturating_sub(16 + q.local_tokens),
+            load_async: !self.sync,
+        }
+    }
+    fn load(&self, job: &LoadJob) -> LoadResult {
+        let mut jobs = self.jobs.lock().unwrap();
+        let others: Vec<BlockRef> = jobs.iter().flat_map(|j| j.all_loaded_blocks()).collect();
+        jobs.push(job.clone());
+        (self.answer)(job, &others)
+    }
+}
+
+/// Runs `rt` until nothing is live (at most `steps`), answering every plan honestly (sync
+/// loads through the connector); returns the metrics and every plan.
+fn drive(rt: &mut Runtime, conn: &Scripted, steps: usize) -> (Metrics, Vec<StepPlan>) {
+    let mut out = StepOutput::default();
+    let mut plans = Vec::new();
+    for _ in 0..steps {
+        rt.update(std::mem::take(&mut out));
+        let plan = rt.schedule().expect("step");
+        out.step = plan.step;
+        for s in &plan.scheduled {
+            if let Some(job) = &s.sync_load {
+                if let LoadResult::Failed(bad) = conn.load(job) {
+                    out.invalid_blocks.extend(bad.into_flat());
+                }
+            }
+            if s.samples {
+                out.sampled.push(s.id.to_string());
+            }
+        }
+        plans.push(plan);
+        if rt.live() == 0 {
+            break;
+        }
+        rt.wait_for_work(Duration::from_millis(1));
+    }
+    (rt.metrics(), plans)
+}
+
+fn runtime(conn: Arc<Scripted>) -> Runtime {
+    Runtime::builder()
+        .shards(2)
+        .workers(1)
+        .connector(conn)
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn a_failure_naming_another_jobs_blocks_rolls_back_no_one_else() {
+    // The second load names the first job's blocks (not its own) as failed.
+    let conn = Arc::new(Scripted {
+        sync: false,
+        answer: |_, others| {
+            if others.is_empty() {
+                LoadResult::Ok
+            } else {
+                LoadResult::Failed(InvalidBlocks::Flat(others.to_vec()))
+            }
+        },
+        jobs: Mutex::new(Vec::new()),
+    });
+    let mut rt = runtime(conn.clone());
+    rt.submit(req("a", (0..96).collect())).unwrap();
+    rt.submit(req("b", (1000..1096).collect())).unwrap();
+    let (m, plans) = drive(&mut rt, &conn, 500);
+    let report = rt.shutdown();
+    assert!(report.violations.is_empty(), "{report}");
+    // One worker runs the loads one after the other: the first to run succeeds, every later
+    // one names the earlier jobs' blocks, never its own.
+    let jobs = conn.jobs.lock().unwrap();
+    let lucky = jobs[0].request.clone();
+    for p in &plans {
+        assert!(
+            p.recovery.recovered.iter().all(|r| r.id != lucky),
+            "{lucky} rolled back by another load's report"
+        );
+    }
+    assert!(m.foreign_blocks > 0, "{m:?}");
+    assert!(m.loads_failed >= 1, "{m:?}");
+    let unlucky: Vec<_> = plans.iter().flat_map(|p| &p.recovery.recovered).collect();
+    assert!(!unlucky.is_empty());
+    for r in unlucky {
+        assert_eq!(
+            r.decision.num_computed_tokens, 0,
+            "the whole load failed: {r:?}"
+        );
+    }
+    assert_eq!(report.metrics.finished, 2);
+}
+
+#[test]
+fn engine_failures_outside_the_steps_sync_loads_and_stray_samples_are_ignored() {
+    let conn = Arc::new(Scripted {
+        sync: true,
+        answer: |_, _| LoadResult::Ok,
+        jobs: Mutex::new(Vec::new()),
+    });
+    // 32 tokens per shard per step: a 200-token prompt computed locally takes several steps
+    // and samples only in its last.
+    let mut rt = Runtime::builder()
+        .shards(2)
+        .workers(1)
+        .token_budget(64)
+        .connector(conn.clone())
+        .build()
+        .unwrap();
+    rt.submit(req("loads", (0..96).collect())).unwrap();
+    rt.submit(req("plain", (500..700).collect())).unwrap();
+    let plan = rt.schedule().expect("step");
+    let loads = plan
+        .scheduled
+        .iter()
+        .find(|s| &*s.id == "loads")
+        .expect("loads");
+    let plain = plan
+        .scheduled
+        .iter()
+        .find(|s| &*s.id == "plain")
+        .expect("plain");
+    assert!(loads.sync_load.is_some() && plain.sync_load.is_none());
+    assert!(
+        !plain.samples,
+        "a prefill below the prompt's end samples nothing"
+    );
+    // The engine claims a block no sync load of the step wrote failed, and sends a sample
+    // for "plain", which was not scheduled to sample.
+    let mut out = StepOutput::for_plan(&plan);
+    out.sampled.push("plain".into());
+    if loads.samples {
+        out.sampled.push("loads".into());
+    }
+    out.invalid_blocks.push(BlockRef {
+        id: 1_000_000,
+        generation: 0,
+    });
+    rt.update(out);
+    let next = rt.schedule().expect("step");
+    assert!(next.recovery.recovered.is_empty(), "nobody rolled back");
+    let m = rt.metrics();
+    assert_eq!(m.unexpected_samples, 1);
+    assert_eq!(m.foreign_blocks, 1);
+    assert_eq!((m.sync_loads_ok, m.sync_loads_failed), (1, 0));
+    drop(rt.shutdown());
+}
+
+#[test]
+fn a_failed_sync_load_is_counted_as_one() {
+    let conn = Arc::new(Scripted {
+        sync: true,
+        answer: |job, _| LoadResult::Failed(InvalidBlocks::Flat(job.all_loaded_blocks())),
+        jobs: Mutex::new(Vec::new()),
+    });
+    let mut rt = runtime(conn.clone());
+    rt.submit(req("s", (0..96).collect())).unwrap();
+    let (m, _) = drive(&mut rt, &conn, 500);
+    let report = rt.shutdown();
+    assert!(report.violations.is_empty(), "{report}");
+    assert!(m.sync_loads_failed >= 1, "{m:?}");
+    assert_eq!(m.foreign_blocks, 0);
+    assert_eq!(report.metrics.finished, 1);
+}
+
+#[test]
+fn an_always_failing_connector_reports_no_phantom_handoffs_or_stale_blocks() {
+    let conn = Arc::new(Scripted {
+        sync: false,
+        answer: |job, _| LoadResult::Failed(InvalidBlocks::Flat(job.all_loaded_blocks())),
+        jobs: Mutex::new(Vec::new()),
+    });
+    let mut rt = runtime(conn.clone());
+    for i in 0..20u32 {
+        rt.submit(req(&format!("r{i}"), (i * 1000..i * 1000 + 96).collect()))
+            .unwrap();
+    }
+    let (m, _) = drive(&mut rt, &conn, 2_000);
+    let report = rt.shutdown();
+    assert!(report.violations.is_empty(), "{report}");
+    assert_eq!(report.metrics.finished, 20);
+    assert!(m.loads_failed >= 20, "{m:?}");
+    // Nobody shares a block, so nobody waits and no block is handed to anyone.
+    assert_eq!(m.handoffs, 0, "{m:?}");
+    assert_eq!(m.stale_blocks, 0, "{m:?}");
+}
