@@ -2,7 +2,9 @@
 //! baseline comparison and one-line errors for bad flags. Small settings keep it fast in debug
 //! builds.
 
-use std::process::{Command, Output};
+use std::io::Read;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -12,6 +14,73 @@ fn stress(args: &[&str]) -> Output {
         .args(args)
         .output()
         .expect("run kvsched")
+}
+
+/// Runs `kvsched stress ARGS`, killing it if it has not exited after `limit` (a hang guard
+/// against a run that never ends, not a timing assertion: the limit is many times what the
+/// run needs).
+fn stress_guarded(args: &[&str], limit: Duration) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kvsched"))
+        .arg("stress")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run kvsched");
+    let drain = |r: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut buf);
+            }
+            buf
+        })
+    };
+    let out = drain(
+        child
+            .stdout
+            .take()
+            .map(|r| Box::new(r) as Box<dyn Read + Send>),
+    );
+    let err = drain(
+        child
+            .stderr
+            .take()
+            .map(|r| Box::new(r) as Box<dyn Read + Send>),
+    );
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for kvsched") {
+            break status;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("kvsched stress {args:?} still running after {limit:?}: hung");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Output {
+        status,
+        stdout: out.join().expect("stdout reader"),
+        stderr: err.join().expect("stderr reader"),
+    }
+}
+
+/// Asserts that `args` are refused with exit 2, one line on stderr naming `flag` and saying
+/// `needle`, and nothing on stdout.
+fn assert_refused(args: &[&str], flag: &str, needle: &str) {
+    let out = stress_guarded(args, Duration::from_secs(60));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+    assert_eq!(err.lines().count(), 1, "{args:?}: not one line: {err:?}");
+    assert!(err.starts_with("error: "), "{args:?}: {err}");
+    assert!(err.contains(flag), "{args:?}: {err} does not name {flag}");
+    assert!(
+        err.contains(needle),
+        "{args:?}: {err} does not say {needle:?}"
+    );
+    assert!(out.stdout.is_empty(), "{args:?}");
 }
 
 const SMALL: &[&str] = &[
@@ -392,4 +461,132 @@ fn bad_faults_exit_2_with_one_line() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("--load-deadline-ms"), "{err}");
+}
+
+#[test]
+fn tiny_rates_saturate_instead_of_panicking() {
+    // The gap to the second arrival overflows a Duration (or f64): that arrival is never
+    // reached, the run ends at --duration with one request submitted, and nothing panics.
+    for rate in ["1e-20", "1e-300", "5e-324"] {
+        let out = stress_guarded(
+            &[
+                "--rate",
+                rate,
+                "--requests",
+                "3",
+                "--duration",
+                "0.3",
+                "--model-us",
+                "0",
+                "--json",
+            ],
+            Duration::from_secs(60),
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panicked"), "--rate {rate}: {err}");
+        let v = json_of(&out);
+        assert_eq!(get(&v, "requests.submitted"), 1, "--rate {rate}: {v}");
+        assert_eq!(
+            get(&v, "timed_out"),
+            &Value::Bool(true),
+            "--rate {rate}: {v}"
+        );
+        assert_eq!(
+            get(&v, "invariants.ok"),
+            &Value::Bool(true),
+            "--rate {rate}: {v}"
+        );
+    }
+}
+
+#[test]
+fn float_flags_out_of_range_name_the_flag() {
+    for (args, flag, needle) in [
+        (vec!["--rate", "1e-400"], "--rate", "positive"),
+        (vec!["--rate", "inf"], "--rate", "positive"),
+        (vec!["--rate", "NaN"], "--rate", "positive"),
+        (vec!["--rate", "-5"], "--rate", "positive"),
+        (vec!["--duration", "1e300"], "--duration", "86400"),
+        (vec!["--duration", "-1"], "--duration", "86400"),
+        (vec!["--duration", "inf"], "--duration", "86400"),
+        (vec!["--duration", "1e-400"], "--duration", "86400"),
+        (
+            vec!["--load-deadline-ms", "3600001"],
+            "--load-deadline-ms",
+            "3600000",
+        ),
+        (
+            vec!["--load-latency-us", "0..1000001"],
+            "--load-latency-us",
+            "1000000",
+        ),
+        (
+            vec!["--load-latency-us", "-5..3"],
+            "--load-latency-us",
+            "MIN..MAX",
+        ),
+        (
+            vec!["--faults", "deadline=1e-400x"],
+            "--faults",
+            "from 0 to 1",
+        ),
+    ] {
+        assert_refused(&args, flag, needle);
+    }
+}
+
+#[test]
+fn hostile_sizes_are_refused_against_the_caps() {
+    for (args, flag, needle) in [
+        (
+            vec!["--pool-blocks", "4294967295"],
+            "--pool-blocks",
+            "16777216",
+        ),
+        (
+            vec!["--pool-blocks", "16777217"],
+            "--pool-blocks",
+            "16777216",
+        ),
+        (
+            vec!["--pool-blocks", "18446744073709551616"],
+            "--pool-blocks",
+            "16777216",
+        ),
+        (vec!["--pool-blocks", "-1"], "--pool-blocks", "16777216"),
+        (vec!["--shards", "65"], "--shards", "1 to 64"),
+        (vec!["--workers", "257"], "--workers", "1 to 256"),
+        (vec!["--workers", "0"], "--workers", "1 to 256"),
+        (vec!["--live", "16777217"], "--live", "16777216"),
+        (vec!["--max-seqs", "1048577"], "--max-seqs", "1048576"),
+        (vec!["--requests", "100000001"], "--requests", "100000000"),
+        (vec!["--seed", "-1"], "--seed", "invalid digit"),
+    ] {
+        assert_refused(&args, flag, needle);
+    }
+}
+
+#[test]
+fn negative_and_out_of_range_shares_name_the_flag_and_range() {
+    for flag in [
+        "--failure-rate",
+        "--prefix-share",
+        "--hit-ratio",
+        "--async-ratio",
+        "--cancel-ratio",
+    ] {
+        for value in ["-0.1", "1.5", "-1e300", "NaN"] {
+            // `--flag -0.1`, with a space: the value, not an unknown flag `-0`.
+            assert_refused(&[flag, value], flag, "from 0 to 1");
+            assert_refused(&[&format!("{flag}={value}")], flag, "from 0 to 1");
+        }
+    }
+    for (flag, value, needle) in [
+        ("--model-us", "-5", "--model-us"),
+        ("--token-budget", "-1", "--token-budget"),
+        ("--check-every", "-3", "--check-every"),
+        ("--prompt-tokens", "-8", "--prompt-tokens"),
+    ] {
+        assert_refused(&[flag, value], flag, needle);
+    }
 }

@@ -116,7 +116,7 @@ impl<'a, S: Scheduler> Engine<'a, S> {
             rec,
             work,
             model: Duration::from_micros(cfg.model_us),
-            duration: Duration::from_secs_f64(cfg.duration_s),
+            duration: cfg.duration(),
             violations: Vec::new(),
             out: StepOutput::default(),
             arrival_of: FxHashMap::default(),
@@ -167,9 +167,12 @@ impl<'a, S: Scheduler> Engine<'a, S> {
     /// Submits the requests whose arrival time has come (open loop), or up to `--live` live
     /// requests (closed loop).
     fn arrivals(&mut self, now: Instant) {
+        // Offsets, not instants: an offset that saturated (a tiny --rate) is never reached,
+        // and `start + offset` is only formed for offsets already passed.
+        let elapsed = now.saturating_duration_since(self.start);
         while self.next < self.cfg.requests {
             let arrival = match self.next_at {
-                Some(at) if self.start + at > now => break,
+                Some(at) if at > elapsed => break,
                 Some(at) => self.start + at,
                 None if self.submitted - self.ended >= self.cfg.live as u64 => break,
                 None => Instant::now(),
@@ -348,7 +351,7 @@ impl<'a, S: Scheduler> Engine<'a, S> {
     fn idle(&self) {
         let mut wait = Duration::from_micros(200);
         if let Some(at) = self.next_at {
-            wait = wait.min((self.start + at).saturating_duration_since(Instant::now()));
+            wait = wait.min(at.saturating_sub(self.start.elapsed()));
         }
         if !wait.is_zero() {
             self.sched.wait_for_work(wait);
