@@ -169,6 +169,48 @@ fn assert_run_keys(v: &Value) {
     let n = |k: &str| r[k].as_u64().unwrap_or(0);
     assert_eq!(n("submitted"), 300);
     assert_eq!(n("finished") + n("failed") + n("cancelled"), n("submitted"));
+    // Request throughput beside load completions, and CPU.
+    for k in ["finished_per_s", "output_tokens_per_s"] {
+        assert!(get(v, k).as_f64().is_some_and(|x| x > 0.0), "{k}: {v}");
+    }
+    assert!(get(v, "output_tokens")
+        .as_u64()
+        .is_some_and(|t| t >= n("finished")));
+    for k in [
+        "user_s",
+        "sys_s",
+        "per_wall_s",
+        "us_per_finished",
+        "engine_thread_s",
+    ] {
+        assert!(
+            get(v, &format!("cpu.{k}"))
+                .as_f64()
+                .is_some_and(|x| x >= 0.0),
+            "cpu.{k}: {v}"
+        );
+    }
+    let cpu = |k: &str| get(v, &format!("cpu.{k}")).as_f64().unwrap_or(0.0);
+    assert!(cpu("user_s") + cpu("sys_s") > 0.0, "no CPU counted: {v}");
+    assert!(
+        cpu("per_wall_s") > 0.0 && cpu("us_per_finished") > 0.0,
+        "{v}"
+    );
+    let wall = get(v, "elapsed_s").as_f64().unwrap_or(0.0);
+    let per_wall = (cpu("user_s") + cpu("sys_s")) / wall;
+    assert!(
+        (cpu("per_wall_s") - per_wall).abs() <= 0.01 * per_wall.max(1.0),
+        "cpu.per_wall_s is not (user + sys) / elapsed: {v}"
+    );
+    for k in [
+        "client_cancels",
+        "client_cancels_skipped",
+        "fault_cancels_after_end",
+        "late_cancels_ended",
+        "samples_after_cancel",
+    ] {
+        assert!(get(v, &format!("engine.{k}")).is_u64(), "engine.{k}");
+    }
 }
 
 #[test]
@@ -187,8 +229,13 @@ fn human_report_has_every_section_and_exits_0() {
         "tokens recomputed",
         "blocks claimed",
         "hand-offs",
-        "completions/s",
-        "step overhead (µs)",
+        "finished requests/s",
+        "output tokens/s",
+        "load completions/s",
+        "CPU-s per wall-s",
+        "CPU µs per finished request",
+        "throughput — higher is better",
+        "step overhead (µs) — lower is better",
         "p99.9",
         "submit → first schedule (µs)",
         "completion → runnable (µs)",
@@ -197,6 +244,18 @@ fn human_report_has_every_section_and_exits_0() {
         assert!(text.contains(section), "missing {section:?} in:\n{text}");
     }
     assert!(!text.contains("VIOLATED"), "{text}");
+    // Each counter named for what it counts: no bare "completions/s".
+    for line in text.lines().filter(|l| l.contains("completions/s")) {
+        assert!(line.contains("load completions/s"), "{line}");
+    }
+    // Without a baseline there is no ratio column nor legend.
+    assert!(!text.contains("ratio >"), "{text}");
+    let header = text
+        .lines()
+        .find(|l| l.trim() == "kvsched")
+        .unwrap_or_else(|| panic!("no column header in:\n{text}"));
+    assert!(!header.contains("ratio"), "{header}");
+    assert!(!text.contains('×'), "{text}");
 }
 
 #[test]
@@ -255,6 +314,214 @@ fn baseline_mutex_adds_baseline_and_ratios() {
     );
     assert_eq!(get(&v, "config.baseline"), "mutex");
     assert_eq!(get(&v, "config.rate"), "max");
+    // Every ranked figure has a ratio, oriented so that > 1 means kvsched is better.
+    let figures = get(&v, "figures").as_object().expect("figures");
+    let mut ranked = 0;
+    for (key, f) in figures {
+        let Some(better) = f["better"].as_str() else {
+            assert!(
+                f.get("ratio").is_none(),
+                "{key}: an unranked count has a ratio"
+            );
+            continue;
+        };
+        ranked += 1;
+        let (k, b) = (
+            f["kvsched"]["median"].as_f64().expect("kvsched"),
+            f["baseline"]["median"].as_f64().expect("baseline"),
+        );
+        let divisor = if better == "higher" { b } else { k };
+        if divisor == 0.0 {
+            continue;
+        }
+        let want = if better == "higher" { k / b } else { b / k };
+        let got = f["ratio"]["median"].as_f64().expect("ratio");
+        assert!(
+            (got - want).abs() <= 0.011 + 0.005 * want,
+            "{key}: ratio {got}, expected {want} ({better} is better)"
+        );
+    }
+    assert!(ranked >= 16, "{ranked} ranked figures");
+    let r = |k: &str| get(&v, &format!("ratios.{k}")).as_f64();
+    assert_eq!(
+        r("completions_per_s"),
+        get(&v, "figures")["completions_per_s"]["ratio"]["median"].as_f64()
+    );
+    assert_eq!(
+        r("step_overhead_p99"),
+        get(&v, "figures")["step_overhead_us.p99"]["ratio"]["median"].as_f64()
+    );
+}
+
+#[test]
+fn human_report_with_a_baseline_has_a_ratio_legend() {
+    let out = small(&["--baseline", "mutex"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("ratio > 1: kvsched better, < 1: mutex better"),
+        "{text}"
+    );
+    let header = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("kvsched") && l.contains("ratio"))
+        .unwrap_or_else(|| panic!("no column header in:\n{text}"));
+    assert!(header.contains("mutex"), "{header}");
+    // A ratio on every throughput, CPU and latency row.
+    for label in [
+        "finished requests/s",
+        "output tokens/s",
+        "load completions/s",
+        "CPU-s per wall-s",
+        "p50",
+        "p99",
+    ] {
+        for line in text.lines().filter(|l| l.trim_start().starts_with(label)) {
+            assert!(
+                line.trim_end().ends_with('×') || line.trim_end().ends_with("n/a"),
+                "no ratio on {line:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn repeat_interleaves_runs_and_reports_median_and_range() {
+    let out = stress_guarded(
+        &[
+            "--requests",
+            "200",
+            "--duration",
+            "5",
+            "--rate",
+            "max",
+            "--live",
+            "32",
+            "--model-us",
+            "0",
+            "--baseline",
+            "mutex",
+            "--repeat",
+            "3",
+            "--json",
+        ],
+        Duration::from_secs(300),
+    );
+    let v = json_of(&out);
+    assert_eq!(get(&v, "config.repeat"), 3);
+    assert_eq!(get(&v, "requests.submitted"), 200);
+    assert_eq!(get(&v, "baseline.requests.submitted"), 200);
+    assert_eq!(get(&v, "invariants.ok"), &Value::Bool(true), "{v}");
+    let figures = get(&v, "figures").as_object().expect("figures");
+    for (key, f) in figures {
+        for who in ["kvsched", "baseline", "ratio"] {
+            let Some(s) = f.get(who).filter(|s| !s.is_null()) else {
+                continue;
+            };
+            let runs: Vec<f64> = s["runs"]
+                .as_array()
+                .expect("runs")
+                .iter()
+                .filter_map(Value::as_f64)
+                .collect();
+            assert_eq!(runs.len(), 3, "{key}.{who}: {s}");
+            let (lo, hi) = runs
+                .iter()
+                .fold((f64::MAX, f64::MIN), |(a, b), &x| (a.min(x), b.max(x)));
+            let (min, med, max) = (
+                s["min"].as_f64().expect("min"),
+                s["median"].as_f64().expect("median"),
+                s["max"].as_f64().expect("max"),
+            );
+            assert_eq!((min, max), (lo, hi), "{key}.{who}: {s}");
+            let mut sorted = runs.clone();
+            sorted.sort_by(f64::total_cmp);
+            assert!((med - sorted[1]).abs() <= 0.006, "{key}.{who}: {s}");
+        }
+        if let Some(r) = f.get("ratio") {
+            let crosses = r["min"].as_f64() < Some(1.0) && r["max"].as_f64() > Some(1.0);
+            assert_eq!(f["ratio_crosses_1"], Value::Bool(crosses), "{key}: {f}");
+        }
+    }
+    // The top level carries the medians.
+    let p99 = &figures["step_overhead_us.p99"]["kvsched"]["median"];
+    assert_eq!(get(&v, "step_overhead_us.p99").as_f64(), p99.as_f64());
+    assert_eq!(
+        get(&v, "ratios.step_overhead_p99").as_f64(),
+        figures["step_overhead_us.p99"]["ratio"]["median"].as_f64()
+    );
+}
+
+#[test]
+fn repeat_human_report_shows_ranges() {
+    let out = stress(&[
+        "--requests",
+        "100",
+        "--duration",
+        "5",
+        "--rate",
+        "3000",
+        "--model-us",
+        "50",
+        "--repeat",
+        "2",
+        "--baseline",
+        "mutex",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("2 runs of each scheduler, interleaved"),
+        "{text}"
+    );
+    assert!(
+        text.contains("kvsched                 ok (2 runs)"),
+        "{text}"
+    );
+    // Run times differ between runs, so their row shows a [min–max] range.
+    let line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("steps"))
+        .expect("steps row");
+    assert!(line.contains('[') && line.contains('–'), "{line}");
+}
+
+#[test]
+fn every_unknown_command_of_a_run_without_faults_is_accounted_for() {
+    // Client cancels race with the engine's output: a cancel sent while the request's sample
+    // is still to be applied turns that sample into an unknown command, and nothing else
+    // should (the engine sends no cancel for a request it has seen end).
+    for rate in ["max", "3000"] {
+        let out = stress(&[
+            "--requests",
+            "300",
+            "--duration",
+            "5",
+            "--model-us",
+            "50",
+            "--cancel-ratio",
+            "0.2",
+            "--rate",
+            rate,
+            "--live",
+            "64",
+            "--baseline",
+            "mutex",
+            "--json",
+        ]);
+        let v = json_of(&out);
+        for run in [&v, get(&v, "baseline")] {
+            assert_eq!(
+                get(run, "events.unknown_commands"),
+                get(run, "engine.samples_after_cancel"),
+                "--rate {rate}: {run}"
+            );
+            assert!(
+                get(run, "engine.client_cancels").as_u64() > Some(0),
+                "{run}"
+            );
+        }
+    }
 }
 
 #[test]
@@ -415,7 +682,9 @@ fn human_report_has_a_faults_section_with_faults() {
     assert_eq!(out.status.code(), Some(0), "{text}");
     for section in [
         "faults: stale=0.5,cancel=0.1 · load deadline 100 ms",
-        "faults injected",
+        "faults injected — what each caused",
+        "stale=0.5: the engine names a stale block among a step's failed blocks",
+        "cancel=0.1: the client cancels a request at a random later step",
         "fault events",
         "stale blocks",
         "unknown commands",

@@ -32,7 +32,7 @@ enum Command {
     Replay(ReplayArgs),
     /// Drive the runtime with a simulated engine and report throughput, latencies and the
     /// runtime's invariants (exit 1 if one was violated).
-    Stress(StressArgs),
+    Stress(Box<StressArgs>),
 }
 
 #[derive(Args)]

@@ -12,7 +12,8 @@ use super::faults::{Faults, FAULT_NAMES};
 use super::values::{
     parse_live, parse_max_seqs, parse_mode, parse_policy, parse_pool, parse_seconds, parse_shards,
     parse_unit, parse_workers, saturating_secs, ser_mode, ser_policy, BaselineKind, LatencyRange,
-    Preset, Rate, MAX_DURATION_S, MAX_LIVE, MAX_MAX_SEQS, MAX_POOL_BLOCKS, MAX_SHARDS, MAX_WORKERS,
+    Preset, Rate, MAX_DURATION_S, MAX_LIVE, MAX_MAX_SEQS, MAX_POOL_BLOCKS, MAX_REPEAT, MAX_SHARDS,
+    MAX_WORKERS,
 };
 use crate::connector::SimConfig;
 use crate::rules::recovery::{Mode, Policy};
@@ -159,6 +160,10 @@ pub struct StressConfig {
     /// else the runtime's default of 5000).
     #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(1..=MAX_LOAD_DEADLINE_MS))]
     pub load_deadline_ms: Option<u64>,
+    /// Run each scheduler N times (1–100), interleaved (kvsched, baseline, kvsched, …) so that
+    /// drift hits both; every figure is then the median and min–max of the runs.
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=MAX_REPEAT as i64))]
+    pub repeat: u32,
 }
 
 impl Default for StressConfig {
@@ -193,6 +198,7 @@ impl Default for StressConfig {
             baseline: None,
             faults: None,
             load_deadline_ms: None,
+            repeat: 1,
         }
     }
 }
@@ -246,7 +252,7 @@ impl StressConfig {
                 }
             }
         }
-        let ranges: [(&'static str, u64, u64, u64); 13] = [
+        let ranges: [(&'static str, u64, u64, u64); 14] = [
             ("--requests", self.requests, 1, MAX_REQUESTS),
             ("--live", self.live as u64, 1, MAX_LIVE as u64),
             ("--shards", self.shards as u64, 1, MAX_SHARDS as u64),
@@ -285,6 +291,7 @@ impl StressConfig {
                 1,
                 MAX_LOAD_DEADLINE_MS,
             ),
+            ("--repeat", u64::from(self.repeat), 1, u64::from(MAX_REPEAT)),
         ];
         for (flag, x, lo, hi) in ranges {
             if !(lo..=hi).contains(&x) {
@@ -518,6 +525,13 @@ mod tests {
                 "--load-deadline-ms",
                 StressConfig {
                     load_deadline_ms: Some(u64::MAX),
+                    ..Default::default()
+                },
+            ),
+            (
+                "--repeat",
+                StressConfig {
+                    repeat: 0,
                     ..Default::default()
                 },
             ),

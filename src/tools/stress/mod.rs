@@ -71,8 +71,10 @@
 
 mod checks;
 mod config;
+mod cpu;
 mod drive;
 mod faults;
+mod figures;
 mod histograms;
 mod progress;
 mod render;
@@ -98,7 +100,8 @@ use crate::runtime::Runtime;
 use crate::tools::baseline::{BaselineConfig, MutexScheduler};
 use drive::drive;
 use faults::{silence_simulated_panics, FaultConnector};
-use report::Ratios;
+use progress::Nth;
+use report::RunReport;
 
 /// Runs the stress test of `cfg` (and its baseline, if any) without a progress display.
 #[cfg(test)]
@@ -106,7 +109,9 @@ pub fn run_stress(cfg: &StressConfig) -> Result<StressReport, StressError> {
     run_stress_with_progress(cfg, &mut |_| {})
 }
 
-/// Runs the stress test of `cfg`, reporting progress to `progress` about every 100 ms.
+/// Runs the stress test of `cfg`, reporting progress to `progress` about every 100 ms. With
+/// `--repeat N`, kvsched and the baseline run N times each, interleaved (kvsched, baseline,
+/// kvsched, …), so drift over time hits both alike.
 pub fn run_stress_with_progress(
     cfg: &StressConfig,
     progress: &mut dyn FnMut(&Progress),
@@ -116,6 +121,35 @@ pub fn run_stress_with_progress(
         silence_simulated_panics();
     }
     let sim = Arc::new(SimConnector::new(cfg.sim_config()));
+    let mut runs = Vec::new();
+    let mut baseline_runs = Vec::new();
+    for i in 0..cfg.repeat {
+        let nth = Nth {
+            run: i + 1,
+            of: cfg.repeat,
+        };
+        runs.push(run_kvsched(cfg, &sim, nth, progress)?);
+        if let Some(BaselineKind::Mutex) = cfg.baseline {
+            baseline_runs.push(run_mutex(cfg, &sim, nth, progress)?);
+        }
+    }
+    let mut config = cfg.clone();
+    config.load_deadline_ms = cfg
+        .effective_load_deadline()
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    StressReport::of(runs, baseline_runs, config).ok_or(StressError::Config {
+        flag: "--repeat",
+        problem: "no run".to_owned(),
+    })
+}
+
+/// One kvsched run.
+fn run_kvsched(
+    cfg: &StressConfig,
+    sim: &Arc<SimConnector>,
+    nth: Nth,
+    progress: &mut dyn FnMut(&Progress),
+) -> Result<RunReport, StressError> {
     let conn = Arc::new(FaultConnector::new(cfg, sim.clone()));
     let rt = Runtime::builder()
         .groups(cfg.groups.groups())
@@ -127,38 +161,62 @@ pub fn run_stress_with_progress(
         .max_seqs(cfg.max_seqs)
         .connector(conn.clone())
         .build()?;
-    let run = drive(rt, "kvsched", cfg, &conn, progress)?;
-    let baseline = match cfg.baseline {
-        None => None,
-        Some(BaselineKind::Mutex) => {
-            // The same faults, counted afresh.
-            let conn = Arc::new(FaultConnector::new(cfg, sim.clone()));
-            let b = MutexScheduler::new(BaselineConfig {
-                groups: cfg.groups.groups(),
-                pool_blocks: cfg.pool_blocks,
-                workers: cfg.workers,
-                mode: cfg.mode,
-                policy: cfg.policy,
-                token_budget: cfg.token_budget,
-                max_seqs: cfg.max_seqs,
-                connector: conn.clone(),
-            })?;
-            Some(drive(b, "mutex", cfg, &conn, progress)?)
-        }
-    };
-    let ratio = |a: f64, b: f64| (b > 0.0).then(|| (a / b * 100.0).round() / 100.0);
-    let ratios = baseline.as_ref().map(|b| Ratios {
-        completions_per_s: ratio(run.completions_per_s, b.completions_per_s),
-        step_overhead_p99: ratio(b.step_overhead_us.p99, run.step_overhead_us.p99),
-    });
-    let mut config = cfg.clone();
-    config.load_deadline_ms = cfg
-        .effective_load_deadline()
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-    Ok(StressReport {
-        run,
-        config,
-        baseline,
-        ratios,
-    })
+    drive(rt, "kvsched", nth, cfg, &conn, progress)
+}
+
+/// One run of the mutex baseline: the same workload and faults, counted afresh.
+fn run_mutex(
+    cfg: &StressConfig,
+    sim: &Arc<SimConnector>,
+    nth: Nth,
+    progress: &mut dyn FnMut(&Progress),
+) -> Result<RunReport, StressError> {
+    let conn = Arc::new(FaultConnector::new(cfg, sim.clone()));
+    let b = MutexScheduler::new(BaselineConfig {
+        groups: cfg.groups.groups(),
+        pool_blocks: cfg.pool_blocks,
+        workers: cfg.workers,
+        mode: cfg.mode,
+        policy: cfg.policy,
+        token_budget: cfg.token_budget,
+        max_seqs: cfg.max_seqs,
+        connector: conn.clone(),
+    })?;
+    drive(b, "mutex", nth, cfg, &conn, progress)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--repeat` runs the schedulers interleaved, and every run is kept.
+    #[test]
+    fn repeat_interleaves_the_schedulers() {
+        let cfg = StressConfig {
+            requests: 40,
+            rate: Rate::Max,
+            live: 16,
+            duration_s: 10.0,
+            model_us: 0,
+            baseline: Some(BaselineKind::Mutex),
+            repeat: 2,
+            ..StressConfig::default()
+        };
+        let mut order: Vec<(&str, u32)> = Vec::new();
+        let r = run_stress_with_progress(&cfg, &mut |p| {
+            let who = (p.scheduler, p.nth.run);
+            if order.last() != Some(&who) {
+                order.push(who);
+            }
+        })
+        .expect("stress");
+        assert_eq!(
+            order,
+            [("kvsched", 1), ("mutex", 1), ("kvsched", 2), ("mutex", 2)]
+        );
+        assert_eq!((r.runs.len(), r.baseline_runs.len()), (2, 2));
+        assert!(r.invariants_ok(), "{:?}", r.violations());
+        let f = r.figures.get("steps").expect("steps");
+        assert_eq!(f.kvsched.as_ref().map(|s| s.runs.len()), Some(2));
+    }
 }

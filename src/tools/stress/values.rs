@@ -22,6 +22,8 @@ pub const MAX_LIVE: usize = 1 << 24;
 pub const MAX_MAX_SEQS: usize = 1 << 20;
 /// The longest run (`--duration`), seconds: a day.
 pub const MAX_DURATION_S: f64 = 86_400.0;
+/// The most runs of each scheduler (`--repeat`).
+pub const MAX_REPEAT: u32 = 100;
 
 /// `secs` seconds as a [`Duration`], saturating instead of panicking: NaN, negative and
 /// zero give zero; a value too large for a `Duration` (or infinite) gives [`Duration::MAX`].
