@@ -14,7 +14,7 @@ use super::checks::{check_plan, reconcile, EngineCounts, MAX_VIOLATIONS};
 use super::config::{StressConfig, StressError};
 use super::cpu::{CpuReport, CpuStart};
 use super::faults::{draw_for, FaultConnector, Faults};
-use super::histograms::{ns, Hists, Recorders};
+use super::histograms::{ns, Curves, Hists, Recorders};
 use super::progress::{Nth, Progress};
 use super::report::{
     EngineEvents, Events, FaultCounts, Invariants, LoadCounts, RequestCounts, RunReport,
@@ -537,6 +537,10 @@ impl Finished {
             step_overhead_us: hists.step.percentiles(true),
             submit_to_schedule_us: hists.first_schedule.percentiles(false),
             completion_to_runnable_us: hists.runnable.percentiles(false),
+            curves: Curves {
+                step: hists.step.curve(),
+                runnable: hists.runnable.curve(),
+            },
             has,
             steps: self.steps,
             elapsed_s: (secs * 1000.0).round() / 1000.0,

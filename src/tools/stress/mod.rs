@@ -76,6 +76,7 @@ mod drive;
 mod faults;
 mod figures;
 mod histograms;
+mod plot;
 mod progress;
 mod render;
 mod report;
@@ -86,6 +87,7 @@ mod workload;
 use std::sync::Arc;
 
 pub use config::{StressConfig, StressError};
+pub use plot::render_svg;
 pub use progress::{terminal_progress, Progress};
 pub use render::{render_human, render_json};
 pub use report::StressReport;

@@ -7,6 +7,7 @@ use serde_json::Value;
 use super::config::StressConfig;
 use super::cpu::CpuReport;
 use super::figures::{Figures, Stats};
+use super::histograms::Curves;
 use super::scheduler::Mechanisms;
 use crate::runtime::Metrics;
 
@@ -202,6 +203,9 @@ pub struct RunReport {
     pub engine: EngineEvents,
     /// Invariants.
     pub invariants: Invariants,
+    /// The latency distributions, for `--plot`.
+    #[serde(skip)]
+    pub(super) curves: Curves,
     /// The scheduler's fault-handling mechanisms.
     #[serde(skip)]
     pub(super) has: Mechanisms,
