@@ -26,13 +26,19 @@
 //!
 //! # Measurements
 //!
-//! * *completions*: load completions applied by the scheduler (`loads_ok + loads_failed`),
-//!   per second of run time;
+//! * *load completions*: load completions applied by the scheduler (`loads_ok +
+//!   loads_failed`), per second of run time; *finished requests* and *output tokens* (those
+//!   of the finished requests) likewise;
+//! * *CPU*: the process's user and system time over the run (`getrusage`), per wall-second
+//!   and per finished request;
 //! * *step overhead*: wall time of `schedule()` + `update()`, the simulated model excluded;
 //! * *submit → first schedule*: scheduled arrival → the plan that first schedules the request;
 //! * *completion → runnable*: [`StepPlan::runnable_latency_ns`].
 //!
-//! Latencies are recorded in hdrhistogram per-thread recorders and merged at the end.
+//! Latencies are recorded in hdrhistogram per-thread recorders and merged at the end; the
+//! same histograms give the report's percentiles and `--plot`'s curves. With `--repeat N`
+//! each scheduler runs N times, interleaved, and every figure is reported as the median and
+//! min–max of the runs, each ratio as that of the run pairs.
 //!
 //! # Faults
 //!
@@ -55,12 +61,14 @@
 //!
 //! # Layout
 //!
-//! [`config`] (every setting, the `clap` arguments) over [`values`] (the flag value types and
-//! parsers); [`workload`] (the seeded requests and arrivals); [`faults`] (`--faults` and the
-//! fault-injecting connector); [`scheduler`] (the trait the engine drives, for the runtime and
-//! the baseline); [`drive`](mod@drive) (the simulated engine) with [`checks`] (its invariant
-//! checks and the reconciliation) and [`histograms`]; [`report`] (the data), [`render`] (human
-//! and JSON) and [`progress`] (the progress bar).
+//! [`config`] (every setting, the `clap` arguments) over [`values`] (the flag value types,
+//! their caps and parsers); [`workload`] (the seeded requests and arrivals); [`faults`]
+//! (`--faults` and the fault-injecting connector); [`scheduler`] (the trait the engine drives,
+//! for the runtime and the baseline); [`drive`](mod@drive) (the simulated engine) with
+//! [`checks`] (its invariant checks and the reconciliation), [`histograms`] and [`cpu`];
+//! [`report`] (the data, the median of repeated runs), [`figures`] (every row with its runs,
+//! median, range and ratio), [`render`] (human and JSON), [`plot`] (the SVG) and [`progress`]
+//! (the progress bar).
 //!
 //! [`Scheduler::update`]: scheduler::Scheduler::update
 //! [`Scheduler::schedule`]: scheduler::Scheduler::schedule

@@ -201,15 +201,15 @@ fn panel(
             if c.is_empty() {
                 continue;
             }
+            let pixels: Vec<(f64, f64)> = c.iter().map(|&(x, us)| (x_of(x), y_of(us))).collect();
             let mut path = String::new();
-            for (i, &(x, us)) in c.iter().enumerate() {
-                let _ = write!(
-                    path,
-                    "{}{:.1},{:.1}",
-                    if i == 0 { "M" } else { " L" },
-                    x_of(x),
-                    y_of(us)
-                );
+            for (i, &(px, py)) in pixels.iter().enumerate() {
+                // A point inside a horizontal run adds nothing to the line.
+                let flat = |j: usize| pixels.get(j).is_some_and(|p| (p.1 - py).abs() < 0.05);
+                if i > 0 && i + 1 < pixels.len() && flat(i - 1) && flat(i + 1) {
+                    continue;
+                }
+                let _ = write!(path, "{}{px:.1},{py:.1}", if i == 0 { "M" } else { " L" });
             }
             let _ = writeln!(
                 o,

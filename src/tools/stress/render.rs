@@ -28,6 +28,17 @@ use crate::rules::recovery::{Mode, Policy};
 /// `elapsed_s`, `timed_out`, `loads.{dispatched,stale_blocks,sync_run}`, `count` in each
 /// latency object) are informative.
 ///
+/// Added keys: `finished_per_s`, `output_tokens`, `output_tokens_per_s`,
+/// `cpu.{user_s,sys_s,per_wall_s,us_per_finished,engine_thread_s}` (`cpu` is `null` where
+/// `getrusage` is unavailable), `engine.{client_cancels,client_cancels_skipped,
+/// samples_after_cancel,fault_cancels_after_end,late_cancels_ended}`, `config.repeat`, and
+/// `figures`: every row of the human table keyed by its value's path in a run, each with
+/// `section`, `label`, `better` (`higher`, `lower` or `null`), `kvsched` and `baseline` as
+/// `{median,min,max,runs}` and, for a ranked figure with a baseline, `ratio` likewise and
+/// `ratio_crosses_1`. With `--repeat`, the top level and `baseline` are the medians of the
+/// runs ([`RunReport::median`](super::report::RunReport::median)) and `ratios` the medians of
+/// the per-pair ratios. `docs/stress.md` documents every key.
+///
 /// `faults_injected` counts what `--faults` injected, exactly (all 0 without it):
 ///
 /// * `deadline`: asynchronous loads the connector hung for 4× the load deadline
@@ -471,7 +482,7 @@ fn notes(sec: &FigureSection, report: &StressReport) -> Vec<String> {
                 .any(|r| r.events.stale_blocks > 0)
             {
                 notes.push(if c.fault_rates().stale > 0.0 {
-                    "stale blocks: named by a report but freed and reused since (or never in the pool): the stale fault's, and hand-offs or failed blocks whose holders ended first".to_owned()
+                    "stale blocks: blocks a report named after they had been freed and reused (or ids past the pool), dropped: the stale fault's, plus hand-offs and failed blocks whose holders ended first".to_owned()
                 } else {
                     "stale blocks: hand-offs or failed blocks freed before the report named them (their last holder ended first), dropped as they should be".to_owned()
                 });
