@@ -40,7 +40,7 @@ enum Command {
 struct StressArgs {
     #[command(flatten)]
     config: StressConfig,
-    /// Print the report as JSON (keys documented in README).
+    /// Print the report as JSON (keys documented in README and docs/stress.md).
     #[arg(long)]
     json: bool,
     /// Also write the step-overhead and completion → runnable latency distributions as an SVG

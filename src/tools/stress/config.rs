@@ -162,7 +162,7 @@ pub struct StressConfig {
     pub load_deadline_ms: Option<u64>,
     /// Run each scheduler N times (1–100), interleaved (kvsched, baseline, kvsched, …) so that
     /// drift hits both; every figure is then the median and min–max of the runs.
-    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=MAX_REPEAT as i64))]
+    #[arg(long, value_name = "N", default_value_t = 1, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=MAX_REPEAT as i64))]
     pub repeat: u32,
 }
 
