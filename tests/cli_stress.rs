@@ -2,7 +2,9 @@
 //! baseline comparison and one-line errors for bad flags. Small settings keep it fast in debug
 //! builds.
 
-use std::process::{Command, Output};
+use std::io::Read;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -12,6 +14,73 @@ fn stress(args: &[&str]) -> Output {
         .args(args)
         .output()
         .expect("run kvsched")
+}
+
+/// Runs `kvsched stress ARGS`, killing it if it has not exited after `limit` (a hang guard
+/// against a run that never ends, not a timing assertion: the limit is many times what the
+/// run needs).
+fn stress_guarded(args: &[&str], limit: Duration) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kvsched"))
+        .arg("stress")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run kvsched");
+    let drain = |r: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut buf);
+            }
+            buf
+        })
+    };
+    let out = drain(
+        child
+            .stdout
+            .take()
+            .map(|r| Box::new(r) as Box<dyn Read + Send>),
+    );
+    let err = drain(
+        child
+            .stderr
+            .take()
+            .map(|r| Box::new(r) as Box<dyn Read + Send>),
+    );
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for kvsched") {
+            break status;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("kvsched stress {args:?} still running after {limit:?}: hung");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Output {
+        status,
+        stdout: out.join().expect("stdout reader"),
+        stderr: err.join().expect("stderr reader"),
+    }
+}
+
+/// Asserts that `args` are refused with exit 2, one line on stderr naming `flag` and saying
+/// `needle`, and nothing on stdout.
+fn assert_refused(args: &[&str], flag: &str, needle: &str) {
+    let out = stress_guarded(args, Duration::from_secs(60));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+    assert_eq!(err.lines().count(), 1, "{args:?}: not one line: {err:?}");
+    assert!(err.starts_with("error: "), "{args:?}: {err}");
+    assert!(err.contains(flag), "{args:?}: {err} does not name {flag}");
+    assert!(
+        err.contains(needle),
+        "{args:?}: {err} does not say {needle:?}"
+    );
+    assert!(out.stdout.is_empty(), "{args:?}");
 }
 
 const SMALL: &[&str] = &[
@@ -100,6 +169,48 @@ fn assert_run_keys(v: &Value) {
     let n = |k: &str| r[k].as_u64().unwrap_or(0);
     assert_eq!(n("submitted"), 300);
     assert_eq!(n("finished") + n("failed") + n("cancelled"), n("submitted"));
+    // Request throughput beside load completions, and CPU.
+    for k in ["finished_per_s", "output_tokens_per_s"] {
+        assert!(get(v, k).as_f64().is_some_and(|x| x > 0.0), "{k}: {v}");
+    }
+    assert!(get(v, "output_tokens")
+        .as_u64()
+        .is_some_and(|t| t >= n("finished")));
+    for k in [
+        "user_s",
+        "sys_s",
+        "per_wall_s",
+        "us_per_finished",
+        "engine_thread_s",
+    ] {
+        assert!(
+            get(v, &format!("cpu.{k}"))
+                .as_f64()
+                .is_some_and(|x| x >= 0.0),
+            "cpu.{k}: {v}"
+        );
+    }
+    let cpu = |k: &str| get(v, &format!("cpu.{k}")).as_f64().unwrap_or(0.0);
+    assert!(cpu("user_s") + cpu("sys_s") > 0.0, "no CPU counted: {v}");
+    assert!(
+        cpu("per_wall_s") > 0.0 && cpu("us_per_finished") > 0.0,
+        "{v}"
+    );
+    let wall = get(v, "elapsed_s").as_f64().unwrap_or(0.0);
+    let per_wall = (cpu("user_s") + cpu("sys_s")) / wall;
+    assert!(
+        (cpu("per_wall_s") - per_wall).abs() <= 0.01 * per_wall.max(1.0),
+        "cpu.per_wall_s is not (user + sys) / elapsed: {v}"
+    );
+    for k in [
+        "client_cancels",
+        "client_cancels_skipped",
+        "fault_cancels_after_end",
+        "late_cancels_ended",
+        "samples_after_cancel",
+    ] {
+        assert!(get(v, &format!("engine.{k}")).is_u64(), "engine.{k}");
+    }
 }
 
 #[test]
@@ -118,8 +229,13 @@ fn human_report_has_every_section_and_exits_0() {
         "tokens recomputed",
         "blocks claimed",
         "hand-offs",
-        "completions/s",
-        "step overhead (µs)",
+        "finished requests/s",
+        "output tokens/s",
+        "load completions/s",
+        "CPU-s per wall-s",
+        "CPU µs per finished request",
+        "throughput — higher is better",
+        "step overhead (µs) — lower is better",
         "p99.9",
         "submit → first schedule (µs)",
         "completion → runnable (µs)",
@@ -128,6 +244,18 @@ fn human_report_has_every_section_and_exits_0() {
         assert!(text.contains(section), "missing {section:?} in:\n{text}");
     }
     assert!(!text.contains("VIOLATED"), "{text}");
+    // Each counter named for what it counts: no bare "completions/s".
+    for line in text.lines().filter(|l| l.contains("completions/s")) {
+        assert!(line.contains("load completions/s"), "{line}");
+    }
+    // Without a baseline there is no ratio column nor legend.
+    assert!(!text.contains("ratio >"), "{text}");
+    let header = text
+        .lines()
+        .find(|l| l.trim() == "kvsched")
+        .unwrap_or_else(|| panic!("no column header in:\n{text}"));
+    assert!(!header.contains("ratio"), "{header}");
+    assert!(!text.contains('×'), "{text}");
 }
 
 #[test]
@@ -186,6 +314,214 @@ fn baseline_mutex_adds_baseline_and_ratios() {
     );
     assert_eq!(get(&v, "config.baseline"), "mutex");
     assert_eq!(get(&v, "config.rate"), "max");
+    // Every ranked figure has a ratio, oriented so that > 1 means kvsched is better.
+    let figures = get(&v, "figures").as_object().expect("figures");
+    let mut ranked = 0;
+    for (key, f) in figures {
+        let Some(better) = f["better"].as_str() else {
+            assert!(
+                f.get("ratio").is_none(),
+                "{key}: an unranked count has a ratio"
+            );
+            continue;
+        };
+        ranked += 1;
+        let (k, b) = (
+            f["kvsched"]["median"].as_f64().expect("kvsched"),
+            f["baseline"]["median"].as_f64().expect("baseline"),
+        );
+        let divisor = if better == "higher" { b } else { k };
+        if divisor == 0.0 {
+            continue;
+        }
+        let want = if better == "higher" { k / b } else { b / k };
+        let got = f["ratio"]["median"].as_f64().expect("ratio");
+        assert!(
+            (got - want).abs() <= 0.011 + 0.005 * want,
+            "{key}: ratio {got}, expected {want} ({better} is better)"
+        );
+    }
+    assert!(ranked >= 16, "{ranked} ranked figures");
+    let r = |k: &str| get(&v, &format!("ratios.{k}")).as_f64();
+    assert_eq!(
+        r("completions_per_s"),
+        get(&v, "figures")["completions_per_s"]["ratio"]["median"].as_f64()
+    );
+    assert_eq!(
+        r("step_overhead_p99"),
+        get(&v, "figures")["step_overhead_us.p99"]["ratio"]["median"].as_f64()
+    );
+}
+
+#[test]
+fn human_report_with_a_baseline_has_a_ratio_legend() {
+    let out = small(&["--baseline", "mutex"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("ratio > 1: kvsched better, < 1: mutex better"),
+        "{text}"
+    );
+    let header = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("kvsched") && l.contains("ratio"))
+        .unwrap_or_else(|| panic!("no column header in:\n{text}"));
+    assert!(header.contains("mutex"), "{header}");
+    // A ratio on every throughput, CPU and latency row.
+    for label in [
+        "finished requests/s",
+        "output tokens/s",
+        "load completions/s",
+        "CPU-s per wall-s",
+        "p50",
+        "p99",
+    ] {
+        for line in text.lines().filter(|l| l.trim_start().starts_with(label)) {
+            assert!(
+                line.trim_end().ends_with('×') || line.trim_end().ends_with("n/a"),
+                "no ratio on {line:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn repeat_interleaves_runs_and_reports_median_and_range() {
+    let out = stress_guarded(
+        &[
+            "--requests",
+            "200",
+            "--duration",
+            "5",
+            "--rate",
+            "max",
+            "--live",
+            "32",
+            "--model-us",
+            "0",
+            "--baseline",
+            "mutex",
+            "--repeat",
+            "3",
+            "--json",
+        ],
+        Duration::from_secs(300),
+    );
+    let v = json_of(&out);
+    assert_eq!(get(&v, "config.repeat"), 3);
+    assert_eq!(get(&v, "requests.submitted"), 200);
+    assert_eq!(get(&v, "baseline.requests.submitted"), 200);
+    assert_eq!(get(&v, "invariants.ok"), &Value::Bool(true), "{v}");
+    let figures = get(&v, "figures").as_object().expect("figures");
+    for (key, f) in figures {
+        for who in ["kvsched", "baseline", "ratio"] {
+            let Some(s) = f.get(who).filter(|s| !s.is_null()) else {
+                continue;
+            };
+            let runs: Vec<f64> = s["runs"]
+                .as_array()
+                .expect("runs")
+                .iter()
+                .filter_map(Value::as_f64)
+                .collect();
+            assert_eq!(runs.len(), 3, "{key}.{who}: {s}");
+            let (lo, hi) = runs
+                .iter()
+                .fold((f64::MAX, f64::MIN), |(a, b), &x| (a.min(x), b.max(x)));
+            let (min, med, max) = (
+                s["min"].as_f64().expect("min"),
+                s["median"].as_f64().expect("median"),
+                s["max"].as_f64().expect("max"),
+            );
+            assert_eq!((min, max), (lo, hi), "{key}.{who}: {s}");
+            let mut sorted = runs.clone();
+            sorted.sort_by(f64::total_cmp);
+            assert!((med - sorted[1]).abs() <= 0.006, "{key}.{who}: {s}");
+        }
+        if let Some(r) = f.get("ratio") {
+            let crosses = r["min"].as_f64() < Some(1.0) && r["max"].as_f64() > Some(1.0);
+            assert_eq!(f["ratio_crosses_1"], Value::Bool(crosses), "{key}: {f}");
+        }
+    }
+    // The top level carries the medians.
+    let p99 = &figures["step_overhead_us.p99"]["kvsched"]["median"];
+    assert_eq!(get(&v, "step_overhead_us.p99").as_f64(), p99.as_f64());
+    assert_eq!(
+        get(&v, "ratios.step_overhead_p99").as_f64(),
+        figures["step_overhead_us.p99"]["ratio"]["median"].as_f64()
+    );
+}
+
+#[test]
+fn repeat_human_report_shows_ranges() {
+    let out = stress(&[
+        "--requests",
+        "100",
+        "--duration",
+        "5",
+        "--rate",
+        "3000",
+        "--model-us",
+        "50",
+        "--repeat",
+        "2",
+        "--baseline",
+        "mutex",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("2 runs of each scheduler, interleaved"),
+        "{text}"
+    );
+    assert!(
+        text.contains("kvsched                 ok (2 runs)"),
+        "{text}"
+    );
+    // Run times differ between runs, so their row shows a [min–max] range.
+    let line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("steps"))
+        .expect("steps row");
+    assert!(line.contains('[') && line.contains('–'), "{line}");
+}
+
+#[test]
+fn every_unknown_command_of_a_run_without_faults_is_accounted_for() {
+    // Client cancels race with the engine's output: a cancel sent while the request's sample
+    // is still to be applied turns that sample into an unknown command, and nothing else
+    // should (the engine sends no cancel for a request it has seen end).
+    for rate in ["max", "3000"] {
+        let out = stress(&[
+            "--requests",
+            "300",
+            "--duration",
+            "5",
+            "--model-us",
+            "50",
+            "--cancel-ratio",
+            "0.2",
+            "--rate",
+            rate,
+            "--live",
+            "64",
+            "--baseline",
+            "mutex",
+            "--json",
+        ]);
+        let v = json_of(&out);
+        for run in [&v, get(&v, "baseline")] {
+            assert_eq!(
+                get(run, "events.unknown_commands"),
+                get(run, "engine.samples_after_cancel"),
+                "--rate {rate}: {run}"
+            );
+            assert!(
+                get(run, "engine.client_cancels").as_u64() > Some(0),
+                "{run}"
+            );
+        }
+    }
 }
 
 #[test]
@@ -348,7 +684,9 @@ fn human_report_has_a_faults_section_with_faults() {
     assert_eq!(out.status.code(), Some(0), "{text}");
     for section in [
         "faults: stale=0.5,cancel=0.1 · load deadline 100 ms",
-        "faults injected",
+        "faults injected — what each caused",
+        "stale=0.5: the engine names a stale block among a step's failed blocks",
+        "cancel=0.1: the client cancels a request at a random later step",
         "fault events",
         "stale blocks",
         "unknown commands",
@@ -394,4 +732,199 @@ fn bad_faults_exit_2_with_one_line() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("--load-deadline-ms"), "{err}");
+}
+
+#[test]
+fn tiny_rates_saturate_instead_of_panicking() {
+    // The gap to the second arrival overflows a Duration (or f64): that arrival is never
+    // reached, the run ends at --duration with one request submitted, and nothing panics.
+    for rate in ["1e-20", "1e-300", "5e-324"] {
+        let out = stress_guarded(
+            &[
+                "--rate",
+                rate,
+                "--requests",
+                "3",
+                "--duration",
+                "0.3",
+                "--model-us",
+                "0",
+                "--json",
+            ],
+            Duration::from_secs(60),
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panicked"), "--rate {rate}: {err}");
+        let v = json_of(&out);
+        assert_eq!(get(&v, "requests.submitted"), 1, "--rate {rate}: {v}");
+        assert_eq!(
+            get(&v, "timed_out"),
+            &Value::Bool(true),
+            "--rate {rate}: {v}"
+        );
+        assert_eq!(
+            get(&v, "invariants.ok"),
+            &Value::Bool(true),
+            "--rate {rate}: {v}"
+        );
+    }
+}
+
+#[test]
+fn float_flags_out_of_range_name_the_flag() {
+    for (args, flag, needle) in [
+        (vec!["--rate", "1e-400"], "--rate", "positive"),
+        (vec!["--rate", "inf"], "--rate", "positive"),
+        (vec!["--rate", "NaN"], "--rate", "positive"),
+        (vec!["--rate", "-5"], "--rate", "positive"),
+        (vec!["--duration", "1e300"], "--duration", "86400"),
+        (vec!["--duration", "-1"], "--duration", "86400"),
+        (vec!["--duration", "inf"], "--duration", "86400"),
+        (vec!["--duration", "1e-400"], "--duration", "86400"),
+        (
+            vec!["--load-deadline-ms", "3600001"],
+            "--load-deadline-ms",
+            "3600000",
+        ),
+        (
+            vec!["--load-latency-us", "0..1000001"],
+            "--load-latency-us",
+            "1000000",
+        ),
+        (
+            vec!["--load-latency-us", "-5..3"],
+            "--load-latency-us",
+            "MIN..MAX",
+        ),
+        (
+            vec!["--faults", "deadline=1e-400x"],
+            "--faults",
+            "from 0 to 1",
+        ),
+    ] {
+        assert_refused(&args, flag, needle);
+    }
+}
+
+#[test]
+fn hostile_sizes_are_refused_against_the_caps() {
+    for (args, flag, needle) in [
+        (
+            vec!["--pool-blocks", "4294967295"],
+            "--pool-blocks",
+            "16777216",
+        ),
+        (
+            vec!["--pool-blocks", "16777217"],
+            "--pool-blocks",
+            "16777216",
+        ),
+        (
+            vec!["--pool-blocks", "18446744073709551616"],
+            "--pool-blocks",
+            "16777216",
+        ),
+        (vec!["--pool-blocks", "-1"], "--pool-blocks", "16777216"),
+        (vec!["--shards", "65"], "--shards", "1 to 64"),
+        (vec!["--workers", "257"], "--workers", "1 to 256"),
+        (vec!["--workers", "0"], "--workers", "1 to 256"),
+        (vec!["--live", "16777217"], "--live", "16777216"),
+        (vec!["--max-seqs", "1048577"], "--max-seqs", "1048576"),
+        (vec!["--requests", "100000001"], "--requests", "100000000"),
+        (vec!["--seed", "-1"], "--seed", "invalid digit"),
+    ] {
+        assert_refused(&args, flag, needle);
+    }
+}
+
+#[test]
+fn negative_and_out_of_range_shares_name_the_flag_and_range() {
+    for flag in [
+        "--failure-rate",
+        "--prefix-share",
+        "--hit-ratio",
+        "--async-ratio",
+        "--cancel-ratio",
+    ] {
+        for value in ["-0.1", "1.5", "-1e300", "NaN"] {
+            // `--flag -0.1`, with a space: the value, not an unknown flag `-0`.
+            assert_refused(&[flag, value], flag, "from 0 to 1");
+            assert_refused(&[&format!("{flag}={value}")], flag, "from 0 to 1");
+        }
+    }
+    for (flag, value, needle) in [
+        ("--model-us", "-5", "--model-us"),
+        ("--token-budget", "-1", "--token-budget"),
+        ("--check-every", "-3", "--check-every"),
+        ("--prompt-tokens", "-8", "--prompt-tokens"),
+    ] {
+        assert_refused(&[flag, value], flag, needle);
+    }
+}
+
+#[test]
+fn plot_writes_an_svg_of_both_distributions_per_run() {
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli_stress_plot.svg");
+    let _ = std::fs::remove_file(&path);
+    let p = path.to_str().expect("utf-8 path");
+    let out = stress(&[
+        "--requests",
+        "200",
+        "--duration",
+        "5",
+        "--rate",
+        "3000",
+        "--model-us",
+        "50",
+        "--baseline",
+        "mutex",
+        "--repeat",
+        "2",
+        "--plot",
+        p,
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let svg = std::fs::read_to_string(&path).expect("the plot was written");
+    assert!(
+        svg.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""),
+        "{svg}"
+    );
+    assert!(svg.trim_end().ends_with("</svg>"), "{svg}");
+    for text in [
+        "latency percentiles",
+        "step overhead: schedule() + update() per step",
+        "load completion → request runnable",
+        "kvsched (2 runs)",
+        "mutex (2 runs)",
+        "p50",
+        "p99",
+        "latency (log scale)",
+        "percentile",
+        " µs<",
+    ] {
+        assert!(svg.contains(text), "missing {text:?}");
+    }
+    // One line per run of each scheduler in each of the two panels.
+    assert_eq!(svg.matches("<path d=\"M").count(), 2 * (2 + 2), "{svg}");
+    assert_eq!(svg.matches("<svg").count(), 1);
+    assert_eq!(svg.matches("<text").count(), svg.matches("</text>").count());
+}
+
+#[test]
+fn plot_to_an_unwritable_path_is_refused_before_the_run() {
+    assert_refused(
+        &[
+            "--plot",
+            "/nonexistent-kvsched-dir/plot.svg",
+            "--duration",
+            "60",
+        ],
+        "--plot",
+        "cannot create /nonexistent-kvsched-dir/plot.svg",
+    );
 }

@@ -13,7 +13,8 @@ use std::process::ExitCode;
 
 use crate::tools::replay::{load_scenario, render_outcome};
 use crate::tools::stress::{
-    render_human, render_json, run_stress_with_progress, terminal_progress, StressConfig,
+    render_human, render_json, render_svg, run_stress_with_progress, terminal_progress,
+    StressConfig,
 };
 use clap::{Args, Parser, Subcommand};
 
@@ -32,16 +33,20 @@ enum Command {
     Replay(ReplayArgs),
     /// Drive the runtime with a simulated engine and report throughput, latencies and the
     /// runtime's invariants (exit 1 if one was violated).
-    Stress(StressArgs),
+    Stress(Box<StressArgs>),
 }
 
 #[derive(Args)]
 struct StressArgs {
     #[command(flatten)]
     config: StressConfig,
-    /// Print the report as JSON (keys documented in README).
+    /// Print the report as JSON (keys documented in README and docs/stress.md).
     #[arg(long)]
     json: bool,
+    /// Also write the step-overhead and completion → runnable latency distributions as an SVG
+    /// percentile plot to FILE (kvsched and the baseline overlaid, one line per run).
+    #[arg(long, value_name = "FILE")]
+    plot: Option<std::path::PathBuf>,
 }
 
 #[derive(Args)]
@@ -97,9 +102,24 @@ pub fn main() -> ExitCode {
 const EXIT_INVARIANT: u8 = 1;
 
 fn stress(args: &StressArgs) -> Result<ExitCode, String> {
+    // Before the run, so that a path that cannot be written costs no run.
+    let plot = args
+        .plot
+        .as_ref()
+        .map(|path| {
+            std::fs::File::create(path)
+                .map(|f| (path, f))
+                .map_err(|e| format!("--plot: cannot create {}: {e}", path.display()))
+        })
+        .transpose()?;
     let mut progress = terminal_progress();
     let report =
         run_stress_with_progress(&args.config, &mut progress).map_err(|e| e.to_string())?;
+    if let Some((path, mut file)) = plot {
+        file.write_all(render_svg(&report).as_bytes())
+            .and_then(|()| file.flush())
+            .map_err(|e| format!("--plot: cannot write {}: {e}", path.display()))?;
+    }
     let text = if args.json {
         render_json(&report)
     } else {

@@ -11,7 +11,9 @@ use thiserror::Error;
 use super::faults::{Faults, FAULT_NAMES};
 use super::values::{
     parse_live, parse_max_seqs, parse_mode, parse_policy, parse_pool, parse_seconds, parse_shards,
-    parse_unit, parse_workers, ser_mode, ser_policy, BaselineKind, LatencyRange, Preset, Rate,
+    parse_unit, parse_workers, saturating_secs, ser_mode, ser_policy, BaselineKind, LatencyRange,
+    Preset, Rate, MAX_DURATION_S, MAX_LIVE, MAX_MAX_SEQS, MAX_POOL_BLOCKS, MAX_REPEAT, MAX_SHARDS,
+    MAX_WORKERS,
 };
 use crate::connector::SimConfig;
 use crate::rules::recovery::{Mode, Policy};
@@ -35,41 +37,58 @@ pub const DEFAULT_FAULT_DEADLINE_MS: u64 = 20;
 pub const HANG_DEADLINES: u32 = 4;
 /// Default of `--check-every` (steps).
 pub const DEFAULT_CHECK_EVERY: u64 = 1000;
+/// The most `--requests`.
+pub const MAX_REQUESTS: u64 = 100_000_000;
+/// The longest `--model-us`.
+pub const MAX_MODEL_US: u64 = 1_000_000;
+/// The largest `--token-budget`.
+pub const MAX_TOKEN_BUDGET: u64 = 1 << 32;
+/// The shortest `--prompt-tokens`.
+pub const MIN_PROMPT_TOKENS: i64 = 8;
+/// The longest `--prompt-tokens`.
+pub const MAX_PROMPT_TOKENS: i64 = 1 << 20;
+/// The largest `--output-tokens`.
+pub const MAX_OUTPUT_TOKENS: i64 = 1 << 16;
+/// The longest `--load-latency-us` bound.
+pub const MAX_LOAD_LATENCY_US: u64 = 1_000_000;
+/// The longest `--load-deadline-ms`: an hour.
+pub const MAX_LOAD_DEADLINE_MS: u64 = 3_600_000;
 
 /// Every setting of a stress run (the `config` key of the JSON report).
 #[derive(Clone, Debug, Serialize, clap::Args)]
 pub struct StressConfig {
     /// Requests to submit in all.
-    #[arg(long, default_value_t = DEFAULT_REQUESTS, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    #[arg(long, default_value_t = DEFAULT_REQUESTS, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(1..=MAX_REQUESTS))]
     pub requests: u64,
     /// Arrival rate: requests per second (open loop, Poisson), or `max` (closed loop at --live).
-    #[arg(long, default_value = "2000", value_parser = Rate::from_str)]
+    /// Any positive rate is accepted; arrivals that would fall after --duration never come.
+    #[arg(long, default_value = "2000", allow_negative_numbers = true, value_parser = Rate::from_str)]
     pub rate: Rate,
     /// Live requests kept by `--rate max`.
-    #[arg(long, default_value_t = DEFAULT_LIVE, value_parser = parse_live)]
+    #[arg(long, default_value_t = DEFAULT_LIVE, allow_negative_numbers = true, value_parser = parse_live)]
     pub live: usize,
-    /// Longest run time in seconds (the run ends at whichever of --requests and --duration
-    /// comes first).
-    #[arg(long = "duration", default_value_t = DEFAULT_DURATION_S, value_parser = parse_seconds)]
+    /// Longest run time in seconds, at most 86400 (the run ends at whichever of --requests and
+    /// --duration comes first).
+    #[arg(long = "duration", default_value_t = DEFAULT_DURATION_S, allow_negative_numbers = true, value_parser = parse_seconds)]
     #[serde(rename = "duration_s")]
     pub duration_s: f64,
     /// Shard threads (1–64).
-    #[arg(long, default_value_t = 2, value_parser = parse_shards)]
+    #[arg(long, default_value_t = 2, allow_negative_numbers = true, value_parser = parse_shards)]
     pub shards: usize,
     /// Worker threads running loads (1–256).
-    #[arg(long, default_value_t = 2, value_parser = parse_workers)]
+    #[arg(long, default_value_t = 2, allow_negative_numbers = true, value_parser = parse_workers)]
     pub workers: usize,
     /// Cache-group geometry: dense, hybrid-swa, hybrid-mamba or mixed-16-32-64.
     #[arg(long, default_value = "dense", value_parser = Preset::from_str)]
     pub groups: Preset,
-    /// Pool size in blocks, the null block included.
-    #[arg(long, default_value_t = DEFAULT_POOL_BLOCKS, value_parser = parse_pool)]
+    /// Pool size in blocks, the null block included (2 to 2^24 = 16777216).
+    #[arg(long, default_value_t = DEFAULT_POOL_BLOCKS, allow_negative_numbers = true, value_parser = parse_pool)]
     pub pool_blocks: usize,
     /// Share of each prompt taken from one of a few shared base prefixes (0–1).
-    #[arg(long, default_value_t = 0.5, value_parser = parse_unit)]
+    #[arg(long, default_value_t = 0.5, allow_negative_numbers = true, value_parser = parse_unit)]
     pub prefix_share: f64,
     /// Share of loads that fail (0–1).
-    #[arg(long, default_value_t = 0.01, value_parser = parse_unit)]
+    #[arg(long, default_value_t = 0.01, allow_negative_numbers = true, value_parser = parse_unit)]
     pub failure_rate: f64,
     /// Recovery policy: recompute or fail.
     #[arg(long, default_value = "recompute", value_parser = parse_policy)]
@@ -80,37 +99,37 @@ pub struct StressConfig {
     #[serde(serialize_with = "ser_mode")]
     pub mode: Mode,
     /// Seed of every random choice (workload, arrivals, connector).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
     pub seed: u64,
     /// Simulated model time per step with scheduled work, µs (excluded from step overhead).
-    #[arg(long, default_value_t = DEFAULT_MODEL_US, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
+    #[arg(long, default_value_t = DEFAULT_MODEL_US, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(0..=MAX_MODEL_US))]
     pub model_us: u64,
     /// Tokens per step.
-    #[arg(long, default_value_t = 8192, value_parser = clap::value_parser!(u64).range(1..=1 << 32))]
+    #[arg(long, default_value_t = 8192, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(1..=MAX_TOKEN_BUDGET))]
     pub token_budget: u64,
     /// Sequences per step.
-    #[arg(long, default_value_t = 256, value_parser = parse_max_seqs)]
+    #[arg(long, default_value_t = 256, allow_negative_numbers = true, value_parser = parse_max_seqs)]
     pub max_seqs: usize,
     /// Longest prompt in tokens; prompts are uniform in [max/4, max].
-    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(8..=1 << 20))]
+    #[arg(long, default_value_t = 512, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(MIN_PROMPT_TOKENS..=MAX_PROMPT_TOKENS))]
     pub prompt_tokens: u32,
     /// Mean tokens generated per request (geometric-like, capped at 8× the mean).
-    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1 << 16))]
+    #[arg(long, default_value_t = 16, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=MAX_OUTPUT_TOKENS))]
     pub output_tokens: u32,
     /// Share of each prompt the simulated external store holds (0–1).
-    #[arg(long, default_value_t = 0.75, value_parser = parse_unit)]
+    #[arg(long, default_value_t = 0.75, allow_negative_numbers = true, value_parser = parse_unit)]
     pub hit_ratio: f64,
     /// Share of loads that are asynchronous (0–1); the rest run inside the engine's step.
-    #[arg(long, default_value_t = 0.8, value_parser = parse_unit)]
+    #[arg(long, default_value_t = 0.8, allow_negative_numbers = true, value_parser = parse_unit)]
     pub async_ratio: f64,
     /// Asynchronous load latency, `MIN..MAX` microseconds (uniform).
-    #[arg(long, default_value = "50..500", value_parser = LatencyRange::from_str)]
+    #[arg(long, default_value = "50..500", allow_hyphen_values = true, value_parser = LatencyRange::from_str)]
     pub load_latency_us: LatencyRange,
     /// Share of requests the client cancels a few steps after submitting (0–1).
-    #[arg(long, default_value_t = 0.005, value_parser = parse_unit)]
+    #[arg(long, default_value_t = 0.005, allow_negative_numbers = true, value_parser = parse_unit)]
     pub cancel_ratio: f64,
     /// Check the scheduler's invariants every N steps (and always at the end).
-    #[arg(long, default_value_t = DEFAULT_CHECK_EVERY, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = DEFAULT_CHECK_EVERY, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(1..))]
     pub check_every: u64,
     /// Also run the same workload through a baseline scheduler: `mutex`.
     #[arg(long, value_parser = BaselineKind::from_str)]
@@ -139,8 +158,12 @@ pub struct StressConfig {
     pub faults: Option<Faults>,
     /// Deadline of an asynchronous load in ms (default: 20 with `--faults deadline=R`, R > 0;
     /// else the runtime's default of 5000).
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(1..=MAX_LOAD_DEADLINE_MS))]
     pub load_deadline_ms: Option<u64>,
+    /// Run each scheduler N times (1–100), interleaved (kvsched, baseline, kvsched, …) so that
+    /// drift hits both; every figure is then the median and min–max of the runs.
+    #[arg(long, value_name = "N", default_value_t = 1, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=MAX_REPEAT as i64))]
+    pub repeat: u32,
 }
 
 impl Default for StressConfig {
@@ -175,6 +198,7 @@ impl Default for StressConfig {
             baseline: None,
             faults: None,
             load_deadline_ms: None,
+            repeat: 1,
         }
     }
 }
@@ -204,7 +228,9 @@ impl StressConfig {
         u64::from(self.output_tokens) * 8
     }
 
-    /// Checks the settings together (each one is range-checked when parsed).
+    /// Checks every setting: the ranges the flags' parsers enforce (a `StressConfig` built in
+    /// code gets the same checks) and the checks across settings. A run never panics on a
+    /// configuration this accepts.
     pub fn validate(&self) -> Result<(), StressError> {
         let bad = |flag, problem: String| Err(StressError::Config { flag, problem });
         let unit = [
@@ -226,27 +252,67 @@ impl StressConfig {
                 }
             }
         }
-        if self.load_deadline_ms == Some(0) {
-            return bad("--load-deadline-ms", "must be positive".to_owned());
+        let ranges: [(&'static str, u64, u64, u64); 14] = [
+            ("--requests", self.requests, 1, MAX_REQUESTS),
+            ("--live", self.live as u64, 1, MAX_LIVE as u64),
+            ("--shards", self.shards as u64, 1, MAX_SHARDS as u64),
+            ("--workers", self.workers as u64, 1, MAX_WORKERS as u64),
+            (
+                "--pool-blocks",
+                self.pool_blocks as u64,
+                2,
+                MAX_POOL_BLOCKS as u64,
+            ),
+            ("--model-us", self.model_us, 0, MAX_MODEL_US),
+            ("--token-budget", self.token_budget, 1, MAX_TOKEN_BUDGET),
+            ("--max-seqs", self.max_seqs as u64, 1, MAX_MAX_SEQS as u64),
+            (
+                "--prompt-tokens",
+                u64::from(self.prompt_tokens),
+                MIN_PROMPT_TOKENS as u64,
+                MAX_PROMPT_TOKENS as u64,
+            ),
+            (
+                "--output-tokens",
+                u64::from(self.output_tokens),
+                1,
+                MAX_OUTPUT_TOKENS as u64,
+            ),
+            (
+                "--load-latency-us",
+                self.load_latency_us.max_us,
+                0,
+                MAX_LOAD_LATENCY_US,
+            ),
+            ("--check-every", self.check_every, 1, u64::MAX),
+            (
+                "--load-deadline-ms",
+                self.load_deadline_ms.unwrap_or(1),
+                1,
+                MAX_LOAD_DEADLINE_MS,
+            ),
+            ("--repeat", u64::from(self.repeat), 1, u64::from(MAX_REPEAT)),
+        ];
+        for (flag, x, lo, hi) in ranges {
+            if !(lo..=hi).contains(&x) {
+                return bad(flag, format!("must be from {lo} to {hi}, got {x}"));
+            }
         }
         if let Rate::PerSecond(r) = self.rate {
             if !(r.is_finite() && r > 0.0) {
                 return bad("--rate", format!("must be positive, got {r}"));
             }
         }
-        if !(self.duration_s.is_finite() && self.duration_s > 0.0) {
+        if !(self.duration_s.is_finite()
+            && self.duration_s > 0.0
+            && self.duration_s <= MAX_DURATION_S)
+        {
             return bad(
                 "--duration",
-                format!("must be positive, got {}", self.duration_s),
-            );
-        }
-        if !(1..=64).contains(&self.shards) {
-            return bad("--shards", format!("must be 1 to 64, got {}", self.shards));
-        }
-        if !(1..=256).contains(&self.workers) {
-            return bad(
-                "--workers",
-                format!("must be 1 to 256, got {}", self.workers),
+                format!(
+                    "must be more than 0 and at most {MAX_DURATION_S} seconds, got {}",
+                    self.duration_s
+                ),
             );
         }
         if self.token_budget < self.shards as u64 {
@@ -281,6 +347,11 @@ impl StressConfig {
             );
         }
         Ok(())
+    }
+
+    /// The longest run, `--duration`.
+    pub(super) fn duration(&self) -> Duration {
+        saturating_secs(self.duration_s)
     }
 
     /// The fault rates (all 0 without `--faults`).
@@ -326,5 +397,161 @@ impl StressConfig {
             latency_max: Duration::from_micros(self.load_latency_us.max_us),
             ..SimConfig::default()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A configuration built in code gets the checks the flags' parsers make, so the run
+    /// never meets a value it would panic on (a Duration overflow, a modulo by 0, …).
+    #[test]
+    fn validate_refuses_what_the_parsers_refuse() {
+        let cases: Vec<(&str, StressConfig)> = vec![
+            (
+                "--duration",
+                StressConfig {
+                    duration_s: 1e300,
+                    ..Default::default()
+                },
+            ),
+            (
+                "--duration",
+                StressConfig {
+                    duration_s: f64::NAN,
+                    ..Default::default()
+                },
+            ),
+            (
+                "--duration",
+                StressConfig {
+                    duration_s: -1.0,
+                    ..Default::default()
+                },
+            ),
+            (
+                "--rate",
+                StressConfig {
+                    rate: Rate::PerSecond(0.0),
+                    ..Default::default()
+                },
+            ),
+            (
+                "--rate",
+                StressConfig {
+                    rate: Rate::PerSecond(f64::INFINITY),
+                    ..Default::default()
+                },
+            ),
+            (
+                "--failure-rate",
+                StressConfig {
+                    failure_rate: -0.1,
+                    ..Default::default()
+                },
+            ),
+            (
+                "--pool-blocks",
+                StressConfig {
+                    pool_blocks: u32::MAX as usize,
+                    ..Default::default()
+                },
+            ),
+            (
+                "--shards",
+                StressConfig {
+                    shards: 65,
+                    ..Default::default()
+                },
+            ),
+            (
+                "--workers",
+                StressConfig {
+                    workers: 257,
+                    ..Default::default()
+                },
+            ),
+            (
+                "--live",
+                StressConfig {
+                    live: 0,
+                    ..Default::default()
+                },
+            ),
+            (
+                "--requests",
+                StressConfig {
+                    requests: 0,
+                    ..Default::default()
+                },
+            ),
+            (
+                "--check-every",
+                StressConfig {
+                    check_every: 0,
+                    ..Default::default()
+                },
+            ),
+            (
+                "--prompt-tokens",
+                StressConfig {
+                    prompt_tokens: 1,
+                    ..Default::default()
+                },
+            ),
+            (
+                "--output-tokens",
+                StressConfig {
+                    output_tokens: 0,
+                    ..Default::default()
+                },
+            ),
+            (
+                "--model-us",
+                StressConfig {
+                    model_us: u64::MAX,
+                    ..Default::default()
+                },
+            ),
+            (
+                "--load-deadline-ms",
+                StressConfig {
+                    load_deadline_ms: Some(0),
+                    ..Default::default()
+                },
+            ),
+            (
+                "--load-deadline-ms",
+                StressConfig {
+                    load_deadline_ms: Some(u64::MAX),
+                    ..Default::default()
+                },
+            ),
+            (
+                "--repeat",
+                StressConfig {
+                    repeat: 0,
+                    ..Default::default()
+                },
+            ),
+            (
+                "--load-latency-us",
+                StressConfig {
+                    load_latency_us: LatencyRange {
+                        min_us: 0,
+                        max_us: u64::MAX,
+                    },
+                    ..Default::default()
+                },
+            ),
+        ];
+        for (flag, cfg) in cases {
+            match cfg.validate() {
+                Err(StressError::Config { flag: f, .. }) => assert_eq!(f, flag),
+                other => panic!("{flag}: {other:?}"),
+            }
+        }
+        assert!(StressConfig::default().validate().is_ok());
     }
 }

@@ -114,7 +114,9 @@ impl FaultConnector {
         let f = cfg.fault_rates();
         let hang = cfg
             .effective_load_deadline()
-            .map_or(Duration::from_millis(50), |d| d * HANG_DEADLINES);
+            .map_or(Duration::from_millis(50), |d| {
+                d.saturating_mul(HANG_DEADLINES)
+            });
         FaultConnector {
             sim,
             seed: cfg.seed ^ 0xFA17_C044,

@@ -21,6 +21,29 @@ impl Hist {
             .map(|h| Hist(h.into_sync()))
             .map_err(|e| StressError::Histogram(format!("{e:?}")))
     }
+    /// The percentile curve (see [`Curve`]), from the same data as [`Hist::percentiles`].
+    pub(super) fn curve(&mut self) -> Curve {
+        self.0.refresh_timeout(Duration::from_secs(1));
+        let h: &Histogram<u64> = &self.0;
+        if h.is_empty() {
+            return Curve::new();
+        }
+        let us = |ns: u64| ns as f64 / 1000.0;
+        let top = (h.len() as f64).log10().min(CURVE_MAX_NINES);
+        let mut points = Vec::new();
+        let mut i = 0u32;
+        loop {
+            let x = f64::from(i) * CURVE_STEP;
+            if x >= top {
+                break;
+            }
+            points.push((x, us(h.value_at_quantile(1.0 - 10f64.powf(-x)))));
+            i += 1;
+        }
+        points.push((top, us(h.max())));
+        points
+    }
+
     pub(super) fn percentiles(&mut self, p90: bool) -> Percentiles {
         self.0.refresh_timeout(Duration::from_secs(1));
         let h: &Histogram<u64> = &self.0;
@@ -40,6 +63,25 @@ impl Hist {
             count: h.len(),
         }
     }
+}
+
+/// How finely a curve samples the percentile axis, in nines (x = −log10(1 − q)).
+const CURVE_STEP: f64 = 0.025;
+/// The most nines a curve reaches (p99.9999).
+const CURVE_MAX_NINES: f64 = 6.0;
+
+/// A latency distribution as a percentile curve: points (x, µs) where x = −log10(1 − q) is
+/// the quantile q in "nines" (0 = the minimum, 1 = p90, 2 = p99, 3 = p99.9), up to the
+/// nines its sample count resolves, ending at the maximum.
+pub type Curve = Vec<(f64, f64)>;
+
+/// The latency curves a plot draws, one run's.
+#[derive(Clone, Debug, Default)]
+pub struct Curves {
+    /// Step overhead.
+    pub step: Curve,
+    /// Load completion → runnable.
+    pub runnable: Curve,
 }
 
 /// One thread's recorders (the engine thread's; any thread that records gets its own).

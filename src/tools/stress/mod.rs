@@ -26,13 +26,19 @@
 //!
 //! # Measurements
 //!
-//! * *completions*: load completions applied by the scheduler (`loads_ok + loads_failed`),
-//!   per second of run time;
+//! * *load completions*: load completions applied by the scheduler (`loads_ok +
+//!   loads_failed`), per second of run time; *finished requests* and *output tokens* (those
+//!   of the finished requests) likewise;
+//! * *CPU*: the process's user and system time over the run (`getrusage`), per wall-second
+//!   and per finished request;
 //! * *step overhead*: wall time of `schedule()` + `update()`, the simulated model excluded;
 //! * *submit → first schedule*: scheduled arrival → the plan that first schedules the request;
 //! * *completion → runnable*: [`StepPlan::runnable_latency_ns`].
 //!
-//! Latencies are recorded in hdrhistogram per-thread recorders and merged at the end.
+//! Latencies are recorded in hdrhistogram per-thread recorders and merged at the end; the
+//! same histograms give the report's percentiles and `--plot`'s curves. With `--repeat N`
+//! each scheduler runs N times, interleaved, and every figure is reported as the median and
+//! min–max of the runs, each ratio as that of the run pairs.
 //!
 //! # Faults
 //!
@@ -55,12 +61,14 @@
 //!
 //! # Layout
 //!
-//! [`config`] (every setting, the `clap` arguments) over [`values`] (the flag value types and
-//! parsers); [`workload`] (the seeded requests and arrivals); [`faults`] (`--faults` and the
-//! fault-injecting connector); [`scheduler`] (the trait the engine drives, for the runtime and
-//! the baseline); [`drive`](mod@drive) (the simulated engine) with [`checks`] (its invariant
-//! checks and the reconciliation) and [`histograms`]; [`report`] (the data), [`render`] (human
-//! and JSON) and [`progress`] (the progress bar).
+//! [`config`] (every setting, the `clap` arguments) over [`values`] (the flag value types,
+//! their caps and parsers); [`workload`] (the seeded requests and arrivals); [`faults`]
+//! (`--faults` and the fault-injecting connector); [`scheduler`] (the trait the engine drives,
+//! for the runtime and the baseline); [`drive`](mod@drive) (the simulated engine) with
+//! [`checks`] (its invariant checks and the reconciliation), [`histograms`] and [`cpu`];
+//! [`report`] (the data, the median of repeated runs), [`figures`] (every row with its runs,
+//! median, range and ratio), [`render`] (human and JSON), [`plot`] (the SVG) and [`progress`]
+//! (the progress bar).
 //!
 //! [`Scheduler::update`]: scheduler::Scheduler::update
 //! [`Scheduler::schedule`]: scheduler::Scheduler::schedule
@@ -71,9 +79,12 @@
 
 mod checks;
 mod config;
+mod cpu;
 mod drive;
 mod faults;
+mod figures;
 mod histograms;
+mod plot;
 mod progress;
 mod render;
 mod report;
@@ -84,6 +95,7 @@ mod workload;
 use std::sync::Arc;
 
 pub use config::{StressConfig, StressError};
+pub use plot::render_svg;
 pub use progress::{terminal_progress, Progress};
 pub use render::{render_human, render_json};
 pub use report::StressReport;
@@ -98,7 +110,8 @@ use crate::runtime::Runtime;
 use crate::tools::baseline::{BaselineConfig, MutexScheduler};
 use drive::drive;
 use faults::{silence_simulated_panics, FaultConnector};
-use report::Ratios;
+use progress::Nth;
+use report::RunReport;
 
 /// Runs the stress test of `cfg` (and its baseline, if any) without a progress display.
 #[cfg(test)]
@@ -106,7 +119,9 @@ pub fn run_stress(cfg: &StressConfig) -> Result<StressReport, StressError> {
     run_stress_with_progress(cfg, &mut |_| {})
 }
 
-/// Runs the stress test of `cfg`, reporting progress to `progress` about every 100 ms.
+/// Runs the stress test of `cfg`, reporting progress to `progress` about every 100 ms. With
+/// `--repeat N`, kvsched and the baseline run N times each, interleaved (kvsched, baseline,
+/// kvsched, …), so drift over time hits both alike.
 pub fn run_stress_with_progress(
     cfg: &StressConfig,
     progress: &mut dyn FnMut(&Progress),
@@ -116,6 +131,35 @@ pub fn run_stress_with_progress(
         silence_simulated_panics();
     }
     let sim = Arc::new(SimConnector::new(cfg.sim_config()));
+    let mut runs = Vec::new();
+    let mut baseline_runs = Vec::new();
+    for i in 0..cfg.repeat {
+        let nth = Nth {
+            run: i + 1,
+            of: cfg.repeat,
+        };
+        runs.push(run_kvsched(cfg, &sim, nth, progress)?);
+        if let Some(BaselineKind::Mutex) = cfg.baseline {
+            baseline_runs.push(run_mutex(cfg, &sim, nth, progress)?);
+        }
+    }
+    let mut config = cfg.clone();
+    config.load_deadline_ms = cfg
+        .effective_load_deadline()
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    StressReport::of(runs, baseline_runs, config).ok_or(StressError::Config {
+        flag: "--repeat",
+        problem: "no run".to_owned(),
+    })
+}
+
+/// One kvsched run.
+fn run_kvsched(
+    cfg: &StressConfig,
+    sim: &Arc<SimConnector>,
+    nth: Nth,
+    progress: &mut dyn FnMut(&Progress),
+) -> Result<RunReport, StressError> {
     let conn = Arc::new(FaultConnector::new(cfg, sim.clone()));
     let rt = Runtime::builder()
         .groups(cfg.groups.groups())
@@ -127,38 +171,62 @@ pub fn run_stress_with_progress(
         .max_seqs(cfg.max_seqs)
         .connector(conn.clone())
         .build()?;
-    let run = drive(rt, "kvsched", cfg, &conn, progress)?;
-    let baseline = match cfg.baseline {
-        None => None,
-        Some(BaselineKind::Mutex) => {
-            // The same faults, counted afresh.
-            let conn = Arc::new(FaultConnector::new(cfg, sim.clone()));
-            let b = MutexScheduler::new(BaselineConfig {
-                groups: cfg.groups.groups(),
-                pool_blocks: cfg.pool_blocks,
-                workers: cfg.workers,
-                mode: cfg.mode,
-                policy: cfg.policy,
-                token_budget: cfg.token_budget,
-                max_seqs: cfg.max_seqs,
-                connector: conn.clone(),
-            })?;
-            Some(drive(b, "mutex", cfg, &conn, progress)?)
-        }
-    };
-    let ratio = |a: f64, b: f64| (b > 0.0).then(|| (a / b * 100.0).round() / 100.0);
-    let ratios = baseline.as_ref().map(|b| Ratios {
-        completions_per_s: ratio(run.completions_per_s, b.completions_per_s),
-        step_overhead_p99: ratio(b.step_overhead_us.p99, run.step_overhead_us.p99),
-    });
-    let mut config = cfg.clone();
-    config.load_deadline_ms = cfg
-        .effective_load_deadline()
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-    Ok(StressReport {
-        run,
-        config,
-        baseline,
-        ratios,
-    })
+    drive(rt, "kvsched", nth, cfg, &conn, progress)
+}
+
+/// One run of the mutex baseline: the same workload and faults, counted afresh.
+fn run_mutex(
+    cfg: &StressConfig,
+    sim: &Arc<SimConnector>,
+    nth: Nth,
+    progress: &mut dyn FnMut(&Progress),
+) -> Result<RunReport, StressError> {
+    let conn = Arc::new(FaultConnector::new(cfg, sim.clone()));
+    let b = MutexScheduler::new(BaselineConfig {
+        groups: cfg.groups.groups(),
+        pool_blocks: cfg.pool_blocks,
+        workers: cfg.workers,
+        mode: cfg.mode,
+        policy: cfg.policy,
+        token_budget: cfg.token_budget,
+        max_seqs: cfg.max_seqs,
+        connector: conn.clone(),
+    })?;
+    drive(b, "mutex", nth, cfg, &conn, progress)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--repeat` runs the schedulers interleaved, and every run is kept.
+    #[test]
+    fn repeat_interleaves_the_schedulers() {
+        let cfg = StressConfig {
+            requests: 40,
+            rate: Rate::Max,
+            live: 16,
+            duration_s: 10.0,
+            model_us: 0,
+            baseline: Some(BaselineKind::Mutex),
+            repeat: 2,
+            ..StressConfig::default()
+        };
+        let mut order: Vec<(&str, u32)> = Vec::new();
+        let r = run_stress_with_progress(&cfg, &mut |p| {
+            let who = (p.scheduler, p.nth.run);
+            if order.last() != Some(&who) {
+                order.push(who);
+            }
+        })
+        .expect("stress");
+        assert_eq!(
+            order,
+            [("kvsched", 1), ("mutex", 1), ("kvsched", 2), ("mutex", 2)]
+        );
+        assert_eq!((r.runs.len(), r.baseline_runs.len()), (2, 2));
+        assert!(r.invariants_ok(), "{:?}", r.violations());
+        let f = r.figures.get("steps").expect("steps");
+        assert_eq!(f.kvsched.as_ref().map(|s| s.runs.len()), Some(2));
+    }
 }

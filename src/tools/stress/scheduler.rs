@@ -6,9 +6,26 @@ use std::time::Duration;
 use crate::runtime::{Metrics, Report, Runtime, RuntimeError, StepOutput, StepPlan, SubmitRequest};
 use crate::tools::baseline::MutexScheduler;
 
+/// Which of the runtime's fault-handling mechanisms a scheduler has: the report shows the
+/// counters of a mechanism a scheduler lacks as absent, not as 0.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Mechanisms {
+    /// Asynchronous loads fail at a deadline (`deadlines_expired`, `late_completions`,
+    /// `loads_expired_unrun`).
+    pub load_deadlines: bool,
+    /// A request's external loads stop after a retry budget (`retry_budget_skips`), and a
+    /// prefix whose loads keep failing is quarantined (`quarantine_skips`,
+    /// `prefixes_quarantined`).
+    pub retry_budget_and_quarantine: bool,
+    /// Repeated sampled / finish commands are counted (`duplicate_commands`).
+    pub counts_duplicates: bool,
+}
+
 /// What the stress loop needs from a scheduler: the engine-facing API of [`Runtime`], also
 /// implemented by the [`MutexScheduler`] baseline.
 pub trait Scheduler {
+    /// The fault-handling mechanisms it has.
+    const MECHANISMS: Mechanisms;
     /// Queues a request.
     fn submit(&self, req: SubmitRequest) -> Result<(), RuntimeError>;
     /// Cancels a request.
@@ -30,6 +47,11 @@ pub trait Scheduler {
 }
 
 impl Scheduler for Runtime {
+    const MECHANISMS: Mechanisms = Mechanisms {
+        load_deadlines: true,
+        retry_budget_and_quarantine: true,
+        counts_duplicates: true,
+    };
     fn submit(&self, req: SubmitRequest) -> Result<(), RuntimeError> {
         Runtime::submit(self, req)
     }
@@ -57,6 +79,13 @@ impl Scheduler for Runtime {
 }
 
 impl Scheduler for MutexScheduler {
+    /// The baseline waits for every load however long it takes, offers external loads
+    /// whatever failed before, and applies a repeated command once without counting it.
+    const MECHANISMS: Mechanisms = Mechanisms {
+        load_deadlines: false,
+        retry_budget_and_quarantine: false,
+        counts_duplicates: false,
+    };
     fn submit(&self, req: SubmitRequest) -> Result<(), RuntimeError> {
         MutexScheduler::submit(self, req)
     }

@@ -3,11 +3,37 @@
 //! ranges.
 
 use std::str::FromStr;
+use std::time::Duration;
 
 use serde::{Serialize, Serializer};
 
 use crate::rules::geometry::{CacheGroup, MambaMode};
 use crate::rules::recovery::{Mode, Policy};
+
+/// The most pool blocks (`--pool-blocks`): 2^24, the runtime builder's cap.
+pub const MAX_POOL_BLOCKS: usize = 1 << 24;
+/// The most shard threads (`--shards`), as the runtime's builder.
+pub const MAX_SHARDS: usize = 64;
+/// The most worker threads (`--workers`), as the runtime's builder.
+pub const MAX_WORKERS: usize = 256;
+/// The most live requests kept by `--rate max` (`--live`).
+pub const MAX_LIVE: usize = 1 << 24;
+/// The most sequences per step (`--max-seqs`).
+pub const MAX_MAX_SEQS: usize = 1 << 20;
+/// The longest run (`--duration`), seconds: a day.
+pub const MAX_DURATION_S: f64 = 86_400.0;
+/// The most runs of each scheduler (`--repeat`).
+pub const MAX_REPEAT: u32 = 100;
+
+/// `secs` seconds as a [`Duration`], saturating instead of panicking: NaN, negative and
+/// zero give zero; a value too large for a `Duration` (or infinite) gives [`Duration::MAX`].
+pub fn saturating_secs(secs: f64) -> Duration {
+    Duration::try_from_secs_f64(secs).unwrap_or(if secs > 0.0 {
+        Duration::MAX
+    } else {
+        Duration::ZERO
+    })
+}
 
 /// A cache-group geometry preset.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -170,12 +196,12 @@ pub fn parse_unit(s: &str) -> Result<f64, String> {
     }
 }
 
-/// Parses a positive, finite number of seconds.
+/// Parses a positive, finite number of seconds, at most [`MAX_DURATION_S`].
 pub fn parse_seconds(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
-        Ok(x) if x.is_finite() && x > 0.0 && x <= 86_400.0 => Ok(x),
+        Ok(x) if x.is_finite() && x > 0.0 && x <= MAX_DURATION_S => Ok(x),
         _ => Err(format!(
-            "expected a number of seconds in (0, 86400], got `{s}`"
+            "expected a number of seconds in (0, {MAX_DURATION_S}], got `{s}`"
         )),
     }
 }
@@ -226,17 +252,21 @@ fn parse_range(s: &str, lo: usize, hi: usize) -> Result<usize, String> {
     }
 }
 pub(super) fn parse_live(s: &str) -> Result<usize, String> {
-    parse_range(s, 1, 1 << 24)
+    parse_range(s, 1, MAX_LIVE)
 }
 pub(super) fn parse_shards(s: &str) -> Result<usize, String> {
-    parse_range(s, 1, 64)
+    parse_range(s, 1, MAX_SHARDS)
 }
 pub(super) fn parse_workers(s: &str) -> Result<usize, String> {
-    parse_range(s, 1, 256)
+    parse_range(s, 1, MAX_WORKERS)
 }
 pub(super) fn parse_pool(s: &str) -> Result<usize, String> {
-    parse_range(s, 2, u32::MAX as usize)
+    parse_range(s, 2, MAX_POOL_BLOCKS).map_err(|_| {
+        format!(
+            "expected an integer from 2 to {MAX_POOL_BLOCKS} (2^24, the runtime's cap), got `{s}`"
+        )
+    })
 }
 pub(super) fn parse_max_seqs(s: &str) -> Result<usize, String> {
-    parse_range(s, 1, 1 << 20)
+    parse_range(s, 1, MAX_MAX_SEQS)
 }

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::config::StressConfig;
-use super::values::Rate;
+use super::values::{saturating_secs, Rate};
 use crate::connector::SplitMix64;
 use crate::runtime::SubmitRequest;
 
@@ -95,10 +95,12 @@ impl Workload {
     }
 
     /// The next request's arrival offset from the start (open loop), advancing the process.
+    /// Offsets saturate: at a tiny rate the gaps overflow a `Duration` (or `f64`, to
+    /// infinity), and such an arrival is simply never reached within `--duration`.
     pub(super) fn next_arrival(&mut self) -> Option<Duration> {
         let rate = self.rate?;
         let at = self.next_arrival_s;
         self.next_arrival_s += -(1.0 - self.arrivals.unit()).ln() / rate;
-        Some(Duration::from_secs_f64(at))
+        Some(saturating_secs(at))
     }
 }

@@ -1,0 +1,293 @@
+//! `--plot FILE.svg`: the step-overhead and completion → runnable distributions as percentile
+//! plots (log-scale latency against log-scale tail: p50, p90, p99, p99.9, …), kvsched and the
+//! baseline overlaid, one line per run, drawn from the same hdrhistogram data as the report.
+//! A small hand-written SVG writer: no plotting dependency.
+
+use std::fmt::Write as _;
+
+use super::histograms::Curve;
+use super::report::{RunReport, StressReport};
+use super::values::Rate;
+
+const WIDTH: f64 = 1000.0;
+const HEIGHT: f64 = 470.0;
+/// Each panel's plot area: left and top margins, size.
+const PANEL_LEFT: [f64; 2] = [78.0, 578.0];
+const PANEL_TOP: f64 = 92.0;
+const PANEL_W: f64 = 392.0;
+const PANEL_H: f64 = 300.0;
+const COLORS: [&str; 2] = ["#1f63b4", "#d8431b"];
+const FONT: &str = "font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\"";
+
+/// Which of a run's curves a panel draws.
+type CurveOf = fn(&RunReport) -> &Curve;
+
+/// The plot of `report` as an SVG document.
+pub fn render_svg(report: &StressReport) -> String {
+    let schedulers: Vec<&[RunReport]> = [&report.runs[..], &report.baseline_runs[..]]
+        .into_iter()
+        .filter(|r| !r.is_empty())
+        .collect();
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" {FONT}>"#
+    );
+    let _ = writeln!(
+        o,
+        r##"<rect x="0" y="0" width="{WIDTH}" height="{HEIGHT}" fill="#ffffff"/>"##
+    );
+    let c = &report.config;
+    let _ = writeln!(
+        o,
+        r##"<text x="{}" y="30" text-anchor="middle" font-size="19" font-weight="bold" fill="#222">kvsched stress: latency percentiles{}</text>"##,
+        WIDTH / 2.0,
+        if report.baseline_runs.is_empty() {
+            String::new()
+        } else {
+            " — kvsched vs the mutex baseline".to_owned()
+        }
+    );
+    let runs = report.runs.len();
+    let subtitle = format!(
+        "{} · {} shards · {} workers · rate {} · {} requests{} · lower is better",
+        c.groups.name(),
+        c.shards,
+        c.workers,
+        match c.rate {
+            Rate::Max => format!("max ({} live)", c.live),
+            r => r.to_string(),
+        },
+        c.requests,
+        if runs > 1 {
+            format!(" · {runs} runs each, one line per run")
+        } else {
+            String::new()
+        }
+    );
+    let _ = writeln!(
+        o,
+        r##"<text x="{}" y="54" text-anchor="middle" font-size="13" fill="#555">{}</text>"##,
+        WIDTH / 2.0,
+        escape(&subtitle)
+    );
+    let panels: [(&str, CurveOf); 2] = [
+        ("step overhead: schedule() + update() per step", |r| {
+            &r.curves.step
+        }),
+        ("load completion → request runnable", |r| {
+            &r.curves.runnable
+        }),
+    ];
+    for (i, (title, curve)) in panels.into_iter().enumerate() {
+        let curves: Vec<Vec<&Curve>> = schedulers
+            .iter()
+            .map(|runs| runs.iter().map(curve).collect())
+            .collect();
+        panel(&mut o, PANEL_LEFT[i], title, &curves, &schedulers);
+    }
+    o.push_str("</svg>\n");
+    o
+}
+
+/// The percentile ticks: x in nines, label.
+const X_TICKS: [(f64, &str); 8] = [
+    (0.0, "min"),
+    (std::f64::consts::LOG10_2, "p50"),
+    (1.0, "p90"),
+    (2.0, "p99"),
+    (3.0, "p99.9"),
+    (4.0, "p99.99"),
+    (5.0, "p99.999"),
+    (6.0, "p99.9999"),
+];
+
+/// One panel at `left`: the axes, the grid, one line per run of each scheduler, a legend.
+fn panel(
+    o: &mut String,
+    left: f64,
+    title: &str,
+    curves: &[Vec<&Curve>],
+    schedulers: &[&[RunReport]],
+) {
+    let points = || curves.iter().flatten().flat_map(|c| c.iter());
+    let x_max = points().map(|p| p.0).fold(2.0_f64, f64::max) * 1.03;
+    let lo = points()
+        .map(|p| p.1)
+        .filter(|&v| v > 0.0)
+        .fold(f64::MAX, f64::min);
+    let hi = points().map(|p| p.1).fold(0.0_f64, f64::max);
+    let (lo, hi) = if lo <= hi && hi > 0.0 {
+        (lo, hi)
+    } else {
+        (1.0, 10.0)
+    };
+    let y_lo = lo.log10().floor();
+    let y_hi = hi.log10().ceil().max(y_lo + 1.0);
+    let top = PANEL_TOP;
+    let bottom = top + PANEL_H;
+    let x_of = |x: f64| left + x / x_max * PANEL_W;
+    let y_of = |us: f64| bottom - (us.max(1e-3).log10() - y_lo) / (y_hi - y_lo) * PANEL_H;
+    let _ = writeln!(
+        o,
+        r##"<text x="{}" y="{}" text-anchor="middle" font-size="14" font-weight="bold" fill="#222">{}</text>"##,
+        left + PANEL_W / 2.0,
+        top - 12.0,
+        escape(title)
+    );
+    let _ = writeln!(
+        o,
+        r##"<rect x="{left}" y="{top}" width="{PANEL_W}" height="{PANEL_H}" fill="#fafafa" stroke="#888"/>"##
+    );
+    // Horizontal grid: a line per decade (labelled), lighter ones at 2× and 5×.
+    let mut d = y_lo;
+    while d <= y_hi {
+        let y = y_of(10f64.powf(d));
+        let _ = writeln!(
+            o,
+            r##"<line x1="{left}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#d0d0d0"/>"##,
+            left + PANEL_W
+        );
+        let _ = writeln!(
+            o,
+            r##"<text x="{:.1}" y="{:.1}" text-anchor="end" font-size="12" fill="#333">{}</text>"##,
+            left - 6.0,
+            y + 4.0,
+            duration_label(10f64.powf(d))
+        );
+        for m in [2.0, 5.0] {
+            let v = m * 10f64.powf(d);
+            if d < y_hi && v < 10f64.powf(y_hi) {
+                let y = y_of(v);
+                let _ = writeln!(
+                    o,
+                    r##"<line x1="{left}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#ececec"/>"##,
+                    left + PANEL_W
+                );
+            }
+        }
+        d += 1.0;
+    }
+    // Vertical grid and percentile labels.
+    for (x, label) in X_TICKS.iter().filter(|(x, _)| *x <= x_max) {
+        let px = x_of(*x);
+        let _ = writeln!(
+            o,
+            r##"<line x1="{px:.1}" y1="{top}" x2="{px:.1}" y2="{bottom}" stroke="#e2e2e2"/>"##
+        );
+        let _ = writeln!(
+            o,
+            r##"<text x="{px:.1}" y="{:.1}" text-anchor="middle" font-size="12" fill="#333">{label}</text>"##,
+            bottom + 17.0
+        );
+    }
+    let _ = writeln!(
+        o,
+        r##"<text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="12" fill="#444">percentile (log scale of the tail: each step right is 10× rarer)</text>"##,
+        left + PANEL_W / 2.0,
+        bottom + 38.0
+    );
+    let _ = writeln!(
+        o,
+        r##"<text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="12" fill="#444" transform="rotate(-90 {:.1} {:.1})">latency (log scale)</text>"##,
+        left - 58.0,
+        top + PANEL_H / 2.0,
+        left - 58.0,
+        top + PANEL_H / 2.0
+    );
+    // The lines, the baseline's first so kvsched's are on top.
+    for (s, runs) in curves.iter().enumerate().rev() {
+        for c in runs {
+            if c.is_empty() {
+                continue;
+            }
+            let pixels: Vec<(f64, f64)> = c.iter().map(|&(x, us)| (x_of(x), y_of(us))).collect();
+            let mut path = String::new();
+            for (i, &(px, py)) in pixels.iter().enumerate() {
+                // A point inside a horizontal run adds nothing to the line.
+                let flat = |j: usize| pixels.get(j).is_some_and(|p| (p.1 - py).abs() < 0.05);
+                if i > 0 && i + 1 < pixels.len() && flat(i - 1) && flat(i + 1) {
+                    continue;
+                }
+                let _ = write!(path, "{}{px:.1},{py:.1}", if i == 0 { "M" } else { " L" });
+            }
+            let _ = writeln!(
+                o,
+                r#"<path d="{path}" fill="none" stroke="{}" stroke-width="1.8" stroke-opacity="0.85" stroke-linejoin="round"/>"#,
+                COLORS[s % 2]
+            );
+        }
+    }
+    // The legend, top left inside the plot area.
+    let lx = left + 12.0;
+    let box_w = 150.0;
+    let box_h = 10.0 + 20.0 * schedulers.len() as f64;
+    let _ = writeln!(
+        o,
+        r##"<rect x="{lx}" y="{:.1}" width="{box_w}" height="{box_h}" fill="#ffffff" fill-opacity="0.9" stroke="#bbb"/>"##,
+        top + 10.0
+    );
+    for (s, runs) in schedulers.iter().enumerate() {
+        let y = top + 25.0 + 20.0 * s as f64;
+        let name = runs.first().map_or("", |r| r.scheduler);
+        let n = runs.len();
+        let _ = writeln!(
+            o,
+            r#"<line x1="{:.1}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="{}" stroke-width="3"/>"#,
+            lx + 10.0,
+            lx + 34.0,
+            COLORS[s % 2]
+        );
+        let _ = writeln!(
+            o,
+            r##"<text x="{:.1}" y="{:.1}" font-size="13" fill="#222">{}{}</text>"##,
+            lx + 42.0,
+            y + 4.5,
+            escape(name),
+            if n > 1 {
+                format!(" ({n} runs)")
+            } else {
+                String::new()
+            }
+        );
+    }
+}
+
+/// A latency in µs as an axis label: `1 µs`, `100 µs`, `1 ms`, `10 s`.
+fn duration_label(us: f64) -> String {
+    let (v, unit) = if us >= 1e6 {
+        (us / 1e6, "s")
+    } else if us >= 1e3 {
+        (us / 1e3, "ms")
+    } else {
+        (us, "µs")
+    };
+    if v >= 1.0 {
+        format!("{v:.0} {unit}")
+    } else {
+        format!("{v} {unit}")
+    }
+}
+
+/// `s` with XML's special characters escaped.
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_and_escapes() {
+        assert_eq!(duration_label(1.0), "1 µs");
+        assert_eq!(duration_label(100.0), "100 µs");
+        assert_eq!(duration_label(1000.0), "1 ms");
+        assert_eq!(duration_label(1e7), "10 s");
+        assert_eq!(duration_label(0.1), "0.1 µs");
+        assert_eq!(escape("a < b & \"c\""), "a &lt; b &amp; &quot;c&quot;");
+    }
+}
