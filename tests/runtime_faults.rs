@@ -91,6 +91,9 @@ fn run(seed: u64, shards: usize, f: Faults, steps: usize) -> Metrics {
     let mut out = StepOutput::default();
     let mut live: Vec<String> = Vec::new();
     let mut seen_blocks: Vec<BlockRef> = Vec::new();
+    // The destination blocks of the sync loads of the plan `out` answers.
+    let mut step_dests: Vec<BlockRef> = Vec::new();
+    let mut injected_stale = 0u64;
     let mut next = 0u64;
     // Requests to finish at the next step, once their load has been dispatched.
     let mut finish_next: Vec<String> = Vec::new();
@@ -129,16 +132,22 @@ fn run(seed: u64, shards: usize, f: Faults, steps: usize) -> Metrics {
             out.invalid_blocks.extend(dup.invalid_blocks);
         }
         if rng.unit() < f.stale {
-            // A generation older than one seen current is stale for certain (generations only
-            // grow; a newer one could have become current by reuse).
-            if let Some(b) = seen_blocks
-                .get(rng.below(seen_blocks.len().max(1) as u64) as usize)
+            // A destination of this step's sync loads at an older generation: stale for
+            // certain (generations only grow). It passes the destination check, so only the
+            // generation check stops it.
+            if let Some(b) = step_dests
+                .get(rng.below(step_dests.len().max(1) as u64) as usize)
                 .filter(|b| b.generation > 0)
             {
                 out.invalid_blocks.push(BlockRef {
                     id: b.id,
                     generation: b.generation - 1,
                 });
+                injected_stale += 1;
+            }
+            // An older block no sync load of this step wrote, and one out of range: foreign.
+            if let Some(b) = seen_blocks.get(rng.below(seen_blocks.len().max(1) as u64) as usize) {
+                out.invalid_blocks.push(*b);
             }
             out.invalid_blocks.push(BlockRef {
                 id: 1_000_000 + rng.below(10),
@@ -185,8 +194,10 @@ fn run(seed: u64, shards: usize, f: Faults, steps: usize) -> Metrics {
             fails == 0 || fails == plan.recovery.recovered.len(),
             "policy changed mid-step"
         );
+        step_dests.clear();
         for s in &plan.scheduled {
             if let Some(job) = &s.sync_load {
+                step_dests.extend(job.all_loaded_blocks());
                 seen_blocks.extend(job.all_loaded_blocks().into_iter().take(2));
                 if let LoadResult::Failed(bad) = sim.decide(job) {
                     out.invalid_blocks.extend(bad.into_flat());
@@ -209,6 +220,10 @@ fn run(seed: u64, shards: usize, f: Faults, steps: usize) -> Metrics {
     rt.schedule().expect("step");
     let report = rt.shutdown();
     let m = report.metrics.clone();
+    if f.no_failures {
+        // Nothing else reports a block: every injected stale generation is counted, once.
+        assert_eq!(m.stale_blocks, injected_stale, "seed {seed} {f:?}: {m:?}");
+    }
     assert!(
         report.violations.is_empty(),
         "seed {seed} {f:?}: {:?}",
@@ -292,7 +307,8 @@ fn duplicate_and_stale_reports_alone() {
         },
         600,
     );
-    assert!(m.stale_blocks > 20, "{m:?}");
+    assert!(m.stale_blocks > 0, "{m:?}");
+    assert!(m.foreign_blocks > 20, "{m:?}");
     assert!(m.duplicate_commands > 20, "{m:?}");
 }
 

@@ -371,7 +371,9 @@ impl Runtime {
         let mut failed_ids = rustc_hash::FxHashSet::default();
         for b in out.invalid_blocks {
             if self.last_sync.iter().flatten().any(|d| d.id == b.id) {
-                failed_ids.insert(b.id);
+                if self.inner.pool.is_current(b) {
+                    failed_ids.insert(b.id);
+                }
                 self.sync_invalid.push(b);
             } else {
                 self.metrics.foreign_blocks += 1;
