@@ -232,7 +232,14 @@ impl StressConfig {
     /// code gets the same checks) and the checks across settings. A run never panics on a
     /// configuration this accepts.
     pub fn validate(&self) -> Result<(), StressError> {
-        let bad = |flag, problem: String| Err(StressError::Config { flag, problem });
+        self.check_shares()?;
+        self.check_ranges()?;
+        self.check_rate_and_duration()?;
+        self.check_across()
+    }
+
+    /// The shares and rates from 0 to 1, `--faults`' included.
+    fn check_shares(&self) -> Result<(), StressError> {
         let unit = [
             ("--prefix-share", self.prefix_share),
             ("--failure-rate", self.failure_rate),
@@ -252,7 +259,22 @@ impl StressConfig {
                 }
             }
         }
-        let ranges: [(&'static str, u64, u64, u64); 14] = [
+        Ok(())
+    }
+
+    /// The integer settings, each within its flag's range.
+    fn check_ranges(&self) -> Result<(), StressError> {
+        for (flag, x, lo, hi) in self.ranges() {
+            if !(lo..=hi).contains(&x) {
+                return bad(flag, format!("must be from {lo} to {hi}, got {x}"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Each integer setting's flag, value, least and greatest value, in the order checked.
+    fn ranges(&self) -> [(&'static str, u64, u64, u64); 14] {
+        [
             ("--requests", self.requests, 1, MAX_REQUESTS),
             ("--live", self.live as u64, 1, MAX_LIVE as u64),
             ("--shards", self.shards as u64, 1, MAX_SHARDS as u64),
@@ -292,12 +314,11 @@ impl StressConfig {
                 MAX_LOAD_DEADLINE_MS,
             ),
             ("--repeat", u64::from(self.repeat), 1, u64::from(MAX_REPEAT)),
-        ];
-        for (flag, x, lo, hi) in ranges {
-            if !(lo..=hi).contains(&x) {
-                return bad(flag, format!("must be from {lo} to {hi}, got {x}"));
-            }
-        }
+        ]
+    }
+
+    /// `--rate` (a positive rate, or `max`) and `--duration` (positive, at most a day).
+    fn check_rate_and_duration(&self) -> Result<(), StressError> {
         if let Rate::PerSecond(r) = self.rate {
             if !(r.is_finite() && r > 0.0) {
                 return bad("--rate", format!("must be positive, got {r}"));
@@ -315,6 +336,12 @@ impl StressConfig {
                 ),
             );
         }
+        Ok(())
+    }
+
+    /// The checks across settings: enough budget and sequences for every shard, a latency
+    /// range in order, and a pool that holds the longest request.
+    fn check_across(&self) -> Result<(), StressError> {
         if self.token_budget < self.shards as u64 {
             return bad(
                 "--token-budget",
@@ -398,6 +425,11 @@ impl StressConfig {
             ..SimConfig::default()
         }
     }
+}
+
+/// The error of a setting out of range: `flag` and what is wrong with it.
+fn bad(flag: &'static str, problem: String) -> Result<(), StressError> {
+    Err(StressError::Config { flag, problem })
 }
 
 #[cfg(test)]

@@ -110,24 +110,72 @@ fn panel(
     curves: &[Vec<&Curve>],
     schedulers: &[&[RunReport]],
 ) {
-    let points = || curves.iter().flatten().flat_map(|c| c.iter());
-    let x_max = points().map(|p| p.0).fold(2.0_f64, f64::max) * 1.03;
-    let lo = points()
-        .map(|p| p.1)
-        .filter(|&v| v > 0.0)
-        .fold(f64::MAX, f64::min);
-    let hi = points().map(|p| p.1).fold(0.0_f64, f64::max);
-    let (lo, hi) = if lo <= hi && hi > 0.0 {
-        (lo, hi)
-    } else {
-        (1.0, 10.0)
-    };
-    let y_lo = lo.log10().floor();
-    let y_hi = hi.log10().ceil().max(y_lo + 1.0);
-    let top = PANEL_TOP;
-    let bottom = top + PANEL_H;
-    let x_of = |x: f64| left + x / x_max * PANEL_W;
-    let y_of = |us: f64| bottom - (us.max(1e-3).log10() - y_lo) / (y_hi - y_lo) * PANEL_H;
+    let axes = Axes::fitting(left, curves);
+    frame(o, &axes, title);
+    y_grid(o, &axes);
+    x_grid(o, &axes);
+    axis_titles(o, &axes);
+    lines(o, &axes, curves);
+    legend(o, &axes, schedulers);
+}
+
+/// A panel's plot area and scales: x in nines of the tail (linear), latency in µs (log).
+struct Axes {
+    /// The plot area's left, top and bottom edges.
+    left: f64,
+    top: f64,
+    bottom: f64,
+    /// The rightmost x, in nines.
+    x_max: f64,
+    /// The lowest and highest decade, as powers of 10 µs.
+    y_lo: f64,
+    y_hi: f64,
+}
+
+impl Axes {
+    /// The scales of a panel at `left` holding every point of `curves`: x up to 3% past the
+    /// rightmost point (at least p99), y over the decades spanning the nonzero latencies
+    /// (1 µs to 10 µs if there is none).
+    fn fitting(left: f64, curves: &[Vec<&Curve>]) -> Self {
+        let points = || curves.iter().flatten().flat_map(|c| c.iter());
+        let x_max = points().map(|p| p.0).fold(2.0_f64, f64::max) * 1.03;
+        let lo = points()
+            .map(|p| p.1)
+            .filter(|&v| v > 0.0)
+            .fold(f64::MAX, f64::min);
+        let hi = points().map(|p| p.1).fold(0.0_f64, f64::max);
+        let (lo, hi) = if lo <= hi && hi > 0.0 {
+            (lo, hi)
+        } else {
+            (1.0, 10.0)
+        };
+        let y_lo = lo.log10().floor();
+        let y_hi = hi.log10().ceil().max(y_lo + 1.0);
+        let top = PANEL_TOP;
+        Axes {
+            left,
+            top,
+            bottom: top + PANEL_H,
+            x_max,
+            y_lo,
+            y_hi,
+        }
+    }
+
+    /// The pixel column of `x` nines.
+    fn x_of(&self, x: f64) -> f64 {
+        self.left + x / self.x_max * PANEL_W
+    }
+
+    /// The pixel row of a latency of `us` µs.
+    fn y_of(&self, us: f64) -> f64 {
+        self.bottom - (us.max(1e-3).log10() - self.y_lo) / (self.y_hi - self.y_lo) * PANEL_H
+    }
+}
+
+/// The panel's title and the plot area's background and border.
+fn frame(o: &mut String, a: &Axes, title: &str) {
+    let (left, top) = (a.left, a.top);
     let _ = writeln!(
         o,
         r##"<text x="{}" y="{}" text-anchor="middle" font-size="14" font-weight="bold" fill="#222">{}</text>"##,
@@ -139,10 +187,14 @@ fn panel(
         o,
         r##"<rect x="{left}" y="{top}" width="{PANEL_W}" height="{PANEL_H}" fill="#fafafa" stroke="#888"/>"##
     );
-    // Horizontal grid: a line per decade (labelled), lighter ones at 2× and 5×.
-    let mut d = y_lo;
-    while d <= y_hi {
-        let y = y_of(10f64.powf(d));
+}
+
+/// The horizontal grid: a line per decade (labelled), lighter ones at 2× and 5×.
+fn y_grid(o: &mut String, a: &Axes) {
+    let left = a.left;
+    let mut d = a.y_lo;
+    while d <= a.y_hi {
+        let y = a.y_of(10f64.powf(d));
         let _ = writeln!(
             o,
             r##"<line x1="{left}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#d0d0d0"/>"##,
@@ -157,8 +209,8 @@ fn panel(
         );
         for m in [2.0, 5.0] {
             let v = m * 10f64.powf(d);
-            if d < y_hi && v < 10f64.powf(y_hi) {
-                let y = y_of(v);
+            if d < a.y_hi && v < 10f64.powf(a.y_hi) {
+                let y = a.y_of(v);
                 let _ = writeln!(
                     o,
                     r##"<line x1="{left}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#ececec"/>"##,
@@ -168,9 +220,13 @@ fn panel(
         }
         d += 1.0;
     }
-    // Vertical grid and percentile labels.
-    for (x, label) in X_TICKS.iter().filter(|(x, _)| *x <= x_max) {
-        let px = x_of(*x);
+}
+
+/// The vertical grid and the percentile labels, as far as the x axis reaches.
+fn x_grid(o: &mut String, a: &Axes) {
+    let (top, bottom) = (a.top, a.bottom);
+    for (x, label) in X_TICKS.iter().filter(|(x, _)| *x <= a.x_max) {
+        let px = a.x_of(*x);
         let _ = writeln!(
             o,
             r##"<line x1="{px:.1}" y1="{top}" x2="{px:.1}" y2="{bottom}" stroke="#e2e2e2"/>"##
@@ -181,6 +237,11 @@ fn panel(
             bottom + 17.0
         );
     }
+}
+
+/// The titles of the x and y axes.
+fn axis_titles(o: &mut String, a: &Axes) {
+    let (left, top, bottom) = (a.left, a.top, a.bottom);
     let _ = writeln!(
         o,
         r##"<text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="12" fill="#444">percentile (log scale of the tail: each step right is 10× rarer)</text>"##,
@@ -195,31 +256,45 @@ fn panel(
         left - 58.0,
         top + PANEL_H / 2.0
     );
-    // The lines, the baseline's first so kvsched's are on top.
+}
+
+/// The lines, one per run, the baseline's first so kvsched's are on top.
+fn lines(o: &mut String, a: &Axes, curves: &[Vec<&Curve>]) {
     for (s, runs) in curves.iter().enumerate().rev() {
         for c in runs {
             if c.is_empty() {
                 continue;
             }
-            let pixels: Vec<(f64, f64)> = c.iter().map(|&(x, us)| (x_of(x), y_of(us))).collect();
-            let mut path = String::new();
-            for (i, &(px, py)) in pixels.iter().enumerate() {
-                // A point inside a horizontal run adds nothing to the line.
-                let flat = |j: usize| pixels.get(j).is_some_and(|p| (p.1 - py).abs() < 0.05);
-                if i > 0 && i + 1 < pixels.len() && flat(i - 1) && flat(i + 1) {
-                    continue;
-                }
-                let _ = write!(path, "{}{px:.1},{py:.1}", if i == 0 { "M" } else { " L" });
-            }
+            let pixels: Vec<(f64, f64)> =
+                c.iter().map(|&(x, us)| (a.x_of(x), a.y_of(us))).collect();
             let _ = writeln!(
                 o,
-                r#"<path d="{path}" fill="none" stroke="{}" stroke-width="1.8" stroke-opacity="0.85" stroke-linejoin="round"/>"#,
+                r#"<path d="{}" fill="none" stroke="{}" stroke-width="1.8" stroke-opacity="0.85" stroke-linejoin="round"/>"#,
+                path(&pixels),
                 COLORS[s % 2]
             );
         }
     }
-    // The legend, top left inside the plot area.
-    let lx = left + 12.0;
+}
+
+/// The SVG path through `pixels`, leaving out the points inside a horizontal run (they add
+/// nothing to the line).
+fn path(pixels: &[(f64, f64)]) -> String {
+    let mut path = String::new();
+    for (i, &(px, py)) in pixels.iter().enumerate() {
+        let flat = |j: usize| pixels.get(j).is_some_and(|p| (p.1 - py).abs() < 0.05);
+        if i > 0 && i + 1 < pixels.len() && flat(i - 1) && flat(i + 1) {
+            continue;
+        }
+        let _ = write!(path, "{}{px:.1},{py:.1}", if i == 0 { "M" } else { " L" });
+    }
+    path
+}
+
+/// The legend, top left inside the plot area: a swatch and name per scheduler.
+fn legend(o: &mut String, a: &Axes, schedulers: &[&[RunReport]]) {
+    let top = a.top;
+    let lx = a.left + 12.0;
     let box_w = 150.0;
     let box_h = 10.0 + 20.0 * schedulers.len() as f64;
     let _ = writeln!(

@@ -1,0 +1,87 @@
+//! The lines above the human table: the settings of the run (and its faults), and the legend
+//! of the cells and the ratio column.
+
+use std::fmt::Write as _;
+
+use super::table::wrap;
+use crate::rules::recovery::{Mode, Policy};
+use crate::tools::stress::config::StressConfig;
+use crate::tools::stress::faults::FAULT_NAMES;
+use crate::tools::stress::report::StressReport;
+use crate::tools::stress::values::Rate;
+
+/// The settings line, and the faults line with `--faults`.
+pub(super) fn settings(c: &StressConfig, o: &mut String) {
+    let line = format!(
+        "kvsched stress: {} · {} shards · {} workers · rate {} · {} requests · mode {} · policy {} · failure rate {} · seed {}",
+        c.groups.name(),
+        c.shards,
+        c.workers,
+        match c.rate {
+            Rate::Max => format!("max (closed loop, {} live)", c.live),
+            r => format!("{r} (open loop)"),
+        },
+        c.requests,
+        match c.mode {
+            Mode::Safe => "safe",
+            Mode::Vllm => "vllm",
+        },
+        match c.policy {
+            Policy::Recompute => "recompute",
+            Policy::Fail => "fail",
+        },
+        c.failure_rate,
+        c.seed
+    );
+    wrap(&line, "", "  ", o);
+    if let Some(f) = &c.faults {
+        let list: Vec<String> = FAULT_NAMES
+            .iter()
+            .zip(f.rates())
+            .filter(|(_, r)| *r > 0.0)
+            .map(|(n, r)| format!("{n}={r}"))
+            .collect();
+        let _ = writeln!(
+            o,
+            "faults: {} · load deadline {}",
+            if list.is_empty() {
+                "none".to_owned()
+            } else {
+                list.join(",")
+            },
+            c.load_deadline_ms
+                .map_or("none".to_owned(), |ms| format!("{ms} ms"))
+        );
+    }
+}
+
+/// What the cells and the ratio column mean.
+pub(super) fn legend(report: &StressReport, o: &mut String) {
+    let n = report.runs.len();
+    if n > 1 {
+        wrap(
+            &format!(
+                "{n} runs of each scheduler, interleaved: each cell is the median [min–max] of the runs{}",
+                if report.baseline.is_some() {
+                    ", each ratio the median [min–max] of the ratios of run i of each"
+                } else {
+                    ""
+                }
+            ),
+            "",
+            "",
+            o,
+        );
+    }
+    if let Some(b) = &report.baseline {
+        wrap(
+            &format!(
+                "ratio > 1: kvsched better, < 1: {0} better (kvsched ÷ {0} where higher is better, {0} ÷ kvsched where lower is); counts are not ranked",
+                b.scheduler
+            ),
+            "",
+            "",
+            o,
+        );
+    }
+}

@@ -1,0 +1,144 @@
+//! The report as a human-readable table: the settings and legend, one section per group of
+//! figures (kvsched, the baseline and their ratio side by side), the notes, what each
+//! injected fault caused, and the invariants.
+
+use super::cells::cell;
+use super::faults_caused::faults_caused;
+use super::header::{legend, settings};
+use super::invariants::invariants;
+use super::notes::notes;
+use super::table::{wrap, Table};
+use crate::tools::stress::figures::{Figure, FigureSection, Format};
+use crate::tools::stress::report::{RunReport, StressReport};
+
+/// The report as a human-readable table, newline-terminated: the settings, a legend, one
+/// section per group of figures (kvsched, the baseline and their ratio side by side; with
+/// `--repeat`, each cell the median and min–max of the runs), a note under the figures that
+/// need one, what each injected fault caused, and the invariants.
+pub fn render_human(report: &StressReport) -> String {
+    let c = &report.config;
+    let mut o = String::new();
+    settings(c, &mut o);
+    legend(report, &mut o);
+    let mut table = Table::new(report.baseline.as_ref().map(|b| b.scheduler));
+    let mut crossing = 0;
+    for sec in &report.figures.0 {
+        crossing += section(sec, report, &mut table);
+    }
+    o.push_str(&table.render());
+    if crossing > 0 {
+        wrap(
+            &format!(
+                "warning: on {crossing} row(s) marked * the ratio's min–max crosses 1: the runs disagree on which scheduler is better there"
+            ),
+            "",
+            "         ",
+            &mut o,
+        );
+    }
+    if c.faults.is_some() {
+        faults_caused(report, &mut o);
+    }
+    invariants(report, &mut o);
+    o
+}
+
+/// One section of figures added to `table`: its title, a row per figure, its notes and, where
+/// the baseline lacks a figure's mechanism, a note saying so. Without `--faults`, the events
+/// section shows only the counters that are nonzero somewhere (and is left out if none is).
+/// Returns how many of its rows have a ratio whose min–max crosses 1.
+fn section(sec: &FigureSection, report: &StressReport, table: &mut Table) -> usize {
+    let faults = report.config.faults.is_some();
+    let baseline = report.baseline.as_ref();
+    let several = report.runs.len() > 1;
+    let events = sec.title == "events";
+    let figures: Vec<&Figure> = sec
+        .figures
+        .iter()
+        .filter(|f| !events || faults || nonzero(f))
+        .collect();
+    if events && figures.is_empty() {
+        return 0;
+    }
+    table.title(if events && faults {
+        "fault events"
+    } else {
+        sec.title
+    });
+    let mut crossing = 0;
+    let mut lacking = false;
+    for f in figures {
+        let (ratio, crosses) = ratio_cell(f, several, baseline.is_some());
+        crossing += usize::from(crosses);
+        table.row(
+            f.label,
+            [
+                f.kvsched.as_ref().map(|s| cell(s, f.format, several, "")),
+                baseline.map(|_| match &f.baseline {
+                    Some(Some(s)) => cell(s, f.format, several, ""),
+                    _ => {
+                        lacking = true;
+                        "—".to_owned()
+                    }
+                }),
+            ],
+            ratio,
+        );
+    }
+    for note in notes(sec, report) {
+        table.note(note);
+    }
+    if let Some(b) = baseline.filter(|_| lacking) {
+        table.note(format!(
+            "—: {} has no such mechanism{}",
+            b.scheduler,
+            lacks(b)
+        ));
+    }
+    crossing
+}
+
+/// The ratio cell of `f`, marked ` *` when with several runs its min–max crosses 1 (and
+/// whether it does); `n/a` for a ranked figure with a baseline but no ratio.
+fn ratio_cell(f: &Figure, several: bool, baseline: bool) -> (String, bool) {
+    match &f.ratio {
+        Some(r) => {
+            let crosses = several && r.crosses_1();
+            let mark = if crosses { " *" } else { "" };
+            (
+                format!("{}{mark}", cell(r, Format::Fixed(2), several, "×")),
+                crosses,
+            )
+        }
+        None if f.better.is_some() && baseline => ("n/a".to_owned(), false),
+        None => (String::new(), false),
+    }
+}
+
+/// Whether any run of either scheduler has a nonzero value of `f`.
+fn nonzero(f: &Figure) -> bool {
+    f.kvsched
+        .iter()
+        .chain(f.baseline.iter().flatten())
+        .any(|s| s.runs.iter().any(|&x| x != 0.0))
+}
+
+/// What a scheduler lacks of the runtime's fault-handling mechanisms, for the note under
+/// its absent counters.
+fn lacks(r: &RunReport) -> String {
+    let mut v = Vec::new();
+    if !r.has.load_deadlines {
+        v.push("no load deadlines");
+    }
+    if !r.has.retry_budget_and_quarantine {
+        v.push("no retry budget or quarantine");
+    }
+    if !r.has.counts_duplicates {
+        v.push("applies duplicate commands once without counting them");
+    }
+    if v.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", v.join("; "))
+    }
+}

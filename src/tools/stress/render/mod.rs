@@ -1,0 +1,19 @@
+//! The report rendered: as JSON ([`render_json`]) and as a human-readable table
+//! ([`render_human`]), section by section.
+//!
+//! [`json`] (the JSON and what its keys mean); [`human`] (the table's sections of figures)
+//! over [`header`] (the settings and the legend), [`notes`] (the notes under the sections),
+//! [`faults_caused`] (what each injected fault caused), [`invariants`] (the verdicts), with
+//! [`table`] (the column layout and the wrapping) and [`cells`] (how numbers are written).
+
+mod cells;
+mod faults_caused;
+mod header;
+mod human;
+mod invariants;
+mod json;
+mod notes;
+mod table;
+
+pub use human::render_human;
+pub use json::render_json;

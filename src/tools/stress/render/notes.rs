@@ -1,0 +1,116 @@
+//! The notes under the human table's sections, where a figure needs one: what the throughput,
+//! CPU and latency figures measure, and where the event counters came from.
+
+use super::cells::{count, counted};
+use crate::tools::stress::config::StressConfig;
+use crate::tools::stress::figures::FigureSection;
+use crate::tools::stress::report::{RunReport, StressReport};
+use crate::tools::stress::values::Rate;
+
+/// The notes under a section, where a figure needs one.
+pub(super) fn notes(sec: &FigureSection, report: &StressReport) -> Vec<String> {
+    let c = &report.config;
+    let mut notes = Vec::new();
+    match sec.title {
+        t if t.starts_with("throughput") => {
+            if let Rate::PerSecond(rate) = c.rate {
+                notes.push(format!(
+                    "open loop: requests arrive at {rate}/s whatever the scheduler does, so finished requests/s follows that rate unless a scheduler falls behind"
+                ));
+            }
+            notes.push("load completions/s counts asynchronous KV loads applied (ok + failed), not requests".to_owned());
+        }
+        t if t.starts_with("CPU") => notes.push(
+            "user + system time, first step to end of run: the simulated engine (its model wait spins the last 80 µs; idle, it polls every 200 µs) and the scheduler's threads".to_owned(),
+        ),
+        t if t.starts_with("step overhead") => notes.push(
+            "schedule() + update() wall time per step, on the engine thread; the simulated model excluded".to_owned(),
+        ),
+        t if t.starts_with("submit") => notes.push(submit_note(c)),
+        t if t.starts_with("completion") => notes.push(
+            "a load completion landing → the step that makes its request runnable".to_owned(),
+        ),
+        "events" => events_notes(report, &mut notes),
+        _ => {}
+    }
+    notes
+}
+
+/// The note under submit → first schedule: what the latency includes, for the arrivals run.
+fn submit_note(c: &StressConfig) -> String {
+    match c.rate {
+        Rate::Max if c.live.min(c.requests as usize) > c.max_seqs => format!(
+            "closed loop: up to {} requests live at once but at most {} scheduled per step (--max-seqs): mostly queueing behind max_seqs, not scheduler latency",
+            count(c.live.min(c.requests as usize) as u64),
+            count(c.max_seqs as u64)
+        ),
+        Rate::Max => "closed loop: from submission; includes the request's asynchronous KV load, if it has one".to_owned(),
+        Rate::PerSecond(_) => format!(
+            "from the scheduled arrival (no coordinated omission); includes the request's asynchronous KV load, if it has one ({}–{} µs)",
+            c.load_latency_us.min_us, c.load_latency_us.max_us
+        ),
+    }
+}
+
+/// The notes under the events: where the unknown commands, skipped client cancels and stale
+/// blocks came from.
+fn events_notes(report: &StressReport, notes: &mut Vec<String>) {
+    let c = &report.config;
+    let runs: Vec<&RunReport> = std::iter::once(&report.run)
+        .chain(report.baseline.as_ref())
+        .collect();
+    let unknown = runs.iter().any(|r| r.events.unknown_commands > 0);
+    let all_samples = runs
+        .iter()
+        .all(|r| r.events.unknown_commands == r.engine.samples_after_cancel);
+    if unknown && all_samples {
+        notes.push("unknown commands: each a sample of a request the client had just cancelled (the cancel reached the scheduler first), ignored as it should be".to_owned());
+    } else if unknown {
+        notes.extend(runs.iter().filter_map(|r| unknown_commands_note(r)));
+    }
+    if runs.iter().any(|r| r.engine.client_cancels_skipped > 0) {
+        notes.push("client cancels (--cancel-ratio) fall 1–64 steps after submission; one falling after its request ended is not sent".to_owned());
+    }
+    if runs.iter().any(|r| r.events.stale_blocks > 0) {
+        notes.push(if c.fault_rates().stale > 0.0 {
+            "stale blocks: blocks a report named after they had been freed and reused (or ids past the pool), dropped: the stale fault's, plus hand-offs and failed blocks whose holders ended first".to_owned()
+        } else {
+            "stale blocks: hand-offs or failed blocks freed before the report named them (their last holder ended first), dropped as they should be".to_owned()
+        });
+    }
+}
+
+/// What one run's unknown commands were, as far as the engine can tell.
+fn unknown_commands_note(r: &RunReport) -> Option<String> {
+    let unknown = r.events.unknown_commands;
+    if unknown == 0 {
+        return None;
+    }
+    let e = &r.engine;
+    let mut parts = Vec::new();
+    if e.samples_after_cancel > 0 {
+        parts.push(format!(
+            "{} of a request the client cancelled just before (the cancel arrived first)",
+            counted(e.samples_after_cancel, "sample", "samples")
+        ));
+    }
+    if e.fault_cancels_after_end > 0 {
+        parts.push(format!(
+            "{} for a request already ended",
+            counted(e.fault_cancels_after_end, "cancel fault", "cancel faults")
+        ));
+    }
+    let known = e.samples_after_cancel + e.fault_cancels_after_end;
+    if unknown > known {
+        parts.push(format!(
+            "{} crossing its request's end",
+            counted(unknown - known, "other command", "other commands")
+        ));
+    }
+    Some(format!(
+        "{}: {} naming no live request, ignored: {}",
+        r.scheduler,
+        counted(unknown, "unknown command", "unknown commands"),
+        parts.join("; ")
+    ))
+}
