@@ -8,7 +8,7 @@
 //! `stop` ends the threads ([`Runtime::stop_shards`]).
 
 use std::sync::Arc as StdArc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::rules::geometry::BlockId;
 use crate::rules::recovery::InvalidSet;
@@ -18,6 +18,14 @@ use crate::runtime::settings::Settings;
 use crate::runtime::shard::{Shard, StepSettings};
 use crate::runtime::shared::Inner;
 use crate::sync::{thread, Arc, Backoff, Ordering, Parker, Unparker};
+
+/// How long a shard thread keeps checking for the next step (spinning, then yielding)
+/// before it parks. Busy engines start steps closer together than this, so the next one
+/// usually starts without a wake-up; an idle runtime pays it once, then sleeps.
+const SHARD_SPIN_WINDOW: Duration = Duration::from_micros(100);
+
+/// How long the engine thread keeps checking for the other shards of a step before it parks.
+const ENGINE_SPIN_WINDOW: Duration = Duration::from_micros(200);
 
 impl Runtime {
     /// Hands the step to shard threads `1..K`: publishes the engine thread's share of the
@@ -37,14 +45,20 @@ impl Runtime {
     pub(super) fn wait_for_shards(&self) {
         let others = self.inner.shards.len() - 1;
         let backoff = Backoff::new();
+        let mut park_after = None;
         // Acquire: pairs with the Release increments of `done` by the shard threads.
         while self.inner.done.load(Ordering::Acquire) < others {
-            if backoff.is_completed() {
+            if !backoff.is_completed() {
+                backoff.snooze();
+                continue;
+            }
+            let deadline = *park_after.get_or_insert_with(|| Instant::now() + ENGINE_SPIN_WINDOW);
+            if Instant::now() < deadline {
+                thread::yield_now();
+            } else {
                 // Each shard thread unparks the engine after its increment of `done`; one
                 // landing before this park makes it return at once.
                 self.engine_parker.park();
-            } else {
-                backoff.snooze();
             }
         }
     }
@@ -224,6 +238,7 @@ impl Inner {
 pub(super) fn shard_loop(inner: &Inner, i: usize, parker: Parker) {
     let mut seen = 0u64;
     let backoff = Backoff::new();
+    let mut idle_since = Instant::now();
     loop {
         // Acquire: pairs with the Release increment of `go` in `Runtime::start_step`; the
         // step's report share and settings written before it are visible.
@@ -235,10 +250,12 @@ pub(super) fn shard_loop(inner: &Inner, i: usize, parker: Parker) {
             // Steps of a busy engine come close together: spin briefly so the next one can
             // start without a wake-up, then park untimed (`start_step` and `stop_shards`
             // unpark; one landing before the park makes it return at once).
-            if backoff.is_completed() {
-                parker.park();
-            } else {
+            if !backoff.is_completed() {
                 backoff.snooze();
+            } else if idle_since.elapsed() < SHARD_SPIN_WINDOW {
+                thread::yield_now();
+            } else {
+                parker.park();
             }
             continue;
         }
@@ -252,6 +269,7 @@ pub(super) fn shard_loop(inner: &Inner, i: usize, parker: Parker) {
         // `done` in `Runtime::wait_for_shards`.
         inner.done.fetch_add(1, Ordering::Release);
         inner.engine.unpark();
+        idle_since = Instant::now();
     }
 }
 
