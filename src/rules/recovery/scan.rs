@@ -28,13 +28,12 @@ pub fn scan_request(
 ) {
     let p = req.pre_step_tokens();
     for (g, (group, table)) in geo.groups().iter().zip(req.block_tables).enumerate() {
-        let set = invalid.group(g);
-        if set.is_empty() {
+        if invalid.group_is_empty(g) {
             continue;
         }
         let n = scan_len(group.blocks_for_tokens(p), table.len());
         let b = group.block_size;
-        set.scan(&table[..n], |i, block| {
+        invalid.scan_group(g, &table[..n], |i, block| {
             hits.push(Hit {
                 group: g as u32,
                 index: i as u32,
