@@ -37,7 +37,9 @@
 //! * `scan`: a request's hits against a report;
 //! * `decide`: one request's decision from its hits and their owners;
 //! * `boundary`: the resumable boundary of mode `safe`;
-//! * `sequential`: the sequential engine (canonical order, marked sets) and its [`Outcome`].
+//! * `sequential`: the sequential engine (canonical order, marked sets) and its [`Outcome`];
+//! * [`trace`]: the reasons of a decision, reported by the rules as they decide (off, and free,
+//!   unless a sink asks for them).
 
 use thiserror::Error;
 
@@ -48,12 +50,15 @@ mod decide;
 mod invalid_set;
 mod scan;
 mod sequential;
+pub mod trace;
 mod validate;
 
-pub use decide::{decide, Decision, Disposition, HitOwner};
+pub use decide::{decide, decide_traced, Decision, Disposition, HitOwner};
 pub use invalid_set::InvalidSet;
-pub use scan::{scan_request, Hit};
-pub use sequential::{canonical_order, outcome_from_decisions, recover, Outcome, RequestOutcome};
+pub use scan::{scan_request, scan_request_traced, Hit};
+pub use sequential::{
+    canonical_order, outcome_from_decisions, recover, recover_explained, Outcome, RequestOutcome,
+};
 pub use validate::{validate_request, validate_requests};
 
 /// Which rule set to apply.
