@@ -274,7 +274,9 @@ fn bad_inputs() -> Vec<(&'static str, Vec<u8>, &'static str, &'static str)> {
         ("null in full attention below P", s(sc(G2, r#"[{"id":"a","class":"async","num_computed_tokens":64,"block_tables":[[1,2,3,4],[5,6,7,0]]}]"#, REPORT)), "requests[0].block_tables[1][3]", "null block 0 in a full_attention table below P = 64"),
         ("custom null in full attention", s(sc(G1, r#"[{"id":"a","class":"async","num_computed_tokens":32,"block_tables":[[9,7]]}]"#, r#","invalid_blocks":[],"null_block_id":7"#)), "requests[0].block_tables[0][1]", "null block 7"),
         // Reports.
-        ("by-group list count", s(sc(G2, "[]", r#","invalid_blocks_by_group":[[1]]"#)), "invalid_blocks_by_group", "1 lists given, 2 groups configured"),
+        ("by-group list count", s(sc(G2, "[]", r#","invalid_blocks_by_group":[[1]]"#)), "invalid_blocks_by_group", "1 list given, 2 groups configured"),
+        ("by-group list count, one group", s(sc(G1, "[]", r#","invalid_blocks_by_group":[[],[]]"#)), "invalid_blocks_by_group", "2 lists given, 1 group configured"),
+        ("table count, one group", s(request(r#"{"id":"a","class":"async","num_computed_tokens":0,"block_tables":[[],[]]}"#)), "requests[0].block_tables", "2 tables given, 1 group configured"),
         ("no report", s(sc(G1, R1, "")), "invalid_blocks", "missing"),
         ("report not an array", s(sc(G1, R1, r#","invalid_blocks":1"#)), "invalid_blocks", "expected an array"),
     ]

@@ -145,7 +145,7 @@ impl Request {
 #[derive(Clone, Debug, PartialEq, Eq, Error)]
 pub enum RecoveryError {
     /// A request has a table count different from the group count.
-    #[error("{given} tables given, {groups} groups configured")]
+    #[error("{} given, {} configured", count(*.given, "table"), count(*.groups, "group"))]
     TableCount {
         /// Tables in the request.
         given: usize,
@@ -183,13 +183,22 @@ pub enum RecoveryError {
         id: String,
     },
     /// A group-qualified report whose list count is not the group count.
-    #[error("{given} lists given, {groups} groups configured")]
+    #[error("{} given, {} configured", count(*.given, "list"), count(*.groups, "group"))]
     ReportGroupCount {
         /// Lists in the report.
         given: usize,
         /// Groups in the geometry.
         groups: usize,
     },
+}
+
+/// `n` and `noun`, plural unless `n` is 1: "1 group", "2 groups".
+fn count(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
 }
 
 /// How many of a table's `table_len` entries lie below `blocks` blocks (all of them when
