@@ -203,15 +203,40 @@ fn request(r: &str) -> String {
     sc(G1, &format!("[{r}]"), REPORT)
 }
 
+/// `text` as UTF-16 little-endian, with or without a byte order mark.
+fn utf16(text: &str, bom: bool) -> Vec<u8> {
+    let mut out = if bom { vec![0xff, 0xfe] } else { vec![] };
+    for unit in text.encode_utf16() {
+        out.extend_from_slice(&unit.to_le_bytes());
+    }
+    out
+}
+
 /// (what, input, field, problem)
 fn bad_inputs() -> Vec<(&'static str, Vec<u8>, &'static str, &'static str)> {
     let s = |x: String| x.into_bytes();
     vec![
         // Malformed JSON, top level.
-        ("truncated JSON", s(r#"{"groups": ["#.into()), "scenario", "line 1 column"),
-        ("trailing characters", s(format!("{} x", sc(G1, R1, REPORT))), "scenario", "trailing"),
-        ("empty input", vec![], "scenario", "EOF"),
-        ("invalid UTF-8", vec![b'{', 0xff, b'}'], "scenario", "malformed JSON"),
+        ("truncated JSON", s(r#"{"groups": ["#.into()), "groups", "EOF while parsing a list at line 1 column 13"),
+        ("truncated deep", s(r#"{"groups": [{"kind": "full_attention", "block_size": 1"#.into()), "groups[0]", "EOF while parsing an object"),
+        ("syntax error in a table", s(request(r#"{"id":"a","class":"async","num_computed_tokens":0,"block_tables":[[1,2;3]]}"#)), "requests[0].block_tables[0]", "expected ',' or ']'"),
+        ("trailing characters", s(format!("{} x", sc(G1, R1, REPORT))), "scenario", "trailing characters"),
+        // Whole-input problems.
+        ("empty input", vec![], "input", "empty input"),
+        ("whitespace only", s(" \n\t".into()), "input", "only whitespace"),
+        ("invalid UTF-8", vec![b'{', 0xff, b'}'], "input", "invalid UTF-8 at byte 1"),
+        ("invalid UTF-8 in a string", [&br#"{"groups":[],"requests":[{"id":""#[..], &[0xc3, 0x28], br#""}]}"#].concat(), "input", "invalid UTF-8 at byte 32"),
+        ("UTF-8 byte order mark", [&[0xef, 0xbb, 0xbf][..], sc(G1, R1, REPORT).as_bytes()].concat(), "input", "byte order mark"),
+        ("UTF-16 LE with BOM", utf16(&sc(G1, R1, REPORT), true), "input", "UTF-16 little-endian"),
+        ("UTF-16 LE without BOM", utf16(&sc(G1, R1, REPORT), false), "input", "UTF-16"),
+        // Numbers JSON has not, and numbers JSON has but a scenario does not.
+        ("NaN", s(sc(G1, R1, r#","invalid_blocks":[NaN]"#)), "invalid_blocks[0]", "NaN is not a JSON number"),
+        ("Infinity", s(sc(G1, R1, r#","invalid_blocks":[1,Infinity]"#)), "invalid_blocks[1]", "Infinity is not a JSON number"),
+        ("-Infinity", s(group(r#"{"kind":"full_attention","block_size":-Infinity}"#)), "groups[0].block_size", "-Infinity is not a JSON number"),
+        ("1e400", s(sc(G1, R1, r#","invalid_blocks":[1e400]"#)), "invalid_blocks[0]", "number out of range (got 1e400)"),
+        ("exponent", s(group(r#"{"kind":"full_attention","block_size":1e1}"#)), "groups[0].block_size", "float 1e1"),
+        ("negative float zero", s(group(r#"{"kind":"full_attention","block_size":-0.0}"#)), "groups[0].block_size", "non-negative integer, got -0.0"),
+        ("leading zero", s(group(r#"{"kind":"full_attention","block_size":016}"#)), "groups[0].block_size", "leading zero"),
         ("top level array", s("[]".into()), "scenario", "must be a JSON object"),
         ("top level number", s("3".into()), "scenario", "must be a JSON object"),
         // Unknown fields and enum values.
@@ -234,7 +259,7 @@ fn bad_inputs() -> Vec<(&'static str, Vec<u8>, &'static str, &'static str)> {
         ("boolean tokens", s(request(r#"{"id":"a","class":"async","num_computed_tokens":true,"block_tables":[[]]}"#)), "requests[0].num_computed_tokens", "boolean"),
         ("negative size", s(group(r#"{"kind":"full_attention","block_size":-16}"#)), "groups[0].block_size", "non-negative"),
         ("negative null id", s(sc(G1, R1, r#","invalid_blocks":[],"null_block_id":-1"#)), "null_block_id", "non-negative"),
-        ("overflowing report id", s(sc(G1, R1, r#","invalid_blocks":[18446744073709551616]"#)), "invalid_blocks[0]", "64 bits"),
+        ("overflowing report id", s(sc(G1, R1, r#","invalid_blocks":[18446744073709551616]"#)), "invalid_blocks[0]", "integer does not fit in 64 bits (got 18446744073709551616; at most 18446744073709551615)"),
         ("overflowing table entry", s(request(r#"{"id":"a","class":"async","num_computed_tokens":32,"block_tables":[[1,99999999999999999999]]}"#)), "requests[0].block_tables[0][1]", "64 bits"),
         ("null report id", s(sc(G1, R1, r#","invalid_blocks":[null]"#)), "invalid_blocks[0]", "null"),
         ("string table entry", s(request(r#"{"id":"a","class":"async","num_computed_tokens":32,"block_tables":[["1",2]]}"#)), "requests[0].block_tables[0][0]", "string"),
@@ -401,4 +426,90 @@ fn cli_engine_runtime_prints_the_same_outcome() {
         .output()
         .expect("run");
     assert_eq!(bad.status.code(), Some(2));
+}
+
+/// `-0` is an integer literal with the value zero (docs/replay.md#scenario-format): accepted
+/// wherever a number is, and the same as `0`.
+#[test]
+fn negative_zero_is_zero() {
+    let table = |zero: &str| {
+        sc(
+            r#"[{"kind":"sliding_window","block_size":16,"window":16}]"#,
+            &format!(
+                r#"[{{"id":"a","class":"async","num_computed_tokens":48,"num_scheduled_tokens":{zero},"block_tables":[[{zero},2,3]]}}]"#
+            ),
+            &format!(r#","invalid_blocks":[{zero},3],"null_block_id":{zero}"#),
+        )
+    };
+    let plain = run(&["replay", "-"], table("0").as_bytes());
+    let neg = run(&["replay", "-"], table("-0").as_bytes());
+    assert_eq!(plain.status.code(), Some(0), "{}", text(&plain.stderr));
+    assert_eq!(neg.status.code(), Some(0), "{}", text(&neg.stderr));
+    assert_eq!(neg.stdout, plain.stdout);
+    // `-0.0` has a fraction: a float, rejected.
+    let out = run(&["replay", "-"], table("-0.0").as_bytes());
+    assert_bad(
+        &out,
+        "null_block_id",
+        "must be a non-negative integer, got -0.0",
+        "-0.0",
+    );
+}
+
+/// Values echoed in messages are cut: an unknown key or a duplicate id of a megabyte gives a
+/// short line, with the start of the value.
+#[test]
+fn echoed_values_are_cut() {
+    let long = "k".repeat(1 << 20);
+    let unknown_key = sc(G1, R1, &format!(r#","invalid_blocks":[],"{long}":1"#));
+    let id = "i".repeat(1 << 20);
+    let req =
+        format!(r#"{{"id":"{id}","class":"async","num_computed_tokens":0,"block_tables":[[]]}}"#);
+    let duplicate_id = sc(G1, &format!("[{req},{req}]"), REPORT);
+    let unknown_value = sc(G1, R1, &format!(r#","invalid_blocks":[],"mode":"{long}""#));
+    let long_number = sc(
+        G1,
+        R1,
+        &format!(r#","invalid_blocks":[1{}]"#, "0".repeat(1 << 20)),
+    );
+    for (what, input, field, problem) in [
+        ("unknown key", unknown_key, "[\"kkkk", "unknown field"),
+        (
+            "duplicate id",
+            duplicate_id,
+            "requests[1].id",
+            "duplicate request id \"iiii",
+        ),
+        (
+            "unknown value",
+            unknown_value,
+            "mode",
+            "unknown value \"kkkk",
+        ),
+        (
+            "long number",
+            long_number,
+            "invalid_blocks[0]",
+            "64 bits (got 1000",
+        ),
+    ] {
+        let out = run(&["replay", "-"], input.as_bytes());
+        let stderr = text(&out.stderr);
+        assert!(
+            stderr.len() < 400,
+            "{what}: {} bytes of stderr",
+            stderr.len()
+        );
+        assert!(stderr.contains('…'), "{what}: {stderr}");
+        if field.starts_with('[') {
+            assert!(
+                stderr.starts_with(&format!("error: {field}")),
+                "{what}: {stderr}"
+            );
+            assert!(stderr.contains(problem), "{what}: {stderr}");
+            assert_eq!(out.status.code(), Some(2));
+        } else {
+            assert_bad(&out, field, problem, what);
+        }
+    }
 }

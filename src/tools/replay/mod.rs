@@ -146,7 +146,7 @@ pub fn load_scenario(file: &OsStr) -> Result<Scenario, ScenarioError> {
     } else {
         std::fs::read(file).map_err(|e| err("FILE", format!("cannot read {file:?}: {e}")))?
     };
-    parse_scenario_bytes(&bytes)
+    parse_scenario_bytes(bytes)
 }
 
 #[cfg(test)]
