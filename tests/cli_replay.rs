@@ -46,7 +46,9 @@ const DOC_OUTCOME: &str = r#"{
       "claimed_blocks": [
         104
       ],
-      "waits_for": []
+      "waits_for": [],
+      "num_computed_tokens_in": 144,
+      "pre_step_tokens": 144
     },
     {
       "id": "s",
@@ -54,7 +56,9 @@ const DOC_OUTCOME: &str = r#"{
       "num_computed_tokens": 48,
       "affected_tokens": 0,
       "claimed_blocks": [],
-      "waits_for": []
+      "waits_for": [],
+      "num_computed_tokens_in": 48,
+      "pre_step_tokens": 32
     }
   ]
 }

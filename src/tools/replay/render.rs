@@ -26,6 +26,8 @@ struct RequestJson<'a> {
     affected_tokens: u64,
     claimed_blocks: &'a [BlockId],
     waits_for: Vec<WaitJson<'a>>,
+    num_computed_tokens_in: u64,
+    pre_step_tokens: u64,
 }
 
 #[derive(Serialize)]
@@ -50,9 +52,9 @@ pub fn render_outcome(scenario: &Scenario, outcome: &Outcome) -> String {
         requests: outcome
             .requests
             .iter()
-            .enumerate()
-            .map(|(i, d)| RequestJson {
-                id: id(i),
+            .zip(&scenario.requests)
+            .map(|(d, r)| RequestJson {
+                id: &r.id,
                 affected: d.affected(),
                 num_computed_tokens: d.num_computed_tokens,
                 affected_tokens: d.affected_tokens,
@@ -65,6 +67,8 @@ pub fn render_outcome(scenario: &Scenario, outcome: &Outcome) -> String {
                         owner: id(owner),
                     })
                     .collect(),
+                num_computed_tokens_in: r.num_computed_tokens,
+                pre_step_tokens: r.view().pre_step_tokens(),
             })
             .collect(),
     };
