@@ -14,7 +14,8 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use crate::tools::replay::{
-    load_scenario, render_outcome, DEFAULT_MAX_INPUT_BYTES, MAX_BENCH_RUNS,
+    load_scenario, render_explain_text, render_outcome, render_outcome_explained,
+    DEFAULT_MAX_INPUT_BYTES, MAX_BENCH_RUNS,
 };
 use crate::tools::stress::{
     render_human, render_json, run_stress_with_progress, terminal_progress, StressConfig,
@@ -57,6 +58,10 @@ struct ReplayArgs {
     /// `recovery_ns_median=<ns>` on stderr.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=MAX_BENCH_RUNS))]
     bench: Option<u64>,
+    /// Explain every decision: `--explain` (or `--explain=json`) adds an `explain` key to the
+    /// outcome JSON; `--explain=text` prints the explanation as plain lines instead.
+    #[arg(long, value_enum, value_name = "FORMAT", num_args = 0..=1, require_equals = true, default_missing_value = "json")]
+    explain: Option<ExplainFormat>,
     /// Which engine applies the rules: `sequential` (marked sets in canonical order) or
     /// `runtime` (the runtime's claim path: requests spread over shard threads, the real claim
     /// table). Both print the same outcome.
@@ -68,6 +73,12 @@ struct ReplayArgs {
     /// Shard threads for `--engine runtime` (1–64).
     #[arg(long, value_name = "K", default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=64))]
     shards: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum ExplainFormat {
+    Json,
+    Text,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -136,18 +147,32 @@ fn replay(args: &ReplayArgs) -> ExitCode {
         Ok(s) => s,
         Err(e) => return fail(&e.to_string()),
     };
-    let outcome = match args.engine {
-        Engine::Sequential => scenario.run(),
-        Engine::Runtime => crate::tools::parallel::recover_sharded(
-            &scenario.geometry,
-            scenario.mode,
-            scenario.policy,
-            &scenario.requests,
-            &scenario.invalid,
-            args.shards as usize,
-        ),
+    let text = match (args.explain, args.engine) {
+        (Some(_), Engine::Runtime) => {
+            return fail("--explain explains the sequential engine; leave out --engine runtime")
+        }
+        (Some(format), Engine::Sequential) => {
+            let (outcome, traces) = scenario.run_explained();
+            match format {
+                ExplainFormat::Json => render_outcome_explained(&scenario, &outcome, &traces),
+                ExplainFormat::Text => render_explain_text(&scenario, &outcome, &traces),
+            }
+        }
+        (None, engine) => {
+            let outcome = match engine {
+                Engine::Sequential => scenario.run(),
+                Engine::Runtime => crate::tools::parallel::recover_sharded(
+                    &scenario.geometry,
+                    scenario.mode,
+                    scenario.policy,
+                    &scenario.requests,
+                    &scenario.invalid,
+                    args.shards as usize,
+                ),
+            };
+            render_outcome(&scenario, &outcome)
+        }
     };
-    let text = render_outcome(&scenario, &outcome);
     if let Some(runs) = args.bench {
         let ns = scenario.bench_recovery_ns(runs);
         let _ = writeln!(std::io::stderr(), "recovery_ns_median={ns}");

@@ -17,17 +17,22 @@ use std::time::Instant;
 use thiserror::Error;
 
 use crate::rules::geometry::Geometry;
-use crate::rules::recovery::{recover, InvalidSet, Mode, Outcome, Policy, Request};
+use crate::rules::recovery::trace::RequestTrace;
+use crate::rules::recovery::{
+    recover, recover_explained, InvalidSet, Mode, Outcome, Policy, Request,
+};
 
+mod explain;
 mod fields;
 mod json;
 mod parse;
 mod render;
 
+pub use explain::render_explain_text;
 #[cfg(test)]
 pub use parse::parse_scenario;
 pub use parse::parse_scenario_bytes;
-pub use render::render_outcome;
+pub use render::{render_outcome, render_outcome_explained};
 
 /// Bad input: the field (a path such as `requests[1].block_tables`, `scheduler_block_size`,
 /// `scenario` for the document as a whole, `FILE` for the input file) and the problem.
@@ -92,6 +97,18 @@ impl Scenario {
     /// the sequential engine.
     pub fn run(&self) -> Outcome {
         recover(
+            &self.geometry,
+            self.mode,
+            self.policy,
+            &self.requests,
+            &self.invalid,
+        )
+    }
+
+    /// [`Scenario::run`], with the reasons of every decision (one trace per request, input
+    /// order), recorded by the rules as they decide.
+    pub fn run_explained(&self) -> (Outcome, Vec<RequestTrace<usize>>) {
+        recover_explained(
             &self.geometry,
             self.mode,
             self.policy,
