@@ -7,9 +7,16 @@
 //! * **dense**: an exact bitmap over the id range `[min, max]` (offset to `min`), used when
 //!   that range is at most [`BITMAP_BITS_PER_MEMBER`] bits per member, so the bitmap costs no
 //!   more than the ids themselves;
-//! * **sparse**: a filter of [`FILTER_BITS_PER_MEMBER`] bits per member (one bit per id, at a
-//!   multiplicative hash of the id) in front of an exact hash set. The filter has no false
-//!   negatives; an entry that passes it is checked against the hash set.
+//! * **small**: up to [`SMALL_MAX`] ids: a filter of [`SMALL_SLOTS_PER_MEMBER`] one-byte slots
+//!   per member (one slot per id, at a multiplicative hash of the id) in front of the sorted
+//!   ids;
+//! * **sparse**: more ids: a filter of [`FILTER_BITS_PER_MEMBER`] bits per member in front of
+//!   an exact hash set.
+//!
+//! The filters have no false negatives; an entry that passes is checked exactly. One
+//! exception to "proportional": the set a whole report shares (its flat ids, one per report)
+//! may be a bitmap of up to 1 MiB when it holds more than [`SMALL_MAX`] ids, because a
+//! bitmap's exact test is the fastest scan ([`BlockSet::new_shared`]).
 //!
 //! Either way the scan tests chunks of entries without branches (the common case is "no
 //! member") and walks only a chunk in which some entry passed. The null block is never a
@@ -28,6 +35,13 @@ const BITMAP_BITS_PER_MEMBER: u64 = 64;
 const FILTER_BITS_PER_MEMBER: u64 = 128;
 /// Fibonacci hashing: 2^64 / φ, odd.
 const HASH_MUL: u64 = 0x9E37_79B9_7F4A_7C15;
+/// A set shared by a whole report may use a bitmap of up to this many bits (1 MiB) however
+/// sparse its ids.
+const SHARED_BITMAP_BITS: u64 = 8 << 20;
+/// Sets of at most this many ids (that are not dense) use a byte filter.
+const SMALL_MAX: usize = 64;
+/// Byte-filter slots per member.
+const SMALL_SLOTS_PER_MEMBER: usize = 128;
 /// Entries tested per branch-free chunk of the scan.
 const CHUNK: usize = 16;
 
@@ -41,6 +55,13 @@ enum Repr {
         range: u64,
         /// A power-of-two number of words, so the scan indexes with a mask.
         words: Box<[u64]>,
+    },
+    /// Few members: a byte per filter slot (no variable shift in the hot loop).
+    Small {
+        /// A power-of-two number of slots; slot `hash(id) >> shift` is 1 for every member.
+        slots: Box<[u8]>,
+        shift: u32,
+        members: Box<[BlockId]>,
     },
     Sparse {
         /// A power-of-two number of words; bit `hash(id) mod bits` is set for every member.
@@ -59,19 +80,52 @@ pub struct BlockSet {
 /// Filters have at most this many bits: the hash keeps 32 bits.
 const FILTER_MAX_BITS: u64 = 1 << 32;
 
+/// The filter hash: `id · HASH_MUL` with its high half folded onto its low half, so that the
+/// low bits (which pick the filter bit) depend on every bit of the id. Taking the low bits of
+/// the product alone would map runs of consecutive ids — what block tables hold — onto a
+/// fraction of the filter.
+#[inline(always)]
+fn hash(id: BlockId) -> u64 {
+    let h = id.wrapping_mul(HASH_MUL);
+    h ^ (h >> 32)
+}
+
 /// Bit 0 is set when `id` passes the filter. `filter.len()` must be `mask + 1`, a power of
-/// two (then the index needs no bounds check). The hash is the high 32 bits of `id · HASH_MUL`;
-/// its low 6 bits pick the bit, the rest the word (shifts by constants, so the hot loop needs
-/// one variable shift per entry, as the bitmap does).
+/// two (then the index needs no bounds check). The hash's low 6 bits pick the bit, the next
+/// ones the word: shifts by constants, so the hot loop needs one variable shift per entry, as
+/// the bitmap does.
 #[inline(always)]
 fn filter_bit(filter: &[u64], mask: usize, id: BlockId) -> u64 {
-    let h = id.wrapping_mul(HASH_MUL) >> 32;
+    let h = hash(id);
     filter[((h >> 6) as usize) & mask] >> (h & 63)
+}
+
+/// The byte filter's slot of `id`: the top bits of the product (one shift by a loop-invariant
+/// amount).
+#[inline(always)]
+fn slot(id: BlockId, shift: u32) -> usize {
+    (id.wrapping_mul(HASH_MUL) >> shift) as usize
 }
 
 impl BlockSet {
     /// Builds the set of `ids`, leaving out `null_block` (which is never invalid).
     pub fn new(ids: impl IntoIterator<Item = BlockId>, null_block: BlockId) -> Self {
+        Self::build(ids, null_block, 0)
+    }
+
+    /// [`BlockSet::new`] for a set that a whole report shares (the flat ids: one per report,
+    /// whatever the number of groups): where more than [`SMALL_MAX`] ids are spread over a
+    /// range of at most [`SHARED_BITMAP_BITS`], an exact bitmap is faster to scan than the
+    /// filter and costs at most that constant.
+    pub fn new_shared(ids: impl IntoIterator<Item = BlockId>, null_block: BlockId) -> Self {
+        Self::build(ids, null_block, SHARED_BITMAP_BITS)
+    }
+
+    fn build(
+        ids: impl IntoIterator<Item = BlockId>,
+        null_block: BlockId,
+        bitmap_allowance_bits: u64,
+    ) -> Self {
         let mut v: Vec<BlockId> = ids.into_iter().filter(|&id| id != null_block).collect();
         v.sort_unstable();
         v.dedup();
@@ -81,8 +135,13 @@ impl BlockSet {
         let len = v.len();
         // `max − min` ≤ u64::MAX − 1 words' worth is fine: compare word counts, not bits.
         let range_words = (max - min) / 64 + 1;
-        let dense = range_words.saturating_mul(64) <= (len as u64) * BITMAP_BITS_PER_MEMBER;
-        let repr = if dense {
+        let bitmap_bits = (range_words as usize)
+            .checked_next_power_of_two()
+            .map_or(u64::MAX, |w| (w as u64).saturating_mul(64));
+        let dense =
+            range_words.saturating_mul(64) <= (len as u64).saturating_mul(BITMAP_BITS_PER_MEMBER);
+        let allowed = len > SMALL_MAX && bitmap_bits <= bitmap_allowance_bits;
+        let repr = if dense || allowed {
             let range = max - min + 1; // no overflow: dense implies a small range
             let n_words = (range_words as usize).next_power_of_two();
             let mut words = vec![0u64; n_words].into_boxed_slice();
@@ -91,6 +150,18 @@ impl BlockSet {
                 words[(off >> 6) as usize] |= 1 << (off & 63);
             }
             Repr::Bitmap { min, range, words }
+        } else if len <= SMALL_MAX {
+            let n = (len * SMALL_SLOTS_PER_MEMBER).next_power_of_two();
+            let shift = 64 - n.trailing_zeros();
+            let mut slots = vec![0u8; n].into_boxed_slice();
+            for &id in &v {
+                slots[slot(id, shift)] = 1;
+            }
+            Repr::Small {
+                slots,
+                shift,
+                members: v.into_boxed_slice(),
+            }
         } else {
             let bits = (len as u64)
                 .saturating_mul(FILTER_BITS_PER_MEMBER)
@@ -99,7 +170,7 @@ impl BlockSet {
             let mut filter = vec![0u64; (bits / 64) as usize].into_boxed_slice();
             let mask = filter.len() - 1;
             for &id in &v {
-                let h = id.wrapping_mul(HASH_MUL) >> 32;
+                let h = hash(id);
                 filter[((h >> 6) as usize) & mask] |= 1 << (h & 63);
             }
             let mut members = FxHashSet::default();
@@ -131,6 +202,14 @@ impl BlockSet {
                 let off = id.wrapping_sub(*min);
                 off < *range && words[(off >> 6) as usize] & (1 << (off & 63)) != 0
             }
+            Repr::Small {
+                slots,
+                shift,
+                members,
+            } => {
+                slots[slot(id, *shift) & (slots.len() - 1)] != 0
+                    && members.binary_search(&id).is_ok()
+            }
             Repr::Sparse { filter, members } => {
                 filter_bit(filter, filter.len() - 1, id) & 1 != 0 && members.contains(&id)
             }
@@ -154,6 +233,7 @@ impl BlockSet {
                 }
                 out
             }
+            Repr::Small { members, .. } => members.to_vec(),
             Repr::Sparse { members, .. } => {
                 let mut out: Vec<_> = members.iter().copied().collect();
                 out.sort_unstable();
@@ -178,6 +258,22 @@ impl BlockSet {
                     in_range & (words[((off >> 6) as usize) & mask] >> (off & 63))
                 };
                 scan_chunks(table, probe, |id| self.contains(id), &mut on_hit);
+            }
+            Repr::Small {
+                slots,
+                shift,
+                members,
+            } => {
+                let shift = *shift;
+                let mask = slots.len() - 1;
+                let slots = &slots[..=mask];
+                let probe = |id: BlockId| u64::from(slots[slot(id, shift) & mask]);
+                scan_chunks(
+                    table,
+                    probe,
+                    |id| probe(id) != 0 && members.binary_search(&id).is_ok(),
+                    &mut on_hit,
+                );
             }
             Repr::Sparse { filter, members } => {
                 let mask = filter.len() - 1; // len is a power of two
@@ -242,6 +338,7 @@ mod tests {
         match &set.repr {
             Repr::Empty => 0,
             Repr::Bitmap { words, .. } => words.len() * 8,
+            Repr::Small { slots, members, .. } => slots.len() + members.len() * 8,
             Repr::Sparse { filter, members } => filter.len() * 8 + members.capacity() * 9,
         }
     }
@@ -254,7 +351,7 @@ mod tests {
         assert_eq!(small.len(), 3);
         assert_eq!(small.to_sorted_vec(), vec![5, 7, 60]);
         let huge = BlockSet::new([5u64, 7, u64::MAX], 0);
-        assert!(matches!(huge.repr, Repr::Sparse { .. }));
+        assert!(matches!(huge.repr, Repr::Small { .. }));
         assert_eq!(huge.to_sorted_vec(), vec![5, 7, u64::MAX]);
         let table: Vec<u64> = (0..40).chain([60, u64::MAX, 7]).collect();
         assert_eq!(
@@ -267,14 +364,21 @@ mod tests {
         );
         assert!(!small.contains(0) && !small.contains(4) && !small.contains(u64::MAX));
         assert!(!huge.contains(0) && !huge.contains(6) && huge.contains(u64::MAX));
+        // More than SMALL_MAX far-apart ids: the bit filter.
+        let many: Vec<u64> = (0..100u64).map(|i| i << 40).chain([u64::MAX]).collect();
+        let sparse = BlockSet::new(many.iter().copied(), 0);
+        assert!(matches!(sparse.repr, Repr::Sparse { .. }));
+        assert_eq!(sparse.to_sorted_vec()[..3], [1 << 40, 2 << 40, 3 << 40]);
+        assert_eq!(hits(&sparse, &table), vec![(41, u64::MAX)]);
+        assert!(sparse.contains(7 << 40) && !sparse.contains((7 << 40) + 1));
     }
 
     #[test]
     fn memory_is_proportional_to_the_ids() {
-        // Two ids far apart: a few dozen bytes, not a bitmap over the range (2 MiB).
+        // Two ids far apart: a few hundred bytes, not a bitmap over the range (2 MiB).
         let two = BlockSet::new([1u64, 16_777_215], 0);
-        assert!(matches!(two.repr, Repr::Sparse { .. }));
-        assert!(heap_bytes(&two) <= 128, "{} bytes", heap_bytes(&two));
+        assert!(matches!(two.repr, Repr::Small { .. }));
+        assert!(heap_bytes(&two) <= 2 * 136, "{} bytes", heap_bytes(&two));
         // Dense ids: a bitmap of at most 16 bytes per id.
         let dense = BlockSet::new(1000u64..3000, 0);
         assert!(matches!(dense.repr, Repr::Bitmap { .. }));
@@ -283,9 +387,20 @@ mod tests {
         let sparse = BlockSet::new((0..1000u64).map(|i| i * 1_000_003 + 1), 0);
         assert!(matches!(sparse.repr, Repr::Sparse { .. }));
         assert!(heap_bytes(&sparse) <= 1000 * 64, "{}", heap_bytes(&sparse));
+        // A shared set may be a bitmap of up to 1 MiB once it has more than SMALL_MAX ids, never
+        // beyond.
+        let spread = || (0..100u64).map(|i| i * 80_000 + 1);
+        let shared = BlockSet::new_shared(spread(), 0);
+        assert!(matches!(shared.repr, Repr::Bitmap { .. }));
+        assert!(heap_bytes(&shared) <= 1 << 20);
+        assert!(matches!(BlockSet::new(spread(), 0).repr, Repr::Sparse { .. }));
+        let wide = BlockSet::new_shared((0..100u64).map(|i| i * 100_000 + 1), 0);
+        assert!(matches!(wide.repr, Repr::Sparse { .. }));
+        let few = BlockSet::new_shared([1u64, 5_000_000], 0);
+        assert!(matches!(few.repr, Repr::Small { .. }));
         // The whole u64 range with two members stays sparse (no overflow in the range test).
         let ends = BlockSet::new([1u64, u64::MAX], 0);
-        assert!(matches!(ends.repr, Repr::Sparse { .. }) && ends.contains(1));
+        assert!(matches!(ends.repr, Repr::Small { .. }) && ends.contains(1));
         let ends = BlockSet::new([0u64, u64::MAX], 7);
         assert!(ends.contains(0) && ends.contains(u64::MAX) && !ends.contains(1));
     }
@@ -330,7 +445,7 @@ mod tests {
         };
         for round in 0..200 {
             let spread = [8u64, 64, 1 << 12, 1 << 20, u64::MAX][round % 5];
-            let n = (next() % 40) as usize;
+            let n = (next() % 200) as usize;
             let ids: Vec<u64> = (0..n).map(|_| next() % spread).collect();
             let set = BlockSet::new(ids.iter().copied(), 3);
             let table: Vec<u64> = (0..(next() % 100))
@@ -352,6 +467,58 @@ mod tests {
             for &id in &table {
                 assert_eq!(set.contains(id), id != 3 && ids.contains(&id));
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod filter_quality {
+    use super::*;
+
+    /// Entries of `table` that pass `set`'s filter.
+    fn passing(set: &BlockSet, table: &[BlockId]) -> usize {
+        match &set.repr {
+            Repr::Small { slots, shift, .. } => table
+                .iter()
+                .filter(|&&id| slots[slot(id, *shift) & (slots.len() - 1)] != 0)
+                .count(),
+            Repr::Sparse { filter, .. } => table
+                .iter()
+                .filter(|&&id| filter_bit(filter, filter.len() - 1, id) & 1 != 0)
+                .count(),
+            _ => panic!("not a filtered set"),
+        }
+    }
+
+    /// Against a run of consecutive ids (what tables hold), the filters pass about as many
+    /// entries as their share of set slots predicts: the hash spreads consecutive ids.
+    #[test]
+    fn consecutive_ids_are_spread() {
+        let table: Vec<u64> = (1..=875_000).collect();
+        let mut x = 12345u64;
+        for n in [10usize, 64, 65, 500, 5000] {
+            let ids: Vec<u64> = (0..n)
+                .map(|_| {
+                    x = x
+                        .wrapping_mul(6_364_136_223_846_793_005)
+                        .wrapping_add(1_442_695_040_888_963_407);
+                    1 + (x >> 33) % 875_000
+                })
+                .collect();
+            let set = BlockSet::new(ids.iter().copied(), 0);
+            let per_member = if n <= SMALL_MAX {
+                SMALL_SLOTS_PER_MEMBER as f64
+            } else {
+                FILTER_BITS_PER_MEMBER as f64
+            };
+            // Expected: every member's own entry plus a false-positive share of at most
+            // 1 / per_member of the rest.
+            let expected = n as f64 + table.len() as f64 / per_member;
+            let got = passing(&set, &table) as f64;
+            assert!(
+                got < 2.0 * expected,
+                "{n} ids: {got} entries pass, expected ≈ {expected}"
+            );
         }
     }
 }

@@ -23,7 +23,7 @@ pub struct InvalidSet {
 impl InvalidSet {
     /// A flat report: every id matches in every group.
     pub fn flat(ids: impl IntoIterator<Item = BlockId>, geo: &Geometry) -> Self {
-        let flat = BlockSet::new(ids, geo.null_block());
+        let flat = BlockSet::new_shared(ids, geo.null_block());
         InvalidSet {
             empty: flat.is_empty(),
             flat,
@@ -47,7 +47,7 @@ impl InvalidSet {
                 groups: geo.num_groups(),
             });
         }
-        let flat = BlockSet::new(flat, geo.null_block());
+        let flat = BlockSet::new_shared(flat, geo.null_block());
         let mut sets: Vec<BlockSet> = by_group
             .iter()
             .map(|ids| BlockSet::new(ids.into_iter().copied(), geo.null_block()))
