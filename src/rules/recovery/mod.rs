@@ -23,9 +23,12 @@
 //!
 //! # Cost
 //!
-//! [`scan_request`] is `O(entries scanned)` with a branch-free bitmap test per entry (see
-//! [`BlockSet`](crate::rules::blockset::BlockSet)); [`decide`](fn@decide) is `O(hits)` plus,
-//! in mode `safe` and only for a request with a new hit, `O(table length)`.
+//! [`scan_request`] is `O(entries scanned)` with a branch-free membership test per entry (a
+//! bitmap where the report's ids are dense, else a hashed filter in front of an exact set);
+//! [`decide`](fn@decide) is `O(hits)` plus, for a request with a new hit, `O(its entries)` for
+//! the evictions and, in mode `safe`, the resumable boundary — however many groups there are.
+//! An [`InvalidSet`] takes memory in proportion to the ids it names. Tracing
+//! ([`trace`]) is free when off.
 //!
 //! # Layout
 //!
