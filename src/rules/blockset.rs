@@ -393,7 +393,10 @@ mod tests {
         let shared = BlockSet::new_shared(spread(), 0);
         assert!(matches!(shared.repr, Repr::Bitmap { .. }));
         assert!(heap_bytes(&shared) <= 1 << 20);
-        assert!(matches!(BlockSet::new(spread(), 0).repr, Repr::Sparse { .. }));
+        assert!(matches!(
+            BlockSet::new(spread(), 0).repr,
+            Repr::Sparse { .. }
+        ));
         let wide = BlockSet::new_shared((0..100u64).map(|i| i * 100_000 + 1), 0);
         assert!(matches!(wide.repr, Repr::Sparse { .. }));
         let few = BlockSet::new_shared([1u64, 5_000_000], 0);
