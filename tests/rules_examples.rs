@@ -810,6 +810,39 @@ fn validation_errors() {
         .to_string(),
         "2 tables given, 3 groups configured"
     );
+    // One of a thing is singular.
+    for (e, text) in [
+        (
+            RecoveryError::TableCount {
+                given: 2,
+                groups: 1,
+            },
+            "2 tables given, 1 group configured",
+        ),
+        (
+            RecoveryError::TableCount {
+                given: 1,
+                groups: 2,
+            },
+            "1 table given, 2 groups configured",
+        ),
+        (
+            RecoveryError::ReportGroupCount {
+                given: 1,
+                groups: 2,
+            },
+            "1 list given, 2 groups configured",
+        ),
+        (
+            RecoveryError::ReportGroupCount {
+                given: 0,
+                groups: 1,
+            },
+            "0 lists given, 1 group configured",
+        ),
+    ] {
+        assert_eq!(e.to_string(), text);
+    }
 }
 
 #[test]

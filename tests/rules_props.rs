@@ -8,9 +8,10 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 use kvsched::rules::geometry::{BlockId, CacheGroup, Geometry, GroupKind, MambaMode};
+use kvsched::rules::recovery::trace::{BoundaryRule, Unusable};
 use kvsched::rules::recovery::{
-    recover, validate_requests, Disposition, InvalidSet, Mode, Outcome, Policy, Request,
-    RequestClass,
+    recover, recover_explained, validate_requests, Disposition, HitOwner, InvalidSet, Mode,
+    Outcome, Policy, Request, RequestClass,
 };
 use proptest::prelude::*;
 
@@ -882,6 +883,133 @@ fn check_safe_below_vllm(case: &Case) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// (h) The explanation is the decision's own: `recover_explained` gives `recover`'s outcome,
+/// and its traces agree with the model above — scan ranges, hits and their owners, the chosen
+/// boundary and its rule, in mode `safe` every candidate between the boundary and the first
+/// one rejected by a group that really lacks the entry it names, and the wait edges.
+fn check_explained(case: &Case) -> Result<(), TestCaseError> {
+    let s = case.s();
+    let null = case.geo.null_block();
+    for mode in MODES {
+        let own = ownership(case, mode);
+        for policy in POLICIES {
+            let invalid = case.invalid_set();
+            let plain = recover(&case.geo, mode, policy, &case.requests, &invalid);
+            let (out, traces) =
+                recover_explained(&case.geo, mode, policy, &case.requests, &invalid);
+            prop_assert_eq!(&out, &plain);
+            prop_assert_eq!(traces.len(), case.requests.len());
+            for (r, (d, t)) in out.requests.iter().zip(&traces).enumerate() {
+                let ctx = format!("{mode:?}/{policy:?} request {r}");
+                let q = &case.requests[r];
+                let p = case.p(r);
+                let ranges: Vec<(usize, usize)> = case
+                    .geo
+                    .groups()
+                    .iter()
+                    .enumerate()
+                    .map(|(g, grp)| {
+                        let n = p
+                            .div_ceil(grp.block_size)
+                            .min(q.block_tables[g].len() as u64);
+                        (g, n as usize)
+                    })
+                    .collect();
+                let got: Vec<(usize, usize)> =
+                    t.scan.iter().map(|x| (x.group, x.entries)).collect();
+                prop_assert_eq!(got, ranges, "{}", ctx);
+                let hits: Vec<(usize, usize, BlockId, u64, usize)> = t
+                    .hits
+                    .iter()
+                    .map(|(h, o)| {
+                        let owner = match o {
+                            HitOwner::Mine => r,
+                            HitOwner::Other(o) => *o,
+                        };
+                        (
+                            h.group as usize,
+                            h.index as usize,
+                            h.block,
+                            h.position,
+                            owner,
+                        )
+                    })
+                    .collect();
+                let want: Vec<(usize, usize, BlockId, u64, usize)> = own[r]
+                    .iter()
+                    .map(|(h, o)| (h.g, h.idx, h.id, h.pos, *o))
+                    .collect();
+                prop_assert_eq!(hits, want, "{}", ctx);
+                let (boundary, rule) = t.chosen.expect("every request has a chosen boundary");
+                prop_assert_eq!(boundary, d.num_computed_tokens, "{}", ctx);
+                let earliest = min_new_pos(&own[r], r);
+                match (earliest, mode) {
+                    (None, _) if own[r].is_empty() => prop_assert_eq!(rule, BoundaryRule::NoHit),
+                    (None, _) => prop_assert_eq!(rule, BoundaryRule::OldHitsOnly),
+                    (Some(e), Mode::Vllm) => {
+                        prop_assert_eq!(rule, BoundaryRule::VllmRoundDown { earliest_new: e })
+                    }
+                    (Some(e), Mode::Safe) => {
+                        prop_assert_eq!(rule, BoundaryRule::SafeResumable { earliest_new: e });
+                        let c = t.candidates.expect("safe with a new hit has candidates");
+                        prop_assert_eq!(c.earliest_new, e);
+                        prop_assert!(c.start <= e && c.start % s == 0 && c.start >= boundary);
+                        // Every candidate above the boundary is rejected, by groups that lack
+                        // the entry they name; none at or below it.
+                        let mut cand = c.start;
+                        while cand > boundary {
+                            prop_assert!(
+                                t.rejected.iter().any(|x| x.candidate == cand),
+                                "{}: candidate {} not rejected",
+                                ctx,
+                                cand
+                            );
+                            cand -= s;
+                        }
+                        for x in &t.rejected {
+                            prop_assert!(x.candidate > boundary && x.candidate <= c.start);
+                            let grp = case.geo.groups()[x.group];
+                            let table = &q.block_tables[x.group];
+                            let i = x.index as usize;
+                            let hi = x.candidate / grp.block_size;
+                            let lo = match grp.kind {
+                                GroupKind::FullAttention => 0,
+                                GroupKind::SlidingWindow { window } => {
+                                    (x.candidate + 1).saturating_sub(window) / grp.block_size
+                                }
+                                GroupKind::Mamba { .. } => hi - 1,
+                            };
+                            prop_assert!(lo <= x.index && x.index < hi, "{}: {:?}", ctx, x);
+                            let mine = own[r]
+                                .iter()
+                                .any(|(h, o)| *o == r && h.g == x.group && h.idx == i);
+                            let ok = match x.why {
+                                Unusable::Missing => i >= table.len(),
+                                Unusable::Null => table.get(i) == Some(&null),
+                                Unusable::OwnNewHit(b) => mine && table.get(i) == Some(&b),
+                            };
+                            prop_assert!(ok, "{}: {:?} does not hold", ctx, x);
+                        }
+                    }
+                }
+                let waits_apply = mode == Mode::Safe && policy == Policy::Recompute;
+                let old: Vec<(BlockId, u64, usize, bool)> = t
+                    .old_hits
+                    .iter()
+                    .map(|w| (w.block, w.position, w.owner, w.waits))
+                    .collect();
+                let want: Vec<(BlockId, u64, usize, bool)> = own[r]
+                    .iter()
+                    .filter(|(_, o)| *o != r)
+                    .map(|(h, o)| (h.id, h.pos, *o, waits_apply && h.pos < boundary))
+                    .collect();
+                prop_assert_eq!(old, want, "{}", ctx);
+            }
+        }
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(config(1000))]
 
@@ -928,6 +1056,11 @@ proptest! {
     #[test]
     fn g_safe_at_or_below_vllm_all_sync(case in case_strategy(4, 3, Some(false))) {
         check_safe_below_vllm(&case)?;
+    }
+
+    #[test]
+    fn h_explanation_is_the_decisions_own(case in case_strategy(4, 3, None)) {
+        check_explained(&case)?;
     }
 }
 

@@ -5,13 +5,18 @@
 //! * `kvsched stress [FLAGS]` — drive the runtime with a simulated engine and print a report
 //!   (exit 1 when an invariant was violated).
 //!
-//! Errors print `error: <one line>` on stderr and exit with code 2.
+//! Errors print `error: <one line>` on stderr. Bad input and usage errors exit with code 2;
+//! replay's output that cannot be written exits with code 1, or quietly with 141 when the
+//! reader went away (a broken pipe).
 
 use std::ffi::OsString;
 use std::io::Write;
 use std::process::ExitCode;
 
-use crate::tools::replay::{load_scenario, render_outcome};
+use crate::tools::replay::{
+    load_scenario, render_explain_text, render_outcome, render_outcome_explained,
+    DEFAULT_MAX_INPUT_BYTES, MAX_BENCH_RUNS,
+};
 use crate::tools::stress::{
     render_human, render_json, render_svg, run_stress_with_progress, terminal_progress,
     StressConfig,
@@ -54,18 +59,31 @@ struct ReplayArgs {
     /// Scenario file (JSON), or `-` for standard input.
     #[arg(value_name = "FILE")]
     file: OsString,
-    /// Also time the recovery (not the parsing) N times and print `recovery_ns_median=<ns>`
-    /// on stderr.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    /// Also time the recovery (not the parsing) N times (1 to 1,000,000) and print
+    /// `recovery_ns_median=<ns>` on stderr.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=MAX_BENCH_RUNS))]
     bench: Option<u64>,
+    /// Explain every decision: `--explain` (or `--explain=json`) adds an `explain` key to the
+    /// outcome JSON; `--explain=text` prints the explanation as plain lines instead.
+    #[arg(long, value_enum, value_name = "FORMAT", num_args = 0..=1, require_equals = true, default_missing_value = "json")]
+    explain: Option<ExplainFormat>,
     /// Which engine applies the rules: `sequential` (marked sets in canonical order) or
     /// `runtime` (the runtime's claim path: requests spread over shard threads, the real claim
     /// table). Both print the same outcome.
     #[arg(long, value_enum, default_value_t = Engine::Sequential)]
     engine: Engine,
+    /// Read at most N bytes of input (default 256 MiB); a longer input is an error.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_INPUT_BYTES, value_parser = clap::value_parser!(u64).range(1..))]
+    max_input_bytes: u64,
     /// Shard threads for `--engine runtime` (1–64).
     #[arg(long, value_name = "K", default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=64))]
     shards: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum ExplainFormat {
+    Json,
+    Text,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -89,7 +107,7 @@ pub fn main() -> ExitCode {
         Err(e) => return fail(&clap_error_line(&e)),
     };
     let result = match cli.command {
-        Command::Replay(args) => replay(&args).map(|()| ExitCode::SUCCESS),
+        Command::Replay(args) => return replay(&args),
         Command::Stress(args) => stress(&args),
     };
     match result {
@@ -97,6 +115,12 @@ pub fn main() -> ExitCode {
         Err(message) => fail(&message),
     }
 }
+
+/// Exit code when the output could not be written (stdout closed, a full disk, …).
+const EXIT_OUTPUT: u8 = 1;
+/// Exit code, without a message, when the reader of stdout went away (a broken pipe): the
+/// status a shell shows for a process killed by SIGPIPE.
+const EXIT_BROKEN_PIPE: u8 = 141;
 
 /// Exit code when a stress run violated an invariant.
 const EXIT_INVARIANT: u8 = 1;
@@ -138,28 +162,80 @@ fn stress(args: &StressArgs) -> Result<ExitCode, String> {
     Ok(ExitCode::from(EXIT_INVARIANT))
 }
 
-fn replay(args: &ReplayArgs) -> Result<(), String> {
-    let scenario = load_scenario(&args.file).map_err(|e| e.to_string())?;
-    let outcome = match args.engine {
-        Engine::Sequential => scenario.run(),
-        Engine::Runtime => crate::tools::parallel::recover_sharded(
-            &scenario.geometry,
-            scenario.mode,
-            scenario.policy,
-            &scenario.requests,
-            &scenario.invalid,
-            args.shards as usize,
-        ),
+fn replay(args: &ReplayArgs) -> ExitCode {
+    let scenario = match load_scenario(&args.file, args.max_input_bytes) {
+        Ok(s) => s,
+        Err(e) => return fail(&e.to_string()),
     };
-    let text = render_outcome(&scenario, &outcome);
+    let text = match (args.explain, args.engine) {
+        (Some(_), Engine::Runtime) => {
+            return fail("--explain explains the sequential engine; leave out --engine runtime")
+        }
+        (Some(format), Engine::Sequential) => {
+            let (outcome, traces) = scenario.run_explained();
+            match format {
+                ExplainFormat::Json => render_outcome_explained(&scenario, &outcome, &traces),
+                ExplainFormat::Text => render_explain_text(&scenario, &outcome, &traces),
+            }
+        }
+        (None, engine) => {
+            let outcome = match engine {
+                Engine::Sequential => scenario.run(),
+                Engine::Runtime => crate::tools::parallel::recover_sharded(
+                    &scenario.geometry,
+                    scenario.mode,
+                    scenario.policy,
+                    &scenario.requests,
+                    &scenario.invalid,
+                    args.shards as usize,
+                ),
+            };
+            render_outcome(&scenario, &outcome)
+        }
+    };
     if let Some(runs) = args.bench {
         let ns = scenario.bench_recovery_ns(runs);
         let _ = writeln!(std::io::stderr(), "recovery_ns_median={ns}");
     }
+    drop(scenario);
+    match write_stdout(text.as_bytes()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::from(EXIT_BROKEN_PIPE),
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "error: stdout: {e}");
+            ExitCode::from(EXIT_OUTPUT)
+        }
+    }
+}
+
+/// Writes `bytes` to standard output and flushes it. A closed stdout is an error: Rust's
+/// runtime reopens a closed standard descriptor on `/dev/null` before `main`, where writes
+/// would vanish, so that case is recognised (on Linux: stdout is `/dev/null` opened for
+/// reading and writing, which a shell's `> /dev/null` never does).
+fn write_stdout(bytes: &[u8]) -> std::io::Result<()> {
+    if stdout_was_closed() {
+        return Err(std::io::Error::other("closed (the output would be lost)"));
+    }
     let mut out = std::io::stdout().lock();
-    out.write_all(text.as_bytes())
-        .and_then(|()| out.flush())
-        .map_err(|e| format!("stdout: {e}"))
+    out.write_all(bytes).and_then(|()| out.flush())
+}
+
+#[cfg(target_os = "linux")]
+fn stdout_was_closed() -> bool {
+    let is_null =
+        std::fs::read_link("/proc/self/fd/1").is_ok_and(|p| p == std::path::Path::new("/dev/null"));
+    is_null
+        && std::fs::read_to_string("/proc/self/fdinfo/1").is_ok_and(|info| {
+            info.lines()
+                .find_map(|l| l.strip_prefix("flags:"))
+                .and_then(|f| u32::from_str_radix(f.trim(), 8).ok())
+                .is_some_and(|flags| flags & 0o3 == 0o2) // O_RDWR
+        })
+}
+
+#[cfg(not(target_os = "linux"))]
+fn stdout_was_closed() -> bool {
+    false
 }
 
 /// Prints `error: <message>` (forced onto one line) and returns exit code 2.

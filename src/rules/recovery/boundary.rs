@@ -2,6 +2,7 @@
 //! request with a new hit can restart so that every cache group has the state it needs.
 
 use crate::rules::geometry::{Geometry, GroupKind};
+use crate::rules::recovery::trace::{Candidates, Event, ShortTable, Trace, Unusable};
 use crate::rules::recovery::{scan_len, Hit, HitOwner, RequestView};
 
 /// The resumable boundary (`docs/rules.md#the-resumable-boundary`): the largest multiple `c` of
@@ -11,72 +12,162 @@ use crate::rules::recovery::{scan_len, Hit, HitOwner, RequestView};
 /// non-null) and not a new hit of this request (another request's block counts as valid: the
 /// request waits for it):
 /// `full_attention` `[0, c/b)`; `sliding_window` the entries holding tokens
-/// `[max(0, c − window + 1), c)`; `mamba` `[c/b − 1, c/b)`. Every kind needs `hi = c/b ≤ len`,
-/// so candidates start at `min(earliest_new, min_g len_g · b_g)` and there are at most
-/// `min_g len_g + 1` of them; each is checked in `O(groups)` with per-group prefix counts of
-/// unusable entries.
-pub(super) fn resumable_boundary<O>(
+/// `[max(0, c − window + 1), c)`; `mamba` `[c/b − 1, c/b)`. Every kind needs `hi = c/b ≤ len`
+/// (except a one-token window, which needs nothing), so candidates start at
+/// `min(earliest_new, min_g len_g · b_g)` rounded down to `S`, and there are at most
+/// `min_g len_g + 1` of them.
+///
+/// Cost: one pass over the hits and over each group's entries below the first candidate, to
+/// build per-group prefix counts of unusable entries; then `O(groups)` per candidate. In all
+/// `O(hits + Σ_g len_g)`: linear in the request's size, however many groups there are.
+///
+/// With a tracing sink, every group that rejects a candidate reports the first unusable entry
+/// it needs ([`Event::Rejected`]).
+pub(super) fn resumable_boundary<O: Clone, T: Trace<O>>(
     geo: &Geometry,
     req: RequestView<'_>,
     hits: &[Hit],
     owners: &[HitOwner<O>],
     earliest_new: u64,
+    trace: &mut T,
 ) -> u64 {
     let groups = geo.groups();
     // Every kind needs entry `c/b − 1` at `c > 0`, except a sliding window of one token,
     // whose range `[c, c)` is empty.
-    let cap = groups
-        .iter()
-        .zip(req.block_tables)
-        .filter(|(g, _)| g.kind != GroupKind::SlidingWindow { window: 1 })
-        .map(|(g, t)| (t.len() as u64).saturating_mul(g.block_size))
-        .fold(earliest_new, u64::min);
+    let mut cap = earliest_new;
+    let mut short_table = None;
+    for (g, (group, table)) in groups.iter().zip(req.block_tables).enumerate() {
+        if group.kind == (GroupKind::SlidingWindow { window: 1 }) {
+            continue;
+        }
+        let held = (table.len() as u64).saturating_mul(group.block_size);
+        if held < cap {
+            cap = held;
+            short_table = Some(ShortTable {
+                group: g,
+                len: table.len(),
+            });
+        }
+    }
     let start = geo.round_down_to_s(cap);
+    if T::ON {
+        let short_table = short_table.filter(|_| start < geo.round_down_to_s(earliest_new));
+        trace.event(Event::Candidates(Candidates {
+            earliest_new,
+            start,
+            short_table,
+        }));
+    }
     if start == 0 {
         return 0;
     }
-    // bad[g][i] = number of unusable entries among table[g][..i], for i ≤ start / b_g
-    // (≤ len, see above).
+
+    // One buffer for every group: group g's prefix counts occupy `offsets[g] ..= offsets[g] +
+    // n_g`, where `n_g = min(start / b_g, len_g)` and `count[offsets[g] + i]` is the number of
+    // unusable entries among `table[g][..i]`.
     let null = geo.null_block();
-    let mut bad: Vec<Vec<u32>> = Vec::with_capacity(groups.len());
-    for (g, (group, table)) in groups.iter().zip(req.block_tables).enumerate() {
-        let n = scan_len(start / group.block_size, table.len());
-        let mut unusable = vec![false; n];
-        for (i, &id) in table[..n].iter().enumerate() {
-            unusable[i] = id == null;
-        }
-        for (h, o) in hits.iter().zip(owners) {
-            if h.group as usize == g && matches!(o, HitOwner::Mine) && (h.index as usize) < n {
-                unusable[h.index as usize] = true;
-            }
-        }
-        let mut prefix = Vec::with_capacity(n + 1);
-        let mut acc = 0u32;
-        prefix.push(0);
-        for u in unusable {
-            acc += u32::from(u);
-            prefix.push(acc);
-        }
-        bad.push(prefix);
+    let mut offsets = Vec::with_capacity(groups.len());
+    let mut total = 0usize;
+    for (group, table) in groups.iter().zip(req.block_tables) {
+        offsets.push(total);
+        total = total.saturating_add(scan_len(start / group.block_size, table.len()) + 1);
     }
+    let mut count = vec![0usize; total];
+    // Flags first (`count[offset + 1 + i] = 1` when entry i is unusable), then prefix sums.
+    for ((group, table), &off) in groups.iter().zip(req.block_tables).zip(&offsets) {
+        let n = scan_len(start / group.block_size, table.len());
+        for (slot, &id) in count[off + 1..=off + n].iter_mut().zip(&table[..n]) {
+            *slot = usize::from(id == null);
+        }
+    }
+    for (h, o) in hits.iter().zip(owners) {
+        let g = h.group as usize;
+        let (Some(group), Some(table), Some(&off)) =
+            (groups.get(g), req.block_tables.get(g), offsets.get(g))
+        else {
+            continue;
+        };
+        let n = scan_len(start / group.block_size, table.len());
+        if matches!(o, HitOwner::Mine) && (h.index as usize) < n {
+            count[off + 1 + h.index as usize] = 1;
+        }
+    }
+    for ((group, table), &off) in groups.iter().zip(req.block_tables).zip(&offsets) {
+        let n = scan_len(start / group.block_size, table.len());
+        for i in off + 1..=off + n {
+            count[i] += count[i - 1];
+        }
+    }
+
     let s = geo.scheduler_block_size();
     let mut c = start;
     while c > 0 {
-        let ok = groups.iter().zip(&bad).all(|(group, prefix)| {
+        let mut ok = true;
+        for (g, ((group, table), &off)) in groups
+            .iter()
+            .zip(req.block_tables)
+            .zip(&offsets)
+            .enumerate()
+        {
             let b = group.block_size;
-            let hi = c / b; // ≤ prefix.len() - 1 by construction of `start`
+            let n = scan_len(start / b, table.len());
+            let hi = c / b; // ≤ n by construction of `start`, except for a one-token window
             let lo = match group.kind {
                 GroupKind::FullAttention => 0,
                 GroupKind::SlidingWindow { window } => c.saturating_sub(window - 1) / b,
                 GroupKind::Mamba { .. } => hi - 1,
             };
+            if lo >= hi {
+                continue;
+            }
             let (lo, hi) = (lo as usize, hi as usize);
-            lo >= hi || (hi < prefix.len() && prefix[hi] == prefix[lo])
-        });
+            let prefix = &count[off..=off + n];
+            if hi < prefix.len() && prefix[hi] == prefix[lo] {
+                continue;
+            }
+            ok = false;
+            if !T::ON {
+                break;
+            }
+            let (index, why) = first_unusable(prefix, lo, hi, table, null);
+            trace.event(Event::Rejected {
+                candidate: c,
+                group: g,
+                index,
+                why,
+            });
+        }
         if ok {
             return c;
         }
         c -= s;
     }
     0
+}
+
+/// The first unusable entry in `[lo, hi)` of a group whose `prefix` counts (over its first
+/// `prefix.len() − 1` entries) show one, for a rejection's reason: found by binary search on
+/// the counts. An unusable entry that is not null is one of the request's own new hits.
+fn first_unusable(
+    prefix: &[usize],
+    lo: usize,
+    hi: usize,
+    table: &[u64],
+    null: u64,
+) -> (u64, Unusable) {
+    let n = prefix.len().saturating_sub(1);
+    let top = hi.min(n);
+    if lo < top && prefix[top] > prefix[lo] {
+        let base = prefix[lo];
+        // The least j in (lo, top] with prefix[j] > prefix[lo]; entry j − 1 is unusable.
+        let j = lo + 1 + prefix[lo + 1..=top].partition_point(|&x| x == base);
+        let index = j - 1;
+        let why = match table.get(index) {
+            Some(&id) if id != null => Unusable::OwnNewHit(id),
+            _ => Unusable::Null,
+        };
+        return (index as u64, why);
+    }
+    // Nothing unusable among the counted entries: the table ends before `hi`.
+    (top.max(lo) as u64, Unusable::Missing)
 }

@@ -3,6 +3,7 @@
 
 use crate::rules::geometry::{BlockId, Geometry};
 use crate::rules::recovery::boundary::resumable_boundary;
+use crate::rules::recovery::trace::{BoundaryRule, Event, NoTrace, Trace};
 use crate::rules::recovery::{scan_len, Hit, Mode, Policy, RequestClass, RequestView};
 
 /// Who recomputes a hit's block.
@@ -81,8 +82,37 @@ pub fn decide<O: Ord + Clone>(
     hits: &[Hit],
     owners: &[HitOwner<O>],
 ) -> Decision<O> {
+    decide_traced(geo, mode, policy, req, hits, owners, &mut NoTrace)
+}
+
+/// [`decide`], reporting its reasons to `trace` (see [`Trace`]): every hit with its owner, in
+/// mode `safe` the candidate boundaries and each group's reason for rejecting one, the chosen
+/// boundary and its rule, and every old hit with whether it is a wait edge.
+pub fn decide_traced<O: Ord + Clone, T: Trace<O>>(
+    geo: &Geometry,
+    mode: Mode,
+    policy: Policy,
+    req: RequestView<'_>,
+    hits: &[Hit],
+    owners: &[HitOwner<O>],
+    trace: &mut T,
+) -> Decision<O> {
     debug_assert_eq!(hits.len(), owners.len());
+    if T::ON {
+        for (h, o) in hits.iter().zip(owners) {
+            trace.event(Event::Hit {
+                hit: *h,
+                owner: o.clone(),
+            });
+        }
+    }
     if hits.is_empty() {
+        if T::ON {
+            trace.event(Event::Chosen {
+                boundary: req.num_computed_tokens,
+                rule: BoundaryRule::NoHit,
+            });
+        }
         return Decision::unaffected(req.num_computed_tokens);
     }
     let p = req.pre_step_tokens();
@@ -92,16 +122,28 @@ pub fn decide<O: Ord + Clone>(
         .filter(|(_, o)| matches!(o, HitOwner::Mine))
         .map(|(h, _)| h.position)
         .min();
-    let (nct, affected_tokens) = match min_new {
+    let (nct, affected_tokens, rule) = match min_new {
         Some(pos) => {
-            let boundary = match mode {
-                Mode::Vllm => geo.round_down_to_s(pos),
-                Mode::Safe => resumable_boundary(geo, req, hits, owners, pos),
+            let (boundary, rule) = match mode {
+                Mode::Vllm => (
+                    geo.round_down_to_s(pos),
+                    BoundaryRule::VllmRoundDown { earliest_new: pos },
+                ),
+                Mode::Safe => (
+                    resumable_boundary(geo, req, hits, owners, pos, trace),
+                    BoundaryRule::SafeResumable { earliest_new: pos },
+                ),
             };
-            (boundary, p - boundary)
+            (boundary, p.saturating_sub(boundary), rule)
         }
-        None => (p, req.num_scheduled_tokens),
+        None => (p, req.num_scheduled_tokens, BoundaryRule::OldHitsOnly),
     };
+    if T::ON {
+        trace.event(Event::Chosen {
+            boundary: nct,
+            rule,
+        });
+    }
     let disposition = match (policy, req.class) {
         (Policy::Fail, _) => Disposition::Failed,
         (Policy::Recompute, RequestClass::Async) => Disposition::FailedRecving,
@@ -116,19 +158,27 @@ pub fn decide<O: Ord + Clone>(
     claimed_blocks.sort_unstable();
     claimed_blocks.dedup();
 
+    let waits_apply = mode == Mode::Safe && policy == Policy::Recompute;
     let mut waits_for = Vec::new();
-    if mode == Mode::Safe && policy == Policy::Recompute {
-        for (h, o) in hits.iter().zip(owners) {
-            if let HitOwner::Other(owner) = o {
-                if h.position < nct {
-                    waits_for.push((h.block, owner.clone()));
-                }
+    for (h, o) in hits.iter().zip(owners) {
+        if let HitOwner::Other(owner) = o {
+            let waits = waits_apply && h.position < nct;
+            if waits {
+                waits_for.push((h.block, owner.clone()));
+            }
+            if T::ON {
+                trace.event(Event::OldHit {
+                    block: h.block,
+                    position: h.position,
+                    owner: owner.clone(),
+                    waits,
+                });
             }
         }
-        // One entry per id: the least owner.
-        waits_for.sort_unstable();
-        waits_for.dedup_by(|later, first| later.0 == first.0);
     }
+    // One entry per id: the least owner.
+    waits_for.sort_unstable();
+    waits_for.dedup_by(|later, first| later.0 == first.0);
 
     let applies_eviction = min_new.is_some()
         && match mode {

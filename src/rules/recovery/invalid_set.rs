@@ -1,5 +1,7 @@
-//! A failure report as the scan reads it: per cache group, the set of block ids that match
-//! there (a flat report's ids match in every group, a group-qualified list only in its group).
+//! A failure report as the scan reads it: the flat ids (which match in every cache group) in
+//! one membership set shared by all groups, and each group's qualified ids (which match only
+//! there) in a set of their own. Memory is proportional to the ids reported: a flat id is
+//! stored once however many groups there are, and a group's set holds only its own list.
 
 use crate::rules::blockset::BlockSet;
 use crate::rules::geometry::{BlockId, Geometry};
@@ -9,18 +11,23 @@ use crate::rules::recovery::RecoveryError;
 /// group (an id matches only in its group). The null block is never a member.
 #[derive(Clone, Debug)]
 pub struct InvalidSet {
-    /// Per group: the ids that match there. When the report is flat only, every group shares
-    /// `sets[0]` and `shared` is true.
-    sets: Vec<BlockSet>,
-    shared: bool,
+    /// Matches in every group.
+    flat: BlockSet,
+    /// Per group, the ids that match only there; empty when the report has no non-empty
+    /// group-qualified list.
+    by_group: Vec<BlockSet>,
+    /// No (non-null) id at all.
+    empty: bool,
 }
 
 impl InvalidSet {
     /// A flat report: every id matches in every group.
     pub fn flat(ids: impl IntoIterator<Item = BlockId>, geo: &Geometry) -> Self {
+        let flat = BlockSet::new_shared(ids, geo.null_block());
         InvalidSet {
-            sets: vec![BlockSet::new(ids, geo.null_block())],
-            shared: true,
+            empty: flat.is_empty(),
+            flat,
+            by_group: Vec::new(),
         }
     }
 
@@ -40,34 +47,106 @@ impl InvalidSet {
                 groups: geo.num_groups(),
             });
         }
-        let flat: Vec<BlockId> = flat.into_iter().collect();
-        let sets = by_group
+        let flat = BlockSet::new_shared(flat, geo.null_block());
+        let mut sets: Vec<BlockSet> = by_group
             .iter()
-            .map(|ids| {
-                BlockSet::new(
-                    flat.iter().copied().chain(ids.into_iter().copied()),
-                    geo.null_block(),
-                )
-            })
+            .map(|ids| BlockSet::new(ids.into_iter().copied(), geo.null_block()))
             .collect();
+        if sets.iter().all(BlockSet::is_empty) {
+            sets = Vec::new();
+        }
         Ok(InvalidSet {
-            sets,
-            shared: false,
+            empty: flat.is_empty() && sets.is_empty(),
+            flat,
+            by_group: sets,
         })
     }
 
-    /// The ids that match in group `g`.
+    /// Whether `id` matches in group `g`: it is in the flat report or in group `g`'s list,
+    /// and it is not the null block.
+    pub fn contains(&self, g: usize, id: BlockId) -> bool {
+        self.flat.contains(id) || self.by_group.get(g).is_some_and(|s| s.contains(id))
+    }
+
+    /// Calls `on_hit(index, id)` for every entry of `table` (group `g`'s) that matches, in
+    /// ascending index order.
     #[inline]
-    pub fn group(&self, g: usize) -> &BlockSet {
-        if self.shared {
-            &self.sets[0]
-        } else {
-            &self.sets[g]
+    pub(crate) fn scan_group(
+        &self,
+        g: usize,
+        table: &[BlockId],
+        mut on_hit: impl FnMut(usize, BlockId),
+    ) {
+        match self.by_group.get(g).filter(|s| !s.is_empty()) {
+            None => self.flat.scan(table, on_hit),
+            Some(own) if self.flat.is_empty() => own.scan(table, on_hit),
+            Some(own) => {
+                for (i, &id) in table.iter().enumerate() {
+                    if self.flat.contains(id) || own.contains(id) {
+                        on_hit(i, id);
+                    }
+                }
+            }
         }
     }
 
+    /// Whether group `g` can have a hit at all.
+    #[inline]
+    pub(crate) fn group_is_empty(&self, g: usize) -> bool {
+        self.flat.is_empty() && self.by_group.get(g).is_none_or(BlockSet::is_empty)
+    }
+
     /// Whether the report names no (non-null) block.
+    #[inline]
     pub fn is_empty(&self) -> bool {
-        self.sets.iter().all(BlockSet::is_empty)
+        self.empty
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::geometry::CacheGroup;
+
+    fn geo(n: usize) -> Geometry {
+        Geometry::new(vec![CacheGroup::full_attention(16); n], None, 0).unwrap()
+    }
+
+    fn hits(set: &InvalidSet, g: usize, table: &[BlockId]) -> Vec<(usize, BlockId)> {
+        let mut v = Vec::new();
+        set.scan_group(g, table, |i, id| v.push((i, id)));
+        v
+    }
+
+    #[test]
+    fn flat_qualified_and_union() {
+        let g = geo(3);
+        let s = InvalidSet::with_groups([5u64], &[vec![], vec![7u64], vec![0]], &g).unwrap();
+        let table = [5u64, 7, 0, 9];
+        assert_eq!(hits(&s, 0, &table), vec![(0, 5)]);
+        assert_eq!(hits(&s, 1, &table), vec![(0, 5), (1, 7)]);
+        assert_eq!(hits(&s, 2, &table), vec![(0, 5)]);
+        assert!(s.contains(1, 7) && !s.contains(0, 7) && !s.contains(2, 0));
+        assert!(!s.is_empty() && !s.group_is_empty(0));
+
+        let q = InvalidSet::with_groups([], &[vec![], vec![7u64], vec![]], &g).unwrap();
+        assert_eq!(hits(&q, 0, &table), vec![]);
+        assert_eq!(hits(&q, 1, &table), vec![(1, 7)]);
+        assert!(q.group_is_empty(0) && !q.group_is_empty(1) && !q.is_empty());
+
+        let e = InvalidSet::with_groups([0u64], &[vec![0u64], vec![], vec![]], &g).unwrap();
+        assert!(e.is_empty() && e.group_is_empty(1));
+        assert!(InvalidSet::flat([], &g).is_empty());
+    }
+
+    #[test]
+    fn wrong_list_count() {
+        assert_eq!(
+            InvalidSet::with_groups([], &[vec![1u64]], &geo(2)).unwrap_err(),
+            RecoveryError::ReportGroupCount {
+                given: 1,
+                groups: 2
+            }
+        );
     }
 }

@@ -23,9 +23,12 @@
 //!
 //! # Cost
 //!
-//! [`scan_request`] is `O(entries scanned)` with a branch-free bitmap test per entry (see
-//! [`BlockSet`](crate::rules::blockset::BlockSet)); [`decide`](fn@decide) is `O(hits)` plus,
-//! in mode `safe` and only for a request with a new hit, `O(table length)`.
+//! [`scan_request`] is `O(entries scanned)` with a branch-free membership test per entry (a
+//! bitmap where the report's ids are dense, else a hashed filter in front of an exact set);
+//! [`decide`](fn@decide) is `O(hits)` plus, for a request with a new hit, `O(its entries)` for
+//! the evictions and, in mode `safe`, the resumable boundary — however many groups there are.
+//! An [`InvalidSet`] takes memory in proportion to the ids it names. Tracing
+//! ([`trace`]) is free when off.
 //!
 //! # Layout
 //!
@@ -37,7 +40,9 @@
 //! * `scan`: a request's hits against a report;
 //! * `decide`: one request's decision from its hits and their owners;
 //! * `boundary`: the resumable boundary of mode `safe`;
-//! * `sequential`: the sequential engine (canonical order, marked sets) and its [`Outcome`].
+//! * `sequential`: the sequential engine (canonical order, marked sets) and its [`Outcome`];
+//! * [`trace`]: the reasons of a decision, reported by the rules as they decide (off, and free,
+//!   unless a sink asks for them).
 
 use thiserror::Error;
 
@@ -48,12 +53,15 @@ mod decide;
 mod invalid_set;
 mod scan;
 mod sequential;
+pub mod trace;
 mod validate;
 
-pub use decide::{decide, Decision, Disposition, HitOwner};
+pub use decide::{decide, decide_traced, Decision, Disposition, HitOwner};
 pub use invalid_set::InvalidSet;
-pub use scan::{scan_request, Hit};
-pub use sequential::{canonical_order, outcome_from_decisions, recover, Outcome, RequestOutcome};
+pub use scan::{scan_request, scan_request_traced, Hit};
+pub use sequential::{
+    canonical_order, outcome_from_decisions, recover, recover_explained, Outcome, RequestOutcome,
+};
 pub use validate::{validate_request, validate_requests};
 
 /// Which rule set to apply.
@@ -140,7 +148,7 @@ impl Request {
 #[derive(Clone, Debug, PartialEq, Eq, Error)]
 pub enum RecoveryError {
     /// A request has a table count different from the group count.
-    #[error("{given} tables given, {groups} groups configured")]
+    #[error("{} given, {} configured", count(*.given, "table"), count(*.groups, "group"))]
     TableCount {
         /// Tables in the request.
         given: usize,
@@ -178,13 +186,22 @@ pub enum RecoveryError {
         id: String,
     },
     /// A group-qualified report whose list count is not the group count.
-    #[error("{given} lists given, {groups} groups configured")]
+    #[error("{} given, {} configured", count(*.given, "list"), count(*.groups, "group"))]
     ReportGroupCount {
         /// Lists in the report.
         given: usize,
         /// Groups in the geometry.
         groups: usize,
     },
+}
+
+/// `n` and `noun`, plural unless `n` is 1: "1 group", "2 groups".
+fn count(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
 }
 
 /// How many of a table's `table_len` entries lie below `blocks` blocks (all of them when

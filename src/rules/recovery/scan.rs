@@ -2,6 +2,7 @@
 //! (`docs/rules.md#mode-vllm`), found with a bitmap test per entry.
 
 use crate::rules::geometry::{BlockId, Geometry};
+use crate::rules::recovery::trace::{Event, NoTrace, Trace};
 use crate::rules::recovery::{scan_len, InvalidSet, RequestView};
 
 /// One table entry of a request that is in the report.
@@ -26,15 +27,31 @@ pub fn scan_request(
     invalid: &InvalidSet,
     hits: &mut Vec<Hit>,
 ) {
+    scan_request_traced::<(), _>(geo, req, invalid, hits, &mut NoTrace);
+}
+
+/// [`scan_request`], reporting each group's scan range to `trace` ([`Event::Scan`]).
+pub fn scan_request_traced<O, T: Trace<O>>(
+    geo: &Geometry,
+    req: RequestView<'_>,
+    invalid: &InvalidSet,
+    hits: &mut Vec<Hit>,
+    trace: &mut T,
+) {
     let p = req.pre_step_tokens();
     for (g, (group, table)) in geo.groups().iter().zip(req.block_tables).enumerate() {
-        let set = invalid.group(g);
-        if set.is_empty() {
+        let n = scan_len(group.blocks_for_tokens(p), table.len());
+        if T::ON {
+            trace.event(Event::Scan {
+                group: g,
+                entries: n,
+            });
+        }
+        if invalid.group_is_empty(g) {
             continue;
         }
-        let n = scan_len(group.blocks_for_tokens(p), table.len());
         let b = group.block_size;
-        set.scan(&table[..n], |i, block| {
+        invalid.scan_group(g, &table[..n], |i, block| {
             hits.push(Hit {
                 group: g as u32,
                 index: i as u32,

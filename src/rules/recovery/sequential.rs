@@ -7,9 +7,10 @@ use std::collections::hash_map::Entry;
 use rustc_hash::FxHashMap;
 
 use crate::rules::geometry::{BlockId, Geometry};
+use crate::rules::recovery::trace::{NoTrace, RequestTrace, Trace};
 use crate::rules::recovery::{
-    decide, scan_request, Decision, Disposition, HitOwner, InvalidSet, Mode, Policy, Request,
-    RequestClass,
+    decide_traced, scan_request_traced, Decision, Disposition, HitOwner, InvalidSet, Mode, Policy,
+    Request, RequestClass,
 };
 
 /// A request's result in the sequential engine; owners are request indices (into the input).
@@ -55,7 +56,43 @@ pub fn recover(
     requests: &[Request],
     invalid: &InvalidSet,
 ) -> Outcome {
+    recover_with::<NoTrace>(geo, mode, policy, requests, invalid).0
+}
+
+/// [`recover`], with the reasons of every decision: one [`RequestTrace`] per request, in input
+/// order (owners are request indices into the input, as in the [`Outcome`]). The outcome is
+/// the one [`recover`] gives: the same engine runs, with a collecting sink.
+pub fn recover_explained(
+    geo: &Geometry,
+    mode: Mode,
+    policy: Policy,
+    requests: &[Request],
+    invalid: &InvalidSet,
+) -> (Outcome, Vec<RequestTrace<usize>>) {
+    let (outcome, traces) =
+        recover_with::<RequestTrace<usize>>(geo, mode, policy, requests, invalid);
+    let order = canonical_order(requests);
+    let traces = traces
+        .into_iter()
+        .map(|t| t.map_owners(|pos| order.get(pos).copied().unwrap_or(pos)))
+        .collect();
+    (outcome, traces)
+}
+
+/// The engine, one sink per request (in input order; owners in the traces are canonical
+/// positions).
+fn recover_with<T: Trace<usize> + Default>(
+    geo: &Geometry,
+    mode: Mode,
+    policy: Policy,
+    requests: &[Request],
+    invalid: &InvalidSet,
+) -> (Outcome, Vec<T>) {
     let mut decisions: Vec<Option<RequestOutcome>> = vec![None; requests.len()];
+    let mut traces: Vec<T> = Vec::new();
+    if T::ON {
+        traces.resize_with(requests.len(), T::default);
+    }
     let order = canonical_order(requests);
     // Owners are canonical positions while deciding (so "the least owner" of an id is the
     // earliest in canonical order), mapped back to input indices afterwards.
@@ -63,6 +100,7 @@ pub fn recover(
     let mut hits = Vec::new();
     let mut owners = Vec::new();
     let mut prev_class = None;
+    let mut off = T::default();
     for (pos, &i) in order.iter().enumerate() {
         let req = requests[i].view();
         if mode == Mode::Vllm
@@ -72,10 +110,15 @@ pub fn recover(
             marked.clear(); // the sync scan starts with its own empty marked set
         }
         prev_class = Some(req.class);
+        let trace = if T::ON {
+            traces.get_mut(i).unwrap_or(&mut off)
+        } else {
+            &mut off
+        };
         hits.clear();
         owners.clear();
-        if !invalid.is_empty() {
-            scan_request(geo, req, invalid, &mut hits);
+        if !invalid.is_empty() || T::ON {
+            scan_request_traced(geo, req, invalid, &mut hits, trace);
         }
         owners.extend(hits.iter().map(|h| match marked.get(&(h.group, h.block)) {
             Some(&o) => HitOwner::Other(o),
@@ -86,14 +129,14 @@ pub fn recover(
                 e.insert(pos);
             }
         }
-        let mut d = decide(geo, mode, policy, req, &hits, &owners);
+        let mut d = decide_traced(geo, mode, policy, req, &hits, &owners, trace);
         for w in &mut d.waits_for {
             w.1 = order[w.1];
         }
         decisions[i] = Some(d);
     }
     let requests_out: Vec<RequestOutcome> = decisions.into_iter().flatten().collect();
-    outcome_from_decisions(requests, requests_out)
+    (outcome_from_decisions(requests, requests_out), traces)
 }
 
 /// Assembles an [`Outcome`] from per-request decisions (in input order): the canonical-order

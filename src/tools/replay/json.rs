@@ -1,96 +1,566 @@
-//! The JSON tree a scenario is first read into.
+//! The JSON tree a scenario is first read into, and the reader that builds it.
 //!
-//! A small private tree that keeps object entries in order (so a key given twice is detected,
-//! where `serde_json::Value` would keep the last one) and keeps every kind of number apart
-//! (non-negative integer, negative integer, float — serde_json reads integers beyond 64 bits
-//! as floats); fields are then extracted by hand with their path known (`fields`). Also the
-//! short descriptions of values that error messages show.
+//! A small private reader (RFC 8259) rather than serde's, for three reasons:
+//!
+//! * **messages**: a syntax error names the field path it occurred in (`groups[0]`,
+//!   `invalid_blocks[3]`), whole-input problems (empty, a byte order mark, UTF-16, invalid
+//!   UTF-8) are told apart, and `NaN` or `Infinity` are named as such;
+//! * **number kinds**: non-negative 64-bit integers are kept apart from every other number,
+//!   which is kept as written (negative, fractional, exponent, beyond 64 bits) so a message can
+//!   show it;
+//! * **memory**: object entries stay in order (so a key given twice is detected), and an array
+//!   of non-negative integers — a block table, a report — is stored as a `Vec<u64>`, 8 bytes
+//!   per id instead of a tree node each.
+//!
+//! Also the short descriptions of values that error messages show.
 
-use std::fmt;
+use std::fmt::Write as _;
 
-use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+use crate::tools::replay::ScenarioError;
+
+/// How deep arrays and objects may nest (a scenario needs 4 levels).
+const MAX_DEPTH: usize = 128;
+/// The most characters of a value a message shows.
+pub(super) const SHOW_MAX: usize = 80;
 
 /// A JSON value as written: object entries in order (duplicates kept), numbers by kind.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub(super) enum Json {
+    #[default]
     Null,
     Bool(bool),
-    /// A non-negative integer within 64 bits.
+    /// A non-negative integer literal within 64 bits (`-0` included: it is zero).
     UInt(u64),
-    /// A negative integer within 64 bits.
-    NegInt(i64),
-    /// Anything else numeric: a fraction, an exponent, or an integer beyond 64 bits.
-    Float(f64),
+    /// Any other number, exactly as written: negative, with a fraction or exponent, or an
+    /// integer beyond 64 bits.
+    Num(Box<str>),
     Str(String),
+    /// An array whose every element is a [`Json::UInt`], stored compactly.
+    UInts(Vec<u64>),
+    /// Any other array.
     Array(Vec<Json>),
     Object(Vec<(String, Json)>),
 }
 
-impl<'de> Deserialize<'de> for Json {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(JsonVisitor)
+/// Where a reading error occurred: path segments innermost first (each enclosing array or
+/// object adds its own as the error travels out), the problem and the byte offset.
+struct ReadError {
+    segments: Vec<Segment>,
+    problem: String,
+    offset: usize,
+}
+
+enum Segment {
+    Index(usize),
+    Key(String),
+}
+
+impl ReadError {
+    fn at(mut self, segment: Segment) -> Self {
+        self.segments.push(segment);
+        self
     }
 }
 
-struct JsonVisitor;
-
-impl<'de> Visitor<'de> for JsonVisitor {
-    type Value = Json;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a JSON value")
+/// Reads a JSON document (UTF-8, no byte order mark) into a tree. Every problem is a
+/// [`ScenarioError`]: on `input` for the input as a whole (empty, a byte order mark, UTF-16 or
+/// UTF-32, invalid UTF-8), else on the path of the innermost value being read (`scenario` at
+/// the top level), with the line and column.
+pub(super) fn read(bytes: &[u8]) -> Result<Json, ScenarioError> {
+    check_encoding(bytes)?;
+    let mut r = Reader { b: bytes, i: 0 };
+    let fail = |e: ReadError| {
+        let path = path_of(&e.segments);
+        let (line, column) = line_column(bytes, e.offset);
+        let field = if path.is_empty() { "scenario" } else { &path };
+        ScenarioError::new(
+            field,
+            format!("{} at line {line} column {column}", e.problem),
+        )
+    };
+    r.skip_ws();
+    let doc = r.value(0).map_err(fail)?;
+    r.skip_ws();
+    if r.i < bytes.len() {
+        return Err(fail(r.malformed(format!(
+            "trailing characters after the document, starting {}",
+            r.shown_here()
+        ))));
     }
+    Ok(doc)
+}
 
-    fn visit_unit<E>(self) -> Result<Json, E> {
-        Ok(Json::Null)
+/// The problems of the input as a whole, before any JSON is read.
+fn check_encoding(bytes: &[u8]) -> Result<(), ScenarioError> {
+    let input = |problem: String| Err(ScenarioError::new("input", problem));
+    if bytes
+        .iter()
+        .all(|b| matches!(b, b' ' | b'\t' | b'\n' | b'\r'))
+    {
+        return input(if bytes.is_empty() {
+            "empty input: expected a JSON object".to_owned()
+        } else {
+            "only whitespace: expected a JSON object".to_owned()
+        });
     }
-
-    fn visit_none<E>(self) -> Result<Json, E> {
-        Ok(Json::Null)
+    if bytes.starts_with(&[0xEF, 0xBB, 0xBF]) {
+        return input(
+            "starts with a UTF-8 byte order mark (EF BB BF); save the scenario as UTF-8 \
+             without a byte order mark"
+                .to_owned(),
+        );
     }
-
-    fn visit_bool<E>(self, v: bool) -> Result<Json, E> {
-        Ok(Json::Bool(v))
+    let utf16 = match bytes {
+        [0xFF, 0xFE, 0, 0, ..] | [0, 0, 0xFE, 0xFF, ..] => Some("UTF-32 (a byte order mark)"),
+        [0xFF, 0xFE, ..] => Some("UTF-16 little-endian (byte order mark FF FE)"),
+        [0xFE, 0xFF, ..] => Some("UTF-16 big-endian (byte order mark FE FF)"),
+        [0, 0, 0, _, ..] | [_, 0, 0, 0, ..] => Some("UTF-32 (NUL bytes between characters)"),
+        [0, _, ..] | [_, 0, ..] => Some("UTF-16 (NUL bytes between characters)"),
+        _ => None,
+    };
+    if let Some(what) = utf16 {
+        return input(format!("looks like {what}; the scenario must be UTF-8"));
     }
-
-    fn visit_u64<E>(self, v: u64) -> Result<Json, E> {
-        Ok(Json::UInt(v))
+    if let Err(e) = std::str::from_utf8(bytes) {
+        let at = e.valid_up_to();
+        let (line, column) = line_column(bytes, at);
+        return input(format!(
+            "invalid UTF-8 at byte {at} (line {line} column {column}); the scenario must be \
+             UTF-8"
+        ));
     }
+    Ok(())
+}
 
-    fn visit_i64<E>(self, v: i64) -> Result<Json, E> {
-        Ok(match u64::try_from(v) {
-            Ok(u) => Json::UInt(u),
-            Err(_) => Json::NegInt(v),
-        })
-    }
+/// 1-based line and column (in characters) of byte `offset`.
+fn line_column(bytes: &[u8], offset: usize) -> (usize, usize) {
+    let before = &bytes[..offset.min(bytes.len())];
+    let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
+    let start = before
+        .iter()
+        .rposition(|&b| b == b'\n')
+        .map_or(0, |p| p + 1);
+    let column = String::from_utf8_lossy(&before[start..]).chars().count() + 1;
+    (line, column)
+}
 
-    fn visit_f64<E>(self, v: f64) -> Result<Json, E> {
-        Ok(Json::Float(v))
-    }
-
-    fn visit_str<E>(self, v: &str) -> Result<Json, E> {
-        Ok(Json::Str(v.to_owned()))
-    }
-
-    fn visit_string<E>(self, v: String) -> Result<Json, E> {
-        Ok(Json::Str(v))
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Json, A::Error> {
-        let mut items = Vec::new();
-        while let Some(item) = seq.next_element::<Json>()? {
-            items.push(item);
+/// `a.b[3]`, `["a b"]`: the path of a field from its segments (innermost first).
+fn path_of(segments: &[Segment]) -> String {
+    let mut path = String::new();
+    for s in segments.iter().rev() {
+        match s {
+            Segment::Index(i) => {
+                let _ = write!(path, "[{i}]");
+            }
+            Segment::Key(k) => path = join(&path, k),
         }
-        Ok(Json::Array(items))
+    }
+    path
+}
+
+/// `path.key`, or `path["key"]` (quoted, cut to [`SHOW_MAX`] characters) when the key is not
+/// a plain identifier or is long.
+pub(super) fn join(path: &str, key: &str) -> String {
+    let plain = !key.is_empty()
+        && key.len() <= SHOW_MAX
+        && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    match (path.is_empty(), plain) {
+        (true, true) => key.to_owned(),
+        (false, true) => format!("{path}.{key}"),
+        (_, false) => format!("{path}[{}]", quote(key)),
+    }
+}
+
+struct Reader<'a> {
+    b: &'a [u8],
+    i: usize,
+}
+
+impl Reader<'_> {
+    fn malformed(&self, problem: String) -> ReadError {
+        ReadError {
+            segments: Vec::new(),
+            problem: format!("malformed JSON: {problem}"),
+            offset: self.i,
+        }
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Json, A::Error> {
-        let mut entries = Vec::new();
-        while let Some(key) = map.next_key::<String>()? {
-            let value = map.next_value::<Json>()?;
-            entries.push((key, value));
+    fn peek(&self) -> Option<u8> {
+        self.b.get(self.i).copied()
+    }
+
+    fn skip_ws(&mut self) {
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
+            self.i += 1;
         }
-        Ok(Json::Object(entries))
+    }
+
+    /// What stands at the current position, for a message: a quoted character or "the end".
+    fn shown_here(&self) -> String {
+        match std::str::from_utf8(&self.b[self.i..]) {
+            Ok(rest) => match rest.chars().next() {
+                Some(c) => format!("with {c:?}"),
+                None => "at the end".to_owned(),
+            },
+            // The input was checked to be UTF-8 and positions are character boundaries.
+            Err(_) => "here".to_owned(),
+        }
+    }
+
+    fn value(&mut self, depth: usize) -> Result<Json, ReadError> {
+        match self.peek() {
+            None => Err(self.malformed("EOF while parsing a value".to_owned())),
+            Some(b'{') => self.object(depth + 1),
+            Some(b'[') => self.array(depth + 1),
+            Some(b'"') => self.string().map(Json::Str),
+            Some(b'-' | b'0'..=b'9') => self.number(),
+            Some(b't') => self.literal("true", Json::Bool(true)),
+            Some(b'f') => self.literal("false", Json::Bool(false)),
+            Some(b'n') => self.literal("null", Json::Null),
+            Some(_) => {
+                let rest = &self.b[self.i..];
+                for word in ["NaN", "Infinity", "+Infinity", "-Infinity"] {
+                    if rest.starts_with(word.as_bytes()) {
+                        return Err(self.malformed(format!(
+                            "{word} is not a JSON number (JSON has no NaN or infinities)"
+                        )));
+                    }
+                }
+                Err(self.malformed(format!("expected a value, found {}", self.shown_char())))
+            }
+        }
+    }
+
+    fn shown_char(&self) -> String {
+        match std::str::from_utf8(&self.b[self.i..]) {
+            Ok(rest) => rest
+                .chars()
+                .next()
+                .map_or_else(|| "the end".to_owned(), |c| format!("{c:?}")),
+            Err(_) => "a byte that is not a character".to_owned(),
+        }
+    }
+
+    fn literal(&mut self, word: &str, v: Json) -> Result<Json, ReadError> {
+        if self.b[self.i..].starts_with(word.as_bytes()) {
+            self.i += word.len();
+            Ok(v)
+        } else {
+            Err(self.malformed(format!("expected a value, found {}", self.shown_word())))
+        }
+    }
+
+    /// The identifier-like word at the current position, quoted and cut.
+    fn shown_word(&self) -> String {
+        let rest = &self.b[self.i..];
+        let n = rest
+            .iter()
+            .position(|b| !b.is_ascii_alphanumeric())
+            .unwrap_or(rest.len())
+            .max(1);
+        quote(&String::from_utf8_lossy(&rest[..n.min(rest.len())]))
+    }
+
+    fn number(&mut self) -> Result<Json, ReadError> {
+        let start = self.i;
+        let digits = |r: &mut Self| {
+            let from = r.i;
+            while let Some(b'0'..=b'9') = r.peek() {
+                r.i += 1;
+            }
+            r.i - from
+        };
+        let negative = self.peek() == Some(b'-');
+        if negative {
+            self.i += 1;
+        }
+        let int_start = self.i;
+        let n = digits(self);
+        if n == 0 {
+            return Err(
+                self.malformed(if self.b[self.i..].starts_with(b"Infinity") {
+                    "-Infinity is not a JSON number (JSON has no NaN or infinities)".to_owned()
+                } else {
+                    format!(
+                        "invalid number: expected a digit, found {}",
+                        self.shown_char()
+                    )
+                }),
+            );
+        }
+        if n > 1 && self.b[int_start] == b'0' {
+            self.i = int_start + 1;
+            return Err(self.malformed("invalid number: a leading zero".to_owned()));
+        }
+        let mut integer = true;
+        if self.peek() == Some(b'.') {
+            integer = false;
+            self.i += 1;
+            if digits(self) == 0 {
+                return Err(self.malformed(format!(
+                    "invalid number: expected a digit after the decimal point, found {}",
+                    self.shown_char()
+                )));
+            }
+        }
+        if let Some(b'e' | b'E') = self.peek() {
+            integer = false;
+            self.i += 1;
+            if let Some(b'+' | b'-') = self.peek() {
+                self.i += 1;
+            }
+            if digits(self) == 0 {
+                return Err(self.malformed(format!(
+                    "invalid number: expected a digit in the exponent, found {}",
+                    self.shown_char()
+                )));
+            }
+        }
+        // ASCII only: a valid str.
+        let text = std::str::from_utf8(&self.b[start..self.i]).unwrap_or_default();
+        if integer {
+            let digits = &text[usize::from(negative)..];
+            if negative && digits.bytes().all(|b| b == b'0') {
+                return Ok(Json::UInt(0)); // `-0` is the integer zero
+            }
+            if !negative {
+                if let Ok(v) = digits.parse::<u64>() {
+                    return Ok(Json::UInt(v));
+                }
+            }
+        }
+        Ok(Json::Num(text.into()))
+    }
+
+    fn string(&mut self) -> Result<String, ReadError> {
+        let open = self.i;
+        self.i += 1; // the opening quote
+        let mut out = String::new();
+        loop {
+            let from = self.i;
+            while let Some(&b) = self.b.get(self.i) {
+                if b == b'"' || b == b'\\' || b < 0x20 {
+                    break;
+                }
+                self.i += 1;
+            }
+            // Whole UTF-8 sequences: the stops are ASCII.
+            out.push_str(std::str::from_utf8(&self.b[from..self.i]).unwrap_or_default());
+            match self.peek() {
+                None => {
+                    self.i = open;
+                    return Err(self.malformed("EOF while parsing a string".to_owned()));
+                }
+                Some(b'"') => {
+                    self.i += 1;
+                    return Ok(out);
+                }
+                Some(b'\\') => self.escape(&mut out)?,
+                Some(c) => {
+                    return Err(self.malformed(format!(
+                        "control character U+{c:04X} in a string (escape it)"
+                    )))
+                }
+            }
+        }
+    }
+
+    fn escape(&mut self, out: &mut String) -> Result<(), ReadError> {
+        self.i += 1; // the backslash
+        let Some(c) = self.peek() else {
+            return Err(self.malformed("EOF while parsing a string".to_owned()));
+        };
+        self.i += 1;
+        let simple =
+            match c {
+                b'"' => '"',
+                b'\\' => '\\',
+                b'/' => '/',
+                b'b' => '\u{8}',
+                b'f' => '\u{c}',
+                b'n' => '\n',
+                b'r' => '\r',
+                b't' => '\t',
+                b'u' => {
+                    let hi = self.hex4()?;
+                    let ch = if (0xD800..0xDC00).contains(&hi) {
+                        if !self.b[self.i..].starts_with(b"\\u") {
+                            return Err(self
+                                .malformed("invalid escape: a lone leading surrogate".to_owned()));
+                        }
+                        self.i += 2;
+                        let lo = self.hex4()?;
+                        if !(0xDC00..0xE000).contains(&lo) {
+                            return Err(self.malformed(
+                                "invalid escape: a leading surrogate without its trailing one"
+                                    .to_owned(),
+                            ));
+                        }
+                        char::from_u32(0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00))
+                    } else {
+                        char::from_u32(hi)
+                    };
+                    match ch {
+                        Some(ch) => ch,
+                        None => {
+                            return Err(self
+                                .malformed("invalid escape: a lone trailing surrogate".to_owned()))
+                        }
+                    }
+                }
+                _ => {
+                    self.i -= 1;
+                    return Err(self.malformed(format!(
+                        "invalid escape \\{}",
+                        self.shown_char().trim_matches('\'')
+                    )));
+                }
+            };
+        out.push(simple);
+        Ok(())
+    }
+
+    fn hex4(&mut self) -> Result<u32, ReadError> {
+        let mut v = 0u32;
+        for _ in 0..4 {
+            let d = match self.peek() {
+                Some(c @ b'0'..=b'9') => c - b'0',
+                Some(c @ b'a'..=b'f') => c - b'a' + 10,
+                Some(c @ b'A'..=b'F') => c - b'A' + 10,
+                _ => {
+                    return Err(
+                        self.malformed("invalid escape: \\u needs four hex digits".to_owned())
+                    )
+                }
+            };
+            v = v * 16 + u32::from(d);
+            self.i += 1;
+        }
+        Ok(v)
+    }
+
+    fn array(&mut self, depth: usize) -> Result<Json, ReadError> {
+        if depth > MAX_DEPTH {
+            return Err(self.malformed(format!("nested deeper than {MAX_DEPTH} levels")));
+        }
+        self.i += 1; // [
+        self.skip_ws();
+        let mut uints: Vec<u64> = Vec::new();
+        let mut items: Option<Vec<Json>> = None;
+        if self.peek() == Some(b']') {
+            self.i += 1;
+            return Ok(Json::UInts(uints));
+        }
+        let mut k = 0usize;
+        loop {
+            self.skip_ws();
+            if self.peek().is_none() {
+                return Err(self.malformed("EOF while parsing a list".to_owned()));
+            }
+            let v = self.value(depth).map_err(|e| e.at(Segment::Index(k)))?;
+            match (&mut items, v) {
+                (None, Json::UInt(n)) => uints.push(n),
+                (None, v) => {
+                    let mut all: Vec<Json> = Vec::with_capacity(uints.len() + 1);
+                    all.extend(std::mem::take(&mut uints).into_iter().map(Json::UInt));
+                    all.push(v);
+                    items = Some(all);
+                }
+                (Some(all), v) => all.push(v),
+            }
+            k += 1;
+            self.skip_ws();
+            match self.peek() {
+                Some(b',') => self.i += 1,
+                Some(b']') => {
+                    self.i += 1;
+                    // Trimmed to size: a scenario is mostly small arrays and objects, where the
+                    // slack of a growing vector would be most of the memory.
+                    return Ok(match items {
+                        Some(mut all) => {
+                            all.shrink_to_fit();
+                            Json::Array(all)
+                        }
+                        None => {
+                            uints.shrink_to_fit();
+                            Json::UInts(uints)
+                        }
+                    });
+                }
+                None => return Err(self.malformed("EOF while parsing a list".to_owned())),
+                Some(_) => {
+                    return Err(self.malformed(format!(
+                        "expected ',' or ']' after a list element, found {}",
+                        self.shown_char()
+                    )))
+                }
+            }
+        }
+    }
+
+    fn object(&mut self, depth: usize) -> Result<Json, ReadError> {
+        if depth > MAX_DEPTH {
+            return Err(self.malformed(format!("nested deeper than {MAX_DEPTH} levels")));
+        }
+        self.i += 1; // {
+        let mut entries: Vec<(String, Json)> = Vec::new();
+        self.skip_ws();
+        if self.peek() == Some(b'}') {
+            self.i += 1;
+            return Ok(Json::Object(entries));
+        }
+        loop {
+            self.skip_ws();
+            match self.peek() {
+                Some(b'"') => {}
+                None => return Err(self.malformed("EOF while parsing an object".to_owned())),
+                Some(_) => {
+                    return Err(self.malformed(format!(
+                        "expected a key (a string), found {}",
+                        self.shown_char()
+                    )))
+                }
+            }
+            let key = self.string()?;
+            self.skip_ws();
+            match self.peek() {
+                Some(b':') => self.i += 1,
+                None => {
+                    return Err(self
+                        .malformed("EOF while parsing an object".to_owned())
+                        .at(Segment::Key(key)))
+                }
+                Some(_) => {
+                    let e = self.malformed(format!(
+                        "expected ':' after the key, found {}",
+                        self.shown_char()
+                    ));
+                    return Err(e.at(Segment::Key(key)));
+                }
+            }
+            self.skip_ws();
+            let v = match self.value(depth) {
+                Ok(v) => v,
+                Err(e) => return Err(e.at(Segment::Key(key))),
+            };
+            entries.push((key, v));
+            self.skip_ws();
+            match self.peek() {
+                Some(b',') => self.i += 1,
+                Some(b'}') => {
+                    self.i += 1;
+                    entries.shrink_to_fit();
+                    return Ok(Json::Object(entries));
+                }
+                None => return Err(self.malformed("EOF while parsing an object".to_owned())),
+                Some(_) => {
+                    return Err(self.malformed(format!(
+                        "expected ',' or '}}' after an object entry, found {}",
+                        self.shown_char()
+                    )))
+                }
+            }
+        }
     }
 }
 
@@ -100,23 +570,37 @@ pub(super) fn describe(v: &Json) -> String {
         Json::Null => "null".to_owned(),
         Json::Bool(b) => format!("boolean {b}"),
         Json::UInt(n) => format!("number {n}"),
-        Json::NegInt(n) => format!("number {n}"),
-        Json::Float(f) => format!("number {f:?}"),
+        Json::Num(text) => format!("number {}", cut(text)),
         Json::Str(s) => format!("string {}", quote(s)),
-        Json::Array(_) => "an array".to_owned(),
+        Json::UInts(_) | Json::Array(_) => "an array".to_owned(),
         Json::Object(_) => "an object".to_owned(),
     }
 }
 
-/// `s` quoted and escaped, cut after 40 characters.
+/// `s` quoted and escaped, at most [`SHOW_MAX`] characters in all (cut with `…`).
 pub(super) fn quote(s: &str) -> String {
-    const MAX: usize = 40;
-    if s.chars().count() > MAX {
-        let head: String = s.chars().take(MAX).collect();
-        format!("{head:?}…")
-    } else {
-        format!("{s:?}")
+    let full = format!("{s:?}");
+    if full.chars().count() <= SHOW_MAX {
+        return full;
     }
+    let mut out = String::new();
+    for c in s.chars() {
+        let piece = format!("{}", c.escape_debug());
+        if out.chars().count() + piece.chars().count() > SHOW_MAX - 3 {
+            break;
+        }
+        out.push_str(&piece);
+    }
+    format!("\"{out}\"…")
+}
+
+/// `s` (a number as written) cut to [`SHOW_MAX`] characters with `…`.
+pub(super) fn cut(s: &str) -> String {
+    if s.chars().count() <= SHOW_MAX {
+        return s.to_owned();
+    }
+    let head: String = s.chars().take(SHOW_MAX - 1).collect();
+    format!("{head}…")
 }
 
 #[cfg(test)]
@@ -124,26 +608,131 @@ mod tests {
     use super::*;
 
     fn parse_json(text: &str) -> Json {
-        serde_json::from_str(text).unwrap()
+        read(text.as_bytes()).unwrap()
+    }
+
+    fn error(bytes: &[u8]) -> ScenarioError {
+        read(bytes).unwrap_err()
     }
 
     #[test]
     fn json_tree_keeps_duplicates_and_number_kinds() {
         let v = parse_json(
-            r#"{"a": 1, "a": -2, "b": 16.0, "c": 18446744073709551616, "d": [true, null, "x"]}"#,
+            r#"{"a": 1, "a": -2, "b": 16.0, "c": 18446744073709551616, "d": [true, null, "x"], "e": [1, 2], "f": -0}"#,
         );
         let Json::Object(entries) = v else {
             panic!("not an object")
         };
-        assert_eq!(entries.len(), 5);
+        assert_eq!(entries.len(), 7);
         assert_eq!(entries[0], ("a".to_owned(), Json::UInt(1)));
-        assert_eq!(entries[1], ("a".to_owned(), Json::NegInt(-2)));
-        assert_eq!(entries[2], ("b".to_owned(), Json::Float(16.0)));
-        assert!(matches!(entries[3].1, Json::Float(_)));
+        assert_eq!(entries[1], ("a".to_owned(), Json::Num("-2".into())));
+        assert_eq!(entries[2], ("b".to_owned(), Json::Num("16.0".into())));
+        assert_eq!(entries[3].1, Json::Num("18446744073709551616".into()));
         assert_eq!(
             entries[4].1,
             Json::Array(vec![Json::Bool(true), Json::Null, Json::Str("x".into())])
         );
+        assert_eq!(entries[5].1, Json::UInts(vec![1, 2]));
+        assert_eq!(entries[6].1, Json::UInt(0));
         assert_eq!(parse_json("18446744073709551615"), Json::UInt(u64::MAX));
+        assert_eq!(
+            parse_json("[1, \"a\", 2]"),
+            Json::Array(vec![Json::UInt(1), Json::Str("a".into()), Json::UInt(2)])
+        );
+        assert_eq!(parse_json(" [ ] "), Json::UInts(vec![]));
+    }
+
+    #[test]
+    fn strings_and_escapes() {
+        assert_eq!(
+            parse_json(r#""a\"\\\/\b\f\n\r\t\u00e9\ud83d\ude00é""#),
+            Json::Str("a\"\\/\u{8}\u{c}\n\r\té😀é".into())
+        );
+        for (bad, needle) in [
+            (&br#""\x""#[..], "invalid escape"),
+            (br#""\ud83d""#, "surrogate"),
+            (br#""\ude00""#, "surrogate"),
+            (br#""\u12""#, "four hex digits"),
+            (b"\"a\nb\"", "control character U+000A"),
+            (b"\"abc", "EOF while parsing a string"),
+        ] {
+            let e = error(bad);
+            assert_eq!(e.field, "scenario", "{e}");
+            assert!(e.problem.contains(needle), "{e}");
+        }
+    }
+
+    #[test]
+    fn errors_name_the_path() {
+        for (text, field, needle) in [
+            (r#"{"groups": ["#, "groups", "EOF while parsing a list"),
+            (
+                r#"{"groups": [{"kind": }]}"#,
+                "groups[0].kind",
+                "expected a value",
+            ),
+            (r#"{"a": [1, 2, NaN]}"#, "a[2]", "NaN is not a JSON number"),
+            (
+                r#"{"a": [Infinity]}"#,
+                "a[0]",
+                "Infinity is not a JSON number",
+            ),
+            (r#"{"a": -Infinity}"#, "a", "-Infinity is not a JSON number"),
+            (r#"{"a": 01}"#, "a", "leading zero"),
+            (r#"{"a": 1.}"#, "a", "after the decimal point"),
+            (r#"{"a": 1e}"#, "a", "exponent"),
+            (r#"{"a": tru}"#, "a", "expected a value, found \"tru\""),
+            (r#"{"a" 1}"#, "a", "expected ':'"),
+            (r#"{"a": 1 "b": 2}"#, "scenario", "expected ',' or '}'"),
+            (r#"{"a": [1 2]}"#, "a", "expected ',' or ']'"),
+            (r#"{1: 2}"#, "scenario", "expected a key"),
+            (r#"{"a b": x}"#, r#"["a b"]"#, "expected a value"),
+            ("{} x", "scenario", "trailing characters"),
+        ] {
+            let e = error(text.as_bytes());
+            assert_eq!(e.field, field, "{text}: {e}");
+            assert!(e.problem.contains(needle), "{text}: {e}");
+            assert!(e.problem.contains(" at line 1 column "), "{text}: {e}");
+        }
+        let deep = "[".repeat(200);
+        assert!(error(deep.as_bytes()).problem.contains("nested deeper"));
+    }
+
+    #[test]
+    fn whole_input_problems_are_on_input() {
+        for (bytes, needle) in [
+            (&b""[..], "empty input"),
+            (b" \n", "only whitespace"),
+            (b"\xEF\xBB\xBF{}", "byte order mark"),
+            (b"\xFF\xFE{\x00}\x00", "UTF-16 little-endian"),
+            (b"\xFE\xFF\x00{\x00}", "UTF-16 big-endian"),
+            (b"{\x00}\x00", "UTF-16"),
+            (b"{\"a\": \"\xFF\"}", "invalid UTF-8 at byte 7"),
+        ] {
+            let e = error(bytes);
+            assert_eq!(e.field, "input", "{e}");
+            assert!(e.problem.contains(needle), "{e}");
+        }
+    }
+
+    #[test]
+    fn line_and_column() {
+        assert_eq!(line_column(b"ab\ncd", 4), (2, 2));
+        assert_eq!(line_column("é\nx".as_bytes(), 1), (1, 2));
+        let e = error(b"{\n  \"a\": ?\n}");
+        assert!(e.problem.ends_with("at line 2 column 8"), "{e}");
+    }
+
+    #[test]
+    fn shown_values_are_cut() {
+        let long = "x".repeat(1000);
+        assert!(quote(&long).chars().count() <= SHOW_MAX + 1);
+        assert!(quote(&long).ends_with('…'));
+        assert_eq!(quote("ab"), "\"ab\"");
+        assert!(cut(&"9".repeat(500)).chars().count() <= SHOW_MAX);
+        assert!(join("", &long).chars().count() <= SHOW_MAX + 3);
+        assert_eq!(join("", "mode"), "mode");
+        assert_eq!(join("groups[0]", "window"), "groups[0].window");
+        assert_eq!(join("", "a b"), "[\"a b\"]");
     }
 }

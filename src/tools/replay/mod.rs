@@ -17,17 +17,22 @@ use std::time::Instant;
 use thiserror::Error;
 
 use crate::rules::geometry::Geometry;
-use crate::rules::recovery::{recover, InvalidSet, Mode, Outcome, Policy, Request};
+use crate::rules::recovery::trace::RequestTrace;
+use crate::rules::recovery::{
+    recover, recover_explained, InvalidSet, Mode, Outcome, Policy, Request,
+};
 
+mod explain;
 mod fields;
 mod json;
 mod parse;
 mod render;
 
+pub use explain::render_explain_text;
 #[cfg(test)]
 pub use parse::parse_scenario;
 pub use parse::parse_scenario_bytes;
-pub use render::render_outcome;
+pub use render::{render_outcome, render_outcome_explained};
 
 /// Bad input: the field (a path such as `requests[1].block_tables`, `scheduler_block_size`,
 /// `scenario` for the document as a whole, `FILE` for the input file) and the problem.
@@ -100,11 +105,25 @@ impl Scenario {
         )
     }
 
-    /// Runs the recovery `runs` times, each on a fresh clone of the requests and the report
-    /// (the clone is not timed, only [`recover`] is), and returns the median time in
-    /// nanoseconds (the mean of the two middle runs for an even count; 0 when `runs` is 0).
+    /// [`Scenario::run`], with the reasons of every decision (one trace per request, input
+    /// order), recorded by the rules as they decide.
+    pub fn run_explained(&self) -> (Outcome, Vec<RequestTrace<usize>>) {
+        recover_explained(
+            &self.geometry,
+            self.mode,
+            self.policy,
+            &self.requests,
+            &self.invalid,
+        )
+    }
+
+    /// Runs the recovery `runs` times (at most [`MAX_BENCH_RUNS`]), each on a fresh clone of
+    /// the requests and the report (the clone is not timed, only [`recover`] is), and returns
+    /// the median time in nanoseconds (the mean of the two middle runs for an even count; 0
+    /// when `runs` is 0). Every timing is kept: at most 8 MB.
     pub fn bench_recovery_ns(&self, runs: u64) -> u64 {
-        let mut times: Vec<u64> = Vec::new();
+        let runs = runs.min(MAX_BENCH_RUNS);
+        let mut times: Vec<u64> = Vec::with_capacity(runs as usize);
         for _ in 0..runs {
             let requests = self.requests.clone();
             let invalid = self.invalid.clone();
@@ -133,20 +152,101 @@ impl Scenario {
     }
 }
 
+/// The most runs `--bench` accepts.
+pub const MAX_BENCH_RUNS: u64 = 1_000_000;
+
+/// The default cap on the input's size: 256 MiB (`--max-input-bytes` raises it).
+pub const DEFAULT_MAX_INPUT_BYTES: u64 = 256 << 20;
+
 /// Reads a scenario from the file `file`, or from standard input when `file` is `-`, and
-/// parses it. Read failures (a missing file, a directory) are errors on field `FILE`.
-pub fn load_scenario(file: &OsStr) -> Result<Scenario, ScenarioError> {
+/// parses it. At most `max_bytes` are read: a longer input is an error on `input`, found
+/// without reading further (a regular file's size is checked before reading). Read failures
+/// (a missing file, a directory) are errors on field `FILE`.
+pub fn load_scenario(file: &OsStr, max_bytes: u64) -> Result<Scenario, ScenarioError> {
     let bytes = if file == "-" {
-        let mut buf = Vec::new();
-        std::io::stdin()
-            .lock()
-            .read_to_end(&mut buf)
-            .map_err(|e| err("FILE", format!("cannot read standard input: {e}")))?;
-        buf
+        read_bounded(std::io::stdin().lock(), None, max_bytes)
+            .map_err(|e| read_error(e, "standard input".to_owned(), max_bytes))?
     } else {
-        std::fs::read(file).map_err(|e| err("FILE", format!("cannot read {file:?}: {e}")))?
+        let what = format!("{file:?}");
+        let opened = std::fs::File::open(file).and_then(|f| {
+            let meta = f.metadata()?;
+            Ok((f, meta.is_file().then_some(meta.len())))
+        });
+        let (f, size) = opened.map_err(|e| read_error(ReadFailure::Io(e), what.clone(), 0))?;
+        read_bounded(f, size, max_bytes).map_err(|e| read_error(e, what, max_bytes))?
     };
-    parse_scenario_bytes(&bytes)
+    parse_scenario_bytes(bytes)
+}
+
+enum ReadFailure {
+    Io(std::io::Error),
+    TooLarge,
+}
+
+fn read_error(e: ReadFailure, what: String, max_bytes: u64) -> ScenarioError {
+    match e {
+        ReadFailure::Io(e) => err("FILE", format!("cannot read {what}: {e}")),
+        ReadFailure::TooLarge => err(
+            "input",
+            format!(
+                "larger than the input limit of {max_bytes} bytes; raise it with \
+                 --max-input-bytes"
+            ),
+        ),
+    }
+}
+
+/// Reads all of `r`, but never more than `max_bytes + 1` bytes (one more tells that the input
+/// is too long). `size` is the input's size when known (a regular file): a larger one fails
+/// at once, any other is read into a buffer of exactly that size. An input of unknown size (a
+/// pipe, a device) is read in chunks of 1 MiB and joined at the end, so an input cut off at
+/// the limit never holds more than the limit.
+fn read_bounded(
+    mut r: impl Read,
+    size: Option<u64>,
+    max_bytes: u64,
+) -> Result<Vec<u8>, ReadFailure> {
+    const CHUNK: usize = 1 << 20;
+    let oom = || ReadFailure::Io(std::io::ErrorKind::OutOfMemory.into());
+    let limit = usize::try_from(max_bytes.saturating_add(1)).unwrap_or(usize::MAX);
+    if size.is_some_and(|n| n > max_bytes) {
+        return Err(ReadFailure::TooLarge);
+    }
+    // Chunks (one buffer of the known size, or 1 MiB ones), each filled before the next.
+    let mut chunks: Vec<Vec<u8>> = Vec::new();
+    let mut total = 0usize;
+    let mut first = size.map(|n| usize::try_from(n).unwrap_or(usize::MAX).saturating_add(1));
+    while total < limit {
+        if chunks.last().is_none_or(|c| c.len() == c.capacity()) {
+            let cap = first.take().unwrap_or(CHUNK).min(limit - total);
+            let mut c = Vec::new();
+            c.try_reserve_exact(cap).map_err(|_| oom())?;
+            chunks.push(c);
+        }
+        let Some(c) = chunks.last_mut() else { break };
+        let room = c.capacity() - c.len();
+        let n = match (&mut r).take(room as u64).read_to_end(c) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(ReadFailure::Io(e)),
+        };
+        total += n;
+        if c.len() < c.capacity() {
+            break; // end of input
+        }
+    }
+    if total as u64 > max_bytes {
+        return Err(ReadFailure::TooLarge);
+    }
+    if chunks.len() <= 1 {
+        return Ok(chunks.pop().unwrap_or_default());
+    }
+    let mut all = Vec::new();
+    all.try_reserve_exact(total).map_err(|_| oom())?;
+    for c in chunks.drain(..) {
+        all.extend_from_slice(&c);
+    }
+    Ok(all)
 }
 
 #[cfg(test)]
@@ -157,6 +257,36 @@ mod tests {
     fn one_line_escapes() {
         let e = ScenarioError::new("x\ny", "bad\nthing");
         assert_eq!(e.to_string(), "x\\ny: bad\\nthing");
+    }
+
+    #[test]
+    fn bounded_reads() {
+        let data = vec![b'x'; 3_000_000];
+        let ok = |max| read_bounded(&data[..], None, max).ok().map(|v| v.len());
+        assert_eq!(ok(3_000_000), Some(3_000_000));
+        assert_eq!(ok(u64::MAX), Some(3_000_000));
+        assert_eq!(ok(2_999_999), None);
+        assert_eq!(ok(0), None);
+        assert!(matches!(
+            read_bounded(&data[..], Some(3_000_000), 2_500_000),
+            Err(ReadFailure::TooLarge)
+        ));
+        let v = read_bounded(&data[..], Some(3_000_000), 3_500_000)
+            .ok()
+            .unwrap();
+        assert_eq!(v, data);
+        assert!(v.capacity() <= 3_000_001);
+        // An endless input stops one byte past the limit.
+        assert!(matches!(
+            read_bounded(std::io::repeat(0), None, 5 << 20),
+            Err(ReadFailure::TooLarge)
+        ));
+        assert!(read_bounded(&b""[..], None, 10).ok().unwrap().is_empty());
+        let exact = vec![b'y'; 2 << 20];
+        assert_eq!(
+            read_bounded(&exact[..], None, 2 << 20).ok(),
+            Some(exact.clone())
+        );
     }
 
     #[test]

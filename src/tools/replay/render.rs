@@ -4,7 +4,9 @@
 use serde::Serialize;
 
 use crate::rules::geometry::BlockId;
+use crate::rules::recovery::trace::RequestTrace;
 use crate::rules::recovery::Outcome;
+use crate::tools::replay::explain::{explain_json, ExplainJson};
 use crate::tools::replay::Scenario;
 
 #[derive(Serialize)]
@@ -16,6 +18,9 @@ struct OutcomeJson<'a> {
     total_affected_tokens: u128,
     evicted_blocks: &'a [BlockId],
     requests: Vec<RequestJson<'a>>,
+    /// Only with `--explain`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    explain: Option<Vec<ExplainJson<'a>>>,
 }
 
 #[derive(Serialize)]
@@ -26,6 +31,8 @@ struct RequestJson<'a> {
     affected_tokens: u64,
     claimed_blocks: &'a [BlockId],
     waits_for: Vec<WaitJson<'a>>,
+    num_computed_tokens_in: u64,
+    pre_step_tokens: u64,
 }
 
 #[derive(Serialize)]
@@ -38,6 +45,25 @@ struct WaitJson<'a> {
 /// of `docs/replay.md#outcome-format`: pretty-printed with two-space indentation and a trailing
 /// newline, keys in the order of the example there, request indices replaced by request ids.
 pub fn render_outcome(scenario: &Scenario, outcome: &Outcome) -> String {
+    render(scenario, outcome, None)
+}
+
+/// [`render_outcome`] with the `explain` key (`docs/replay.md#explain`): `traces` from
+/// [`recover_explained`](crate::rules::recovery::recover_explained) on `scenario`, in input
+/// order.
+pub fn render_outcome_explained(
+    scenario: &Scenario,
+    outcome: &Outcome,
+    traces: &[RequestTrace<usize>],
+) -> String {
+    render(scenario, outcome, Some(traces))
+}
+
+fn render(
+    scenario: &Scenario,
+    outcome: &Outcome,
+    traces: Option<&[RequestTrace<usize>]>,
+) -> String {
     let id = |i: usize| scenario.requests.get(i).map_or("", |r| r.id.as_str());
     let ids = |v: &[usize]| v.iter().map(|&i| id(i)).collect::<Vec<_>>();
     let json = OutcomeJson {
@@ -50,9 +76,9 @@ pub fn render_outcome(scenario: &Scenario, outcome: &Outcome) -> String {
         requests: outcome
             .requests
             .iter()
-            .enumerate()
-            .map(|(i, d)| RequestJson {
-                id: id(i),
+            .zip(&scenario.requests)
+            .map(|(d, r)| RequestJson {
+                id: &r.id,
                 affected: d.affected(),
                 num_computed_tokens: d.num_computed_tokens,
                 affected_tokens: d.affected_tokens,
@@ -65,8 +91,11 @@ pub fn render_outcome(scenario: &Scenario, outcome: &Outcome) -> String {
                         owner: id(owner),
                     })
                     .collect(),
+                num_computed_tokens_in: r.num_computed_tokens,
+                pre_step_tokens: r.view().pre_step_tokens(),
             })
             .collect(),
+        explain: traces.map(|t| explain_json(scenario, outcome, t)),
     };
     // Serializing plain structs with string keys cannot fail.
     let mut text = serde_json::to_string_pretty(&json).unwrap_or_default();

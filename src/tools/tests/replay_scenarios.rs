@@ -151,3 +151,32 @@ fn rendering_is_pretty_with_trailing_newline_and_spec_key_order() {
     );
     assert!(rendered.starts_with("{\n  \"affected\": "), "{rendered}");
 }
+
+/// The explained run is the plain run: the same outcome, one trace per request whose chosen
+/// computed length is the outcome's, and a rendering that is the plain one plus `explain`.
+#[test]
+fn explained_runs_equal_plain_runs() {
+    use crate::tools::replay::{render_explain_text, render_outcome_explained};
+    for f in scenario_files() {
+        let text = std::fs::read_to_string(&f).expect("readable");
+        let sc = parse_scenario(&text).expect("valid scenario");
+        let plain = sc.run();
+        let (outcome, traces) = sc.run_explained();
+        assert_eq!(outcome, plain, "{}", f.display());
+        assert_eq!(traces.len(), sc.requests.len(), "{}", f.display());
+        for (t, d) in traces.iter().zip(&outcome.requests) {
+            let chosen = t.chosen.map(|(b, _)| b);
+            assert_eq!(chosen, Some(d.num_computed_tokens), "{}", f.display());
+            assert_eq!(t.scan.len(), sc.geometry.num_groups(), "{}", f.display());
+        }
+        let mut with: Value =
+            serde_json::from_str(&render_outcome_explained(&sc, &outcome, &traces)).expect("JSON");
+        let without: Value = serde_json::from_str(&render_outcome(&sc, &plain)).expect("JSON");
+        assert!(with
+            .as_object_mut()
+            .and_then(|o| o.remove("explain"))
+            .is_some());
+        assert_eq!(with, without, "{}", f.display());
+        assert!(render_explain_text(&sc, &outcome, &traces).starts_with("mode "));
+    }
+}
