@@ -3,7 +3,9 @@
 //! Everything concurrent in kvsched imports from here. Normally these are `std` atomics,
 //! `parking_lot` locks, `std::thread` and crossbeam queues; under `--cfg kvsched_loom` they are
 //! loom's, crossbeam's queues are replaced by a loom-visible model with the same interface,
-//! and default capacities shrink so models stay small.
+//! and default capacities shrink so models stay small. What the runtime uses and loom lacks
+//! is routed through here too: `thread` (loom's threads with `JoinHandle::is_finished` and a
+//! `sleep` that yields) and `Backoff` (under loom: never spins, see [`Backoff`]).
 
 #[cfg(not(kvsched_loom))]
 mod imp {
@@ -30,12 +32,38 @@ mod imp {
 mod imp {
     pub use loom::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
     pub use loom::sync::Arc;
-    pub use loom::thread;
 
     /// Under loom a spin must yield so the model can schedule the thread being waited for.
     #[inline]
     pub fn spin_hint() {
         loom::thread::yield_now();
+    }
+
+    /// crossbeam's `Backoff` under loom: already completed, so a caller that spins before it
+    /// sleeps sleeps at once, and one that snoozes yields. Spinning only repeats a check the
+    /// model schedules anyway; each extra spin would multiply the interleavings to explore.
+    #[derive(Debug, Default)]
+    pub struct Backoff;
+
+    impl Backoff {
+        /// A backoff (stateless under loom).
+        pub fn new() -> Self {
+            Backoff
+        }
+        /// Yields.
+        pub fn spin(&self) {
+            loom::thread::yield_now();
+        }
+        /// Yields.
+        pub fn snooze(&self) {
+            loom::thread::yield_now();
+        }
+        /// Always `true`: callers go straight to their blocking path.
+        pub fn is_completed(&self) -> bool {
+            true
+        }
+        /// Nothing to reset.
+        pub fn reset(&self) {}
     }
 
     /// A loom mutex with parking_lot's (non-poisoning) interface.
@@ -154,5 +182,7 @@ pub const DEFAULT_COMPLETION_QUEUE_CAPACITY: usize = 2;
 mod barrier;
 pub mod condvar;
 pub mod park;
+#[cfg(kvsched_loom)]
+pub mod thread;
 pub use barrier::PhaseBarrier;
 pub use park::{Parker, Unparker};
