@@ -185,6 +185,8 @@ mod pool_impl {
             s.jobs.push(job);
             // SeqCst: pairs with the fence in `worker_loop` between listing and re-checking the
             // jobs: either that re-check sees this job, or this pop sees the listing.
+            // (Planted bug `worker-no-fence`, loom-tests/plants.sh: both fences left out.)
+            #[cfg(not(kvsched_plant = "worker-no-fence"))]
             fence(Ordering::SeqCst);
             if let Some(i) = s.idle.pop() {
                 // Release: pairs with the Acquire swap in `worker_loop`, which may list the
@@ -295,6 +297,7 @@ mod pool_impl {
                 }
                 // SeqCst: pairs with the fence in `dispatch` (listing, then re-check here;
                 // push, then pop there).
+                #[cfg(not(kvsched_plant = "worker-no-fence"))]
                 fence(Ordering::SeqCst);
                 // Acquire: pairs with the Release store of `stop` in `stop_and_join`.
                 #[cfg(not(kvsched_plant = "worker-no-recheck"))]

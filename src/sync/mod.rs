@@ -86,11 +86,20 @@ mod imp {
         }
     }
 
-    /// Loom-visible model of crossbeam's `ArrayQueue`: same interface, a loom mutex inside,
-    /// so loom explores every interleaving of pushes and pops.
+    /// Loom-visible model of crossbeam's `ArrayQueue`: same interface, a loom mutex around the
+    /// items, so loom explores every interleaving of pushes and pops.
+    ///
+    /// Like crossbeam's, an empty queue is seen without a write: `len`, `is_empty` and a `pop`
+    /// of an empty queue read a SeqCst length word and never take the lock (crossbeam reads
+    /// its head and tail with SeqCst loads). Taking the lock there would order the reader
+    /// after every earlier pusher and popper — a synchronisation crossbeam does not give, which
+    /// would hide a missing fence between a push and a check of another queue (the workers'
+    /// idle list against the job queue, whose SeqCst fences `worker_idle_list` checks).
     #[derive(Debug)]
     pub struct ArrayQueue<T> {
         inner: loom::sync::Mutex<std::collections::VecDeque<T>>,
+        /// The number of items, stored (SeqCst) under the lock after every change.
+        len: AtomicUsize,
         cap: usize,
     }
     impl<T> ArrayQueue<T> {
@@ -98,6 +107,7 @@ mod imp {
         pub fn new(cap: usize) -> Self {
             ArrayQueue {
                 inner: loom::sync::Mutex::new(std::collections::VecDeque::new()),
+                len: AtomicUsize::new(0),
                 cap,
             }
         }
@@ -114,19 +124,26 @@ mod imp {
                 return Err(v);
             }
             q.push_back(v);
+            self.len.store(q.len(), Ordering::SeqCst);
             Ok(())
         }
         /// Pops the oldest item.
         pub fn pop(&self) -> Option<T> {
-            self.q().pop_front()
+            if self.len.load(Ordering::SeqCst) == 0 {
+                return None;
+            }
+            let mut q = self.q();
+            let v = q.pop_front();
+            self.len.store(q.len(), Ordering::SeqCst);
+            v
         }
         /// Number of items.
         pub fn len(&self) -> usize {
-            self.q().len()
+            self.len.load(Ordering::SeqCst)
         }
         /// Whether empty.
         pub fn is_empty(&self) -> bool {
-            self.q().is_empty()
+            self.len() == 0
         }
         /// Capacity.
         pub fn capacity(&self) -> usize {
