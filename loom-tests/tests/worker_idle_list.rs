@@ -6,8 +6,9 @@
 //! * `dispatch_races_worker_going_idle`: one worker; the engine dispatches a job while the
 //!   worker starts and goes idle, waits for its completion, dispatches a second while the
 //!   worker goes idle again (still listed or not), waits, and shuts the pool down.
-//! * `two_workers_two_dispatches`: two workers, two jobs dispatched back to back; the engine
-//!   waits for both completions.
+//! * `two_workers_dispatch_one_at_a_time`: two workers; the engine dispatches a job, waits for
+//!   its completion, and dispatches another, each while either worker may be listed, going
+//!   idle or still busy.
 //!
 //! No lost wake-up: every dispatched job is run (the engine parks untimed until its
 //! completion, so a job nobody runs leaves every thread asleep: loom reports the deadlock).
@@ -16,12 +17,18 @@
 //!
 //! Catches: a worker that parks without re-checking the jobs after listing itself (plant
 //! `worker-no-recheck`: a dispatch whose pop came before the listing wakes nobody — deadlock),
-//! a worker that lists itself while still listed (plant `worker-list-twice`: the idle queue
-//! overflows or holds its index twice).
+//! the SeqCst fences left out of the pairing (plant `worker-no-fence`: the worker's re-check
+//! misses the job while the dispatch's pop misses the listing — deadlock), a worker that lists
+//! itself while still listed (plant `worker-list-twice`: the idle queue overflows or holds its
+//! index twice).
 //!
-//! Not caught here: the SeqCst fences pairing the listing with the dispatch. Under loom both
-//! queues are lock-based models, whose locks already order a listing against a dispatch's
-//! pop; with crossbeam's lock-free queues the fences are what does (see the README).
+//! The fences are checked because the shim's queue models, like crossbeam's queues, see an
+//! empty queue without taking a lock (a lock there would order the re-check after the
+//! dispatch by itself); loom models their SeqCst length word, as every SeqCst access, no
+//! stronger than acquire/release, so only the fences order a listing against a dispatch —
+//! as the pool's argument has it, relying on no more than crossbeam promises. loom models a
+//! SeqCst fence as a join with every earlier one, which gives exactly the fence–fence rule
+//! this pairing needs: no false positive with the fences, a lost wake-up without them.
 
 #![cfg(kvsched_loom)]
 
@@ -51,14 +58,14 @@ fn dispatch_races_worker_going_idle() {
 }
 
 #[test]
-fn two_workers_two_dispatches() {
+fn two_workers_dispatch_one_at_a_time() {
     model(|| {
         let e = Engine::start(2, 2);
-        e.dispatch(1, 0);
-        e.dispatch(2, 0);
-        let mut seqs: Vec<u64> = e.drain_until(2).iter().map(|c| c.key.seq()).collect();
-        seqs.sort_unstable();
-        assert_eq!(seqs, [1, 2]);
+        for seq in 1..=2 {
+            e.dispatch(seq, 0);
+            let got = e.drain_until(1);
+            assert_eq!(got.iter().map(|c| c.key.seq()).collect::<Vec<_>>(), [seq]);
+        }
         let (applied, stale, left) = e.shutdown();
         assert_eq!((applied, stale, left), (vec![], vec![], vec![]));
     });
