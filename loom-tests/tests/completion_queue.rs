@@ -9,7 +9,6 @@
 //! * `two_workers_full_queue`: two workers, one job each possible, capacity 1: one push can
 //!   find the queue full and retry (at most one producer spins at a time: with capacity 1 the
 //!   other's push has succeeded, which keeps loom's exploration finite).
-//! * `default_capacity`: two workers, the runtime's default capacity (2 under loom).
 //! * `full_queue_makes_the_producer_retry`: the queue is full before the job is dispatched,
 //!   and the shard drains only once the worker has counted a retry: the retry path in every
 //!   execution.
@@ -77,15 +76,14 @@ fn two_workers_full_queue() {
     });
 }
 
+/// The runtime's default capacity under loom. (Not a model: two workers delivering one
+/// completion each into it never fill it, which `two_workers_full_queue` covers and more.)
 #[test]
-fn default_capacity() {
-    model(|| {
-        assert_eq!(
-            DEFAULT_COMPLETION_QUEUE_CAPACITY, 2,
-            "loom builds shrink the queue"
-        );
-        run(2, DEFAULT_COMPLETION_QUEUE_CAPACITY, &[(1, 0), (2, 0)]);
-    });
+fn default_capacity_is_tiny_under_loom() {
+    assert_eq!(
+        DEFAULT_COMPLETION_QUEUE_CAPACITY, 2,
+        "loom builds shrink the queue"
+    );
 }
 
 /// The retry path in every execution: the queue (capacity 1) is full when the job is
