@@ -2,18 +2,30 @@
 # Proves the loom models can fail: builds kvsched with each planted bug
 # (`--cfg kvsched_plant="NAME"`, see the table below and the `kvsched_plant` cfgs in src/) and
 # asserts that loom reports a failure in the model(s) meant to catch it. Prints a table
-# plant → model → caught and exits non-zero if any plant goes uncaught (or does not build).
+# plant → model → bound → caught and exits non-zero if any plant goes uncaught (or does not
+# build).
 #
-#   loom-tests/plants.sh                     # every plant
+#   loom-tests/plants.sh                     # every plant, each model at its bound in run.sh
 #   loom-tests/plants.sh release-relaxed     # some plants
+#   loom-tests/plants.sh --sweep [PLANT…]    # the smallest bound (0–4) at which each row catches
 #
 # Each plant builds in its own target dir, target-loom/plants/NAME (kept between runs, so only
-# the first run pays the cold build). LOOM_MAX_PREEMPTIONS defaults to 2 as in run.sh; a row
-# may pin its own bound (see MODELS).
+# the first run pays the cold build). A row runs at its model's bound in loom-tests/run.sh, so
+# a plant is shown caught exactly as CI runs the model; LOOM_MAX_PREEMPTIONS overrides every
+# row, and a row may pin its own bound (`@N`, see MODELS).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-export LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-2}"
+sweep=0
+if [ "${1:-}" = "--sweep" ]; then
+  sweep=1
+  shift
+fi
+override="${LOOM_MAX_PREEMPTIONS:-}"
+declare -A BOUND=()
+while read -r m b; do
+  BOUND[$m]=$b
+done < <(bash loom-tests/run.sh --bounds)
 
 # plant → the models that must catch it: `file` (every test of loom-tests/tests/file.rs) or
 # `file::test`, optionally `@N` to run that row at LOOM_MAX_PREEMPTIONS=N instead.
@@ -21,25 +33,61 @@ declare -A MODELS=(
   # runtime/claim.rs: a claim is a plain store, so the last writer wins instead of the least key.
   [claim-store]="claim_table::two_claimants_one_block claim_decide_after_all_claimed"
   # sync/barrier.rs: PhaseBarrier waiters depart with a Relaxed load instead of Acquire.
-  # (loom's bounded DPOR reaches the stale decision in claim_decide_after_all_claimed only
-  # from bound 3 — 30–50 executions; stale_completion catches it at bound 2.)
-  [barrier-relaxed]="stale_completion claim_decide_after_all_claimed@3 park_lost_wakeup::barrier_sleepers_wake"
+  [barrier-relaxed]="stale_completion claim_decide_after_all_claimed claim_table::reset_between_steps park_lost_wakeup::barrier_sleepers_wake pending_mark_set_and_read_same_step"
   # runtime/claim.rs: clear_pending succeeds with Relaxed instead of Release.
-  [clear-pending-relaxed]="handoff_owner_abort::waiter_reads_recomputed_contents handoff_owner_abort::owner_aborts_while_sharer_waits"
+  [clear-pending-relaxed]="handoff_owner_abort::waiter_reads_recomputed_contents handoff_owner_abort::owner_aborts_while_sharer_waits pending_mark_set_and_read_same_step"
   # pool/free_list.rs: the free-list head's ABA tag is never bumped.
   [free-list-no-tag]="free_list_aba::aba_pop_against_pop_pop_push"
   # pool/mod.rs: the release CAS is Relaxed instead of Release.
   [release-relaxed]="pool_release_allocate::last_release_races_allocate pool_release_allocate::cached_release_races_reclaim_and_lookup"
+  # pool/prefix_index.rs: lookup revives the entry it found under a second hold of the lock.
+  [lookup-revive-unlocked]="prefix_index_evict_vs_register_lookup::evict_races_lookup prefix_index_evict_vs_register_lookup::evict_races_lookup_and_register"
   # sync/park.rs: unpark signals the condition variable without taking the lock.
-  [unpark-no-lock]="park_lost_wakeup::unpark_before_or_during_park"
+  [unpark-no-lock]="park_lost_wakeup::unpark_before_or_during_park work_signal_no_lost_wakeup"
+  # runtime/worker.rs: a worker parks without re-checking the jobs after listing itself idle.
+  [worker-no-recheck]="worker_idle_list::dispatch_races_worker_going_idle worker_idle_list::two_workers_dispatch_one_at_a_time"
+  # runtime/worker.rs: no SeqCst fences between a worker's listing and its re-check of the jobs,
+  # nor between a dispatch's push and its pop of the idle list.
+  [worker-no-fence]="worker_idle_list::dispatch_races_worker_going_idle worker_idle_list::two_workers_dispatch_one_at_a_time"
+  # runtime/worker.rs: a worker lists itself idle again while still listed.
+  [worker-list-twice]="worker_idle_list::dispatch_races_worker_going_idle worker_idle_list::two_workers_dispatch_one_at_a_time"
+  # runtime/worker.rs: a worker drops a completion when the shard's queue is full.
+  [worker-drop-on-full]="completion_queue::one_worker_full_queue completion_queue::full_queue_makes_the_producer_retry"
+  # runtime/worker.rs: shutdown waits for the workers without draining the queues meanwhile.
+  [shutdown-no-drain-while-waiting]="shutdown_drain::one_worker_two_jobs shutdown_drain::two_workers_two_jobs"
 )
-ORDER=(claim-store barrier-relaxed clear-pending-relaxed free-list-no-tag release-relaxed unpark-no-lock)
+ORDER=(claim-store barrier-relaxed clear-pending-relaxed free-list-no-tag release-relaxed
+  lookup-revive-unlocked unpark-no-lock worker-no-recheck worker-no-fence worker-list-twice
+  worker-drop-on-full shutdown-no-drain-while-waiting)
 
 if [ "$#" -gt 0 ]; then
   plants=("$@")
 else
   plants=("${ORDER[@]}")
 fi
+
+# run_row LOG BOUND FILE [FILTER…]: runs one row; sets `verdict` (and returns 0 iff caught).
+run_row() {
+  local log=$1 bound=$2 file=$3
+  shift 3
+  local start=$SECONDS
+  if LOOM_MAX_PREEMPTIONS="$bound" RUSTFLAGS="$flags" \
+    "${cargo_test[@]}" --quiet --test "$file" -- "$@" >"$log" 2>&1; then
+    verdict="NOT CAUGHT"
+    return 1
+  elif grep -q "test result: FAILED" "$log" || grep -q "^deadlock; threads" "$log"; then
+    # (A deadlock found by loom aborts the test binary while unwinding, so it may print no
+    # test result: the deadlock report is the failure.)
+    # The first panic message names what loom saw (assertion, causality violation, ...).
+    local why
+    why=$(grep -m1 -A1 "panicked at" "$log" | tail -n 1 | cut -c1-90)
+    verdict="caught ($((SECONDS - start))s): $why"
+    return 0
+  else
+    verdict="ERROR (no test failure reported, see $log)"
+    return 2
+  fi
+}
 
 rows=()
 bad=0
@@ -61,42 +109,49 @@ for plant in "${plants[@]}"; do
   fi
   for entry in ${MODELS[$plant]}; do
     spec="${entry%@*}"
-    bound="$LOOM_MAX_PREEMPTIONS"
+    file="${spec%%::*}"
+    bound="${override:-${BOUND[$file]:-}}"
     if [ "$entry" != "$spec" ]; then
       bound="${entry#*@}"
     fi
-    file="${spec%%::*}"
+    if [ -z "$bound" ]; then
+      echo "plant $plant: no model '$file' in loom-tests/run.sh" >&2
+      exit 2
+    fi
     filter=()
     if [ "$spec" != "$file" ]; then
       filter=("${spec#*::}" --exact)
     fi
     log="$dir/$file${filter:+-${filter[0]}}.log"
-    start=$SECONDS
-    if LOOM_MAX_PREEMPTIONS="$bound" RUSTFLAGS="$flags" \
-      "${cargo_test[@]}" --quiet --test "$file" -- "${filter[@]}" >"$log" 2>&1; then
-      verdict="NOT CAUGHT"
-      bad=1
-    elif grep -q "test result: FAILED" "$log" || grep -q "^deadlock; threads" "$log"; then
-      # (A deadlock found by loom aborts the test binary while unwinding, so it may print no
-      # test result: the deadlock report is the failure.)
-      # The first panic message names what loom saw (assertion, causality violation, ...).
-      why=$(grep -m1 -A1 "panicked at" "$log" | tail -n 1 | cut -c1-90)
-      verdict="caught ($((SECONDS - start))s): $why"
-    else
-      verdict="ERROR (no test failure reported, see $log)"
-      bad=1
+    if [ "$sweep" -eq 1 ]; then
+      found=""
+      for b in 0 1 2 3 4; do
+        if run_row "$log" "$b" "$file" "${filter[@]}"; then
+          found=$b
+          break
+        fi
+      done
+      if [ -n "$found" ]; then
+        rows+=("$plant|$spec|$found|smallest catching bound (run.sh: ${BOUND[$file]}): $verdict")
+      else
+        rows+=("$plant|$spec|-|not caught up to bound 4")
+        bad=1
+      fi
+      echo "   $spec: smallest bound ${found:--}"
+      continue
     fi
+    run_row "$log" "$bound" "$file" "${filter[@]}" || bad=1
     rows+=("$plant|$spec|$bound|$verdict")
     echo "   $spec (bound $bound): $verdict"
   done
 done
 
 echo
-printf '%-22s | %-62s | %-5s | %s\n' plant model bound caught
-printf '%s\n' "$(printf -- '-%.0s' {1..140})"
+printf '%-32s | %-66s | %-5s | %s\n' plant model bound caught
+printf '%s\n' "$(printf -- '-%.0s' {1..150})"
 for r in "${rows[@]}"; do
   IFS='|' read -r p m b v <<<"$r"
-  printf '%-22s | %-62s | %-5s | %s\n' "$p" "$m" "$b" "$v"
+  printf '%-32s | %-66s | %-5s | %s\n' "$p" "$m" "$b" "$v"
 done
 if [ "$bad" -ne 0 ]; then
   echo "plants: some plant was not caught (or did not build)" >&2

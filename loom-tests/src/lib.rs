@@ -7,6 +7,13 @@
 
 #![cfg(kvsched_loom)]
 
+use std::time::Duration;
+
+use kvsched::connector::{KvConnector, NoConnector};
+use kvsched::runtime::claim::RequestKey;
+use kvsched::runtime::worker::{model_job, model_job_key, Completion, WorkerPool};
+use kvsched::sync::park::{Parker, Unparker};
+use kvsched::sync::{Arc, ArrayQueue, AtomicU64, Ordering};
 use loom::cell::UnsafeCell;
 
 /// Preemption bound used when `LOOM_MAX_PREEMPTIONS` is not set (run.sh always sets it).
@@ -67,4 +74,159 @@ impl BlockContents {
         // SAFETY: as in `read`.
         self.0.with_mut(|p| unsafe { *p = v })
     }
+}
+
+/// The engine's wake-up signal, [`WorkSignal`] of `src/runtime/signal.rs` (compiled out under
+/// loom with the rest of the runtime, as it is an `impl Runtime`), restated line for line on
+/// the real [`Parker`]/[`Unparker`]: an events counter bumped (Release) on every delivered
+/// completion, then an unpark of the engine; the engine compares the counter (Acquire) with
+/// the value it read when its last step began draining, and parks only while they are equal.
+#[derive(Debug)]
+pub struct WorkSignal {
+    events: AtomicU64,
+    engine: Unparker,
+}
+
+impl WorkSignal {
+    /// A signal that wakes the parker `engine` belongs to.
+    pub fn new(engine: Unparker) -> Self {
+        WorkSignal {
+            events: AtomicU64::new(0),
+            engine,
+        }
+    }
+
+    /// `WorkSignal::notify`: a worker delivered a completion.
+    pub fn notify(&self) {
+        self.events.fetch_add(1, Ordering::Release);
+        self.engine.unpark();
+    }
+
+    /// What `Runtime::schedule` reads when it begins draining (`events_at_schedule`).
+    pub fn events(&self) -> u64 {
+        self.events.load(Ordering::Acquire)
+    }
+
+    /// `Runtime::wait_for_work` without a timeout (loom has no clock): returns once the
+    /// counter differs from `before`.
+    pub fn wait_for_work(&self, parker: &Parker, before: u64) {
+        while self.events.load(Ordering::Acquire) == before {
+            parker.park();
+        }
+    }
+}
+
+/// Shutdown timeout the models pass: never reached (loom has no clock, and a deadline that
+/// could expire would make executions depend on wall time).
+pub const NO_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+
+/// The engine side of the real [`WorkerPool`], as the runtime drives it: one shard's bounded
+/// completion queue, a connector whose loads all succeed ([`NoConnector`]), the pool's
+/// `notify` wired to a [`WorkSignal`] on this thread's parker.
+pub struct Engine {
+    /// The shard's completion queue.
+    pub queue: Arc<ArrayQueue<Completion>>,
+    /// The real pool.
+    pub pool: WorkerPool,
+    signal: Arc<WorkSignal>,
+    parker: Parker,
+}
+
+impl Engine {
+    /// Starts `workers` workers delivering into a queue of capacity `cap`.
+    pub fn start(workers: usize, cap: usize) -> Self {
+        let queue = Arc::new(ArrayQueue::new(cap));
+        let parker = Parker::new();
+        let signal = Arc::new(WorkSignal::new(parker.unparker()));
+        let s = Arc::clone(&signal);
+        let connector: std::sync::Arc<dyn KvConnector> = std::sync::Arc::new(NoConnector);
+        let notify: std::sync::Arc<dyn Fn() + Send + Sync> =
+            std::sync::Arc::new(move || s.notify());
+        let pool = WorkerPool::start(
+            workers,
+            vec![Arc::clone(&queue)],
+            Arc::from_std(connector),
+            Arc::from_std(notify),
+        )
+        .expect("loom threads start");
+        Engine {
+            queue,
+            pool,
+            signal,
+            parker,
+        }
+    }
+
+    /// Dispatches a load of request `seq` (shard 0), attempt `attempt`.
+    pub fn dispatch(&self, seq: u64, attempt: u32) {
+        self.pool.dispatch(model_job(0, key(seq), attempt));
+    }
+
+    /// One step's drain: what is queued now, and the events count read before draining.
+    pub fn drain(&self) -> (u64, Vec<Completion>) {
+        let before = self.signal.events();
+        let mut out = Vec::new();
+        while let Some(c) = self.queue.pop() {
+            out.push(c);
+        }
+        (before, out)
+    }
+
+    /// Steps until `n` completions were drained: drain, and with nothing new, wait for work
+    /// (an untimed park: a lost wake-up leaves this thread asleep, which loom reports).
+    pub fn drain_until(&self, n: usize) -> Vec<Completion> {
+        let mut got = Vec::new();
+        loop {
+            let (before, cs) = self.drain();
+            got.extend(cs);
+            if got.len() >= n {
+                return got;
+            }
+            self.signal.wait_for_work(&self.parker, before);
+        }
+    }
+
+    /// The events count now (as `Runtime::schedule` reads it before draining).
+    pub fn events(&self) -> u64 {
+        self.signal.events()
+    }
+
+    /// Parks until the events count differs from `before`.
+    pub fn wait_for_work(&self, before: u64) {
+        self.signal.wait_for_work(&self.parker, before);
+    }
+
+    /// `Runtime::shutdown`'s part: `WorkerPool::shutdown` with a drain closure that parks what
+    /// landed, then those pushed back into the queue for one last step (what does not fit is
+    /// stale), then that step's drain. Returns `(applied, stale, never started)` as seqs.
+    pub fn shutdown(self) -> (Vec<u64>, Vec<u64>, Vec<u64>) {
+        let Engine { queue, pool, .. } = self;
+        let mut parked = Vec::new();
+        let (left, finished) = pool.shutdown(
+            || {
+                while let Some(c) = queue.pop() {
+                    parked.push(c);
+                }
+            },
+            NO_TIMEOUT,
+        );
+        assert!(finished, "a worker was detached without a timeout");
+        let mut stale = Vec::new();
+        for c in parked {
+            if let Err(c) = queue.push(c) {
+                stale.push(c.key.seq());
+            }
+        }
+        let mut applied = Vec::new();
+        while let Some(c) = queue.pop() {
+            applied.push(c.key.seq());
+        }
+        let left = left.iter().map(|j| model_job_key(j).seq()).collect();
+        (applied, stale, left)
+    }
+}
+
+/// A request key of sequence number `seq` (async, priority 0).
+pub fn key(seq: u64) -> RequestKey {
+    RequestKey::new(false, 0, seq)
 }

@@ -1,142 +1,118 @@
-//! **Race: the completion hand-off worker → shard** (the sync shim's bounded `ArrayQueue`, the
-//! workers' push-retry loop of `worker.rs`, a shard draining at every step).
+//! **Race: the completion hand-off worker → shard** (the real `WorkerPool`: a worker runs a
+//! job and pushes its `Completion` onto the shard's bounded queue — the sync shim's
+//! `ArrayQueue` — retrying with a notification while it is full; the shard drains it at every
+//! step and waits for work between steps as `Runtime::wait_for_work` does).
 //!
-//! * `one_worker_full_queue`: a worker delivers two completions into a queue of capacity 1,
-//!   so its second push can find the queue full and retry, while the shard drains step after
-//!   step; the shard applies both, in order.
-//! * `two_workers_full_queue`: two workers deliver one completion each into a queue of
-//!   capacity 1: the second push finds it full and retries (at most one producer spins at a
-//!   time, which keeps loom's exploration finite).
-//! * `default_capacity`: two workers, the runtime's default capacity (2 under loom).
-//! * `full_queue_makes_the_producer_retry`: the retry path in every schedule.
+//! * `one_worker_full_queue`: one worker, two jobs, a queue of capacity 1: the second push can
+//!   find the queue full and retry while the shard drains step after step; the shard gets
+//!   both, in dispatch order.
+//! * `two_workers_full_queue`: two workers, one job each possible, capacity 1: one push can
+//!   find the queue full and retry (at most one producer spins at a time: with capacity 1 the
+//!   other's push has succeeded, which keeps loom's exploration finite).
+//! * `full_queue_makes_the_producer_retry`: the queue is full before the job is dispatched,
+//!   and the shard drains only once the worker has counted a retry: the retry path in every
+//!   execution.
 //!
-//! Every completion is applied exactly once (no loss, no duplicate, each attempt matches its
-//! request), and a full queue makes the producer retry instead of dropping.
+//! Every completion is applied exactly once (no loss, no duplicate, each attempt matching its
+//! request), a full queue makes the producer retry instead of dropping, and shutdown finds
+//! nothing left over.
 //!
-//! Catches: a producer that drops a completion on a full queue, a push or pop that loses or
-//! duplicates an item under contention, a drain loop that stops early.
+//! Catches: a worker that drops a completion on a full queue (plant `worker-drop-on-full`:
+//! the shard waits for it forever — loom reports the deadlock), a push or pop that loses or
+//! duplicates an item under contention, a drain loop that stops early, a full-queue retry
+//! that does not wake the shard.
 
 #![cfg(kvsched_loom)]
 
 use std::time::Instant;
 
 use kvsched::connector::LoadResult;
-use kvsched::runtime::claim::RequestKey;
 use kvsched::runtime::worker::Completion;
-use kvsched::sync::{
-    spin_hint, thread, Arc, ArrayQueue, AtomicU64, Ordering, DEFAULT_COMPLETION_QUEUE_CAPACITY,
-};
-use kvsched_loom_tests::model;
+use kvsched::sync::{Ordering, DEFAULT_COMPLETION_QUEUE_CAPACITY};
+use kvsched_loom_tests::{key, model, Engine};
 
-fn completion(seq: u64, attempt: u32) -> Completion {
-    Completion {
-        key: RequestKey::new(false, 0, seq),
-        attempt,
-        result: LoadResult::Ok,
-        panicked: false,
-        finished_at: Instant::now(),
+/// Dispatches `jobs` (request, attempt) to a pool of `workers` delivering into a queue of
+/// capacity `cap`, drains until every completion arrived and shuts down; returns them in
+/// arrival order.
+fn run(workers: usize, cap: usize, jobs: &[(u64, u32)]) -> Vec<(u64, u32)> {
+    let e = Engine::start(workers, cap);
+    for &(seq, attempt) in jobs {
+        e.dispatch(seq, attempt);
     }
-}
-
-/// A worker's delivery, as in `worker.rs`: push, and on a full queue take the completion back,
-/// count the retry, back off and push again — never drop it.
-fn deliver(q: &ArrayQueue<Completion>, retries: &AtomicU64, mut c: Completion) {
-    loop {
-        match q.push(c) {
-            Ok(()) => return,
-            Err(back) => {
-                c = back;
-                retries.fetch_add(1, Ordering::Relaxed);
-                spin_hint();
-            }
-        }
-    }
-}
-
-/// Runs `workers` threads each delivering `per_worker` completions (request `w + 1`, attempts
-/// `0..per_worker`) to a queue of `cap`, while this thread drains it step by step.
-fn run(cap: usize, workers: u64, per_worker: u32) -> u64 {
-    let q = Arc::new(ArrayQueue::new(cap));
-    let retries = Arc::new(AtomicU64::new(0));
-    let hs: Vec<_> = (0..workers)
-        .map(|w| {
-            let (q, retries) = (Arc::clone(&q), Arc::clone(&retries));
-            thread::spawn(move || {
-                for attempt in 0..per_worker {
-                    deliver(&q, &retries, completion(w + 1, attempt));
-                }
-            })
-        })
+    let got: Vec<(u64, u32)> = e
+        .drain_until(jobs.len())
+        .iter()
+        .map(|c| (c.key.seq(), c.attempt))
         .collect();
-    // The shard: each step drains whatever is queued; a completion is applied once, and only
-    // if it answers the request's next attempt (per-worker FIFO).
-    let total = workers * u64::from(per_worker);
-    let mut next_attempt = vec![0u32; workers as usize];
-    let mut applied = 0u64;
-    while applied < total {
-        while let Some(c) = q.pop() {
-            let w = (c.key.seq() - 1) as usize;
-            assert_eq!(
-                c.attempt, next_attempt[w],
-                "lost, duplicate or reordered completion"
-            );
-            next_attempt[w] += 1;
-            applied += 1;
-        }
-        if applied < total {
-            spin_hint();
-        }
-    }
-    for h in hs {
-        h.join().unwrap();
-    }
-    assert!(q.is_empty(), "a completion was delivered twice");
-    assert!(next_attempt.iter().all(|&n| n == per_worker));
-    retries.load(Ordering::Relaxed)
+    let (applied, stale, left) = e.shutdown();
+    assert!(
+        applied.is_empty() && stale.is_empty() && left.is_empty(),
+        "left over after every completion was drained: {applied:?} {stale:?} {left:?}"
+    );
+    let mut sorted = got.clone();
+    sorted.sort_unstable();
+    let mut want = jobs.to_vec();
+    want.sort_unstable();
+    assert_eq!(sorted, want, "lost or duplicate completion");
+    got
 }
 
 #[test]
 fn one_worker_full_queue() {
     model(|| {
-        run(1, 1, 2);
+        let got = run(1, 1, &[(1, 0), (1, 1)]);
+        assert_eq!(
+            got,
+            [(1, 0), (1, 1)],
+            "one worker delivers in dispatch order"
+        );
     });
 }
 
 #[test]
 fn two_workers_full_queue() {
     model(|| {
-        run(1, 2, 1);
+        run(2, 1, &[(1, 0), (2, 0)]);
     });
 }
 
+/// The runtime's default capacity under loom. (Not a model: two workers delivering one
+/// completion each into it never fill it, which `two_workers_full_queue` covers and more.)
 #[test]
-fn default_capacity() {
-    model(|| {
-        assert_eq!(
-            DEFAULT_COMPLETION_QUEUE_CAPACITY, 2,
-            "loom builds shrink the queue"
-        );
-        run(DEFAULT_COMPLETION_QUEUE_CAPACITY, 2, 1);
-    });
+fn default_capacity_is_tiny_under_loom() {
+    assert_eq!(
+        DEFAULT_COMPLETION_QUEUE_CAPACITY, 2,
+        "loom builds shrink the queue"
+    );
 }
 
-/// The retry path in every schedule: the queue (capacity 1) is full when the producer
-/// starts, the shard drains only once the producer has retried, and nothing is lost.
+/// The retry path in every execution: the queue (capacity 1) is full when the job is
+/// dispatched, the shard drains only once the worker has counted a retry, and nothing is lost.
 #[test]
 fn full_queue_makes_the_producer_retry() {
     model(|| {
-        let q = Arc::new(ArrayQueue::new(1));
-        let retries = Arc::new(AtomicU64::new(0));
-        deliver(&q, &retries, completion(1, 0));
-        let (q2, r2) = (Arc::clone(&q), Arc::clone(&retries));
-        let h = thread::spawn(move || deliver(&q2, &r2, completion(1, 1)));
-        // Let the producer find the queue full at least once before draining.
-        while retries.load(Ordering::Relaxed) == 0 {
-            spin_hint();
+        let e = Engine::start(1, 1);
+        let earlier = Completion {
+            key: key(9),
+            attempt: 0,
+            result: LoadResult::Ok,
+            panicked: false,
+            finished_at: Instant::now(),
+        };
+        assert!(e.queue.push(earlier).is_ok());
+        e.dispatch(1, 0);
+        // A retry notifies the shard (events go up), so this waits without spinning.
+        loop {
+            let before = e.events();
+            if e.pool.counters().queue_full_retries.load(Ordering::Relaxed) > 0 {
+                break;
+            }
+            e.wait_for_work(before);
         }
-        assert_eq!(q.pop().map(|c| c.attempt), Some(0));
-        h.join().unwrap();
-        assert_eq!(q.pop().map(|c| c.attempt), Some(1));
-        assert!(q.pop().is_none());
+        assert_eq!(e.queue.pop().map(|c| c.key.seq()), Some(9));
+        let got = e.drain_until(1);
+        assert_eq!(got.iter().map(|c| c.key.seq()).collect::<Vec<_>>(), [1]);
+        let (applied, stale, left) = e.shutdown();
+        assert!(applied.is_empty() && stale.is_empty() && left.is_empty());
     });
 }

@@ -113,6 +113,14 @@ impl BlockPool {
     pub fn lookup(&self, hash: BlockHash) -> Option<BlockRef> {
         let mut shard = self.index.shard(hash).lock();
         let r = *shard.get(&hash)?;
+        // Planted bug (loom-tests/plants.sh): the entry is read under one hold of the lock and
+        // revived under another, so an eviction and a registration under another hash fit in
+        // between.
+        #[cfg(kvsched_plant = "lookup-revive-unlocked")]
+        let mut shard = {
+            drop(shard);
+            self.index.shard(hash).lock()
+        };
         let Some(slot) = self.slot(r.id) else {
             shard.remove(&hash);
             return None;

@@ -17,9 +17,10 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Instant;
 
+#[cfg(kvsched_loom)]
+use crate::connector::LoadOwner;
 use crate::connector::{InvalidBlocks, KvConnector, LoadJob, LoadResult};
 use crate::runtime::claim::RequestKey;
-#[cfg(not(kvsched_loom))]
 pub use pool_impl::WorkerPool;
 
 /// A finished load, on its way to the shard that owns the request.
@@ -48,9 +49,35 @@ pub fn run_load(connector: &dyn KvConnector, job: &LoadJob) -> (LoadResult, bool
     }
 }
 
-/// The worker threads (real OS threads with timed parking: not modelled under loom; the loom
-/// models drive the completion queue itself).
-#[cfg(not(kvsched_loom))]
+/// A load job for request `key` of shard `shard` that writes no block: the loom models'
+/// jobs (a job's owner is the runtime's business, not constructible outside the crate).
+#[cfg(kvsched_loom)]
+pub fn model_job(shard: usize, key: RequestKey, attempt: u32) -> LoadJob {
+    LoadJob {
+        request: std::sync::Arc::from("model"),
+        owner: LoadOwner {
+            shard,
+            key: key.raw(),
+        },
+        attempt,
+        start_tokens: 0,
+        end_tokens: 0,
+        block_tables: Vec::new(),
+        block_sizes: Vec::new(),
+        deadline: None,
+    }
+}
+
+/// The request key a job's completion goes to (loom models: a job's owner is crate-private).
+#[cfg(kvsched_loom)]
+pub fn model_job_key(job: &LoadJob) -> RequestKey {
+    RequestKey::from_raw(job.owner.key)
+}
+
+/// The worker threads. Under `cfg(kvsched_loom)` they are loom threads through the sync shim
+/// (a `sleep` yields, a `Backoff` never spins, `is_finished` is a flag), and the loom models
+/// drive this very pool; only the shutdown deadline stays wall-clock (models pass one that
+/// never expires).
 mod pool_impl {
     use std::time::{Duration, Instant};
 
@@ -158,11 +185,15 @@ mod pool_impl {
             s.jobs.push(job);
             // SeqCst: pairs with the fence in `worker_loop` between listing and re-checking the
             // jobs: either that re-check sees this job, or this pop sees the listing.
+            // (Planted bug `worker-no-fence`, loom-tests/plants.sh: both fences left out.)
+            #[cfg(not(kvsched_plant = "worker-no-fence"))]
             fence(Ordering::SeqCst);
             if let Some(i) = s.idle.pop() {
                 // Release: pairs with the Acquire swap in `worker_loop`, which may list the
-                // worker again only after this pop.
-                s.listed[i].store(false, Ordering::Release);
+                // worker again only after this pop. A swap, so the check below reads the
+                // latest value: the popped listing is the worker's only one.
+                let was_listed = s.listed[i].swap(false, Ordering::Release);
+                debug_assert!(was_listed, "worker {i} was on the idle list twice");
                 s.unparkers[i].unpark();
             }
         }
@@ -197,6 +228,9 @@ mod pool_impl {
             // A timeout past what an Instant can hold waits for the loads as long as they take.
             let deadline = Instant::now().checked_add(timeout);
             while self.handles.iter().any(|h| !h.is_finished()) {
+                // Planted bug (loom-tests/plants.sh): no drain while waiting, so a worker
+                // blocked on a full queue never finishes.
+                #[cfg(not(kvsched_plant = "shutdown-no-drain-while-waiting"))]
                 drain();
                 if deadline.is_some_and(|d| Instant::now() >= d) {
                     // Release: pairs with the Acquire load in the push loop; a late worker
@@ -249,17 +283,31 @@ mod pool_impl {
                 // List as idle (at most once), re-check, then park untimed: a dispatch after
                 // the re-check pops the listing and unparks us, and an unpark that lands
                 // before the park makes it return at once.
-                // Acquire: pairs with the Release store in `dispatch` that unlisted us.
-                if !s.listed[me].swap(true, Ordering::Acquire) {
+                // Acquire: pairs with the Release swap in `dispatch` that unlisted us.
+                #[cfg(not(kvsched_plant = "worker-list-twice"))]
+                let list = !s.listed[me].swap(true, Ordering::Acquire);
+                // Planted bug (loom-tests/plants.sh): the flag is ignored, so a worker still
+                // listed lists itself again.
+                #[cfg(kvsched_plant = "worker-list-twice")]
+                let list = !s.listed[me].swap(true, Ordering::Acquire) || true;
+                if list {
                     // Cannot fail: the queue holds one slot per worker and each is listed at
                     // most once.
-                    let _ = s.idle.push(me);
+                    let pushed = s.idle.push(me);
+                    debug_assert!(pushed.is_ok(), "worker {me}: the idle list overflowed");
                 }
                 // SeqCst: pairs with the fence in `dispatch` (listing, then re-check here;
                 // push, then pop there).
+                #[cfg(not(kvsched_plant = "worker-no-fence"))]
                 fence(Ordering::SeqCst);
                 // Acquire: pairs with the Release store of `stop` in `stop_and_join`.
-                if s.jobs.is_empty() && !s.stop.load(Ordering::Acquire) {
+                #[cfg(not(kvsched_plant = "worker-no-recheck"))]
+                let idle = s.jobs.is_empty() && !s.stop.load(Ordering::Acquire);
+                // Planted bug (loom-tests/plants.sh): no re-check of the jobs after listing,
+                // so a job dispatched before the listing is never run.
+                #[cfg(kvsched_plant = "worker-no-recheck")]
+                let idle = !s.stop.load(Ordering::Acquire);
+                if idle {
                     parker.park();
                 }
                 backoff.reset();
@@ -297,6 +345,13 @@ mod pool_impl {
                 match q.push(c) {
                     Ok(()) => break,
                     Err(back) => {
+                        // Planted bug (loom-tests/plants.sh): a full queue drops the
+                        // completion.
+                        #[cfg(kvsched_plant = "worker-drop-on-full")]
+                        {
+                            drop(back);
+                            break;
+                        }
                         // Acquire: pairs with the Release store in `Drop`.
                         if s.abandon.load(Ordering::Acquire) {
                             break;

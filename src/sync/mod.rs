@@ -3,7 +3,9 @@
 //! Everything concurrent in kvsched imports from here. Normally these are `std` atomics,
 //! `parking_lot` locks, `std::thread` and crossbeam queues; under `--cfg kvsched_loom` they are
 //! loom's, crossbeam's queues are replaced by a loom-visible model with the same interface,
-//! and default capacities shrink so models stay small.
+//! and default capacities shrink so models stay small. What the runtime uses and loom lacks
+//! is routed through here too: `thread` (loom's threads with `JoinHandle::is_finished` and a
+//! `sleep` that yields) and `Backoff` (under loom: never spins, see [`Backoff`]).
 
 #[cfg(not(kvsched_loom))]
 mod imp {
@@ -30,12 +32,38 @@ mod imp {
 mod imp {
     pub use loom::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
     pub use loom::sync::Arc;
-    pub use loom::thread;
 
     /// Under loom a spin must yield so the model can schedule the thread being waited for.
     #[inline]
     pub fn spin_hint() {
         loom::thread::yield_now();
+    }
+
+    /// crossbeam's `Backoff` under loom: already completed, so a caller that spins before it
+    /// sleeps sleeps at once, and one that snoozes yields. Spinning only repeats a check the
+    /// model schedules anyway; each extra spin would multiply the interleavings to explore.
+    #[derive(Debug, Default)]
+    pub struct Backoff;
+
+    impl Backoff {
+        /// A backoff (stateless under loom).
+        pub fn new() -> Self {
+            Backoff
+        }
+        /// Yields.
+        pub fn spin(&self) {
+            loom::thread::yield_now();
+        }
+        /// Yields.
+        pub fn snooze(&self) {
+            loom::thread::yield_now();
+        }
+        /// Always `true`: callers go straight to their blocking path.
+        pub fn is_completed(&self) -> bool {
+            true
+        }
+        /// Nothing to reset.
+        pub fn reset(&self) {}
     }
 
     /// A loom mutex with parking_lot's (non-poisoning) interface.
@@ -58,11 +86,20 @@ mod imp {
         }
     }
 
-    /// Loom-visible model of crossbeam's `ArrayQueue`: same interface, a loom mutex inside,
-    /// so loom explores every interleaving of pushes and pops.
+    /// Loom-visible model of crossbeam's `ArrayQueue`: same interface, a loom mutex around the
+    /// items, so loom explores every interleaving of pushes and pops.
+    ///
+    /// Like crossbeam's, an empty queue is seen without a write: `len`, `is_empty` and a `pop`
+    /// of an empty queue read a SeqCst length word and never take the lock (crossbeam reads
+    /// its head and tail with SeqCst loads). Taking the lock there would order the reader
+    /// after every earlier pusher and popper — a synchronisation crossbeam does not give, which
+    /// would hide a missing fence between a push and a check of another queue (the workers'
+    /// idle list against the job queue, whose SeqCst fences `worker_idle_list` checks).
     #[derive(Debug)]
     pub struct ArrayQueue<T> {
         inner: loom::sync::Mutex<std::collections::VecDeque<T>>,
+        /// The number of items, stored (SeqCst) under the lock after every change.
+        len: AtomicUsize,
         cap: usize,
     }
     impl<T> ArrayQueue<T> {
@@ -70,6 +107,7 @@ mod imp {
         pub fn new(cap: usize) -> Self {
             ArrayQueue {
                 inner: loom::sync::Mutex::new(std::collections::VecDeque::new()),
+                len: AtomicUsize::new(0),
                 cap,
             }
         }
@@ -86,19 +124,26 @@ mod imp {
                 return Err(v);
             }
             q.push_back(v);
+            self.len.store(q.len(), Ordering::SeqCst);
             Ok(())
         }
         /// Pops the oldest item.
         pub fn pop(&self) -> Option<T> {
-            self.q().pop_front()
+            if self.len.load(Ordering::SeqCst) == 0 {
+                return None;
+            }
+            let mut q = self.q();
+            let v = q.pop_front();
+            self.len.store(q.len(), Ordering::SeqCst);
+            v
         }
         /// Number of items.
         pub fn len(&self) -> usize {
-            self.q().len()
+            self.len.load(Ordering::SeqCst)
         }
         /// Whether empty.
         pub fn is_empty(&self) -> bool {
-            self.q().is_empty()
+            self.len() == 0
         }
         /// Capacity.
         pub fn capacity(&self) -> usize {
@@ -154,5 +199,7 @@ pub const DEFAULT_COMPLETION_QUEUE_CAPACITY: usize = 2;
 mod barrier;
 pub mod condvar;
 pub mod park;
+#[cfg(kvsched_loom)]
+pub mod thread;
 pub use barrier::PhaseBarrier;
 pub use park::{Parker, Unparker};
