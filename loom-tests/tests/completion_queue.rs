@@ -19,8 +19,9 @@
 //!
 //! Catches: a worker that drops a completion on a full queue (plant `worker-drop-on-full`:
 //! the shard waits for it forever — loom reports the deadlock), a push or pop that loses or
-//! duplicates an item under contention, a drain loop that stops early, a full-queue retry
-//! that does not wake the shard.
+//! duplicates an item under contention, a full-queue retry that does not notify the shard
+//! (`full_queue_makes_the_producer_retry` then never wakes: loom stops it at its branch limit,
+//! as checked by hand).
 
 #![cfg(kvsched_loom)]
 

@@ -18,8 +18,8 @@
 //!
 //! Catches: a lookup that revives an entry outside the lock under which it found it (plant
 //! `lookup-revive-unlocked`: the block is evicted and registered under `H2` in between, and
-//! the `H1` lookup returns it — a hit on another hash's contents), an eviction that leaves the
-//! entry behind, a registration accepted while the hash still names a cached block.
+//! the `H1` lookup returns it — a hit on another hash's contents), a registration accepted
+//! while the hash still names a cached block (the evictor then finds its entry replaced).
 
 #![cfg(kvsched_loom)]
 

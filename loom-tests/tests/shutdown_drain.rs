@@ -17,8 +17,9 @@
 //!
 //! Catches: a shutdown that waits for a worker blocked on a full queue without draining it
 //! (plant `shutdown-no-drain-while-waiting`: both threads spin forever — loom stops the
-//! execution at its branch limit), a worker that keeps taking jobs after `stop` or sleeps
-//! through it, a job both run and returned, a completion lost between the drains.
+//! execution at its branch limit), a worker left asleep through the stop (a stop without the
+//! unparks: the engine waits on it forever, as checked by hand), a job both run and returned
+//! or lost from the accounting.
 
 #![cfg(kvsched_loom)]
 
