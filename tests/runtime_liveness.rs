@@ -41,9 +41,20 @@ fn req(id: &str, prompt: Vec<u32>, max_new_tokens: u32) -> SubmitRequest {
 /// Drives the engine loop (update → schedule → sample every request that samples) until no
 /// request is live or `max_steps` pass; returns the metrics and how each request ended.
 fn drive(rt: &mut Runtime, max_steps: usize) -> (Metrics, Vec<(String, EndState)>) {
+    drive_with(rt, max_steps, |_| false)
+}
+
+/// [`drive`], calling `arrive` before every step (to submit); it returns whether more
+/// requests are still to come, so an empty runtime ends the loop only once it returns false.
+fn drive_with(
+    rt: &mut Runtime,
+    max_steps: usize,
+    mut arrive: impl FnMut(&Runtime) -> bool,
+) -> (Metrics, Vec<(String, EndState)>) {
     let mut out = StepOutput::default();
     let mut ended = Vec::new();
     for _ in 0..max_steps {
+        let more = arrive(rt);
         rt.update(std::mem::take(&mut out));
         let plan = rt.schedule().expect("step");
         out.step = plan.step;
@@ -54,7 +65,7 @@ fn drive(rt: &mut Runtime, max_steps: usize) -> (Metrics, Vec<(String, EndState)
             .map(|s| s.id.to_string())
             .collect();
         ended.extend(plan.ended.iter().map(|(id, e)| (id.to_string(), *e)));
-        if rt.live() == 0 {
+        if !more && rt.live() == 0 {
             break;
         }
         if plan.scheduled.is_empty() {
@@ -257,10 +268,7 @@ fn two_shards_sharing_a_small_pool_finish_every_request() {
             .map(|b| (0..96).map(|t| t * 7 + b).collect())
             .collect();
         let mut next = 0u32;
-        let mut out = StepOutput::default();
-        let mut steps = 0;
-        while (next < 300 || rt.live() > 0) && steps < 200_000 {
-            steps += 1;
+        drive_with(&mut rt, 200_000, |rt| {
             while next < 300 && rt.live() < 24 {
                 let mut prompt = bases[(next % 3) as usize][..48 + (next % 48) as usize].to_vec();
                 prompt.push(1_000 + next);
@@ -268,16 +276,8 @@ fn two_shards_sharing_a_small_pool_finish_every_request() {
                     .unwrap();
                 next += 1;
             }
-            rt.update(std::mem::take(&mut out));
-            let plan = rt.schedule().expect("step");
-            out.step = plan.step;
-            out.sampled = plan
-                .scheduled
-                .iter()
-                .filter(|s| s.samples)
-                .map(|s| s.id.to_string())
-                .collect();
-        }
+            next < 300
+        });
         let report = rt.shutdown();
         assert!(report.violations.is_empty(), "{report}");
         report.metrics
