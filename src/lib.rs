@@ -36,6 +36,7 @@
 // Internal modules are crate-private in a normal build and public only to the loom models
 // (`cfg(kvsched_loom)`) and the mechanism benchmarks (feature `internals`).
 pub mod connector;
+pub mod kv;
 #[cfg(any(kvsched_loom, feature = "internals"))]
 pub mod pool;
 #[cfg(not(any(kvsched_loom, feature = "internals")))]

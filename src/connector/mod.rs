@@ -9,7 +9,10 @@
 
 use crate::pool::BlockRef;
 
+mod cancel;
 mod sim;
+
+pub use cancel::CancelToken;
 
 pub use crate::rng::SplitMix64;
 pub use sim::{SimConfig, SimConnector, SimulatedPanic};
