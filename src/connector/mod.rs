@@ -7,7 +7,8 @@
 //! asynchronous; and [`KvConnector::load`], run by a worker thread (async loads) or by the
 //! engine during the step (sync loads), returning success or the blocks that failed.
 
-use crate::pool::BlockRef;
+use crate::pool::{BlockPool, BlockRef};
+use crate::sync::Arc;
 
 mod cancel;
 mod sim;
@@ -39,10 +40,27 @@ pub struct LookupResult {
 }
 
 /// One load: fill the blocks covering tokens `[start_tokens, end_tokens)` of a request.
+///
+/// # Who may write what
+///
+/// A load writes only its destination blocks: the non-null entries of `block_tables` that
+/// overlap `[start_tokens, end_tokens)` ([`loaded_blocks`](Self::loaded_blocks)). For an
+/// asynchronous load the runtime marks each destination as owned by the load until it applies
+/// the load's completion; [`may_write`](Self::may_write) is the check a connector makes before
+/// writing a block's bytes, and it fails for anything else. A destination is never handed to
+/// another request before the load's completion is applied, even when its deadline passed.
 #[derive(Clone, Debug)]
 pub struct LoadJob {
     /// The request id.
     pub request: std::sync::Arc<str>,
+    /// The request's tokens (its prompt): what a store keyed by prefix derives its keys from.
+    pub tokens: std::sync::Arc<[u32]>,
+    /// Fired by the runtime when it stops waiting for this load (deadline passed, request
+    /// ended, shutdown): a cooperative connector stops early. Its result is then ignored.
+    pub cancel: CancelToken,
+    /// The pool whose fill flags guard the destinations of an asynchronous load (`None` for
+    /// sync loads and jobs built outside a runtime).
+    pub(crate) fill: Option<Arc<BlockPool>>,
     /// Who gets the completion: the owning shard and the request's key there (the runtime's
     /// business, opaque to a connector).
     pub(crate) owner: LoadOwner,
@@ -72,16 +90,70 @@ pub(crate) struct LoadOwner {
 }
 
 impl LoadJob {
+    /// A job outside any runtime (for testing a connector): no deadline, owned by nobody,
+    /// its destinations unguarded.
+    pub fn new(
+        request: &str,
+        tokens: &[u32],
+        start_tokens: u64,
+        end_tokens: u64,
+        block_tables: Vec<Vec<BlockRef>>,
+        block_sizes: Vec<u64>,
+    ) -> LoadJob {
+        LoadJob {
+            request: request.into(),
+            tokens: tokens.into(),
+            cancel: CancelToken::new(),
+            fill: None,
+            owner: LoadOwner { shard: 0, key: 0 },
+            attempt: 0,
+            start_tokens,
+            end_tokens,
+            block_tables,
+            block_sizes,
+            deadline: None,
+        }
+    }
+
+    /// Entries `[lo, hi)` of group `g`'s table that the load fills.
+    pub fn loaded_range(&self, g: usize) -> std::ops::Range<usize> {
+        let b = self.block_sizes.get(g).copied().unwrap_or(1).max(1);
+        let len = self.block_tables.get(g).map_or(0, Vec::len);
+        let lo = usize::try_from(self.start_tokens / b)
+            .unwrap_or(usize::MAX)
+            .min(len);
+        let hi = usize::try_from(self.end_tokens.div_ceil(b))
+            .unwrap_or(usize::MAX)
+            .min(len);
+        lo..hi.max(lo)
+    }
+
+    /// The destination at entry `index` of group `g` if this load may write its bytes now:
+    /// the entry is in the loaded range and not null, and — for an asynchronous load — the
+    /// pool still marks the block as owned by this load. `None` otherwise: write nothing.
+    pub fn may_write(&self, g: usize, index: usize) -> Option<BlockRef> {
+        if !self.loaded_range(g).contains(&index) {
+            return None;
+        }
+        let r = *self.block_tables.get(g)?.get(index)?;
+        if r.id == 0 {
+            return None;
+        }
+        match &self.fill {
+            Some(pool) if !pool.is_filling(r) => None,
+            _ => Some(r),
+        }
+    }
+
     /// The non-null blocks of group `g` that overlap `[start_tokens, end_tokens)`.
     pub fn loaded_blocks(&self, g: usize) -> impl Iterator<Item = BlockRef> + '_ {
-        let b = self.block_sizes.get(g).copied().unwrap_or(1).max(1);
-        let (lo, hi) = (self.start_tokens / b, self.end_tokens.div_ceil(b));
+        let range = self.loaded_range(g);
         self.block_tables
             .get(g)
             .into_iter()
-            .flat_map(move |t| t.iter().enumerate())
-            .filter(move |(i, r)| (*i as u64) >= lo && (*i as u64) < hi && r.id != 0)
-            .map(|(_, r)| *r)
+            .flat_map(move |t| t[range.clone()].iter())
+            .filter(|r| r.id != 0)
+            .copied()
     }
 
     /// Every non-null block the load writes, in all groups.

@@ -44,7 +44,15 @@ pub enum PoolError {
     /// A retain of a block nobody references (it is free or only cached).
     #[error("block {0} is not referenced; retain needs a live reference")]
     NotReferenced(BlockId),
-    /// The reference count would exceed its 29-bit maximum.
+    /// The reference count would exceed its 28-bit maximum.
     #[error("block {0} reference count would exceed {max}", max = MAX_REF_COUNT)]
     RefCountOverflow(BlockId),
+    /// The last reference of a block whose asynchronous load still owns its bytes: the block
+    /// is not freed (it could be handed to a new owner while the load writes it).
+    #[error("block {0} released while its load still owns its bytes")]
+    Filling(BlockId),
+    /// A fill was begun on a block that is cached, unreferenced or already filling, or ended
+    /// on a block that is not filling.
+    #[error("block {0} is not in a state that allows this fill transition")]
+    FillState(BlockId),
 }

@@ -32,6 +32,7 @@
 mod block_ref;
 mod census;
 mod error;
+mod fill;
 mod free_list;
 mod hash;
 mod prefix_index;
@@ -287,6 +288,7 @@ impl BlockPool {
                 Err(e) => {
                     let counter = match e {
                         Refused::Stale(_) => &self.stale_releases,
+                        Refused::Filling => &self.invariant_violations,
                         _ => &self.double_frees,
                     };
                     counter.fetch_add(1, Ordering::Relaxed);
@@ -343,7 +345,8 @@ impl BlockPool {
     }
 
     /// Internal-invariant violations the pool detected and contained: a free-list pop that
-    /// yielded a slot which was not free (it is skipped, never handed out). Always 0 unless
+    /// yielded a slot which was not free (it is skipped, never handed out), or a last release
+    /// of a block whose load still owns its bytes (it is kept, never freed). Always 0 unless
     /// the pool itself has a bug; stress tests and shutdown checks assert it.
     pub fn invariant_violations(&self) -> u64 {
         self.invariant_violations.load(Ordering::Relaxed)
@@ -379,6 +382,7 @@ fn refusal(e: Refused, r: BlockRef) -> PoolError {
         Refused::Stale(current) => PoolError::Stale { block: r, current },
         Refused::Unreferenced => PoolError::DoubleFree(r.id),
         Refused::Overflow => PoolError::RefCountOverflow(r.id),
+        Refused::Filling => PoolError::Filling(r.id),
     }
 }
 

@@ -5,16 +5,19 @@
 
 use super::Generation;
 
-/// The largest reference count a block can hold (2²⁹ − 1).
+/// The largest reference count a block can hold (2²⁸ − 1).
 pub const MAX_REF_COUNT: u32 = State::RC_MAX as u32;
 
-/// A slot's state word: `generation (32) | ref count (29) | TOUCHED | QUEUED | CACHED`.
+/// A slot's state word: `generation (32) | ref count (28) | FILLING | TOUCHED | QUEUED | CACHED`.
 ///
 /// * `CACHED` — the slot is in the prefix index under the hash in `Slot::hash`.
 /// * `QUEUED` — the slot has an entry in the reclaim queue (or one is being pushed/handled).
 ///   It may outlive the slot's generation: the entry is then discarded when popped.
 /// * `TOUCHED` — the slot went back to count 0 after its queue entry was pushed, so the entry
 ///   is older than the slot's last release: the popper gives it a second chance.
+/// * `FILLING` — an asynchronous load owns the slot's bytes: only that load's worker may write
+///   them, nobody may read them, and the slot cannot be cached or freed until the load's
+///   completion is applied and the flag cleared.
 ///
 /// Transitions are pure functions returning the next word; callers install it with one CAS.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,6 +32,8 @@ pub(super) enum Refused {
     Unreferenced,
     /// Count at [`State::RC_MAX`].
     Overflow,
+    /// The last reference of a slot whose load still owns its bytes.
+    Filling,
 }
 
 /// What the releaser must do after installing [`State::release`]'s word.
@@ -59,9 +64,10 @@ impl State {
     const CACHED: u64 = 1 << 0;
     const QUEUED: u64 = 1 << 1;
     const TOUCHED: u64 = 1 << 2;
-    const FLAGS: u64 = Self::CACHED | Self::QUEUED | Self::TOUCHED;
-    pub(super) const RC_SHIFT: u32 = 3;
-    pub(super) const RC_MAX: u64 = (1 << 29) - 1;
+    const FILLING: u64 = 1 << 3;
+    const FLAGS: u64 = Self::CACHED | Self::QUEUED | Self::TOUCHED | Self::FILLING;
+    pub(super) const RC_SHIFT: u32 = 4;
+    pub(super) const RC_MAX: u64 = (1 << 28) - 1;
     const RC_ONE: u64 = 1 << Self::RC_SHIFT;
     const GEN_SHIFT: u32 = 32;
 
@@ -86,6 +92,27 @@ impl State {
 
     fn is_touched(self) -> bool {
         self.0 & Self::TOUCHED != 0
+    }
+
+    pub(super) fn is_filling(self) -> bool {
+        self.0 & Self::FILLING != 0
+    }
+
+    /// A load takes the slot's bytes: sets `FILLING` on a referenced, uncached slot of
+    /// generation `gen` that no other load owns.
+    #[must_use = "a transition takes effect only once installed with a CAS on the state word"]
+    pub(super) fn begin_fill(self, gen: Generation) -> Option<State> {
+        (self.generation() == gen
+            && self.ref_count() > 0
+            && !self.is_cached()
+            && !self.is_filling())
+        .then(|| self.with_flags(Self::FILLING, 0))
+    }
+
+    /// The load's completion was applied: clears `FILLING` on a slot of generation `gen`.
+    #[must_use = "a transition takes effect only once installed with a CAS on the state word"]
+    pub(super) fn end_fill(self, gen: Generation) -> Option<State> {
+        (self.generation() == gen && self.is_filling()).then(|| self.with_flags(0, Self::FILLING))
     }
 
     #[must_use = "a transition takes effect only once installed with a CAS on the state word"]
@@ -145,6 +172,7 @@ impl State {
         }
         match self.ref_count() {
             0 => Err(Refused::Unreferenced),
+            1 if self.is_filling() => Err(Refused::Filling),
             1 => {
                 let zero = State(self.0 - Self::RC_ONE);
                 Ok(if !zero.is_cached() {
@@ -167,11 +195,15 @@ impl State {
             .then(|| State(self.0 + Self::RC_ONE))
     }
 
-    /// Registration: sets `CACHED` on a referenced, uncached slot of generation `gen`.
+    /// Registration: sets `CACHED` on a referenced, uncached slot of generation `gen` whose
+    /// bytes no load owns.
     #[must_use = "a transition takes effect only once installed with a CAS on the state word"]
     pub(super) fn mark_cached(self, gen: Generation) -> Option<State> {
-        (self.generation() == gen && self.ref_count() > 0 && !self.is_cached())
-            .then(|| self.with_flags(Self::CACHED, 0))
+        (self.generation() == gen
+            && self.ref_count() > 0
+            && !self.is_cached()
+            && !self.is_filling())
+        .then(|| self.with_flags(Self::CACHED, 0))
     }
 
     /// Eviction: clears `CACHED` on a cached slot of generation `gen`; the flag says whether
@@ -187,5 +219,5 @@ impl State {
 const _: () = {
     assert!(State::FLAGS < State::RC_ONE);
     assert!((State::RC_MAX << State::RC_SHIFT) >> State::GEN_SHIFT == 0);
-    assert!(State::RC_SHIFT + 29 == State::GEN_SHIFT);
+    assert!(State::RC_SHIFT + 28 == State::GEN_SHIFT);
 };

@@ -210,3 +210,49 @@ fn null_and_out_of_range_ids_never_panic() {
     assert_eq!(p.lookup(1), None);
     conserved(&p);
 }
+
+#[test]
+fn a_filling_block_is_never_freed_cached_or_refilled() {
+    let p = pool(4);
+    let b = alloc(&p);
+    assert!(!p.is_filling(b));
+    assert_eq!(p.begin_fill(b), Ok(()));
+    assert!(p.is_filling(b));
+    assert_eq!(
+        p.begin_fill(b),
+        Err(PoolError::FillState(b.id)),
+        "one load owns it"
+    );
+    // Its last release is refused and counted; the block stays referenced.
+    assert_eq!(p.release(b), Err(PoolError::Filling(b.id)));
+    assert_eq!(p.invariant_violations(), 1);
+    assert_eq!(p.ref_count(b.id), 1);
+    // It cannot be registered in the prefix index while filling.
+    assert!(!p.register(crate::pool::chain_hash(0, 0, &[1]), b));
+    assert!(!p.is_cached(b.id));
+    // A second holder may release while the fill is open; the last may not.
+    assert_eq!(p.retain(b), Ok(()));
+    assert_eq!(p.release(b), Ok(()));
+    assert_eq!(p.end_fill(b), Ok(()));
+    assert!(!p.is_filling(b));
+    assert_eq!(p.end_fill(b), Err(PoolError::FillState(b.id)));
+    assert_eq!(p.release(b), Ok(()));
+    conserved(&p);
+    // A stale reference has no fill rights.
+    let again = alloc(&p);
+    let stale = BlockRef {
+        generation: again.generation.wrapping_sub(1),
+        ..again
+    };
+    if stale.id == again.id {
+        assert_eq!(p.begin_fill(stale), Err(PoolError::FillState(stale.id)));
+        assert!(!p.is_filling(stale));
+    }
+    assert_eq!(
+        p.begin_fill(BlockRef {
+            id: 0,
+            generation: 0
+        }),
+        Err(PoolError::NullBlock(0))
+    );
+}

@@ -36,7 +36,7 @@ pub(super) struct ShardSlot {
 /// What the engine thread, the shard threads and the handles share.
 pub(super) struct Inner {
     pub(super) geo: Geometry,
-    pub(super) pool: BlockPool,
+    pub(super) pool: Arc<BlockPool>,
     pub(super) claims: ClaimTable,
     pub(super) connector: StdArc<dyn KvConnector>,
     pub(super) shards: Vec<ShardSlot>,
@@ -82,7 +82,7 @@ impl Inner {
             geo,
             // One claim word per block id.
             claims: ClaimTable::new(pool.num_blocks()),
-            pool,
+            pool: Arc::new(pool),
             quarantine: Quarantine::default(),
             live_settings: ArcSwap::from_pointee(live),
             connector,

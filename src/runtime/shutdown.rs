@@ -23,6 +23,11 @@ impl Runtime {
         let mut loads_cancelled = 0;
         let mut workers_finished = true;
         let mut never_started = rustc_hash::FxHashSet::default();
+        // Loads in flight are told to stop: cooperative connectors return early, so the wait
+        // below is short.
+        for s in &self.inner.shards {
+            s.state.lock().cancel_loads();
+        }
         if let Some(w) = self.workers.take() {
             self.expired_unrun_at_shutdown = w.counters().expired_unrun.load(Ordering::Relaxed);
             let inner = &self.inner;

@@ -55,6 +55,9 @@ pub fn run_load(connector: &dyn KvConnector, job: &LoadJob) -> (LoadResult, bool
 pub fn model_job(shard: usize, key: RequestKey, attempt: u32) -> LoadJob {
     LoadJob {
         request: std::sync::Arc::from("model"),
+        tokens: std::sync::Arc::from(Vec::new()),
+        cancel: crate::connector::CancelToken::new(),
+        fill: None,
         owner: LoadOwner {
             shard,
             key: key.raw(),

@@ -6,9 +6,11 @@
 use std::cmp::Reverse;
 use std::time::Instant;
 
-use crate::connector::{LoadJob, LoadOwner, LookupQuery, LookupResult};
+use crate::connector::{CancelToken, LoadJob, LoadOwner, LookupQuery, LookupResult};
 use crate::pool::{BlockHash, BlockPool, BlockRef, Generation};
 use crate::rules::geometry::{BlockId, GroupKind, MambaMode};
+
+use crate::sync::Arc;
 
 use super::{next_key, Env, HolderIndex, Metrics, Phase, Req, Shard, StepSettings};
 
@@ -132,6 +134,13 @@ impl Shard {
                         job.deadline = Some(at);
                         self.deadlines.push(Reverse((at, seq, r.attempt)));
                     }
+                    // The load owns its destinations' bytes until its completion is applied.
+                    for b in job.all_loaded_blocks() {
+                        let began = env.pool.begin_fill(b);
+                        debug_assert!(began.is_ok(), "fresh destination {b:?}: {began:?}");
+                    }
+                    job.fill = Some(Arc::clone(env.pool));
+                    r.cancel = Some(job.cancel.clone());
                     loads_out.push(job);
                     self.set_phase(seq, Phase::Loading);
                 } else {
@@ -246,6 +255,9 @@ impl Shard {
     fn load_job(env: &Env<'_>, r: &Req, start: u64, end: u64) -> LoadJob {
         LoadJob {
             request: r.id.clone(),
+            tokens: r.prompt.clone(),
+            cancel: CancelToken::new(),
+            fill: None,
             owner: LoadOwner {
                 shard: env.shard,
                 key: r.key.raw(),

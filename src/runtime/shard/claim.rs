@@ -129,8 +129,9 @@ impl Shard {
                 decision: public_decision(d),
             });
             if failed {
-                if r.phase == Phase::Loading && r.load_done.is_none() {
+                if r.load_may_be_running() {
                     r.end_after_load = Some(EndState::Failed);
+                    r.cancel_load();
                 } else {
                     self.end(env, *seq, EndState::Failed);
                 }

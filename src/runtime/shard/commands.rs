@@ -25,6 +25,7 @@ impl Shard {
                     if loading {
                         if let Some(r) = self.reqs.get_mut(&seq) {
                             r.end_after_load = Some(EndState::Cancelled);
+                            r.cancel_load();
                         }
                     } else {
                         self.end(env, seq, EndState::Cancelled);

@@ -30,6 +30,8 @@ impl Shard {
             // Planted bug for the fault matrix: a late completion forgets its parked blocks.
             #[cfg(not(kvsched_plant = "late-leak"))]
             for b in blocks {
+                // The load is done writing: its blocks' bytes are no longer its own.
+                let _ = env.pool.end_fill(b);
                 let _ = env.pool.release(b);
             }
             #[cfg(kvsched_plant = "late-leak")]
@@ -46,6 +48,9 @@ impl Shard {
             self.result.counters.stale_completions += 1;
             return;
         }
+        // The worker sent this after its last write: the destinations' bytes are readable.
+        r.cancel = None;
+        Self::end_fills(env, r);
         // Planted bug for the fault matrix: a connector panic taken for a successful load.
         #[cfg(kvsched_plant = "panic-ok")]
         let c = Completion {
@@ -98,6 +103,14 @@ impl Shard {
         }
     }
 
+    /// Ends the current load's ownership of its destinations (its completion was applied, or
+    /// it is known never to have run).
+    pub(super) fn end_fills(env: &Env<'_>, r: &Req) {
+        for b in Self::load_blocks(env, r) {
+            let _ = env.pool.end_fill(b);
+        }
+    }
+
     /// The non-null blocks the request's current load writes, in every group, with the
     /// generations it holds them at.
     fn load_blocks(env: &Env<'_>, r: &Req) -> Vec<crate::pool::BlockRef> {
@@ -140,6 +153,7 @@ impl Shard {
             }
             self.result.counters.deadlines_expired += 1;
             r.timed_out = true;
+            r.cancel_load();
             Self::load_failed(env, settings, now, r, now, &mut self.result.counters);
             self.landed.push(seq);
             published.extend(Self::load_blocks(env, r).into_iter().map(|b| b.id));

@@ -68,6 +68,13 @@ impl Shard {
         }
     }
 
+    /// Fires the cancellation token of every load in flight (shutdown).
+    pub fn cancel_loads(&mut self) {
+        for r in self.reqs.values_mut() {
+            r.cancel_load();
+        }
+    }
+
     /// Ends every request (shutdown): loading ones only once their load is known finished by
     /// the caller. Returns how many were cancelled.
     pub fn cancel_all(
@@ -82,6 +89,7 @@ impl Shard {
         for ((seq, attempt), blocks) in self.parked.drain() {
             if workers_finished || never_started.contains(&(seq, attempt)) {
                 for b in blocks {
+                    let _ = env.pool.end_fill(b);
                     let _ = env.pool.release(b);
                 }
             } else {
@@ -96,8 +104,9 @@ impl Shard {
                 .reqs
                 .iter()
                 .filter(|(seq, r)| {
+                    // A load that timed out but has not been parked yet may still be running.
                     r.phase == Phase::Loading
-                        && r.load_done.is_none()
+                        && (r.load_done.is_none() || r.timed_out)
                         && !never_started.contains(&(**seq, r.attempt))
                 })
                 .map(|(seq, _)| *seq)
@@ -120,6 +129,14 @@ impl Shard {
                     }
                 }
                 self.result.counters.loads_abandoned += 1;
+            }
+        }
+        // What is left of loading requests' loads has finished or never ran (the blocks of
+        // loads still running were taken out above): their bytes are no longer the loads'.
+        for r in self.reqs.values_mut() {
+            r.cancel_load();
+            if r.phase == Phase::Loading {
+                Self::end_fills(env, r);
             }
         }
         let seqs: Vec<u64> = self.reqs.keys().copied().collect();

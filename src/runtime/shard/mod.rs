@@ -31,6 +31,7 @@ use crate::rules::recovery::{Hit, Mode, Policy, RequestClass};
 use crate::runtime::claim::{ClaimTable, RequestKey};
 use crate::runtime::quarantine::Quarantine;
 use crate::runtime::worker::Completion;
+use crate::sync::Arc;
 
 mod admit;
 mod claim;
@@ -88,7 +89,7 @@ pub(crate) struct StepSettings {
 /// Shared, read-only context of the runtime, as a shard sees it.
 pub(crate) struct Env<'a> {
     pub geo: &'a Geometry,
-    pub pool: &'a BlockPool,
+    pub pool: &'a Arc<BlockPool>,
     pub claims: &'a ClaimTable,
     pub connector: &'a dyn KvConnector,
     pub quarantine: &'a Quarantine,

@@ -53,8 +53,9 @@ impl Shard {
                 // Planted bug for the fault matrix: end a loading request at once, freeing
                 // blocks a worker may still be filling.
                 #[cfg(not(kvsched_plant = "end-while-loading"))]
-                if r.phase == Phase::Loading && r.load_done.is_none() {
+                if r.load_may_be_running() {
                     r.end_after_load = Some(EndState::Finished);
+                    r.cancel_load();
                     continue;
                 }
             }

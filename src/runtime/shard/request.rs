@@ -4,7 +4,7 @@
 use std::sync::Arc as StdArc;
 use std::time::{Duration, Instant};
 
-use crate::connector::LoadJob;
+use crate::connector::{CancelToken, LoadJob};
 use crate::pool::{BlockHash, Generation};
 use crate::rules::geometry::{BlockId, Geometry};
 use crate::rules::recovery::{RequestClass, RequestView};
@@ -96,6 +96,8 @@ pub(super) struct Req {
     pub(super) end_after_load: Option<EndState>,
     /// A sync load to run in the step that first schedules the request.
     pub(super) sync_job: Option<LoadJob>,
+    /// The in-flight async load's cancellation token, fired when the shard stops waiting.
+    pub(super) cancel: Option<CancelToken>,
     pub(super) submitted_at: Instant,
     pub(super) first_scheduled: bool,
     pub(super) sampled_pending: bool,
@@ -151,11 +153,26 @@ impl Req {
             load_done: None,
             end_after_load: None,
             sync_job: None,
+            cancel: None,
             submitted_at: n.submitted_at,
             first_scheduled: false,
             sampled_pending: false,
             finish_pending: false,
             skip: false,
+        }
+    }
+
+    /// Whether a worker may still be writing this request's load destinations: the load is in
+    /// flight, or it passed its deadline and its blocks are not parked yet. Such a request is
+    /// ended only once its load lands (`end_after_load`), never by releasing its blocks now.
+    pub(super) fn load_may_be_running(&self) -> bool {
+        self.phase == Phase::Loading && (self.load_done.is_none() || self.timed_out)
+    }
+
+    /// Ends the shard's wait for the in-flight load: a cooperative connector stops early.
+    pub(super) fn cancel_load(&mut self) {
+        if let Some(c) = self.cancel.take() {
+            c.cancel();
         }
     }
 

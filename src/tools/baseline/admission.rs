@@ -4,7 +4,7 @@
 
 use super::request::Phase;
 use super::state::State;
-use crate::connector::{LoadJob, LoadOwner, LookupQuery};
+use crate::connector::{CancelToken, LoadJob, LoadOwner, LookupQuery};
 use crate::pool::BlockRef;
 use crate::rules::geometry::{GroupKind, MambaMode};
 use crate::runtime::claim::RequestKey;
@@ -120,6 +120,9 @@ impl State {
                 r.attempt += 1;
                 let job = LoadJob {
                     request: r.id.clone(),
+                    tokens: r.prompt.clone(),
+                    cancel: CancelToken::new(),
+                    fill: None,
                     owner: LoadOwner {
                         shard: 0,
                         key: key.raw(),
