@@ -9,7 +9,7 @@ use crate::rules::recovery::{
 use crate::runtime::claim::{RequestKey, Scan};
 use crate::runtime::order::RequestOrder;
 
-use super::{EndState, Env, Phase, RecoveredRequest, ScannedRequest, Shard, StepSettings};
+use super::{EndState, Env, RecoveredRequest, ScannedRequest, Shard, StepSettings};
 
 impl Shard {
     /// Phase 2: scans the loading (async) and running (sync) requests that hold a reported
