@@ -213,6 +213,7 @@ impl Builder {
             stalled_steps: 0,
             panicked: None,
             last_samplers: Default::default(),
+            last_reads: Vec::new(),
             last_sync: Vec::new(),
         })
     }

@@ -10,6 +10,7 @@ use crate::pool::{BlockPool, BlockRef};
 use crate::rules::geometry::{BlockId, Geometry};
 use crate::runtime::builder::Builder;
 use crate::runtime::claim::RequestKey;
+use crate::runtime::discard::{discarded, StepReads};
 use crate::runtime::error::RuntimeError;
 #[cfg(doc)]
 use crate::runtime::handle::Handle;
@@ -94,6 +95,8 @@ pub struct Runtime {
     pub(super) panicked: Option<(usize, u64, String)>,
     /// Requests the latest plan scheduled to sample.
     pub(super) last_samplers: rustc_hash::FxHashSet<StdArc<str>>,
+    /// What each request of the last plan read, for [`Runtime::update`]'s discard set.
+    pub(super) last_reads: Vec<StepReads>,
     /// The destination blocks of each sync load of the latest plan.
     pub(super) last_sync: Vec<Vec<BlockRef>>,
 }
@@ -188,6 +191,13 @@ impl Runtime {
             .filter_map(|s| s.sync_load.as_ref())
             .map(LoadJob::all_loaded_blocks)
             .collect();
+        self.last_reads.clear();
+        self.last_reads
+            .extend(plan.scheduled.iter().map(|s| StepReads {
+                id: s.id.clone(),
+                pre_step_tokens: s.num_computed_tokens,
+                tables: StdArc::clone(&s.block_tables),
+            }));
         Ok(plan)
     }
 
@@ -345,7 +355,17 @@ impl Runtime {
     /// only for a request the plan scheduled to sample (others: `unexpected_samples`), and a
     /// failed block only if it is a destination of one of the plan's sync loads (others:
     /// `foreign_blocks`). Neither can roll back a request the step did not load for.
-    pub fn update(&mut self, out: StepOutput) {
+    ///
+    /// # Returns: the outputs to discard
+    ///
+    /// The requests whose output of this step was computed from a block one of the step's
+    /// sync loads failed to fill (the loader itself and every request whose table holds that
+    /// block below its pre-step length), in plan order. The engine must not emit their
+    /// samples: call `update` after running the step and before sending any token, and send
+    /// only the samples of requests not returned. The next [`Runtime::schedule`]'s recovery
+    /// discards exactly these outputs (`skip`, or `failed` under policy `fail`). Empty for an
+    /// output that names another step or no invalid block.
+    pub fn update(&mut self, out: StepOutput) -> Vec<StdArc<str>> {
         let first_answer = out.step == self.step && !self.answered;
         if out.step == self.step {
             self.answered = true;
@@ -358,7 +378,7 @@ impl Runtime {
             if !out.sampled.is_empty() || !out.invalid_blocks.is_empty() {
                 self.metrics.stale_outputs += 1;
             }
-            return;
+            return Vec::new();
         }
         for id in out.sampled {
             if !self.last_samplers.contains(id.as_str()) {
@@ -388,6 +408,9 @@ impl Runtime {
                 }
             }
         }
+        let reported: rustc_hash::FxHashSet<BlockId> =
+            self.sync_invalid.iter().map(|b| b.id).collect();
+        discarded(&self.inner.geo, &self.last_reads, &reported)
     }
 
     /// Counters so far.

@@ -48,6 +48,8 @@ pub mod claim;
 #[cfg(not(any(kvsched_loom, feature = "internals")))]
 pub(crate) mod claim;
 #[cfg(not(kvsched_loom))]
+mod discard;
+#[cfg(not(kvsched_loom))]
 mod engine;
 #[cfg(not(kvsched_loom))]
 mod error;
@@ -93,7 +95,7 @@ pub use self::{
     plan::{StepOutput, StepPlan, StepRecovery},
     report::Report,
     settings::Settings,
-    shard::{EndState, Metrics, RecoveredRequest, ScannedRequest, ScheduledRequest},
+    shard::{BlockTable, EndState, Metrics, RecoveredRequest, ScannedRequest, ScheduledRequest},
 };
 #[cfg(not(kvsched_loom))]
 mod order;

@@ -245,6 +245,7 @@ impl Shard {
                 }
             }
             r.tables[g] = got[g].iter().map(|x| x.0).collect();
+            r.snapshot = None;
             r.gens[g] = got[g].iter().map(|x| x.1).collect();
             r.registered[g] = (local / grp.block_size) as usize;
         }

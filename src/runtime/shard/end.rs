@@ -32,6 +32,7 @@ impl Shard {
             }
         }
         r.sync_job = None;
+        r.snapshot = None;
         for (t, g) in r.tables.iter_mut().zip(r.gens.iter_mut()) {
             for (&id, &gen) in t.iter().zip(g.iter()) {
                 Self::release_entry(env, id, gen);
@@ -116,6 +117,7 @@ impl Shard {
                 let Some(r) = self.reqs.get_mut(&seq) else {
                     continue;
                 };
+                r.snapshot = None;
                 for (t, g) in r.tables.iter_mut().zip(r.gens.iter_mut()) {
                     for (id, gen) in t.iter_mut().zip(g.iter_mut()) {
                         if *id != null {

@@ -42,6 +42,7 @@ impl Shard {
                 if env.pool.allocate_n(holes.len(), &mut fresh) {
                     for (&(g, i), b) in holes.iter().zip(fresh) {
                         r.tables[g][i] = b.id;
+                        r.snapshot = None;
                         r.gens[g][i] = b.generation;
                         self.index.add(b.id, seq);
                     }
@@ -92,6 +93,7 @@ impl Shard {
                     generation: r.gens[g][i],
                 });
                 r.tables[g][i] = null;
+                r.snapshot = None;
                 r.gens[g][i] = 0;
                 holes.push((g, i));
             }

@@ -48,7 +48,7 @@ mod schedule;
 
 use holders::HolderIndex;
 pub use metrics::Metrics;
-pub use plan::{EndState, RecoveredRequest, ScannedRequest, ScheduledRequest};
+pub use plan::{BlockTable, EndState, RecoveredRequest, ScannedRequest, ScheduledRequest};
 pub(crate) use request::{Command, NewRequest};
 use request::{Phase, Req};
 

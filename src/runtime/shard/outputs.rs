@@ -112,6 +112,7 @@ impl Shard {
                     Self::release_entry(env, id, r.gens[g][i]);
                     index.remove(id, r.key.seq());
                     r.tables[g][i] = null;
+                    r.snapshot = None;
                     r.gens[g][i] = 0;
                 }
             }

@@ -5,12 +5,12 @@ use std::sync::Arc as StdArc;
 use std::time::{Duration, Instant};
 
 use crate::connector::{CancelToken, LoadJob};
-use crate::pool::{BlockHash, Generation};
+use crate::pool::{BlockHash, BlockRef, Generation};
 use crate::rules::geometry::{BlockId, Geometry};
 use crate::rules::recovery::{RequestClass, RequestView};
 use crate::runtime::claim::RequestKey;
 
-use super::EndState;
+use super::{BlockTable, EndState};
 
 /// A request as submitted.
 #[derive(Clone, Debug)]
@@ -98,6 +98,8 @@ pub(super) struct Req {
     pub(super) sync_job: Option<LoadJob>,
     /// The in-flight async load's cancellation token, fired when the shard stops waiting.
     pub(super) cancel: Option<CancelToken>,
+    /// The tables as last handed to the engine; `None` once they changed since.
+    pub(super) snapshot: Option<StdArc<[BlockTable]>>,
     pub(super) submitted_at: Instant,
     pub(super) first_scheduled: bool,
     pub(super) sampled_pending: bool,
@@ -154,12 +156,33 @@ impl Req {
             end_after_load: None,
             sync_job: None,
             cancel: None,
+            snapshot: None,
             submitted_at: n.submitted_at,
             first_scheduled: false,
             sampled_pending: false,
             finish_pending: false,
             skip: false,
         }
+    }
+
+    /// The tables with their generations, shared with the last plan while unchanged.
+    pub(super) fn block_tables(&mut self) -> StdArc<[BlockTable]> {
+        if let Some(s) = &self.snapshot {
+            return StdArc::clone(s);
+        }
+        let s: StdArc<[BlockTable]> = self
+            .tables
+            .iter()
+            .zip(&self.gens)
+            .map(|(t, g)| {
+                t.iter()
+                    .zip(g)
+                    .map(|(&id, &generation)| BlockRef { id, generation })
+                    .collect()
+            })
+            .collect();
+        self.snapshot = Some(StdArc::clone(&s));
+        s
     }
 
     /// Whether a worker may still be writing this request's load destinations: the load is in

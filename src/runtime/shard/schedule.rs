@@ -30,6 +30,7 @@ impl Shard {
             while (r.tables[g].len() as u64) < grp.blocks_for_tokens(upto) {
                 if let Some(b) = fresh.next() {
                     r.tables[g].push(b.id);
+                    r.snapshot = None;
                     index.add(b.id, r.key.seq());
                     r.gens[g].push(b.generation);
                 }
@@ -103,8 +104,10 @@ impl Shard {
                     .push(now.saturating_duration_since(r.submitted_at).as_nanos() as u64);
             }
             let sync_load = r.sync_job.take();
+            let block_tables = r.block_tables();
             self.result.scheduled.push(ScheduledRequest {
                 id: r.id.clone(),
+                block_tables,
                 key: r.key.into(),
                 num_computed_tokens: r.num_computed_tokens,
                 num_tokens: n,

@@ -77,9 +77,21 @@ impl State {
                 plan.first_schedule_latency_ns
                     .push(now.saturating_duration_since(r.submitted_at).as_nanos() as u64);
             }
+            let block_tables = r
+                .tables
+                .iter()
+                .zip(&r.gens)
+                .map(|(t, g)| {
+                    t.iter()
+                        .zip(g)
+                        .map(|(&id, &generation)| crate::pool::BlockRef { id, generation })
+                        .collect()
+                })
+                .collect();
             plan.scheduled.push(ScheduledRequest {
                 id: r.id.clone(),
                 key: key.into(),
+                block_tables,
                 num_computed_tokens: r.num_computed_tokens,
                 num_tokens: n,
                 samples: upto == r.seq_len(),

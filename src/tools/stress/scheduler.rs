@@ -62,7 +62,7 @@ impl Scheduler for Runtime {
         Runtime::schedule(self)
     }
     fn update(&mut self, out: StepOutput) {
-        Runtime::update(self, out)
+        let _ = Runtime::update(self, out);
     }
     fn metrics(&self) -> Metrics {
         Runtime::metrics(self)

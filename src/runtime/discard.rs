@@ -1,0 +1,51 @@
+//! Which outputs of a step the engine must discard, known before it sends them: the requests
+//! whose step read a block that one of the step's sync loads failed to fill.
+//!
+//! This is the sync scan of the step's coming recovery (SPEC: a sync request is affected when
+//! a non-null entry below its pre-step length `P` is in the report), run at `update` time on
+//! the report's sync-load share, so a streaming engine learns it before it emits a token. The
+//! next plan's recovery puts exactly these requests in `skip` (policy `recompute`) or ends them
+//! as failed (policy `fail`); `tests/runtime_discard.rs` checks that the two agree.
+
+use std::sync::Arc as StdArc;
+
+use rustc_hash::FxHashSet;
+
+use crate::rules::geometry::{BlockId, Geometry};
+use crate::runtime::shard::BlockTable;
+
+/// What the runtime remembers of a scheduled request to answer the question: its id, its
+/// computed length before the step (`P`) and the tables the plan handed out.
+#[derive(Clone, Debug)]
+pub(super) struct StepReads {
+    pub id: StdArc<str>,
+    pub pre_step_tokens: u64,
+    pub tables: StdArc<[BlockTable]>,
+}
+
+/// The requests of `reads` whose scan range holds one of `invalid` (ids of blocks the step's
+/// sync loads failed to fill), in plan order.
+pub(super) fn discarded(
+    geo: &Geometry,
+    reads: &[StepReads],
+    invalid: &FxHashSet<BlockId>,
+) -> Vec<StdArc<str>> {
+    if invalid.is_empty() {
+        return Vec::new();
+    }
+    let null = geo.null_block();
+    reads
+        .iter()
+        .filter(|r| {
+            geo.groups().iter().zip(r.tables.iter()).any(|(grp, t)| {
+                let n = usize::try_from(r.pre_step_tokens.div_ceil(grp.block_size.max(1)))
+                    .unwrap_or(usize::MAX)
+                    .min(t.len());
+                t[..n]
+                    .iter()
+                    .any(|b| b.id != null && invalid.contains(&b.id))
+            })
+        })
+        .map(|r| r.id.clone())
+        .collect()
+}

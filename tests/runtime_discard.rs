@@ -1,0 +1,137 @@
+//! `Runtime::update` names the outputs to discard before the engine emits them: the requests
+//! whose step read a block one of the step's sync loads failed to fill. The next plan's
+//! recovery must discard exactly those (sync requests in `skip`, or failed under `fail`), on
+//! random workloads with shared prefixes, several shards, hybrid geometries and both modes.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kvsched::connector::{KvConnector, LoadResult, SimConfig, SimConnector, SplitMix64};
+use kvsched::rules::recovery::{Disposition, RequestClass};
+use kvsched::{CacheGroup, MambaMode, Mode, Policy, Runtime, StepOutput, SubmitRequest};
+
+fn run(seed: u64, groups: Vec<CacheGroup>, mode: Mode, policy: Policy, shards: usize) -> usize {
+    let conn = Arc::new(SimConnector::new(SimConfig {
+        seed,
+        hit_ratio: 0.8,
+        align_tokens: 16,
+        async_ratio: 0.0, // every load is a sync load
+        failure_rate: 0.3,
+        shared_failure_share: 0.0,
+        max_invalid_per_failure: 2,
+        latency_min: Duration::ZERO,
+        latency_max: Duration::ZERO,
+        ..SimConfig::default()
+    }));
+    let dyn_conn: Arc<dyn KvConnector> = conn.clone();
+    let mut rt = Runtime::builder()
+        .groups(groups)
+        .scheduler_block_size(16)
+        .pool_blocks(4096)
+        .shards(shards)
+        .workers(1)
+        .mode(mode)
+        .policy(policy)
+        .connector(dyn_conn)
+        .build()
+        .expect("runtime");
+    let mut rng = SplitMix64::new(seed);
+    let prefixes: Vec<Vec<u32>> = (0..3)
+        .map(|p| (0..64).map(|t| p * 1000 + t).collect())
+        .collect();
+    for i in 0..40u32 {
+        let mut prompt = prefixes[rng.below(3) as usize].clone();
+        prompt.extend((0..rng.below(40) as u32 + 1).map(|t| 100_000 + i * 100 + t));
+        rt.submit(SubmitRequest {
+            id: format!("r{i}"),
+            prompt,
+            max_new_tokens: 3,
+            priority: 0,
+            load_deadline: None,
+        })
+        .expect("submit");
+    }
+    let mut expected: Option<BTreeSet<String>> = None;
+    let mut checked = 0;
+    for _ in 0..400 {
+        let plan = rt.schedule().expect("step");
+        if let Some(want) = expected.take() {
+            let got: BTreeSet<String> = plan
+                .recovery
+                .recovered
+                .iter()
+                .filter(|r| r.class == RequestClass::Sync)
+                .filter(|r| {
+                    matches!(
+                        r.decision.disposition,
+                        Disposition::Skip | Disposition::Failed
+                    )
+                })
+                .map(|r| r.id.to_string())
+                .collect();
+            assert_eq!(got, want, "seed {seed} step {}", plan.step);
+            checked += want.len();
+        }
+        let mut out = StepOutput::for_plan(&plan);
+        let mut failed_loader = BTreeSet::new();
+        for s in &plan.scheduled {
+            if let Some(job) = &s.sync_load {
+                if let LoadResult::Failed(bad) = conn.decide(job) {
+                    out.invalid_blocks.extend(bad.into_flat());
+                    failed_loader.insert(s.id.to_string());
+                }
+            }
+            if s.samples {
+                out.sampled.push(s.id.to_string());
+            }
+        }
+        let discard_now: BTreeSet<String> = rt.update(out).iter().map(|s| s.to_string()).collect();
+        // Every loader whose own load failed discards its output.
+        assert!(
+            failed_loader.is_subset(&discard_now),
+            "seed {seed}: loaders {failed_loader:?} not in {discard_now:?}"
+        );
+        expected = Some(discard_now);
+        if rt.live() == 0 {
+            break;
+        }
+        rt.wait_for_work(Duration::from_millis(1));
+    }
+    rt.shutdown();
+    checked
+}
+
+fn hybrid() -> Vec<CacheGroup> {
+    vec![
+        CacheGroup::full_attention(16),
+        CacheGroup::sliding_window(8, 24),
+        CacheGroup::mamba(16, MambaMode::Align),
+    ]
+}
+
+#[test]
+fn discard_set_is_the_next_recoverys_sync_affected_set() {
+    let mut checked = 0;
+    for seed in 1..=6 {
+        for (mode, policy) in [
+            (Mode::Safe, Policy::Recompute),
+            (Mode::Vllm, Policy::Recompute),
+            (Mode::Safe, Policy::Fail),
+        ] {
+            for shards in [1, 2] {
+                checked += run(
+                    seed,
+                    vec![CacheGroup::full_attention(16)],
+                    mode,
+                    policy,
+                    shards,
+                );
+                checked += run(seed, hybrid(), mode, policy, shards);
+            }
+        }
+    }
+    // The workloads must actually exercise discards.
+    eprintln!("{checked} discarded outputs checked");
+    assert!(checked > 50, "only {checked} discards checked");
+}
