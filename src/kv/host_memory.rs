@@ -1,0 +1,210 @@
+//! [`HostKvMemory`]: KV memory in host RAM, as 64-bit atomic words.
+
+use super::kv_memory::{KvLayout, KvMemory, KvMemoryError, POISON_BYTE};
+use crate::rules::geometry::BlockId;
+use crate::sync::{AtomicU64, Ordering};
+
+/// KV memory in host RAM: one slot per block of the largest group's size, rounded up to 8
+/// bytes, stored as atomic words so that racing accesses (which the runtime's rules exclude)
+/// could tear bytes but never be undefined behaviour. No `unsafe`.
+///
+/// Accesses are Relaxed word copies: ordering between a writer and a reader comes from the
+/// runtime's hand-offs (the completion queue, the step), not from the memory.
+pub struct HostKvMemory {
+    layout: KvLayout,
+    words_per_block: usize,
+    words: Box<[AtomicU64]>,
+}
+
+impl std::fmt::Debug for HostKvMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostKvMemory")
+            .field("layout", &self.layout)
+            .field("blocks", &self.num_blocks())
+            .finish_non_exhaustive()
+    }
+}
+
+const POISON_WORD: u64 = u64::from_ne_bytes([POISON_BYTE; 8]);
+
+impl HostKvMemory {
+    /// Memory for `num_blocks` blocks (the null block 0 included, which holds poison).
+    ///
+    /// # Errors
+    ///
+    /// [`KvMemoryError::TooLarge`] when the size overflows `usize`.
+    pub fn new(layout: KvLayout, num_blocks: usize) -> Result<HostKvMemory, KvMemoryError> {
+        let block_bytes = layout.max_block_bytes();
+        let words_per_block = block_bytes.div_ceil(8);
+        let total = words_per_block
+            .checked_mul(num_blocks)
+            .filter(|w| w.checked_mul(8).is_some())
+            .ok_or(KvMemoryError::TooLarge {
+                blocks: num_blocks,
+                block_bytes,
+            })?;
+        let words = (0..total).map(|_| AtomicU64::new(POISON_WORD)).collect();
+        Ok(HostKvMemory {
+            layout,
+            words_per_block,
+            words,
+        })
+    }
+
+    /// Blocks it holds, the null block included.
+    pub fn num_blocks(&self) -> usize {
+        self.words
+            .len()
+            .checked_div(self.words_per_block)
+            .unwrap_or(0)
+    }
+
+    /// Bytes of host memory it holds.
+    pub fn bytes(&self) -> usize {
+        self.words.len() * 8
+    }
+
+    /// The words of `block` covering bytes `offset..offset + len` of a `group` block, and the
+    /// byte offset of `offset` inside the first word.
+    fn span(
+        &self,
+        group: usize,
+        block: BlockId,
+        offset: usize,
+        len: usize,
+        writing: bool,
+    ) -> Result<(&[AtomicU64], usize), KvMemoryError> {
+        let block_bytes = self
+            .layout
+            .bytes_per_block(group)
+            .ok_or(KvMemoryError::Group(group))?;
+        let end = offset
+            .checked_add(len)
+            .filter(|&e| e <= block_bytes)
+            .ok_or(KvMemoryError::Range {
+                offset,
+                end: offset.saturating_add(len),
+                block_bytes,
+            })?;
+        let b = usize::try_from(block).map_err(|_| KvMemoryError::Block(block))?;
+        if b >= self.num_blocks() || (writing && b == 0) {
+            return Err(KvMemoryError::Block(block));
+        }
+        let base = b * self.words_per_block;
+        let (w0, w1) = (offset / 8, end.div_ceil(8));
+        Ok((&self.words[base + w0..base + w1], offset % 8))
+    }
+}
+
+impl KvMemory for HostKvMemory {
+    fn layout(&self) -> &KvLayout {
+        &self.layout
+    }
+
+    fn write(
+        &self,
+        group: usize,
+        block: BlockId,
+        offset: usize,
+        data: &[u8],
+    ) -> Result<(), KvMemoryError> {
+        let (words, skew) = self.span(group, block, offset, data.len(), true)?;
+        let mut pos = 0usize;
+        for (i, w) in words.iter().enumerate() {
+            let lo = if i == 0 { skew } else { 0 };
+            let take = (8 - lo).min(data.len() - pos);
+            if lo == 0 && take == 8 {
+                let mut b = [0u8; 8];
+                b.copy_from_slice(&data[pos..pos + 8]);
+                // Relaxed: see the type's docs; the runtime orders writers and readers.
+                w.store(u64::from_ne_bytes(b), Ordering::Relaxed);
+            } else {
+                // A partial word: merge with what is there (only this writer owns the block).
+                let mut b = w.load(Ordering::Relaxed).to_ne_bytes();
+                b[lo..lo + take].copy_from_slice(&data[pos..pos + take]);
+                w.store(u64::from_ne_bytes(b), Ordering::Relaxed);
+            }
+            pos += take;
+        }
+        Ok(())
+    }
+
+    fn read(
+        &self,
+        group: usize,
+        block: BlockId,
+        offset: usize,
+        out: &mut [u8],
+    ) -> Result<(), KvMemoryError> {
+        let (words, skew) = self.span(group, block, offset, out.len(), false)?;
+        let mut pos = 0usize;
+        for (i, w) in words.iter().enumerate() {
+            let lo = if i == 0 { skew } else { 0 };
+            let take = (8 - lo).min(out.len() - pos);
+            let b = w.load(Ordering::Relaxed).to_ne_bytes();
+            out[pos..pos + take].copy_from_slice(&b[lo..lo + take]);
+            pos += take;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(all(test, not(kvsched_loom)))]
+mod tests {
+    use super::*;
+
+    fn mem() -> HostKvMemory {
+        match KvLayout::new(vec![64, 13]).and_then(|l| HostKvMemory::new(l, 4)) {
+            Ok(m) => m,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn bytes_round_trip_at_any_offset() {
+        let m = mem();
+        for off in 0..13 {
+            for len in 0..=13 - off {
+                let data: Vec<u8> = (0..len as u8).map(|x| x.wrapping_mul(7) + 1).collect();
+                assert_eq!(m.write(1, 2, off, &data), Ok(()));
+                let mut back = vec![0; len];
+                assert_eq!(m.read(1, 2, off, &mut back), Ok(()));
+                assert_eq!(back, data, "offset {off} len {len}");
+            }
+        }
+        // Neighbouring blocks are untouched.
+        let mut other = vec![0; 64];
+        assert_eq!(m.read(0, 3, 0, &mut other), Ok(()));
+        assert!(other.iter().all(|&b| b == POISON_BYTE));
+    }
+
+    #[test]
+    fn bad_accesses_are_errors() {
+        let m = mem();
+        assert_eq!(m.write(0, 0, 0, &[1]), Err(KvMemoryError::Block(0)));
+        assert_eq!(m.write(0, 4, 0, &[1]), Err(KvMemoryError::Block(4)));
+        assert_eq!(m.write(2, 1, 0, &[1]), Err(KvMemoryError::Group(2)));
+        assert!(matches!(
+            m.write(1, 1, 10, &[0; 4]),
+            Err(KvMemoryError::Range { .. })
+        ));
+        assert!(matches!(
+            m.read(1, 1, usize::MAX, &mut [0; 2]),
+            Err(KvMemoryError::Range { .. })
+        ));
+        let mut null = [0u8; 13];
+        assert_eq!(m.read(1, 0, 0, &mut null), Ok(()));
+        assert!(
+            null.iter().all(|&b| b == POISON_BYTE),
+            "the null block reads as poison"
+        );
+        assert_eq!(m.poison(1, 1), Ok(()));
+        assert!(HostKvMemory::new(
+            KvLayout::new(vec![8]).unwrap_or_else(|e| panic!("{e}")),
+            usize::MAX
+        )
+        .is_err());
+        assert!(KvLayout::new(vec![]).is_err());
+        assert!(KvLayout::new(vec![8, 0]).is_err());
+    }
+}
