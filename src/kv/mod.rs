@@ -3,13 +3,30 @@
 //! * `key` — [`ChunkKey`], the 128-bit chain hash naming one block's worth of KV of one
 //!   cache group of one token prefix;
 //! * `tier` — the [`Tier`] trait: a store of chunks by key (batched exists / get / put,
-//!   nothing else), and [`TierError`].
+//!   nothing else), and [`TierError`];
+//! * `chunk` — the chunk format every tier stores: [`ChunkCodec`] writes and checks a
+//!   header (key, group, tokens, length), an xxh3-64 checksum and an optional keyed BLAKE3
+//!   MAC around the payload (specified in the repository's `docs/kv-format.md`);
+//! * `memory` — [`MemoryTier`], in-process, bounded, sharded, LRU per shard;
+//! * `disk` — [`DiskTier`], one file per chunk, bounded, crash-safe for a killed process;
+//! * `faults` — [`FaultyTier`], seeded damage to what a tier stores ([`FaultTarget`]).
 //!
 //! A tier stores opaque values; what a value holds (the chunk format, its checksum) is the
-//! business of the connector that joins a tier to KV memory.
+//! business of the connector that joins a tier to KV memory, through [`ChunkCodec`].
 
+mod chunk;
+mod disk;
+mod faults;
 mod key;
+mod memory;
 mod tier;
 
+pub use chunk::{
+    ChunkCodec, ChunkError, ChunkErrorClass, ChunkHeader, CHUNK_MAGIC, CHUNK_VERSION, FLAG_MAC,
+    HEADER_LEN, MAC_LEN,
+};
+pub use disk::{DiskConfig, DiskStats, DiskTier};
+pub use faults::{FaultConfig, FaultConfigError, FaultCounts, FaultTarget, FaultyTier};
 pub use key::ChunkKey;
+pub use memory::{MemoryStats, MemoryTier};
 pub use tier::{Tier, TierError};
