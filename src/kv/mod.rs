@@ -5,17 +5,34 @@
 //! * `kv_memory` — the [`KvMemory`] trait (the engine-side bytes of each block) and the
 //!   [`KvLayout`] the engine declares; `host_memory` — [`HostKvMemory`], KV memory in host RAM;
 //! * `tier` — the [`Tier`] trait: a store of chunks by key (batched exists / get / put,
-//!   nothing else), and [`TierError`].
+//!   nothing else), and [`TierError`];
+//! * `chunk` — the chunk format every tier stores: [`ChunkCodec`] writes and checks a
+//!   header (key, group, tokens, length), an xxh3-64 checksum and an optional keyed BLAKE3
+//!   MAC around the payload (specified in the repository's `docs/kv-format.md`);
+//! * `memory` — [`MemoryTier`], in-process, bounded, sharded, LRU per shard;
+//! * `disk` — [`DiskTier`], one file per chunk, bounded, crash-safe for a killed process;
+//! * `faults` — [`FaultyTier`], seeded damage to what a tier stores ([`FaultTarget`]).
 //!
 //! A tier stores opaque values; what a value holds (the chunk format, its checksum) is the
-//! business of the connector that joins a tier to KV memory.
+//! business of the connector that joins a tier to KV memory, through [`ChunkCodec`].
 
+mod chunk;
+mod disk;
+mod faults;
 mod host_memory;
 mod key;
 mod kv_memory;
+mod memory;
 mod tier;
 
+pub use chunk::{
+    ChunkCodec, ChunkError, ChunkErrorClass, ChunkHeader, CHUNK_MAGIC, CHUNK_VERSION, FLAG_MAC,
+    HEADER_LEN, MAC_LEN,
+};
+pub use disk::{DiskConfig, DiskStats, DiskTier};
+pub use faults::{FaultConfig, FaultConfigError, FaultCounts, FaultTarget, FaultyTier};
 pub use host_memory::HostKvMemory;
 pub use key::ChunkKey;
 pub use kv_memory::{KvLayout, KvMemory, KvMemoryError, POISON_BYTE};
+pub use memory::{MemoryStats, MemoryTier};
 pub use tier::{Tier, TierError};

@@ -1,0 +1,569 @@
+//! [`DiskTier`]: one file per chunk in a directory, bounded in bytes, crash-safe for a killed
+//! process (write to a temporary file, then rename), its index rebuilt by a scan at open.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use rustc_hash::FxHashMap;
+
+use super::{ChunkKey, FaultTarget, Tier, TierError};
+use crate::connector::CancelToken;
+use crate::sync::{AtomicU64, Mutex, Ordering};
+
+const CHUNK_EXT: &str = "chunk";
+const TEMP_EXT: &str = "tmp";
+
+/// How a [`DiskTier`] stores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DiskConfig {
+    /// Most bytes of chunk files kept (file contents; directory entries and file-system
+    /// blocks are not counted). Also the largest value accepted.
+    pub capacity_bytes: u64,
+    /// Flush every chunk file before its rename and its directory after (off by default).
+    /// Off, a put survives a killed process but not necessarily a power loss; on, a put that
+    /// returned survives a power loss too (on a drive that honours flushes), at the cost of
+    /// two flushes per chunk. See the repository's `docs/kv-format.md`, "Disk tier".
+    pub fsync: bool,
+}
+
+impl Default for DiskConfig {
+    /// 1 GiB, no fsync.
+    fn default() -> Self {
+        DiskConfig {
+            capacity_bytes: 1 << 30,
+            fsync: false,
+        }
+    }
+}
+
+/// What a [`DiskTier`] has done since it was opened.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DiskStats {
+    /// Keys `get` found.
+    pub hits: u64,
+    /// Keys `get` did not find.
+    pub misses: u64,
+    /// Chunk files deleted to make room (at open too, if the directory was over capacity).
+    pub evictions: u64,
+    /// Bytes of chunk files held now.
+    pub bytes: u64,
+    /// Chunk files held now.
+    pub entries: u64,
+    /// Temporary files of an earlier process removed at open.
+    pub stale_temps_removed: u64,
+}
+
+#[derive(Default)]
+struct Index {
+    /// Key → (last-use tick, file length).
+    map: FxHashMap<ChunkKey, (u64, u64)>,
+    /// Last-use tick → key, oldest first.
+    order: BTreeMap<u64, ChunkKey>,
+    next_tick: u64,
+    bytes: u64,
+}
+
+impl Index {
+    fn insert(&mut self, key: ChunkKey, len: u64) {
+        self.remove(key);
+        self.next_tick += 1;
+        self.map.insert(key, (self.next_tick, len));
+        self.order.insert(self.next_tick, key);
+        self.bytes += len;
+    }
+
+    fn remove(&mut self, key: ChunkKey) -> bool {
+        let Some((tick, len)) = self.map.remove(&key) else {
+            return false;
+        };
+        self.order.remove(&tick);
+        self.bytes -= len;
+        true
+    }
+
+    fn touch(&mut self, key: ChunkKey) {
+        self.next_tick += 1;
+        let tick = self.next_tick;
+        if let Some((t, _)) = self.map.get_mut(&key) {
+            let old = std::mem::replace(t, tick);
+            self.order.remove(&old);
+            self.order.insert(tick, key);
+        }
+    }
+}
+
+/// Chunks as files under a root directory: `ROOT/ab/cd/<32 hex digits of the key>.chunk`,
+/// where `ab` and `cd` are the key's first two hex-digit pairs, so 65,536 subdirectories
+/// (made as needed) share the files and none holds more than 1/65,536 of them on average.
+///
+/// **Crash safety.** A put writes `…/<key>.<pid>.<n>.tmp` in the chunk's own directory, then
+/// renames it over `<key>.chunk`: a reader sees the old file or the new one, whole. A
+/// process killed mid-put leaves at most a temporary file, which the next [`open`] deletes.
+/// Torn or cut files (a power loss without [`DiskConfig::fsync`], damage at rest) are returned
+/// as they are: the chunk codec's length and checksum checks refuse them at load.
+///
+/// **Index and eviction.** [`open`] scans the directory and rebuilds the index (key → file
+/// length) and the byte count, so a fresh process finds what the last one saved. Eviction is
+/// least recently used within a process (puts and get hits are uses) and oldest
+/// modification time first for what was found at open. Renames, index updates and eviction
+/// deletes happen under one lock, so the index and the files agree; file contents are written
+/// and read outside it.
+///
+/// **Threads.** All I/O runs on the calling thread. One `DiskTier` per directory at a time:
+/// a second process opening the same directory would delete the first one's temporary files
+/// and count capacity separately (not checked).
+///
+/// [`open`]: DiskTier::open
+pub struct DiskTier {
+    root: PathBuf,
+    cfg: DiskConfig,
+    index: Mutex<Index>,
+    seq: AtomicU64,
+    pid: u32,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    evictions: AtomicU64,
+    stale_temps_removed: u64,
+}
+
+impl std::fmt::Debug for DiskTier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DiskTier")
+            .field("root", &self.root)
+            .field("cfg", &self.cfg)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+fn io_err(what: &str, path: &Path, e: io::Error) -> TierError {
+    TierError::Unavailable(format!("disk tier: {what} {}: {e}", path.display()))
+}
+
+/// `Some(byte)` if `s` is two lowercase hex digits.
+fn hex_pair(s: &str) -> Option<u8> {
+    if s.len() != 2 || !s.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f')) {
+        return None;
+    }
+    u8::from_str_radix(s, 16).ok()
+}
+
+/// The key of a file named `<32 lowercase hex digits>.chunk`.
+fn chunk_name_key(name: &str) -> Option<ChunkKey> {
+    let hex = name.strip_suffix(".chunk")?;
+    if hex.len() != 32 || !hex.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f')) {
+        return None;
+    }
+    u128::from_str_radix(hex, 16).ok().map(ChunkKey)
+}
+
+fn read_dir(path: &Path) -> Result<fs::ReadDir, TierError> {
+    fs::read_dir(path).map_err(|e| io_err("read directory", path, e))
+}
+
+fn sync_dir(path: &Path) -> Result<(), TierError> {
+    File::open(path)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io_err("sync directory", path, e))
+}
+
+impl DiskTier {
+    /// Opens (creating it if needed) the tier in `root`: deletes stale temporary files,
+    /// indexes every chunk file, and evicts the oldest if they exceed the capacity. Entries
+    /// that are not the tier's are left alone and not counted.
+    pub fn open(root: impl Into<PathBuf>, cfg: DiskConfig) -> Result<DiskTier, TierError> {
+        let root = root.into();
+        fs::create_dir_all(&root).map_err(|e| io_err("create directory", &root, e))?;
+        let mut found: Vec<(SystemTime, ChunkKey, u64)> = Vec::new();
+        let mut stale = 0u64;
+        for a in read_dir(&root)? {
+            let a = a.map_err(|e| io_err("read directory", &root, e))?;
+            let an = a.file_name();
+            let Some(hi) = an.to_str().and_then(hex_pair) else {
+                continue;
+            };
+            if !a.path().is_dir() {
+                continue;
+            }
+            for b in read_dir(&a.path())? {
+                let b = b.map_err(|e| io_err("read directory", &a.path(), e))?;
+                let bn = b.file_name();
+                let Some(lo) = bn.to_str().and_then(hex_pair) else {
+                    continue;
+                };
+                let dir = b.path();
+                if !dir.is_dir() {
+                    continue;
+                }
+                for f in read_dir(&dir)? {
+                    let f = f.map_err(|e| io_err("read directory", &dir, e))?;
+                    let path = f.path();
+                    let name = f.file_name();
+                    let Some(name) = name.to_str() else { continue };
+                    if name.ends_with(".tmp") {
+                        match fs::remove_file(&path) {
+                            Ok(()) => stale += 1,
+                            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                            Err(e) => return Err(io_err("remove stale temporary", &path, e)),
+                        }
+                        continue;
+                    }
+                    // Only a chunk in its own directory can be found by `get`.
+                    let Some(key) = chunk_name_key(name) else {
+                        continue;
+                    };
+                    if (key.0 >> 120) as u8 != hi || (key.0 >> 112) as u8 != lo {
+                        continue;
+                    }
+                    let meta = f.metadata().map_err(|e| io_err("stat", &path, e))?;
+                    if !meta.is_file() {
+                        continue;
+                    }
+                    let mtime = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+                    found.push((mtime, key, meta.len()));
+                }
+            }
+        }
+        found.sort_unstable();
+        let mut index = Index::default();
+        for (_, key, len) in found {
+            index.insert(key, len);
+        }
+        if stale > 0 && cfg.fsync {
+            sync_dir(&root)?;
+        }
+        let tier = DiskTier {
+            root,
+            cfg,
+            index: Mutex::new(Index::default()),
+            seq: AtomicU64::new(0),
+            pid: std::process::id(),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            evictions: AtomicU64::new(0),
+            stale_temps_removed: stale,
+        };
+        tier.evict_to_fit(&mut index, None);
+        *tier.index.lock() = index;
+        Ok(tier)
+    }
+
+    /// The root directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The file that holds (or would hold) the chunk of `key`.
+    pub fn chunk_path(&self, key: ChunkKey) -> PathBuf {
+        let hex = key.to_string();
+        let mut p = self.chunk_dir(key);
+        p.push(format!("{hex}.{CHUNK_EXT}"));
+        p
+    }
+
+    fn chunk_dir(&self, key: ChunkKey) -> PathBuf {
+        let hex = key.to_string();
+        let mut p = self.root.clone();
+        p.push(&hex[0..2]);
+        p.push(&hex[2..4]);
+        p
+    }
+
+    /// Every key indexed now, in no particular order.
+    pub fn keys(&self) -> Vec<ChunkKey> {
+        self.index.lock().map.keys().copied().collect()
+    }
+
+    /// Counters so far, and what the index holds now.
+    pub fn stats(&self) -> DiskStats {
+        let (bytes, entries) = {
+            let i = self.index.lock();
+            (i.bytes, i.map.len() as u64)
+        };
+        // Relaxed: statistics only.
+        DiskStats {
+            hits: self.hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
+            evictions: self.evictions.load(Ordering::Relaxed),
+            bytes,
+            entries,
+            stale_temps_removed: self.stale_temps_removed,
+        }
+    }
+
+    /// Deletes the least recently used files (never `keep`) until the index fits the
+    /// capacity. Called with the index lock held (or on the index before it is shared).
+    fn evict_to_fit(&self, index: &mut Index, keep: Option<ChunkKey>) {
+        while index.bytes > self.cfg.capacity_bytes {
+            let Some(&victim) = index.order.values().next() else {
+                break;
+            };
+            if Some(victim) == keep {
+                // Only the newest value is left, and it fits by the put's size check.
+                break;
+            }
+            index.remove(victim);
+            // Relaxed: statistics only.
+            self.evictions.fetch_add(1, Ordering::Relaxed);
+            let path = self.chunk_path(victim);
+            match fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => tracing::warn!(path = %path.display(), error = %e, "disk tier: evict"),
+            }
+        }
+    }
+
+    /// Writes `value` to a new temporary file in `dir`, flushed if configured.
+    fn write_temp(&self, dir: &Path, key: ChunkKey, value: &[u8]) -> Result<PathBuf, TierError> {
+        // Relaxed: only uniqueness of the name matters.
+        let n = self.seq.fetch_add(1, Ordering::Relaxed);
+        let tmp = dir.join(format!("{key}.{}.{n}.{TEMP_EXT}", self.pid));
+        let mut f = match OpenOptions::new().write(true).create_new(true).open(&tmp) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                fs::create_dir_all(dir).map_err(|e| io_err("create directory", dir, e))?;
+                if self.cfg.fsync {
+                    let parent = dir.parent().unwrap_or(&self.root);
+                    sync_dir(parent)?;
+                    sync_dir(&self.root)?;
+                }
+                OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .open(&tmp)
+                    .map_err(|e| io_err("create", &tmp, e))?
+            }
+            Err(e) => return Err(io_err("create", &tmp, e)),
+        };
+        let written = f.write_all(value).and_then(|()| {
+            if self.cfg.fsync {
+                f.sync_data()
+            } else {
+                Ok(())
+            }
+        });
+        if let Err(e) = written {
+            drop(f);
+            let _ = fs::remove_file(&tmp);
+            return Err(io_err("write", &tmp, e));
+        }
+        Ok(tmp)
+    }
+
+    fn put_one(&self, key: ChunkKey, value: &[u8]) -> Result<(), TierError> {
+        let dir = self.chunk_dir(key);
+        let tmp = self.write_temp(&dir, key, value)?;
+        let path = self.chunk_path(key);
+        {
+            let mut index = self.index.lock();
+            if let Err(e) = fs::rename(&tmp, &path) {
+                drop(index);
+                let _ = fs::remove_file(&tmp);
+                return Err(io_err("rename into", &path, e));
+            }
+            index.insert(key, value.len() as u64);
+            self.evict_to_fit(&mut index, Some(key));
+        }
+        if self.cfg.fsync {
+            sync_dir(&dir)?;
+        }
+        Ok(())
+    }
+
+    /// Reads the file of `key`, at most `capacity_bytes` of it (a longer file is not one the
+    /// tier wrote; its cut bytes fail the codec's checks). `None` if there is no such file.
+    fn read_one(&self, key: ChunkKey) -> Result<Option<Vec<u8>>, TierError> {
+        let path = self.chunk_path(key);
+        let mut f = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io_err("open", &path, e)),
+        };
+        let limit = self.cfg.capacity_bytes;
+        let len = f.metadata().map_err(|e| io_err("stat", &path, e))?.len();
+        let mut buf = Vec::new();
+        buf.try_reserve_exact(len.min(limit) as usize)
+            .map_err(|e| {
+                TierError::Unavailable(format!("disk tier: read {}: {e}", path.display()))
+            })?;
+        (&mut f)
+            .take(limit)
+            .read_to_end(&mut buf)
+            .map_err(|e| io_err("read", &path, e))?;
+        Ok(Some(buf))
+    }
+
+    /// Opens the file of `key` for damage; `None` if absent.
+    fn open_stored(&self, key: ChunkKey) -> Result<Option<(File, u64, PathBuf)>, TierError> {
+        let path = self.chunk_path(key);
+        let f = match OpenOptions::new().read(true).write(true).open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io_err("open", &path, e)),
+        };
+        let len = f.metadata().map_err(|e| io_err("stat", &path, e))?.len();
+        Ok(Some((f, len, path)))
+    }
+}
+
+impl Tier for DiskTier {
+    fn name(&self) -> &str {
+        "disk"
+    }
+
+    /// From the index alone (no I/O): a hint, as the trait says.
+    fn exists(&self, keys: &[ChunkKey], cancel: &CancelToken) -> Result<Vec<bool>, TierError> {
+        if cancel.is_cancelled() {
+            return Err(TierError::Cancelled);
+        }
+        let index = self.index.lock();
+        Ok(keys.iter().map(|k| index.map.contains_key(k)).collect())
+    }
+
+    /// Reads each key's file on the calling thread, checking `cancel` before each.
+    fn get(
+        &self,
+        keys: &[ChunkKey],
+        cancel: &CancelToken,
+    ) -> Result<Vec<Option<Vec<u8>>>, TierError> {
+        let mut out = Vec::with_capacity(keys.len());
+        for &k in keys {
+            if cancel.is_cancelled() {
+                return Err(TierError::Cancelled);
+            }
+            let got = self.read_one(k)?;
+            if got.is_some() {
+                self.index.lock().touch(k);
+                // Relaxed: statistics only.
+                self.hits.fetch_add(1, Ordering::Relaxed);
+            } else {
+                let mut index = self.index.lock();
+                // Deleted behind the tier's back: forget it (unless a put just re-created it).
+                if index.map.contains_key(&k) && !self.chunk_path(k).exists() {
+                    index.remove(k);
+                }
+                drop(index);
+                // Relaxed: statistics only.
+                self.misses.fetch_add(1, Ordering::Relaxed);
+            }
+            out.push(got);
+        }
+        Ok(out)
+    }
+
+    /// Writes each value (temporary file, then rename), evicting as needed. Stops at the
+    /// first I/O error, with the earlier values stored. A value over the capacity is
+    /// skipped and reported as [`TierError::Refused`] after the rest are stored.
+    fn put(&self, chunks: &[(ChunkKey, Vec<u8>)]) -> Result<(), TierError> {
+        let mut refused = None;
+        for (k, v) in chunks {
+            if v.len() as u64 > self.cfg.capacity_bytes {
+                refused.get_or_insert((*k, v.len()));
+                continue;
+            }
+            self.put_one(*k, v)?;
+        }
+        match refused {
+            None => Ok(()),
+            Some((k, len)) => Err(TierError::Refused(format!(
+                "value for key {k}: {len} bytes, more than the disk tier's capacity ({} bytes)",
+                self.cfg.capacity_bytes
+            ))),
+        }
+    }
+}
+
+impl FaultTarget for DiskTier {
+    fn corrupt_stored(&self, key: ChunkKey, pick: u64) -> Result<bool, TierError> {
+        let Some((mut f, len, path)) = self.open_stored(key)? else {
+            return Ok(false);
+        };
+        if len == 0 {
+            return Ok(false);
+        }
+        let at = super::faults::pick_offset(pick, len.min(usize::MAX as u64) as usize) as u64;
+        let mut b = [0u8; 1];
+        f.seek(SeekFrom::Start(at))
+            .and_then(|_| f.read_exact(&mut b))
+            .and_then(|()| f.seek(SeekFrom::Start(at)))
+            .and_then(|_| f.write_all(&[b[0] ^ super::faults::pick_bit(pick)]))
+            .map_err(|e| io_err("corrupt", &path, e))?;
+        Ok(true)
+    }
+
+    fn truncate_stored(&self, key: ChunkKey, pick: u64) -> Result<bool, TierError> {
+        let Some((f, len, path)) = self.open_stored(key)? else {
+            return Ok(false);
+        };
+        if len == 0 {
+            return Ok(false);
+        }
+        let to = super::faults::pick_offset(pick, len.min(usize::MAX as u64) as usize) as u64;
+        let mut index = self.index.lock();
+        f.set_len(to).map_err(|e| io_err("truncate", &path, e))?;
+        if index.map.contains_key(&key) {
+            index.insert(key, to);
+        }
+        Ok(true)
+    }
+
+    fn remove(&self, key: ChunkKey) -> Result<bool, TierError> {
+        let path = self.chunk_path(key);
+        let mut index = self.index.lock();
+        index.remove(key);
+        match fs::remove_file(&path) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(io_err("remove", &path, e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_names_parse_only_when_exact() {
+        let k = ChunkKey(0xabcd_0000_0000_0000_0000_0000_0000_0001);
+        assert_eq!(chunk_name_key(&format!("{k}.chunk")), Some(k));
+        assert_eq!(chunk_name_key(&format!("{k}.chunkx")), None);
+        assert_eq!(chunk_name_key(&format!("{k}0.chunk")), None);
+        assert_eq!(
+            chunk_name_key("ABCD0000000000000000000000000001.chunk"),
+            None
+        );
+        assert_eq!(
+            chunk_name_key("+bcd0000000000000000000000000001.chunk"),
+            None
+        );
+        assert_eq!(hex_pair("ab"), Some(0xab));
+        assert_eq!(hex_pair("a"), None);
+        assert_eq!(hex_pair("+1"), None);
+        assert_eq!(hex_pair("AB"), None);
+    }
+
+    #[test]
+    fn chunk_path_fans_out_by_the_first_two_hex_pairs() {
+        let t = DiskTier {
+            root: PathBuf::from("/r"),
+            cfg: DiskConfig::default(),
+            index: Mutex::new(Index::default()),
+            seq: AtomicU64::new(0),
+            pid: 0,
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            evictions: AtomicU64::new(0),
+            stale_temps_removed: 0,
+        };
+        let k = ChunkKey(0x12ab_0000_0000_0000_0000_0000_0000_00ff);
+        assert_eq!(
+            t.chunk_path(k),
+            PathBuf::from(format!("/r/12/ab/{k}.chunk"))
+        );
+    }
+}
