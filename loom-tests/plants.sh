@@ -38,6 +38,8 @@ declare -A MODELS=(
   [clear-pending-relaxed]="handoff_owner_abort::waiter_reads_recomputed_contents handoff_owner_abort::owner_aborts_while_sharer_waits pending_mark_set_and_read_same_step"
   # pool/free_list.rs: the free-list head's ABA tag is never bumped.
   [free-list-no-tag]="free_list_aba::aba_pop_against_pop_pop_push"
+  # pool/state.rs: the last release of a block whose load still owns its bytes frees it.
+  [fill-release-unguarded]="fill_late_load_vs_reuse::late_load_never_lands_in_a_reused_block"
   # pool/mod.rs: the release CAS is Relaxed instead of Release.
   [release-relaxed]="pool_release_allocate::last_release_races_allocate pool_release_allocate::cached_release_races_reclaim_and_lookup"
   # pool/prefix_index.rs: lookup revives the entry it found under a second hold of the lock.
@@ -57,6 +59,7 @@ declare -A MODELS=(
   [shutdown-no-drain-while-waiting]="shutdown_drain::one_worker_two_jobs shutdown_drain::two_workers_two_jobs"
 )
 ORDER=(claim-store barrier-relaxed clear-pending-relaxed free-list-no-tag release-relaxed
+  fill-release-unguarded
   lookup-revive-unlocked unpark-no-lock worker-no-recheck worker-no-fence worker-list-twice
   worker-drop-on-full shutdown-no-drain-while-waiting)
 

@@ -22,6 +22,7 @@ declare -A BOUND=(
   [claim_decide_after_all_claimed]=3        # plants from 1 (3 with the spinning barrier)
   [claim_table]=3                           # plants from 2 (barrier-relaxed); kept with its sibling
   [completion_queue]=2                      # plants from 0
+  [fill_late_load_vs_reuse]=2               # plants from 0
   [free_list_aba]=2                         # plants from 0
   [handoff_owner_abort]=2                   # plants from 0
   [park_lost_wakeup]=2                      # plants from 2 (barrier-relaxed)

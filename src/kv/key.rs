@@ -23,6 +23,27 @@ impl ChunkKey {
         ChunkKey(xxhash_rust::xxh3::xxh3_128(&buf))
     }
 
+    /// The keys of the first `blocks` full blocks of `tokens` in a group of `block_size`
+    /// tokens (fewer when `tokens` holds fewer full blocks), block 0 first.
+    pub fn chain_blocks(
+        tag: u64,
+        group: u32,
+        block_size: u64,
+        tokens: &[u32],
+        blocks: usize,
+    ) -> Vec<ChunkKey> {
+        let b = usize::try_from(block_size).unwrap_or(usize::MAX).max(1);
+        let mut parent = ChunkKey::ROOT;
+        tokens
+            .chunks_exact(b)
+            .take(blocks)
+            .map(|c| {
+                parent = ChunkKey::chain(parent, tag, group, c);
+                parent
+            })
+            .collect()
+    }
+
     /// The parent of block 0.
     pub const ROOT: ChunkKey = ChunkKey(0);
 

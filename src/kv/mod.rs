@@ -13,22 +13,33 @@
 //! * `disk` — [`DiskTier`], one file per chunk, bounded, crash-safe for a killed process;
 //! * `faults` — [`FaultyTier`], seeded damage to what a tier stores ([`FaultTarget`]).
 //!
+//! * `connector` — [`TierConnector`], the connector joining a tier to KV memory: lookups
+//!   from a local index (`key_index`), verified batched loads, write-behind saves (`saver`).
+//!
 //! A tier stores opaque values; what a value holds (the chunk format, its checksum) is the
 //! business of the connector that joins a tier to KV memory, through [`ChunkCodec`].
 
 mod chunk;
+#[cfg(not(kvsched_loom))]
+mod connector;
 mod disk;
 mod faults;
 mod host_memory;
 mod key;
+#[cfg(not(kvsched_loom))]
+mod key_index;
 mod kv_memory;
 mod memory;
+#[cfg(not(kvsched_loom))]
+mod saver;
 mod tier;
 
 pub use chunk::{
     ChunkCodec, ChunkError, ChunkErrorClass, ChunkHeader, CHUNK_MAGIC, CHUNK_VERSION, FLAG_MAC,
     HEADER_LEN, MAC_LEN,
 };
+#[cfg(not(kvsched_loom))]
+pub use connector::{TierConnector, TierConnectorConfig, TierConnectorError, TierStats};
 pub use disk::{DiskConfig, DiskStats, DiskTier};
 pub use faults::{FaultConfig, FaultConfigError, FaultCounts, FaultTarget, FaultyTier};
 pub use host_memory::HostKvMemory;

@@ -1,0 +1,484 @@
+//! [`TierConnector`]: the one connector design — it joins a [`Tier`] to the engine's
+//! [`KvMemory`]. It answers lookups from a local index (never waiting for the tier), loads by
+//! batched gets, verifies every chunk (key, group, length, checksum, MAC), writes KV memory
+//! only where the load may write, poisons and reports what it could not fill, and saves
+//! computed blocks write-behind on its own threads.
+
+use std::fmt;
+
+use super::key_index::KeyIndex;
+use super::saver::{Saver, Work};
+use super::{ChunkCodec, ChunkErrorClass, ChunkKey, KvMemory, Tier};
+use crate::connector::{
+    InvalidBlocks, KvConnector, LoadJob, LoadResult, LookupQuery, LookupResult,
+};
+use crate::pool::BlockRef;
+use crate::rng::{hash_str, SplitMix64};
+use crate::rules::geometry::{BlockId, CacheGroup};
+use crate::sync::{Arc, AtomicU64, Ordering};
+
+/// Settings of a [`TierConnector`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct TierConnectorConfig {
+    /// The runtime's cache groups (the same as the runtime's builder gets).
+    pub groups: Vec<CacheGroup>,
+    /// The runtime's scheduler block size `S`: lookups offer multiples of it.
+    pub scheduler_block_size: u64,
+    /// The layout/model tag in every chunk key: two models never share chunks.
+    pub tag: u64,
+    /// The key of the chunks' keyed MAC (every engine sharing the tier has it), or none.
+    pub mac_key: Option<[u8; 32]>,
+    /// Share of loads run asynchronously on a worker (0–1), decided per request from `seed`;
+    /// the others run inside the engine's step (sync loads).
+    pub async_ratio: f64,
+    /// Seed of the async/sync choice.
+    pub seed: u64,
+    /// Most chunks waiting to be saved; offers past it are dropped (counted).
+    pub save_queue: usize,
+    /// Threads storing chunks and probing the tier.
+    pub save_threads: usize,
+    /// Most keys the local index remembers.
+    pub index_capacity: usize,
+    /// On a lookup the index cannot answer, ask the tier in the background (a later request
+    /// with the same prefix then hits).
+    pub probe_on_miss: bool,
+}
+
+impl Default for TierConnectorConfig {
+    fn default() -> Self {
+        TierConnectorConfig {
+            groups: vec![CacheGroup::full_attention(16)],
+            scheduler_block_size: 16,
+            tag: 0,
+            mac_key: None,
+            async_ratio: 1.0,
+            seed: 0x5eed,
+            save_queue: 4096,
+            save_threads: 1,
+            index_capacity: 1 << 20,
+            probe_on_miss: true,
+        }
+    }
+}
+
+/// Why a [`TierConnector`] could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum TierConnectorError {
+    /// The settings contradict each other or the memory's layout.
+    #[error("tier connector: {0}")]
+    Config(String),
+    /// Its threads could not be started.
+    #[error("tier connector: cannot start a saver thread: {0}")]
+    Spawn(#[from] std::io::Error),
+}
+
+/// What a [`TierConnector`] has done, as counters.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TierStats {
+    /// Lookups answered.
+    pub lookups: u64,
+    /// Lookups that offered tokens.
+    pub lookup_hits: u64,
+    /// Loads run.
+    pub loads: u64,
+    /// Chunks verified and written into KV memory.
+    pub chunks_loaded: u64,
+    /// Payload bytes written into KV memory by loads.
+    pub kv_bytes_loaded: u64,
+    /// Chunks the tier did not have at load time.
+    pub missing_chunks: u64,
+    /// Chunks whose bytes changed after they were written (checksum).
+    pub checksum_failures: u64,
+    /// Intact chunks of another key or group.
+    pub key_mismatches: u64,
+    /// Chunks with a missing or wrong MAC.
+    pub mac_failures: u64,
+    /// Chunks truncated or with a bad header.
+    pub format_errors: u64,
+    /// Tier calls that failed as a whole (every block of the call invalid).
+    pub tier_errors: u64,
+    /// Destinations the load was no longer allowed to write (its fill ended): left alone.
+    pub writes_refused: u64,
+    /// Loads that saw their cancellation token fired.
+    pub loads_cancelled: u64,
+    /// Chunks stored by the write-behind.
+    pub chunks_saved: u64,
+    /// Encoded bytes stored by the write-behind.
+    pub kv_bytes_saved: u64,
+    /// Save offers dropped because the queue was full.
+    pub saves_dropped: u64,
+    /// Tier `put` calls that failed.
+    pub save_errors: u64,
+    /// Background existence probes run, and keys they found.
+    pub probes: u64,
+    /// See `probes`.
+    pub probe_hits: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    lookups: AtomicU64,
+    lookup_hits: AtomicU64,
+    loads: AtomicU64,
+    chunks_loaded: AtomicU64,
+    kv_bytes_loaded: AtomicU64,
+    missing_chunks: AtomicU64,
+    checksum_failures: AtomicU64,
+    key_mismatches: AtomicU64,
+    mac_failures: AtomicU64,
+    format_errors: AtomicU64,
+    tier_errors: AtomicU64,
+    writes_refused: AtomicU64,
+    loads_cancelled: AtomicU64,
+}
+
+fn bump(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+/// A [`KvConnector`] over any [`Tier`] and [`KvMemory`].
+///
+/// # Guarantees
+///
+/// * **Nothing unverified is used.** A loaded chunk is written into KV memory only if its
+///   header names the expected key, group and length and its checksum (and MAC, with a key)
+///   match. Anything else — a missing chunk, damage, a chunk of another prefix, a tier error,
+///   a cancelled load — makes the block invalid: it is filled with poison and reported, and
+///   the runtime recovers it like any failed load.
+/// * **Writes only where allowed.** Each destination is written only after
+///   [`LoadJob::may_write`] allows it, i.e. while the runtime still marks the block as owned
+///   by this load.
+/// * **Lookups never wait for the tier.** They answer from a local index of keys saved,
+///   loaded or found by background probes; a chunk gone by load time is a failed block.
+/// * **Saves never block the caller** beyond copying the block's bytes: the write-behind
+///   queue is bounded and drops (and counts) what does not fit.
+///
+/// Hybrid lookups offer the largest multiple of `S` at which every group has its chunks
+/// (a longer prefix one group cannot resume from is not offered). The tier holds prompt
+/// blocks only: decode tokens are not in the step's output, so their keys are unknown.
+pub struct TierConnector {
+    tier: Arc<dyn Tier>,
+    memory: Arc<dyn KvMemory>,
+    codec: ChunkCodec,
+    cfg: TierConnectorConfig,
+    index: Arc<KeyIndex>,
+    saver: Saver,
+    counters: Counters,
+}
+
+impl fmt::Debug for TierConnector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TierConnector")
+            .field("tier", &self.tier.name())
+            .field("groups", &self.cfg.groups)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TierConnector {
+    /// A connector storing `memory`'s blocks in `tier`.
+    ///
+    /// # Errors
+    ///
+    /// [`TierConnectorError::Config`] when the memory's layout has another number of groups,
+    /// `S` is 0 or `async_ratio` is outside `[0, 1]`; [`TierConnectorError::Spawn`].
+    pub fn new(
+        tier: Arc<dyn Tier>,
+        memory: Arc<dyn KvMemory>,
+        cfg: TierConnectorConfig,
+    ) -> Result<TierConnector, TierConnectorError> {
+        if memory.layout().num_groups() != cfg.groups.len() {
+            return Err(TierConnectorError::Config(format!(
+                "groups: {} configured, the KV memory's layout has {}",
+                cfg.groups.len(),
+                memory.layout().num_groups()
+            )));
+        }
+        if cfg.scheduler_block_size == 0 {
+            return Err(TierConnectorError::Config(
+                "scheduler_block_size: must be at least 1".into(),
+            ));
+        }
+        if !(0.0..=1.0).contains(&cfg.async_ratio) {
+            return Err(TierConnectorError::Config(format!(
+                "async_ratio: {} is outside [0, 1]",
+                cfg.async_ratio
+            )));
+        }
+        let codec = ChunkCodec::new(cfg.mac_key);
+        let index = Arc::new(KeyIndex::new(cfg.index_capacity));
+        let saver = Saver::start(
+            Arc::clone(&tier),
+            codec.clone(),
+            Arc::clone(&index),
+            cfg.save_queue,
+            cfg.save_threads,
+        )?;
+        Ok(TierConnector {
+            tier,
+            memory,
+            codec,
+            cfg,
+            index,
+            saver,
+            counters: Counters::default(),
+        })
+    }
+
+    /// The tier.
+    pub fn tier(&self) -> &Arc<dyn Tier> {
+        &self.tier
+    }
+
+    /// The KV memory.
+    pub fn memory(&self) -> &Arc<dyn KvMemory> {
+        &self.memory
+    }
+
+    fn keys(&self, g: usize, tokens: &[u32], blocks: usize) -> Vec<ChunkKey> {
+        let b = self.cfg.groups[g].block_size;
+        ChunkKey::chain_blocks(self.cfg.tag, g as u32, b, tokens, blocks)
+    }
+
+    /// Offers blocks the engine computed (entry `index` of group `group`, in block `block`)
+    /// for saving: their bytes are copied now, stored later. Blocks already known to the tier
+    /// are skipped. Only full prompt blocks can be saved (their key needs their tokens).
+    /// Returns how many were queued.
+    pub fn save_blocks(&self, tokens: &[u32], blocks: &[(usize, usize, BlockId)]) -> usize {
+        let mut queued = 0;
+        for g in 0..self.cfg.groups.len() {
+            let Some(max) = blocks.iter().filter(|b| b.0 == g).map(|b| b.1).max() else {
+                continue;
+            };
+            let keys = self.keys(g, tokens, max + 1);
+            let Some(bytes) = self.memory.layout().bytes_per_block(g) else {
+                continue;
+            };
+            for &(_, i, block) in blocks.iter().filter(|b| b.0 == g) {
+                let Some(&key) = keys.get(i) else { continue };
+                if self.index.contains(key) {
+                    continue;
+                }
+                let mut payload = vec![0u8; bytes];
+                if self.memory.read(g, block, 0, &mut payload).is_err() {
+                    continue;
+                }
+                let tokens_in_block = self.cfg.groups[g].block_size.min(u64::from(u32::MAX)) as u32;
+                if self.saver.offer(Work::Save {
+                    key,
+                    group: g as u32,
+                    tokens: tokens_in_block,
+                    payload,
+                }) {
+                    queued += 1;
+                }
+            }
+        }
+        queued
+    }
+
+    /// Stores one block's bytes now, on the caller's thread (warming a tier before a run).
+    ///
+    /// # Errors
+    ///
+    /// The tier's error.
+    pub fn store_now(
+        &self,
+        tokens: &[u32],
+        group: usize,
+        index: usize,
+        payload: &[u8],
+    ) -> Result<bool, super::TierError> {
+        let Some(&key) = self.keys(group, tokens, index + 1).get(index) else {
+            return Ok(false);
+        };
+        let tokens_in_block = self.cfg.groups[group].block_size.min(u64::from(u32::MAX)) as u32;
+        let value = self
+            .codec
+            .encode(key, group as u32, tokens_in_block, payload);
+        self.tier.put(&[(key, value)])?;
+        self.index.insert(key);
+        Ok(true)
+    }
+
+    /// Waits until every queued save and probe is done.
+    pub fn flush(&self) {
+        self.saver.flush();
+    }
+
+    /// Saves waiting in the write-behind queue.
+    pub fn saves_queued(&self) -> usize {
+        self.saver.queued()
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> TierStats {
+        let c = &self.counters;
+        let s = self.saver.counters();
+        let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        TierStats {
+            lookups: r(&c.lookups),
+            lookup_hits: r(&c.lookup_hits),
+            loads: r(&c.loads),
+            chunks_loaded: r(&c.chunks_loaded),
+            kv_bytes_loaded: r(&c.kv_bytes_loaded),
+            missing_chunks: r(&c.missing_chunks),
+            checksum_failures: r(&c.checksum_failures),
+            key_mismatches: r(&c.key_mismatches),
+            mac_failures: r(&c.mac_failures),
+            format_errors: r(&c.format_errors),
+            tier_errors: r(&c.tier_errors),
+            writes_refused: r(&c.writes_refused),
+            loads_cancelled: r(&c.loads_cancelled),
+            chunks_saved: r(&s.saved_chunks),
+            kv_bytes_saved: r(&s.saved_bytes),
+            saves_dropped: r(&s.dropped),
+            save_errors: r(&s.errors),
+            probes: r(&s.probes),
+            probe_hits: r(&s.probe_hits),
+        }
+    }
+
+    /// Poisons destination `(g, i)` if the load may still write it, and names it invalid.
+    fn fail(&self, job: &LoadJob, g: usize, i: usize, bad: &mut [Vec<BlockRef>]) {
+        if let Some(dest) = job.may_write(g, i) {
+            let _ = self.memory.poison(g, dest.id);
+            bad[g].push(dest);
+        } else if let Some(r) = job.block_tables.get(g).and_then(|t| t.get(i)) {
+            bad[g].push(*r);
+        }
+    }
+}
+
+impl KvConnector for TierConnector {
+    fn lookup(&self, q: LookupQuery<'_>) -> LookupResult {
+        bump(&self.counters.lookups, 1);
+        let s = self.cfg.scheduler_block_size;
+        // Never the whole prompt: its last token is computed to sample from it.
+        let limit = (q.prompt.len() as u64).saturating_sub(1) / s * s;
+        if limit <= q.local_tokens {
+            return LookupResult::default();
+        }
+        let mut reach = limit;
+        let mut probe = Vec::new();
+        for (g, grp) in self.cfg.groups.iter().enumerate() {
+            let b = grp.block_size.max(1);
+            let first = (q.local_tokens / b) as usize;
+            let keys = self.keys(g, q.prompt, (limit / b) as usize);
+            let held = keys
+                .iter()
+                .skip(first)
+                .take_while(|&&k| self.index.contains(k))
+                .count();
+            reach = reach.min((first + held) as u64 * b);
+            if self.cfg.probe_on_miss {
+                probe.extend(keys.iter().skip(first + held).copied());
+            }
+        }
+        let offer = reach / s * s;
+        if offer <= q.local_tokens {
+            if !probe.is_empty() {
+                let _ = self.saver.offer(Work::Probe(probe));
+            }
+            return LookupResult::default();
+        }
+        bump(&self.counters.lookup_hits, 1);
+        let mut rng = SplitMix64::new(self.cfg.seed ^ hash_str(q.request));
+        LookupResult {
+            external_tokens: offer - q.local_tokens,
+            load_async: rng.unit() < self.cfg.async_ratio,
+        }
+    }
+
+    fn load(&self, job: &LoadJob) -> LoadResult {
+        bump(&self.counters.loads, 1);
+        let groups = self.cfg.groups.len().min(job.block_tables.len());
+        let mut wanted: Vec<(usize, usize, ChunkKey)> = Vec::new();
+        let mut bad: Vec<Vec<BlockRef>> = vec![Vec::new(); job.block_tables.len()];
+        for g in 0..groups {
+            let range = job.loaded_range(g);
+            let keys = self.keys(g, &job.tokens, range.end);
+            for i in range {
+                if job.block_tables[g][i].id == 0 {
+                    continue;
+                }
+                match keys.get(i) {
+                    Some(&k) => wanted.push((g, i, k)),
+                    None => self.fail(job, g, i, &mut bad), // not a full prompt block
+                }
+            }
+        }
+        let keys: Vec<ChunkKey> = wanted.iter().map(|w| w.2).collect();
+        let values = if job.cancel.is_cancelled() {
+            None
+        } else {
+            match self.tier.get(&keys, &job.cancel) {
+                Ok(v) if v.len() == keys.len() => Some(v),
+                Ok(_) | Err(_) => {
+                    bump(&self.counters.tier_errors, 1);
+                    None
+                }
+            }
+        };
+        if job.cancel.is_cancelled() {
+            bump(&self.counters.loads_cancelled, 1);
+        }
+        match values {
+            None => {
+                for &(g, i, _) in &wanted {
+                    self.fail(job, g, i, &mut bad);
+                }
+            }
+            Some(values) => {
+                for (&(g, i, key), value) in wanted.iter().zip(values) {
+                    let bytes = self.memory.layout().bytes_per_block(g).unwrap_or(0);
+                    let payload = match &value {
+                        None => {
+                            bump(&self.counters.missing_chunks, 1);
+                            self.index.remove(key);
+                            self.fail(job, g, i, &mut bad);
+                            continue;
+                        }
+                        Some(v) => self.codec.decode(v, key, g as u32, bytes as u64),
+                    };
+                    match payload {
+                        Ok(p) => match job.may_write(g, i) {
+                            Some(dest) => {
+                                if self.memory.write(g, dest.id, 0, p).is_ok() {
+                                    bump(&self.counters.chunks_loaded, 1);
+                                    bump(&self.counters.kv_bytes_loaded, p.len() as u64);
+                                    self.index.insert(key);
+                                } else {
+                                    self.fail(job, g, i, &mut bad);
+                                }
+                            }
+                            None => {
+                                bump(&self.counters.writes_refused, 1);
+                                self.fail(job, g, i, &mut bad);
+                            }
+                        },
+                        Err(e) => {
+                            let c = &self.counters;
+                            bump(
+                                match e.class() {
+                                    ChunkErrorClass::Checksum => &c.checksum_failures,
+                                    ChunkErrorClass::KeyMismatch => &c.key_mismatches,
+                                    ChunkErrorClass::Mac => &c.mac_failures,
+                                    ChunkErrorClass::Format => &c.format_errors,
+                                },
+                                1,
+                            );
+                            self.index.remove(key);
+                            self.fail(job, g, i, &mut bad);
+                        }
+                    }
+                }
+            }
+        }
+        if bad.iter().all(Vec::is_empty) {
+            LoadResult::Ok
+        } else {
+            LoadResult::Failed(InvalidBlocks::ByGroup(bad))
+        }
+    }
+}
