@@ -50,6 +50,8 @@ pub mod rules;
 pub mod runtime;
 #[cfg(not(any(kvsched_loom, feature = "internals")))]
 pub(crate) mod runtime;
+#[cfg(not(kvsched_loom))]
+pub mod sim;
 #[cfg(any(kvsched_loom, feature = "internals"))]
 pub mod sync;
 #[cfg(not(any(kvsched_loom, feature = "internals")))]

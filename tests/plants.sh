@@ -33,8 +33,10 @@ declare -A TESTS=(
   [lookup-uncaught]="--test runtime_liveness"
   # runtime/handoff.rs: a panic in a shard's step escapes (the thread dies, the step hangs).
   [shard-panic-escapes]="--lib runtime::poison_tests"
+  # runtime/shard/outputs.rs: Mamba entries that hold no state (mode align) are cached.
+  [mamba-align-cache-unwritten]="--test kv_engine"
 )
-ORDER=(decide-early claim-store late-leak panic-ok trust-stale end-while-loading no-cross-shard-preempt lookup-uncaught shard-panic-escapes)
+ORDER=(decide-early claim-store late-leak panic-ok trust-stale end-while-loading no-cross-shard-preempt lookup-uncaught shard-panic-escapes mamba-align-cache-unwritten)
 
 if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi
 

@@ -1,0 +1,429 @@
+//! [`KvChecker`]: the verifying half of a simulated engine. It runs a step on real KV bytes
+//! the way a model would — sync loads write, every scheduled request reads what its tables
+//! name, computed tokens are written — and checks every byte it reads against a reference
+//! computed from the request's own tokens.
+//!
+//! # The contract (what "garbage" means)
+//!
+//! 1. Reference bytes of attention token `t` in group `g`: `H(tag, g, t, chain(x[0..=t]))`;
+//!    of a Mamba state after `m` tokens: `H(tag, g, m, chain(x[0..m]))` — from the request's
+//!    tokens only, never from memory or a tier.
+//! 2. A full-attention or sliding-window entry `k` holds the references of tokens
+//!    `[k·b, (k+1)·b)`; a Mamba entry `k` the state at `min((k+1)·b, computed)`.
+//! 3. A request scheduled for `[n, n+k)` reads: full attention `[0, n)`; a window of `w`
+//!    tokens `[max(0, n−w+1), n)`; Mamba the state at `n` (none at `n = 0`).
+//! 4. A step: (a) sync loads write; (b) every scheduled request reads memory as (a) left it;
+//!    (c) all computed tokens are written — as garbage by a request that read garbage.
+//! 5. A read unit (request, step, group, position; one per Mamba state) is garbage if its
+//!    bytes differ from the reference or it is read through a null entry.
+//! 6. A load writes poison into every block it reports invalid (the connector's job).
+//! 7. Garbage units of steps whose output the engine keeps are `garbage_reads`; those of
+//!    steps [`Runtime::update`](crate::Runtime::update) says to discard are
+//!    `garbage_reads_discarded`.
+
+use std::sync::Arc as StdArc;
+
+use rustc_hash::FxHashMap;
+
+use crate::connector::{KvConnector, LoadResult};
+use crate::kv::KvMemory;
+use crate::pool::BlockRef;
+use crate::rules::geometry::{CacheGroup, GroupKind, MambaMode};
+use crate::runtime::{ScheduledRequest, StepPlan};
+
+/// What a [`KvChecker`] counted.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KvCheckCounters {
+    /// Garbage read units in steps whose output was kept (must be 0 in mode `safe`).
+    pub garbage_reads: u64,
+    /// Garbage read units in steps whose output was discarded.
+    pub garbage_reads_discarded: u64,
+    /// Of all garbage units, those read through a null entry.
+    pub null_reads: u64,
+    /// Read units checked.
+    pub units_read: u64,
+    /// Bytes compared against their reference.
+    pub kv_bytes_verified: u64,
+    /// Bytes the engine wrote for computed tokens.
+    pub kv_bytes_written: u64,
+    /// Sync loads run, and those that reported invalid blocks.
+    pub sync_loads: u64,
+    /// See `sync_loads`.
+    pub sync_loads_failed: u64,
+}
+
+/// One request's tokens and their chained prefix hashes.
+#[derive(Debug)]
+struct Tokens {
+    tokens: Vec<u32>,
+    /// `chain[t]` = hash of `x[0..t]` (so `chain[0]` is the empty prefix).
+    chain: Vec<u64>,
+    prompt_len: usize,
+}
+
+impl Tokens {
+    fn new(prompt: &[u32]) -> Tokens {
+        let mut t = Tokens {
+            tokens: Vec::with_capacity(prompt.len() + 16),
+            chain: vec![0x9e37_79b9_7f4a_7c15],
+            prompt_len: prompt.len(),
+        };
+        for &x in prompt {
+            t.push(x);
+        }
+        t
+    }
+    fn push(&mut self, x: u32) {
+        let last = *self.chain.last().unwrap_or(&0);
+        self.chain.push(mix(last ^ u64::from(x)));
+        self.tokens.push(x);
+    }
+}
+
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The per-step result of [`KvChecker::run_step`], settled by [`KvChecker::settle`].
+#[derive(Debug, Default)]
+pub struct StepCheck {
+    /// Blocks the step's sync loads reported invalid (for `StepOutput::invalid_blocks`).
+    pub invalid_blocks: Vec<BlockRef>,
+    garbage: FxHashMap<StdArc<str>, (u64, u64)>,
+    /// Requests that read garbage this step.
+    pub tainted: Vec<StdArc<str>>,
+}
+
+/// The verifying engine's memory model: see the module docs for the contract.
+pub struct KvChecker {
+    groups: Vec<CacheGroup>,
+    tag: u64,
+    bytes_per_token: usize,
+    state_bytes: usize,
+    memory: StdArc<dyn KvMemory>,
+    reqs: FxHashMap<StdArc<str>, Tokens>,
+    counters: KvCheckCounters,
+}
+
+impl std::fmt::Debug for KvChecker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KvChecker")
+            .field("groups", &self.groups)
+            .field("counters", &self.counters)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KvChecker {
+    /// A checker over `memory`, whose layout must be `bytes_per_token · b` for attention
+    /// groups and `state_bytes` for Mamba groups (`KvLayout::for_groups`).
+    pub fn new(
+        groups: Vec<CacheGroup>,
+        tag: u64,
+        bytes_per_token: usize,
+        state_bytes: usize,
+        memory: StdArc<dyn KvMemory>,
+    ) -> KvChecker {
+        KvChecker {
+            groups,
+            tag,
+            bytes_per_token: bytes_per_token.max(1),
+            state_bytes: state_bytes.max(1),
+            memory,
+            reqs: FxHashMap::default(),
+            counters: KvCheckCounters::default(),
+        }
+    }
+
+    /// Counters so far.
+    pub fn counters(&self) -> &KvCheckCounters {
+        &self.counters
+    }
+
+    /// Registers a request's prompt (before its first step).
+    pub fn add_request(&mut self, id: &str, prompt: &[u32]) {
+        self.reqs.insert(id.into(), Tokens::new(prompt));
+    }
+
+    /// Forgets a request that ended.
+    pub fn end_request(&mut self, id: &str) {
+        self.reqs.remove(id);
+    }
+
+    /// The token a request samples at its current length (deterministic).
+    fn next_token(id: &str, len: usize) -> u32 {
+        (mix(crate::rng::hash_str(id) ^ len as u64) % 50_000) as u32
+    }
+
+    fn reference(&self, g: usize, pos: u64, chain: u64, out: &mut [u8]) {
+        let mut h = mix(self.tag ^ mix(g as u64 ^ mix(pos ^ chain)));
+        for c in out.chunks_mut(8) {
+            let b = h.to_le_bytes();
+            c.copy_from_slice(&b[..c.len()]);
+            h = mix(h);
+        }
+    }
+
+    /// The reference payload of entry `i` of group `g` for a prompt (what a warm tier holds):
+    /// `None` past the prompt's full blocks.
+    pub fn reference_block(&self, prompt: &[u32], g: usize, i: usize) -> Option<Vec<u8>> {
+        let grp = self.groups.get(g)?;
+        let b = usize::try_from(grp.block_size).ok()?;
+        if (i + 1).checked_mul(b)? > prompt.len() {
+            return None;
+        }
+        let t = Tokens::new(&prompt[..(i + 1) * b]);
+        Some(self.block_bytes(g, &t, i, ((i + 1) * b) as u64))
+    }
+
+    /// The bytes entry `i` of group `g` holds after `computed` tokens of `t`.
+    fn block_bytes(&self, g: usize, t: &Tokens, i: usize, computed: u64) -> Vec<u8> {
+        let grp = self.groups[g];
+        let b = grp.block_size;
+        match grp.kind {
+            GroupKind::Mamba { .. } => {
+                let m = ((i as u64 + 1) * b).min(computed);
+                let mut out = vec![0; self.state_bytes];
+                self.reference(g, m, t.chain[m as usize], &mut out);
+                out
+            }
+            _ => {
+                let mut out = vec![0; self.bytes_per_token * b as usize];
+                for (j, c) in out.chunks_mut(self.bytes_per_token).enumerate() {
+                    let pos = i as u64 * b + j as u64;
+                    if (pos as usize) < t.tokens.len() {
+                        self.reference(g, pos, t.chain[pos as usize + 1], c);
+                    }
+                }
+                out
+            }
+        }
+    }
+
+    /// Phases (a) and (b) of a step: runs the plan's sync loads through `connector` (their
+    /// invalid blocks are returned for the step's output), then checks every read unit of
+    /// every scheduled request; then phase (c): writes what each request computes.
+    pub fn run_step(&mut self, plan: &StepPlan, connector: Option<&dyn KvConnector>) -> StepCheck {
+        let mut check = StepCheck::default();
+        for s in &plan.scheduled {
+            if let (Some(job), Some(c)) = (&s.sync_load, connector) {
+                self.counters.sync_loads += 1;
+                if let LoadResult::Failed(bad) = c.load(job) {
+                    self.counters.sync_loads_failed += 1;
+                    check.invalid_blocks.extend(bad.into_flat());
+                }
+            }
+        }
+        for s in &plan.scheduled {
+            let (garbage, nulls) = self.read(s);
+            if garbage > 0 {
+                check.tainted.push(s.id.clone());
+            }
+            check.garbage.insert(s.id.clone(), (garbage, nulls));
+        }
+        for s in &plan.scheduled {
+            let tainted = check.garbage.get(&s.id).is_some_and(|g| g.0 > 0);
+            self.write(s, tainted);
+        }
+        check
+    }
+
+    /// Settles a step once the runtime said which outputs to discard: counts its garbage as
+    /// kept or discarded, and appends the sampled token of every kept sampler. Returns the
+    /// requests whose samples the engine may emit.
+    pub fn settle(
+        &mut self,
+        plan: &StepPlan,
+        check: StepCheck,
+        discarded: &[StdArc<str>],
+    ) -> Vec<StdArc<str>> {
+        let mut emitted = Vec::new();
+        for s in &plan.scheduled {
+            let dropped = discarded.iter().any(|d| d == &s.id);
+            let (garbage, nulls) = check.garbage.get(&s.id).copied().unwrap_or((0, 0));
+            self.counters.null_reads += nulls;
+            if dropped {
+                self.counters.garbage_reads_discarded += garbage;
+            } else {
+                self.counters.garbage_reads += garbage;
+                if s.samples {
+                    if let Some(t) = self.reqs.get_mut(&s.id) {
+                        let len = t.tokens.len();
+                        t.push(Self::next_token(&s.id, len));
+                    }
+                    emitted.push(s.id.clone());
+                }
+            }
+        }
+        emitted
+    }
+
+    /// The entries `[lo, hi)` of an attention group a request at `n` reads, as token range.
+    fn read_range(grp: &CacheGroup, n: u64) -> (u64, u64) {
+        match grp.kind {
+            GroupKind::SlidingWindow { window } => ((n + 1).saturating_sub(window), n),
+            _ => (0, n),
+        }
+    }
+
+    /// Phase (b) for one request: (garbage units, of which through null entries).
+    fn read(&mut self, s: &ScheduledRequest) -> (u64, u64) {
+        let Some(t) = self.reqs.get(&s.id) else {
+            return (0, 0);
+        };
+        let n = s.num_computed_tokens;
+        let (mut garbage, mut nulls, mut units, mut bytes) = (0u64, 0u64, 0u64, 0u64);
+        let mut buf = vec![0u8; self.bytes_per_token.max(self.state_bytes)];
+        let mut want = buf.clone();
+        for (g, grp) in self.groups.iter().enumerate() {
+            let table = s.block_tables.get(g).map_or(&[][..], |t| &t[..]);
+            let b = grp.block_size;
+            if let GroupKind::Mamba { .. } = grp.kind {
+                if n == 0 {
+                    continue;
+                }
+                units += 1;
+                let i = (n.div_ceil(b) - 1) as usize;
+                let Some(r) = table.get(i).filter(|r| r.id != 0) else {
+                    garbage += 1;
+                    nulls += 1;
+                    continue;
+                };
+                let (got, exp) = (&mut buf[..self.state_bytes], &mut want[..self.state_bytes]);
+                let ok = self.memory.read(g, r.id, 0, got).is_ok();
+                self.reference(g, n, t.chain.get(n as usize).copied().unwrap_or(0), exp);
+                bytes += self.state_bytes as u64;
+                if !ok || got != exp {
+                    garbage += 1;
+                }
+                continue;
+            }
+            let (lo, hi) = Self::read_range(grp, n);
+            let bpt = self.bytes_per_token;
+            for pos in lo..hi {
+                units += 1;
+                let i = (pos / b) as usize;
+                let Some(r) = table.get(i).filter(|r| r.id != 0) else {
+                    garbage += 1;
+                    nulls += 1;
+                    continue;
+                };
+                let off = (pos % b) as usize * bpt;
+                let (got, exp) = (&mut buf[..bpt], &mut want[..bpt]);
+                let ok = self.memory.read(g, r.id, off, got).is_ok();
+                let chain = t.chain.get(pos as usize + 1).copied().unwrap_or(0);
+                self.reference(g, pos, chain, exp);
+                bytes += bpt as u64;
+                if !ok || got != exp {
+                    garbage += 1;
+                }
+            }
+        }
+        self.counters.units_read += units;
+        self.counters.kv_bytes_verified += bytes;
+        (garbage, nulls)
+    }
+
+    /// Phase (c) for one request: the bytes of `[n, n+k)` (garbage when `tainted`).
+    fn write(&mut self, s: &ScheduledRequest, tainted: bool) {
+        let Some(t) = self.reqs.get(&s.id) else {
+            return;
+        };
+        let (n, end) = (s.num_computed_tokens, s.num_computed_tokens + s.num_tokens);
+        // The tokens a step computes are known: prompt, or decode tokens sampled so far.
+        if end as usize > t.tokens.len() + 1 {
+            return;
+        }
+        let mut buf = vec![0u8; self.bytes_per_token.max(self.state_bytes)];
+        let mut written = 0u64;
+        for (g, grp) in self.groups.iter().enumerate() {
+            let table = s.block_tables.get(g).map_or(&[][..], |t| &t[..]);
+            let b = grp.block_size;
+            // (entry, byte offset, reference position, chain hash, bytes)
+            let mut units: Vec<(usize, usize, u64, u64, usize)> = Vec::new();
+            match grp.kind {
+                GroupKind::Mamba { mode } => {
+                    // The state at the end of the step, and (mode `all`) at each block end.
+                    let mut ends: Vec<u64> = Vec::new();
+                    if mode == MambaMode::All {
+                        let mut e = (n / b + 1) * b;
+                        while e < end {
+                            ends.push(e);
+                            e += b;
+                        }
+                    }
+                    ends.push(end);
+                    for m in ends {
+                        if let Some(&chain) = t.chain.get(m as usize).filter(|_| m > 0) {
+                            let i = (m.div_ceil(b) - 1) as usize;
+                            units.push((i, 0, m, chain, self.state_bytes));
+                        }
+                    }
+                }
+                _ => {
+                    for pos in n..end.min(t.tokens.len() as u64) {
+                        let off = (pos % b) as usize * self.bytes_per_token;
+                        let chain = t.chain[pos as usize + 1];
+                        units.push(((pos / b) as usize, off, pos, chain, self.bytes_per_token));
+                    }
+                }
+            }
+            for (i, off, pos, chain, len) in units {
+                let Some(r) = table.get(i).filter(|r| r.id != 0) else {
+                    continue;
+                };
+                let out = &mut buf[..len];
+                self.reference(g, pos, chain, out);
+                if tainted {
+                    out.iter_mut().for_each(|x| *x ^= 0xFF);
+                }
+                if self.memory.write(g, r.id, off, out).is_ok() {
+                    written += len as u64;
+                }
+            }
+        }
+        self.counters.kv_bytes_written += written;
+    }
+
+    /// The entries a request's step completed that a tier can hold (full prompt blocks), as
+    /// `(group, index, block)`, for [`TierConnector::save_blocks`](crate::kv::TierConnector::save_blocks).
+    pub fn completed_prompt_blocks(&self, s: &ScheduledRequest) -> Vec<(usize, usize, u64)> {
+        let Some(t) = self.reqs.get(&s.id) else {
+            return Vec::new();
+        };
+        let (n, end) = (s.num_computed_tokens, s.num_computed_tokens + s.num_tokens);
+        let mut out = Vec::new();
+        for (g, grp) in self.groups.iter().enumerate() {
+            let b = grp.block_size;
+            let table = s.block_tables.get(g).map_or(&[][..], |t| &t[..]);
+            let limit = end.min(t.prompt_len as u64);
+            let mut k = n / b;
+            while (k + 1) * b <= limit {
+                let block_end = (k + 1) * b;
+                // A Mamba entry holds the state at its block's end only if the step wrote
+                // it: the step's last state (`align`), or any block end it passed (`all`).
+                let holds = match grp.kind {
+                    GroupKind::Mamba {
+                        mode: MambaMode::Align,
+                    } => block_end == end,
+                    _ => block_end > n,
+                };
+                if holds {
+                    if let Some(r) = table.get(k as usize).filter(|r| r.id != 0) {
+                        out.push((g, k as usize, r.id));
+                    }
+                }
+                k += 1;
+            }
+        }
+        out
+    }
+
+    /// The prompt of a live request.
+    pub fn prompt(&self, id: &str) -> Option<&[u32]> {
+        self.reqs.get(id).map(|t| &t.tokens[..t.prompt_len])
+    }
+}

@@ -1,0 +1,194 @@
+//! The plan's block tables drive a toy model end to end on real bytes: a runtime, a
+//! `TierConnector` over a memory tier with chunks damaged at rest, host KV memory, and the
+//! verifying `KvChecker`. Mode `safe` reads no garbage on a shared-prefix hybrid workload.
+//! The checker's positive control is the runtime plant `mamba-align-cache-unwritten`
+//! (tests/plants.sh): caching Mamba entries that hold no state makes this test read garbage.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kvsched::connector::{KvConnector, SplitMix64};
+use kvsched::kv::{
+    FaultConfig, FaultyTier, HostKvMemory, KvLayout, KvMemory, MemoryTier, Tier, TierConnector,
+    TierConnectorConfig, TierStats,
+};
+use kvsched::sim::{KvCheckCounters, KvChecker};
+use kvsched::{CacheGroup, MambaMode, Mode, Runtime, StepOutput, SubmitRequest};
+
+const BLOCKS: usize = 2048;
+const BPT: usize = 8;
+const STATE: usize = 32;
+
+struct Run {
+    check: KvCheckCounters,
+    tier: TierStats,
+    steps: u64,
+}
+
+fn run(groups: Vec<CacheGroup>, mode: Mode, async_ratio: f64, corrupt: f64, seed: u64) -> Run {
+    let layout = KvLayout::for_groups(&groups, BPT, STATE).expect("layout");
+    let memory: Arc<dyn KvMemory> = Arc::new(HostKvMemory::new(layout, BLOCKS).expect("memory"));
+    let tier: Arc<dyn Tier> = Arc::new(
+        FaultyTier::new(
+            MemoryTier::new(64 << 20, 4),
+            FaultConfig {
+                seed,
+                corrupt,
+                ..FaultConfig::default()
+            },
+        )
+        .expect("faults"),
+    );
+    let conn = Arc::new(
+        TierConnector::new(
+            Arc::clone(&tier),
+            Arc::clone(&memory),
+            TierConnectorConfig {
+                groups: groups.clone(),
+                scheduler_block_size: 16,
+                tag: 7,
+                async_ratio,
+                seed,
+                ..TierConnectorConfig::default()
+            },
+        )
+        .expect("connector"),
+    );
+    let dyn_conn: Arc<dyn KvConnector> = conn.clone();
+    let mut rt = Runtime::builder()
+        .groups(groups.clone())
+        .scheduler_block_size(16)
+        .pool_blocks(BLOCKS)
+        .shards(2)
+        .workers(2)
+        .mode(mode)
+        .connector(dyn_conn)
+        .build()
+        .expect("runtime");
+    let mut checker = KvChecker::new(groups.clone(), 7, BPT, STATE, Arc::clone(&memory));
+    // Three shared 96-token prefixes, already in the tier (a warm store).
+    let prefixes: Vec<Vec<u32>> = (0..3u32)
+        .map(|p| (0..96).map(|t| p * 1000 + t + 1).collect())
+        .collect();
+    for p in &prefixes {
+        for (g, grp) in groups.iter().enumerate() {
+            for i in 0..(96 / grp.block_size) as usize {
+                let bytes = checker.reference_block(p, g, i).expect("full block");
+                conn.store_now(p, g, i, &bytes).expect("store");
+            }
+        }
+    }
+    let mut rng = SplitMix64::new(seed);
+    let mut next = 0u32;
+    let mut steps = 0;
+    // Three arrivals per step, so later requests meet the prefix cache earlier ones filled.
+    while (next < 48 || rt.live() > 0) && steps < 3000 {
+        for _ in 0..3 {
+            if next == 48 {
+                break;
+            }
+            let mut prompt = prefixes[rng.below(3) as usize].clone();
+            prompt.extend((0..1 + rng.below(30) as u32).map(|t| 50_000 + next * 100 + t));
+            let id = format!("r{next}");
+            next += 1;
+            checker.add_request(&id, &prompt);
+            rt.submit(SubmitRequest {
+                id,
+                prompt,
+                max_new_tokens: 4,
+                priority: 0,
+                load_deadline: None,
+            })
+            .expect("submit");
+        }
+        let plan = rt.schedule().expect("step");
+        steps += 1;
+        for (id, _) in &plan.ended {
+            checker.end_request(id);
+        }
+        let check = checker.run_step(&plan, Some(conn.as_ref()));
+        let mut out = StepOutput::for_plan(&plan);
+        out.invalid_blocks = check.invalid_blocks.clone();
+        out.sampled = plan
+            .scheduled
+            .iter()
+            .filter(|s| s.samples)
+            .map(|s| s.id.to_string())
+            .collect();
+        let discard = rt.update(out);
+        checker.settle(&plan, check, &discard);
+        for s in plan.scheduled.iter().filter(|s| !discard.contains(&s.id)) {
+            if let Some(prompt) = checker.prompt(&s.id) {
+                let prompt = prompt.to_vec();
+                conn.save_blocks(&prompt, &checker.completed_prompt_blocks(s));
+            }
+        }
+        rt.wait_for_work(Duration::from_millis(1));
+    }
+    assert_eq!(rt.live(), 0, "requests left after {steps} steps");
+    let report = rt.shutdown();
+    assert!(report.violations.is_empty(), "{:?}", report.violations);
+    conn.flush();
+    Run {
+        check: checker.counters().clone(),
+        tier: conn.stats(),
+        steps,
+    }
+}
+
+fn hybrid() -> Vec<CacheGroup> {
+    vec![
+        CacheGroup::full_attention(16),
+        CacheGroup::sliding_window(16, 32),
+        CacheGroup::mamba(16, MambaMode::Align),
+    ]
+}
+
+fn attention_only() -> Vec<CacheGroup> {
+    vec![
+        CacheGroup::full_attention(16),
+        CacheGroup::sliding_window(16, 32),
+    ]
+}
+
+#[test]
+fn safe_mode_reads_no_garbage_and_moves_real_bytes() {
+    for seed in 1..=3 {
+        for async_ratio in [0.0, 0.5, 1.0] {
+            let r = run(hybrid(), Mode::Safe, async_ratio, 0.1, seed);
+            assert_eq!(
+                r.check.garbage_reads, 0,
+                "seed {seed} async {async_ratio}: {:?}",
+                r.check
+            );
+            assert!(r.tier.kv_bytes_loaded > 0, "{:?}", r.tier);
+            assert!(r.tier.checksum_failures > 0, "{:?}", r.tier);
+            assert!(r.check.kv_bytes_verified > 0);
+            assert!(
+                r.tier.chunks_saved > 0,
+                "computed blocks are saved: {:?}",
+                r.tier
+            );
+            assert!(r.steps > 0);
+        }
+    }
+}
+
+#[test]
+fn a_clean_tier_gives_full_hits_and_no_failures() {
+    let r = run(
+        vec![CacheGroup::full_attention(16)],
+        Mode::Safe,
+        0.5,
+        0.0,
+        9,
+    );
+    assert_eq!(r.check.garbage_reads + r.check.garbage_reads_discarded, 0);
+    assert_eq!(
+        r.tier.checksum_failures + r.tier.missing_chunks,
+        0,
+        "{:?}",
+        r.tier
+    );
+    assert!(r.tier.chunks_loaded > 0);
+}
