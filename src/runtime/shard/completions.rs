@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use crate::connector::LoadResult;
 use crate::rules::geometry::BlockId;
+use crate::runtime::policy::trust::failed_load_blocks;
 use crate::runtime::worker::Completion;
 
 use super::{Env, Metrics, Phase, Req, Shard, StepSettings};
@@ -76,24 +77,14 @@ impl Shard {
                 // none of its own blocks fails the whole load (the connector is not trusted
                 // to know which of them are fine).
                 let own = Self::load_blocks(env, r);
-                let mut named_own = false;
-                for b in bad.into_flat() {
-                    if !own.iter().any(|o| o.id == b.id) {
-                        self.result.counters.foreign_blocks += 1;
-                    } else if env.pool.is_current(b) {
-                        named_own = true;
-                        published.push(b.id);
-                    } else {
-                        self.result.counters.stale_blocks += 1;
-                    }
-                }
-                if !named_own {
-                    published.extend(
-                        own.into_iter()
-                            .filter(|&b| env.pool.is_current(b))
-                            .map(|b| b.id),
-                    );
-                }
+                let ignored = failed_load_blocks(
+                    &own,
+                    bad.into_flat(),
+                    |b| env.pool.is_current(b),
+                    published,
+                );
+                self.result.counters.foreign_blocks += ignored.foreign;
+                self.result.counters.stale_blocks += ignored.stale;
             }
         }
     }
