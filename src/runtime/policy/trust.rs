@@ -3,8 +3,8 @@
 //! failed blocks about the destinations of the step's synchronous loads. Anything else it
 //! names is counted and ignored, never applied to another request.
 
-use crate::pool::BlockRef;
-use crate::rules::geometry::BlockId;
+use crate::pool::{BlockRef, Generation};
+use crate::rules::geometry::{BlockId, Geometry};
 
 /// What a failure report named that was not applied.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -13,6 +13,32 @@ pub(crate) struct Ignored {
     pub(crate) foreign: u64,
     /// Own blocks at a generation that is no longer current (freed and reused since).
     pub(crate) stale: u64,
+}
+
+/// The non-null blocks a load of tokens `start..end` writes into `tables` (one per group, with
+/// the generations `gens` they are held at), in group then table order.
+pub(crate) fn load_blocks(
+    geo: &Geometry,
+    tables: &[Vec<BlockId>],
+    gens: &[Vec<Generation>],
+    start: u64,
+    end: u64,
+) -> Vec<BlockRef> {
+    let null = geo.null_block();
+    let mut out = Vec::new();
+    for ((grp, t), g) in geo.groups().iter().zip(tables).zip(gens) {
+        let lo = (start / grp.block_size) as usize;
+        let hi = (grp.blocks_for_tokens(end) as usize).min(t.len());
+        for (i, &id) in t.iter().enumerate().take(hi).skip(lo) {
+            if id != null {
+                out.push(BlockRef {
+                    id,
+                    generation: g.get(i).copied().unwrap_or(0),
+                });
+            }
+        }
+    }
+    out
 }
 
 /// The blocks an asynchronous load's failure rolls back, appended to `out`: the load's `own`

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use crate::connector::LoadResult;
 use crate::rules::geometry::BlockId;
-use crate::runtime::policy::trust::failed_load_blocks;
+use crate::runtime::policy::trust::{failed_load_blocks, load_blocks};
 use crate::runtime::worker::Completion;
 
 use super::{Env, Metrics, Phase, Req, Shard, StepSettings};
@@ -92,21 +92,7 @@ impl Shard {
     /// The non-null blocks the request's current load writes, in every group, with the
     /// generations it holds them at.
     fn load_blocks(env: &Env<'_>, r: &Req) -> Vec<crate::pool::BlockRef> {
-        let null = env.geo.null_block();
-        let mut out = Vec::new();
-        for ((grp, t), g) in env.geo.groups().iter().zip(&r.tables).zip(&r.gens) {
-            let lo = (r.load_start / grp.block_size) as usize;
-            let hi = (grp.blocks_for_tokens(r.load_end) as usize).min(t.len());
-            for (i, &id) in t.iter().enumerate().take(hi).skip(lo) {
-                if id != null {
-                    out.push(crate::pool::BlockRef {
-                        id,
-                        generation: g.get(i).copied().unwrap_or(0),
-                    });
-                }
-            }
-        }
-        out
+        load_blocks(env.geo, &r.tables, &r.gens, r.load_start, r.load_end)
     }
 
     /// Fails the in-flight loads whose deadline has passed and publishes all their blocks.
