@@ -15,6 +15,7 @@ use crate::runtime::error::RuntimeError;
 #[cfg(doc)]
 use crate::runtime::handle::Handle;
 use crate::runtime::plan::{StepOutput, StepPlan};
+use crate::runtime::policy::trust::is_sync_destination;
 use crate::runtime::shard::{Command, EndState, Metrics, ShardStepResult};
 use crate::runtime::shared::Inner;
 use crate::runtime::signal::WorkSignal;
@@ -390,7 +391,7 @@ impl Runtime {
         }
         let mut failed_ids = rustc_hash::FxHashSet::default();
         for b in out.invalid_blocks {
-            if self.last_sync.iter().flatten().any(|d| d.id == b.id) {
+            if is_sync_destination(&self.last_sync, b) {
                 if self.inner.pool.is_current(b) {
                     failed_ids.insert(b.id);
                 }

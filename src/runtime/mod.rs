@@ -21,7 +21,8 @@
 //! [`Handle`]). Exchanged with the engine: `plan` ([`StepPlan`], [`StepOutput`]), `report`
 //! ([`Report`]) and `error` ([`RuntimeError`]). Beneath them: `shard` (one shard's
 //! scheduling and recovery), `claim` (the claim table), `worker` (the load workers),
-//! `quarantine` and `route`.
+//! `quarantine` and `route`; `policy` holds the pure decisions the shards share with the mutex
+//! baseline (prefix search, admission, growth, the scheduling choice, what a report may name).
 //!
 //! # Guarantees
 //!
@@ -63,6 +64,8 @@ mod invariants;
 mod plan;
 #[cfg(all(test, not(kvsched_loom)))]
 mod poison_tests;
+#[cfg(not(kvsched_loom))]
+pub(crate) mod policy;
 #[cfg(not(kvsched_loom))]
 mod quarantine;
 #[cfg(not(kvsched_loom))]

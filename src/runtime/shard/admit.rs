@@ -8,7 +8,10 @@ use std::time::Instant;
 
 use crate::connector::{CancelToken, LoadJob, LoadOwner, LookupQuery, LookupResult};
 use crate::pool::{BlockHash, BlockPool, BlockRef, Generation};
-use crate::rules::geometry::{BlockId, GroupKind, MambaMode};
+use crate::rules::geometry::BlockId;
+use crate::runtime::policy::admission::external_end;
+use crate::runtime::policy::growth::blocks_needed;
+use crate::runtime::policy::prefix::{prefix_candidates, prefix_cap, prefix_entries};
 
 use crate::sync::Arc;
 
@@ -19,33 +22,14 @@ impl Shard {
     fn local_prefix(env: &Env<'_>, r: &Req) -> (u64, Vec<Vec<(BlockId, Generation)>>) {
         let geo = env.geo;
         let groups = geo.groups();
-        let limit = (r.prompt.len() as u64).saturating_sub(1);
-        let mut cap = geo.round_down_to_s(limit);
+        let prompt_len = r.prompt.len() as u64;
         // Full-attention-like groups need every entry below L.
-        for (g, grp) in groups.iter().enumerate() {
-            if matches!(
-                grp.kind,
-                GroupKind::FullAttention
-                    | GroupKind::Mamba {
-                        mode: MambaMode::All
-                    }
-            ) {
-                let n = r.hashes[g]
-                    .iter()
-                    .take_while(|&&h| probe(env.pool, h))
-                    .count() as u64;
-                cap = cap.min(n * grp.block_size);
-            }
-        }
-        let mut l = geo.round_down_to_s(cap);
-        let mut tries = 0;
-        while l > 0 && tries < 8 {
-            tries += 1;
+        let cap = prefix_cap(geo, prompt_len, &r.hashes, |h| probe(env.pool, h));
+        for l in prefix_candidates(geo, cap) {
             let mut got: Vec<Vec<(BlockId, Generation)>> = vec![Vec::new(); groups.len()];
             let mut ok = true;
             'groups: for (g, grp) in groups.iter().enumerate() {
-                let n = (l / grp.block_size) as usize;
-                let nullable = grp.nullable_below(l) as usize;
+                let (nullable, n) = prefix_entries(grp, l);
                 for i in 0..n {
                     if i < nullable {
                         got[g].push((geo.null_block(), 0));
@@ -68,7 +52,6 @@ impl Shard {
                     Self::release_entry(env, id, gen);
                 }
             }
-            l -= geo.scheduler_block_size();
         }
         (0, vec![Vec::new(); groups.len()])
     }
@@ -107,10 +90,7 @@ impl Shard {
             r.prefix_key = r.hashes[0].get((local / b0) as usize).copied();
             let look =
                 Self::lookup_external(env, settings, now, r, local, &mut self.result.counters);
-            let limit = geo.round_down_to_s((r.prompt.len() as u64).saturating_sub(1));
-            let ext_end = geo
-                .round_down_to_s(local.saturating_add(look.external_tokens))
-                .clamp(local, limit.max(local));
+            let ext_end = external_end(geo, r.prompt.len() as u64, local, look.external_tokens);
             if !Self::allocate_prompt(env, r, seq, local, got, &mut self.index) {
                 break; // pool exhausted: admit again next step
             }
@@ -215,14 +195,11 @@ impl Shard {
         let geo = env.geo;
         // Allocate the rest of the prompt in every group.
         let mut fresh: Vec<BlockRef> = Vec::new();
-        let need: usize = geo
-            .groups()
-            .iter()
-            .zip(&got)
-            .map(|(grp, t)| {
-                (grp.blocks_for_tokens(r.prompt.len() as u64) as usize).saturating_sub(t.len())
-            })
-            .sum();
+        let need = blocks_needed(
+            geo.groups(),
+            got.iter().map(Vec::len),
+            r.prompt.len() as u64,
+        );
         if !env.pool.allocate_n(need, &mut fresh) {
             for t in got {
                 for (id, gen) in t {

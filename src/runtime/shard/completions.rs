@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use crate::connector::LoadResult;
 use crate::rules::geometry::BlockId;
+use crate::runtime::policy::trust::{failed_load_blocks, load_blocks};
 use crate::runtime::worker::Completion;
 
 use super::{Env, Metrics, Phase, Req, Shard, StepSettings};
@@ -81,24 +82,14 @@ impl Shard {
                 // none of its own blocks fails the whole load (the connector is not trusted
                 // to know which of them are fine).
                 let own = Self::load_blocks(env, r);
-                let mut named_own = false;
-                for b in bad.into_flat() {
-                    if !own.iter().any(|o| o.id == b.id) {
-                        self.result.counters.foreign_blocks += 1;
-                    } else if env.pool.is_current(b) {
-                        named_own = true;
-                        published.push(b.id);
-                    } else {
-                        self.result.counters.stale_blocks += 1;
-                    }
-                }
-                if !named_own {
-                    published.extend(
-                        own.into_iter()
-                            .filter(|&b| env.pool.is_current(b))
-                            .map(|b| b.id),
-                    );
-                }
+                let ignored = failed_load_blocks(
+                    &own,
+                    bad.into_flat(),
+                    |b| env.pool.is_current(b),
+                    published,
+                );
+                self.result.counters.foreign_blocks += ignored.foreign;
+                self.result.counters.stale_blocks += ignored.stale;
             }
         }
     }
@@ -114,21 +105,7 @@ impl Shard {
     /// The non-null blocks the request's current load writes, in every group, with the
     /// generations it holds them at.
     fn load_blocks(env: &Env<'_>, r: &Req) -> Vec<crate::pool::BlockRef> {
-        let null = env.geo.null_block();
-        let mut out = Vec::new();
-        for ((grp, t), g) in env.geo.groups().iter().zip(&r.tables).zip(&r.gens) {
-            let lo = (r.load_start / grp.block_size) as usize;
-            let hi = (grp.blocks_for_tokens(r.load_end) as usize).min(t.len());
-            for (i, &id) in t.iter().enumerate().take(hi).skip(lo) {
-                if id != null {
-                    out.push(crate::pool::BlockRef {
-                        id,
-                        generation: g.get(i).copied().unwrap_or(0),
-                    });
-                }
-            }
-        }
-        out
+        load_blocks(env.geo, &r.tables, &r.gens, r.load_start, r.load_end)
     }
 
     /// Fails the in-flight loads whose deadline has passed and publishes all their blocks.

@@ -8,16 +8,14 @@ use super::{
     next_key, EndState, Env, HolderIndex, Phase, Req, ScheduledRequest, Shard, StepSettings,
 };
 use crate::runtime::claim::RequestKey;
+use crate::runtime::policy::growth::blocks_needed;
+use crate::runtime::policy::scheduling::{length_capped, preemption_victim, StepBudget};
 
 impl Shard {
     /// Makes room in the tables of `r` for `upto` computed tokens.
     fn grow(env: &Env<'_>, r: &mut Req, upto: u64, index: &mut HolderIndex) -> bool {
         let groups = env.geo.groups();
-        let need: usize = groups
-            .iter()
-            .zip(&r.tables)
-            .map(|(grp, t)| (grp.blocks_for_tokens(upto) as usize).saturating_sub(t.len()))
-            .sum();
+        let need = blocks_needed(groups, r.tables.iter().map(Vec::len), upto);
         if need == 0 {
             return true;
         }
@@ -40,12 +38,11 @@ impl Shard {
     }
 
     pub(super) fn schedule(&mut self, env: &Env<'_>, settings: &StepSettings, now: Instant) {
-        let mut budget = settings.token_budget;
-        let mut seqs_left = settings.max_seqs;
+        let mut budget = StepBudget::new(settings.token_budget, settings.max_seqs);
         let mut cursor = None;
         while let Some(key) = next_key(&self.running, cursor) {
             cursor = Some(key);
-            if budget == 0 || seqs_left == 0 {
+            if budget.exhausted() {
                 break;
             }
             let seq = key.seq();
@@ -63,13 +60,17 @@ impl Shard {
             if !r.waits.is_empty() {
                 continue;
             }
-            let remaining = r.seq_len().saturating_sub(r.num_computed_tokens);
-            let n = remaining.min(budget);
+            let n = budget.grant(r.num_computed_tokens, r.seq_len());
             if n == 0 {
                 continue;
             }
             let upto = r.num_computed_tokens + n;
-            if r.max_new_tokens == 0 && Self::outgrows_pool(env, upto) {
+            if length_capped(
+                env.geo.groups(),
+                r.max_new_tokens,
+                upto,
+                env.pool.num_blocks(),
+            ) {
                 // No token limit, and one more token would need more blocks than the pool
                 // holds: the request has generated all it ever can.
                 self.result.counters.length_capped += 1;
@@ -78,13 +79,10 @@ impl Shard {
             }
             if !Self::grow(env, r, upto, &mut self.index) {
                 // Preempt the latest running request of this shard, if it is not this one.
-                let victim = self.running.keys().next_back().copied();
-                match victim {
-                    Some(v) if v != key => {
-                        self.preempt(env, v.seq());
-                        self.result.counters.preemptions += 1;
-                    }
-                    _ => {}
+                let latest = self.running.keys().next_back().copied();
+                if let Some(v) = preemption_victim(latest, key) {
+                    self.preempt(env, v.seq());
+                    self.result.counters.preemptions += 1;
                 }
                 let Some(r) = self.reqs.get_mut(&seq) else {
                     continue;
@@ -119,21 +117,8 @@ impl Shard {
             r.num_computed_tokens = upto;
             r.last_scheduled = n;
             self.touched.push(seq);
-            budget -= n;
-            seqs_left -= 1;
+            budget.charge(n);
         }
-    }
-
-    /// Whether `upto` computed tokens need more blocks, in all groups, than the pool has
-    /// besides the null block.
-    fn outgrows_pool(env: &Env<'_>, upto: u64) -> bool {
-        let need: u64 = env
-            .geo
-            .groups()
-            .iter()
-            .map(|g| g.blocks_for_tokens(upto))
-            .sum();
-        need > env.pool.num_blocks().saturating_sub(1) as u64
     }
 
     /// The latest running request (by canonical key) holding blocks: the cross-shard

@@ -1,74 +1,71 @@
-//! Admission of waiting requests: the longest usable local prefix, the connector's lookup,
-//! block allocation and the dispatch of an external load (asynchronous to the workers, or
-//! synchronous with the request's first scheduling).
+//! Admission of waiting requests, the shard's way: the longest usable local prefix
+//! ([`crate::runtime::policy::prefix`]), the connector's lookup, how far the external load
+//! reaches ([`external_end`]), block allocation and the dispatch of an external load
+//! (asynchronous to the workers, or synchronous with the request's first scheduling).
 
 use super::request::Phase;
 use super::state::State;
 use crate::connector::{CancelToken, LoadJob, LoadOwner, LookupQuery};
 use crate::pool::BlockRef;
-use crate::rules::geometry::{GroupKind, MambaMode};
 use crate::runtime::claim::RequestKey;
+use crate::runtime::policy::admission::external_end;
+use crate::runtime::policy::growth::blocks_needed;
+use crate::runtime::policy::prefix::{prefix_candidates, prefix_cap, prefix_entries};
 
 impl State {
-    /// Longest usable local prefix (a multiple of `S` below the prompt's end), referenced.
+    /// Longest usable local prefix (a multiple of `S` below the prompt's end), referenced:
+    /// the first candidate whose every entry is a prefix hit or may be null. Each candidate
+    /// takes its hits as it goes and gives them back at its first miss, as a shard does (a
+    /// hit revives a cached block, which then gets its second chance in the reclaim order).
     fn local_prefix(&mut self, key: RequestKey) -> (u64, Vec<Vec<BlockRef>>) {
-        let groups = self.geo.groups().to_vec();
-        let mut got = vec![Vec::new(); groups.len()];
+        let groups = self.geo.num_groups();
         let Some(r) = self.reqs.get(&key) else {
-            return (0, got);
+            return (0, vec![Vec::new(); groups]);
         };
-        let mut cap = self
-            .geo
-            .round_down_to_s((r.prompt.len() as u64).saturating_sub(1));
-        for (g, grp) in groups.iter().enumerate() {
-            if matches!(
-                grp.kind,
-                GroupKind::FullAttention
-                    | GroupKind::Mamba {
-                        mode: MambaMode::All
+        let index = &self.blocks.index;
+        let cap = prefix_cap(&self.geo, r.prompt.len() as u64, &r.hashes, |h| {
+            index.contains_key(&h)
+        });
+        let hashes = r.hashes.clone();
+        let null = BlockRef {
+            id: self.geo.null_block(),
+            generation: 0,
+        };
+        for l in prefix_candidates(&self.geo, cap) {
+            let mut got: Vec<Vec<BlockRef>> = vec![Vec::new(); groups];
+            let mut ok = true;
+            'groups: for (g, grp) in self.geo.groups().iter().enumerate() {
+                let (nullable, n) = prefix_entries(grp, l);
+                for i in 0..n {
+                    if i < nullable {
+                        got[g].push(null);
+                        continue;
                     }
-            ) {
-                let n = r.hashes[g]
-                    .iter()
-                    .take_while(|h| self.blocks.index.contains_key(h))
-                    .count() as u64;
-                cap = cap.min(n * grp.block_size);
-            }
-        }
-        let mut l = self.geo.round_down_to_s(cap);
-        while l > 0 {
-            let ok = groups.iter().enumerate().all(|(g, grp)| {
-                let n = (l / grp.block_size) as usize;
-                ((grp.nullable_below(l) as usize)..n).all(|i| {
-                    r.hashes[g]
-                        .get(i)
-                        .is_some_and(|h| self.blocks.index.contains_key(h))
-                })
-            });
-            if ok {
-                let hashes = r.hashes.clone();
-                for (g, grp) in groups.iter().enumerate() {
-                    let n = (l / grp.block_size) as usize;
-                    let nullable = grp.nullable_below(l) as usize;
-                    for (i, &h) in hashes[g].iter().take(n).enumerate() {
-                        let b = if i < nullable {
-                            None
-                        } else {
-                            self.blocks.lookup(h)
-                        };
-                        got[g].push(b.unwrap_or(BlockRef {
-                            id: self.geo.null_block(),
-                            generation: 0,
-                        }));
+                    match hashes[g].get(i).and_then(|&h| self.blocks.lookup(h)) {
+                        Some(b) => got[g].push(b),
+                        None => {
+                            ok = false;
+                            break 'groups;
+                        }
                     }
                 }
+            }
+            if ok {
                 return (l, got);
             }
-            l -= self.geo.scheduler_block_size();
+            for b in got.into_iter().flatten() {
+                if b.id != null.id {
+                    self.blocks.release(b);
+                }
+            }
         }
-        (0, got)
+        (0, vec![Vec::new(); groups])
     }
 
+    /// Admits waiting requests in canonical order, at most `max_seqs` per step: each gets its
+    /// local prefix, what the connector offers past it, and fresh blocks for the rest of its
+    /// prompt. Stops at the first request the pool cannot hold (it is admitted again next
+    /// step).
     pub(super) fn admit(&mut self) {
         let keys: Vec<RequestKey> = self
             .waiting
@@ -87,21 +84,12 @@ impl State {
                 local_tokens: local,
             });
             let len = r.prompt.len() as u64;
-            let limit = self.geo.round_down_to_s(len.saturating_sub(1));
-            let ext_end = self
-                .geo
-                .round_down_to_s(local.saturating_add(look.external_tokens))
-                .clamp(local, limit.max(local));
-            let need: usize = self
-                .geo
-                .groups()
-                .iter()
-                .zip(&got)
-                .map(|(g, t)| (g.blocks_for_tokens(len) as usize).saturating_sub(t.len()))
-                .sum();
+            let ext_end = external_end(&self.geo, len, local, look.external_tokens);
+            let need = blocks_needed(self.geo.groups(), got.iter().map(Vec::len), len);
             let mut fresh = Vec::with_capacity(need);
             if !self.blocks.allocate_n(need, &mut fresh) {
-                for b in got.into_iter().flatten() {
+                let null = self.geo.null_block();
+                for b in got.into_iter().flatten().filter(|b| b.id != null) {
                     self.blocks.release(b);
                 }
                 break;
@@ -118,6 +106,8 @@ impl State {
             r.num_computed_tokens = ext_end;
             if ext_end > local {
                 r.attempt += 1;
+                r.load_start = local;
+                r.load_end = ext_end;
                 let job = LoadJob {
                     request: r.id.clone(),
                     tokens: r.prompt.clone(),

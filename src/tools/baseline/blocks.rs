@@ -1,5 +1,11 @@
 //! The baseline's block allocator and prefix cache: plain reference counts, a free list, a
 //! queue of cached unreferenced blocks to reclaim and a hash map from block hash to block.
+//!
+//! The same allocation rules as the runtime's pool, so both reclaim the same cached blocks:
+//! the free list is a stack (ids in increasing order at first), and the reclaim queue is
+//! consumed with the pool's second-chance rule — a block released again after its queue
+//! entry was pushed (revived by a prefix hit meanwhile) is *touched* and goes to the back
+//! once before it is reclaimed.
 
 use std::collections::VecDeque;
 
@@ -14,6 +20,8 @@ pub(super) struct Blocks {
     pub(super) generation: Vec<Generation>,
     hash_of: Vec<Option<u64>>,
     queued: Vec<bool>,
+    /// Released again after its queue entry was pushed: a second chance when popped.
+    touched: Vec<bool>,
     pub(super) free: Vec<BlockId>,
     /// Cached, unreferenced blocks in release order (entries checked when popped).
     reclaim: VecDeque<BlockId>,
@@ -28,6 +36,7 @@ impl Blocks {
             generation: vec![0; n],
             hash_of: vec![None; n],
             queued: vec![false; n],
+            touched: vec![false; n],
             free: (1..n as BlockId).rev().collect(),
             reclaim: VecDeque::new(),
             index: FxHashMap::default(),
@@ -43,16 +52,23 @@ impl Blocks {
             None => loop {
                 let id = self.reclaim.pop_front()?;
                 let i = id as usize;
-                self.queued[i] = false;
-                if self.ref_count[i] == 0 {
+                if self.ref_count[i] == 0 && self.hash_of[i].is_some() {
+                    if std::mem::take(&mut self.touched[i]) {
+                        self.reclaim.push_back(id); // its second chance
+                        continue;
+                    }
+                    self.queued[i] = false;
                     if let Some(h) = self.hash_of[i].take() {
                         self.index.remove(&h);
-                        break id;
                     }
+                    break id;
                 }
+                self.queued[i] = false;
+                self.touched[i] = false;
             },
         };
         let i = id as usize;
+        self.touched[i] = false;
         self.generation[i] = self.generation[i].wrapping_add(1);
         self.ref_count[i] = 1;
         Some(BlockRef {
@@ -60,7 +76,12 @@ impl Blocks {
             generation: self.generation[i],
         })
     }
+    /// Allocates `n` blocks, all or nothing (as the pool: more than the usable blocks fails
+    /// at once, touching nothing).
     pub(super) fn allocate_n(&mut self, n: usize, out: &mut Vec<BlockRef>) -> bool {
+        if n >= self.ref_count.len() {
+            return false;
+        }
         let start = out.len();
         for _ in 0..n {
             match self.allocate() {
@@ -87,7 +108,9 @@ impl Blocks {
         self.ref_count[i] -= 1;
         if self.ref_count[i] == 0 {
             if self.hash_of[i].is_some() {
-                if !self.queued[i] {
+                if self.queued[i] {
+                    self.touched[i] = true;
+                } else {
                     self.queued[i] = true;
                     self.reclaim.push_back(r.id);
                 }

@@ -1,61 +1,113 @@
-//! The engine's output: recorded under the lock by `update`, applied at the next step
-//! (samples, finishes, recomputed blocks no longer pending).
+//! The engine's output and commands: recorded under the lock by `update` and `cancel` as
+//! commands, checked against what the latest plan handed out (as the runtime's `update`
+//! does), applied at the next step in the order they came, and the last step's output
+//! applied after recovery (samples, finishes, recomputed blocks no longer pending).
+
+use rustc_hash::FxHashSet;
 
 use super::request::Phase;
 use super::state::State;
+use crate::rules::geometry::BlockId;
 use crate::runtime::claim::RequestKey;
+use crate::runtime::policy::trust::is_sync_destination;
 use crate::runtime::{EndState, StepOutput};
 
+/// What the engine asked between two steps, applied at the next one in order.
+#[derive(Debug)]
+pub(super) enum Command {
+    /// End the request (once its in-flight load lands, if it is loading).
+    Cancel(String),
+    /// A sampled token for a request the last plan scheduled to sample.
+    Sampled(String),
+    /// The engine finished the request.
+    Finish(String),
+}
+
 impl State {
-    /// Records the engine's output for the last step, to apply at the next: samples and
-    /// finishes marked on their requests, failed sync-load blocks kept for the report. Samples
-    /// and blocks of an output naming another step are ignored and counted.
+    /// Records the engine's output for the last step as the runtime's `update` does:
+    /// finishes always apply; samples and failed blocks only in an output answering the
+    /// latest plan (another is counted stale), samples only for requests it scheduled to
+    /// sample (others: `unexpected_samples`) and failed blocks only among its sync loads'
+    /// destinations (others: `foreign_blocks`). The first answer counts each sync load ok or
+    /// failed.
     pub(super) fn record_output(&mut self, out: StepOutput) {
         let current = out.step == self.step;
-        if !current && (!out.sampled.is_empty() || !out.invalid_blocks.is_empty()) {
-            self.metrics.stale_outputs += 1;
+        let first_answer = current && !self.answered;
+        if current {
+            self.answered = true;
         }
-        let (sampled, invalid_blocks) = if current {
-            (out.sampled, out.invalid_blocks)
-        } else {
-            (Vec::new(), Vec::new())
-        };
-        for id in sampled {
-            match self
-                .by_id
-                .get(id.as_str())
-                .copied()
-                .and_then(|k| self.reqs.get_mut(&k))
-            {
-                Some(r) if r.phase == Phase::Running && r.last_scheduled > 0 => {
-                    r.sampled_pending = true
+        self.inbox
+            .extend(out.finished.into_iter().map(Command::Finish));
+        if !current {
+            if !out.sampled.is_empty() || !out.invalid_blocks.is_empty() {
+                self.metrics.stale_outputs += 1;
+            }
+            return;
+        }
+        for id in out.sampled {
+            if self.last_samplers.contains(id.as_str()) {
+                self.inbox.push(Command::Sampled(id));
+            } else {
+                self.metrics.unexpected_samples += 1;
+            }
+        }
+        let mut failed: FxHashSet<BlockId> = FxHashSet::default();
+        for b in out.invalid_blocks {
+            if is_sync_destination(&self.last_sync, b) {
+                if self.blocks.is_current(b) {
+                    failed.insert(b.id);
                 }
-                _ => self.metrics.unknown_commands += 1,
-            }
-        }
-        for id in out.finished {
-            match self
-                .by_id
-                .get(id.as_str())
-                .copied()
-                .and_then(|k| self.reqs.get_mut(&k))
-            {
-                Some(r) => r.finish_pending = true,
-                None => self.metrics.unknown_commands += 1,
-            }
-        }
-        let cap = self.blocks.ref_count.len() as u64;
-        for b in invalid_blocks {
-            if b.id < cap {
                 self.sync_invalid.push(b);
             } else {
-                self.metrics.stale_blocks += 1;
+                self.metrics.foreign_blocks += 1;
+            }
+        }
+        if first_answer {
+            for load in &self.last_sync {
+                if load.iter().any(|d| failed.contains(&d.id)) {
+                    self.metrics.sync_loads_failed += 1;
+                } else {
+                    self.metrics.sync_loads_ok += 1;
+                }
             }
         }
     }
 
+    /// Applies one command, as a shard does: a cancel ends the request (once its in-flight
+    /// load lands, if it is loading); a sample or finish is marked, and applied after
+    /// recovery. A command naming no live request (or a sample for one not running a
+    /// scheduled step) is counted unknown.
+    pub(super) fn apply_command(&mut self, cmd: Command) {
+        let (Command::Cancel(id) | Command::Sampled(id) | Command::Finish(id)) = &cmd;
+        let Some(&key) = self.by_id.get(id.as_str()) else {
+            self.metrics.unknown_commands += 1;
+            return;
+        };
+        let Some(r) = self.reqs.get_mut(&key) else {
+            self.metrics.unknown_commands += 1;
+            return;
+        };
+        match cmd {
+            Command::Cancel(_) if r.phase == Phase::Loading => {
+                r.end_after_load = Some(EndState::Cancelled);
+            }
+            Command::Cancel(_) => self.end(key, EndState::Cancelled),
+            Command::Sampled(_) if r.phase == Phase::Running && r.last_scheduled > 0 => {
+                r.sampled_pending = true;
+            }
+            Command::Sampled(_) => self.metrics.unknown_commands += 1,
+            Command::Finish(_) => r.finish_pending = true,
+        }
+    }
+
+    /// Applies the last step's output once recovery has decided, in admission order (as a
+    /// shard): running requests take their sampled token (unless recovery discarded the
+    /// step), confirm their progress (pending marks of recomputed owned blocks cleared, full
+    /// prompt blocks registered) and end when finished; engine finishes of requests not
+    /// running apply too.
     pub(super) fn apply_outputs(&mut self) {
-        let keys: Vec<RequestKey> = self.running.iter().copied().collect();
+        let mut keys: Vec<RequestKey> = self.running.iter().copied().collect();
+        keys.sort_unstable_by_key(|k| k.seq());
         for key in keys {
             let Some(r) = self.reqs.get_mut(&key) else {
                 continue;
@@ -92,12 +144,13 @@ impl State {
                 self.end(key, EndState::Finished);
             }
         }
-        let others: Vec<RequestKey> = self
+        let mut others: Vec<RequestKey> = self
             .reqs
             .iter()
             .filter(|(_, r)| r.finish_pending && r.phase != Phase::Running)
             .map(|(k, _)| *k)
             .collect();
+        others.sort_unstable_by_key(|k| k.seq());
         for key in others {
             if let Some(r) = self.reqs.get_mut(&key) {
                 r.finish_pending = false;

@@ -1,12 +1,10 @@
-//! Sequential recovery from a step's report: the current blocks kept, every loading and
-//! running request with a hit gathered in canonical order and handed to
+//! Sequential recovery from a step's report: every loading and running request with a hit gathered in canonical order and handed to
 //! [`recovery::recover`] (ownership from marked sets), and each decision applied — roll-back,
 //! pending marks of the claimed blocks (mode `safe`, policy `recompute`), prefix-cache
 //! evictions, and the request failed under policy `fail`.
 
 use super::request::Phase;
 use super::state::State;
-use crate::pool::BlockRef;
 use crate::rules::geometry::BlockId;
 use crate::rules::recovery::{
     self, Decision, Disposition, InvalidSet, Mode, Policy, Request, RequestClass,
@@ -15,15 +13,14 @@ use crate::runtime::claim::RequestKey;
 use crate::runtime::{EndState, RecoveredRequest, StepPlan};
 
 impl State {
-    /// Recovers from the step's report `bad`, recording the report, the decisions and the
-    /// evicted blocks in `plan`.
-    pub(super) fn recover(&mut self, bad: Vec<BlockRef>, plan: &mut StepPlan) {
-        let ids = self.current_report(bad);
+    /// Recovers from the step's report `ids` (current blocks only), recording the report,
+    /// the decisions and the evicted blocks in `plan`. A reported block keeps its pending
+    /// mark until a new owner claims it (as in the runtime's claim table).
+    pub(super) fn recover(&mut self, mut ids: Vec<BlockId>, plan: &mut StepPlan) {
+        ids.sort_unstable();
+        ids.dedup();
         if ids.is_empty() {
             return;
-        }
-        for id in &ids {
-            self.pending.remove(id); // re-claimed below
         }
         let invalid = InvalidSet::flat(ids.iter().copied(), &self.geo);
         plan.recovery.report = ids;
@@ -44,23 +41,6 @@ impl State {
         evicted.sort_unstable();
         evicted.dedup();
         plan.recovery.evicted_blocks = evicted;
-    }
-
-    /// The ids of the current blocks of `bad`, ascending and deduplicated; stale ones (and
-    /// the null block) are counted and lose their pending mark.
-    fn current_report(&mut self, bad: Vec<BlockRef>) -> Vec<BlockId> {
-        let mut ids = Vec::with_capacity(bad.len());
-        for b in bad {
-            if b.id != self.null() && self.blocks.is_current(b) {
-                ids.push(b.id);
-            } else {
-                self.metrics.stale_blocks += 1;
-                self.pending.remove(&b.id);
-            }
-        }
-        ids.sort_unstable();
-        ids.dedup();
-        ids
     }
 
     /// Gathers, in canonical order (loading requests, then running ones), every request with a
@@ -128,6 +108,7 @@ impl State {
             return;
         };
         r.waits = d.waits_for.iter().map(|(b, _)| *b).collect();
+        r.waits_step = self.step;
         let nct = d.num_computed_tokens;
         match d.disposition {
             Disposition::Unaffected | Disposition::Failed => {}

@@ -4,8 +4,9 @@ use std::sync::Arc as StdArc;
 use std::time::Instant;
 
 use crate::connector::LoadJob;
-use crate::pool::Generation;
+use crate::pool::{BlockRef, Generation};
 use crate::rules::geometry::{BlockId, Geometry};
+use crate::runtime::policy::trust::load_blocks;
 use crate::runtime::EndState;
 
 /// Where a request is in its life: waiting for admission, loading its external prefix
@@ -31,8 +32,13 @@ pub(super) struct Req {
     pub(super) last_scheduled: u64,
     pub(super) phase: Phase,
     pub(super) waits: Vec<BlockId>,
+    /// The step whose recovery set `waits`: the request is not scheduled in it (as a shard).
+    pub(super) waits_step: u64,
     pub(super) owned_pending: Vec<BlockId>,
     pub(super) attempt: u32,
+    /// The in-flight load's range (tokens): its own blocks, the only ones its failure may name.
+    pub(super) load_start: u64,
+    pub(super) load_end: u64,
     pub(super) load_cap: u64,
     pub(super) load_done: Option<Instant>,
     pub(super) end_after_load: Option<EndState>,
@@ -66,8 +72,11 @@ impl Req {
             last_scheduled: 0,
             phase: Phase::Waiting,
             waits: Vec::new(),
+            waits_step: 0,
             owned_pending: Vec::new(),
             attempt: 0,
+            load_start: 0,
+            load_end: 0,
             load_cap: u64::MAX,
             load_done: None,
             end_after_load: None,
@@ -82,6 +91,18 @@ impl Req {
 
     pub(super) fn seq_len(&self) -> u64 {
         self.prompt.len() as u64 + u64::from(self.generated)
+    }
+
+    /// The non-null blocks the in-flight load writes (its own: the only ones a failure of it
+    /// may name), at the generations the request holds them.
+    pub(super) fn load_blocks(&self, geo: &Geometry) -> Vec<BlockRef> {
+        load_blocks(
+            geo,
+            &self.tables,
+            &self.gens,
+            self.load_start,
+            self.load_end,
+        )
     }
 }
 

@@ -7,7 +7,8 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use super::config::BaselineConfig;
-use super::request::{prompt_hashes, Phase, Req};
+use super::outputs::Command;
+use super::request::{prompt_hashes, Req};
 use super::state::State;
 use super::workers::Workers;
 use crate::rules::geometry::{Geometry, DEFAULT_NULL_BLOCK};
@@ -101,18 +102,10 @@ impl MutexScheduler {
         Ok(())
     }
 
-    /// Cancels a request (once its in-flight load, if any, lands). Unknown ids are counted in
-    /// [`Metrics::unknown_commands`].
+    /// Cancels a request at the next step (once its in-flight load, if any, lands), as the
+    /// runtime does. Unknown ids are counted in [`Metrics::unknown_commands`] then.
     pub fn cancel(&self, id: &str) {
-        let mut s = self.state.lock();
-        let Some(&key) = s.by_id.get(id) else {
-            s.metrics.unknown_commands += 1;
-            return;
-        };
-        match s.reqs.get_mut(&key) {
-            Some(r) if r.phase == Phase::Loading => r.end_after_load = Some(EndState::Cancelled),
-            _ => s.end(key, EndState::Cancelled),
-        }
+        self.state.lock().inbox.push(Command::Cancel(id.to_owned()));
     }
 
     fn take_completions(&self) -> Vec<Completion> {

@@ -1,12 +1,17 @@
-//! Picking the runnable requests of a step within the token and sequence budgets, growing
-//! their block tables, and preempting the last running request when blocks run out.
+//! Scheduling the runnable requests of a step, the shard's way
+//! ([`crate::runtime::policy::scheduling`]): running requests in canonical order get the
+//! tokens they have left within the token and sequence budgets, growing their block tables;
+//! a request without a token limit that the pool could never hold one more token of is
+//! finished; one that finds no blocks preempts the latest running request.
 
 use std::time::Instant;
 
 use super::request::Phase;
 use super::state::State;
 use crate::runtime::claim::RequestKey;
-use crate::runtime::{ScheduledRequest, StepPlan};
+use crate::runtime::policy::growth::blocks_needed;
+use crate::runtime::policy::scheduling::{length_capped, preemption_victim, StepBudget};
+use crate::runtime::{EndState, ScheduledRequest, StepPlan};
 
 impl State {
     fn grow(&mut self, key: RequestKey, upto: u64) -> bool {
@@ -14,11 +19,10 @@ impl State {
             return false;
         };
         let groups = self.geo.groups();
-        let need: usize = groups
-            .iter()
-            .zip(&r.tables)
-            .map(|(g, t)| (g.blocks_for_tokens(upto) as usize).saturating_sub(t.len()))
-            .sum();
+        let need = blocks_needed(groups, r.tables.iter().map(Vec::len), upto);
+        if need == 0 {
+            return true;
+        }
         let mut fresh = Vec::with_capacity(need);
         if !self.blocks.allocate_n(need, &mut fresh) {
             return false;
@@ -35,34 +39,47 @@ impl State {
     }
 
     pub(super) fn schedule(&mut self, now: Instant, plan: &mut StepPlan) {
-        let mut budget = self.cfg.token_budget;
-        let mut seqs_left = self.cfg.max_seqs;
+        let mut budget = StepBudget::new(self.cfg.token_budget, self.cfg.max_seqs);
         let keys: Vec<RequestKey> = self.running.iter().copied().collect();
         for key in keys {
-            if budget == 0 || seqs_left == 0 {
+            if budget.exhausted() {
                 break;
             }
+            let step = self.step;
             let pending = &self.pending;
             let Some(r) = self.reqs.get_mut(&key) else {
                 continue;
             };
+            if r.phase != Phase::Running {
+                continue; // preempted earlier in this loop
+            }
+            // Sharers wait for owners (mode `safe`): never scheduled to read a pending block.
+            if r.waits_step == step && !r.waits.is_empty() {
+                continue;
+            }
             r.waits.retain(|b| pending.contains_key(b));
             if !r.waits.is_empty() {
                 continue;
             }
-            let n = r
-                .seq_len()
-                .saturating_sub(r.num_computed_tokens)
-                .min(budget);
+            let n = budget.grant(r.num_computed_tokens, r.seq_len());
             if n == 0 {
                 continue;
             }
             let upto = r.num_computed_tokens + n;
+            if length_capped(
+                self.geo.groups(),
+                r.max_new_tokens,
+                upto,
+                self.blocks.ref_count.len(),
+            ) {
+                self.metrics.length_capped += 1;
+                self.end(key, EndState::Finished);
+                continue;
+            }
             if !self.grow(key, upto) {
-                if let Some(&victim) = self.running.last() {
-                    if victim != key {
-                        self.preempt(victim);
-                    }
+                let latest = self.running.last().copied();
+                if let Some(victim) = preemption_victim(latest, key) {
+                    self.preempt(victim);
                 }
                 if !self.grow(key, upto) {
                     continue;
@@ -100,8 +117,7 @@ impl State {
             });
             r.num_computed_tokens = upto;
             r.last_scheduled = n;
-            budget -= n;
-            seqs_left -= 1;
+            budget.charge(n);
         }
     }
 

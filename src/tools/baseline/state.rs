@@ -1,15 +1,17 @@
 //! Everything behind the baseline's global lock, and the bookkeeping every mechanism shares:
 //! phases, releasing a request's blocks (handing off what it owned), ending a request,
-//! registering computed blocks in the prefix cache; and one step, phase by phase.
+//! registering computed blocks in the prefix cache; and one step, phase by phase — the
+//! shard's phases in the shard's order, so that on the same input both decide alike.
 
 use std::collections::BTreeSet;
 use std::sync::Arc as StdArc;
 use std::time::Instant;
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::blocks::Blocks;
 use super::config::BaselineConfig;
+use super::outputs::Command;
 use super::request::{Phase, Req};
 use crate::connector::LoadJob;
 use crate::pool::BlockRef;
@@ -33,8 +35,20 @@ pub(super) struct State {
     pub(super) running: BTreeSet<RequestKey>,
     /// Block → owner key (raw) that must recompute it, or [`ORPHANED`].
     pub(super) pending: FxHashMap<BlockId, u64>,
+    /// Cancels, samples and engine finishes since the last step, applied at the next one in
+    /// the order they came (as a shard's inbox).
+    pub(super) inbox: Vec<Command>,
+    /// The failed blocks of the last step's sync loads the engine reported.
     pub(super) sync_invalid: Vec<BlockRef>,
+    /// Blocks owners left unrecomputed while another request held them: next step's report.
     pub(super) handoffs: Vec<BlockRef>,
+    /// Requests the latest plan scheduled to sample (a sample for any other is ignored).
+    pub(super) last_samplers: FxHashSet<StdArc<str>>,
+    /// The destination blocks of each sync load of the latest plan (a failed block the
+    /// engine names must be one of them).
+    pub(super) last_sync: Vec<Vec<BlockRef>>,
+    /// Whether an output answering the latest plan came (its sync loads are counted once).
+    pub(super) answered: bool,
     pub(super) ended: Vec<(StdArc<str>, EndState)>,
     pub(super) stash: Vec<Completion>,
     pub(super) jobs: Vec<LoadJob>,
@@ -58,8 +72,12 @@ impl State {
             loading: BTreeSet::new(),
             running: BTreeSet::new(),
             pending: FxHashMap::default(),
+            inbox: Vec::new(),
             sync_invalid: Vec::new(),
             handoffs: Vec::new(),
+            last_samplers: FxHashSet::default(),
+            last_sync: Vec::new(),
+            answered: false,
             ended: Vec::new(),
             stash: Vec::new(),
             jobs: Vec::new(),
@@ -74,21 +92,14 @@ impl State {
         self.geo.null_block()
     }
 
-    /// Releases every block of `r`; owned, unrecomputed blocks go into the next report.
+    /// Releases every block of `r`; an owned, unrecomputed block that another request still
+    /// holds is handed off (into the next report), one nobody holds any more is forgotten —
+    /// the shard's rule.
     pub(super) fn release_all(&mut self, key: RequestKey) {
         let Some(r) = self.reqs.get_mut(&key) else {
             return;
         };
         r.sync_job = None;
-        for id in r.owned_pending.drain(..) {
-            if self.pending.get(&id) == Some(&key.raw()) {
-                self.pending.insert(id, ORPHANED);
-            }
-            if let Some(&generation) = self.blocks.generation.get(id as usize) {
-                self.handoffs.push(BlockRef { id, generation });
-                self.metrics.handoffs += 1;
-            }
-        }
         let null = self.geo.null_block();
         for (t, g) in r.tables.iter_mut().zip(r.gens.iter_mut()) {
             for (&id, &generation) in t.iter().zip(g.iter()) {
@@ -98,6 +109,20 @@ impl State {
             }
             t.clear();
             g.clear();
+        }
+        for id in r.owned_pending.drain(..) {
+            if self.pending.get(&id) == Some(&key.raw()) {
+                self.pending.insert(id, ORPHANED);
+            }
+            match self.blocks.generation.get(id as usize) {
+                Some(&generation) if self.blocks.ref_count[id as usize] > 0 => {
+                    self.handoffs.push(BlockRef { id, generation });
+                    self.metrics.handoffs += 1;
+                }
+                _ => {
+                    self.pending.remove(&id);
+                }
+            }
         }
         r.registered.iter_mut().for_each(|x| *x = 0);
         r.waits.clear();
@@ -170,8 +195,10 @@ impl State {
         }
     }
 
-    /// One step: completions drained into the report, recovery, the last output applied,
-    /// landed loads moved on, then (unless draining at shutdown) admission and scheduling.
+    /// One step, in a shard's phases: the engine's share of the report (last output's sync
+    /// failures, hand-offs) and the commands since the last step, then completions drained
+    /// into the report; recovery; the last output applied; landed loads moved on; then
+    /// (unless draining at shutdown) admission and scheduling.
     pub(super) fn step(&mut self, completions: Vec<Completion>, draining: bool) -> StepPlan {
         self.step += 1;
         self.metrics.steps += 1;
@@ -179,8 +206,12 @@ impl State {
             step: self.step,
             ..StepPlan::default()
         };
-        let bad = self.drain_completions(completions);
-        self.recover(bad, &mut plan);
+        let mut report = self.engine_share();
+        for cmd in std::mem::take(&mut self.inbox) {
+            self.apply_command(cmd);
+        }
+        self.drain_completions(completions, &mut report);
+        self.recover(report, &mut plan);
         self.apply_outputs();
         let now = Instant::now();
         self.land_loads(now, &mut plan);
@@ -189,6 +220,19 @@ impl State {
             self.schedule(now, &mut plan);
         }
         plan.ended = std::mem::take(&mut self.ended);
+        self.answered = false;
+        self.last_samplers = plan
+            .scheduled
+            .iter()
+            .filter(|s| s.samples)
+            .map(|s| s.id.clone())
+            .collect();
+        self.last_sync = plan
+            .scheduled
+            .iter()
+            .filter_map(|s| s.sync_load.as_ref())
+            .map(LoadJob::all_loaded_blocks)
+            .collect();
         plan
     }
 }

@@ -1,0 +1,114 @@
+//! Which blocks a failure report may roll back. A report is believed only about blocks its
+//! reporter wrote: an asynchronous load's failure about the load's own blocks, an engine's
+//! failed blocks about the destinations of the step's synchronous loads. Anything else it
+//! names is counted and ignored, never applied to another request.
+
+use crate::pool::{BlockRef, Generation};
+use crate::rules::geometry::{BlockId, Geometry};
+
+/// What a failure report named that was not applied.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Ignored {
+    /// Blocks that were not the reporter's own.
+    pub(crate) foreign: u64,
+    /// Own blocks at a generation that is no longer current (freed and reused since).
+    pub(crate) stale: u64,
+}
+
+/// The non-null blocks a load of tokens `start..end` writes into `tables` (one per group, with
+/// the generations `gens` they are held at), in group then table order.
+pub(crate) fn load_blocks(
+    geo: &Geometry,
+    tables: &[Vec<BlockId>],
+    gens: &[Vec<Generation>],
+    start: u64,
+    end: u64,
+) -> Vec<BlockRef> {
+    let null = geo.null_block();
+    let mut out = Vec::new();
+    for ((grp, t), g) in geo.groups().iter().zip(tables).zip(gens) {
+        let lo = (start / grp.block_size) as usize;
+        let hi = (grp.blocks_for_tokens(end) as usize).min(t.len());
+        for (i, &id) in t.iter().enumerate().take(hi).skip(lo) {
+            if id != null {
+                out.push(BlockRef {
+                    id,
+                    generation: g.get(i).copied().unwrap_or(0),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// The blocks an asynchronous load's failure rolls back, appended to `out`: the load's `own`
+/// blocks (the non-null blocks it writes) that the report `named`, where `is_current` says
+/// the named generation is still current; or, when it named none of its own blocks, every
+/// current own block — a connector that names only other blocks is not trusted to know
+/// which of its own are fine.
+pub(crate) fn failed_load_blocks(
+    own: &[BlockRef],
+    named: impl IntoIterator<Item = BlockRef>,
+    is_current: impl Fn(BlockRef) -> bool,
+    out: &mut Vec<BlockId>,
+) -> Ignored {
+    let mut ignored = Ignored::default();
+    let mut named_own = false;
+    for b in named {
+        if !own.iter().any(|o| o.id == b.id) {
+            ignored.foreign += 1;
+        } else if is_current(b) {
+            named_own = true;
+            out.push(b.id);
+        } else {
+            ignored.stale += 1;
+        }
+    }
+    if !named_own {
+        out.extend(own.iter().filter(|&&b| is_current(b)).map(|b| b.id));
+    }
+    ignored
+}
+
+/// Whether an engine's failed block `b` is a destination of one of the step's synchronous
+/// loads (`dests`, one list per load).
+pub(crate) fn is_sync_destination(dests: &[Vec<BlockRef>], b: BlockRef) -> bool {
+    dests.iter().flatten().any(|d| d.id == b.id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn b(id: BlockId, generation: u32) -> BlockRef {
+        BlockRef { id, generation }
+    }
+
+    #[test]
+    fn only_own_current_blocks_are_rolled_back() {
+        let own = [b(1, 1), b(2, 1), b(3, 1)];
+        let current = |r: BlockRef| r.generation == 1;
+        let mut out = Vec::new();
+        let ig = failed_load_blocks(&own, [b(2, 1), b(9, 1), b(3, 0)], current, &mut out);
+        assert_eq!(out, [2]);
+        assert_eq!(
+            ig,
+            Ignored {
+                foreign: 1,
+                stale: 1
+            }
+        );
+        // Naming only blocks of others fails the whole load.
+        out.clear();
+        let ig = failed_load_blocks(&own, [b(9, 1)], current, &mut out);
+        assert_eq!(out, [1, 2, 3]);
+        assert_eq!(ig.foreign, 1);
+    }
+
+    #[test]
+    fn sync_destinations_are_the_steps_sync_load_blocks() {
+        let dests = vec![vec![b(4, 1)], vec![b(5, 2), b(6, 2)]];
+        assert!(is_sync_destination(&dests, b(6, 9)));
+        assert!(!is_sync_destination(&dests, b(7, 2)));
+    }
+}
