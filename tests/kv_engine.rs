@@ -176,13 +176,7 @@ fn safe_mode_reads_no_garbage_and_moves_real_bytes() {
 
 #[test]
 fn a_clean_tier_gives_full_hits_and_no_failures() {
-    let r = run(
-        vec![CacheGroup::full_attention(16)],
-        Mode::Safe,
-        0.5,
-        0.0,
-        9,
-    );
+    let r = run(attention_only(), Mode::Safe, 0.5, 0.0, 9);
     assert_eq!(r.check.garbage_reads + r.check.garbage_reads_discarded, 0);
     assert_eq!(
         r.tier.checksum_failures + r.tier.missing_chunks,

@@ -146,7 +146,11 @@ fn run(seed: u64, shards: usize, f: Faults, steps: usize) -> Metrics {
                 injected_stale += 1;
             }
             // An older block no sync load of this step wrote, and one out of range: foreign.
-            if let Some(b) = seen_blocks.get(rng.below(seen_blocks.len().max(1) as u64) as usize) {
+            // (Never this step's own destinations: those `seen_blocks` holds too.)
+            if let Some(b) = seen_blocks
+                .get(rng.below(seen_blocks.len().max(1) as u64) as usize)
+                .filter(|b| !step_dests.contains(b))
+            {
                 out.invalid_blocks.push(*b);
             }
             out.invalid_blocks.push(BlockRef {
@@ -175,7 +179,8 @@ fn run(seed: u64, shards: usize, f: Faults, steps: usize) -> Metrics {
         if f.no_failures {
             assert!(
                 plan.recovery.recovered.is_empty(),
-                "a stale or duplicate report rolled a request back"
+                "a stale or duplicate report rolled a request back: {:?}",
+                plan.recovery
             );
         }
         let violations = rt.check_invariants();

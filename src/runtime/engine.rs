@@ -396,6 +396,9 @@ impl Runtime {
                     failed_ids.insert(b.id);
                 }
                 self.sync_invalid.push(b);
+            } else if self.last_sync.iter().flatten().any(|d| d.id == b.id) {
+                // A destination's id at another generation: an older use of the slot.
+                self.metrics.stale_blocks += 1;
             } else {
                 self.metrics.foreign_blocks += 1;
             }

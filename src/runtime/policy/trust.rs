@@ -71,9 +71,10 @@ pub(crate) fn failed_load_blocks(
 }
 
 /// Whether an engine's failed block `b` is a destination of one of the step's synchronous
-/// loads (`dests`, one list per load).
+/// loads (`dests`, one list per load), at the generation the load wrote it: a block id
+/// named with an older generation is another use of the slot, not this step's.
 pub(crate) fn is_sync_destination(dests: &[Vec<BlockRef>], b: BlockRef) -> bool {
-    dests.iter().flatten().any(|d| d.id == b.id)
+    dests.iter().flatten().any(|d| *d == b)
 }
 
 #[cfg(test)]
@@ -108,7 +109,11 @@ mod tests {
     #[test]
     fn sync_destinations_are_the_steps_sync_load_blocks() {
         let dests = vec![vec![b(4, 1)], vec![b(5, 2), b(6, 2)]];
-        assert!(is_sync_destination(&dests, b(6, 9)));
+        assert!(is_sync_destination(&dests, b(6, 2)));
+        assert!(
+            !is_sync_destination(&dests, b(6, 9)),
+            "another use of the slot"
+        );
         assert!(!is_sync_destination(&dests, b(7, 2)));
     }
 }
