@@ -13,6 +13,8 @@
 //! * `disk` — [`DiskTier`], one file per chunk, bounded, crash-safe for a killed process;
 //! * `faults` — [`FaultyTier`], seeded damage to what a tier stores ([`FaultTarget`]).
 //!
+//! * `sim_tier` — [`SimTier`], a memory tier behind seeded latency, transfer damage, panics
+//!   and hangs, for tests and the stress tool;
 //! * `connector` — [`TierConnector`], the connector joining a tier to KV memory: lookups
 //!   from a local index (`key_index`), verified batched loads, write-behind saves (`saver`).
 //!
@@ -32,6 +34,7 @@ mod kv_memory;
 mod memory;
 #[cfg(not(kvsched_loom))]
 mod saver;
+mod sim_tier;
 mod tier;
 
 pub use chunk::{
@@ -46,4 +49,5 @@ pub use host_memory::HostKvMemory;
 pub use key::ChunkKey;
 pub use kv_memory::{KvLayout, KvMemory, KvMemoryError, POISON_BYTE};
 pub use memory::{MemoryStats, MemoryTier};
+pub use sim_tier::{SimTier, SimTierConfig, SimTierCounts};
 pub use tier::{Tier, TierError};

@@ -29,7 +29,7 @@ use crate::connector::{KvConnector, LoadResult};
 use crate::kv::KvMemory;
 use crate::pool::BlockRef;
 use crate::rules::geometry::{CacheGroup, GroupKind, MambaMode};
-use crate::runtime::{ScheduledRequest, StepPlan};
+use crate::runtime::{BlockTable, ScheduledRequest, StepPlan};
 
 /// What a [`KvChecker`] counted.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -218,7 +218,7 @@ impl KvChecker {
             }
         }
         for s in &plan.scheduled {
-            let (garbage, nulls) = self.read(s);
+            let (garbage, nulls) = self.read_at(&s.id, s.num_computed_tokens, &s.block_tables);
             if garbage > 0 {
                 check.tainted.push(s.id.clone());
             }
@@ -226,9 +226,33 @@ impl KvChecker {
         }
         for s in &plan.scheduled {
             let tainted = check.garbage.get(&s.id).is_some_and(|g| g.0 > 0);
-            self.write(s, tainted);
+            self.write_at(
+                &s.id,
+                s.num_computed_tokens,
+                s.num_tokens,
+                &s.block_tables,
+                tainted,
+            );
         }
         check
+    }
+
+    /// One request's step outside a runtime (constructed cases): reads at
+    /// `num_computed_tokens` through `tables`, then writes `[num_computed_tokens,
+    /// num_computed_tokens + num_tokens)` (as garbage if a read was). Counts its garbage as
+    /// kept and returns it.
+    pub fn compute(
+        &mut self,
+        id: &str,
+        num_computed_tokens: u64,
+        num_tokens: u64,
+        tables: &[BlockTable],
+    ) -> u64 {
+        let (garbage, nulls) = self.read_at(id, num_computed_tokens, tables);
+        self.write_at(id, num_computed_tokens, num_tokens, tables, garbage > 0);
+        self.counters.garbage_reads += garbage;
+        self.counters.null_reads += nulls;
+        garbage
     }
 
     /// Settles a step once the runtime said which outputs to discard: counts its garbage as
@@ -269,17 +293,17 @@ impl KvChecker {
         }
     }
 
-    /// Phase (b) for one request: (garbage units, of which through null entries).
-    fn read(&mut self, s: &ScheduledRequest) -> (u64, u64) {
-        let Some(t) = self.reqs.get(&s.id) else {
+    /// Phase (b) for one request at `n` computed tokens: (garbage units, of which through
+    /// null entries).
+    fn read_at(&mut self, id: &str, n: u64, tables: &[BlockTable]) -> (u64, u64) {
+        let Some(t) = self.reqs.get(id) else {
             return (0, 0);
         };
-        let n = s.num_computed_tokens;
         let (mut garbage, mut nulls, mut units, mut bytes) = (0u64, 0u64, 0u64, 0u64);
         let mut buf = vec![0u8; self.bytes_per_token.max(self.state_bytes)];
         let mut want = buf.clone();
         for (g, grp) in self.groups.iter().enumerate() {
-            let table = s.block_tables.get(g).map_or(&[][..], |t| &t[..]);
+            let table = tables.get(g).map_or(&[][..], |t| &t[..]);
             let b = grp.block_size;
             if let GroupKind::Mamba { .. } = grp.kind {
                 if n == 0 {
@@ -328,11 +352,11 @@ impl KvChecker {
     }
 
     /// Phase (c) for one request: the bytes of `[n, n+k)` (garbage when `tainted`).
-    fn write(&mut self, s: &ScheduledRequest, tainted: bool) {
-        let Some(t) = self.reqs.get(&s.id) else {
+    fn write_at(&mut self, id: &str, n: u64, k: u64, tables: &[BlockTable], tainted: bool) {
+        let Some(t) = self.reqs.get(id) else {
             return;
         };
-        let (n, end) = (s.num_computed_tokens, s.num_computed_tokens + s.num_tokens);
+        let end = n + k;
         // The tokens a step computes are known: prompt, or decode tokens sampled so far.
         if end as usize > t.tokens.len() + 1 {
             return;
@@ -340,7 +364,7 @@ impl KvChecker {
         let mut buf = vec![0u8; self.bytes_per_token.max(self.state_bytes)];
         let mut written = 0u64;
         for (g, grp) in self.groups.iter().enumerate() {
-            let table = s.block_tables.get(g).map_or(&[][..], |t| &t[..]);
+            let table = tables.get(g).map_or(&[][..], |t| &t[..]);
             let b = grp.block_size;
             // (entry, byte offset, reference position, chain hash, bytes)
             let mut units: Vec<(usize, usize, u64, u64, usize)> = Vec::new();
