@@ -376,6 +376,9 @@ impl DiskTier {
 
     /// Reads the file of `key`, at most `capacity_bytes` of it (a longer file is not one the
     /// tier wrote; its cut bytes fail the codec's checks). `None` if there is no such file.
+    /// A file within the bound is read in one call sized by its length, as `std::fs::read`
+    /// does (a read through `Take` would grow its reads from 8 KiB); the bound is checked on
+    /// the length at open, so a file grown by another process in the meantime is read whole.
     fn read_one(&self, key: ChunkKey) -> Result<Option<Vec<u8>>, TierError> {
         let path = self.chunk_path(key);
         let mut f = match File::open(&path) {
@@ -390,10 +393,12 @@ impl DiskTier {
             .map_err(|e| {
                 TierError::Unavailable(format!("disk tier: read {}: {e}", path.display()))
             })?;
-        (&mut f)
-            .take(limit)
-            .read_to_end(&mut buf)
-            .map_err(|e| io_err("read", &path, e))?;
+        let read = if len <= limit {
+            f.read_to_end(&mut buf)
+        } else {
+            (&mut f).take(limit).read_to_end(&mut buf)
+        };
+        read.map_err(|e| io_err("read", &path, e))?;
         Ok(Some(buf))
     }
 
