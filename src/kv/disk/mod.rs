@@ -1,17 +1,19 @@
 //! [`DiskTier`]: one file per chunk in a directory, bounded in bytes, crash-safe for a killed
-//! process (write to a temporary file, then rename), its index rebuilt by a scan at open.
+//! process (write to a temporary file, then rename), its index rebuilt by a scan at open
+//! (`scan`).
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::time::SystemTime;
 
 use rustc_hash::FxHashMap;
 
 use super::{ChunkKey, FaultTarget, Tier, TierError};
 use crate::connector::CancelToken;
 use crate::sync::{AtomicU64, Mutex, Ordering};
+
+mod scan;
 
 const CHUNK_EXT: &str = "chunk";
 const TEMP_EXT: &str = "tmp";
@@ -143,27 +145,6 @@ fn io_err(what: &str, path: &Path, e: io::Error) -> TierError {
     TierError::Unavailable(format!("disk tier: {what} {}: {e}", path.display()))
 }
 
-/// `Some(byte)` if `s` is two lowercase hex digits.
-fn hex_pair(s: &str) -> Option<u8> {
-    if s.len() != 2 || !s.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f')) {
-        return None;
-    }
-    u8::from_str_radix(s, 16).ok()
-}
-
-/// The key of a file named `<32 lowercase hex digits>.chunk`.
-fn chunk_name_key(name: &str) -> Option<ChunkKey> {
-    let hex = name.strip_suffix(".chunk")?;
-    if hex.len() != 32 || !hex.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f')) {
-        return None;
-    }
-    u128::from_str_radix(hex, 16).ok().map(ChunkKey)
-}
-
-fn read_dir(path: &Path) -> Result<fs::ReadDir, TierError> {
-    fs::read_dir(path).map_err(|e| io_err("read directory", path, e))
-}
-
 fn sync_dir(path: &Path) -> Result<(), TierError> {
     File::open(path)
         .and_then(|d| d.sync_all())
@@ -177,56 +158,7 @@ impl DiskTier {
     pub fn open(root: impl Into<PathBuf>, cfg: DiskConfig) -> Result<DiskTier, TierError> {
         let root = root.into();
         fs::create_dir_all(&root).map_err(|e| io_err("create directory", &root, e))?;
-        let mut found: Vec<(SystemTime, ChunkKey, u64)> = Vec::new();
-        let mut stale = 0u64;
-        for a in read_dir(&root)? {
-            let a = a.map_err(|e| io_err("read directory", &root, e))?;
-            let an = a.file_name();
-            let Some(hi) = an.to_str().and_then(hex_pair) else {
-                continue;
-            };
-            if !a.path().is_dir() {
-                continue;
-            }
-            for b in read_dir(&a.path())? {
-                let b = b.map_err(|e| io_err("read directory", &a.path(), e))?;
-                let bn = b.file_name();
-                let Some(lo) = bn.to_str().and_then(hex_pair) else {
-                    continue;
-                };
-                let dir = b.path();
-                if !dir.is_dir() {
-                    continue;
-                }
-                for f in read_dir(&dir)? {
-                    let f = f.map_err(|e| io_err("read directory", &dir, e))?;
-                    let path = f.path();
-                    let name = f.file_name();
-                    let Some(name) = name.to_str() else { continue };
-                    if name.ends_with(".tmp") {
-                        match fs::remove_file(&path) {
-                            Ok(()) => stale += 1,
-                            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                            Err(e) => return Err(io_err("remove stale temporary", &path, e)),
-                        }
-                        continue;
-                    }
-                    // Only a chunk in its own directory can be found by `get`.
-                    let Some(key) = chunk_name_key(name) else {
-                        continue;
-                    };
-                    if (key.0 >> 120) as u8 != hi || (key.0 >> 112) as u8 != lo {
-                        continue;
-                    }
-                    let meta = f.metadata().map_err(|e| io_err("stat", &path, e))?;
-                    if !meta.is_file() {
-                        continue;
-                    }
-                    let mtime = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
-                    found.push((mtime, key, meta.len()));
-                }
-            }
-        }
+        let scan::Scan { mut found, stale } = scan::scan(&root)?;
         found.sort_unstable();
         let mut index = Index::default();
         for (_, key, len) in found {
@@ -376,6 +308,9 @@ impl DiskTier {
 
     /// Reads the file of `key`, at most `capacity_bytes` of it (a longer file is not one the
     /// tier wrote; its cut bytes fail the codec's checks). `None` if there is no such file.
+    /// A file within the bound is read in one call sized by its length, as `std::fs::read`
+    /// does (a read through `Take` would grow its reads from 8 KiB); the bound is checked on
+    /// the length at open, so a file grown by another process in the meantime is read whole.
     fn read_one(&self, key: ChunkKey) -> Result<Option<Vec<u8>>, TierError> {
         let path = self.chunk_path(key);
         let mut f = match File::open(&path) {
@@ -390,10 +325,12 @@ impl DiskTier {
             .map_err(|e| {
                 TierError::Unavailable(format!("disk tier: read {}: {e}", path.display()))
             })?;
-        (&mut f)
-            .take(limit)
-            .read_to_end(&mut buf)
-            .map_err(|e| io_err("read", &path, e))?;
+        let read = if len <= limit {
+            f.read_to_end(&mut buf)
+        } else {
+            (&mut f).take(limit).read_to_end(&mut buf)
+        };
+        read.map_err(|e| io_err("read", &path, e))?;
         Ok(Some(buf))
     }
 
@@ -526,26 +463,6 @@ impl FaultTarget for DiskTier {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn file_names_parse_only_when_exact() {
-        let k = ChunkKey(0xabcd_0000_0000_0000_0000_0000_0000_0001);
-        assert_eq!(chunk_name_key(&format!("{k}.chunk")), Some(k));
-        assert_eq!(chunk_name_key(&format!("{k}.chunkx")), None);
-        assert_eq!(chunk_name_key(&format!("{k}0.chunk")), None);
-        assert_eq!(
-            chunk_name_key("ABCD0000000000000000000000000001.chunk"),
-            None
-        );
-        assert_eq!(
-            chunk_name_key("+bcd0000000000000000000000000001.chunk"),
-            None
-        );
-        assert_eq!(hex_pair("ab"), Some(0xab));
-        assert_eq!(hex_pair("a"), None);
-        assert_eq!(hex_pair("+1"), None);
-        assert_eq!(hex_pair("AB"), None);
-    }
 
     #[test]
     fn chunk_path_fans_out_by_the_first_two_hex_pairs() {
