@@ -7,13 +7,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvsched::connector::{KvConnector, SplitMix64};
+use kvsched::connector::{KvConnector, LoadJob, LoadResult, LookupQuery, SplitMix64};
 use kvsched::kv::{
-    FaultConfig, FaultyTier, HostKvMemory, KvLayout, KvMemory, MemoryTier, Tier, TierConnector,
-    TierConnectorConfig, TierStats,
+    DiskConfig, DiskTier, FaultConfig, FaultyTier, HostKvMemory, KvLayout, KvMemory, MemoryTier,
+    Tier, TierConnector, TierConnectorConfig, TierStats,
 };
 use kvsched::sim::{KvCheckCounters, KvChecker};
-use kvsched::{CacheGroup, MambaMode, Mode, Runtime, StepOutput, SubmitRequest};
+use kvsched::{BlockRef, CacheGroup, MambaMode, Mode, Runtime, StepOutput, SubmitRequest};
 
 const BLOCKS: usize = 2048;
 const BPT: usize = 8;
@@ -26,19 +26,26 @@ struct Run {
 }
 
 fn run(groups: Vec<CacheGroup>, mode: Mode, async_ratio: f64, corrupt: f64, seed: u64) -> Run {
+    let faults = FaultConfig {
+        seed,
+        corrupt,
+        ..FaultConfig::default()
+    };
+    let tier = Arc::new(FaultyTier::new(MemoryTier::new(64 << 20, 4), faults).expect("faults"));
+    run_on(groups, mode, async_ratio, seed, tier, true)
+}
+
+/// One run on `tier`; `warm`: the three prefixes are stored in it first.
+fn run_on(
+    groups: Vec<CacheGroup>,
+    mode: Mode,
+    async_ratio: f64,
+    seed: u64,
+    tier: Arc<dyn Tier>,
+    warm: bool,
+) -> Run {
     let layout = KvLayout::for_groups(&groups, BPT, STATE).expect("layout");
     let memory: Arc<dyn KvMemory> = Arc::new(HostKvMemory::new(layout, BLOCKS).expect("memory"));
-    let tier: Arc<dyn Tier> = Arc::new(
-        FaultyTier::new(
-            MemoryTier::new(64 << 20, 4),
-            FaultConfig {
-                seed,
-                corrupt,
-                ..FaultConfig::default()
-            },
-        )
-        .expect("faults"),
-    );
     let conn = Arc::new(
         TierConnector::new(
             Arc::clone(&tier),
@@ -70,7 +77,7 @@ fn run(groups: Vec<CacheGroup>, mode: Mode, async_ratio: f64, corrupt: f64, seed
     let prefixes: Vec<Vec<u32>> = (0..3u32)
         .map(|p| (0..96).map(|t| p * 1000 + t + 1).collect())
         .collect();
-    for p in &prefixes {
+    for p in prefixes.iter().filter(|_| warm) {
         for (g, grp) in groups.iter().enumerate() {
             for i in 0..(96 / grp.block_size) as usize {
                 let bytes = checker.reference_block(p, g, i).expect("full block");
@@ -185,4 +192,87 @@ fn a_clean_tier_gives_full_hits_and_no_failures() {
         r.tier
     );
     assert!(r.tier.chunks_loaded > 0);
+}
+
+#[test]
+fn chunks_gone_between_lookup_and_load_are_failed_blocks_recovered_like_any_other() {
+    let faults = FaultConfig {
+        seed: 5,
+        evict: 0.2,
+        ..FaultConfig::default()
+    };
+    let tier = Arc::new(FaultyTier::new(MemoryTier::new(64 << 20, 4), faults).expect("faults"));
+    let r = run_on(hybrid(), Mode::Safe, 0.5, 5, tier.clone(), true);
+    assert_eq!(r.check.garbage_reads, 0, "{:?}", r.check);
+    assert!(r.tier.missing_chunks > 0, "{:?}", r.tier);
+    assert!(tier.counts().evicted > 0);
+}
+
+#[test]
+fn a_fresh_connector_on_the_same_disk_directory_loads_what_the_last_one_saved() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let open = || -> Arc<dyn Tier> {
+        Arc::new(DiskTier::open(dir.path(), DiskConfig::default()).expect("disk tier"))
+    };
+    // Mamba in mode `all`: a step writes the state at every block end it passes, so every
+    // prompt block has a chunk to save (in mode `align` only a step's last state is real).
+    let groups = vec![
+        CacheGroup::full_attention(16),
+        CacheGroup::sliding_window(16, 32),
+        CacheGroup::mamba(16, MambaMode::All),
+    ];
+    // The first run starts cold and saves what it computes.
+    let first = run_on(groups.clone(), Mode::Safe, 0.5, 3, open(), false);
+    assert_eq!(first.check.garbage_reads, 0);
+    assert!(first.tier.chunks_saved > 0, "{:?}", first.tier);
+    // A new tier and connector on the directory (what a fresh process opens): the first
+    // lookup misses and asks the tier in the background; once the probe is back, the prefix
+    // is offered and loads, verified, into KV memory.
+    let layout = KvLayout::for_groups(&groups, BPT, STATE).expect("layout");
+    let memory: Arc<dyn KvMemory> = Arc::new(HostKvMemory::new(layout, 64).expect("memory"));
+    let conn = TierConnector::new(
+        open(),
+        Arc::clone(&memory),
+        TierConnectorConfig {
+            groups: groups.clone(),
+            scheduler_block_size: 16,
+            tag: 7,
+            ..TierConnectorConfig::default()
+        },
+    )
+    .expect("connector");
+    let checker = KvChecker::new(groups.clone(), 7, BPT, STATE, Arc::clone(&memory));
+    let mut prompt: Vec<u32> = (0..96).map(|t| t + 1).collect(); // prefix 0 of `run_on`
+    prompt.push(99_999);
+    let query = LookupQuery {
+        request: "fresh",
+        prompt: &prompt,
+        local_tokens: 0,
+    };
+    assert_eq!(conn.lookup(query).external_tokens, 0, "nothing known yet");
+    conn.flush();
+    let offered = conn.lookup(query).external_tokens;
+    assert_eq!(offered, 96, "{:?}", conn.stats());
+    let tables: Vec<Vec<BlockRef>> = (0..3u64)
+        .map(|g| {
+            (0..7)
+                .map(|i| BlockRef {
+                    id: 1 + g * 7 + i,
+                    generation: 1,
+                })
+                .collect()
+        })
+        .collect();
+    let sizes = groups.iter().map(|g| g.block_size).collect();
+    let job = LoadJob::new("fresh", &prompt, 0, offered, tables.clone(), sizes);
+    assert_eq!(conn.load(&job), LoadResult::Ok, "{:?}", conn.stats());
+    for (g, t) in tables.iter().enumerate() {
+        for (i, b) in t.iter().enumerate().take(6) {
+            let want = checker.reference_block(&prompt, g, i).expect("reference");
+            let mut got = vec![0; want.len()];
+            memory.read(g, b.id, 0, &mut got).expect("read");
+            assert_eq!(got, want, "group {g} block {i}");
+        }
+    }
+    assert!(conn.stats().probe_hits > 0);
 }
