@@ -1,24 +1,5 @@
 //! [`RedisConfig`]: where the servers are, how to authenticate, the key namespace, and the
 //! pool, timeout and backoff settings; URL parsing and credential redaction.
-//!
-//! # URL
-//!
-//! ```text
-//! redis://[user:password@]host[:port][,host[:port]...][/db][?key=value&...]
-//! rediss://...                        TLS (rustls; `ca` names a PEM file of trusted roots)
-//! ```
-//!
-//! One host is a standalone server unless `cluster=yes`; several hosts are the seed nodes of
-//! a Redis Cluster. `user:password` and `:password` (the `default` user) are
-//! percent-decoded. Query keys: `tag`, `cluster`, `pool`, `timeout_ms`, `connect_timeout_ms`,
-//! `checkout_timeout_ms`, `ttl_ms`, `ca`.
-//!
-//! # Credentials
-//!
-//! The password and the user name never appear in [`Debug`](std::fmt::Debug) output
-//! ([`RedisConfig::redacted_url`] shows them as `***`), in a [`ConfigError`], or in the
-//! [`TierError`](crate::kv::TierError)s of a tier built from the config: every error text the
-//! tier produces passes through a redactor that replaces them.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -144,6 +125,25 @@ impl fmt::Debug for Redactor {
 
 /// How to reach a Redis deployment (one server or a cluster) and how the tier behaves.
 ///
+/// # URL
+///
+/// ```text
+/// redis://[user:password@]host[:port][,host[:port]...][/db][?key=value&...]
+/// rediss://...                        TLS (rustls; `ca` names a PEM file of trusted roots)
+/// ```
+///
+/// One host is a standalone server unless `cluster=yes`; several hosts are the seed nodes of
+/// a Redis Cluster. `user:password` and `:password` (the `default` user) are
+/// percent-decoded; the port defaults to 6379. Query keys: `tag`, `cluster`, `pool`,
+/// `timeout_ms`, `connect_timeout_ms`, `checkout_timeout_ms`, `ttl_ms`, `ca`.
+///
+/// # Credentials
+///
+/// The password and the user name never appear in `Debug` output
+/// ([`redacted_url`](Self::redacted_url) shows them as `***`), in a [`ConfigError`], or in
+/// the [`TierError`](crate::kv::TierError)s of a tier built from the config: every error text
+/// the tier produces passes through a redactor that replaces them.
+///
 /// Built from a URL ([`from_url`](Self::from_url)) or from seed addresses
 /// ([`cluster`](Self::cluster), [`standalone`](Self::standalone)), then adjusted with the
 /// builder methods; [`RedisTier::new`](super::RedisTier::new) validates it. Defaults: tag
@@ -216,8 +216,8 @@ impl RedisConfig {
         }
     }
 
-    /// Parses a `redis://` or `rediss://` URL (see the [module docs](self) for the grammar and
-    /// query keys). Several hosts, or `cluster=yes`, make a cluster configuration.
+    /// Parses a `redis://` or `rediss://` URL (see [`RedisConfig`] for the grammar and query
+    /// keys). Several hosts, or `cluster=yes`, make a cluster configuration.
     pub fn from_url(url: &str) -> Result<RedisConfig, ConfigError> {
         let (tls, rest) = if let Some(r) = url.strip_prefix("redis://") {
             (false, r)

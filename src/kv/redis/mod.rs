@@ -133,6 +133,9 @@ enum Op<'a> {
     Put(&'a [(ChunkKey, Vec<u8>)]),
 }
 
+/// One node's share of a round: key indices, each with whether it goes after `ASKING`.
+type Group = Vec<(usize, bool)>;
+
 /// Where a pending key goes in the next round.
 enum Target {
     /// The owner of its slot by the current map.
@@ -240,7 +243,13 @@ impl RedisTier {
     pub fn redis_key(&self, key: ChunkKey) -> Vec<u8> {
         let mut k = Vec::with_capacity(self.prefix.len() + 32);
         k.extend_from_slice(&self.prefix);
-        k.extend_from_slice(format!("{key}").as_bytes());
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        // The key's `Display`: 32 lowercase hex digits, most significant first.
+        k.extend(
+            (0..32)
+                .rev()
+                .map(|i| HEX[((key.0 >> (4 * i)) & 0xf) as usize]),
+        );
         k
     }
 
@@ -307,7 +316,11 @@ impl RedisTier {
         cancel: Option<&CancelToken>,
     ) -> Result<Vec<Value>, TierError> {
         let names: Vec<Vec<u8>> = keys.iter().map(|&k| self.redis_key(k)).collect();
-        let slots: Vec<u16> = names.iter().map(|n| key_slot(n)).collect();
+        // Slots matter only to a cluster.
+        let slots: Vec<u16> = match self.topology {
+            Topology::Cluster(_) => names.iter().map(|n| key_slot(n)).collect(),
+            Topology::Single(_) => vec![0; names.len()],
+        };
         let mut out: Vec<Value> = vec![Value::Nil; keys.len()];
         let mut pending: Vec<(usize, Target)> =
             (0..keys.len()).map(|i| (i, Target::Slot)).collect();
@@ -322,7 +335,7 @@ impl RedisTier {
             rounds += 1;
             // Group by node, in order of first appearance.
             let mut map = None;
-            let mut groups: Vec<(Arc<Node>, Vec<(usize, bool)>)> = Vec::new();
+            let mut groups: Vec<(Arc<Node>, Group)> = Vec::new();
             for (i, target) in pending.drain(..) {
                 let node = self.target_node(&mut map, slots[i], &target)?;
                 let asking = matches!(target, Target::Ask(_));

@@ -376,7 +376,18 @@ fn quote(s: &str) -> String {
     q
 }
 
-/// A `redis-server` child process on loopback. See the [module docs](self).
+/// A `redis-server` child process on a free loopback port, owned by this value.
+///
+/// The server runs from `PATH` with no persistence (`save ""`, `appendonly no`), in a
+/// private temporary directory (mode 0700, removed on drop) holding its config file (mode
+/// 0600: passwords go there, not on the command line), its log and, in cluster mode, its
+/// `nodes.conf`. Readiness is `PING` polled until a deadline.
+///
+/// It dies with this process however the process ends: the child is spawned with
+/// `PR_SET_PDEATHSIG(SIGKILL)` from a keeper thread the `LocalRedis` owns (Linux signals the
+/// child when the *thread* that spawned it exits, so the keeper, not the caller's thread, is
+/// the parent: a server may outlive the thread that started it, as in a `static` test
+/// harness).
 ///
 /// Dropping it kills (SIGKILL) and reaps the process and removes its directory. Data lives
 /// in memory only: a [`restart`](Self::restart) comes back empty (a cluster node keeps its
