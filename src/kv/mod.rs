@@ -17,6 +17,8 @@
 //!   and hangs, for tests and the stress tool;
 //! * `connector` — [`TierConnector`], the connector joining a tier to KV memory: lookups
 //!   from a local index (`key_index`), verified batched loads, write-behind saves (`saver`).
+//! * `redis` (feature `redis`) — a tier on a Redis server or Redis Cluster, and local
+//!   `redis-server` processes for tests and benchmarks.
 //!
 //! A tier stores opaque values; what a value holds (the chunk format, its checksum) is the
 //! business of the connector that joins a tier to KV memory, through [`ChunkCodec`].
@@ -35,6 +37,8 @@ mod memory;
 #[cfg(not(kvsched_loom))]
 mod saver;
 mod sim_tier;
+#[cfg(all(feature = "redis", not(kvsched_loom)))]
+pub mod redis;
 mod tier;
 
 pub use chunk::{

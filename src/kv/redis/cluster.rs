@@ -1,0 +1,343 @@
+//! Redis Cluster routing: the hash slot of a key (CRC16/XMODEM mod 16384, with Redis's hash
+//! tag rule), the slot map learnt from `CLUSTER SLOTS`, and the registry of node pools.
+//!
+//! The tier groups a call's keys by the node owning their slot and sends one pipeline per
+//! node; a `MOVED` reply refreshes the map (once per map generation, however many callers
+//! see it) and an `ASK` reply sends the key once to the importing node after `ASKING`.
+
+use std::collections::BTreeMap;
+
+use ::redis::Value;
+
+use super::config::NodeAddr;
+use super::node::Node;
+use super::resp;
+use crate::kv::TierError;
+use crate::sync::{Arc, Mutex, Ordering, RwLock};
+
+/// Number of hash slots.
+pub(crate) const SLOTS: usize = 16384;
+/// The most nodes a tier keeps pools for (a cluster this large is out of scope).
+const MAX_NODES: usize = 1024;
+/// `owner` entry of an unassigned slot.
+const NONE: u16 = u16::MAX;
+
+/// CRC16/XMODEM's table (polynomial 0x1021), built at compile time.
+const CRC16_TABLE: [u16; 256] = {
+    let mut t = [0u16; 256];
+    let mut i = 0;
+    while i < 256 {
+        let mut crc = (i as u16) << 8;
+        let mut bit = 0;
+        while bit < 8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+            bit += 1;
+        }
+        t[i] = crc;
+        i += 1;
+    }
+    t
+};
+
+/// CRC16/XMODEM (polynomial 0x1021, initial 0), the checksum Redis Cluster hashes keys with.
+pub(crate) fn crc16(data: &[u8]) -> u16 {
+    data.iter().fold(0u16, |crc, &b| {
+        (crc << 8) ^ CRC16_TABLE[usize::from((crc >> 8) as u8 ^ b)]
+    })
+}
+
+/// The hash slot of `key`: of the part between the first `{` and the next `}` if that part
+/// is non-empty (a hash tag), else of the whole key.
+pub(crate) fn key_slot(key: &[u8]) -> u16 {
+    let hashed = key
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            rest.iter()
+                .position(|&b| b == b'}')
+                .filter(|&close| close > 0)
+                .map(|close| &rest[..close])
+        })
+        .unwrap_or(key);
+    crc16(hashed) % SLOTS as u16
+}
+
+/// Slot ranges and their primary's address, from a `CLUSTER SLOTS` reply. An empty or `?`
+/// host means "the node you asked" (`queried`).
+pub(crate) fn parse_slots(
+    v: &Value,
+    queried: &NodeAddr,
+) -> Result<Vec<(u16, u16, NodeAddr)>, String> {
+    let Value::Array(ranges) = v else {
+        return Err(format!("CLUSTER SLOTS: not an array: {}", resp::kind(v)));
+    };
+    let mut out = Vec::with_capacity(ranges.len());
+    for r in ranges {
+        let Value::Array(fields) = r else {
+            return Err("CLUSTER SLOTS: a range is not an array".into());
+        };
+        let (Some(Value::Int(start)), Some(Value::Int(end)), Some(Value::Array(primary))) =
+            (fields.first(), fields.get(1), fields.get(2))
+        else {
+            return Err("CLUSTER SLOTS: a range lacks start, end or primary".into());
+        };
+        let (start, end) = match (u16::try_from(*start), u16::try_from(*end)) {
+            (Ok(s), Ok(e)) if s <= e && usize::from(e) < SLOTS => (s, e),
+            _ => return Err("CLUSTER SLOTS: slot range out of 0..16384".into()),
+        };
+        let host = match primary.first() {
+            Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+            Some(Value::SimpleString(s)) => s.clone(),
+            _ => return Err("CLUSTER SLOTS: primary has no host".into()),
+        };
+        let port = match primary.get(1) {
+            Some(Value::Int(p)) => u16::try_from(*p).ok().filter(|&p| p != 0),
+            _ => None,
+        }
+        .ok_or("CLUSTER SLOTS: primary has no valid port")?;
+        let host = if host.is_empty() || host == "?" {
+            queried.host.clone()
+        } else {
+            host
+        };
+        out.push((start, end, NodeAddr { host, port }));
+    }
+    Ok(out)
+}
+
+/// Which node owns each slot, at one generation of the map.
+pub(crate) struct SlotMap {
+    /// Index into `nodes` per slot, or [`NONE`].
+    owner: Vec<u16>,
+    nodes: Vec<Arc<Node>>,
+    generation: u64,
+}
+
+impl SlotMap {
+    fn empty() -> SlotMap {
+        SlotMap {
+            owner: vec![NONE; SLOTS],
+            nodes: Vec::new(),
+            generation: 0,
+        }
+    }
+
+    /// The node owning `slot`, if the map knows one.
+    pub fn node_for(&self, slot: u16) -> Option<&Arc<Node>> {
+        let i = *self.owner.get(usize::from(slot))?;
+        self.nodes.get(usize::from(i))
+    }
+
+    /// The map's generation (bumped by every refresh).
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// The nodes owning at least one slot.
+    pub fn nodes(&self) -> &[Arc<Node>] {
+        &self.nodes
+    }
+}
+
+/// Makes the node (client and pool) for an address.
+pub(crate) type MakeNode = Box<dyn Fn(&NodeAddr) -> Result<Node, String> + Send + Sync>;
+
+/// A cluster's seeds, slot map and node registry.
+pub(crate) struct Cluster {
+    seeds: Vec<NodeAddr>,
+    make: MakeNode,
+    registry: Mutex<BTreeMap<NodeAddr, Arc<Node>>>,
+    map: RwLock<Arc<SlotMap>>,
+    /// Serialises refreshes; holds nothing.
+    refreshing: Mutex<()>,
+    shared: Arc<super::node::Shared>,
+}
+
+impl Cluster {
+    /// A cluster reached through `seeds`; learns its map on first use.
+    pub fn new(seeds: Vec<NodeAddr>, make: MakeNode, shared: Arc<super::node::Shared>) -> Cluster {
+        Cluster {
+            seeds,
+            make,
+            registry: Mutex::new(BTreeMap::new()),
+            map: RwLock::new(Arc::new(SlotMap::empty())),
+            refreshing: Mutex::new(()),
+            shared,
+        }
+    }
+
+    /// The current map.
+    pub fn map(&self) -> Arc<SlotMap> {
+        Arc::clone(&self.map.read())
+    }
+
+    /// Every node the tier keeps a pool for.
+    pub fn registered(&self) -> Vec<Arc<Node>> {
+        self.registry.lock().values().cloned().collect()
+    }
+
+    /// The node at `addr` (created on first use).
+    pub fn node(&self, addr: &NodeAddr) -> Result<Arc<Node>, TierError> {
+        let mut reg = self.registry.lock();
+        if let Some(n) = reg.get(addr) {
+            return Ok(Arc::clone(n));
+        }
+        if reg.len() >= MAX_NODES {
+            return Err(TierError::Unavailable(format!(
+                "cluster: more than {MAX_NODES} nodes"
+            )));
+        }
+        let node = Arc::new((self.make)(addr).map_err(TierError::Unavailable)?);
+        reg.insert(addr.clone(), Arc::clone(&node));
+        Ok(node)
+    }
+
+    /// Reloads the slot map from the first node (of the current map, then the seeds) that
+    /// answers `CLUSTER SLOTS` with at least one range. Does nothing if the map's generation
+    /// is no longer `seen` (another caller refreshed it meanwhile).
+    pub fn refresh(&self, seen: u64) -> Result<(), TierError> {
+        let _one_at_a_time = self.refreshing.lock();
+        let current = self.map();
+        if current.generation != seen {
+            return Ok(());
+        }
+        self.shared
+            .counters
+            .slot_refreshes
+            .fetch_add(1, Ordering::Relaxed);
+        let mut candidates: Vec<NodeAddr> = current.nodes.iter().map(|n| n.addr.clone()).collect();
+        for s in &self.seeds {
+            if !candidates.contains(s) {
+                candidates.push(s.clone());
+            }
+        }
+        let packed = resp::pack(&[&[b"CLUSTER", b"SLOTS"]]);
+        let mut last = TierError::Unavailable("cluster: no seed node".into());
+        for addr in candidates {
+            let answer = self
+                .node(&addr)
+                .and_then(|n| n.request(&packed, 1))
+                .and_then(|replies| {
+                    let v = replies.first().ok_or_else(|| {
+                        TierError::Unavailable(format!("{addr}: no reply to CLUSTER SLOTS"))
+                    })?;
+                    if let Some(e) = resp::error_text(v) {
+                        return Err(TierError::Unavailable(
+                            self.shared.redactor.clean(&format!("{addr}: {e}")),
+                        ));
+                    }
+                    parse_slots(v, &addr)
+                        .map_err(|e| TierError::Unavailable(format!("{addr}: {e}")))
+                });
+            match answer {
+                Ok(ranges) if !ranges.is_empty() => return self.install(ranges, seen),
+                Ok(_) => last = TierError::Unavailable(format!("{addr}: no slots assigned")),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    fn install(&self, ranges: Vec<(u16, u16, NodeAddr)>, seen: u64) -> Result<(), TierError> {
+        let mut map = SlotMap::empty();
+        map.generation = seen + 1;
+        for (start, end, addr) in ranges {
+            let idx = match map.nodes.iter().position(|n| n.addr == addr) {
+                Some(i) => i,
+                None => {
+                    map.nodes.push(self.node(&addr)?);
+                    map.nodes.len() - 1
+                }
+            };
+            let idx = u16::try_from(idx)
+                .map_err(|_| TierError::Unavailable("cluster: too many nodes".into()))?;
+            for slot in start..=end {
+                map.owner[usize::from(slot)] = idx;
+            }
+        }
+        // Forget nodes that are neither seeds nor owners (dropping their idle connections).
+        self.registry
+            .lock()
+            .retain(|a, _| self.seeds.contains(a) || map.nodes.iter().any(|n| &n.addr == a));
+        *self.map.write() = Arc::new(map);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crc16_matches_the_cluster_spec() {
+        // The Redis Cluster specification's test vector.
+        assert_eq!(crc16(b"123456789"), 0x31C3);
+        assert_eq!(crc16(b""), 0);
+    }
+
+    #[test]
+    fn key_slot_follows_the_hash_tag_rule() {
+        // Values from `CLUSTER KEYSLOT` on Redis 7.
+        assert_eq!(key_slot(b"foo"), 12182);
+        assert_eq!(key_slot(b"bar"), 5061);
+        assert_eq!(key_slot(b"{user1000}.following"), key_slot(b"user1000"));
+        assert_eq!(
+            key_slot(b"{user1000}.followers"),
+            key_slot(b"{user1000}.following")
+        );
+        // Empty tag, or no closing brace: the whole key.
+        assert_eq!(key_slot(b"foo{}{bar}"), crc16(b"foo{}{bar}") % 16384);
+        assert_eq!(key_slot(b"foo{bar"), crc16(b"foo{bar") % 16384);
+        assert_eq!(key_slot(b"foo{{bar}}zap"), crc16(b"{bar") % 16384);
+    }
+
+    #[test]
+    fn parse_slots_reads_ranges_and_fills_unknown_hosts() {
+        let q = NodeAddr {
+            host: "10.0.0.9".into(),
+            port: 1,
+        };
+        let node = |h: &str, p: i64| {
+            Value::Array(vec![
+                Value::BulkString(h.as_bytes().to_vec()),
+                Value::Int(p),
+                Value::BulkString(b"id".to_vec()),
+            ])
+        };
+        let v = Value::Array(vec![
+            Value::Array(vec![
+                Value::Int(0),
+                Value::Int(5460),
+                node("127.0.0.1", 7000),
+            ]),
+            Value::Array(vec![
+                Value::Int(5461),
+                Value::Int(16383),
+                node("", 7001),
+                node("x", 1),
+            ]),
+        ]);
+        let r = parse_slots(&v, &q).unwrap();
+        assert_eq!(r.len(), 2);
+        assert_eq!(
+            (r[0].0, r[0].1, r[0].2.to_string().as_str()),
+            (0, 5460, "127.0.0.1:7000")
+        );
+        assert_eq!(
+            (r[1].0, r[1].1, r[1].2.to_string().as_str()),
+            (5461, 16383, "10.0.0.9:7001")
+        );
+        let bad = Value::Array(vec![Value::Array(vec![
+            Value::Int(0),
+            Value::Int(16384),
+            node("h", 1),
+        ])]);
+        assert!(parse_slots(&bad, &q).is_err());
+        assert!(parse_slots(&Value::Nil, &q).is_err());
+    }
+}

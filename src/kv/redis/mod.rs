@@ -1,0 +1,580 @@
+//! [`RedisTier`]: a [`Tier`] on a Redis server or a Redis Cluster (feature `redis`), and
+//! [`LocalRedis`] / [`LocalCluster`], which own local `redis-server` processes for tests,
+//! benchmarks and the stress tool.
+//!
+//! * `config` — [`RedisConfig`]: URL parsing, settings, credential redaction;
+//! * `pool` — a bounded connection pool per node, with the node's reconnect backoff;
+//! * `node` — one server: its client and pool, one pipeline per request;
+//! * `cluster` — hash slots, the `CLUSTER SLOTS` map, MOVED/ASK;
+//! * `resp` — command packing;
+//! * `server` — [`LocalRedis`], [`LocalCluster`].
+//!
+//! # Keys and values
+//!
+//! A chunk is stored as one Redis string under `kvsched:<tag>:<key as 32 hex digits>`, its
+//! value written by one `SET` (so a key never holds part of a value). The tag (see
+//! [`RedisConfig::tag`]) carries no braces, so in a cluster the keys of one load hash to slots
+//! all over the cluster: a call groups its keys by node and sends **one pipeline per node it
+//! touches** (`GET`s, `EXISTS`es or `SET`s, one per key, in one write and one read), never one
+//! round trip per key. Nodes are visited one after the other; the [`CancelToken`] is checked
+//! before each node's pipeline.
+//!
+//! # Failures
+//!
+//! * A node that fails (refused, reset, timed out, bad reply) is *down* for a backoff delay
+//!   (from [`RedisConfig::backoff`]'s initial delay, doubling per consecutive failure, capped):
+//!   a call that needs it in that time fails at once with [`TierError::Unavailable`], without
+//!   connecting. The next call after the delay reconnects. A pooled connection found stale
+//!   (the server restarted since it was used) is dropped with the node's other idle ones and
+//!   the pipeline resent once on a fresh connection.
+//! * Timeouts: connect ([`RedisConfig::connect_timeout`]), each socket read or write
+//!   ([`RedisConfig::io_timeout`]), waiting for a pooled connection
+//!   ([`RedisConfig::checkout_timeout`]). Nothing a call does blocks longer than these.
+//! * Cluster: `MOVED` refreshes the slot map and resends to the named node; `ASK` resends
+//!   once to the importing node after `ASKING`; at most [`RedisConfig::max_redirects`]
+//!   rounds per call.
+//! * `OOM` (maxmemory reached with a `noeviction` policy) is [`TierError::Refused`]. With an
+//!   evicting policy (`allkeys-lru`) keys vanish instead, and `get` answers `None` for them.
+//! * A key holding something other than a string (written by someone else) reads as `None`.
+//!
+//! Error texts name the node (`host:port`) and never contain the credentials.
+//!
+//! # Limits
+//!
+//! A call's requests and replies are held in memory whole: a `get` of `n` keys holds the `n`
+//! values it returns (Redis caps a value at 512 MiB; [`RedisConfig::max_value_bytes`] caps
+//! what `put` sends). TLS uses rustls with the ring provider: building a tier with TLS installs
+//! ring as rustls's process-wide default provider unless one is installed already.
+
+mod cluster;
+mod config;
+mod node;
+mod pool;
+mod resp;
+mod server;
+
+use ::redis::Value;
+
+use self::cluster::{key_slot, Cluster, SlotMap};
+use self::config::NodeAddr;
+use self::node::{Node, Shared};
+use crate::connector::CancelToken;
+use crate::kv::{ChunkKey, Tier, TierError};
+use crate::sync::{Arc, AtomicU64, Ordering};
+
+pub use self::config::{ConfigError, RedisConfig, MAX_SEEDS, MAX_TAG_LEN};
+pub use self::server::{
+    redis_server_on_path, LocalCluster, LocalRedis, LocalRedisOptions, ServerError,
+};
+
+/// Counters a tier keeps (all Relaxed: they are statistics, read without ordering).
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub round_trips: AtomicU64,
+    pub connects: AtomicU64,
+    pub connect_failures: AtomicU64,
+    pub redirects: AtomicU64,
+    pub slot_refreshes: AtomicU64,
+}
+
+/// What a [`RedisTier`] has done so far (totals since it was built).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RedisStats {
+    /// Pipelines sent and answered or failed (each is one round trip to one node), the
+    /// cluster's `CLUSTER SLOTS` and [`RedisTier::check`]'s `PING`s included.
+    pub round_trips: u64,
+    /// Connection attempts.
+    pub connects: u64,
+    /// Connection attempts that failed (refused, timed out, TLS or AUTH refused).
+    pub connect_failures: u64,
+    /// Keys resent after a `MOVED` or `ASK` reply.
+    pub redirects: u64,
+    /// Slot map reloads (`CLUSTER SLOTS`), the first one included.
+    pub slot_refreshes: u64,
+    /// Connections open now, over all nodes (at most the pool size per node).
+    pub connections: u64,
+}
+
+enum Topology {
+    Single(Arc<Node>),
+    Cluster(Cluster),
+}
+
+/// A [`Tier`] on Redis: one server, or a Redis Cluster. See the [module docs](self) for the
+/// key layout, batching, failure handling and limits.
+///
+/// Cheap to share (`Arc`) between worker threads; every call is independent. Connections
+/// are made lazily, so building a tier never waits for a server ([`check`](Self::check)
+/// connects eagerly).
+pub struct RedisTier {
+    config: RedisConfig,
+    shared: Arc<Shared>,
+    topology: Topology,
+    /// `kvsched:<tag>:`
+    prefix: Vec<u8>,
+    /// The `SET` options after the value (`PX <ms>`), if a TTL is set.
+    ttl_ms: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for RedisTier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisTier")
+            .field("config", &self.config)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+/// What a call does to each key.
+#[derive(Clone, Copy)]
+enum Op<'a> {
+    Exists,
+    Get,
+    Put(&'a [(ChunkKey, Vec<u8>)]),
+}
+
+/// One node's share of a round: key indices, each with whether it goes after `ASKING`.
+type Group = Vec<(usize, bool)>;
+
+/// Where a pending key goes in the next round.
+enum Target {
+    /// The owner of its slot by the current map.
+    Slot,
+    /// The node a `MOVED` named.
+    Moved(NodeAddr),
+    /// The node an `ASK` named (sent after `ASKING`).
+    Ask(NodeAddr),
+}
+
+impl RedisTier {
+    /// A tier for `config` (checked here; the CA certificate file, if any, is read here). No
+    /// connection is made until the first call.
+    pub fn new(config: RedisConfig) -> Result<RedisTier, ConfigError> {
+        config.validate()?;
+        let root_pem = match &config.ca_cert {
+            Some(path) => {
+                let pem = std::fs::read(path).map_err(|e| ConfigError::CaCert {
+                    path: path.clone(),
+                    problem: e.to_string(),
+                })?;
+                if !pem.windows(27).any(|w| w == b"-----BEGIN CERTIFICATE-----") {
+                    return Err(ConfigError::CaCert {
+                        path: path.clone(),
+                        problem: "no PEM certificate in the file".into(),
+                    });
+                }
+                Some(pem)
+            }
+            None => None,
+        };
+        if config.tls {
+            // Err means a provider is installed already: that one is used.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
+        let shared = Arc::new(Shared {
+            connect_timeout: config.connect_timeout,
+            io_timeout: config.io_timeout,
+            redactor: config.redactor(),
+            counters: Counters::default(),
+        });
+        let make = {
+            let cfg = config.clone();
+            let shared = Arc::clone(&shared);
+            move |addr: &NodeAddr| -> Result<Node, String> {
+                let client = node::client_for(addr, &cfg, root_pem.as_deref())
+                    .map_err(|e| shared.redactor.clean(&format!("{addr}: {e}")))?;
+                Ok(Node::new(addr.clone(), client, &cfg, Arc::clone(&shared)))
+            }
+        };
+        // The first seed's client is built now, so a CA file rustls cannot use is refused here.
+        let first = config.seeds.first().ok_or(ConfigError::Url("no host"))?;
+        let first = make(first).map_err(|problem| ConfigError::CaCert {
+            path: config.ca_cert.clone().unwrap_or_default(),
+            problem,
+        })?;
+        let topology = if config.cluster {
+            Topology::Cluster(Cluster::new(
+                config.seeds.clone(),
+                Box::new(make),
+                Arc::clone(&shared),
+            ))
+        } else {
+            Topology::Single(Arc::new(first))
+        };
+        let mut prefix = b"kvsched:".to_vec();
+        prefix.extend_from_slice(config.tag.as_bytes());
+        prefix.push(b':');
+        let ttl_ms = config.ttl.map(|t| {
+            let mut b = Vec::new();
+            resp::push_decimal(&mut b, usize::try_from(t.as_millis()).unwrap_or(usize::MAX));
+            b
+        });
+        Ok(RedisTier {
+            config,
+            shared,
+            topology,
+            prefix,
+            ttl_ms,
+        })
+    }
+
+    /// The configuration (credentials hidden from its `Debug`).
+    pub fn config(&self) -> &RedisConfig {
+        &self.config
+    }
+
+    /// Totals since the tier was built.
+    pub fn stats(&self) -> RedisStats {
+        let c = &self.shared.counters;
+        RedisStats {
+            round_trips: c.round_trips.load(Ordering::Relaxed),
+            connects: c.connects.load(Ordering::Relaxed),
+            connect_failures: c.connect_failures.load(Ordering::Relaxed),
+            redirects: c.redirects.load(Ordering::Relaxed),
+            slot_refreshes: c.slot_refreshes.load(Ordering::Relaxed),
+            connections: match &self.topology {
+                Topology::Single(n) => n.connections() as u64,
+                Topology::Cluster(c) => c.registered().iter().map(|n| n.connections() as u64).sum(),
+            },
+        }
+    }
+
+    /// The Redis key a chunk is stored under: `kvsched:<tag>:<32 hex digits>`.
+    pub fn redis_key(&self, key: ChunkKey) -> Vec<u8> {
+        let mut k = Vec::with_capacity(self.prefix.len() + 32);
+        k.extend_from_slice(&self.prefix);
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        // The key's `Display`: 32 lowercase hex digits, most significant first.
+        k.extend(
+            (0..32)
+                .rev()
+                .map(|i| HEX[((key.0 >> (4 * i)) & 0xf) as usize]),
+        );
+        k
+    }
+
+    /// Connects to every node (for a cluster: loads the slot map first) and `PING`s it; the
+    /// first failure is returned. Subject to the same backoff as other calls.
+    pub fn check(&self) -> Result<(), TierError> {
+        let ping = resp::pack(&[&[b"PING"]]);
+        let nodes: Vec<Arc<Node>> = match &self.topology {
+            Topology::Single(n) => vec![Arc::clone(n)],
+            Topology::Cluster(c) => {
+                let map = c.map();
+                if map.nodes().is_empty() {
+                    c.refresh(map.generation())?;
+                }
+                c.map().nodes().to_vec()
+            }
+        };
+        for n in nodes {
+            let r = n.request(&ping, 1)?;
+            if let Some(e) = r.first().and_then(resp::error_text) {
+                return Err(TierError::Unavailable(
+                    self.shared.redactor.clean(&format!("{}: {e}", n.addr)),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The node for a key in a round: by slot (refreshing an empty cluster map), or the
+    /// redirect's node.
+    fn target_node(
+        &self,
+        map: &mut Option<Arc<SlotMap>>,
+        slot: u16,
+        target: &Target,
+    ) -> Result<Arc<Node>, TierError> {
+        let cluster = match &self.topology {
+            Topology::Single(n) => return Ok(Arc::clone(n)),
+            Topology::Cluster(c) => c,
+        };
+        match target {
+            Target::Moved(a) | Target::Ask(a) => cluster.node(a),
+            Target::Slot => {
+                let m = map.get_or_insert_with(|| cluster.map());
+                if let Some(n) = m.node_for(slot) {
+                    return Ok(Arc::clone(n));
+                }
+                let seen = m.generation();
+                cluster.refresh(seen)?;
+                let m = map.insert(cluster.map());
+                m.node_for(slot).cloned().ok_or_else(|| {
+                    TierError::Unavailable(format!("cluster: slot {slot} has no node"))
+                })
+            }
+        }
+    }
+
+    /// Runs `op` on `keys`: rounds of one pipeline per node until every key has a reply
+    /// that is not a redirect. Returns each key's reply, in order.
+    fn run(
+        &self,
+        keys: &[ChunkKey],
+        op: Op<'_>,
+        cancel: Option<&CancelToken>,
+    ) -> Result<Vec<Value>, TierError> {
+        let names: Vec<Vec<u8>> = keys.iter().map(|&k| self.redis_key(k)).collect();
+        // Slots matter only to a cluster.
+        let slots: Vec<u16> = match self.topology {
+            Topology::Cluster(_) => names.iter().map(|n| key_slot(n)).collect(),
+            Topology::Single(_) => vec![0; names.len()],
+        };
+        let mut out: Vec<Value> = vec![Value::Nil; keys.len()];
+        let mut pending: Vec<(usize, Target)> =
+            (0..keys.len()).map(|i| (i, Target::Slot)).collect();
+        let mut rounds = 0u32;
+        while !pending.is_empty() {
+            if rounds > self.config.max_redirects {
+                return Err(TierError::Unavailable(format!(
+                    "cluster: still redirected after {} redirects",
+                    self.config.max_redirects
+                )));
+            }
+            rounds += 1;
+            // Group by node, in order of first appearance.
+            let mut map = None;
+            let mut groups: Vec<(Arc<Node>, Group)> = Vec::new();
+            for (i, target) in pending.drain(..) {
+                let node = self.target_node(&mut map, slots[i], &target)?;
+                let asking = matches!(target, Target::Ask(_));
+                match groups.iter_mut().find(|(n, _)| Arc::ptr_eq(n, &node)) {
+                    Some((_, g)) => g.push((i, asking)),
+                    None => groups.push((node, vec![(i, asking)])),
+                }
+            }
+            let mut moved = false;
+            for (node, group) in groups {
+                if cancel.is_some_and(|c| c.is_cancelled()) {
+                    return Err(TierError::Cancelled);
+                }
+                let (packed, replies) = self.pack(op, &names, &group);
+                let values = node.request(&packed, replies)?;
+                let mut values = values.into_iter();
+                for &(i, asking) in &group {
+                    if asking {
+                        // The ASKING reply.
+                        if let Some(e) = values.next().as_ref().and_then(resp::error_text) {
+                            return Err(self.server_error(&node, &e, op));
+                        }
+                    }
+                    let v = values.next().ok_or_else(|| {
+                        TierError::Unavailable(format!("{}: missing reply", node.addr))
+                    })?;
+                    if let Some((ask, to)) = resp::redirect(&v) {
+                        if matches!(self.topology, Topology::Single(_)) {
+                            return Err(TierError::Unavailable(format!(
+                                "{}: redirected: the server is a cluster node (configure a \
+                                 cluster: several seeds or cluster=yes)",
+                                node.addr
+                            )));
+                        }
+                        self.shared
+                            .counters
+                            .redirects
+                            .fetch_add(1, Ordering::Relaxed);
+                        moved |= !ask;
+                        pending.push((
+                            i,
+                            if ask {
+                                Target::Ask(to)
+                            } else {
+                                Target::Moved(to)
+                            },
+                        ));
+                        continue;
+                    }
+                    match resp::error_text(&v) {
+                        // Someone else's non-string value under our key: not a chunk.
+                        Some(_)
+                            if matches!(op, Op::Get)
+                                && resp::error_code(&v) == Some("WRONGTYPE") => {}
+                        Some(e) => return Err(self.server_error(&node, &e, op)),
+                        None => out[i] = v,
+                    }
+                }
+            }
+            if moved {
+                if let Topology::Cluster(c) = &self.topology {
+                    // A failed refresh is not the call's failure: the MOVED targets are known.
+                    let _ = c.refresh(c.map().generation());
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The pipeline for `group` (indices into `names`, with `ASKING` first where set) and
+    /// the number of replies it gets.
+    fn pack(&self, op: Op<'_>, names: &[Vec<u8>], group: &[(usize, bool)]) -> (Vec<u8>, usize) {
+        let value_bytes: usize = match op {
+            Op::Put(chunks) => group.iter().map(|&(i, _)| chunks[i].1.len()).sum(),
+            _ => 0,
+        };
+        let mut buf = Vec::with_capacity(
+            value_bytes + group.len() * (self.prefix.len() + 32 + resp::overhead(5)),
+        );
+        let mut replies = 0;
+        for &(i, asking) in group {
+            if asking {
+                resp::push_command(&mut buf, &[b"ASKING"]);
+                replies += 1;
+            }
+            let name = names[i].as_slice();
+            match op {
+                Op::Exists => resp::push_command(&mut buf, &[b"EXISTS", name]),
+                Op::Get => resp::push_command(&mut buf, &[b"GET", name]),
+                Op::Put(chunks) => match &self.ttl_ms {
+                    Some(ms) => {
+                        resp::push_command(&mut buf, &[b"SET", name, &chunks[i].1, b"PX", ms])
+                    }
+                    None => resp::push_command(&mut buf, &[b"SET", name, &chunks[i].1]),
+                },
+            }
+            replies += 1;
+        }
+        (buf, replies)
+    }
+
+    fn server_error(&self, node: &Node, text: &str, op: Op<'_>) -> TierError {
+        let msg = self
+            .shared
+            .redactor
+            .clean(&format!("{}: {text}", node.addr));
+        if matches!(op, Op::Put(_)) && text.starts_with("OOM") {
+            TierError::Refused(msg)
+        } else {
+            TierError::Unavailable(msg)
+        }
+    }
+}
+
+impl Tier for RedisTier {
+    fn name(&self) -> &str {
+        "redis"
+    }
+
+    fn exists(&self, keys: &[ChunkKey], cancel: &CancelToken) -> Result<Vec<bool>, TierError> {
+        let replies = self.run(keys, Op::Exists, Some(cancel))?;
+        replies
+            .into_iter()
+            .map(|v| match v {
+                Value::Int(n) => Ok(n > 0),
+                other => Err(TierError::Unavailable(format!(
+                    "EXISTS answered {}",
+                    resp::kind(&other)
+                ))),
+            })
+            .collect()
+    }
+
+    fn get(
+        &self,
+        keys: &[ChunkKey],
+        cancel: &CancelToken,
+    ) -> Result<Vec<Option<Vec<u8>>>, TierError> {
+        let replies = self.run(keys, Op::Get, Some(cancel))?;
+        replies
+            .into_iter()
+            .map(|v| match v {
+                Value::BulkString(b) => Ok(Some(b)),
+                Value::Nil => Ok(None),
+                other => Err(TierError::Unavailable(format!(
+                    "GET answered {}",
+                    resp::kind(&other)
+                ))),
+            })
+            .collect()
+    }
+
+    fn put(&self, chunks: &[(ChunkKey, Vec<u8>)]) -> Result<(), TierError> {
+        if let Some((k, v)) = chunks
+            .iter()
+            .find(|(_, v)| v.len() > self.config.max_value_bytes)
+        {
+            return Err(TierError::Refused(format!(
+                "value of {k} is {} bytes, over max_value_bytes {}",
+                v.len(),
+                self.config.max_value_bytes
+            )));
+        }
+        let keys: Vec<ChunkKey> = chunks.iter().map(|(k, _)| *k).collect();
+        let replies = self.run(&keys, Op::Put(chunks), None)?;
+        for v in replies {
+            match v {
+                Value::Okay => {}
+                Value::SimpleString(s) if s == "OK" => {}
+                other => {
+                    return Err(TierError::Unavailable(format!(
+                        "SET answered {}",
+                        resp::kind(&other)
+                    )))
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_namespaced_by_tag_without_hash_tags() {
+        let t = RedisTier::new(RedisConfig::standalone("127.0.0.1:1").unwrap().tag("m:7")).unwrap();
+        let k = ChunkKey(0x0123_4567_89ab_cdef_0011_2233_4455_6677);
+        assert_eq!(
+            t.redis_key(k),
+            b"kvsched:m:7:0123456789abcdef0011223344556677".to_vec()
+        );
+        // Keys of one model spread over slots (no `{...}` hash tag pins them to one).
+        let slots: std::collections::BTreeSet<u16> = (0..64u128)
+            .map(|i| key_slot(&t.redis_key(ChunkKey::chain(ChunkKey(i), 1, 0, &[1]))))
+            .collect();
+        assert!(slots.len() > 32, "{}", slots.len());
+    }
+
+    #[test]
+    fn empty_calls_make_no_round_trip_and_big_values_are_refused() {
+        let t = RedisTier::new(
+            RedisConfig::standalone("127.0.0.1:1")
+                .unwrap()
+                .max_value_bytes(4),
+        )
+        .unwrap();
+        let c = CancelToken::new();
+        assert_eq!(t.get(&[], &c).unwrap(), Vec::<Option<Vec<u8>>>::new());
+        assert_eq!(t.exists(&[], &c).unwrap(), Vec::<bool>::new());
+        t.put(&[]).unwrap();
+        assert!(matches!(
+            t.put(&[(ChunkKey(1), vec![0; 5])]),
+            Err(TierError::Refused(_))
+        ));
+        assert_eq!(t.stats(), RedisStats::default());
+    }
+
+    #[test]
+    fn a_cancelled_token_stops_before_the_first_pipeline() {
+        let t = RedisTier::new(RedisConfig::standalone("127.0.0.1:1").unwrap()).unwrap();
+        let c = CancelToken::new();
+        c.cancel();
+        assert!(matches!(
+            t.get(&[ChunkKey(1)], &c),
+            Err(TierError::Cancelled)
+        ));
+        assert_eq!(t.stats().round_trips, 0);
+    }
+
+    #[test]
+    fn a_missing_ca_file_is_a_config_error() {
+        let cfg = RedisConfig::from_url("rediss://127.0.0.1:1?ca=/nonexistent/ca.pem").unwrap();
+        match RedisTier::new(cfg) {
+            Err(ConfigError::CaCert { path, .. }) => {
+                assert_eq!(path, std::path::Path::new("/nonexistent/ca.pem"))
+            }
+            other => panic!("{:?}", other.err()),
+        }
+    }
+}

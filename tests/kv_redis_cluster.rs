@@ -1,0 +1,186 @@
+//! The Redis tier against a real 3-node Redis Cluster (`redis-cli --cluster create`, no
+//! replicas) that each test starts for itself on free loopback ports and stops on drop.
+//! Without `redis-server`/`redis-cli` on PATH the tests say so and pass, unless `CI` is set.
+
+mod redis_common;
+
+use std::time::Duration;
+
+use kvsched::connector::CancelToken;
+use kvsched::kv::redis::{LocalCluster, RedisConfig, RedisTier};
+use kvsched::kv::{ChunkKey, Tier, TierError};
+use redis_common::{chunks, eventually, info_field, missing};
+
+fn cluster() -> Option<LocalCluster> {
+    if missing("redis-server") || missing("redis-cli") {
+        return None;
+    }
+    Some(LocalCluster::start(3).expect("start a 3-node cluster"))
+}
+
+fn name(t: &RedisTier, k: ChunkKey) -> String {
+    String::from_utf8(t.redis_key(k)).unwrap()
+}
+
+#[test]
+fn a_load_spans_all_nodes_with_one_pipeline_per_node() {
+    let Some(c) = cluster() else { return };
+    // One seed is enough: the tier learns the other nodes from CLUSTER SLOTS.
+    let t = RedisTier::new(RedisConfig::cluster(&c.seeds()[..1]).unwrap().tag("m")).unwrap();
+    assert!(t.config().is_cluster());
+    let cancel = CancelToken::new();
+    let data = chunks(20, 48, 16 << 10);
+    let keys: Vec<ChunkKey> = data.iter().map(|c| c.0).collect();
+    t.put(&data).unwrap();
+
+    // The keys landed on every node, each exactly once.
+    let per_node: Vec<u64> = c
+        .nodes()
+        .iter()
+        .map(|n| n.query(&["DBSIZE"]).unwrap().parse().unwrap())
+        .collect();
+    assert!(per_node.iter().all(|&k| k > 0), "{per_node:?}");
+    assert_eq!(per_node.iter().sum::<u64>(), keys.len() as u64);
+
+    for n in c.nodes() {
+        n.query(&["CONFIG", "RESETSTAT"]).unwrap();
+    }
+    let before = t.stats();
+    let got = t.get(&keys, &cancel).unwrap();
+    let after = t.stats();
+    assert_eq!(
+        got,
+        data.iter()
+            .map(|(_, v)| Some(v.clone()))
+            .collect::<Vec<_>>()
+    );
+    // One round trip per node, no redirects, no refresh (the map was loaded by the put).
+    assert_eq!(after.round_trips - before.round_trips, 3);
+    assert_eq!(after.redirects, before.redirects);
+    assert_eq!(after.slot_refreshes, before.slot_refreshes);
+    // Each node served a GET for each of its keys and nothing else of ours.
+    for (n, &k) in c.nodes().iter().zip(&per_node) {
+        let stats = n.query(&["INFO", "commandstats"]).unwrap();
+        let gets = stats
+            .lines()
+            .find_map(|l| l.strip_prefix("cmdstat_get:calls="))
+            .and_then(|r| r.split(',').next())
+            .and_then(|v| v.parse::<u64>().ok());
+        assert_eq!(gets, Some(k), "{}: {stats}", n.addr());
+        assert_eq!(info_field(&stats, "cmdstat_mget"), None);
+    }
+
+    let before = t.stats().round_trips;
+    let mut probe = keys.clone();
+    probe.push(ChunkKey(12345));
+    let mut want = vec![true; keys.len()];
+    want.push(false);
+    assert_eq!(t.exists(&probe, &cancel).unwrap(), want);
+    assert!(t.stats().round_trips - before <= 3);
+
+    // A cancelled token stops the call before the first node's pipeline.
+    let fired = CancelToken::new();
+    fired.cancel();
+    let before = t.stats().round_trips;
+    assert!(matches!(t.get(&keys, &fired), Err(TierError::Cancelled)));
+    assert_eq!(t.stats().round_trips, before);
+}
+
+/// The node (index) that owns `key`'s slot: the one that answers `EXISTS` without a redirect.
+fn owner(c: &LocalCluster, key: &str) -> usize {
+    let owners: Vec<usize> = (0..c.nodes().len())
+        .filter(|&i| c.nodes()[i].query(&["EXISTS", key]).is_ok())
+        .collect();
+    assert_eq!(owners.len(), 1, "{key}: owners {owners:?}");
+    owners[0]
+}
+
+#[test]
+fn ask_during_a_slot_migration_and_moved_after_it() {
+    let Some(c) = cluster() else { return };
+    let t = RedisTier::new(RedisConfig::from_url(&c.url()).unwrap()).unwrap();
+    let cancel = CancelToken::new();
+    let data = chunks(21, 1, 1000);
+    let key = data[0].0;
+    t.put(&data).unwrap();
+    let k = name(&t, key);
+    let slot = c.nodes()[0].query(&["CLUSTER", "KEYSLOT", &k]).unwrap();
+    let src = owner(&c, &k);
+    let dst = (src + 1) % 3;
+    let id = |i: usize| c.nodes()[i].query(&["CLUSTER", "MYID"]).unwrap();
+    let (src_id, dst_id) = (id(src), id(dst));
+    let (s, d) = (&c.nodes()[src], &c.nodes()[dst]);
+    d.query(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &src_id])
+        .unwrap();
+    s.query(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &dst_id])
+        .unwrap();
+    let port = d.port().to_string();
+    s.query(&["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS", &k])
+        .unwrap();
+
+    // Mid-migration: the source answers ASK, the tier asks the importing node.
+    let before = t.stats();
+    assert_eq!(
+        t.get(&[key], &cancel).unwrap(),
+        vec![Some(data[0].1.clone())]
+    );
+    let mid = t.stats();
+    assert_eq!(mid.redirects - before.redirects, 1);
+    assert_eq!(
+        mid.slot_refreshes, before.slot_refreshes,
+        "ASK does not reload the map"
+    );
+
+    // Migration done (every node told): the old owner answers MOVED; the map is reloaded.
+    for n in c.nodes() {
+        n.query(&["CLUSTER", "SETSLOT", &slot, "NODE", &dst_id])
+            .unwrap();
+    }
+    assert_eq!(
+        t.get(&[key], &cancel).unwrap(),
+        vec![Some(data[0].1.clone())]
+    );
+    let after = t.stats();
+    assert_eq!(after.redirects - mid.redirects, 1);
+    assert_eq!(after.slot_refreshes - mid.slot_refreshes, 1);
+    // With the new map: straight to the new owner.
+    assert_eq!(t.exists(&[key], &cancel).unwrap(), vec![true]);
+    assert_eq!(t.stats().redirects, after.redirects);
+    assert_eq!(owner(&c, &k), dst);
+}
+
+#[test]
+fn a_cluster_node_restart_fails_calls_fast_and_they_recover() {
+    let Some(mut c) = cluster() else { return };
+    let t = RedisTier::new(
+        RedisConfig::from_url(&c.url())
+            .unwrap()
+            .backoff(Duration::from_millis(20), Duration::from_millis(200)),
+    )
+    .unwrap();
+    let cancel = CancelToken::new();
+    let data = chunks(22, 30, 1000);
+    let keys: Vec<ChunkKey> = data.iter().map(|c| c.0).collect();
+    t.put(&data).unwrap();
+    let node = c.node_mut(1).unwrap();
+    node.stop();
+    // A load that touches the stopped node fails as a whole, as unavailable.
+    for _ in 0..5 {
+        assert!(matches!(
+            t.get(&keys, &cancel),
+            Err(TierError::Unavailable(_))
+        ));
+    }
+    node.restart().unwrap();
+    // The node rejoins with its slots (nodes.conf) and no data: its keys read as None.
+    let got = eventually("cluster recovers", Duration::from_secs(30), || {
+        t.get(&keys, &cancel).ok()
+    });
+    let held = got.iter().filter(|v| v.is_some()).count();
+    assert!(held > 0 && held < keys.len(), "{held}");
+    for (g, (_, v)) in got.iter().zip(&data) {
+        if let Some(g) = g {
+            assert_eq!(g, v);
+        }
+    }
+}
