@@ -34,11 +34,11 @@ mod key;
 mod key_index;
 mod kv_memory;
 mod memory;
+#[cfg(all(feature = "redis", not(kvsched_loom)))]
+pub mod redis;
 #[cfg(not(kvsched_loom))]
 mod saver;
 mod sim_tier;
-#[cfg(all(feature = "redis", not(kvsched_loom)))]
-pub mod redis;
 mod tier;
 
 pub use chunk::{
