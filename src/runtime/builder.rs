@@ -214,6 +214,7 @@ impl Builder {
             panicked: None,
             last_samplers: Default::default(),
             last_sync: Vec::new(),
+            loads_sent: 0,
         })
     }
 

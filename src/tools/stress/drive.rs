@@ -165,6 +165,9 @@ impl<'a, S: Scheduler> Engine<'a, S> {
                 return false;
             }
             self.cancel_due();
+            if self.cfg.lockstep {
+                self.settle();
+            }
             let plan = match self.step() {
                 Ok(plan) => plan,
                 Err(e) => {
@@ -268,6 +271,15 @@ impl<'a, S: Scheduler> Engine<'a, S> {
                     self.sched.cancel(&id);
                 }
             }
+        }
+    }
+
+    /// `--lockstep`: waits until every asynchronous load dispatched so far has delivered its
+    /// completion (at most until the run's `--duration` is up), so the next step takes them
+    /// all.
+    fn settle(&self) {
+        while self.sched.loads_in_flight() > 0 && self.start.elapsed() < self.duration {
+            std::thread::sleep(Duration::from_micros(20));
         }
     }
 

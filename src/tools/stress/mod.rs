@@ -100,8 +100,10 @@ pub use progress::{terminal_progress, Progress};
 pub use render::{render_human, render_json};
 pub use report::StressReport;
 pub use values::BaselineKind;
-// Named by the tools' tests (`crate::tools::stress::{Preset, Rate}`); nothing else outside
+// Named by the tools' tests (`crate::tools::stress::{Preset, Rate, Scheduler}`); nothing else outside
 // this module does.
+#[cfg(test)]
+pub use scheduler::Scheduler;
 #[cfg(test)]
 pub use values::{Preset, Rate};
 
