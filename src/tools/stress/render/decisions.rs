@@ -52,8 +52,11 @@ pub(super) fn causes(report: &StressReport) -> Vec<String> {
     }
     if !c.lockstep && k.loads.ok + k.loads.failed > 0 {
         why.push(format!(
-            "completion timing: loads run on worker threads ({}–{} µs each) and a completion is taken by whichever step follows its delivery, so each scheduler sees some completions in other steps (--lockstep waits for every load before each step)",
-            c.load_latency_us.min_us, c.load_latency_us.max_us
+            "completion timing: loads run on worker threads ({}) and a completion is taken by whichever step follows its delivery, so each scheduler sees some completions in other steps (--lockstep waits for every load before each step)",
+            match (c.load_latency_us.min_us, c.load_latency_us.max_us) {
+                (0, 0) => "instant ones too".to_owned(),
+                (lo, hi) => format!("{lo}–{hi} µs each"),
+            }
         ));
     }
     let e = &k.events;
