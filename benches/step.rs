@@ -8,21 +8,14 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use kvsched::connector::SplitMix64;
+use kvsched::sim::SimEngine;
 use kvsched::{Runtime, StepOutput, StepPlan, SubmitRequest};
 
 const PROMPT_TOKENS: usize = 64;
 
+/// The engine's answer to `plan`: a sample for every request that samples.
 fn output_of(plan: &StepPlan) -> StepOutput {
-    StepOutput {
-        step: plan.step,
-        sampled: plan
-            .scheduled
-            .iter()
-            .filter(|s| s.samples)
-            .map(|s| s.id.to_string())
-            .collect(),
-        ..StepOutput::default()
-    }
+    SimEngine::default().step(plan)
 }
 
 /// A runtime with `live` requests admitted and running (they never finish on their own).

@@ -20,14 +20,16 @@
 //!   [`LoadJob`] it runs and the [`LoadResult`] it
 //!   returns, and a seeded simulated connector;
 //! * [`rules`]: the pure recovery rules (mode `vllm` and mode `safe`), usable without the
-//!   runtime.
+//!   runtime;
+//! * [`sim`]: a simulated engine for tests and tools (it answers each plan as an engine
+//!   would, without a model).
 //!
 //! The rules are specified in the repository's `docs/rules.md`, the runtime's guarantees and
 //! limits in `docs/runtime.md`.
 //!
 //! Layers, bottom up (each imports only from layers below it): `sync` (the only place naming
 //! atomics, locks and threads) and `rng`; [`rules`] (pure); `pool` and [`connector`]
-//! (resources); `runtime`. The command-line tools (`kvsched replay`, `kvsched stress`, the
+//! (resources); `runtime`; [`sim`]. The command-line tools (`kvsched replay`, `kvsched stress`, the
 //! mutex baseline) sit on top, behind the default `cli` feature, and are not part of the
 //! library's API.
 #![deny(unsafe_op_in_unsafe_fn)]

@@ -8,6 +8,7 @@ use kvsched::connector::{
     KvConnector, LoadJob, LoadResult, LookupQuery, LookupResult, SimConfig, SimConnector,
 };
 use kvsched::rules::geometry::{CacheGroup, MambaMode};
+use kvsched::sim::SimEngine;
 use kvsched::BlockRef;
 use kvsched::{EndState, Runtime, RuntimeError, StepOutput, SubmitRequest};
 
@@ -157,15 +158,11 @@ fn a_request_runs_to_completion_and_its_id_can_be_reused() {
     rt.submit(req("x", 33)).unwrap();
     let mut out = StepOutput::default();
     let mut ended = Vec::new();
+    let mut engine = SimEngine::default();
     for _ in 0..10 {
         rt.update(std::mem::take(&mut out));
         let plan = rt.schedule().expect("step");
-        out.step = plan.step;
-        for s in &plan.scheduled {
-            if s.samples {
-                out.sampled.push(s.id.to_string());
-            }
-        }
+        out = engine.step(&plan);
         ended.extend(plan.ended);
     }
     assert_eq!(ended.len(), 1);
@@ -347,13 +344,11 @@ fn handle_submits_and_cancels_from_other_threads() {
         t.join().unwrap();
     }
     let mut out = StepOutput::default();
+    let mut engine = SimEngine::default();
     for _ in 0..1_000 {
         rt.update(std::mem::take(&mut out));
         let plan = rt.schedule().expect("step");
-        out.step = plan.step;
-        for s in plan.scheduled.iter().filter(|s| s.samples) {
-            out.sampled.push(s.id.to_string());
-        }
+        out = engine.step(&plan);
         if rt.live() == 0 {
             break;
         }

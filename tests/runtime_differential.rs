@@ -11,11 +11,12 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvsched::connector::{LoadResult, SimConfig, SimConnector, SplitMix64};
+use kvsched::connector::{SimConfig, SimConnector, SplitMix64};
 use kvsched::rules::geometry::{BlockId, CacheGroup, Geometry, MambaMode};
 use kvsched::rules::recovery::{
     self, Disposition, InvalidSet, Mode, Policy, Request, RequestClass,
 };
+use kvsched::sim::SimEngine;
 use kvsched::{Runtime, StepOutput, StepPlan, SubmitRequest};
 
 #[derive(Clone, Copy, Debug)]
@@ -240,6 +241,7 @@ fn run(cfg: Config) -> Seen {
     let mut seen = Seen::default();
     let mut next_id = 0u64;
     let mut out = StepOutput::default();
+    let mut engine = SimEngine::new(|job| sim.decide(job));
     let mut live: Vec<String> = Vec::new();
     for step in 0..cfg.steps {
         // Arrivals: share prefixes so blocks are shared across shards.
@@ -271,24 +273,11 @@ fn run(cfg: Config) -> Seen {
         }
         rt.update(std::mem::take(&mut out));
         let plan = rt.schedule().expect("step");
-        out.step = plan.step;
         check_step(&cfg, &geo, &plan, &mut seen);
         let violations = rt.check_invariants();
         assert!(violations.is_empty(), "{cfg:?} step {step}: {violations:?}");
         // The engine: run sync loads, sample, sometimes finish early.
-        for s in &plan.scheduled {
-            if let Some(job) = &s.sync_load {
-                if let LoadResult::Failed(bad) = sim.decide(job) {
-                    out.invalid_blocks.extend(bad.into_flat());
-                }
-            }
-            if s.samples {
-                out.sampled.push(s.id.to_string());
-            }
-            if rng.below(50) == 0 {
-                out.finished.push(s.id.to_string());
-            }
-        }
+        out = engine.step_with(&plan, |_| rng.below(50) == 0);
         if plan.scheduled.is_empty() && step % 8 == 0 {
             rt.wait_for_work(Duration::from_micros(200));
         }

@@ -9,9 +9,10 @@
 use std::sync::{Arc, Once};
 use std::time::Duration;
 
-use kvsched::connector::{LoadResult, SimConfig, SimConnector, SimulatedPanic, SplitMix64};
+use kvsched::connector::{SimConfig, SimConnector, SimulatedPanic, SplitMix64};
 use kvsched::rules::geometry::{CacheGroup, MambaMode};
 use kvsched::rules::recovery::{Mode, Policy};
+use kvsched::sim::SimEngine;
 use kvsched::BlockRef;
 use kvsched::{Metrics, Runtime, Settings, StepOutput, SubmitRequest};
 
@@ -89,6 +90,7 @@ fn run(seed: u64, shards: usize, f: Faults, steps: usize) -> Metrics {
         .map(|_| (0..200).map(|_| rng.next_u64() as u32).collect())
         .collect();
     let mut out = StepOutput::default();
+    let mut engine = SimEngine::new(|job| sim.decide(job));
     let mut live: Vec<String> = Vec::new();
     let mut seen_blocks: Vec<BlockRef> = Vec::new();
     // The destination blocks of the sync loads of the plan `out` answers.
@@ -174,7 +176,9 @@ fn run(seed: u64, shards: usize, f: Faults, steps: usize) -> Metrics {
         }
         rt.update(std::mem::take(&mut out));
         let plan = rt.schedule().expect("step");
-        out.step = plan.step;
+        // The engine: run sync loads and sample; then finish the requests picked to end while
+        // their load is (likely) in flight.
+        out = engine.step(&plan);
         out.finished.append(&mut finish_next);
         if f.no_failures {
             assert!(
@@ -200,17 +204,9 @@ fn run(seed: u64, shards: usize, f: Faults, steps: usize) -> Metrics {
             "policy changed mid-step"
         );
         step_dests.clear();
-        for s in &plan.scheduled {
-            if let Some(job) = &s.sync_load {
-                step_dests.extend(job.all_loaded_blocks());
-                seen_blocks.extend(job.all_loaded_blocks().into_iter().take(2));
-                if let LoadResult::Failed(bad) = sim.decide(job) {
-                    out.invalid_blocks.extend(bad.into_flat());
-                }
-            }
-            if s.samples {
-                out.sampled.push(s.id.to_string());
-            }
+        for job in plan.scheduled.iter().filter_map(|s| s.sync_load.as_ref()) {
+            step_dests.extend(job.all_loaded_blocks());
+            seen_blocks.extend(job.all_loaded_blocks().into_iter().take(2));
         }
         if seen_blocks.len() > 64 {
             seen_blocks.drain(..32);

@@ -13,6 +13,7 @@ use std::time::Duration;
 use kvsched::connector::{
     KvConnector, LoadJob, LoadResult, LookupQuery, LookupResult, SimConfig, SimConnector,
 };
+use kvsched::sim::SimEngine;
 use kvsched::{CacheGroup, EndState, Metrics, Runtime, Settings, StepOutput, SubmitRequest};
 
 /// Runs `f` on its own thread; fails the test if it does not return within two minutes.
@@ -53,17 +54,13 @@ fn drive_with(
 ) -> (Metrics, Vec<(String, EndState)>) {
     let mut out = StepOutput::default();
     let mut ended = Vec::new();
+    // Sync loads succeed (these tests' connectors decide only lookups and async loads).
+    let mut engine = SimEngine::default();
     for _ in 0..max_steps {
         let more = arrive(rt);
         rt.update(std::mem::take(&mut out));
         let plan = rt.schedule().expect("step");
-        out.step = plan.step;
-        out.sampled = plan
-            .scheduled
-            .iter()
-            .filter(|s| s.samples)
-            .map(|s| s.id.to_string())
-            .collect();
+        out = engine.step(&plan);
         ended.extend(plan.ended.iter().map(|(id, e)| (id.to_string(), *e)));
         if !more && rt.live() == 0 {
             break;
@@ -211,14 +208,7 @@ fn a_lost_step_output_is_reoffered_and_counted() {
         let first = rt.schedule().expect("step");
         // The engine crashes in this step: no update.
         let again = rt.schedule().expect("step");
-        let mut out = StepOutput::for_plan(&again);
-        out.sampled = again
-            .scheduled
-            .iter()
-            .filter(|s| s.samples)
-            .map(|s| s.id.to_string())
-            .collect();
-        rt.update(out);
+        rt.update(SimEngine::default().step(&again));
         let (m, _) = drive(&mut rt, 100);
         drop(rt.shutdown());
         (first, again, m)

@@ -9,6 +9,7 @@ use std::time::Duration;
 use kvsched::connector::{
     InvalidBlocks, KvConnector, LoadJob, LoadResult, LookupQuery, LookupResult,
 };
+use kvsched::sim::SimEngine;
 use kvsched::{BlockRef, Metrics, Runtime, StepOutput, StepPlan, SubmitRequest};
 
 fn req(id: &str, prompt: Vec<u32>) -> SubmitRequest {
@@ -53,20 +54,11 @@ impl KvConnector for Scripted {
 fn drive(rt: &mut Runtime, conn: &Scripted, steps: usize) -> (Metrics, Vec<StepPlan>) {
     let mut out = StepOutput::default();
     let mut plans = Vec::new();
+    let mut engine = SimEngine::with_connector(conn);
     for _ in 0..steps {
         rt.update(std::mem::take(&mut out));
         let plan = rt.schedule().expect("step");
-        out.step = plan.step;
-        for s in &plan.scheduled {
-            if let Some(job) = &s.sync_load {
-                if let LoadResult::Failed(bad) = conn.load(job) {
-                    out.invalid_blocks.extend(bad.into_flat());
-                }
-            }
-            if s.samples {
-                out.sampled.push(s.id.to_string());
-            }
-        }
+        out = engine.step(&plan);
         plans.push(plan);
         if rt.live() == 0 {
             break;

@@ -215,6 +215,7 @@ impl Builder {
             last_samplers: Default::default(),
             last_reads: Vec::new(),
             last_sync: Vec::new(),
+            loads_sent: 0,
         })
     }
 

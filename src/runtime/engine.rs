@@ -100,6 +100,8 @@ pub struct Runtime {
     pub(super) last_reads: Vec<StepReads>,
     /// The destination blocks of each sync load of the latest plan.
     pub(super) last_sync: Vec<Vec<BlockRef>>,
+    /// Asynchronous loads handed to the workers.
+    pub(super) loads_sent: u64,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -261,6 +263,7 @@ impl Runtime {
             };
             progress.add(i, &res, loads.len());
             if let Some(w) = &self.workers {
+                self.loads_sent += loads.len() as u64;
                 for j in loads {
                     w.dispatch(j);
                 }
@@ -427,6 +430,21 @@ impl Runtime {
             m.loads_expired_unrun = self.expired_unrun_at_shutdown;
         }
         m
+    }
+
+    /// Asynchronous loads handed to the workers whose completion has not reached its shard's
+    /// queue yet. 0 means the next [`Runtime::schedule`] takes every completion of every load
+    /// dispatched so far (a lockstep engine waits for that, so no decision depends on when a
+    /// worker finishes).
+    #[cfg_attr(not(feature = "cli"), allow(dead_code))] // used by the stress tool
+    pub(crate) fn loads_in_flight(&self) -> u64 {
+        let Some(w) = &self.workers else {
+            return 0;
+        };
+        // Acquire: pairs with the Release increment after a worker's push, so every
+        // completion counted here is in its queue for the next step to drain.
+        let delivered = w.counters().delivered.load(Ordering::Acquire);
+        self.loads_sent.saturating_sub(delivered)
     }
 
     /// Requests live (submitted and not ended) as of the last step.

@@ -102,6 +102,10 @@ mod pool_impl {
         pub queue_full_retries: AtomicU64,
         /// Jobs whose deadline had passed when a worker took them: returned without running.
         pub expired_unrun: AtomicU64,
+        /// Completions pushed onto their shard's queue (not counted under loom: no model
+        /// reads it).
+        #[cfg(not(kvsched_loom))]
+        pub delivered: AtomicU64,
     }
 
     struct Shared {
@@ -346,7 +350,13 @@ mod pool_impl {
             let push_backoff = Backoff::new();
             loop {
                 match q.push(c) {
-                    Ok(()) => break,
+                    Ok(()) => {
+                        // Release: pairs with the Acquire load in `Runtime::loads_in_flight`,
+                        // so a caller that counts this completion delivered finds it queued.
+                        #[cfg(not(kvsched_loom))]
+                        s.counters.delivered.fetch_add(1, Ordering::Release);
+                        break;
+                    }
                     Err(back) => {
                         // Planted bug (loom-tests/plants.sh): a full queue drops the
                         // completion.

@@ -1,9 +1,18 @@
-//! A simulated engine's parts, for tests, examples and the stress tool: they drive the
-//! runtime through its public API the way an engine would.
+//! A simulated engine, for tests and tools: what a serving engine does with a
+//! [`StepPlan`](crate::StepPlan) — run the plan's synchronous loads, compute the scheduled
+//! tokens, sample, finish — without a model, answering each plan with the
+//! [`StepOutput`](crate::StepOutput) a real engine would send. The stress tool
+//! (`kvsched stress`), the mutex baseline's tests and the runtime's integration tests all
+//! drive their schedulers with this one loop.
 //!
+//! * `engine` — [`SimEngine`], the loop's decisions (samples, finishes, sync loads);
 //! * `kv_check` — [`KvChecker`], the verifying memory model: runs a step's reads and writes
 //!   on real KV bytes and counts every byte read that differs from its reference.
+//!
+//! Not meant for production: it computes nothing.
 
+mod engine;
 mod kv_check;
 
+pub use engine::{SimCounts, SimEngine};
 pub use kv_check::{KvCheckCounters, KvChecker, StepCheck};

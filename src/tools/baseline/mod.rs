@@ -2,6 +2,17 @@
 //! [`Runtime`](crate::runtime::Runtime), built the straightforward way, so one process can
 //! compare the two on the same seeded workload.
 //!
+//! **The same algorithm.** The decisions are the shards' own: the baseline calls the pure
+//! functions of `runtime::policy` (local prefix search, how far an admission's load reaches,
+//! growth, the step budget, length cap and preemption victim, which blocks a failure may roll
+//! back) and takes its inputs in a shard's order — commands, then completions, then recovery,
+//! outputs, landed loads, admission, scheduling; loads landed and outputs applied in admission
+//! order; the pool's second-chance reclaim. So the two differ only in how they synchronise:
+//! on the same input, one shard and the baseline make the same decisions at every step
+//! (`tools/tests/same_decisions.rs`). The mechanisms it lacks are load deadlines, the retry
+//! budget and quarantine, catching a panicking `lookup`, lost-output detection and counting
+//! duplicate commands.
+//!
 //! * **One global lock.** Every piece of scheduler state — requests, the block allocator (a
 //!   `Vec` free list with plain reference counts), the prefix cache (a `HashMap`) and the
 //!   pending-recompute marks — lives behind one [`crate::sync::Mutex`]. A step runs on the

@@ -8,7 +8,6 @@ use rustc_hash::FxHashSet;
 use super::request::Phase;
 use super::state::State;
 use crate::rules::geometry::BlockId;
-use crate::runtime::claim::RequestKey;
 use crate::runtime::policy::trust::is_sync_destination;
 use crate::runtime::{EndState, StepOutput};
 
@@ -96,22 +95,34 @@ impl State {
                 r.sampled_pending = true;
             }
             Command::Sampled(_) => self.metrics.unknown_commands += 1,
-            Command::Finish(_) => r.finish_pending = true,
+            Command::Finish(_) => {
+                r.finish_pending = true;
+                self.touched.push(key);
+            }
         }
     }
 
-    /// Applies the last step's output once recovery has decided, in admission order (as a
-    /// shard): running requests take their sampled token (unless recovery discarded the
-    /// step), confirm their progress (pending marks of recomputed owned blocks cleared, full
-    /// prompt blocks registered) and end when finished; engine finishes of requests not
-    /// running apply too.
+    /// Applies the last step's output once recovery has decided, to the requests it touched
+    /// (scheduled in it, finished by the engine, recovered now), in admission order (as a
+    /// shard): a running one takes its sampled token (unless recovery discarded the step),
+    /// confirms its progress (pending marks of recomputed owned blocks cleared, full prompt
+    /// blocks registered) and ends when finished; an engine finish of one not running applies
+    /// too.
     pub(super) fn apply_outputs(&mut self) {
-        let mut keys: Vec<RequestKey> = self.running.iter().copied().collect();
+        let mut keys = std::mem::take(&mut self.touched);
         keys.sort_unstable_by_key(|k| k.seq());
+        keys.dedup();
+        let mut not_running = Vec::new();
         for key in keys {
             let Some(r) = self.reqs.get_mut(&key) else {
                 continue;
             };
+            if r.phase != Phase::Running {
+                if r.finish_pending {
+                    not_running.push(key);
+                }
+                continue;
+            }
             let skip = std::mem::take(&mut r.skip);
             let sampled = std::mem::take(&mut r.sampled_pending);
             let finish = std::mem::take(&mut r.finish_pending);
@@ -144,14 +155,7 @@ impl State {
                 self.end(key, EndState::Finished);
             }
         }
-        let mut others: Vec<RequestKey> = self
-            .reqs
-            .iter()
-            .filter(|(_, r)| r.finish_pending && r.phase != Phase::Running)
-            .map(|(k, _)| *k)
-            .collect();
-        others.sort_unstable_by_key(|k| k.seq());
-        for key in others {
+        for key in not_running {
             if let Some(r) = self.reqs.get_mut(&key) {
                 r.finish_pending = false;
                 if r.phase == Phase::Loading && r.load_done.is_none() {

@@ -134,6 +134,7 @@ impl State {
                 }
             }
         }
+        self.touched.push(key);
         let failed = d.disposition == Disposition::Failed;
         let loading_unlanded = r.phase == Phase::Loading && r.load_done.is_none();
         let id = r.id.clone();

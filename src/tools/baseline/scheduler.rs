@@ -134,6 +134,12 @@ impl MutexScheduler {
         self.state.lock().record_output(out);
     }
 
+    /// Asynchronous loads queued for the workers whose completion has not been sent back yet
+    /// (0: the next step takes every completion of every load dispatched so far).
+    pub fn loads_in_flight(&self) -> u64 {
+        self.workers.in_flight()
+    }
+
     /// Counters so far.
     pub fn metrics(&self) -> Metrics {
         self.state.lock().metrics.clone()

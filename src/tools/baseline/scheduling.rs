@@ -117,6 +117,7 @@ impl State {
             });
             r.num_computed_tokens = upto;
             r.last_scheduled = n;
+            self.touched.push(key);
             budget.charge(n);
         }
     }

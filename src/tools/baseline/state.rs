@@ -35,6 +35,10 @@ pub(super) struct State {
     pub(super) running: BTreeSet<RequestKey>,
     /// Block → owner key (raw) that must recompute it, or [`ORPHANED`].
     pub(super) pending: FxHashMap<BlockId, u64>,
+    /// Requests with something to apply after recovery (as a shard's): scheduled in the last
+    /// step, named by a finish, or recovered this step. Only their progress is confirmed — a
+    /// request admitted with a sync load it has not run yet registers nothing.
+    pub(super) touched: Vec<RequestKey>,
     /// Cancels, samples and engine finishes since the last step, applied at the next one in
     /// the order they came (as a shard's inbox).
     pub(super) inbox: Vec<Command>,
@@ -72,6 +76,7 @@ impl State {
             loading: BTreeSet::new(),
             running: BTreeSet::new(),
             pending: FxHashMap::default(),
+            touched: Vec::new(),
             inbox: Vec::new(),
             sync_invalid: Vec::new(),
             handoffs: Vec::new(),

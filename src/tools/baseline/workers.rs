@@ -18,6 +18,10 @@ pub(super) struct Workers {
     jobs: Option<mpsc::Sender<LoadJob>>,
     stop: Arc<AtomicBool>,
     cancelled: Arc<AtomicU64>,
+    /// Completions sent back.
+    delivered: Arc<AtomicU64>,
+    /// Jobs queued for the workers.
+    sent: u64,
     handles: Vec<thread::JoinHandle<()>>,
 }
 
@@ -33,6 +37,7 @@ impl Workers {
         let job_rx = Arc::new(Mutex::new(job_rx));
         let stop = Arc::new(AtomicBool::new(false));
         let cancelled = Arc::new(AtomicU64::new(0));
+        let delivered = Arc::new(AtomicU64::new(0));
         let mut handles = Vec::new();
         for i in 0..n {
             let (rx, tx, conn) = (
@@ -41,9 +46,10 @@ impl Workers {
                 StdArc::clone(connector),
             );
             let (stop, cancelled) = (Arc::clone(&stop), Arc::clone(&cancelled));
+            let delivered = Arc::clone(&delivered);
             let h = thread::Builder::new()
                 .name(format!("baseline-worker-{i}"))
-                .spawn(move || work(&rx, &tx, conn.as_ref(), &stop, &cancelled));
+                .spawn(move || work(&rx, &tx, conn.as_ref(), &stop, &cancelled, &delivered));
             match h {
                 Ok(h) => handles.push(h),
                 Err(e) => {
@@ -59,6 +65,8 @@ impl Workers {
             jobs: Some(job_tx),
             stop,
             cancelled,
+            delivered,
+            sent: 0,
             handles,
         };
         Ok((workers, done_rx))
@@ -70,12 +78,22 @@ impl Workers {
     }
 
     /// Queues `jobs` for the workers (none once stopped).
-    pub(super) fn send(&self, jobs: Vec<LoadJob>) {
+    pub(super) fn send(&mut self, jobs: Vec<LoadJob>) {
         if let Some(tx) = &self.jobs {
             for j in jobs {
-                let _ = tx.send(j);
+                if tx.send(j).is_ok() {
+                    self.sent += 1;
+                }
             }
         }
+    }
+
+    /// Jobs queued whose completion has not been sent back yet.
+    pub(super) fn in_flight(&self) -> u64 {
+        // Acquire: pairs with the Release increment in `work` after a completion is sent, so
+        // a completion counted here is in the channel.
+        let delivered = self.delivered.load(Ordering::Acquire);
+        self.sent.saturating_sub(delivered)
     }
 
     /// Stops the workers and joins them: loads in flight finish, queued jobs are skipped
@@ -96,13 +114,15 @@ impl Workers {
 }
 
 /// One worker: takes jobs until the job channel closes, runs each through `conn` (skipping,
-/// and counting, those taken once `stop` is set) and sends its completion back.
+/// and counting, those taken once `stop` is set) and sends its completion back (counted in
+/// `delivered`).
 fn work(
     rx: &Mutex<mpsc::Receiver<LoadJob>>,
     tx: &mpsc::Sender<Completion>,
     conn: &dyn KvConnector,
     stop: &AtomicBool,
     cancelled: &AtomicU64,
+    delivered: &AtomicU64,
 ) {
     loop {
         let job = rx.lock().recv();
@@ -123,5 +143,7 @@ fn work(
         if tx.send(c).is_err() {
             return;
         }
+        // Release: pairs with the Acquire load in `Workers::in_flight`.
+        delivered.fetch_add(1, Ordering::Release);
     }
 }

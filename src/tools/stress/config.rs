@@ -160,6 +160,13 @@ pub struct StressConfig {
     /// else the runtime's default of 5000).
     #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(1..=MAX_LOAD_DEADLINE_MS))]
     pub load_deadline_ms: Option<u64>,
+    /// Before every step, wait until every asynchronous load dispatched so far has delivered
+    /// its completion, so that no decision depends on when a worker finishes a load: on the
+    /// same seed kvsched and the baseline then see the same inputs at every step. Loads then
+    /// never pass their deadline (each lands before the step that would expire it). Meant for
+    /// comparing decisions (with `--load-latency-us 0..0`), not for measuring latency.
+    #[arg(long)]
+    pub lockstep: bool,
     /// Run each scheduler N times (1–100), interleaved (kvsched, baseline, kvsched, …) so that
     /// drift hits both; every figure is then the median and min–max of the runs.
     #[arg(long, value_name = "N", default_value_t = 1, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=MAX_REPEAT as i64))]
@@ -198,6 +205,7 @@ impl Default for StressConfig {
             baseline: None,
             faults: None,
             load_deadline_ms: None,
+            lockstep: false,
             repeat: 1,
         }
     }

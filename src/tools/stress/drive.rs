@@ -1,7 +1,8 @@
-//! The simulated engine: the loop of steps that drives a [`Scheduler`] through the workload —
-//! arrivals, due cancels, one step, the simulated model with the plan's synchronous loads and
-//! samples, the engine-side faults on its output, periodic checks and progress — and the end
-//! of the run (final checks, shutdown, reconciliation and the run's report).
+//! The stress loop: the steps that drive a [`Scheduler`] through the workload — arrivals, due
+//! cancels, one step, the model's time and the [`SimEngine`] answering the plan (its
+//! synchronous loads through the simulated connector, its samples), the engine-side faults on
+//! that output, periodic checks and progress — and the end of the run (final checks,
+//! shutdown, reconciliation and the run's report).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -21,10 +22,11 @@ use super::report::{
 };
 use super::scheduler::{Mechanisms, Scheduler};
 use super::workload::Workload;
-use crate::connector::{LoadJob, LoadResult, SplitMix64};
+use crate::connector::SplitMix64;
 use crate::pool::BlockRef;
 use crate::runtime::RuntimeError;
 use crate::runtime::{EndState, Metrics, Report, StepOutput, StepPlan};
+use crate::sim::SimEngine;
 
 /// Drives `sched` through the workload of `cfg`.
 pub(super) fn drive<S: Scheduler>(
@@ -61,6 +63,8 @@ fn simulate_model(d: Duration) {
 /// The simulated engine driving one scheduler.
 struct Engine<'a, S> {
     sched: S,
+    /// Answers each plan: sync loads through the simulated connector's failure decision.
+    sim: SimEngine<'a>,
     name: &'static str,
     nth: Nth,
     cfg: &'a StressConfig,
@@ -94,7 +98,6 @@ struct Engine<'a, S> {
     submitted: u64,
     ended: u64,
     rejected: u64,
-    sync_run: u64,
     steps: u64,
     /// Arrival offset of request `next` (open loop).
     next_at: Option<Duration>,
@@ -116,6 +119,7 @@ impl<'a, S: Scheduler> Engine<'a, S> {
         let next_at = work.next_arrival();
         Engine {
             sched,
+            sim: SimEngine::new(move |job| conn.sim.decide(job)),
             name,
             nth,
             cfg,
@@ -140,7 +144,6 @@ impl<'a, S: Scheduler> Engine<'a, S> {
             submitted: 0,
             ended: 0,
             rejected: 0,
-            sync_run: 0,
             steps: 0,
             next_at,
             last_progress: Instant::now(),
@@ -162,6 +165,9 @@ impl<'a, S: Scheduler> Engine<'a, S> {
                 return false;
             }
             self.cancel_due();
+            if self.cfg.lockstep {
+                self.settle();
+            }
             let plan = match self.step() {
                 Ok(plan) => plan,
                 Err(e) => {
@@ -268,6 +274,15 @@ impl<'a, S: Scheduler> Engine<'a, S> {
         }
     }
 
+    /// `--lockstep`: waits until every asynchronous load dispatched so far has delivered its
+    /// completion (at most until the run's `--duration` is up), so the next step takes them
+    /// all.
+    fn settle(&self) {
+        while self.sched.loads_in_flight() > 0 && self.start.elapsed() < self.duration {
+            std::thread::sleep(Duration::from_micros(20));
+        }
+    }
+
     /// The step: the last output in, the plan out (timed), its latencies recorded and the
     /// requests it ended settled.
     fn step(&mut self) -> Result<StepPlan, RuntimeError> {
@@ -331,36 +346,26 @@ impl<'a, S: Scheduler> Engine<'a, S> {
         }
     }
 
-    /// The simulated model: the model time if anything is scheduled, then the plan's
-    /// synchronous loads (failed blocks into the output) and a sample for every request
-    /// scheduled with `samples`.
+    /// The simulated model: the model time if anything is scheduled, then the [`SimEngine`]'s
+    /// answer to the plan (its synchronous loads' failed blocks, a sample for every request
+    /// scheduled with `samples`), with the samples sent counted per request.
     fn run_model(&mut self, plan: &StepPlan) {
         if !plan.scheduled.is_empty() {
             simulate_model(self.model);
         }
-        for s in &plan.scheduled {
-            if let Some(job) = &s.sync_load {
-                self.run_sync_load(job);
-            }
-            if s.samples {
-                self.out.sampled.push(s.id.to_string());
-                if let Some((sent, _)) = self.samples_sent.get_mut(&*s.id) {
-                    *sent += 1;
-                }
-            }
-        }
-    }
-
-    /// Runs one synchronous load through the simulated connector.
-    fn run_sync_load(&mut self, job: &LoadJob) {
-        self.sync_run += 1;
         if self.faults.stale > 0.0 {
-            if let Some(&b) = job.all_loaded_blocks().first() {
-                self.last_sync_block = Some(b);
-            }
+            let first_loaded = plan
+                .scheduled
+                .iter()
+                .rev()
+                .find_map(|s| s.sync_load.as_ref()?.all_loaded_blocks().first().copied());
+            self.last_sync_block = first_loaded.or(self.last_sync_block);
         }
-        if let LoadResult::Failed(bad) = self.conn.sim.decide(job) {
-            self.out.invalid_blocks.extend(bad.into_flat());
+        self.out = self.sim.step(plan);
+        for id in &self.out.sampled {
+            if let Some((sent, _)) = self.samples_sent.get_mut(id.as_str()) {
+                *sent += 1;
+            }
         }
     }
 
@@ -461,10 +466,11 @@ impl<'a, S: Scheduler> Engine<'a, S> {
         let report = self.sched.shutdown();
         self.injected.deadline = self.conn.hangs.load(Ordering::Relaxed);
         self.injected.panic = self.conn.panics.load(Ordering::Relaxed);
+        let sync_run = self.sim.counts().sync_loads;
         let counts = EngineCounts {
             submitted: self.submitted,
             rejected: self.rejected,
-            sync_run: self.sync_run,
+            sync_run,
         };
         let mut violations = self.violations;
         let reconciled = reconcile(self.name, &report, &counts, &self.injected, &mut violations);
@@ -477,7 +483,7 @@ impl<'a, S: Scheduler> Engine<'a, S> {
             output_tokens: self.output_tokens,
             elapsed,
             steps: self.steps,
-            sync_run: self.sync_run,
+            sync_run,
             injected: self.injected,
             violations,
             reconciled,

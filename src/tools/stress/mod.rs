@@ -6,9 +6,14 @@
 //!
 //! A loop of steps: submit the requests whose arrival time has come, [`Scheduler::update`] with
 //! the last step's output, [`Scheduler::schedule`], then "run the model": wait a fixed cost per
-//! step (`--model-us`), run the plan's synchronous loads through the [`SimConnector`]'s
+//! step (`--model-us`) and let the [`SimEngine`](crate::sim::SimEngine) answer the plan — it runs
+//! the plan's synchronous loads through the [`SimConnector`]'s
 //! [`decide`](SimConnector::decide) (failed blocks go into [`StepOutput::invalid_blocks`]) and
-//! sample a token for every request scheduled with `samples`. Asynchronous loads run on the
+//! samples a token for every request scheduled with `samples`. With `--lockstep` the loop first
+//! waits until every asynchronous load dispatched so far has delivered its completion, so no
+//! decision depends on when a worker finishes: on the same seed, one shard and the baseline
+//! then decide alike at every step (the report's recovery section says whether they did, and
+//! why not). Asynchronous loads run on the
 //! scheduler's worker threads through the same connector. Each request's length to generate
 //! (`max_new_tokens`) is drawn from a seeded geometric-like distribution; the scheduler ends it
 //! when it has generated them.
@@ -100,8 +105,10 @@ pub use progress::{terminal_progress, Progress};
 pub use render::{render_human, render_json};
 pub use report::StressReport;
 pub use values::BaselineKind;
-// Named by the tools' tests (`crate::tools::stress::{Preset, Rate}`); nothing else outside
+// Named by the tools' tests (`crate::tools::stress::{Preset, Rate, Scheduler}`); nothing else outside
 // this module does.
+#[cfg(test)]
+pub use scheduler::Scheduler;
 #[cfg(test)]
 pub use values::{Preset, Rate};
 

@@ -40,6 +40,8 @@ pub trait Scheduler {
     fn check_invariants(&self) -> Vec<String>;
     /// Waits until a load completes or `timeout` passes.
     fn wait_for_work(&self, timeout: Duration) -> bool;
+    /// Asynchronous loads dispatched whose completion has not been delivered yet.
+    fn loads_in_flight(&self) -> u64;
     /// Stops, cancels everything live and reports.
     fn shutdown(self) -> Report
     where
@@ -72,6 +74,9 @@ impl Scheduler for Runtime {
     }
     fn wait_for_work(&self, timeout: Duration) -> bool {
         Runtime::wait_for_work(self, timeout)
+    }
+    fn loads_in_flight(&self) -> u64 {
+        Runtime::loads_in_flight(self)
     }
     fn shutdown(self) -> Report {
         Runtime::shutdown(self)
@@ -106,6 +111,9 @@ impl Scheduler for MutexScheduler {
     }
     fn wait_for_work(&self, timeout: Duration) -> bool {
         MutexScheduler::wait_for_work(self, timeout)
+    }
+    fn loads_in_flight(&self) -> u64 {
+        MutexScheduler::loads_in_flight(self)
     }
     fn shutdown(self) -> Report {
         MutexScheduler::shutdown(self)

@@ -8,9 +8,10 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::connector::{LoadResult, SimConfig, SimConnector, SplitMix64};
+use crate::connector::{SimConfig, SimConnector, SplitMix64};
 use crate::rules::recovery::{Disposition, Mode, Policy, RequestClass};
 use crate::runtime::{StepOutput, SubmitRequest};
+use crate::sim::SimEngine;
 use crate::tools::baseline::{BaselineConfig, MutexScheduler};
 use crate::tools::stress::{run_stress, BaselineKind, Preset, Rate, StressConfig};
 
@@ -44,6 +45,7 @@ fn run(seed: u64, preset: Preset, mode: Mode, policy: Policy, steps: usize) -> (
         .collect();
     let (mut next, mut affected, mut claims) = (0u64, 0u64, 0u64);
     let mut out = StepOutput::default();
+    let mut engine = SimEngine::new(|job| sim.decide(job));
     for step in 0..steps {
         if step < steps * 3 / 4 {
             for _ in 0..rng.below(3) {
@@ -67,7 +69,6 @@ fn run(seed: u64, preset: Preset, mode: Mode, policy: Policy, steps: usize) -> (
         }
         b.update(std::mem::take(&mut out));
         let plan = b.schedule();
-        out.step = plan.step;
         let v = b.check_invariants();
         assert!(v.is_empty(), "seed {seed} {preset:?} step {step}: {v:?}");
         let waiting: BTreeSet<&str> = plan
@@ -99,18 +100,8 @@ fn run(seed: u64, preset: Preset, mode: Mode, policy: Policy, steps: usize) -> (
                 "{} scheduled while waiting",
                 s.id
             );
-            if let Some(job) = &s.sync_load {
-                if let LoadResult::Failed(bad) = sim.decide(job) {
-                    out.invalid_blocks.extend(bad.into_flat());
-                }
-            }
-            if s.samples {
-                out.sampled.push(s.id.to_string());
-            }
-            if rng.below(50) == 0 {
-                out.finished.push(s.id.to_string());
-            }
         }
+        out = engine.step_with(&plan, |_| rng.below(50) == 0);
         if plan.scheduled.is_empty() {
             b.wait_for_work(Duration::from_micros(200));
         }

@@ -2,11 +2,13 @@
 //! ([`render_human`]), section by section.
 //!
 //! [`json`] (the JSON and what its keys mean); [`human`] (the table's sections of figures)
-//! over [`header`] (the settings and the legend), [`notes`] (the notes under the sections),
+//! over [`header`] (the settings and the legend), [`notes`] (the notes under the sections)
+//! with [`decisions`] (whether kvsched and the baseline decided alike, and why not),
 //! [`faults_caused`] (what each injected fault caused), [`invariants`] (the verdicts), with
 //! [`table`] (the column layout and the wrapping) and [`cells`] (how numbers are written).
 
 mod cells;
+mod decisions;
 mod faults_caused;
 mod header;
 mod human;

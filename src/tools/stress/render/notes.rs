@@ -1,7 +1,9 @@
-//! The notes under the human table's sections, where a figure needs one: what the throughput,
-//! CPU and latency figures measure, and where the event counters came from.
+//! The notes under the human table's sections, where a figure needs one: whether the two
+//! schedulers decided alike (and why not), what the throughput, CPU and latency figures
+//! measure, and where the event counters came from.
 
 use super::cells::{count, counted};
+use super::decisions::decisions_notes;
 use crate::tools::stress::config::StressConfig;
 use crate::tools::stress::figures::FigureSection;
 use crate::tools::stress::report::{RunReport, StressReport};
@@ -30,6 +32,7 @@ pub(super) fn notes(sec: &FigureSection, report: &StressReport) -> Vec<String> {
         t if t.starts_with("completion") => notes.push(
             "a load completion landing → the step that makes its request runnable".to_owned(),
         ),
+        "recovery" => decisions_notes(report, &mut notes),
         "events" => events_notes(report, &mut notes),
         _ => {}
     }

@@ -1,0 +1,107 @@
+//! The notes under the recovery section, with a baseline: whether kvsched and the baseline
+//! made the same decisions — every request, load and recovery count, and the number of steps —
+//! and, where they did not, why. Both run the same algorithm (the shards' pure decisions are
+//! shared with the baseline), so a difference has a cause in how they run, named here; one
+//! without such a cause is reported as a divergence.
+
+use super::cells::{count, counted};
+use crate::tools::stress::report::{RunReport, StressReport};
+
+/// The decision totals compared, each with its label.
+fn totals(r: &RunReport) -> [(&'static str, u64); 13] {
+    [
+        ("finished", r.requests.finished),
+        ("failed", r.requests.failed),
+        ("cancelled", r.requests.cancelled),
+        ("loads dispatched", r.loads.dispatched),
+        ("async loads ok", r.loads.ok),
+        ("async loads failed", r.loads.failed),
+        ("stale completions", r.loads.stale),
+        ("sync loads run", r.loads.sync_run),
+        ("tokens recomputed", r.tokens_recomputed),
+        ("blocks claimed", r.claims),
+        ("hand-offs", r.handoffs),
+        ("preemptions", r.preemptions),
+        ("steps", r.steps),
+    ]
+}
+
+/// The totals on which kvsched (`k`) and the baseline (`b`) differ, as `label k vs b`.
+pub(super) fn differences(k: &RunReport, b: &RunReport) -> Vec<String> {
+    totals(k)
+        .iter()
+        .zip(totals(b))
+        .filter(|((_, x), (_, y))| x != y)
+        .map(|((label, x), (_, y))| format!("{label} {} vs {}", count(*x), count(y)))
+        .collect()
+}
+
+/// Why kvsched's decisions may differ from the baseline's in this run: one line per cause
+/// that applies, none when the run removed them all.
+pub(super) fn causes(report: &StressReport) -> Vec<String> {
+    let c = &report.config;
+    let k = &report.run;
+    let mut why = Vec::new();
+    if c.shards > 1 {
+        why.push(format!(
+            "{} shards: each schedules within its share of the step's budgets ({} tokens, {} sequences) and preempts only its own requests, so a step runs other requests than the baseline's single budget does; a prefix registered by one shard is found by another only if it registers first (--shards 1 removes this)",
+            c.shards,
+            count(c.token_budget / c.shards as u64),
+            count((c.max_seqs / c.shards) as u64),
+        ));
+    }
+    if !c.lockstep && k.loads.ok + k.loads.failed > 0 {
+        why.push(format!(
+            "completion timing: loads run on worker threads ({}) and a completion is taken by whichever step follows its delivery, so each scheduler sees some completions in other steps (--lockstep waits for every load before each step)",
+            match (c.load_latency_us.min_us, c.load_latency_us.max_us) {
+                (0, 0) => "instant ones too".to_owned(),
+                (lo, hi) => format!("{lo}–{hi} µs each"),
+            }
+        ));
+    }
+    let e = &k.events;
+    if e.retry_budget_skips + e.quarantine_skips > 0 {
+        why.push(format!(
+            "kvsched's retry budget and quarantine offered {} no external load; the baseline has neither",
+            counted(e.retry_budget_skips + e.quarantine_skips, "admission", "admissions")
+        ));
+    }
+    if e.deadlines_expired > 0 {
+        why.push(format!(
+            "kvsched failed {} at their deadline; the baseline has no load deadline",
+            counted(e.deadlines_expired, "load", "loads")
+        ));
+    }
+    if c.faults.is_some() {
+        why.push("--faults: the engine's fault draws and cancels follow the steps, so they land on other requests once the steps differ".to_owned());
+    }
+    why
+}
+
+/// The notes on the decisions: that they were the same, or which totals differ and why.
+pub(super) fn decisions_notes(report: &StressReport, notes: &mut Vec<String>) {
+    let Some(b) = &report.baseline else {
+        return;
+    };
+    let diffs = differences(&report.run, b);
+    if diffs.is_empty() {
+        notes.push(format!(
+            "same decisions: every request, load and recovery count above is equal, in {} steps each",
+            count(b.steps)
+        ));
+        return;
+    }
+    notes.push(format!(
+        "decisions differ (kvsched vs {}): {}",
+        b.scheduler,
+        diffs.join(", ")
+    ));
+    let why = causes(report);
+    if why.is_empty() {
+        notes.push(format!(
+            "why: no known cause (one shard, --lockstep, no deadline, retry or quarantine event): {} has diverged from the shards' algorithm",
+            b.scheduler
+        ));
+    }
+    notes.extend(why.into_iter().map(|w| format!("why: {w}")));
+}
