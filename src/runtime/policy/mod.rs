@@ -6,7 +6,8 @@
 //! One mechanism a file: `prefix` (the local prefix search at admission), `admission` (how
 //! far an admitted request's external load reaches), `growth` (the blocks a table needs, and
 //! whether a request can ever get them), `scheduling` (the step's budget, the tokens a running
-//! request gets, the length cap, the preemption victim) and `trust` (which blocks a failure
+//! request gets, the length cap, the preemption victim), `caching` (which full blocks may enter
+//! the prefix cache) and `trust` (which blocks a failure
 //! report may roll back).
 //!
 //! What is not here is how the two hold their state: the shards keep it in per-shard maps
@@ -16,6 +17,7 @@
 //! loads and applying outputs).
 
 pub(crate) mod admission;
+pub(crate) mod caching;
 pub(crate) mod growth;
 pub(crate) mod prefix;
 pub(crate) mod scheduling;

@@ -3,7 +3,6 @@
 //! registered in the prefix cache, nullable entries trimmed).
 
 use crate::pool::BlockRef;
-use crate::rules::geometry::{GroupKind, MambaMode};
 
 use super::{EndState, Env, HolderIndex, Phase, Req, Shard};
 
@@ -92,23 +91,10 @@ impl Shard {
             let full = ((nct / grp.block_size) as usize)
                 .min(r.hashes[g].len())
                 .min(r.tables[g].len());
-            // A Mamba group in mode `align` keeps one real state, the one at the computed
-            // length: an older entry was never written with the state at its block's end
-            // (a step that ran past it wrote only its own last state), so it is not cached.
-            let align = matches!(
-                grp.kind,
-                GroupKind::Mamba {
-                    mode: MambaMode::Align
-                }
-            );
             while r.registered[g] < full {
                 let i = r.registered[g];
                 let id = r.tables[g][i];
-                let real = !align || (i as u64 + 1) * grp.block_size == nct;
-                // Planted bug `mamba-align-cache-unwritten` (tests/plants.sh): every full
-                // Mamba entry is cached, real state or not (tests/kv_engine.rs reads garbage).
-                #[cfg(kvsched_plant = "mamba-align-cache-unwritten")]
-                let real = true;
+                let real = crate::runtime::policy::caching::cacheable(grp, i, nct);
                 if id != null && real {
                     let _ = env.pool.register(
                         r.hashes[g][i],

@@ -178,7 +178,8 @@ impl State {
                 .min(r.tables[g].len());
             while r.registered[g] < full {
                 let i = r.registered[g];
-                if r.tables[g][i] != null {
+                if r.tables[g][i] != null && crate::runtime::policy::caching::cacheable(grp, i, nct)
+                {
                     let b = BlockRef {
                         id: r.tables[g][i],
                         generation: r.gens[g][i],
