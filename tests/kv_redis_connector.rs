@@ -101,6 +101,7 @@ fn a_chunk_saved_by_one_engine_is_loaded_and_verified_by_another() {
         assert_eq!(got, payload(i));
     }
     assert_eq!(b.stats().chunks_loaded, 4);
+    assert_eq!(b.stats().chunks_loaded_from_others, 4, "all of them A's");
 }
 
 /// The chunk key of block `i` of the prompt.

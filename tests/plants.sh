@@ -23,7 +23,8 @@ declare -A TESTS=(
   [late-leak]="--test runtime_faults"
   # shard: a connector panic counts as a successful load.
   [panic-ok]="--test runtime_faults"
-  # runtime: a reported block of an older generation is trusted.
+  # runtime: a reported block of an older generation is trusted (update's destination check
+  # and the report's currency check both ignore generations).
   [trust-stale]="--test runtime_faults"
   # shard: an engine finish of a request whose load is in flight frees its blocks at once.
   [end-while-loading]="--test runtime_faults"

@@ -83,6 +83,9 @@ pub struct TierStats {
     pub loads: u64,
     /// Chunks verified and written into KV memory.
     pub chunks_loaded: u64,
+    /// Of `chunks_loaded`, those this connector neither saved nor stored itself: written by
+    /// another engine sharing the tier (or an earlier process).
+    pub chunks_loaded_from_others: u64,
     /// Payload bytes written into KV memory by loads.
     pub kv_bytes_loaded: u64,
     /// Chunks the tier did not have at load time.
@@ -121,6 +124,7 @@ struct Counters {
     lookup_hits: AtomicU64,
     loads: AtomicU64,
     chunks_loaded: AtomicU64,
+    chunks_loaded_from_others: AtomicU64,
     kv_bytes_loaded: AtomicU64,
     missing_chunks: AtomicU64,
     checksum_failures: AtomicU64,
@@ -162,6 +166,9 @@ pub struct TierConnector {
     codec: ChunkCodec,
     cfg: TierConnectorConfig,
     index: Arc<KeyIndex>,
+    /// Keys this connector saved or stored (bounded like the index): a load of any other is
+    /// a chunk another writer made.
+    own: Arc<KeyIndex>,
     saver: Saver,
     counters: Counters,
 }
@@ -207,10 +214,12 @@ impl TierConnector {
         }
         let codec = ChunkCodec::new(cfg.mac_key);
         let index = Arc::new(KeyIndex::new(cfg.index_capacity));
+        let own = Arc::new(KeyIndex::new(cfg.index_capacity));
         let saver = Saver::start(
             Arc::clone(&tier),
             codec.clone(),
             Arc::clone(&index),
+            Arc::clone(&own),
             cfg.save_queue,
             cfg.save_threads,
         )?;
@@ -220,6 +229,7 @@ impl TierConnector {
             codec,
             cfg,
             index,
+            own,
             saver,
             counters: Counters::default(),
         })
@@ -298,6 +308,7 @@ impl TierConnector {
             .encode(key, group as u32, tokens_in_block, payload);
         self.tier.put(&[(key, value)])?;
         self.index.insert(key);
+        self.own.insert(key);
         Ok(true)
     }
 
@@ -321,6 +332,7 @@ impl TierConnector {
             lookup_hits: r(&c.lookup_hits),
             loads: r(&c.loads),
             chunks_loaded: r(&c.chunks_loaded),
+            chunks_loaded_from_others: r(&c.chunks_loaded_from_others),
             kv_bytes_loaded: r(&c.kv_bytes_loaded),
             missing_chunks: r(&c.missing_chunks),
             checksum_failures: r(&c.checksum_failures),
@@ -446,6 +458,9 @@ impl KvConnector for TierConnector {
                             Some(dest) => {
                                 if self.memory.write(g, dest.id, 0, p).is_ok() {
                                     bump(&self.counters.chunks_loaded, 1);
+                                    if !self.own.contains(key) {
+                                        bump(&self.counters.chunks_loaded_from_others, 1);
+                                    }
                                     bump(&self.counters.kv_bytes_loaded, p.len() as u64);
                                     self.index.insert(key);
                                 } else {

@@ -70,6 +70,7 @@ impl Saver {
         tier: Arc<dyn Tier>,
         codec: ChunkCodec,
         index: Arc<KeyIndex>,
+        own: Arc<KeyIndex>,
         capacity: usize,
         threads: usize,
     ) -> std::io::Result<Saver> {
@@ -85,15 +86,16 @@ impl Saver {
         });
         let mut handles = Vec::new();
         for i in 0..threads.max(1) {
-            let (s, t, c, ix) = (
+            let (s, t, c, ix, own) = (
                 Arc::clone(&shared),
                 Arc::clone(&tier),
                 codec.clone(),
                 Arc::clone(&index),
+                Arc::clone(&own),
             );
             let h = thread::Builder::new()
                 .name(format!("kvsched-saver-{i}"))
-                .spawn(move || run(&s, t.as_ref(), &c, &ix));
+                .spawn(move || run(&s, t.as_ref(), &c, &ix, &own));
             match h {
                 Ok(h) => handles.push(h),
                 Err(e) => {
@@ -164,7 +166,7 @@ impl Drop for Saver {
     }
 }
 
-fn run(shared: &Shared, tier: &dyn Tier, codec: &ChunkCodec, index: &KeyIndex) {
+fn run(shared: &Shared, tier: &dyn Tier, codec: &ChunkCodec, index: &KeyIndex, own: &KeyIndex) {
     let never = CancelToken::new();
     loop {
         let mut saves = Vec::new();
@@ -216,6 +218,7 @@ fn run(shared: &Shared, tier: &dyn Tier, codec: &ChunkCodec, index: &KeyIndex) {
                     c.saved_bytes.fetch_add(bytes, Ordering::Relaxed);
                     for (k, _) in &chunks {
                         index.insert(*k);
+                        own.insert(*k);
                     }
                 }
                 Err(_) => {

@@ -74,6 +74,11 @@ pub(crate) fn failed_load_blocks(
 /// loads (`dests`, one list per load), at the generation the load wrote it: a block id
 /// named with an older generation is another use of the slot, not this step's.
 pub(crate) fn is_sync_destination(dests: &[Vec<BlockRef>], b: BlockRef) -> bool {
+    // Planted bug `trust-stale` (tests/plants.sh), with the one in `Runtime::engine_share`:
+    // a report is trusted whatever its generation.
+    if cfg!(kvsched_plant = "trust-stale") {
+        return dests.iter().flatten().any(|d| d.id == b.id);
+    }
     dests.iter().flatten().any(|d| *d == b)
 }
 
