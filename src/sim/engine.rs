@@ -58,12 +58,51 @@ pub struct SimCounts {
 /// offered to the tier (write-behind: `settle` copies their bytes, never waits for the tier).
 /// The loop is
 ///
-/// ```text
-/// engine.add_request(id, prompt)      // before submitting it
-/// plan = scheduler.schedule()
-/// out = engine.step(&plan)            // sync loads, reads checked, writes
-/// discard = scheduler.update(out)
-/// engine.settle(&plan, &discard)      // before the next step
+/// ```
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use kvsched::kv::{HostKvMemory, KvLayout, KvMemory, MemoryTier, TierConnector, TierConnectorConfig};
+/// use kvsched::sim::{KvChecker, SimEngine};
+/// use kvsched::{CacheGroup, Runtime, SubmitRequest};
+///
+/// let groups = vec![CacheGroup::full_attention(16)];
+/// let layout = KvLayout::for_groups(&groups, 8, 0)?; // 8 bytes of KV per token
+/// let memory: Arc<dyn KvMemory> = Arc::new(HostKvMemory::new(layout, 256)?);
+/// let config = TierConnectorConfig { groups: groups.clone(), ..TierConnectorConfig::default() };
+/// let tag = config.tag;
+/// let connector = Arc::new(TierConnector::new(
+///     Arc::new(MemoryTier::new(16 << 20, 4)),
+///     Arc::clone(&memory),
+///     config,
+/// )?);
+/// let mut rt = Runtime::builder()
+///     .groups(groups.clone())
+///     .pool_blocks(256)
+///     .connector(connector.clone())
+///     .build()?;
+/// let checker = KvChecker::new(groups, tag, 8, 0, memory);
+/// let mut engine = SimEngine::with_kv(connector.clone(), checker);
+/// let prompt: Vec<u32> = (1..=70).collect();
+/// engine.warm(&prompt, 48)?; // the store holds the first 3 blocks
+/// engine.add_request("r1", &prompt); // before submitting it
+/// rt.submit(SubmitRequest { id: "r1".into(), prompt, max_new_tokens: 4,
+///                           priority: 0, load_deadline: None })?;
+/// while rt.live() > 0 {
+///     let plan = rt.schedule()?;
+///     let out = engine.step(&plan); // sync loads, every read checked, computed KV written
+///     let discard = rt.update(out);
+///     engine.settle(&plan, &discard); // before the next step: garbage counted, saves offered
+///     if plan.scheduled.is_empty() {
+///         rt.wait_for_work(Duration::from_millis(1)); // an async load is running
+///     }
+/// }
+/// rt.shutdown();
+/// connector.flush();
+/// let checked = engine.kv_counters().expect("real KV");
+/// assert_eq!(checked.garbage_reads, 0);
+/// assert!(checked.kv_bytes_verified > 0);
+/// assert_eq!(connector.stats().chunks_loaded, 3); // the warmed prefix, loaded and verified
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 ///
 /// [`kv_counters`](SimEngine::kv_counters) has the checker's counts (`garbage_reads` must be
