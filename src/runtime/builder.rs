@@ -212,9 +212,7 @@ impl Builder {
             answered: true,
             stalled_steps: 0,
             panicked: None,
-            last_samplers: Default::default(),
-            last_reads: Vec::new(),
-            last_sync: Vec::new(),
+            handed: Default::default(),
             loads_sent: 0,
         })
     }

@@ -50,3 +50,40 @@ pub(crate) fn discarded(
         .map(|r| r.id.clone())
         .collect()
 }
+
+/// What the latest plan handed out, against which the engine's output is checked: who may
+/// sample, which blocks its sync loads wrote, and what each request read. The runtime and
+/// the mutex baseline record it the same way.
+#[derive(Debug, Default)]
+pub(crate) struct HandedOut {
+    /// Requests the plan scheduled to sample (a sample for any other is ignored).
+    pub samplers: FxHashSet<StdArc<str>>,
+    /// The destination blocks of each sync load (a failed block must be one of them).
+    pub sync_dests: Vec<Vec<crate::pool::BlockRef>>,
+    /// What each scheduled request read, for the outputs to discard.
+    pub reads: Vec<StepReads>,
+}
+
+impl HandedOut {
+    /// Records `plan` (replacing the last one).
+    pub(crate) fn record(&mut self, plan: &crate::runtime::StepPlan) {
+        self.samplers = plan
+            .scheduled
+            .iter()
+            .filter(|s| s.samples)
+            .map(|s| s.id.clone())
+            .collect();
+        self.sync_dests = plan
+            .scheduled
+            .iter()
+            .filter_map(|s| s.sync_load.as_ref())
+            .map(crate::connector::LoadJob::all_loaded_blocks)
+            .collect();
+        self.reads.clear();
+        self.reads.extend(plan.scheduled.iter().map(|s| StepReads {
+            id: s.id.clone(),
+            pre_step_tokens: s.num_computed_tokens,
+            tables: StdArc::clone(&s.block_tables),
+        }));
+    }
+}

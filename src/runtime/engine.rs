@@ -5,12 +5,11 @@
 use std::sync::Arc as StdArc;
 use std::time::Duration;
 
-use crate::connector::LoadJob;
 use crate::pool::{BlockPool, BlockRef};
 use crate::rules::geometry::{BlockId, Geometry};
 use crate::runtime::builder::Builder;
 use crate::runtime::claim::RequestKey;
-use crate::runtime::discard::{discarded, StepReads};
+use crate::runtime::discard::{discarded, HandedOut};
 use crate::runtime::error::RuntimeError;
 #[cfg(doc)]
 use crate::runtime::handle::Handle;
@@ -94,12 +93,8 @@ pub struct Runtime {
     pub(super) stalled_steps: u32,
     /// Set once a shard panicked: (shard, step, message). No step runs after it.
     pub(super) panicked: Option<(usize, u64, String)>,
-    /// Requests the latest plan scheduled to sample.
-    pub(super) last_samplers: rustc_hash::FxHashSet<StdArc<str>>,
-    /// What each request of the last plan read, for [`Runtime::update`]'s discard set.
-    pub(super) last_reads: Vec<StepReads>,
-    /// The destination blocks of each sync load of the latest plan.
-    pub(super) last_sync: Vec<Vec<BlockRef>>,
+    /// What the latest plan handed out (samplers, sync destinations, reads).
+    pub(super) handed: HandedOut,
     /// Asynchronous loads handed to the workers.
     pub(super) loads_sent: u64,
 }
@@ -182,25 +177,7 @@ impl Runtime {
         }
         self.expect_output = !plan.scheduled.is_empty();
         self.answered = false;
-        self.last_samplers = plan
-            .scheduled
-            .iter()
-            .filter(|s| s.samples)
-            .map(|s| s.id.clone())
-            .collect();
-        self.last_sync = plan
-            .scheduled
-            .iter()
-            .filter_map(|s| s.sync_load.as_ref())
-            .map(LoadJob::all_loaded_blocks)
-            .collect();
-        self.last_reads.clear();
-        self.last_reads
-            .extend(plan.scheduled.iter().map(|s| StepReads {
-                id: s.id.clone(),
-                pre_step_tokens: s.num_computed_tokens,
-                tables: StdArc::clone(&s.block_tables),
-            }));
+        self.handed.record(&plan);
         Ok(plan)
     }
 
@@ -385,7 +362,7 @@ impl Runtime {
             return Vec::new();
         }
         for id in out.sampled {
-            if !self.last_samplers.contains(id.as_str()) {
+            if !self.handed.samplers.contains(id.as_str()) {
                 self.metrics.unexpected_samples += 1;
                 continue;
             }
@@ -394,12 +371,18 @@ impl Runtime {
         }
         let mut failed_ids = rustc_hash::FxHashSet::default();
         for b in out.invalid_blocks {
-            if is_sync_destination(&self.last_sync, b) {
+            if is_sync_destination(&self.handed.sync_dests, b) {
                 if self.inner.pool.is_current(b) {
                     failed_ids.insert(b.id);
                 }
                 self.sync_invalid.push(b);
-            } else if self.last_sync.iter().flatten().any(|d| d.id == b.id) {
+            } else if self
+                .handed
+                .sync_dests
+                .iter()
+                .flatten()
+                .any(|d| d.id == b.id)
+            {
                 // A destination's id at another generation: an older use of the slot.
                 self.metrics.stale_blocks += 1;
             } else {
@@ -407,7 +390,7 @@ impl Runtime {
             }
         }
         if first_answer {
-            for load in &self.last_sync {
+            for load in &self.handed.sync_dests {
                 if load.iter().any(|d| failed_ids.contains(&d.id)) {
                     self.metrics.sync_loads_failed += 1;
                 } else {
@@ -417,7 +400,7 @@ impl Runtime {
         }
         let reported: rustc_hash::FxHashSet<BlockId> =
             self.sync_invalid.iter().map(|b| b.id).collect();
-        discarded(&self.inner.geo, &self.last_reads, &reported)
+        discarded(&self.inner.geo, &self.handed.reads, &reported)
     }
 
     /// Counters so far.

@@ -48,7 +48,7 @@ impl State {
             return Vec::new();
         }
         for id in out.sampled {
-            if self.last_samplers.contains(id.as_str()) {
+            if self.handed.samplers.contains(id.as_str()) {
                 self.inbox.push(Command::Sampled(id));
             } else {
                 self.metrics.unexpected_samples += 1;
@@ -56,7 +56,7 @@ impl State {
         }
         let mut failed: FxHashSet<BlockId> = FxHashSet::default();
         for b in out.invalid_blocks {
-            if is_sync_destination(&self.last_sync, b) {
+            if is_sync_destination(&self.handed.sync_dests, b) {
                 if self.blocks.is_current(b) {
                     failed.insert(b.id);
                 }
@@ -66,7 +66,7 @@ impl State {
             }
         }
         if first_answer {
-            for load in &self.last_sync {
+            for load in &self.handed.sync_dests {
                 if load.iter().any(|d| failed.contains(&d.id)) {
                     self.metrics.sync_loads_failed += 1;
                 } else {
@@ -75,7 +75,7 @@ impl State {
             }
         }
         let reported: FxHashSet<BlockId> = self.sync_invalid.iter().map(|b| b.id).collect();
-        discarded(&self.geo, &self.last_reads, &reported)
+        discarded(&self.geo, &self.handed.reads, &reported)
     }
 
     /// Applies one command, as a shard does: a cancel ends the request (once its in-flight

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc as StdArc;
 use std::time::Instant;
 
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashMap;
 
 use super::blocks::Blocks;
 use super::config::BaselineConfig;
@@ -17,7 +17,7 @@ use crate::connector::LoadJob;
 use crate::pool::BlockRef;
 use crate::rules::geometry::{BlockId, Geometry};
 use crate::runtime::claim::RequestKey;
-use crate::runtime::discard::StepReads;
+use crate::runtime::discard::HandedOut;
 use crate::runtime::worker::Completion;
 use crate::runtime::{EndState, Metrics, StepPlan};
 
@@ -47,14 +47,9 @@ pub(super) struct State {
     pub(super) sync_invalid: Vec<BlockRef>,
     /// Blocks owners left unrecomputed while another request held them: next step's report.
     pub(super) handoffs: Vec<BlockRef>,
-    /// Requests the latest plan scheduled to sample (a sample for any other is ignored).
-    pub(super) last_samplers: FxHashSet<StdArc<str>>,
-    /// The destination blocks of each sync load of the latest plan (a failed block the
-    /// engine names must be one of them).
-    pub(super) last_sync: Vec<Vec<BlockRef>>,
-    /// What each request of the latest plan read (its pre-step length and tables): the
-    /// outputs to discard are computed from it, as the runtime's.
-    pub(super) last_reads: Vec<StepReads>,
+    /// What the latest plan handed out (samplers, sync destinations, reads), recorded as
+    /// the runtime records it.
+    pub(super) handed: HandedOut,
     /// Whether an output answering the latest plan came (its sync loads are counted once).
     pub(super) answered: bool,
     pub(super) ended: Vec<(StdArc<str>, EndState)>,
@@ -84,9 +79,7 @@ impl State {
             inbox: Vec::new(),
             sync_invalid: Vec::new(),
             handoffs: Vec::new(),
-            last_samplers: FxHashSet::default(),
-            last_sync: Vec::new(),
-            last_reads: Vec::new(),
+            handed: HandedOut::default(),
             answered: false,
             ended: Vec::new(),
             stash: Vec::new(),
@@ -232,25 +225,7 @@ impl State {
         }
         plan.ended = std::mem::take(&mut self.ended);
         self.answered = false;
-        self.last_samplers = plan
-            .scheduled
-            .iter()
-            .filter(|s| s.samples)
-            .map(|s| s.id.clone())
-            .collect();
-        self.last_sync = plan
-            .scheduled
-            .iter()
-            .filter_map(|s| s.sync_load.as_ref())
-            .map(LoadJob::all_loaded_blocks)
-            .collect();
-        self.last_reads.clear();
-        self.last_reads
-            .extend(plan.scheduled.iter().map(|s| StepReads {
-                id: s.id.clone(),
-                pre_step_tokens: s.num_computed_tokens,
-                tables: StdArc::clone(&s.block_tables),
-            }));
+        self.handed.record(&plan);
         plan
     }
 }
