@@ -106,6 +106,10 @@ fn submit_note(c: &StressConfig) -> String {
             count(c.max_seqs as u64)
         ),
         Rate::Max => "closed loop: from submission; includes the request's asynchronous KV load, if it has one".to_owned(),
+        Rate::PerSecond(_) if c.store.is_real() => format!(
+            "from the scheduled arrival (no coordinated omission); includes the request's asynchronous KV load from {}, if it has one",
+            c.store.shown()
+        ),
         Rate::PerSecond(_) => format!(
             "from the scheduled arrival (no coordinated omission); includes the request's asynchronous KV load, if it has one ({}–{} µs)",
             c.load_latency_us.min_us, c.load_latency_us.max_us
