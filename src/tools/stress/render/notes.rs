@@ -75,7 +75,7 @@ fn kv_notes(report: &StressReport, notes: &mut Vec<String>) {
     }
     if !c.store.is_real() && runs.iter().any(|r| r.kv.transfer_damage > 0) {
         notes.push(format!(
-            "sim store: --failure-rate {} damaged {} chunks in transfer (a flipped byte), each caught by the chunk's checks (checksum failures, format errors where the byte was in the header) and recovered as a failed block",
+            "sim store: --failure-rate {} flipped a byte of a loaded chunk {} times in transfer; a damaged chunk fails the chunk's checks (a checksum failure, or a format error when the byte is in the header) and becomes a failed block, never KV",
             c.failure_rate,
             count(r.kv.transfer_damage)
         ));
