@@ -55,13 +55,16 @@ pub(super) fn settings(c: &StressConfig, o: &mut String) {
     } else {
         format!(", warmed to --hit-ratio {}", c.hit_ratio)
     };
-    let mamba = c
+    let has_mamba = c
         .groups
         .groups()
         .iter()
-        .any(|g| matches!(g.kind, GroupKind::Mamba { .. }))
-        .then(|| format!(", {} B per Mamba state", c.mamba_state_bytes))
-        .unwrap_or_default();
+        .any(|g| matches!(g.kind, GroupKind::Mamba { .. }));
+    let mamba = if has_mamba {
+        format!(", {} B per Mamba state", c.mamba_state_bytes)
+    } else {
+        String::new()
+    };
     wrap(
         &format!(
             "KV bytes: store {}{capacity}{cluster}{warm} · {} B per token per attention group{mamba} · verify {}",
