@@ -82,8 +82,10 @@ struct Engine<'a, S> {
     store: Opened,
     /// The plan the last output answers, settled once `update` says what to discard.
     last_plan: Option<StepPlan>,
-    /// Tokens of each prompt the sim store is warmed with: `--hit-ratio` (0 on a real store).
+    /// Share of each prompt the sim store is warmed with: `--hit-ratio` (0 on a real store).
     warm_share: f64,
+    /// The scheduler block size `S`: warming rounds down to it.
+    block_size: u64,
     /// Time spent warming, ns.
     warm_ns: u64,
     name: &'static str,
@@ -150,6 +152,7 @@ impl<'a, S: Scheduler> Engine<'a, S> {
                 cfg.hit_ratio
             },
             warm_ns: 0,
+            block_size: cfg.scheduler_block_size().max(1),
             name,
             nth,
             cfg,
@@ -283,7 +286,7 @@ impl<'a, S: Scheduler> Engine<'a, S> {
     /// two steps, never inside `schedule()` or `update()`).
     fn warm(&mut self, prompt: &[u32]) {
         let len = prompt.len() as u64;
-        let s = self.cfg.scheduler_block_size().max(1);
+        let s = self.block_size;
         let held = ((len as f64 * self.warm_share) as u64).min(len.saturating_sub(1));
         let held = held - held % s;
         if held == 0 {

@@ -26,6 +26,8 @@ pub(super) enum Format {
     Count,
     /// A number with this many decimals.
     Fixed(usize),
+    /// A number of bytes, written in the binary unit that suits the median (B, KiB, MiB, GiB).
+    Bytes,
 }
 
 /// One row: where its value is in a run's JSON object, its label, and what is better.
@@ -88,7 +90,7 @@ pub(super) const KV_SECTION: &str = "KV bytes";
 /// engine's event counters (the human table shows the rows that are not 0).
 pub(super) fn sections() -> Vec<Section> {
     use Better::{Higher, Lower};
-    use Format::{Count, Fixed};
+    use Format::{Bytes, Count, Fixed};
     vec![
         Section {
             title: "requests",
@@ -159,21 +161,21 @@ pub(super) fn sections() -> Vec<Section> {
                 row!(
                     "kv.kv_bytes_loaded",
                     "bytes loaded into KV memory",
-                    Count,
+                    Bytes,
                     None,
                     |r| c(r.kv.kv_bytes_loaded)
                 ),
                 row!(
                     "kv.kv_bytes_saved",
                     "bytes saved to the store",
-                    Count,
+                    Bytes,
                     None,
                     |r| c(r.kv.kv_bytes_saved)
                 ),
                 row!(
                     "kv.kv_bytes_verified",
                     "bytes verified",
-                    Count,
+                    Bytes,
                     None,
                     |r| c(r.kv.kv_bytes_verified)
                 ),

@@ -50,13 +50,20 @@ pub(super) fn causes(report: &StressReport) -> Vec<String> {
             count((c.max_seqs / c.shards) as u64),
         ));
     }
-    if !c.lockstep && k.loads.ok + k.loads.failed > 0 {
+    if !c.lockstep && k.loads.ok + k.loads.failed + k.kv.chunks_saved > 0 {
         why.push(format!(
-            "completion timing: loads run on worker threads ({}) and a completion is taken by whichever step follows its delivery, so each scheduler sees some completions in other steps (--lockstep waits for every load before each step)",
-            match (c.load_latency_us.min_us, c.load_latency_us.max_us) {
-                (0, 0) => "instant ones too".to_owned(),
-                (lo, hi) => format!("{lo}–{hi} µs each"),
+            "completion timing: loads run on worker threads ({}) and a completion is taken by whichever step follows its delivery, so each scheduler sees some completions in other steps; saves are stored behind the steps, so a lookup may or may not find a block saved just before (--lockstep waits for every load and save before each step)",
+            match (c.store.is_real(), c.load_latency_us.min_us, c.load_latency_us.max_us) {
+                (true, ..) => format!("at the speed of {}", c.store.shown()),
+                (false, 0, 0) => "instant ones too".to_owned(),
+                (false, lo, hi) => format!("{lo}–{hi} µs each"),
             }
+        ));
+    }
+    if !c.store.is_real() && k.kv.transfer_damage > 0 {
+        why.push(format!(
+            "sim-store damage: --failure-rate {} damages that share of the sim store's reads in the order the reads reach it, so a load damaged in one scheduler may arrive intact in the other (--failure-rate 0 removes this)",
+            c.failure_rate
         ));
     }
     let e = &k.events;
@@ -99,7 +106,7 @@ pub(super) fn decisions_notes(report: &StressReport, notes: &mut Vec<String>) {
     let why = causes(report);
     if why.is_empty() {
         notes.push(format!(
-            "why: no known cause (one shard, --lockstep, no deadline, retry or quarantine event): {} has diverged from the shards' algorithm",
+            "why: no known cause (one shard, --lockstep, no sim-store damage, no deadline, retry or quarantine event): {} has diverged from the shards' algorithm",
             b.scheduler
         ));
     }

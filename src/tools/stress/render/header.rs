@@ -4,6 +4,7 @@
 use std::fmt::Write as _;
 
 use super::table::wrap;
+use crate::rules::geometry::GroupKind;
 use crate::rules::recovery::{Mode, Policy};
 use crate::tools::stress::config::StressConfig;
 use crate::tools::stress::faults::FAULT_NAMES;
@@ -12,8 +13,13 @@ use crate::tools::stress::values::{show_size, Rate};
 
 /// The settings line, and the faults line with `--faults`.
 pub(super) fn settings(c: &StressConfig, o: &mut String) {
+    let failure = if c.store.is_real() {
+        String::new()
+    } else {
+        format!(" · failure rate {}", c.failure_rate)
+    };
     let line = format!(
-        "kvsched stress: {} · {} shards · {} workers · rate {} · {} requests · mode {} · policy {} · failure rate {} · seed {}",
+        "kvsched stress: {} · {} shards · {} workers · rate {} · {} requests · mode {} · policy {}{failure} · seed {}",
         c.groups.name(),
         c.shards,
         c.workers,
@@ -30,7 +36,6 @@ pub(super) fn settings(c: &StressConfig, o: &mut String) {
             Policy::Recompute => "recompute",
             Policy::Fail => "fail",
         },
-        c.failure_rate,
         c.seed
     );
     wrap(&line, "", "  ", o);
@@ -50,12 +55,21 @@ pub(super) fn settings(c: &StressConfig, o: &mut String) {
     } else {
         format!(", warmed to --hit-ratio {}", c.hit_ratio)
     };
+    let has_mamba = c
+        .groups
+        .groups()
+        .iter()
+        .any(|g| matches!(g.kind, GroupKind::Mamba { .. }));
+    let mamba = if has_mamba {
+        format!(", {} B per Mamba state", c.mamba_state_bytes)
+    } else {
+        String::new()
+    };
     wrap(
         &format!(
-            "KV bytes: store {}{capacity}{cluster}{warm} · {} B per token per attention group, {} B per Mamba state · verify {}",
+            "KV bytes: store {}{capacity}{cluster}{warm} · {} B per token per attention group{mamba} · verify {}",
             c.store.shown(),
             c.kv_bytes_per_token,
-            c.mamba_state_bytes,
             if c.verify.is_on() { "on" } else { "off" }
         ),
         "",

@@ -23,7 +23,12 @@ use crate::tools::stress::report::StressReport;
 /// Added keys: `finished_per_s`, `output_tokens`, `output_tokens_per_s`,
 /// `cpu.{user_s,sys_s,per_wall_s,us_per_finished,engine_thread_s}` (`cpu` is `null` where
 /// `getrusage` is unavailable), `engine.{client_cancels,client_cancels_skipped,
-/// samples_after_cancel,fault_cancels_after_end,late_cancels_ended}`, `config.repeat`, and
+/// samples_after_cancel,fault_cancels_after_end,late_cancels_ended}`, `config.repeat`,
+/// `kv.*` (the KV bytes loaded, saved and verified, the garbage reads — `null` with
+/// `--verify off` — and the connector's integrity counters, see
+/// [`KvCounts`](crate::tools::stress::report::KvCounts)),
+/// `faults_injected.{corrupt,truncate,evict,slow}`, `config.{store,store_capacity,
+/// redis_cluster,redis_maxmemory,kv_bytes_per_token,mamba_state_bytes,verify}`, and
 /// `figures`: every row of the human table keyed by its value's path in a run, each with
 /// `section`, `label`, `better` (`higher`, `lower` or `null`), `kvsched` and `baseline` as
 /// `{median,min,max,runs}` and, for a ranked figure with a baseline, `ratio` likewise and
@@ -45,7 +50,11 @@ use crate::tools::stress::report::StressReport;
 ///   earlier sync load with a wrong generation, or an id past the pool (`stale=R`: share R of
 ///   steps);
 /// * `cancel`: client cancels issued at a random later step (`cancel=R`: share R of
-///   requests; a cancel may find its request already ended).
+///   requests; a cancel may find its request already ended);
+/// * `corrupt`, `truncate`: stored chunks damaged at rest — a bit flipped, the value cut
+///   short (`corrupt=R`, `truncate=R`: share R of chunk keys; memory and disk stores);
+/// * `evict`: chunks deleted between lookup and load (`evict=R`: share R of chunk reads);
+/// * `slow`: loads delayed 4× the load deadline (`slow=R`: share R of chunk reads).
 ///
 /// `events` are the scheduler's counters at the end
 /// ([`Metrics`](crate::runtime::Metrics)): how it absorbed them (`deadlines_expired`,

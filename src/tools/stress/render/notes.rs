@@ -75,7 +75,7 @@ fn kv_notes(report: &StressReport, notes: &mut Vec<String>) {
     }
     if !c.store.is_real() && runs.iter().any(|r| r.kv.transfer_damage > 0) {
         notes.push(format!(
-            "sim store: --failure-rate {} damaged {} chunks in transfer (a flipped byte), each caught by the chunk's checks (checksum failures, format errors where the byte was in the header) and recovered as a failed block",
+            "sim store: --failure-rate {} flipped a byte of a loaded chunk {} times in transfer; a damaged chunk fails the chunk's checks (a checksum failure, or a format error when the byte is in the header) and becomes a failed block, never KV",
             c.failure_rate,
             count(r.kv.transfer_damage)
         ));
@@ -106,6 +106,10 @@ fn submit_note(c: &StressConfig) -> String {
             count(c.max_seqs as u64)
         ),
         Rate::Max => "closed loop: from submission; includes the request's asynchronous KV load, if it has one".to_owned(),
+        Rate::PerSecond(_) if c.store.is_real() => format!(
+            "from the scheduled arrival (no coordinated omission); includes the request's asynchronous KV load from {}, if it has one",
+            c.store.shown()
+        ),
         Rate::PerSecond(_) => format!(
             "from the scheduled arrival (no coordinated omission); includes the request's asynchronous KV load, if it has one ({}–{} µs)",
             c.load_latency_us.min_us, c.load_latency_us.max_us
