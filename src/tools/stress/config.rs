@@ -8,6 +8,7 @@ use std::time::Duration;
 use serde::Serialize;
 use thiserror::Error;
 
+use super::engines::EnginesArgs;
 use super::faults::{Faults, FAULT_NAMES};
 use super::values::{
     parse_live, parse_max_seqs, parse_mode, parse_policy, parse_pool, parse_seconds, parse_shards,
@@ -171,6 +172,10 @@ pub struct StressConfig {
     /// drift hits both; every figure is then the median and min–max of the runs.
     #[arg(long, value_name = "N", default_value_t = 1, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=MAX_REPEAT as i64))]
     pub repeat: u32,
+    /// Several engine processes on one shared store (`--engines`, `--redis-restarts`).
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub engines: EnginesArgs,
 }
 
 impl Default for StressConfig {
@@ -207,6 +212,7 @@ impl Default for StressConfig {
             load_deadline_ms: None,
             lockstep: false,
             repeat: 1,
+            engines: EnginesArgs::default(),
         }
     }
 }
