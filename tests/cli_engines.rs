@@ -1,0 +1,250 @@
+//! `kvsched stress --engines N` against a Redis server the parent starts: engines find each
+//! other's chunks, every engine accounts for every request, a server restart in the middle
+//! is ridden out, the engines die with the parent, and combinations with nothing to share
+//! are refused. Skipped (with a message) without `redis-server`, unless `CI` is set. Small
+//! runs keep it fast in debug builds.
+
+mod redis_common;
+
+use std::io::Read;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use redis_common::{eventually, missing};
+use serde_json::Value;
+
+/// A hang guard, many times what a run here needs; not a timing assertion.
+const LIMIT: Duration = Duration::from_secs(120);
+
+fn spawn(args: &[&str]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_kvsched"))
+        .arg("stress")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run kvsched")
+}
+
+/// Runs `kvsched stress ARGS` to its end (killed and failed after [`LIMIT`]).
+fn stress(args: &[&str]) -> Output {
+    let mut child = spawn(args);
+    let drain = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            let _ = r.read_to_end(&mut buf);
+            buf
+        })
+    };
+    let out = drain(Box::new(child.stdout.take().expect("stdout")));
+    let err = drain(Box::new(child.stderr.take().expect("stderr")));
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        if start.elapsed() > LIMIT {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("kvsched stress {args:?} still running after {LIMIT:?}: hung");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Output {
+        status,
+        stdout: out.join().expect("stdout"),
+        stderr: err.join().expect("stderr"),
+    }
+}
+
+fn json(out: &Output) -> Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): {}\nstderr: {}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+/// Each engine's requests add up, and the parent says so.
+fn assert_accounted(r: &Value, engines: usize, requests: u64) {
+    assert_eq!(r["every_request_accounted"], Value::Bool(true), "{r:#}");
+    let rows = r["per_engine"].as_array().expect("per_engine");
+    assert_eq!(rows.len(), engines);
+    for row in rows {
+        let n = |k: &str| row[k].as_u64().unwrap_or_else(|| panic!("{k} in {row}"));
+        assert_eq!(n("submitted"), requests, "{row}");
+        assert_eq!(
+            n("finished") + n("failed") + n("cancelled"),
+            requests,
+            "{row}"
+        );
+        assert_eq!(row["accounted"], Value::Bool(true));
+        assert_eq!(row["exit_code"], Value::from(0));
+    }
+}
+
+const SMALL: &[&str] = &[
+    "--requests",
+    "300",
+    "--rate",
+    "max",
+    "--live",
+    "32",
+    "--model-us",
+    "0",
+    "--prompt-tokens",
+    "128",
+    "--pool-blocks",
+    "8192",
+    "--duration",
+    "60",
+];
+
+#[test]
+fn two_engines_share_their_chunks_and_account_for_every_request() {
+    if missing("redis-server") {
+        return;
+    }
+    let mut args = vec!["--store", "redis", "--engines", "2", "--json"];
+    args.extend(SMALL);
+    let out = stress(&args);
+    let r = json(&out);
+    assert!(
+        out.status.success(),
+        "{:?}: {r:#}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_accounted(&r, 2, 300);
+    assert_eq!(r["invariants"]["ok"], Value::Bool(true));
+    let hits = r["sum"]["cross_engine_hits"]
+        .as_u64()
+        .expect("cross_engine_hits");
+    assert!(hits > 0, "no engine loaded a chunk the other saved: {r:#}");
+    let per: u64 = r["per_engine"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .map(|row| row["cross_engine_hits"].as_u64().expect("hits"))
+        .sum();
+    assert_eq!(per, hits);
+    assert_eq!(r["server"]["owned"], Value::Bool(true));
+}
+
+#[test]
+fn the_engines_ride_out_a_server_restart() {
+    if missing("redis-server") {
+        return;
+    }
+    // An open-loop run of about 2 s, so the restart comes in the middle of it.
+    let args = [
+        "--store",
+        "redis",
+        "--engines",
+        "2",
+        "--redis-restarts",
+        "1",
+        "--json",
+        "--requests",
+        "600",
+        "--rate",
+        "300",
+        "--model-us",
+        "0",
+        "--prompt-tokens",
+        "128",
+        "--pool-blocks",
+        "8192",
+        "--duration",
+        "60",
+    ];
+    let out = stress(&args);
+    let r = json(&out);
+    assert!(
+        out.status.success(),
+        "{:?}: {r:#}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(r["redis_restarts"]["requested"], Value::from(1));
+    assert_eq!(r["redis_restarts"]["done"], Value::from(1), "{r:#}");
+    assert_accounted(&r, 2, 600);
+}
+
+#[test]
+fn the_engines_die_with_the_parent() {
+    if missing("redis-server") {
+        return;
+    }
+    // A seed no other test uses marks this run's engines in the process table.
+    let seed = "918273645";
+    let mut parent = spawn(&[
+        "--store",
+        "redis",
+        "--engines",
+        "2",
+        "--requests",
+        "1000000",
+        "--rate",
+        "50",
+        "--duration",
+        "600",
+        "--seed",
+        seed,
+    ]);
+    let engines = || {
+        std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+            .filter(|c| {
+                let args: Vec<&[u8]> = c.split(|b| *b == 0).collect();
+                args.contains(&&b"--engine-index"[..])
+                    && args
+                        .windows(2)
+                        .any(|w| w == [&b"--seed"[..], seed.as_bytes()])
+            })
+            .count()
+    };
+    eventually("both engines running", LIMIT, || {
+        (engines() == 2).then_some(())
+    });
+    parent.kill().expect("kill the parent");
+    parent.wait().expect("reap the parent");
+    eventually("the engines gone with their parent", LIMIT, || {
+        (engines() == 0).then_some(())
+    });
+}
+
+#[test]
+fn nothing_to_share_is_refused_in_one_line() {
+    if missing("redis-server") {
+        return;
+    }
+    for (args, flag) in [
+        (&["--engines", "2"][..], "--engines: "),
+        (&["--engines", "2", "--store", "memory"][..], "--engines: "),
+        (
+            &["--store", "redis://127.0.0.1:1", "--redis-restarts", "1"][..],
+            "--redis-restarts: ",
+        ),
+        (
+            &["--engines", "17", "--store", "redis"][..],
+            "invalid value '17' for '--engines <N>'",
+        ),
+    ] {
+        let out = stress(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(
+            err.starts_with(&format!("error: {flag}")),
+            "{args:?}: {err}"
+        );
+        assert!(out.stdout.is_empty());
+    }
+}
