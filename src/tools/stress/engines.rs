@@ -178,6 +178,14 @@ pub fn run_engines(
         None => plan.store_arg.clone(),
     };
     let info = combine::server_info(&plan, server.as_ref().map(OwnedServer::shape));
+    if interrupt.raised() {
+        // Caught while the server started (a cluster takes seconds): no engine runs yet.
+        let _ = writeln!(
+            std::io::stderr(),
+            "error: interrupted: the server was stopped"
+        );
+        return Ok(ExitCode::from(EXIT_INTERRUPTED));
+    }
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
     let mut children = Children::default();
     for i in 0..plan.engines {
