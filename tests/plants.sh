@@ -36,8 +36,11 @@ declare -A TESTS=(
   [shard-panic-escapes]="--lib runtime::poison_tests"
   # runtime/shard/outputs.rs: Mamba entries that hold no state (mode align) are cached.
   [mamba-align-cache-unwritten]="--test kv_engine"
+  # kv/saver.rs: flush returns while a saver thread still holds a batch it has not stored.
+  [saver-flush-early]="--lib kv::saver"
 )
-ORDER=(decide-early claim-store late-leak panic-ok trust-stale end-while-loading no-cross-shard-preempt lookup-uncaught shard-panic-escapes mamba-align-cache-unwritten)
+ORDER=(decide-early claim-store late-leak panic-ok trust-stale end-while-loading no-cross-shard-preempt lookup-uncaught shard-panic-escapes mamba-align-cache-unwritten
+  saver-flush-early)
 
 if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi
 

@@ -143,7 +143,11 @@ impl Saver {
         loop {
             let q = self.shared.queue.lock();
             // Acquire: pairs with the Release decrement in `run` after a batch is stored.
-            if q.work.is_empty() && self.shared.busy.load(Ordering::Acquire) == 0 {
+            // (Planted bug `saver-flush-early`, tests/plants.sh: a batch a thread has taken
+            // but not stored yet is not waited for.)
+            let idle = cfg!(kvsched_plant = "saver-flush-early")
+                || self.shared.busy.load(Ordering::Acquire) == 0;
+            if q.work.is_empty() && idle {
                 return;
             }
             drop(q);
@@ -240,5 +244,76 @@ fn run(shared: &Shared, tier: &dyn Tier, codec: &ChunkCodec, index: &KeyIndex, o
         // Release: pairs with the Acquire load in `flush`, so a flush that sees 0 sees the
         // batch stored and indexed.
         shared.busy.fetch_sub(1, Ordering::Release);
+    }
+}
+
+#[cfg(all(test, not(kvsched_loom)))]
+mod tests {
+    use super::*;
+    use crate::kv::TierError;
+    use crate::sync::AtomicBool;
+
+    /// A tier whose `put` waits until the test opens the gate, then records that it stored.
+    #[derive(Default)]
+    struct Gate {
+        open: Mutex<bool>,
+        started: AtomicBool,
+        stored: AtomicBool,
+    }
+
+    impl Tier for Gate {
+        fn name(&self) -> &str {
+            "gate"
+        }
+        fn exists(&self, keys: &[ChunkKey], _: &CancelToken) -> Result<Vec<bool>, TierError> {
+            Ok(vec![false; keys.len()])
+        }
+        fn get(
+            &self,
+            keys: &[ChunkKey],
+            _: &CancelToken,
+        ) -> Result<Vec<Option<Vec<u8>>>, TierError> {
+            Ok(vec![None; keys.len()])
+        }
+        fn put(&self, _: &[(ChunkKey, Vec<u8>)]) -> Result<(), TierError> {
+            self.started.store(true, Ordering::SeqCst);
+            while !*self.open.lock() {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            self.stored.store(true, Ordering::SeqCst);
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn flush_waits_for_a_batch_a_thread_has_taken() {
+        let gate = Arc::new(Gate::default());
+        let tier: Arc<dyn Tier> = gate.clone();
+        let ix = Arc::new(KeyIndex::new(64));
+        let saver = Saver::start(tier, ChunkCodec::new(None), ix.clone(), ix, 8, 1)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(saver.offer(Work::Save {
+            key: ChunkKey(1),
+            group: 0,
+            tokens: 16,
+            payload: vec![1; 8],
+        }));
+        // The thread has taken the batch: the queue is empty, the put is in progress.
+        while !gate.started.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        let opener = {
+            let gate = Arc::clone(&gate);
+            std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(30));
+                *gate.open.lock() = true;
+            })
+        };
+        saver.flush();
+        assert!(
+            gate.stored.load(Ordering::SeqCst),
+            "flush returned before the taken batch was stored"
+        );
+        let _ = opener.join();
     }
 }

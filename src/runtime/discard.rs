@@ -5,7 +5,8 @@
 //! a non-null entry below its pre-step length `P` is in the report), run at `update` time on
 //! the report's sync-load share, so a streaming engine learns it before it emits a token. The
 //! next plan's recovery puts exactly these requests in `skip` (policy `recompute`) or ends them
-//! as failed (policy `fail`); `tests/runtime_discard.rs` checks that the two agree.
+//! as failed (policy `fail`); `tests/runtime_discard.rs` checks that the two agree. The mutex
+//! baseline of the stress tool answers its `update` with the same function.
 
 use std::sync::Arc as StdArc;
 
@@ -17,7 +18,7 @@ use crate::runtime::shard::BlockTable;
 /// What the runtime remembers of a scheduled request to answer the question: its id, its
 /// computed length before the step (`P`) and the tables the plan handed out.
 #[derive(Clone, Debug)]
-pub(super) struct StepReads {
+pub(crate) struct StepReads {
     pub id: StdArc<str>,
     pub pre_step_tokens: u64,
     pub tables: StdArc<[BlockTable]>,
@@ -25,7 +26,7 @@ pub(super) struct StepReads {
 
 /// The requests of `reads` whose scan range holds one of `invalid` (ids of blocks the step's
 /// sync loads failed to fill), in plan order.
-pub(super) fn discarded(
+pub(crate) fn discarded(
     geo: &Geometry,
     reads: &[StepReads],
     invalid: &FxHashSet<BlockId>,

@@ -49,7 +49,7 @@ pub mod claim;
 #[cfg(not(any(kvsched_loom, feature = "internals")))]
 pub(crate) mod claim;
 #[cfg(not(kvsched_loom))]
-mod discard;
+pub(crate) mod discard;
 #[cfg(not(kvsched_loom))]
 mod engine;
 #[cfg(not(kvsched_loom))]

@@ -1,8 +1,12 @@
-//! [`SimEngine`]: one plan in, its output out.
+//! [`SimEngine`]: one plan in, its output out — on simulated KV, or on real KV bytes through
+//! a [`TierConnector`] and a verifying [`KvChecker`].
 
 use std::fmt;
+use std::sync::Arc as StdArc;
 
+use super::kv_check::{KvCheckCounters, KvChecker, StepCheck};
 use crate::connector::{KvConnector, LoadJob, LoadResult};
+use crate::kv::{TierConnector, TierError};
 use crate::runtime::{ScheduledRequest, StepOutput, StepPlan};
 
 /// What a [`SimEngine`] has done, summed over the plans it ran.
@@ -22,6 +26,10 @@ pub struct SimCounts {
     pub samples: u64,
     /// Requests the engine finished on its own (see [`SimEngine::step_with`]).
     pub finishes: u64,
+    /// Chunks stored in the tier by [`SimEngine::warm`].
+    pub chunks_warmed: u64,
+    /// Save offers made by [`SimEngine::settle`] (blocks offered to the tier's write-behind).
+    pub blocks_offered: u64,
 }
 
 /// A simulated engine: [`step`](SimEngine::step) takes a [`StepPlan`] and returns the
@@ -31,12 +39,74 @@ pub struct SimCounts {
 ///
 /// 1. runs the request's synchronous load, if it has one, through the sync-load runner the
 ///    engine was built with (a failure's blocks go into [`StepOutput::invalid_blocks`]);
-/// 2. computes the scheduled tokens — simulated: no model runs and no KV bytes are read or
-///    written yet;
+/// 2. computes the scheduled tokens — on simulated KV, nothing is read or written; on real
+///    KV ([`with_kv`](SimEngine::with_kv)) the [`KvChecker`] reads every entry the request's
+///    tables name, checks each read against its reference, and writes what the step computes;
 /// 3. samples a token if the request was scheduled with `samples`
 ///    ([`StepOutput::sampled`]);
 /// 4. finishes the request if the caller's finish rule says so
 ///    ([`StepOutput::finished`], with [`step_with`](SimEngine::step_with)).
+///
+/// # Real KV bytes
+///
+/// An engine built [`with_kv`](SimEngine::with_kv) runs the KV data plane of a serving
+/// engine on host memory: the sync loads go through the [`TierConnector`] (which writes the
+/// KV memory the checker reads), and the caller completes each step with
+/// [`settle`](SimEngine::settle) once the scheduler's `update` has said which outputs to
+/// discard — the step's garbage is then counted as kept or discarded, the kept samplers'
+/// tokens join their requests, and the full prompt blocks the kept requests computed are
+/// offered to the tier (write-behind: `settle` copies their bytes, never waits for the tier).
+/// The loop is
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use kvsched::kv::{HostKvMemory, KvLayout, KvMemory, MemoryTier, TierConnector, TierConnectorConfig};
+/// use kvsched::sim::{KvChecker, SimEngine};
+/// use kvsched::{CacheGroup, Runtime, SubmitRequest};
+///
+/// let groups = vec![CacheGroup::full_attention(16)];
+/// let layout = KvLayout::for_groups(&groups, 8, 0)?; // 8 bytes of KV per token
+/// let memory: Arc<dyn KvMemory> = Arc::new(HostKvMemory::new(layout, 256)?);
+/// let config = TierConnectorConfig { groups: groups.clone(), ..TierConnectorConfig::default() };
+/// let tag = config.tag;
+/// let connector = Arc::new(TierConnector::new(
+///     Arc::new(MemoryTier::new(16 << 20, 4)),
+///     Arc::clone(&memory),
+///     config,
+/// )?);
+/// let mut rt = Runtime::builder()
+///     .groups(groups.clone())
+///     .pool_blocks(256)
+///     .connector(connector.clone())
+///     .build()?;
+/// let checker = KvChecker::new(groups, tag, 8, 0, memory);
+/// let mut engine = SimEngine::with_kv(connector.clone(), checker);
+/// let prompt: Vec<u32> = (1..=70).collect();
+/// engine.warm(&prompt, 48)?; // the store holds the first 3 blocks
+/// engine.add_request("r1", &prompt); // before submitting it
+/// rt.submit(SubmitRequest { id: "r1".into(), prompt, max_new_tokens: 4,
+///                           priority: 0, load_deadline: None })?;
+/// while rt.live() > 0 {
+///     let plan = rt.schedule()?;
+///     let out = engine.step(&plan); // sync loads, every read checked, computed KV written
+///     let discard = rt.update(out);
+///     engine.settle(&plan, &discard); // before the next step: garbage counted, saves offered
+///     if plan.scheduled.is_empty() {
+///         rt.wait_for_work(Duration::from_millis(1)); // an async load is running
+///     }
+/// }
+/// rt.shutdown();
+/// connector.flush();
+/// let checked = engine.kv_counters().expect("real KV");
+/// assert_eq!(checked.garbage_reads, 0);
+/// assert!(checked.kv_bytes_verified > 0);
+/// assert_eq!(connector.stats().chunks_loaded, 3); // the warmed prefix, loaded and verified
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// [`kv_counters`](SimEngine::kv_counters) has the checker's counts (`garbage_reads` must be
+/// 0 in mode `safe`), the connector's [`stats`](TierConnector::stats) the bytes moved.
 ///
 /// # Guarantees
 ///
@@ -48,8 +118,10 @@ pub struct SimCounts {
 ///
 /// # Limits
 ///
-/// It takes no time: a caller that wants a model's cost waits itself. A panic in the sync-load
-/// runner or the finish rule propagates to the caller.
+/// It takes no time beyond its loads and checks: a caller that wants a model's cost waits
+/// itself. A panic in the sync-load runner, the connector or the finish rule propagates to the
+/// caller. On real KV it keeps, per request added and not yet ended, its tokens (prompt and
+/// samples kept): memory linear in the live requests' lengths.
 ///
 /// # Example
 ///
@@ -82,13 +154,23 @@ pub struct SimCounts {
 /// ```
 pub struct SimEngine<'a> {
     sync_loads: Box<dyn FnMut(&LoadJob) -> LoadResult + Send + 'a>,
+    kv: Option<KvPlane>,
     counts: SimCounts,
+}
+
+/// The real-bytes side of an engine built [`SimEngine::with_kv`].
+struct KvPlane {
+    connector: StdArc<TierConnector>,
+    checker: KvChecker,
+    /// The last step's reads, until [`SimEngine::settle`].
+    pending: Option<StepCheck>,
 }
 
 impl fmt::Debug for SimEngine<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SimEngine")
             .field("counts", &self.counts)
+            .field("kv", &self.kv.as_ref().map(|k| k.checker.counters()))
             .finish_non_exhaustive()
     }
 }
@@ -108,6 +190,7 @@ impl<'a> SimEngine<'a> {
     pub fn new(sync_loads: impl FnMut(&LoadJob) -> LoadResult + Send + 'a) -> Self {
         SimEngine {
             sync_loads: Box::new(sync_loads),
+            kv: None,
             counts: SimCounts::default(),
         }
     }
@@ -116,6 +199,112 @@ impl<'a> SimEngine<'a> {
     /// [`load`](KvConnector::load), on the calling thread.
     pub fn with_connector(connector: &'a dyn KvConnector) -> Self {
         SimEngine::new(move |job| connector.load(job))
+    }
+
+    /// An engine on real KV bytes: sync loads through `connector` (on the calling thread),
+    /// every read checked by `checker`, whose KV memory must be the connector's (see the type's
+    /// docs for the loop). The scheduler's asynchronous loads go through the same connector on
+    /// its workers.
+    pub fn with_kv(connector: StdArc<TierConnector>, checker: KvChecker) -> SimEngine<'static> {
+        SimEngine {
+            sync_loads: Box::new(|_| LoadResult::Ok),
+            kv: Some(KvPlane {
+                connector,
+                checker,
+                pending: None,
+            }),
+            counts: SimCounts::default(),
+        }
+    }
+
+    /// Registers a request's prompt with the checker before it is submitted (its reads are
+    /// checked against references of these tokens). Without real KV: nothing.
+    pub fn add_request(&mut self, id: &str, prompt: &[u32]) {
+        if let Some(kv) = &mut self.kv {
+            kv.checker.add_request(id, prompt);
+        }
+    }
+
+    /// Forgets a request that will not be stepped (its submission was refused). Requests a
+    /// plan ends are forgotten by [`step`](Self::step).
+    pub fn end_request(&mut self, id: &str) {
+        if let Some(kv) = &mut self.kv {
+            kv.checker.end_request(id);
+        }
+    }
+
+    /// Stores in the tier, now and on the calling thread, the reference chunks of every block
+    /// of `prompt`'s first `tokens` tokens in every group (what a warm store holds for the
+    /// prefix: the bytes the engine would have computed). Returns the chunks stored; without
+    /// real KV, 0.
+    ///
+    /// # Errors
+    ///
+    /// The tier's error (the chunks before it are stored).
+    pub fn warm(&mut self, prompt: &[u32], tokens: u64) -> Result<u64, TierError> {
+        let Some(kv) = &self.kv else {
+            return Ok(0);
+        };
+        let tokens = usize::try_from(tokens)
+            .unwrap_or(usize::MAX)
+            .min(prompt.len());
+        // A block's key and reference depend on the tokens up to its end only, so the
+        // prefix's full blocks are those of the prefix alone.
+        let prefix = &prompt[..tokens];
+        let mut stored = 0;
+        for g in 0..kv.connector.memory().layout().num_groups() {
+            let mut i = 0;
+            while let Some(bytes) = kv.checker.reference_block(prefix, g, i) {
+                if kv.connector.store_now(prefix, g, i, &bytes)? {
+                    stored += 1;
+                }
+                i += 1;
+            }
+        }
+        self.counts.chunks_warmed += stored;
+        Ok(stored)
+    }
+
+    /// Completes the last step on real KV once the scheduler said which outputs to discard
+    /// (`discarded`: what its `update` returned for the output of `plan`): counts the step's
+    /// garbage as kept or discarded, appends the kept samplers' tokens to their requests and
+    /// offers the full prompt blocks every kept request computed to the tier. Returns the
+    /// requests whose samples the engine may emit. Call it once per [`step`](Self::step),
+    /// before the next; without real KV it only returns the samplers not discarded.
+    pub fn settle(&mut self, plan: &StepPlan, discarded: &[StdArc<str>]) -> Vec<StdArc<str>> {
+        let Some(kv) = &mut self.kv else {
+            return plan
+                .scheduled
+                .iter()
+                .filter(|s| s.samples && !discarded.contains(&s.id))
+                .map(|s| s.id.clone())
+                .collect();
+        };
+        let Some(check) = kv.pending.take() else {
+            return Vec::new();
+        };
+        let emitted = kv.checker.settle(plan, check, discarded);
+        for s in plan.scheduled.iter().filter(|s| !discarded.contains(&s.id)) {
+            let blocks = kv.checker.completed_prompt_blocks(s);
+            if blocks.is_empty() {
+                continue;
+            }
+            if let Some(prompt) = kv.checker.prompt(&s.id) {
+                self.counts.blocks_offered += blocks.len() as u64;
+                kv.connector.save_blocks(prompt, &blocks);
+            }
+        }
+        emitted
+    }
+
+    /// The checker's counters (real KV only).
+    pub fn kv_counters(&self) -> Option<&KvCheckCounters> {
+        self.kv.as_ref().map(|k| k.checker.counters())
+    }
+
+    /// The connector (real KV only).
+    pub fn connector(&self) -> Option<&StdArc<TierConnector>> {
+        self.kv.as_ref().map(|k| &k.connector)
     }
 
     /// Runs `plan` and returns the output that answers it. The engine finishes no request
@@ -134,6 +323,18 @@ impl<'a> SimEngine<'a> {
     ) -> StepOutput {
         self.counts.steps += 1;
         let mut out = StepOutput::for_plan(plan);
+        if let Some(kv) = &mut self.kv {
+            for (id, _) in &plan.ended {
+                kv.checker.end_request(id);
+            }
+            let before = kv.checker.counters().clone();
+            let check = kv.checker.run_step(plan, Some(kv.connector.as_ref()));
+            let after = kv.checker.counters();
+            self.counts.sync_loads += after.sync_loads - before.sync_loads;
+            self.counts.sync_loads_failed += after.sync_loads_failed - before.sync_loads_failed;
+            out.invalid_blocks.extend_from_slice(&check.invalid_blocks);
+            kv.pending = Some(check);
+        }
         for s in &plan.scheduled {
             self.run(s, &mut out);
             if finish(s) {
@@ -152,10 +353,11 @@ impl<'a> SimEngine<'a> {
     /// Runs one scheduled request of the step into `out`: its synchronous load first (the
     /// blocks of tokens `start..end` filled from the KV store), then the computation of its
     /// `num_tokens` tokens from `num_computed_tokens` on, then its sample. The computation is
-    /// where a real engine reads the KV entries below those tokens and writes theirs; here
-    /// nothing is read or written.
+    /// where a real engine reads the KV entries below those tokens and writes theirs: on
+    /// simulated KV nothing is read or written; on real KV the checker did both (and the
+    /// sync loads) for the whole step before.
     fn run(&mut self, s: &ScheduledRequest, out: &mut StepOutput) {
-        if let Some(job) = &s.sync_load {
+        if let Some(job) = s.sync_load.as_ref().filter(|_| self.kv.is_none()) {
             self.counts.sync_loads += 1;
             if let LoadResult::Failed(bad) = (self.sync_loads)(job) {
                 self.counts.sync_loads_failed += 1;

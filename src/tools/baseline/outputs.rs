@@ -3,11 +3,14 @@
 //! does), applied at the next step in the order they came, and the last step's output
 //! applied after recovery (samples, finishes, recomputed blocks no longer pending).
 
+use std::sync::Arc as StdArc;
+
 use rustc_hash::FxHashSet;
 
 use super::request::Phase;
 use super::state::State;
 use crate::rules::geometry::BlockId;
+use crate::runtime::discard::discarded;
 use crate::runtime::policy::trust::is_sync_destination;
 use crate::runtime::{EndState, StepOutput};
 
@@ -28,8 +31,9 @@ impl State {
     /// latest plan (another is counted stale), samples only for requests it scheduled to
     /// sample (others: `unexpected_samples`) and failed blocks only among its sync loads'
     /// destinations (others: `foreign_blocks`). The first answer counts each sync load ok or
-    /// failed.
-    pub(super) fn record_output(&mut self, out: StepOutput) {
+    /// failed. Returns the outputs to discard, as the runtime's `update`: the requests whose
+    /// step read a block one of its sync loads failed to fill.
+    pub(super) fn record_output(&mut self, out: StepOutput) -> Vec<StdArc<str>> {
         let current = out.step == self.step;
         let first_answer = current && !self.answered;
         if current {
@@ -41,7 +45,7 @@ impl State {
             if !out.sampled.is_empty() || !out.invalid_blocks.is_empty() {
                 self.metrics.stale_outputs += 1;
             }
-            return;
+            return Vec::new();
         }
         for id in out.sampled {
             if self.last_samplers.contains(id.as_str()) {
@@ -70,6 +74,8 @@ impl State {
                 }
             }
         }
+        let reported: FxHashSet<BlockId> = self.sync_invalid.iter().map(|b| b.id).collect();
+        discarded(&self.geo, &self.last_reads, &reported)
     }
 
     /// Applies one command, as a shard does: a cancel ends the request (once its in-flight

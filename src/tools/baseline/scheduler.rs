@@ -129,9 +129,12 @@ impl MutexScheduler {
         plan
     }
 
-    /// Applies the engine's output for the last step (at the next [`MutexScheduler::schedule`]).
-    pub fn update(&mut self, out: StepOutput) {
-        self.state.lock().record_output(out);
+    /// Applies the engine's output for the last step (at the next [`MutexScheduler::schedule`])
+    /// and returns the outputs to discard, as [`Runtime::update`](crate::runtime::Runtime::update)
+    /// does: the requests whose output of the step was computed from a block one of its sync
+    /// loads failed to fill.
+    pub fn update(&mut self, out: StepOutput) -> Vec<StdArc<str>> {
+        self.state.lock().record_output(out)
     }
 
     /// Asynchronous loads queued for the workers whose completion has not been sent back yet

@@ -17,6 +17,7 @@ use crate::connector::LoadJob;
 use crate::pool::BlockRef;
 use crate::rules::geometry::{BlockId, Geometry};
 use crate::runtime::claim::RequestKey;
+use crate::runtime::discard::StepReads;
 use crate::runtime::worker::Completion;
 use crate::runtime::{EndState, Metrics, StepPlan};
 
@@ -51,6 +52,9 @@ pub(super) struct State {
     /// The destination blocks of each sync load of the latest plan (a failed block the
     /// engine names must be one of them).
     pub(super) last_sync: Vec<Vec<BlockRef>>,
+    /// What each request of the latest plan read (its pre-step length and tables): the
+    /// outputs to discard are computed from it, as the runtime's.
+    pub(super) last_reads: Vec<StepReads>,
     /// Whether an output answering the latest plan came (its sync loads are counted once).
     pub(super) answered: bool,
     pub(super) ended: Vec<(StdArc<str>, EndState)>,
@@ -82,6 +86,7 @@ impl State {
             handoffs: Vec::new(),
             last_samplers: FxHashSet::default(),
             last_sync: Vec::new(),
+            last_reads: Vec::new(),
             answered: false,
             ended: Vec::new(),
             stash: Vec::new(),
@@ -239,6 +244,13 @@ impl State {
             .filter_map(|s| s.sync_load.as_ref())
             .map(LoadJob::all_loaded_blocks)
             .collect();
+        self.last_reads.clear();
+        self.last_reads
+            .extend(plan.scheduled.iter().map(|s| StepReads {
+                id: s.id.clone(),
+                pre_step_tokens: s.num_computed_tokens,
+                tables: StdArc::clone(&s.block_tables),
+            }));
         plan
     }
 }

@@ -10,13 +10,15 @@ use thiserror::Error;
 
 use super::engines::EnginesArgs;
 use super::faults::{Faults, FAULT_NAMES};
+use super::store::StoreSpec;
 use super::values::{
     parse_live, parse_max_seqs, parse_mode, parse_policy, parse_pool, parse_seconds, parse_shards,
-    parse_unit, parse_workers, saturating_secs, ser_mode, ser_policy, BaselineKind, LatencyRange,
-    Preset, Rate, MAX_DURATION_S, MAX_LIVE, MAX_MAX_SEQS, MAX_POOL_BLOCKS, MAX_REPEAT, MAX_SHARDS,
-    MAX_WORKERS,
+    parse_size, parse_unit, parse_workers, saturating_secs, ser_mode, ser_policy, BaselineKind,
+    LatencyRange, Preset, Rate, Verify, MAX_DURATION_S, MAX_KV_BYTES_PER_TOKEN,
+    MAX_KV_MEMORY_BYTES, MAX_LIVE, MAX_MAMBA_STATE_BYTES, MAX_MAX_SEQS, MAX_POOL_BLOCKS,
+    MAX_REPEAT, MAX_SHARDS, MAX_STORE_BYTES, MAX_WORKERS, MIN_STORE_BYTES,
 };
-use crate::connector::SimConfig;
+use crate::rules::geometry::GroupKind;
 use crate::rules::recovery::{Mode, Policy};
 use crate::runtime::{RuntimeError, Settings};
 
@@ -88,7 +90,8 @@ pub struct StressConfig {
     /// Share of each prompt taken from one of a few shared base prefixes (0–1).
     #[arg(long, default_value_t = 0.5, allow_negative_numbers = true, value_parser = parse_unit)]
     pub prefix_share: f64,
-    /// Share of loads that fail (0–1).
+    /// Share of loads from the sim store whose transfer damages one or two chunks (a flipped
+    /// byte, caught by the chunk checksum) (0–1).
     #[arg(long, default_value_t = 0.01, allow_negative_numbers = true, value_parser = parse_unit)]
     pub failure_rate: f64,
     /// Recovery policy: recompute or fail.
@@ -117,7 +120,9 @@ pub struct StressConfig {
     /// Mean tokens generated per request (geometric-like, capped at 8× the mean).
     #[arg(long, default_value_t = 16, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=MAX_OUTPUT_TOKENS))]
     pub output_tokens: u32,
-    /// Share of each prompt the simulated external store holds (0–1).
+    /// Share of each prompt the sim store holds when the request arrives (0–1): the reference
+    /// chunks of that share, rounded down to the scheduler block size, are stored before the
+    /// request is submitted. Real stores are not warmed: they hold what the engine saved.
     #[arg(long, default_value_t = 0.75, allow_negative_numbers = true, value_parser = parse_unit)]
     pub hit_ratio: f64,
     /// Share of loads that are asynchronous (0–1); the rest run inside the engine's step.
@@ -135,6 +140,31 @@ pub struct StressConfig {
     /// Also run the same workload through a baseline scheduler: `mutex`.
     #[arg(long, value_parser = BaselineKind::from_str)]
     pub baseline: Option<BaselineKind>,
+    /// Where the KV chunks live: `sim` (in memory, behind simulated latency and damage),
+    /// `memory`, `disk=DIR`, `redis` (a private redis-server started for the run) or
+    /// `redis://HOST:PORT[,…]` (your server or cluster). Redis needs a build with
+    /// `--features redis`.
+    #[arg(long, default_value = "sim", value_name = "STORE", value_parser = StoreSpec::from_str)]
+    pub store: StoreSpec,
+    /// Capacity of a sim, memory or disk store, e.g. 512M or 1G (1M to 16T).
+    #[arg(long, default_value = "1G", value_name = "SIZE", allow_hyphen_values = true, value_parser = parse_size)]
+    pub store_capacity: u64,
+    /// With `--store redis`: start a Redis Cluster of N nodes (3–16) instead of one server.
+    #[arg(long, value_name = "N", value_parser = parse_cluster)]
+    pub redis_cluster: Option<usize>,
+    /// With `--store redis`: the private server's maxmemory, e.g. 64M (keys evicted LRU past it).
+    #[arg(long, value_name = "SIZE", allow_hyphen_values = true, value_parser = parse_size)]
+    pub redis_maxmemory: Option<u64>,
+    /// Bytes of KV per token in each attention group (1–65536).
+    #[arg(long, default_value_t = 16, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(1..=MAX_KV_BYTES_PER_TOKEN))]
+    pub kv_bytes_per_token: u64,
+    /// Bytes of one Mamba state (1–1048576).
+    #[arg(long, default_value_t = 64, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(1..=MAX_MAMBA_STATE_BYTES))]
+    pub mamba_state_bytes: u64,
+    /// Whether the engine checks every KV byte it reads against its reference: `on` or `off`
+    /// (off, the bytes still move; compare the step figures to see what verifying costs).
+    #[arg(long, default_value = "on", value_parser = Verify::from_str)]
+    pub verify: Verify,
     /// Inject faults: `NAME=RATE[,NAME=RATE...]`, each rate 0–1 (a fault not named is off).
     ///
     /// * `deadline=R`: share R of asynchronous loads hang (the connector sleeps 4× the load
@@ -152,13 +182,20 @@ pub struct StressConfig {
     /// * `cancel=R`: share R of requests are cancelled by the client at a random later step
     ///   (1–128 steps after submission; on top of --cancel-ratio).
     ///
-    /// Deadline and panic faults are decided per (request, load attempt), the others per
-    /// request or step, all from --seed. Injected counts and what the runtime did about them
-    /// are reported (`faults_injected`, `events`).
+    /// On a real store (`--store memory` or `disk=DIR`), the stored bytes themselves:
+    ///
+    /// * `corrupt=R`: share R of stored chunks get one bit flipped at rest;
+    /// * `truncate=R`: share R of stored chunks are cut short at rest;
+    /// * `evict=R`: share R of chunk reads find the chunk deleted since the lookup;
+    /// * `slow=R`: share R of chunk reads delay their load 4× the load deadline.
+    ///
+    /// Deadline and panic faults are decided per (request, load attempt), store faults per
+    /// chunk key, the others per request or step, all from --seed. Injected counts and what
+    /// the runtime did about them are reported (`faults_injected`, `events`, `kv`).
     #[arg(long, value_name = "FAULTS", value_parser = Faults::from_str, verbatim_doc_comment)]
     pub faults: Option<Faults>,
-    /// Deadline of an asynchronous load in ms (default: 20 with `--faults deadline=R`, R > 0;
-    /// else the runtime's default of 5000).
+    /// Deadline of an asynchronous load in ms (default: 20 with `--faults deadline=R` or
+    /// `slow=R`, R > 0; else the runtime's default of 5000).
     #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(1..=MAX_LOAD_DEADLINE_MS))]
     pub load_deadline_ms: Option<u64>,
     /// Before every step, wait until every asynchronous load dispatched so far has delivered
@@ -212,8 +249,25 @@ impl Default for StressConfig {
             load_deadline_ms: None,
             lockstep: false,
             repeat: 1,
+            store: StoreSpec::Sim,
+            store_capacity: 1 << 30,
+            redis_cluster: None,
+            redis_maxmemory: None,
+            kv_bytes_per_token: 16,
+            mamba_state_bytes: 64,
+            verify: Verify::On,
             engines: EnginesArgs::default(),
         }
+    }
+}
+
+/// Parses `--redis-cluster`: 3 to 16 nodes.
+fn parse_cluster(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if (3..=16).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "expected a number of nodes from 3 to 16, got `{s}`"
+        )),
     }
 }
 
@@ -234,6 +288,9 @@ pub enum StressError {
     /// A histogram could not be created.
     #[error("histogram: {0}")]
     Histogram(String),
+    /// The KV data plane (memory, connector) could not be set up.
+    #[error("kv: {0}")]
+    Kv(String),
 }
 
 impl StressConfig {
@@ -287,7 +344,7 @@ impl StressConfig {
     }
 
     /// Each integer setting's flag, value, least and greatest value, in the order checked.
-    fn ranges(&self) -> [(&'static str, u64, u64, u64); 14] {
+    fn ranges(&self) -> [(&'static str, u64, u64, u64); 19] {
         [
             ("--requests", self.requests, 1, MAX_REQUESTS),
             ("--live", self.live as u64, 1, MAX_LIVE as u64),
@@ -328,6 +385,36 @@ impl StressConfig {
                 MAX_LOAD_DEADLINE_MS,
             ),
             ("--repeat", u64::from(self.repeat), 1, u64::from(MAX_REPEAT)),
+            (
+                "--kv-bytes-per-token",
+                self.kv_bytes_per_token,
+                1,
+                MAX_KV_BYTES_PER_TOKEN,
+            ),
+            (
+                "--mamba-state-bytes",
+                self.mamba_state_bytes,
+                1,
+                MAX_MAMBA_STATE_BYTES,
+            ),
+            (
+                "--store-capacity",
+                self.store_capacity,
+                MIN_STORE_BYTES,
+                MAX_STORE_BYTES,
+            ),
+            (
+                "--redis-cluster",
+                self.redis_cluster.map_or(3, |n| n as u64),
+                3,
+                16,
+            ),
+            (
+                "--redis-maxmemory",
+                self.redis_maxmemory.unwrap_or(MIN_STORE_BYTES),
+                MIN_STORE_BYTES,
+                MAX_STORE_BYTES,
+            ),
         ]
     }
 
@@ -387,6 +474,52 @@ impl StressConfig {
                 ),
             );
         }
+        let memory = self
+            .kv_block_bytes()
+            .saturating_mul(self.pool_blocks as u64);
+        if memory > MAX_KV_MEMORY_BYTES {
+            return bad(
+                "--pool-blocks",
+                format!(
+                    "{} blocks × {} bytes per block (--kv-bytes-per-token, --mamba-state-bytes) = {memory} bytes of KV memory, over the {MAX_KV_MEMORY_BYTES}-byte cap",
+                    self.pool_blocks,
+                    self.kv_block_bytes()
+                ),
+            );
+        }
+        self.check_store()
+    }
+
+    /// The store's flags: store faults only on a store they can damage, the Redis flags only
+    /// with the private Redis store.
+    fn check_store(&self) -> Result<(), StressError> {
+        if self.fault_rates().has_store_faults() && !self.store.takes_faults() {
+            let why = if self.store.is_redis() {
+                "the Redis store has no fault hooks"
+            } else {
+                "the sim store has simulated damage instead (--failure-rate)"
+            };
+            return bad(
+                "--faults",
+                format!(
+                    "corrupt, truncate, evict and slow damage a real store's bytes: use them with --store memory or --store disk=DIR ({why})"
+                ),
+            );
+        }
+        if self.store != StoreSpec::Redis {
+            if self.redis_cluster.is_some() {
+                return bad(
+                    "--redis-cluster",
+                    "only with --store redis (the private server it starts)".to_owned(),
+                );
+            }
+            if self.redis_maxmemory.is_some() {
+                return bad(
+                    "--redis-maxmemory",
+                    "only with --store redis (the private server it starts)".to_owned(),
+                );
+            }
+        }
         Ok(())
     }
 
@@ -404,7 +537,7 @@ impl StressConfig {
     pub fn effective_load_deadline(&self) -> Option<Duration> {
         match self.load_deadline_ms {
             Some(ms) => Some(Duration::from_millis(ms)),
-            None if self.fault_rates().deadline > 0.0 => {
+            None if self.fault_rates().deadline > 0.0 || self.fault_rates().slow > 0.0 => {
                 Some(Duration::from_millis(DEFAULT_FAULT_DEADLINE_MS))
             }
             None => Settings::default().load_deadline,
@@ -421,23 +554,46 @@ impl StressConfig {
         }
     }
 
-    pub(super) fn sim_config(&self) -> SimConfig {
-        let groups = self.groups.groups();
-        let s = crate::rules::geometry::Geometry::new(groups, None, 0)
+    /// The scheduler block size `S` of the geometry.
+    pub(super) fn scheduler_block_size(&self) -> u64 {
+        crate::rules::geometry::Geometry::new(self.groups.groups(), None, 0)
             .map(|g| g.scheduler_block_size())
-            .unwrap_or(16);
-        SimConfig {
-            seed: self.seed ^ 0x5eed_c0de,
-            hit_ratio: self.hit_ratio,
-            align_tokens: s,
-            async_ratio: self.async_ratio,
-            failure_rate: self.failure_rate,
-            shared_failure_share: 0.5,
-            max_invalid_per_failure: 2,
-            latency_min: Duration::from_micros(self.load_latency_us.min_us),
-            latency_max: Duration::from_micros(self.load_latency_us.max_us),
-            ..SimConfig::default()
-        }
+            .unwrap_or(16)
+    }
+
+    /// How long a `slow` store fault delays a load: [`HANG_DEADLINES`] load deadlines (so the
+    /// deadline passes first), at most an hour.
+    pub(super) fn slow_for(&self) -> Duration {
+        self.effective_load_deadline()
+            .unwrap_or(Duration::from_millis(DEFAULT_FAULT_DEADLINE_MS))
+            .saturating_mul(HANG_DEADLINES)
+            .min(Duration::from_secs(3600))
+    }
+
+    /// Bytes of one KV memory block: the largest group's (attention `--kv-bytes-per-token` ×
+    /// block size, Mamba `--mamba-state-bytes`).
+    pub(super) fn kv_block_bytes(&self) -> u64 {
+        self.groups
+            .groups()
+            .iter()
+            .map(|g| match g.kind {
+                GroupKind::Mamba { .. } => self.mamba_state_bytes,
+                _ => self.kv_bytes_per_token.saturating_mul(g.block_size),
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The layout/model tag of every chunk key and reference: the geometry and KV sizes, so
+    /// a store holding chunks of another layout (a disk directory reused with other flags)
+    /// never offers them.
+    pub(super) fn kv_tag(&self) -> u64 {
+        crate::rng::hash_str(&format!(
+            "kvsched-stress:{}:{}:{}",
+            self.groups.name(),
+            self.kv_bytes_per_token,
+            self.mamba_state_bytes
+        ))
     }
 }
 

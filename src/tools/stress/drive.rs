@@ -1,8 +1,9 @@
-//! The stress loop: the steps that drive a [`Scheduler`] through the workload — arrivals, due
-//! cancels, one step, the model's time and the [`SimEngine`] answering the plan (its
-//! synchronous loads through the simulated connector, its samples), the engine-side faults on
-//! that output, periodic checks and progress — and the end of the run (final checks,
-//! shutdown, reconciliation and the run's report).
+//! The stress loop: the steps that drive a [`Scheduler`] through the workload — arrivals (the
+//! sim store warmed first), due cancels, one step (the last output in, its KV reads settled,
+//! the plan out), the model's time and the [`SimEngine`] answering the plan on real KV bytes
+//! (its synchronous loads through the connector, every read checked, its samples), the
+//! engine-side faults on that output, periodic checks and progress — and the end of the run
+//! (final checks, shutdown, reconciliation and the run's report).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -18,27 +19,39 @@ use super::faults::{draw_for, FaultConnector, Faults};
 use super::histograms::{ns, Curves, Hists, Recorders};
 use super::progress::{Nth, Progress};
 use super::report::{
-    EngineEvents, Events, FaultCounts, Invariants, LoadCounts, RequestCounts, RunReport,
+    EngineEvents, Events, FaultCounts, Invariants, KvCounts, LoadCounts, RequestCounts, RunReport,
 };
 use super::scheduler::{Mechanisms, Scheduler};
+use super::store::Opened;
 use super::workload::Workload;
 use crate::connector::SplitMix64;
+use crate::kv::TierConnector;
 use crate::pool::BlockRef;
+use crate::rules::recovery::Mode;
 use crate::runtime::RuntimeError;
 use crate::runtime::{EndState, Metrics, Report, StepOutput, StepPlan};
 use crate::sim::SimEngine;
 
-/// Drives `sched` through the workload of `cfg`.
+/// The data plane of one run: the store it opened, the connector over it and the engine
+/// (host KV memory and the verifying checker inside).
+pub(super) struct Plane {
+    pub(super) engine: SimEngine<'static>,
+    pub(super) connector: Arc<TierConnector>,
+    pub(super) store: Opened,
+}
+
+/// Drives `sched` through the workload of `cfg`, on the data plane `plane`.
 pub(super) fn drive<S: Scheduler>(
     sched: S,
     name: &'static str,
     nth: Nth,
     cfg: &StressConfig,
     conn: &FaultConnector,
+    plane: Plane,
     progress: &mut dyn FnMut(&Progress),
 ) -> Result<RunReport, StressError> {
     let mut hists = Hists::new()?;
-    let mut engine = Engine::new(sched, name, nth, cfg, conn, hists.recorders());
+    let mut engine = Engine::new(sched, name, nth, cfg, conn, plane, hists.recorders());
     let timed_out = engine.run(progress);
     // Consumes the engine, its recorders with it, before the histograms are read.
     let end = engine.finish(progress);
@@ -63,8 +76,16 @@ fn simulate_model(d: Duration) {
 /// The simulated engine driving one scheduler.
 struct Engine<'a, S> {
     sched: S,
-    /// Answers each plan: sync loads through the simulated connector's failure decision.
-    sim: SimEngine<'a>,
+    /// Answers each plan on real KV bytes: sync loads through the connector, reads checked.
+    sim: SimEngine<'static>,
+    /// The store this run opened (its fault counts are read at the end).
+    store: Opened,
+    /// The plan the last output answers, settled once `update` says what to discard.
+    last_plan: Option<StepPlan>,
+    /// Tokens of each prompt the sim store is warmed with: `--hit-ratio` (0 on a real store).
+    warm_share: f64,
+    /// Time spent warming, ns.
+    warm_ns: u64,
     name: &'static str,
     nth: Nth,
     cfg: &'a StressConfig,
@@ -113,13 +134,22 @@ impl<'a, S: Scheduler> Engine<'a, S> {
         nth: Nth,
         cfg: &'a StressConfig,
         conn: &'a FaultConnector,
+        plane: Plane,
         rec: Recorders,
     ) -> Self {
         let mut work = Workload::new(cfg);
         let next_at = work.next_arrival();
         Engine {
             sched,
-            sim: SimEngine::new(move |job| conn.sim.decide(job)),
+            sim: plane.engine,
+            store: plane.store,
+            last_plan: None,
+            warm_share: if cfg.store.is_real() {
+                0.0
+            } else {
+                cfg.hit_ratio
+            },
+            warm_ns: 0,
             name,
             nth,
             cfg,
@@ -165,9 +195,6 @@ impl<'a, S: Scheduler> Engine<'a, S> {
                 return false;
             }
             self.cancel_due();
-            if self.cfg.lockstep {
-                self.settle();
-            }
             let plan = match self.step() {
                 Ok(plan) => plan,
                 Err(e) => {
@@ -188,6 +215,7 @@ impl<'a, S: Scheduler> Engine<'a, S> {
             if plan.scheduled.is_empty() && plan.ended.is_empty() {
                 self.idle();
             }
+            self.last_plan = Some(plan);
             self.periodic_check();
             self.report_progress(progress);
         }
@@ -212,11 +240,17 @@ impl<'a, S: Scheduler> Engine<'a, S> {
         }
     }
 
-    /// Submits request `next`, arrived at `arrival`, and books its cancels.
+    /// Submits request `next`, arrived at `arrival`, and books its cancels. On the sim
+    /// store it first stores the reference chunks of the request's `--hit-ratio` share of its
+    /// prompt (rounded down to `S`, never the whole prompt), as a warm store holds them.
     fn submit_next(&mut self, arrival: Instant) {
         let g = self.work.request(self.next);
         let id: Arc<str> = g.req.id.as_str().into();
         let max_new_tokens = g.req.max_new_tokens;
+        if self.warm_share > 0.0 {
+            self.warm(&g.req.prompt);
+        }
+        self.sim.add_request(&id, &g.req.prompt);
         match self.sched.submit(g.req) {
             Ok(()) => {
                 self.submitted += 1;
@@ -236,10 +270,32 @@ impl<'a, S: Scheduler> Engine<'a, S> {
                 }
             }
             Err(e) => {
+                self.sim.end_request(&id);
                 self.rejected += 1;
                 if self.violations.len() < MAX_VIOLATIONS {
                     self.violations.push(format!("submit refused: {e}"));
                 }
+            }
+        }
+    }
+
+    /// Warms the sim store for `prompt` (timed: it runs here, on the engine thread between
+    /// two steps, never inside `schedule()` or `update()`).
+    fn warm(&mut self, prompt: &[u32]) {
+        let len = prompt.len() as u64;
+        let s = self.cfg.scheduler_block_size().max(1);
+        let held = ((len as f64 * self.warm_share) as u64).min(len.saturating_sub(1));
+        let held = held - held % s;
+        if held == 0 {
+            return;
+        }
+        let t = Instant::now();
+        let stored = self.sim.warm(prompt, held);
+        self.warm_ns += ns(t.elapsed());
+        if let Err(e) = stored {
+            if self.violations.len() < MAX_VIOLATIONS {
+                self.violations
+                    .push(format!("warming the sim store failed: {e}"));
             }
         }
     }
@@ -275,24 +331,35 @@ impl<'a, S: Scheduler> Engine<'a, S> {
     }
 
     /// `--lockstep`: waits until every asynchronous load dispatched so far has delivered its
-    /// completion (at most until the run's `--duration` is up), so the next step takes them
-    /// all.
-    fn settle(&self) {
+    /// completion (at most until the run's `--duration` is up) and every save offered so far
+    /// is stored, so the next step takes them all and its lookups see the same store.
+    fn wait_for_loads(&self) {
         while self.sched.loads_in_flight() > 0 && self.start.elapsed() < self.duration {
             std::thread::sleep(Duration::from_micros(20));
         }
+        self.conn.inner.flush();
     }
 
-    /// The step: the last output in, the plan out (timed), its latencies recorded and the
-    /// requests it ended settled.
+    /// The step: the last output in (timed) and its KV reads settled with the outputs to
+    /// discard (saves offered), then the plan out (timed), its latencies recorded and the
+    /// requests it ended settled. Step overhead is the two timed calls.
     fn step(&mut self) -> Result<StepPlan, RuntimeError> {
         let t0 = Instant::now();
-        self.sched.update(std::mem::take(&mut self.out));
+        let discard = self.sched.update(std::mem::take(&mut self.out));
+        let updated = t0.elapsed();
+        if let Some(last) = self.last_plan.take() {
+            self.sim.settle(&last, &discard);
+        }
+        if self.cfg.lockstep {
+            self.wait_for_loads();
+        }
+        let t1 = Instant::now();
         let plan = self.sched.schedule()?;
         self.out.step = plan.step;
-        let t1 = Instant::now();
+        let t2 = Instant::now();
         self.steps += 1;
-        self.rec.step.saturating_record(ns(t1 - t0));
+        self.rec.step.saturating_record(ns(updated + (t2 - t1)));
+        let t1 = t2;
         for &l in &plan.runnable_latency_ns {
             self.rec.runnable.saturating_record(l.max(1));
         }
@@ -347,8 +414,9 @@ impl<'a, S: Scheduler> Engine<'a, S> {
     }
 
     /// The simulated model: the model time if anything is scheduled, then the [`SimEngine`]'s
-    /// answer to the plan (its synchronous loads' failed blocks, a sample for every request
-    /// scheduled with `samples`), with the samples sent counted per request.
+    /// answer to the plan (its synchronous loads run and their failed blocks, every read
+    /// checked, the computed tokens written, a sample for every request scheduled with
+    /// `samples`), with the samples sent counted per request.
     fn run_model(&mut self, plan: &StepPlan) {
         if !plan.scheduled.is_empty() {
             simulate_model(self.model);
@@ -462,8 +530,21 @@ impl<'a, S: Scheduler> Engine<'a, S> {
         );
         // The engine's output for the last step still goes to the scheduler: shutdown's final
         // step applies it (and counts whatever in it is stale).
-        self.sched.update(std::mem::take(&mut self.out));
+        let discard = self.sched.update(std::mem::take(&mut self.out));
+        if let Some(last) = self.last_plan.take() {
+            self.sim.settle(&last, &discard);
+        }
         let report = self.sched.shutdown();
+        // Every save offered is stored before the counters are read.
+        self.conn.inner.flush();
+        let kv = kv_counts(
+            self.cfg,
+            &self.sim,
+            &self.store,
+            &self.conn.inner,
+            self.warm_ns,
+            &mut self.injected,
+        );
         self.injected.deadline = self.conn.hangs.load(Ordering::Relaxed);
         self.injected.panic = self.conn.panics.load(Ordering::Relaxed);
         let sync_run = self.sim.counts().sync_loads;
@@ -474,11 +555,20 @@ impl<'a, S: Scheduler> Engine<'a, S> {
         };
         let mut violations = self.violations;
         let reconciled = reconcile(self.name, &report, &counts, &self.injected, &mut violations);
+        if let Some(g) = kv
+            .garbage_reads
+            .filter(|&g| g > 0 && self.cfg.mode == Mode::Safe)
+        {
+            violations.push(format!(
+                "kv: {g} garbage reads in mode safe: requests read KV bytes that differ from their reference (or a null entry) in steps whose output was kept"
+            ));
+        }
         violations.truncate(MAX_VIOLATIONS);
         Finished {
             report,
             metrics,
             cpu,
+            kv,
             engine_events: self.engine_events,
             output_tokens: self.output_tokens,
             elapsed,
@@ -491,10 +581,60 @@ impl<'a, S: Scheduler> Engine<'a, S> {
     }
 }
 
+/// The KV counters of a run: the engine's checks, the connector's traffic and integrity
+/// counters, the sim store's transfer damage; the store faults injected go into `injected`.
+fn kv_counts(
+    cfg: &StressConfig,
+    sim: &SimEngine<'_>,
+    store: &Opened,
+    connector: &TierConnector,
+    warm_ns: u64,
+    injected: &mut FaultCounts,
+) -> KvCounts {
+    let t = connector.stats();
+    let c = sim.kv_counters().cloned().unwrap_or_default();
+    let verified = |n: u64| cfg.verify.is_on().then_some(n);
+    let f = store.fault_counts();
+    injected.corrupt = f.corrupted;
+    injected.truncate = f.truncated;
+    injected.evict = f.evicted;
+    injected.slow = f.slowed;
+    {
+        KvCounts {
+            kv_bytes_loaded: t.kv_bytes_loaded,
+            kv_bytes_saved: t.kv_bytes_saved,
+            kv_bytes_verified: c.kv_bytes_verified,
+            kv_bytes_written: c.kv_bytes_written,
+            garbage_reads: verified(c.garbage_reads),
+            garbage_reads_discarded: verified(c.garbage_reads_discarded),
+            null_reads: verified(c.null_reads),
+            units_read: c.units_read,
+            chunks_loaded: t.chunks_loaded,
+            chunks_loaded_from_others: t.chunks_loaded_from_others,
+            chunks_saved: t.chunks_saved,
+            chunks_warmed: sim.counts().chunks_warmed,
+            warm_ms: (warm_ns as f64 / 1e3).round() / 1e3,
+            checksum_failures: t.checksum_failures,
+            missing_chunks: t.missing_chunks,
+            key_mismatches: t.key_mismatches,
+            mac_failures: t.mac_failures,
+            format_errors: t.format_errors,
+            tier_errors: t.tier_errors,
+            saves_dropped: t.saves_dropped,
+            save_errors: t.save_errors,
+            loads_cancelled: t.loads_cancelled,
+            writes_refused: t.writes_refused,
+            transfer_damage: store.sim.as_ref().map_or(0, |s| s.counts().damaged),
+        }
+    }
+}
+
 /// A run's end, for its report.
 struct Finished {
     /// The scheduler's shutdown report.
     report: Report,
+    /// The run's KV bytes and integrity counters.
+    kv: KvCounts,
     /// The scheduler's counters when the run ended, before shutdown.
     metrics: Metrics,
     /// CPU over the run (shutdown excluded).
@@ -562,6 +702,7 @@ impl Finished {
             faults_injected: self.injected,
             events: Events::of(fm),
             engine: self.engine_events,
+            kv: self.kv,
             invariants: Invariants {
                 ok: self.violations.is_empty(),
                 reconciled: self.reconciled,

@@ -72,6 +72,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::config::StressConfig;
+use super::store::StoreSpec;
 use super::values::BaselineKind;
 use super::{terminal_progress, Progress};
 use args::{child_args, Plan};
@@ -229,13 +230,11 @@ pub fn run_engines(
         std::thread::sleep(POLL);
     }
     let outcomes: Vec<EngineOutcome> = children.finish();
-    let combined = Combined::of(
-        &plan,
-        store.as_deref().unwrap_or("sim"),
-        info,
-        outcomes,
-        restarts,
-    );
+    let shown = match &store {
+        Some(url) if plan.store == StoreSpec::Redis => url.clone(),
+        _ => cfg.store.shown(),
+    };
+    let combined = Combined::of(&plan, &shown, info, outcomes, restarts);
     let text = if json {
         combined.render_json()
     } else {

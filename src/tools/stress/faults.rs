@@ -1,6 +1,8 @@
 //! `--faults`: the fault rates and their parsing, and the connector side of the injection (a
-//! fault-injecting wrapper around the simulated connector). The engine side (late cancels,
-//! duplicate outputs, stale blocks, client cancels) is in the engine loop.
+//! fault-injecting wrapper around the run's [`TierConnector`]). The engine side (late
+//! cancels, duplicate outputs, stale blocks, client cancels) is in the engine loop; the store
+//! faults (`corrupt`, `truncate`, `evict`, `slow`) act on the stored bytes through a
+//! [`FaultyTier`](crate::kv::FaultyTier) (see `store`).
 
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,16 +14,28 @@ use serde::Serialize;
 
 use super::config::{StressConfig, HANG_DEADLINES};
 use crate::connector::{
-    KvConnector, LoadJob, LoadResult, LookupQuery, LookupResult, SimConnector, SimulatedPanic,
-    SplitMix64,
+    KvConnector, LoadJob, LoadResult, LookupQuery, LookupResult, SimulatedPanic, SplitMix64,
 };
+use crate::kv::TierConnector;
 use crate::rng::hash_str;
 
 /// The fault names of `--faults`, in order.
-pub const FAULT_NAMES: [&str; 6] = ["deadline", "panic", "late", "duplicate", "stale", "cancel"];
+pub const FAULT_NAMES: [&str; 10] = [
+    "deadline",
+    "panic",
+    "late",
+    "duplicate",
+    "stale",
+    "cancel",
+    "corrupt",
+    "truncate",
+    "evict",
+    "slow",
+];
 
-/// Fault rates of `--faults deadline=R,panic=R,late=R,duplicate=R,stale=R,cancel=R` (each
-/// 0–1; a fault not named is off). See [`StressConfig::faults`] for what each one injects.
+/// Fault rates of `--faults deadline=R,panic=R,late=R,duplicate=R,stale=R,cancel=R,
+/// corrupt=R,truncate=R,evict=R,slow=R` (each 0–1; a fault not named is off). See
+/// [`StressConfig::faults`] for what each one injects.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct Faults {
     /// Share of asynchronous loads that hang past the load deadline.
@@ -36,10 +50,18 @@ pub struct Faults {
     pub stale: f64,
     /// Share of requests the client cancels at a random later step.
     pub cancel: f64,
+    /// Share of stored chunks with a bit flipped at rest (real stores).
+    pub corrupt: f64,
+    /// Share of stored chunks cut short at rest (real stores).
+    pub truncate: f64,
+    /// Share of chunk reads that find the chunk deleted since the lookup (real stores).
+    pub evict: f64,
+    /// Share of chunk reads that delay their load past the load deadline (real stores).
+    pub slow: f64,
 }
 
 impl Faults {
-    pub(super) fn rates(&self) -> [f64; 6] {
+    pub(super) fn rates(&self) -> [f64; 10] {
         [
             self.deadline,
             self.panic,
@@ -47,14 +69,24 @@ impl Faults {
             self.duplicate,
             self.stale,
             self.cancel,
+            self.corrupt,
+            self.truncate,
+            self.evict,
+            self.slow,
         ]
+    }
+
+    /// Whether a fault on a real store's bytes is on.
+    pub(super) fn has_store_faults(&self) -> bool {
+        self.corrupt > 0.0 || self.truncate > 0.0 || self.evict > 0.0 || self.slow > 0.0
     }
 }
 
 impl FromStr for Faults {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let names = "deadline, panic, late, duplicate, stale or cancel";
+        let names =
+            "deadline, panic, late, duplicate, stale, cancel, corrupt, truncate, evict or slow";
         if s.trim().is_empty() {
             return Err(format!(
                 "expected NAME=RATE[,NAME=RATE...] with NAME one of {names}, got an empty list"
@@ -75,6 +107,10 @@ impl FromStr for Faults {
                 "duplicate" => &mut f.duplicate,
                 "stale" => &mut f.stale,
                 "cancel" => &mut f.cancel,
+                "corrupt" => &mut f.corrupt,
+                "truncate" => &mut f.truncate,
+                "evict" => &mut f.evict,
+                "slow" => &mut f.slow,
                 _ => return Err(format!("unknown fault `{name}` (expected {names})")),
             };
             if seen.contains(&name) {
@@ -92,13 +128,20 @@ impl FromStr for Faults {
     }
 }
 
-/// The simulated connector wrapped with the connector-side faults of `--faults`: each
+/// The run's [`TierConnector`] wrapped with the connector-side faults of `--faults`, on the
+/// scheduler's workers only (the engine runs its sync loads on the connector itself): each
 /// asynchronous load draws, from its own seeded stream per (request, attempt), whether it
 /// panics (`panic=R`) or hangs for `hang` (`deadline=R`), counting both exactly; every other
-/// load is the [`SimConnector`]'s. With `late=R` it also records the requests it offers an
-/// asynchronous load, for the engine to cancel.
+/// load is the connector's. A hung load then runs, past its deadline: it finds its
+/// cancellation fired and fails every block. With `late=R` it also records the requests it
+/// offers an asynchronous load, for the engine to cancel.
+///
+/// The faults are decided here rather than in the [`SimTier`](crate::kv::SimTier), which
+/// decides per tier call: a sync load calls the same tier on the engine's thread, where a
+/// panic would end the engine and a hang stall its step, while `deadline` and `panic` are
+/// faults of the runtime's asynchronous loads (what its deadline and worker catch exist for).
 pub(super) struct FaultConnector {
-    pub(super) sim: Arc<SimConnector>,
+    pub(super) inner: Arc<TierConnector>,
     seed: u64,
     hang_rate: f64,
     panic_rate: f64,
@@ -110,7 +153,7 @@ pub(super) struct FaultConnector {
 }
 
 impl FaultConnector {
-    pub(super) fn new(cfg: &StressConfig, sim: Arc<SimConnector>) -> Self {
+    pub(super) fn new(cfg: &StressConfig, inner: Arc<TierConnector>) -> Self {
         let f = cfg.fault_rates();
         let hang = cfg
             .effective_load_deadline()
@@ -118,7 +161,7 @@ impl FaultConnector {
                 d.saturating_mul(HANG_DEADLINES)
             });
         FaultConnector {
-            sim,
+            inner,
             seed: cfg.seed ^ 0xFA17_C044,
             hang_rate: f.deadline,
             panic_rate: f.panic,
@@ -133,7 +176,7 @@ impl FaultConnector {
 
 impl KvConnector for FaultConnector {
     fn lookup(&self, q: LookupQuery<'_>) -> LookupResult {
-        let r = self.sim.lookup(q);
+        let r = self.inner.lookup(q);
         if self.record_offers && r.load_async && r.external_tokens > 0 {
             self.offers.push(q.request.into());
         }
@@ -157,10 +200,9 @@ impl KvConnector for FaultConnector {
             if h < self.hang_rate {
                 self.hangs.fetch_add(1, Ordering::Relaxed);
                 std::thread::sleep(self.hang);
-                return self.sim.decide(job);
             }
         }
-        self.sim.load(job)
+        self.inner.load(job)
     }
 }
 

@@ -76,6 +76,14 @@ fn c(n: u64) -> Option<f64> {
     Some(n as f64)
 }
 
+/// A count that may be absent (`--verify off`) as a figure's value.
+fn oc(n: Option<u64>) -> Option<f64> {
+    n.map(|n| n as f64)
+}
+
+/// The title of the KV bytes section.
+pub(super) const KV_SECTION: &str = "KV bytes";
+
 /// Every section of the table, in order; the `events` section holds the scheduler's and the
 /// engine's event counters (the human table shows the rows that are not 0).
 pub(super) fn sections() -> Vec<Section> {
@@ -143,6 +151,102 @@ pub(super) fn sections() -> Vec<Section> {
                 row!("preemptions", "preemptions", Count, None, |r| c(
                     r.preemptions
                 )),
+            ],
+        },
+        Section {
+            title: KV_SECTION,
+            rows: vec![
+                row!(
+                    "kv.kv_bytes_loaded",
+                    "bytes loaded into KV memory",
+                    Count,
+                    None,
+                    |r| c(r.kv.kv_bytes_loaded)
+                ),
+                row!(
+                    "kv.kv_bytes_saved",
+                    "bytes saved to the store",
+                    Count,
+                    None,
+                    |r| c(r.kv.kv_bytes_saved)
+                ),
+                row!(
+                    "kv.kv_bytes_verified",
+                    "bytes verified",
+                    Count,
+                    None,
+                    |r| c(r.kv.kv_bytes_verified)
+                ),
+                row!(
+                    "kv.garbage_reads",
+                    "garbage reads, output kept",
+                    Count,
+                    None,
+                    |r| oc(r.kv.garbage_reads)
+                ),
+                row!(
+                    "kv.garbage_reads_discarded",
+                    "garbage reads, output discarded",
+                    Count,
+                    None,
+                    |r| oc(r.kv.garbage_reads_discarded)
+                ),
+                row!(
+                    "kv.null_reads",
+                    "of which through a null entry",
+                    Count,
+                    None,
+                    |r| oc(r.kv.null_reads)
+                ),
+                row!("kv.chunks_loaded", "chunks loaded", Count, None, |r| c(r
+                    .kv
+                    .chunks_loaded)),
+                row!(
+                    "kv.chunks_loaded_from_others",
+                    "of which saved by an earlier run",
+                    Count,
+                    None,
+                    |r| c(r.kv.chunks_loaded_from_others)
+                ),
+                row!("kv.chunks_saved", "chunks saved", Count, None, |r| c(r
+                    .kv
+                    .chunks_saved)),
+                row!(
+                    "kv.chunks_warmed",
+                    "chunks warmed before submit",
+                    Count,
+                    None,
+                    |r| c(r.kv.chunks_warmed)
+                ),
+                row!(
+                    "kv.checksum_failures",
+                    "checksum failures",
+                    Count,
+                    None,
+                    |r| c(r.kv.checksum_failures)
+                ),
+                row!("kv.missing_chunks", "missing chunks", Count, None, |r| c(r
+                    .kv
+                    .missing_chunks)),
+                row!("kv.key_mismatches", "key mismatches", Count, None, |r| c(r
+                    .kv
+                    .key_mismatches)),
+                row!("kv.mac_failures", "MAC failures", Count, None, |r| c(r
+                    .kv
+                    .mac_failures)),
+                row!("kv.format_errors", "format errors", Count, None, |r| c(r
+                    .kv
+                    .format_errors)),
+                row!("kv.tier_errors", "tier errors", Count, None, |r| c(r
+                    .kv
+                    .tier_errors)),
+                row!(
+                    "kv.saves_dropped",
+                    "saves dropped (queue full)",
+                    Count,
+                    None,
+                    |r| c(r.kv.saves_dropped)
+                ),
             ],
         },
         Section {

@@ -5,18 +5,35 @@
 //! # The simulated engine
 //!
 //! A loop of steps: submit the requests whose arrival time has come, [`Scheduler::update`] with
-//! the last step's output, [`Scheduler::schedule`], then "run the model": wait a fixed cost per
-//! step (`--model-us`) and let the [`SimEngine`](crate::sim::SimEngine) answer the plan — it runs
-//! the plan's synchronous loads through the [`SimConnector`]'s
-//! [`decide`](SimConnector::decide) (failed blocks go into [`StepOutput::invalid_blocks`]) and
-//! samples a token for every request scheduled with `samples`. With `--lockstep` the loop first
-//! waits until every asynchronous load dispatched so far has delivered its completion, so no
-//! decision depends on when a worker finishes: on the same seed, one shard and the baseline
-//! then decide alike at every step (the report's recovery section says whether they did, and
-//! why not). Asynchronous loads run on the
-//! scheduler's worker threads through the same connector. Each request's length to generate
-//! (`max_new_tokens`) is drawn from a seeded geometric-like distribution; the scheduler ends it
-//! when it has generated them.
+//! the last step's output (which says which outputs to discard), settle that step's KV reads,
+//! [`Scheduler::schedule`], then "run the model": wait a fixed cost per step (`--model-us`)
+//! and let the [`SimEngine`](crate::sim::SimEngine) answer the plan on real KV bytes.
+//!
+//! # Real bytes
+//!
+//! Every run has a data plane: host KV memory sized to the pool
+//! ([`HostKvMemory`](crate::kv::HostKvMemory), `--kv-bytes-per-token`, `--mamba-state-bytes`),
+//! a [`TierConnector`](crate::kv::TierConnector) joining it to the store of `--store`
+//! ([`store`]), and the verifying [`KvChecker`](crate::sim::KvChecker) inside the engine. The
+//! engine runs the plan's synchronous loads through the connector (failed blocks go into
+//! [`StepOutput::invalid_blocks`]), reads every KV entry each scheduled request's tables name
+//! and checks it against a reference computed from the request's own tokens, writes what the
+//! step computes, samples a token for every request scheduled with `samples`, and — once
+//! `update` has said which outputs to discard — counts the step's garbage as kept or
+//! discarded and offers the kept requests' full prompt blocks to the store (write-behind).
+//! Asynchronous loads run on the scheduler's workers through the same connector. kvsched and
+//! the baseline run the same engine, each on its own memory, connector and store.
+//!
+//! On the sim store, `--hit-ratio` warms: before a request is submitted its reference chunks
+//! of that share of its prompt are stored (`store_now`, on the engine thread, outside the
+//! timed step). Real stores start as they are and fill from what the engine saves.
+//!
+//! With `--lockstep` the loop first waits until every asynchronous load dispatched so far has
+//! delivered its completion and every save has been stored, so no decision depends on when a
+//! worker finishes: on the same seed, one shard and the baseline then decide alike at every
+//! step (the report's recovery section says whether they did, and why not). Each request's
+//! length to generate (`max_new_tokens`) is drawn from a seeded geometric-like distribution;
+//! the scheduler ends it when it has generated them.
 //!
 //! # Arrivals
 //!
@@ -38,7 +55,10 @@
 //!   and per finished request;
 //! * *step overhead*: wall time of `schedule()` + `update()`, the simulated model excluded;
 //! * *submit → first schedule*: scheduled arrival → the plan that first schedules the request;
-//! * *completion → runnable*: [`StepPlan::runnable_latency_ns`].
+//! * *completion → runnable*: [`StepPlan::runnable_latency_ns`];
+//! * *KV bytes*: bytes loaded, saved and verified, garbage reads, and the connector's
+//!   integrity counters (checksum, missing chunks, key, MAC, format, tier errors, saves
+//!   dropped).
 //!
 //! Latencies are recorded in hdrhistogram per-thread recorders and merged at the end; the
 //! same histograms give the report's percentiles and `--plot`'s curves. With `--repeat N`
@@ -51,8 +71,12 @@
 //! connector is wrapped in a fault-injecting one (hangs past the load deadline, panics,
 //! decided per request and load attempt from the seed and counted exactly), and the engine
 //! damages its own output (cancels right after a load is dispatched, repeated step outputs,
-//! stale blocks, cancels at random later steps). The report counts what was injected
-//! (`faults_injected`) and what the scheduler did about it (`events`); see [`render_json`].
+//! stale blocks, cancels at random later steps). On a memory or disk store
+//! `corrupt=R,truncate=R,evict=R,slow=R` damage the stored bytes ([`FaultyTier`]). The report
+//! counts what was injected (`faults_injected`) and what the scheduler did about it
+//! (`events`, `kv`); see [`render_json`].
+//!
+//! [`FaultyTier`]: crate::kv::FaultyTier
 //!
 //! # Invariants
 //!
@@ -63,11 +87,13 @@
 //! stale or cancelled never exceed loads dispatched, a load past its deadline counted once;
 //! late completions never exceed expired deadlines; every injected panic caught; no request
 //! finished with fewer samples sent than tokens to generate, so no sample was applied twice).
+//! In mode `safe`, a garbage read in a step whose output was kept is a violation.
 //!
 //! # Layout
 //!
 //! [`config`] (every setting, the `clap` arguments) over [`values`] (the flag value types,
-//! their caps and parsers); [`workload`] (the seeded requests and arrivals); [`faults`]
+//! their caps and parsers); [`workload`] (the seeded requests and arrivals); [`store`]
+//! (`--store` and the tier each run opens); [`faults`]
 //! (`--faults` and the fault-injecting connector); [`scheduler`] (the trait the engine drives,
 //! for the runtime and the baseline); [`drive`](mod@drive) (the simulated engine) with
 //! [`checks`] (its invariant checks and the reconciliation), [`histograms`] and [`cpu`];
@@ -95,6 +121,7 @@ mod progress;
 mod render;
 mod report;
 mod scheduler;
+mod store;
 mod values;
 mod workload;
 
@@ -114,13 +141,16 @@ pub use scheduler::Scheduler;
 #[cfg(test)]
 pub use values::{Preset, Rate};
 
-use crate::connector::SimConnector;
+use crate::kv::{HostKvMemory, KvLayout, KvMemory, TierConnector, TierConnectorConfig};
 use crate::runtime::Runtime;
+use crate::sim::{KvChecker, SimEngine};
 use crate::tools::baseline::{BaselineConfig, MutexScheduler};
-use drive::drive;
+use drive::{drive, Plane};
 use faults::{silence_simulated_panics, FaultConnector};
 use progress::Nth;
 use report::RunReport;
+use store::Stores;
+use values::Verify;
 
 /// Runs the stress test of `cfg` (and its baseline, if any) without a progress display.
 #[cfg(test)]
@@ -139,7 +169,8 @@ pub fn run_stress_with_progress(
     if cfg.fault_rates().panic > 0.0 {
         silence_simulated_panics();
     }
-    let sim = Arc::new(SimConnector::new(cfg.sim_config()));
+    // Lives over every run: a private Redis server is stopped when it drops.
+    let stores = Stores::start(cfg)?;
     let mut runs = Vec::new();
     let mut baseline_runs = Vec::new();
     for i in 0..cfg.repeat {
@@ -147,9 +178,9 @@ pub fn run_stress_with_progress(
             run: i + 1,
             of: cfg.repeat,
         };
-        runs.push(run_kvsched(cfg, &sim, nth, progress)?);
+        runs.push(run_kvsched(cfg, &stores, nth, progress)?);
         if let Some(BaselineKind::Mutex) = cfg.baseline {
-            baseline_runs.push(run_mutex(cfg, &sim, nth, progress)?);
+            baseline_runs.push(run_mutex(cfg, &stores, nth, progress)?);
         }
     }
     let mut config = cfg.clone();
@@ -162,14 +193,51 @@ pub fn run_stress_with_progress(
     })
 }
 
+/// The data plane of one run of scheduler `who`: the store opened for it, host KV memory
+/// sized to the pool, the connector joining them and the verifying engine.
+fn plane(cfg: &StressConfig, stores: &Stores, who: &str) -> Result<Plane, StressError> {
+    let kv = |e: &dyn std::fmt::Display| StressError::Kv(e.to_string());
+    let store = stores.open(cfg, who)?;
+    let groups = cfg.groups.groups();
+    // Both fit: validate() caps them far below usize::MAX.
+    let bpt = usize::try_from(cfg.kv_bytes_per_token).map_err(|e| kv(&e))?;
+    let state = usize::try_from(cfg.mamba_state_bytes).map_err(|e| kv(&e))?;
+    let layout = KvLayout::for_groups(&groups, bpt, state).map_err(|e| kv(&e))?;
+    let memory: Arc<dyn KvMemory> =
+        Arc::new(HostKvMemory::new(layout, cfg.pool_blocks).map_err(|e| kv(&e))?);
+    let connector = Arc::new(
+        TierConnector::new(
+            Arc::clone(&store.tier),
+            Arc::clone(&memory),
+            TierConnectorConfig {
+                groups: groups.clone(),
+                scheduler_block_size: cfg.scheduler_block_size(),
+                tag: cfg.kv_tag(),
+                async_ratio: cfg.async_ratio,
+                seed: cfg.seed ^ 0x5eed_c0de,
+                ..TierConnectorConfig::default()
+            },
+        )
+        .map_err(|e| kv(&e))?,
+    );
+    let mut checker = KvChecker::new(groups, cfg.kv_tag(), bpt, state, memory);
+    checker.set_verify(cfg.verify == Verify::On);
+    Ok(Plane {
+        engine: SimEngine::with_kv(Arc::clone(&connector), checker),
+        connector,
+        store,
+    })
+}
+
 /// One kvsched run.
 fn run_kvsched(
     cfg: &StressConfig,
-    sim: &Arc<SimConnector>,
+    stores: &Stores,
     nth: Nth,
     progress: &mut dyn FnMut(&Progress),
 ) -> Result<RunReport, StressError> {
-    let conn = Arc::new(FaultConnector::new(cfg, sim.clone()));
+    let plane = plane(cfg, stores, "kvsched")?;
+    let conn = Arc::new(FaultConnector::new(cfg, Arc::clone(&plane.connector)));
     let rt = Runtime::builder()
         .groups(cfg.groups.groups())
         .pool_blocks(cfg.pool_blocks)
@@ -180,17 +248,19 @@ fn run_kvsched(
         .max_seqs(cfg.max_seqs)
         .connector(conn.clone())
         .build()?;
-    drive(rt, "kvsched", nth, cfg, &conn, progress)
+    drive(rt, "kvsched", nth, cfg, &conn, plane, progress)
 }
 
-/// One run of the mutex baseline: the same workload and faults, counted afresh.
+/// One run of the mutex baseline: the same workload, faults, engine and verification, on its
+/// own memory, connector and store, counted afresh.
 fn run_mutex(
     cfg: &StressConfig,
-    sim: &Arc<SimConnector>,
+    stores: &Stores,
     nth: Nth,
     progress: &mut dyn FnMut(&Progress),
 ) -> Result<RunReport, StressError> {
-    let conn = Arc::new(FaultConnector::new(cfg, sim.clone()));
+    let plane = plane(cfg, stores, "mutex")?;
+    let conn = Arc::new(FaultConnector::new(cfg, Arc::clone(&plane.connector)));
     let b = MutexScheduler::new(BaselineConfig {
         groups: cfg.groups.groups(),
         pool_blocks: cfg.pool_blocks,
@@ -201,7 +271,7 @@ fn run_mutex(
         max_seqs: cfg.max_seqs,
         connector: conn.clone(),
     })?;
-    drive(b, "mutex", nth, cfg, &conn, progress)
+    drive(b, "mutex", nth, cfg, &conn, plane, progress)
 }
 
 #[cfg(test)]

@@ -74,6 +74,70 @@ pub struct FaultCounts {
     pub stale: u64,
     /// Cancels issued by the `cancel` fault (some may name a request already ended).
     pub cancel: u64,
+    /// Stored chunks the `corrupt` fault flipped a bit of, at rest.
+    pub corrupt: u64,
+    /// Stored chunks the `truncate` fault cut short, at rest.
+    pub truncate: u64,
+    /// Chunks the `evict` fault deleted between lookup and load.
+    pub evict: u64,
+    /// Loads the `slow` fault delayed.
+    pub slow: u64,
+}
+
+/// The KV bytes of a run: what moved between the store and KV memory, what the engine
+/// verified, and every integrity counter of the connector.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct KvCounts {
+    /// Payload bytes loads wrote into KV memory (verified chunks only).
+    pub kv_bytes_loaded: u64,
+    /// Encoded bytes the write-behind stored in the tier.
+    pub kv_bytes_saved: u64,
+    /// Bytes the engine read and compared against their reference (0 with `--verify off`).
+    pub kv_bytes_verified: u64,
+    /// Bytes the engine wrote for the tokens it computed.
+    pub kv_bytes_written: u64,
+    /// Read units (a token of an attention group, a Mamba state) that differed from their
+    /// reference or came through a null entry, in steps whose output was kept; `null` with
+    /// `--verify off`. Must be 0 in mode `safe`.
+    pub garbage_reads: Option<u64>,
+    /// Garbage read units in steps whose output the scheduler said to discard.
+    pub garbage_reads_discarded: Option<u64>,
+    /// Of all garbage units, those read through a null entry.
+    pub null_reads: Option<u64>,
+    /// Read units checked.
+    pub units_read: u64,
+    /// Chunks verified and written into KV memory.
+    pub chunks_loaded: u64,
+    /// Of those, chunks this run's connector had not saved itself (an earlier run's).
+    pub chunks_loaded_from_others: u64,
+    /// Chunks the write-behind stored.
+    pub chunks_saved: u64,
+    /// Chunks stored before their request's submit to warm the sim store (`--hit-ratio`).
+    pub chunks_warmed: u64,
+    /// Wall time of that warming, on the engine thread between steps, ms.
+    pub warm_ms: f64,
+    /// Chunks whose bytes changed after they were written (checksum).
+    pub checksum_failures: u64,
+    /// Chunks the store no longer had at load time.
+    pub missing_chunks: u64,
+    /// Intact chunks of another key or group.
+    pub key_mismatches: u64,
+    /// Chunks with a missing or wrong MAC.
+    pub mac_failures: u64,
+    /// Chunks truncated or with a bad header.
+    pub format_errors: u64,
+    /// Tier calls that failed as a whole.
+    pub tier_errors: u64,
+    /// Save offers dropped because the write-behind queue was full.
+    pub saves_dropped: u64,
+    /// Tier `put` calls that failed.
+    pub save_errors: u64,
+    /// Loads that found their cancellation fired (a deadline passed, the request ended).
+    pub loads_cancelled: u64,
+    /// Destinations a load was no longer allowed to write: left alone.
+    pub writes_refused: u64,
+    /// Chunks the sim store damaged in transfer (`--failure-rate`).
+    pub transfer_damage: u64,
 }
 
 /// What the scheduler did about faults (its counters at the end of the run).
@@ -221,6 +285,8 @@ pub struct RunReport {
     pub events: Events,
     /// What the engine did that the scheduler's counters do not show.
     pub engine: EngineEvents,
+    /// The KV bytes moved and verified, and the integrity counters.
+    pub kv: KvCounts,
     /// Invariants.
     pub invariants: Invariants,
     /// The latency distributions, for `--plot`.

@@ -1,6 +1,7 @@
 //! The [`Scheduler`] trait the simulated engine drives, and its two implementations: the
 //! [`Runtime`] and the [`MutexScheduler`] baseline.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::runtime::{Metrics, Report, Runtime, RuntimeError, StepOutput, StepPlan, SubmitRequest};
@@ -32,8 +33,9 @@ pub trait Scheduler {
     fn cancel(&self, id: &str);
     /// Runs one step (an error: the scheduler can take no more).
     fn schedule(&mut self) -> Result<StepPlan, RuntimeError>;
-    /// Applies the engine's output of the last step.
-    fn update(&mut self, out: StepOutput);
+    /// Applies the engine's output of the last step; returns the outputs to discard (the
+    /// requests whose step read a block one of its sync loads failed to fill).
+    fn update(&mut self, out: StepOutput) -> Vec<Arc<str>>;
     /// Counters so far.
     fn metrics(&self) -> Metrics;
     /// SPEC §7 invariants checkable between steps; the violations.
@@ -63,8 +65,8 @@ impl Scheduler for Runtime {
     fn schedule(&mut self) -> Result<StepPlan, RuntimeError> {
         Runtime::schedule(self)
     }
-    fn update(&mut self, out: StepOutput) {
-        let _ = Runtime::update(self, out);
+    fn update(&mut self, out: StepOutput) -> Vec<Arc<str>> {
+        Runtime::update(self, out)
     }
     fn metrics(&self) -> Metrics {
         Runtime::metrics(self)
@@ -100,7 +102,7 @@ impl Scheduler for MutexScheduler {
     fn schedule(&mut self) -> Result<StepPlan, RuntimeError> {
         Ok(MutexScheduler::schedule(self))
     }
-    fn update(&mut self, out: StepOutput) {
+    fn update(&mut self, out: StepOutput) -> Vec<Arc<str>> {
         MutexScheduler::update(self, out)
     }
     fn metrics(&self) -> Metrics {

@@ -270,3 +270,83 @@ pub(super) fn parse_pool(s: &str) -> Result<usize, String> {
 pub(super) fn parse_max_seqs(s: &str) -> Result<usize, String> {
     parse_range(s, 1, MAX_MAX_SEQS)
 }
+
+/// The least `--store-capacity` and `--redis-maxmemory`: 1 MiB.
+pub const MIN_STORE_BYTES: u64 = 1 << 20;
+/// The largest `--store-capacity` and `--redis-maxmemory`: 16 TiB.
+pub const MAX_STORE_BYTES: u64 = 1 << 44;
+
+/// Parses a size in bytes: an integer with an optional binary suffix `K`, `M`, `G` or `T`
+/// (also `KB`/`KiB`…, any case), from [`MIN_STORE_BYTES`] to [`MAX_STORE_BYTES`].
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let bad = || format!("expected a size such as 64M or 1G (1M to 16T, binary units), got `{s}`");
+    let t = s.trim();
+    let digits = t.chars().take_while(char::is_ascii_digit).count();
+    let (num, unit) = t.split_at(digits);
+    let n: u64 = num.parse().map_err(|_| bad())?;
+    let shift = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ => return Err(bad()),
+    };
+    n.checked_mul(1 << shift)
+        .filter(|b| (MIN_STORE_BYTES..=MAX_STORE_BYTES).contains(b))
+        .ok_or_else(bad)
+}
+
+/// A size as it is written back: the largest binary unit that divides it.
+pub fn show_size(bytes: u64) -> String {
+    for (shift, unit) in [(40, "T"), (30, "G"), (20, "M"), (10, "K")] {
+        if bytes >= 1 << shift && bytes % (1 << shift) == 0 {
+            return format!("{}{unit}", bytes >> shift);
+        }
+    }
+    format!("{bytes}")
+}
+
+/// `--verify`: whether the simulated engine checks the KV bytes it reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verify {
+    /// Every read unit is compared against its reference (the default).
+    On,
+    /// Nothing is read: the bytes still move (loads, computed writes, saves), so comparing
+    /// with `on` measures what verifying costs.
+    Off,
+}
+
+impl Verify {
+    /// Whether reads are checked.
+    pub fn is_on(self) -> bool {
+        self == Verify::On
+    }
+}
+
+impl FromStr for Verify {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "on" => Ok(Verify::On),
+            "off" => Ok(Verify::Off),
+            _ => Err(format!("expected on or off, got `{s}`")),
+        }
+    }
+}
+
+impl Serialize for Verify {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(match self {
+            Verify::On => "on",
+            Verify::Off => "off",
+        })
+    }
+}
+
+/// The most `--kv-bytes-per-token`.
+pub const MAX_KV_BYTES_PER_TOKEN: u64 = 1 << 16;
+/// The most `--mamba-state-bytes`.
+pub const MAX_MAMBA_STATE_BYTES: u64 = 1 << 20;
+/// The most host KV memory a run allocates (`--pool-blocks` × the largest block's bytes).
+pub const MAX_KV_MEMORY_BYTES: u64 = 4 << 30;

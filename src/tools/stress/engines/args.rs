@@ -4,6 +4,7 @@
 use std::ffi::{OsStr, OsString};
 
 use super::super::config::StressConfig;
+use super::super::store::StoreSpec;
 
 /// Flags the parent consumes, each with a value (`--flag V` or `--flag=V`): not passed on.
 const PARENT_FLAGS: &[&str] = &[
@@ -18,41 +19,6 @@ const PARENT_FLAGS: &[&str] = &[
 /// Switches the parent consumes (`--json` is given to every engine anyway).
 const PARENT_SWITCHES: &[&str] = &["--json"];
 
-/// Where the engines' KV chunks live (`--store`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Store {
-    /// `sim` (the default): the simulated connector, in one process.
-    Sim,
-    /// `memory`: an in-process tier.
-    Memory,
-    /// `disk=DIR`: a directory, one process's at a time.
-    Disk(String),
-    /// `redis`: a server (or with `--redis-cluster`, a cluster) the parent starts and owns.
-    Owned,
-    /// `redis://…` or `rediss://…`: a server the user runs.
-    Url(String),
-}
-
-impl Store {
-    /// Parses a `--store` value.
-    pub fn parse(s: &str) -> Result<Store, String> {
-        match s {
-            "sim" => Ok(Store::Sim),
-            "memory" => Ok(Store::Memory),
-            "redis" => Ok(Store::Owned),
-            _ if s.starts_with("redis://") || s.starts_with("rediss://") => {
-                Ok(Store::Url(s.to_owned()))
-            }
-            _ => match s.strip_prefix("disk=") {
-                Some(dir) if !dir.is_empty() => Ok(Store::Disk(dir.to_owned())),
-                _ => Err(format!(
-                    "--store: expected sim, memory, disk=DIR, redis or redis://HOST:PORT, got {s:?}"
-                )),
-            },
-        }
-    }
-}
-
 /// What the parent runs: `engines` children on `store`, restarting its server `restarts`
 /// times.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -61,16 +27,16 @@ pub struct Plan {
     pub engines: u8,
     /// Restarts of the owned server.
     pub restarts: u32,
-    /// The store the engines share.
-    pub store: Store,
+    /// The store the engines share (`--store`).
+    pub store: StoreSpec,
     /// `--redis-cluster N`: the owned server is a cluster of N nodes.
     pub cluster: Option<usize>,
     /// `--redis-maxmemory`: the owned server's memory cap, bytes.
     pub maxmemory: Option<u64>,
-    /// `--store` as the user gave it (`None` without one, or for the owned server, whose
-    /// URL is known once it runs).
+    /// `--store` as the user wrote it, passed on to the engines (`None` without one, and for
+    /// the owned server, whose URL is known once it runs).
     pub store_arg: Option<String>,
-    /// `--mode`, for the parent's own garbage-read check (`safe` unless set).
+    /// Whether the mode is `safe`, for the parent's own garbage-read check.
     pub safe_mode: bool,
 }
 
@@ -85,24 +51,11 @@ impl Plan {
             );
         }
         let engines = e.engines.unwrap_or(1);
-        let store = match value_of(stress_args, "--store") {
-            Some(v) => Store::parse(&v)?,
-            None => Store::Sim,
-        };
-        let cluster = value_of(stress_args, "--redis-cluster")
-            .map(|v| {
-                v.parse::<usize>()
-                    .map_err(|_| format!("--redis-cluster: expected a node count, got {v:?}"))
-            })
-            .transpose()?;
-        let maxmemory = value_of(stress_args, "--redis-maxmemory")
-            .map(|v| parse_size(&v).map_err(|p| format!("--redis-maxmemory: {p}")))
-            .transpose()?;
-        let one_process = match &store {
-            Store::Sim => Some("--store sim is simulated inside one engine"),
-            Store::Memory => Some("--store memory lives inside one engine"),
-            Store::Disk(_) => Some("a disk tier belongs to one process at a time"),
-            Store::Owned | Store::Url(_) => None,
+        let one_process = match &cfg.store {
+            StoreSpec::Sim => Some("--store sim is simulated inside one engine"),
+            StoreSpec::Memory => Some("--store memory lives inside one engine"),
+            StoreSpec::Disk(_) => Some("a disk tier belongs to one process at a time"),
+            StoreSpec::Redis | StoreSpec::RedisUrl { .. } => None,
         };
         if let Some(why) = one_process {
             if engines > 1 {
@@ -111,35 +64,22 @@ impl Plan {
                 ));
             }
         }
-        if e.redis_restarts > 0 && store != Store::Owned {
+        if e.redis_restarts > 0 && cfg.store != StoreSpec::Redis {
             return Err(
-                "--redis-restarts: restarts only the Redis server kvsched owns (--store redis)"
+                "--redis-restarts: restarts only the Redis server kvsched starts (--store redis), not a server it does not own"
                     .into(),
             );
         }
-        if store != Store::Owned {
-            for (flag, given) in [
-                ("--redis-cluster", cluster.is_some()),
-                ("--redis-maxmemory", maxmemory.is_some()),
-            ] {
-                if given {
-                    return Err(format!(
-                        "{flag}: applies to the Redis server kvsched starts (--store redis)"
-                    ));
-                }
-            }
-        }
-        let store_arg = match &store {
-            Store::Owned => None,
-            _ => value_of(stress_args, "--store"),
-        };
         Ok(Plan {
             engines,
             restarts: e.redis_restarts,
-            store,
-            cluster,
-            maxmemory,
-            store_arg,
+            store: cfg.store.clone(),
+            cluster: cfg.redis_cluster,
+            maxmemory: cfg.redis_maxmemory,
+            store_arg: match cfg.store {
+                StoreSpec::Redis => None,
+                _ => value_of(stress_args, "--store"),
+            },
             safe_mode: cfg.mode == crate::rules::recovery::Mode::Safe,
         })
     }
@@ -208,33 +148,6 @@ pub fn child_args(stress_args: &[OsString], store: Option<&str>, index: u8) -> V
     out
 }
 
-/// A byte size as Redis writes one: digits, then optionally `k`/`m`/`g` (powers of 1000) or
-/// `kb`/`mb`/`gb` (powers of 1024; `kib`, `mib`, `gib` too), any case.
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim().to_ascii_lowercase();
-    let digits = t.bytes().take_while(u8::is_ascii_digit).count();
-    let (num, unit) = t.split_at(digits);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("expected a size such as 256mb, got {s:?}"))?;
-    let mult: u64 = match unit {
-        "" | "b" => 1,
-        "k" => 1_000,
-        "kb" | "kib" => 1 << 10,
-        "m" => 1_000_000,
-        "mb" | "mib" => 1 << 20,
-        "g" => 1_000_000_000,
-        "gb" | "gib" => 1 << 30,
-        _ => {
-            return Err(format!(
-                "unknown unit {unit:?} in {s:?} (k, kb, m, mb, g, gb)"
-            ))
-        }
-    };
-    n.checked_mul(mult)
-        .ok_or_else(|| format!("{s:?} is too large"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -245,13 +158,6 @@ mod tests {
 
     fn strs(v: &[OsString]) -> Vec<String> {
         v.iter().map(|a| a.to_string_lossy().into_owned()).collect()
-    }
-
-    fn cfg(engines: Option<u8>, restarts: u32) -> StressConfig {
-        let mut c = StressConfig::default();
-        c.engines.engines = engines;
-        c.engines.redis_restarts = restarts;
-        c
     }
 
     #[test]
@@ -331,85 +237,89 @@ mod tests {
         assert_eq!(child[2], odd);
     }
 
+    /// The command line as clap reads it, then the parent's plan of it.
+    fn plan(args: &[&str]) -> Result<Plan, String> {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            config: StressConfig,
+        }
+        let argv = std::iter::once("stress").chain(args.iter().copied());
+        let cli = Cli::try_parse_from(argv).map_err(|e| e.to_string())?;
+        Plan::of(&cli.config, &os(args))
+    }
+
     #[test]
-    fn the_store_is_read_from_the_arguments() {
-        let plan = |args: &[&str], c: StressConfig| Plan::of(&c, &os(args));
-        let p = plan(
-            &["--store", "redis", "--redis-cluster", "3"],
-            cfg(Some(2), 1),
-        )
-        .unwrap();
-        assert_eq!(
-            (p.engines, p.restarts, &p.store, p.cluster),
-            (2, 1, &Store::Owned, Some(3))
-        );
-        let p = plan(&["--store=redis://127.0.0.1:6399"], cfg(Some(2), 0)).unwrap();
-        assert_eq!(p.store, Store::Url("redis://127.0.0.1:6399".into()));
-        assert_eq!(p.store_arg.as_deref(), Some("redis://127.0.0.1:6399"));
-        // --redis-restarts alone runs one engine.
-        let p = plan(
-            &["--store", "redis", "--redis-maxmemory", "64mb"],
-            cfg(None, 2),
-        )
-        .unwrap();
-        assert_eq!((p.engines, p.maxmemory), (1, Some(64 << 20)));
-        // One engine on an unshared store is allowed; the store is passed on as it is.
-        let p = plan(&["--store", "disk=/tmp/x"], cfg(Some(1), 0)).unwrap();
+    fn one_engine_on_an_unshared_store_gets_it_as_it_is() {
+        let p = plan(&["--store", "disk=/tmp/x", "--engines", "1"]).unwrap();
         assert_eq!(p.store_arg.as_deref(), Some("disk=/tmp/x"));
         // Without --store the engines get none (their default).
-        let p = plan(&["--requests", "9"], cfg(Some(1), 0)).unwrap();
-        assert_eq!((&p.store, p.store_arg.as_deref()), (&Store::Sim, None));
+        let p = plan(&["--requests", "9", "--engines", "1"]).unwrap();
+        assert_eq!((&p.store, p.store_arg.as_deref()), (&StoreSpec::Sim, None));
         assert_eq!(
             strs(&child_args(&os(&["--engines", "1"]), None, 0)),
             ["stress", "--engine-index", "0", "--json"]
         );
     }
 
+    #[cfg(feature = "redis")]
+    #[test]
+    fn the_redis_store_is_read_from_the_command_line() {
+        let p = plan(&[
+            "--store",
+            "redis",
+            "--redis-cluster",
+            "3",
+            "--engines",
+            "2",
+            "--redis-restarts",
+            "1",
+        ])
+        .unwrap();
+        assert_eq!(
+            (p.engines, p.restarts, &p.store, p.cluster, p.store_arg),
+            (2, 1, &StoreSpec::Redis, Some(3), None)
+        );
+        let p = plan(&["--store=redis://127.0.0.1:6399", "--engines", "2"]).unwrap();
+        assert!(matches!(p.store, StoreSpec::RedisUrl { .. }));
+        assert_eq!(p.store_arg.as_deref(), Some("redis://127.0.0.1:6399"));
+        // --redis-restarts alone runs one engine.
+        let p = plan(&[
+            "--store",
+            "redis",
+            "--redis-maxmemory",
+            "64M",
+            "--redis-restarts",
+            "2",
+        ])
+        .unwrap();
+        assert_eq!((p.engines, p.maxmemory), (1, Some(64 << 20)));
+    }
+
     #[test]
     fn nothing_to_share_is_refused() {
-        let err = |args: &[&str], c: StressConfig| Plan::of(&c, &os(args)).unwrap_err();
         for args in [
-            &[][..],
-            &["--store", "sim"][..],
-            &["--store", "memory"][..],
-            &["--store", "disk=/tmp/d"][..],
+            &["--engines", "2"][..],
+            &["--engines", "2", "--store", "sim"][..],
+            &["--engines", "2", "--store", "memory"][..],
+            &["--engines", "2", "--store", "disk=/tmp/d"][..],
         ] {
-            let e = err(args, cfg(Some(2), 0));
+            let e = plan(args).unwrap_err();
             assert!(
                 e.starts_with("--engines: ") && e.contains("nothing to share"),
                 "{e}"
             );
             assert!(!e.contains('\n'));
         }
-        let e = err(&["--store", "redis://127.0.0.1:6399"], cfg(Some(2), 1));
+        let e = plan(&["--store", "memory", "--redis-restarts", "1"]).unwrap_err();
         assert!(e.starts_with("--redis-restarts: "), "{e}");
-        let e = err(&["--store", "memory"], cfg(None, 1));
-        assert!(e.starts_with("--redis-restarts: "), "{e}");
-        let e = err(
-            &["--store", "redis://127.0.0.1:6399", "--redis-cluster", "3"],
-            cfg(Some(2), 0),
-        );
-        assert!(e.starts_with("--redis-cluster: "), "{e}");
-        let e = err(&["--store", "bogus"], cfg(Some(2), 0));
-        assert!(e.starts_with("--store: "), "{e}");
-        let mut c = cfg(Some(2), 0);
-        c.engines.engine_index = Some(1);
-        let e = err(&["--store", "redis"], c);
+        let e = plan(&["--engines", "1", "--engine-index", "1"]).unwrap_err();
         assert!(e.starts_with("--engine-index: "), "{e}");
-    }
-
-    #[test]
-    fn sizes_read_as_redis_reads_them() {
-        assert_eq!(parse_size("1000"), Ok(1000));
-        assert_eq!(parse_size("64mb"), Ok(64 << 20));
-        assert_eq!(parse_size("64MB"), Ok(64 << 20));
-        assert_eq!(parse_size("2g"), Ok(2_000_000_000));
-        assert_eq!(parse_size("1gib"), Ok(1 << 30));
-        assert_eq!(parse_size("5k"), Ok(5000));
-        assert!(parse_size("").is_err());
-        assert!(parse_size("mb").is_err());
-        assert!(parse_size("5tb").is_err());
-        assert!(parse_size("99999999999999999999gb").is_err());
-        assert!(parse_size("18446744073709551615gb").is_err());
+        #[cfg(feature = "redis")]
+        {
+            let e = plan(&["--store", "redis://127.0.0.1:6399", "--redis-restarts", "1"]);
+            assert!(e.unwrap_err().starts_with("--redis-restarts: "));
+        }
     }
 }

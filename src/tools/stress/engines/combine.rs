@@ -32,7 +32,8 @@
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use super::args::{Plan, Store};
+use super::super::store::StoreSpec;
+use super::args::Plan;
 
 /// How an engine process ended.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -330,7 +331,7 @@ fn merge_key(key: &str, vs: &[(u8, &Value)]) -> Value {
 pub struct Combined {
     /// Engines run.
     pub engines: u8,
-    /// The store URL the engines used, credentials hidden.
+    /// The store the engines used, credentials hidden.
     pub store: String,
     /// The server, when the store is Redis.
     pub server: Option<ServerInfo>,
@@ -387,8 +388,8 @@ pub struct Verdict {
 }
 
 impl Combined {
-    /// The combined report of `outcomes` run by `plan` on `store` (the URL the engines got)
-    /// and `server`, with the `restarts` made.
+    /// The combined report of `outcomes` run by `plan` on `store` (the store the engines
+    /// got, credentials hidden) and `server`, with the `restarts` made.
     pub fn of(
         plan: &Plan,
         store: &str,
@@ -486,7 +487,7 @@ impl Combined {
         violations.extend(parent.iter().cloned());
         Combined {
             engines: plan.engines,
-            store: redact(store),
+            store: store.to_owned(),
             server,
             redis_restarts: Restarts {
                 requested: plan.restarts,
@@ -659,27 +660,15 @@ pub fn server_info(plan: &Plan, owned: Option<(&'static str, usize)>) -> Option<
             shape: shape.to_owned(),
             nodes,
         }),
-        (Store::Url(url), None) => Some(ServerInfo {
+        (StoreSpec::RedisUrl { shown, .. }, None) => Some(ServerInfo {
             owned: false,
             shape: "user".to_owned(),
-            nodes: url
+            nodes: shown
                 .split(['/', '?'])
                 .nth(2)
                 .map_or(0, |hosts| hosts.split(',').count()),
         }),
         _ => None,
-    }
-}
-
-/// `url` with its credentials (`user:password@`) replaced by `***@`.
-pub fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
-        Some(at) => format!("{scheme}://***@{}", &rest[at + 1..]),
-        None => url.to_owned(),
     }
 }
 
@@ -720,7 +709,7 @@ mod tests {
         Plan {
             engines,
             restarts,
-            store: Store::Owned,
+            store: StoreSpec::Redis,
             cluster: None,
             maxmemory: None,
             store_arg: None,
@@ -954,32 +943,6 @@ mod tests {
         assert!(c
             .render_human()
             .contains("restart 1 at 1.50 s: 127.0.0.1:7 back after 12.0 ms"));
-    }
-
-    #[test]
-    fn credentials_never_reach_the_report() {
-        assert_eq!(
-            redact("redis://u:pw@h:1,h:2/0?tag=a@b"),
-            "redis://***@h:1,h:2/0?tag=a@b"
-        );
-        assert_eq!(redact("rediss://:p%40w@h:1"), "rediss://***@h:1");
-        assert_eq!(redact("redis://h:1"), "redis://h:1");
-        let p = Plan {
-            store: Store::Url("redis://u:pw@h:1,h:2".into()),
-            ..plan(2, 0, true)
-        };
-        let c = Combined::of(
-            &p,
-            "redis://u:pw@h:1,h:2",
-            server_info(&p, None),
-            vec![outcome(0, 0, &report(1, 1, 0, 0, 0))],
-            Vec::new(),
-        );
-        assert!(!c.render_json().contains("pw") && !c.render_human().contains("pw"));
-        assert_eq!(
-            c.server.as_ref().map(|s| (s.owned, s.nodes)),
-            Some((false, 2))
-        );
     }
 
     /// Real engine reports (two in-process runs as engines 0 and 1 would make): the row

@@ -2,7 +2,8 @@
 //! `LocalCluster` with `--redis-cluster N`; started before the engines, restarted by
 //! `--redis-restarts`, stopped (with its directory removed) on drop.
 
-use super::args::{Plan, Store};
+use super::super::store::StoreSpec;
+use super::args::Plan;
 
 /// The owned server (feature `redis`).
 #[cfg(feature = "redis")]
@@ -22,7 +23,7 @@ impl OwnedServer {
     /// Starts the server `plan` asks for (`None` unless `--store redis`).
     pub fn start(plan: &Plan) -> Result<Option<OwnedServer>, String> {
         use crate::kv::redis::{LocalCluster, LocalRedis, LocalRedisOptions};
-        if plan.store != Store::Owned {
+        if plan.store != StoreSpec::Redis {
             return Ok(None);
         }
         let mut options = LocalRedisOptions::new();
@@ -79,7 +80,7 @@ impl OwnedServer {
     /// `--store redis` needs feature `redis`.
     pub fn start(plan: &Plan) -> Result<Option<OwnedServer>, String> {
         match plan.store {
-            Store::Owned => Err(
+            StoreSpec::Redis => Err(
                 "--store redis: this kvsched was built without the Redis tier (feature redis)"
                     .into(),
             ),

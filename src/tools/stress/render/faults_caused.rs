@@ -27,7 +27,8 @@ pub(super) fn faults_caused(report: &StressReport, o: &mut String) {
     };
     let _ = writeln!(o, "faults injected — what each caused{median}");
     let deadline_ms = c.load_deadline_ms.unwrap_or(0);
-    let lines: [(f64, String, Caused); 6] = [
+    let slow_ms = c.slow_for().as_millis();
+    let lines: [(f64, String, Caused); 10] = [
         (
             f.deadline,
             format!(
@@ -60,6 +61,28 @@ pub(super) fn faults_caused(report: &StressReport, o: &mut String) {
             f.cancel,
             "the client cancels a request at a random later step".to_owned(),
             cancel_caused,
+        ),
+        (
+            f.corrupt,
+            "a stored chunk gets one bit flipped at rest".to_owned(),
+            corrupt_caused,
+        ),
+        (
+            f.truncate,
+            "a stored chunk is cut short at rest".to_owned(),
+            truncate_caused,
+        ),
+        (
+            f.evict,
+            "a chunk is deleted between lookup and load".to_owned(),
+            evict_caused,
+        ),
+        (
+            f.slow,
+            format!(
+                "a chunk read delays its load {slow_ms} ms, past its {deadline_ms} ms deadline"
+            ),
+            slow_caused,
         ),
     ];
     for ((rate, what, caused), name) in lines.into_iter().zip(FAULT_NAMES) {
@@ -141,5 +164,49 @@ fn cancel_caused(r: &RunReport) -> String {
         "{} cancels sent; {} found their request already ended (unknown commands)",
         count(r.faults_injected.cancel),
         count(r.engine.fault_cancels_after_end)
+    )
+}
+
+/// `corrupt`: the chunks damaged at rest, and the checks that caught them.
+fn corrupt_caused(r: &RunReport) -> String {
+    format!(
+        "{} stored chunks damaged; {} checksum failures and {} format errors (a bit in the header) at load, each a failed block",
+        count(r.faults_injected.corrupt),
+        count(r.kv.checksum_failures),
+        count(r.kv.format_errors)
+    )
+}
+
+/// `truncate`: the chunks cut short, and the format errors they caused.
+fn truncate_caused(r: &RunReport) -> String {
+    format!(
+        "{} stored chunks cut short; {} format errors at load (truncations and damaged headers), each a failed block",
+        count(r.faults_injected.truncate),
+        count(r.kv.format_errors)
+    )
+}
+
+/// `evict`: the chunks deleted, and the misses at load.
+fn evict_caused(r: &RunReport) -> String {
+    format!(
+        "{} chunks deleted after their lookup; {} chunks missing at load, each a failed block",
+        count(r.faults_injected.evict),
+        count(r.kv.missing_chunks)
+    )
+}
+
+/// `slow`: the loads delayed, and what their deadline did.
+fn slow_caused(r: &RunReport) -> String {
+    if !r.has.load_deadlines {
+        return format!(
+            "{} loads delayed; no load deadline, so each held its worker and its request until it ended",
+            count(r.faults_injected.slow)
+        );
+    }
+    format!(
+        "{} loads delayed (sync ones stall their step); {} loads passed their deadline, {} loads stopped early on their fired cancellation",
+        count(r.faults_injected.slow),
+        count(r.events.deadlines_expired),
+        count(r.kv.loads_cancelled)
     )
 }

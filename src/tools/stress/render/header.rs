@@ -8,7 +8,7 @@ use crate::rules::recovery::{Mode, Policy};
 use crate::tools::stress::config::StressConfig;
 use crate::tools::stress::faults::FAULT_NAMES;
 use crate::tools::stress::report::StressReport;
-use crate::tools::stress::values::Rate;
+use crate::tools::stress::values::{show_size, Rate};
 
 /// The settings line, and the faults line with `--faults`.
 pub(super) fn settings(c: &StressConfig, o: &mut String) {
@@ -34,6 +34,34 @@ pub(super) fn settings(c: &StressConfig, o: &mut String) {
         c.seed
     );
     wrap(&line, "", "  ", o);
+    let capacity = if c.store.is_redis() {
+        c.redis_maxmemory
+            .map(|m| format!(" (maxmemory {})", show_size(m)))
+            .unwrap_or_default()
+    } else {
+        format!(" ({})", show_size(c.store_capacity))
+    };
+    let cluster = c
+        .redis_cluster
+        .map(|n| format!(", a cluster of {n} nodes"))
+        .unwrap_or_default();
+    let warm = if c.store.is_real() {
+        String::new()
+    } else {
+        format!(", warmed to --hit-ratio {}", c.hit_ratio)
+    };
+    wrap(
+        &format!(
+            "KV bytes: store {}{capacity}{cluster}{warm} · {} B per token per attention group, {} B per Mamba state · verify {}",
+            c.store.shown(),
+            c.kv_bytes_per_token,
+            c.mamba_state_bytes,
+            if c.verify.is_on() { "on" } else { "off" }
+        ),
+        "",
+        "  ",
+        o,
+    );
     if let Some(f) = &c.faults {
         let list: Vec<String> = FAULT_NAMES
             .iter()

@@ -8,7 +8,7 @@ use super::header::{legend, settings};
 use super::invariants::invariants;
 use super::notes::notes;
 use super::table::{wrap, Table};
-use crate::tools::stress::figures::{Figure, FigureSection, Format};
+use crate::tools::stress::figures::{Figure, FigureSection, Format, KV_SECTION};
 use crate::tools::stress::report::{RunReport, StressReport};
 
 /// The report as a human-readable table, newline-terminated: the settings, a legend, one
@@ -43,19 +43,45 @@ pub fn render_human(report: &StressReport) -> String {
     o
 }
 
+/// The KV counters shown only when they are not 0 in some run (a note names the others).
+const KV_IF_NONZERO: [&str; 9] = [
+    "kv.chunks_loaded_from_others",
+    "kv.chunks_warmed",
+    "kv.checksum_failures",
+    "kv.missing_chunks",
+    "kv.key_mismatches",
+    "kv.mac_failures",
+    "kv.format_errors",
+    "kv.tier_errors",
+    "kv.saves_dropped",
+];
+
 /// One section of figures added to `table`: its title, a row per figure, its notes and, where
 /// the baseline lacks a figure's mechanism, a note saying so. Without `--faults`, the events
-/// section shows only the counters that are nonzero somewhere (and is left out if none is).
-/// Returns how many of its rows have a ratio whose min–max crosses 1.
+/// section shows only the counters that are nonzero somewhere (and is left out if none is);
+/// the KV section leaves out the integrity counters that are 0 in every run and names them
+/// in a note. Returns how many of its rows have a ratio whose min–max crosses 1.
 fn section(sec: &FigureSection, report: &StressReport, table: &mut Table) -> usize {
     let faults = report.config.faults.is_some();
     let baseline = report.baseline.as_ref();
     let several = report.runs.len() > 1;
     let events = sec.title == "events";
-    let figures: Vec<&Figure> = sec
+    let kv = sec.title == KV_SECTION;
+    let shown = |f: &Figure| {
+        if events {
+            faults || nonzero(f)
+        } else if kv && KV_IF_NONZERO.contains(&f.key) {
+            nonzero(f)
+        } else {
+            true
+        }
+    };
+    let figures: Vec<&Figure> = sec.figures.iter().filter(|f| shown(f)).collect();
+    let zero: Vec<&str> = sec
         .figures
         .iter()
-        .filter(|f| !events || faults || nonzero(f))
+        .filter(|f| kv && !shown(f))
+        .map(|f| f.label)
         .collect();
     if events && figures.is_empty() {
         return 0;
@@ -84,6 +110,9 @@ fn section(sec: &FigureSection, report: &StressReport, table: &mut Table) -> usi
             ],
             ratio,
         );
+    }
+    if !zero.is_empty() {
+        table.note(format!("0 in every run: {}", zero.join(", ")));
     }
     for note in notes(sec, report) {
         table.note(note);

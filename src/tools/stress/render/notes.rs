@@ -4,8 +4,9 @@
 
 use super::cells::{count, counted};
 use super::decisions::decisions_notes;
+use crate::rules::recovery::Mode;
 use crate::tools::stress::config::StressConfig;
-use crate::tools::stress::figures::FigureSection;
+use crate::tools::stress::figures::{FigureSection, KV_SECTION};
 use crate::tools::stress::report::{RunReport, StressReport};
 use crate::tools::stress::values::Rate;
 
@@ -33,10 +34,67 @@ pub(super) fn notes(sec: &FigureSection, report: &StressReport) -> Vec<String> {
             "a load completion landing → the step that makes its request runnable".to_owned(),
         ),
         "recovery" => decisions_notes(report, &mut notes),
+        KV_SECTION => kv_notes(report, &mut notes),
         "events" => events_notes(report, &mut notes),
         _ => {}
     }
     notes
+}
+
+/// The notes under the KV bytes: what verified and garbage mean, where the chunks came from
+/// (warming and its cost, or the real store), and in mode `vllm` what the garbage was.
+fn kv_notes(report: &StressReport, notes: &mut Vec<String>) {
+    let c = &report.config;
+    let runs: Vec<&RunReport> = std::iter::once(&report.run)
+        .chain(report.baseline.as_ref())
+        .collect();
+    if c.verify.is_on() {
+        notes.push("verified: every read unit (one token's KV in an attention group, one Mamba state) that a step's requests read through their block tables, compared with a reference computed from the request's own tokens; a garbage read differs from it or comes through a null entry. Garbage with the output kept must be 0 in mode safe; garbage with the output discarded was read in a step whose output update() said to drop (a sync load under it failed)".to_owned());
+    } else {
+        notes.push("--verify off: nothing is read or compared (garbage n/a); loads, computed writes and saves move the same bytes, so the step figures against a --verify on run show what verifying costs".to_owned());
+    }
+    let r = &report.run;
+    if c.store.is_real() {
+        notes.push(format!(
+            "store {}: not warmed (--hit-ratio is for the sim store); it starts with what it holds and fills with the full prompt blocks the engine computes and saves{}",
+            c.store.shown(),
+            if matches!(c.store, crate::tools::stress::store::StoreSpec::Disk(_)) {
+                " (each scheduler in its own subdirectory, kvsched/ and mutex/: a later run on the directory loads what earlier ones saved, counted as saved by an earlier run)"
+            } else {
+                ""
+            }
+        ));
+    } else if r.kv.chunks_warmed > 0 {
+        let per = r.kv.warm_ms * 1000.0 / (r.requests.submitted.max(1) as f64);
+        notes.push(format!(
+            "warming (--hit-ratio {}): before each submit the engine thread stored the reference chunks of that share of the prompt in the sim store — {} chunks in {:.1} ms, {per:.0} µs per request — between steps, outside schedule() + update(), so never in step overhead",
+            c.hit_ratio,
+            count(r.kv.chunks_warmed),
+            r.kv.warm_ms
+        ));
+    }
+    if !c.store.is_real() && runs.iter().any(|r| r.kv.transfer_damage > 0) {
+        notes.push(format!(
+            "sim store: --failure-rate {} damaged {} chunks in transfer (a flipped byte), each caught by the chunk's checks (checksum failures, format errors where the byte was in the header) and recovered as a failed block",
+            c.failure_rate,
+            count(r.kv.transfer_damage)
+        ));
+    }
+    if c.mode == Mode::Vllm {
+        for r in &runs {
+            let (Some(g), Some(nulls)) = (r.kv.garbage_reads, r.kv.null_reads) else {
+                continue;
+            };
+            if g > 0 {
+                notes.push(format!(
+                    "{}: mode vllm read {} in steps whose output was kept; {} of all garbage (kept or discarded) came through a null entry (a rollback point from which a group cannot resume: no Mamba state, a null window entry), the rest differed from the reference (a sharer resumed at its pre-step length over a block its owner is recomputing). Mode safe waits for the owner and rolls back to a point every group can resume from",
+                    r.scheduler,
+                    counted(g, "garbage unit", "garbage units"),
+                    count(nulls)
+                ));
+            }
+        }
+    }
 }
 
 /// The note under submit → first schedule: what the latency includes, for the arrivals run.

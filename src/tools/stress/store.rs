@@ -1,0 +1,391 @@
+//! `--store`: where a stress run's KV chunks live, and the tier each run opens on it.
+//!
+//! * `sim` (the default): a [`SimTier`] — chunks in memory behind the simulated latency and
+//!   transfer damage (`--load-latency-us`, `--failure-rate`), warmed before each request with
+//!   the reference chunks of its `--hit-ratio` share;
+//! * `memory`: a [`MemoryTier`] of `--store-capacity` bytes, empty at the start of each run;
+//! * `disk=DIR`: a [`DiskTier`] in `DIR/kvsched` (and `DIR/mutex` for the baseline, so neither
+//!   loads what the other saved), bounded by `--store-capacity`; it starts with what an
+//!   earlier run on the same directory saved;
+//! * `redis` (feature `redis`): a private `redis-server` (or with `--redis-cluster N` a
+//!   cluster of N) started on free loopback ports for the whole invocation, owned and stopped
+//!   at exit, emptied (`FLUSHALL`) before each run; `--redis-maxmemory` caps it (LRU);
+//! * `redis://HOST:PORT[,…]` (feature `redis`): the user's server or cluster, keys under a
+//!   tag per scheduler (`kvsched-stress-kvsched`, `kvsched-stress-mutex`), never flushed.
+//!
+//! With `--faults corrupt=R,truncate=R,evict=R,slow=R` a memory or disk store is wrapped in a
+//! [`FaultyTier`]: damage at rest, deletion between lookup and load, delays past the load
+//! deadline.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Serialize, Serializer};
+
+use super::config::{StressConfig, StressError};
+use crate::kv::{
+    DiskConfig, DiskTier, FaultConfig, FaultCounts, FaultTarget, FaultyTier, MemoryTier, SimTier,
+    SimTierConfig, Tier,
+};
+
+/// `--store`.
+#[derive(Clone, PartialEq, Eq)]
+pub enum StoreSpec {
+    /// The simulated tier (the default).
+    Sim,
+    /// An in-process memory tier.
+    Memory,
+    /// A disk tier under this directory.
+    Disk(PathBuf),
+    /// A private `redis-server` this process starts and stops.
+    Redis,
+    /// The user's Redis server or cluster.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    RedisUrl {
+        /// The URL as given (it may hold credentials: never printed).
+        url: String,
+        /// The URL with its credentials redacted, for reports.
+        shown: String,
+    },
+}
+
+impl StoreSpec {
+    /// Whether the store is real (not the simulated one).
+    pub(super) fn is_real(&self) -> bool {
+        *self != StoreSpec::Sim
+    }
+
+    /// Whether `--faults corrupt/truncate/evict/slow` can act on it (memory and disk).
+    pub(super) fn takes_faults(&self) -> bool {
+        matches!(self, StoreSpec::Memory | StoreSpec::Disk(_))
+    }
+
+    /// Whether it is Redis.
+    pub(super) fn is_redis(&self) -> bool {
+        matches!(self, StoreSpec::Redis | StoreSpec::RedisUrl { .. })
+    }
+
+    /// The store as written on the command line (credentials redacted).
+    pub(super) fn shown(&self) -> String {
+        match self {
+            StoreSpec::Sim => "sim".to_owned(),
+            StoreSpec::Memory => "memory".to_owned(),
+            StoreSpec::Disk(d) => format!("disk={}", d.display()),
+            StoreSpec::Redis => "redis".to_owned(),
+            StoreSpec::RedisUrl { shown, .. } => shown.clone(),
+        }
+    }
+}
+
+impl fmt::Debug for StoreSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.shown())
+    }
+}
+
+impl Serialize for StoreSpec {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.shown())
+    }
+}
+
+const EXPECTED: &str = "sim, memory, disk=DIR, redis or redis://HOST:PORT[,…]";
+
+#[cfg(not(feature = "redis"))]
+const NO_REDIS: &str = "this kvsched was built without the Redis tier: build it with `cargo build --release --features redis` (or run `cargo run --release --features redis -- stress --store redis`)";
+
+impl FromStr for StoreSpec {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "sim" => return Ok(StoreSpec::Sim),
+            "memory" => return Ok(StoreSpec::Memory),
+            _ => {}
+        }
+        if let Some(dir) = s.strip_prefix("disk=") {
+            if dir.is_empty() {
+                return Err("disk=DIR: the directory is empty".to_owned());
+            }
+            return Ok(StoreSpec::Disk(PathBuf::from(dir)));
+        }
+        if s == "disk" {
+            return Err("disk needs a directory: disk=DIR".to_owned());
+        }
+        let redis = s == "redis" || s.starts_with("redis://") || s.starts_with("rediss://");
+        if !redis {
+            return Err(format!("unknown store `{s}` (expected {EXPECTED})"));
+        }
+        parse_redis(s)
+    }
+}
+
+#[cfg(not(feature = "redis"))]
+fn parse_redis(_: &str) -> Result<StoreSpec, String> {
+    Err(NO_REDIS.to_owned())
+}
+
+#[cfg(feature = "redis")]
+fn parse_redis(s: &str) -> Result<StoreSpec, String> {
+    use crate::kv::redis::RedisConfig;
+    if s == "redis" {
+        return Ok(StoreSpec::Redis);
+    }
+    let cfg = RedisConfig::from_url(s).map_err(|e| format!("bad Redis URL: {e}"))?;
+    Ok(StoreSpec::RedisUrl {
+        url: s.to_owned(),
+        shown: cfg.redacted_url(),
+    })
+}
+
+/// The stores of one invocation: what lives across its runs (a private Redis server).
+pub(super) struct Stores {
+    spec: StoreSpec,
+    #[cfg(feature = "redis")]
+    server: Option<redis_store::Server>,
+}
+
+/// The tier one run opened, and the handles its report reads.
+pub(super) struct Opened {
+    /// The tier the connector uses.
+    pub(super) tier: Arc<dyn Tier>,
+    /// The simulated tier, for `sim`.
+    pub(super) sim: Option<Arc<SimTier>>,
+    /// The faults the [`FaultyTier`] injected, with store faults.
+    faults: Option<Box<dyn Fn() -> FaultCounts + Send + Sync>>,
+}
+
+impl Opened {
+    /// What the store faults injected so far (all 0 without them).
+    pub(super) fn fault_counts(&self) -> FaultCounts {
+        self.faults.as_ref().map(|f| f()).unwrap_or_default()
+    }
+}
+
+fn store_error(problem: String) -> StressError {
+    StressError::Config {
+        flag: "--store",
+        problem,
+    }
+}
+
+impl Stores {
+    /// Starts what the invocation's store needs before the first run (a private Redis).
+    pub(super) fn start(cfg: &StressConfig) -> Result<Stores, StressError> {
+        Ok(Stores {
+            spec: cfg.store.clone(),
+            #[cfg(feature = "redis")]
+            server: redis_store::start(cfg)?,
+        })
+    }
+
+    /// Opens the store for one run of scheduler `who` (`kvsched` or `mutex`).
+    pub(super) fn open(&self, cfg: &StressConfig, who: &str) -> Result<Opened, StressError> {
+        match &self.spec {
+            StoreSpec::Sim => {
+                let sim = Arc::new(SimTier::new(sim_tier_config(cfg)));
+                Ok(Opened {
+                    tier: sim.clone(),
+                    sim: Some(sim),
+                    faults: None,
+                })
+            }
+            StoreSpec::Memory => Ok(with_faults(cfg, MemoryTier::new(cfg.store_capacity, 16))?),
+            StoreSpec::Disk(dir) => {
+                let dir = dir.join(who);
+                std::fs::create_dir_all(&dir)
+                    .map_err(|e| store_error(format!("cannot create {}: {e}", dir.display())))?;
+                let disk = DiskTier::open(
+                    &dir,
+                    DiskConfig {
+                        capacity_bytes: cfg.store_capacity,
+                        fsync: false,
+                    },
+                )
+                .map_err(|e| store_error(format!("cannot open {}: {e}", dir.display())))?;
+                Ok(with_faults(cfg, disk)?)
+            }
+            #[cfg(feature = "redis")]
+            StoreSpec::Redis | StoreSpec::RedisUrl { .. } => {
+                redis_store::open(&self.spec, self.server.as_ref(), who)
+            }
+            #[cfg(not(feature = "redis"))]
+            StoreSpec::Redis | StoreSpec::RedisUrl { .. } => Err(store_error(NO_REDIS.to_owned())),
+        }
+    }
+}
+
+/// `inner`, wrapped in a [`FaultyTier`] when `--faults` names a store fault.
+fn with_faults<T: FaultTarget>(cfg: &StressConfig, inner: T) -> Result<Opened, StressError> {
+    let f = cfg.fault_rates();
+    if !f.has_store_faults() {
+        return Ok(Opened {
+            tier: Arc::new(inner),
+            sim: None,
+            faults: None,
+        });
+    }
+    let faulty = Arc::new(
+        FaultyTier::new(
+            inner,
+            FaultConfig {
+                seed: cfg.seed ^ 0x57_0BE5_FA17,
+                corrupt: f.corrupt,
+                truncate: f.truncate,
+                evict: f.evict,
+                slow: f.slow,
+                slow_for: cfg.slow_for(),
+            },
+        )
+        .map_err(|e| StressError::Config {
+            flag: "--faults",
+            problem: e.to_string(),
+        })?,
+    );
+    let counts = faulty.clone();
+    Ok(Opened {
+        tier: faulty,
+        sim: None,
+        faults: Some(Box::new(move || counts.counts())),
+    })
+}
+
+/// The simulated tier of `cfg`: its latency, transfer damage and capacity.
+fn sim_tier_config(cfg: &StressConfig) -> SimTierConfig {
+    SimTierConfig {
+        seed: cfg.seed ^ 0x5eed_c0de,
+        capacity_bytes: cfg.store_capacity,
+        failure_rate: cfg.failure_rate,
+        max_invalid_per_failure: 2,
+        latency_min: Duration::from_micros(cfg.load_latency_us.min_us),
+        latency_max: Duration::from_micros(cfg.load_latency_us.max_us),
+        panic_rate: 0.0,
+        hang_rate: 0.0,
+        ..SimTierConfig::default()
+    }
+}
+
+#[cfg(feature = "redis")]
+mod redis_store {
+    //! The Redis stores: a private server (or cluster) for `--store redis`, the user's for
+    //! `--store redis://…`.
+
+    use std::sync::Arc;
+
+    use super::{store_error, Opened, StoreSpec};
+    use crate::kv::redis::{LocalCluster, LocalRedis, LocalRedisOptions, RedisConfig, RedisTier};
+    use crate::tools::stress::config::{StressConfig, StressError};
+
+    /// A private server, stopped when dropped (and killed with this process).
+    pub(super) enum Server {
+        One(Box<LocalRedis>),
+        Cluster(LocalCluster),
+    }
+
+    impl Server {
+        fn url(&self) -> String {
+            match self {
+                Server::One(s) => s.url(),
+                Server::Cluster(c) => c.url(),
+            }
+        }
+
+        /// Empties every node, so each run starts as a memory store does.
+        fn flush(&self) -> Result<(), StressError> {
+            let nodes: Vec<&LocalRedis> = match self {
+                Server::One(s) => vec![&**s],
+                Server::Cluster(c) => c.nodes().iter().collect(),
+            };
+            for n in nodes {
+                n.query(&["FLUSHALL"])
+                    .map_err(|e| store_error(format!("redis FLUSHALL on {}: {e}", n.addr())))?;
+            }
+            Ok(())
+        }
+    }
+
+    /// Starts the private server of `--store redis`, if that is the store.
+    pub(super) fn start(cfg: &StressConfig) -> Result<Option<Server>, StressError> {
+        if cfg.store != StoreSpec::Redis {
+            return Ok(None);
+        }
+        let mut options = LocalRedisOptions::new();
+        if let Some(m) = cfg.redis_maxmemory {
+            options = options.maxmemory(m);
+        }
+        let server = match cfg.redis_cluster {
+            Some(n) => LocalCluster::start_with(n, options).map(Server::Cluster),
+            None => LocalRedis::start(options).map(|s| Server::One(Box::new(s))),
+        };
+        server
+            .map(Some)
+            .map_err(|e| store_error(format!("redis: cannot start a private server: {e}")))
+    }
+
+    /// Opens the Redis tier for one run of `who`.
+    pub(super) fn open(
+        spec: &StoreSpec,
+        server: Option<&Server>,
+        who: &str,
+    ) -> Result<Opened, StressError> {
+        let (url, shown, tag) = match (spec, server) {
+            (StoreSpec::RedisUrl { url, shown }, _) => {
+                (url.clone(), shown.clone(), format!("kvsched-stress-{who}"))
+            }
+            (_, Some(s)) => {
+                s.flush()?;
+                (s.url(), s.url(), format!("kvsched-stress-{who}"))
+            }
+            _ => return Err(store_error("redis: no server".to_owned())),
+        };
+        let config = RedisConfig::from_url(&url)
+            .map_err(|e| store_error(format!("{shown}: {e}")))?
+            .tag(tag);
+        let tier = RedisTier::new(config).map_err(|e| store_error(format!("{shown}: {e}")))?;
+        tier.check()
+            .map_err(|e| store_error(format!("cannot reach {shown}: {e}")))?;
+        Ok(Opened {
+            tier: Arc::new(tier),
+            sim: None,
+            faults: None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_values_parse_or_name_the_problem() {
+        assert_eq!("sim".parse::<StoreSpec>(), Ok(StoreSpec::Sim));
+        assert_eq!("memory".parse::<StoreSpec>(), Ok(StoreSpec::Memory));
+        assert_eq!(
+            "disk=/tmp/x".parse::<StoreSpec>(),
+            Ok(StoreSpec::Disk(PathBuf::from("/tmp/x")))
+        );
+        for (bad, needle) in [
+            ("disk=", "empty"),
+            ("disk", "disk=DIR"),
+            ("ssd", "unknown store `ssd`"),
+            ("", "unknown store"),
+        ] {
+            let e = bad.parse::<StoreSpec>().expect_err(bad);
+            assert!(e.contains(needle), "{bad}: {e}");
+        }
+        #[cfg(feature = "redis")]
+        {
+            let s: StoreSpec = "redis://u:secret@127.0.0.1:1".parse().expect("url");
+            assert!(!s.shown().contains("secret"), "{}", s.shown());
+            assert!(!format!("{s:?}").contains("secret"));
+            assert!("redis://".parse::<StoreSpec>().is_err());
+        }
+        #[cfg(not(feature = "redis"))]
+        {
+            let e = "redis".parse::<StoreSpec>().expect_err("no redis");
+            assert!(e.contains("--features redis"), "{e}");
+        }
+    }
+}
