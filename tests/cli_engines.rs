@@ -86,19 +86,23 @@ fn assert_accounted(r: &Value, engines: usize, requests: u64) {
     }
 }
 
+/// A small closed-loop run whose pool (256 blocks) holds fewer requests than are live (128),
+/// so admissions wait and are looked up again, and cached prefixes are evicted: the lookups
+/// that find another engine's chunks. (With a pool that holds the whole run, each engine's
+/// own prefix cache answers and the shared store is barely read.)
 const SMALL: &[&str] = &[
     "--requests",
-    "300",
+    "400",
     "--rate",
     "max",
     "--live",
-    "32",
+    "128",
     "--model-us",
     "0",
     "--prompt-tokens",
     "128",
     "--pool-blocks",
-    "8192",
+    "256",
     "--duration",
     "60",
 ];
@@ -118,7 +122,7 @@ fn two_engines_share_their_chunks_and_account_for_every_request() {
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
-    assert_accounted(&r, 2, 300);
+    assert_accounted(&r, 2, 400);
     assert_eq!(r["invariants"]["ok"], Value::Bool(true));
     let hits = r["sum"]["cross_engine_hits"]
         .as_u64()
@@ -157,7 +161,7 @@ fn the_engines_ride_out_a_server_restart() {
         "--prompt-tokens",
         "128",
         "--pool-blocks",
-        "8192",
+        "256",
         "--duration",
         "60",
     ];
@@ -172,6 +176,14 @@ fn the_engines_ride_out_a_server_restart() {
     assert_eq!(r["redis_restarts"]["requested"], Value::from(1));
     assert_eq!(r["redis_restarts"]["done"], Value::from(1), "{r:#}");
     assert_accounted(&r, 2, 600);
+    // Each engine kept using the store after the restart (its saves run all along), so each
+    // lost its connections to the old process and made new ones.
+    for row in r["per_engine"].as_array().expect("rows") {
+        assert!(
+            row["reconnects"].as_u64().expect("reconnects") >= 1,
+            "{row}"
+        );
+    }
 }
 
 #[test]

@@ -155,12 +155,22 @@ pub(super) struct Opened {
     pub(super) sim: Option<Arc<SimTier>>,
     /// The faults the [`FaultyTier`] injected, with store faults.
     faults: Option<Box<dyn Fn() -> FaultCounts + Send + Sync>>,
+    /// A Redis store's connections lost and made again, and its failed connection
+    /// attempts, so far.
+    connections: Option<Box<dyn Fn() -> (u64, u64) + Send + Sync>>,
 }
 
 impl Opened {
     /// What the store faults injected so far (all 0 without them).
     pub(super) fn fault_counts(&self) -> FaultCounts {
         self.faults.as_ref().map(|f| f()).unwrap_or_default()
+    }
+
+    /// A Redis store's `(reconnects, connect_failures)` so far: successful connections
+    /// beyond those open now (each one lost and made again), and failed attempts. `None`
+    /// for other stores.
+    pub(super) fn connections(&self) -> Option<(u64, u64)> {
+        self.connections.as_ref().map(|f| f())
     }
 }
 
@@ -190,6 +200,7 @@ impl Stores {
                     tier: sim.clone(),
                     sim: Some(sim),
                     faults: None,
+                    connections: None,
                 })
             }
             StoreSpec::Memory => Ok(with_faults(cfg, MemoryTier::new(cfg.store_capacity, 16))?),
@@ -225,6 +236,7 @@ fn with_faults<T: FaultTarget>(cfg: &StressConfig, inner: T) -> Result<Opened, S
             tier: Arc::new(inner),
             sim: None,
             faults: None,
+            connections: None,
         });
     }
     let faulty = Arc::new(
@@ -249,6 +261,7 @@ fn with_faults<T: FaultTarget>(cfg: &StressConfig, inner: T) -> Result<Opened, S
         tier: faulty,
         sim: None,
         faults: Some(Box::new(move || counts.counts())),
+        connections: None,
     })
 }
 
@@ -346,10 +359,17 @@ mod redis_store {
         let tier = RedisTier::new(config).map_err(|e| store_error(format!("{shown}: {e}")))?;
         tier.check()
             .map_err(|e| store_error(format!("cannot reach {shown}: {e}")))?;
+        let tier = Arc::new(tier);
+        let stats = Arc::clone(&tier);
         Ok(Opened {
-            tier: Arc::new(tier),
+            tier,
             sim: None,
             faults: None,
+            connections: Some(Box::new(move || {
+                let s = stats.stats();
+                let made = s.connects.saturating_sub(s.connect_failures);
+                (made.saturating_sub(s.connections), s.connect_failures)
+            })),
         })
     }
 }

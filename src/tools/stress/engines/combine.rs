@@ -13,7 +13,8 @@
 //!   then `signal`), `report` (whether it printed a report), `submitted`, `finished`,
 //!   `failed`, `cancelled`, `accounted` (submitted = finished + failed + cancelled),
 //!   `garbage_reads`, `cross_engine_hits` (its `chunks_loaded_from_others`), `chunks_loaded`,
-//!   `kv_bytes_loaded`, `checksum_failures`, `tier_errors`, `reconnects`, `tokens_recomputed`,
+//!   `kv_bytes_loaded`, `checksum_failures`, `tier_errors`, `reconnects`, `connect_failures`
+//!   (each from the engine's `kv` object), `tokens_recomputed`,
 //!   `loads_failed`, `completions_per_s`, `finished_per_s`, `step_p99_us`,
 //!   `submit_to_schedule_p99_us`, `invariants_ok`; a store counter the engine's report does
 //!   not have is `null`;
@@ -116,8 +117,10 @@ pub struct Row {
     pub checksum_failures: Option<u64>,
     /// Tier calls that failed as a whole.
     pub tier_errors: Option<u64>,
-    /// Connections to the store made again after the first.
+    /// Connections to the store lost and made again (`kv.reconnects`).
     pub reconnects: Option<u64>,
+    /// Failed connection attempts (`kv.connect_failures`).
+    pub connect_failures: Option<u64>,
     /// Tokens rolled back by recovery.
     pub tokens_recomputed: u64,
     /// Asynchronous loads completed failed.
@@ -134,23 +137,8 @@ pub struct Row {
     pub invariants_ok: bool,
 }
 
-/// Where each store counter of a row is in an engine's report: candidate key names, found
-/// anywhere in the report outside [`SKIPPED`].
-const STORE_KEYS: [(&str, &[&str]); 7] = [
-    ("garbage_reads", &["garbage_reads"]),
-    (
-        "cross_engine_hits",
-        &["chunks_loaded_from_others", "cross_engine_hits"],
-    ),
-    ("chunks_loaded", &["chunks_loaded"]),
-    ("kv_bytes_loaded", &["kv_bytes_loaded"]),
-    ("checksum_failures", &["checksum_failures"]),
-    ("tier_errors", &["tier_errors"]),
-    ("reconnects", &["reconnects"]),
-];
-
-/// Parts of an engine's report not searched for counters nor merged: its settings, the
-/// per-figure breakdown, and the baseline's run.
+/// Parts of an engine's report not merged: its settings, the per-figure breakdown, and the
+/// baseline's run.
 const SKIPPED: [&str; 4] = ["config", "figures", "baseline", "ratios"];
 
 impl Row {
@@ -160,12 +148,9 @@ impl Row {
         let v = r.unwrap_or(&null);
         let n = |path: &[&str]| path.iter().fold(v, |v, k| &v[*k]).as_u64().unwrap_or(0);
         let f = |path: &[&str]| path.iter().fold(v, |v, k| &v[*k]).as_f64().unwrap_or(0.0);
-        let store = |name: &str| {
-            STORE_KEYS
-                .iter()
-                .find(|(n, _)| *n == name)
-                .and_then(|(_, keys)| keys.iter().find_map(|k| find_u64(v, k)))
-        };
+        // The store's counters, in the report's `kv` object (`null` for a counter the
+        // store has not, or without a report).
+        let store = |name: &str| v["kv"][name].as_u64();
         let (submitted, finished, failed, cancelled) = (
             n(&["requests", "submitted"]),
             n(&["requests", "finished"]),
@@ -188,12 +173,13 @@ impl Row {
                     .and_then(|x| x.checked_add(cancelled))
                     == Some(submitted),
             garbage_reads: store("garbage_reads"),
-            cross_engine_hits: store("cross_engine_hits"),
+            cross_engine_hits: store("chunks_loaded_from_others"),
             chunks_loaded: store("chunks_loaded"),
             kv_bytes_loaded: store("kv_bytes_loaded"),
             checksum_failures: store("checksum_failures"),
             tier_errors: store("tier_errors"),
             reconnects: store("reconnects"),
+            connect_failures: store("connect_failures"),
             tokens_recomputed: n(&["tokens_recomputed"]),
             loads_failed: n(&["loads", "failed"]),
             completions_per_s: f(&["completions_per_s"]),
@@ -230,6 +216,7 @@ impl Row {
             checksum_failures: opt(|r| r.checksum_failures),
             tier_errors: opt(|r| r.tier_errors),
             reconnects: opt(|r| r.reconnects),
+            connect_failures: opt(|r| r.connect_failures),
             tokens_recomputed: add(|r| r.tokens_recomputed),
             loads_failed: add(|r| r.loads_failed),
             completions_per_s: rows.iter().map(|r| r.completions_per_s).sum(),
@@ -238,18 +225,6 @@ impl Row {
             submit_to_schedule_p99_us: max(|r| r.submit_to_schedule_p99_us),
             invariants_ok: rows.iter().all(|r| r.invariants_ok),
         }
-    }
-}
-
-/// The first unsigned integer under key `name` in `v`, depth first, outside [`SKIPPED`].
-fn find_u64(v: &Value, name: &str) -> Option<u64> {
-    match v {
-        Value::Object(o) => o.get(name).and_then(Value::as_u64).or_else(|| {
-            o.iter()
-                .filter(|(k, _)| !SKIPPED.contains(&k.as_str()))
-                .find_map(|(_, v)| find_u64(v, name))
-        }),
-        _ => None,
     }
 }
 
@@ -738,7 +713,7 @@ mod tests {
             "submit_to_schedule_us": {"p50": 1.0, "p99": 2.0, "max": 3.0, "count": 7},
             "kv": {"chunks_loaded": loaded, "chunks_loaded_from_others": from_others,
                    "kv_bytes_loaded": loaded * 4096, "checksum_failures": 1, "tier_errors": 3,
-                   "garbage_reads": 0, "reconnects": 1},
+                   "garbage_reads": 0, "reconnects": 1, "connect_failures": 2},
             "invariants": {"ok": true, "reconciled": true, "violations": []},
             "config": {"seed": 1, "mode": "safe"},
             "figures": {"steps": {"kvsched": {"median": 5}}},
@@ -981,5 +956,13 @@ mod tests {
             .per_engine
             .iter()
             .all(|r| r.accounted && r.invariants_ok && r.step_p99_us > 0.0));
+        // The store counters come from each report's `kv` object: the sim store verifies
+        // (no garbage in mode safe) and has no connections.
+        for (row, v) in c.per_engine.iter().zip([&a, &b]) {
+            assert_eq!(row.garbage_reads, Some(0));
+            assert_eq!(row.chunks_loaded, v["kv"]["chunks_loaded"].as_u64());
+            assert_eq!(row.kv_bytes_loaded, v["kv"]["kv_bytes_loaded"].as_u64());
+            assert_eq!((row.reconnects, row.connect_failures), (None, None));
+        }
     }
 }
