@@ -494,16 +494,9 @@ impl StressConfig {
     /// with the private Redis store.
     fn check_store(&self) -> Result<(), StressError> {
         if self.fault_rates().has_store_faults() && !self.store.takes_faults() {
-            let why = if self.store.is_redis() {
-                "the Redis store has no fault hooks"
-            } else {
-                "the sim store has simulated damage instead (--failure-rate)"
-            };
             return bad(
                 "--faults",
-                format!(
-                    "corrupt, truncate, evict and slow damage a real store's bytes: use them with --store memory or --store disk=DIR ({why})"
-                ),
+                "corrupt, truncate, evict and slow damage a real store's bytes: use them with --store memory, disk=DIR or redis (the sim store has simulated damage instead: --failure-rate)".to_owned(),
             );
         }
         if self.store != StoreSpec::Redis {
