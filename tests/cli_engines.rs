@@ -193,7 +193,15 @@ fn the_engines_die_with_the_parent() {
     }
     // A seed no other test uses marks this run's engines in the process table.
     let seed = "918273645";
-    let mut parent = spawn(&[
+    /// Kills the parent if the test fails before it does.
+    struct Parent(Child);
+    impl Drop for Parent {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut parent = Parent(spawn(&[
         "--store",
         "redis",
         "--engines",
@@ -206,7 +214,7 @@ fn the_engines_die_with_the_parent() {
         "600",
         "--seed",
         seed,
-    ]);
+    ]));
     let engines = || {
         std::fs::read_dir("/proc")
             .into_iter()
@@ -222,14 +230,43 @@ fn the_engines_die_with_the_parent() {
             })
             .count()
     };
+    // The parent's server runs in its directory, whose name names the parent.
+    let prefix = format!("kvsched-redis-{}-", parent.0.id());
+    let servers = || {
+        std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| std::fs::read_link(e.path().join("cwd")).ok())
+            .filter(|d| {
+                d.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with(&prefix))
+            })
+            .count()
+    };
     eventually("both engines running", LIMIT, || {
         (engines() == 2).then_some(())
     });
-    parent.kill().expect("kill the parent");
-    parent.wait().expect("reap the parent");
+    assert_eq!(servers(), 1, "the parent's server");
+    parent.0.kill().expect("kill the parent");
+    parent.0.wait().expect("reap the parent");
     eventually("the engines gone with their parent", LIMIT, || {
         (engines() == 0).then_some(())
     });
+    eventually("the server gone with its parent", LIMIT, || {
+        (servers() == 0).then_some(())
+    });
+    // A parent killed this way leaves the server's directory behind (nothing ran its
+    // drop): remove it.
+    for e in std::fs::read_dir(std::env::temp_dir())
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        if e.file_name().to_string_lossy().starts_with(&prefix) {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
 }
 
 #[test]

@@ -541,7 +541,8 @@ impl Combined {
             "checksum failures",
             "tier errors",
             "reconnects",
-            "completions/s",
+            "finished/s",
+            "load completions/s",
             "step p99 µs",
         ];
         let mut table: Vec<Vec<String>> = vec![header.iter().map(|h| (*h).to_owned()).collect()];
@@ -565,6 +566,7 @@ impl Combined {
                 opt(row.checksum_failures),
                 opt(row.tier_errors),
                 opt(row.reconnects),
+                thousands(row.finished_per_s.round() as u64),
                 thousands(row.completions_per_s.round() as u64),
                 format!("{:.0}", row.step_p99_us),
             ]);
