@@ -1321,7 +1321,7 @@ fn store_faults_need_a_store_they_can_damage() {
     for (faults, needle) in [
         (
             "corrupt=0.1",
-            "use them with --store memory or --store disk=DIR",
+            "use them with --store memory, disk=DIR or redis",
         ),
         (
             "slow=0.1,panic=0.1",

@@ -387,3 +387,43 @@ fn maxmemory_eviction_makes_keys_vanish() {
     let evicted = info_field(&srv.query(&["INFO", "stats"]).unwrap(), "evicted_keys");
     assert!(evicted.is_some_and(|e| e > 0), "{evicted:?}");
 }
+
+/// The fault hooks act on the server: a flipped bit, a shorter value, a deleted key; a key
+/// that is not there takes none of them.
+#[test]
+fn fault_hooks_damage_and_delete_on_the_server() {
+    use kvsched::kv::FaultTarget;
+    let Some(srv) = server(LocalRedisOptions::new()) else {
+        return;
+    };
+    let t = tier(RedisConfig::from_url(&srv.url()).unwrap().tag("faults"));
+    let cancel = CancelToken::new();
+    let data = chunks(3, 3, 1000);
+    t.put(&data).unwrap();
+    let get = |k: ChunkKey| t.get(&[k], &cancel).unwrap().remove(0);
+
+    assert!(t.corrupt_stored(data[0].0, 0x1234_5678_9abc_def1).unwrap());
+    let damaged = get(data[0].0).expect("still there");
+    let diff: Vec<(usize, u8)> = damaged
+        .iter()
+        .zip(&data[0].1)
+        .enumerate()
+        .filter(|(_, (a, b))| a != b)
+        .map(|(i, (a, b))| (i, a ^ b))
+        .collect();
+    assert_eq!(diff.len(), 1, "one byte differs: {diff:?}");
+    assert_eq!(diff[0].1.count_ones(), 1, "by one bit");
+    assert_eq!(damaged.len(), data[0].1.len());
+
+    assert!(t.truncate_stored(data[1].0, u64::MAX / 2).unwrap());
+    let cut = get(data[1].0).expect("still there");
+    assert!(cut.len() < data[1].1.len() && data[1].1.starts_with(&cut));
+
+    assert!(t.remove(data[2].0).unwrap());
+    assert_eq!(get(data[2].0), None);
+    assert!(!t.remove(data[2].0).unwrap());
+    let absent = ChunkKey(12345);
+    assert!(!t.corrupt_stored(absent, 1).unwrap());
+    assert!(!t.truncate_stored(absent, 1).unwrap());
+    assert_eq!(get(absent), None, "a hook never creates a key");
+}

@@ -18,7 +18,7 @@ use crate::tools::replay::{
     DEFAULT_MAX_INPUT_BYTES, MAX_BENCH_RUNS,
 };
 use crate::tools::stress::{
-    render_human, render_json, render_svg, run_stress_with_progress, terminal_progress,
+    progress_sink, render_human, render_json, render_svg, run_engines, run_stress_with_progress,
     StressConfig,
 };
 use clap::{Args, Parser, Subcommand};
@@ -126,6 +126,14 @@ const EXIT_BROKEN_PIPE: u8 = 141;
 const EXIT_INVARIANT: u8 = 1;
 
 fn stress(args: &StressArgs) -> Result<ExitCode, String> {
+    if args.config.engines.runs_engines() {
+        return run_engines(
+            &args.config,
+            std::env::args_os(),
+            args.json,
+            args.plot.as_deref(),
+        );
+    }
     // Before the run, so that a path that cannot be written costs no run.
     let plot = args
         .plot
@@ -136,7 +144,7 @@ fn stress(args: &StressArgs) -> Result<ExitCode, String> {
                 .map_err(|e| format!("--plot: cannot create {}: {e}", path.display()))
         })
         .transpose()?;
-    let mut progress = terminal_progress();
+    let mut progress = progress_sink(&args.config);
     let report =
         run_stress_with_progress(&args.config, &mut progress).map_err(|e| e.to_string())?;
     if let Some((path, mut file)) = plot {

@@ -39,6 +39,12 @@
 //!
 //! Error texts name the node (`host:port`) and never contain the credentials.
 //!
+//! # Faults
+//!
+//! A `RedisTier` is a [`FaultTarget`]: wrapped in a [`FaultyTier`](crate::kv::FaultyTier) it
+//! takes damage at rest (a value read, damaged and written back) and deletions (`DEL`), on
+//! the server every engine sharing it reads.
+//!
 //! # Limits
 //!
 //! A call's requests and replies are held in memory whole: a `get` of `n` keys holds the `n`
@@ -59,7 +65,8 @@ use self::cluster::{key_slot, Cluster, SlotMap};
 use self::config::NodeAddr;
 use self::node::{Node, Shared};
 use crate::connector::CancelToken;
-use crate::kv::{ChunkKey, Tier, TierError};
+use crate::kv::faults::{pick_bit, pick_offset};
+use crate::kv::{ChunkKey, FaultTarget, Tier, TierError};
 use crate::sync::{Arc, AtomicU64, Ordering};
 
 pub use self::config::{ConfigError, RedisConfig, MAX_SEEDS, MAX_TAG_LEN};
@@ -131,6 +138,7 @@ enum Op<'a> {
     Exists,
     Get,
     Put(&'a [(ChunkKey, Vec<u8>)]),
+    Del,
 }
 
 /// One node's share of a round: key indices, each with whether it goes after `ASKING`.
@@ -425,6 +433,7 @@ impl RedisTier {
             match op {
                 Op::Exists => resp::push_command(&mut buf, &[b"EXISTS", name]),
                 Op::Get => resp::push_command(&mut buf, &[b"GET", name]),
+                Op::Del => resp::push_command(&mut buf, &[b"DEL", name]),
                 Op::Put(chunks) => match &self.ttl_ms {
                     Some(ms) => {
                         resp::push_command(&mut buf, &[b"SET", name, &chunks[i].1, b"PX", ms])
@@ -514,6 +523,64 @@ impl Tier for RedisTier {
             }
         }
         Ok(())
+    }
+}
+
+impl RedisTier {
+    /// Reads `key`'s value, lets `damage` change it, and writes it back if it did.
+    fn rewrite(
+        &self,
+        key: ChunkKey,
+        damage: impl FnOnce(&mut Vec<u8>) -> bool,
+    ) -> Result<bool, TierError> {
+        let Some(Some(mut v)) = self.get(&[key], &CancelToken::new())?.into_iter().next() else {
+            return Ok(false);
+        };
+        if !damage(&mut v) {
+            return Ok(false);
+        }
+        self.put(&[(key, v)])?;
+        Ok(true)
+    }
+}
+
+/// Damage at rest for a [`FaultyTier`](crate::kv::FaultyTier) on Redis. `corrupt_stored`
+/// and `truncate_stored` read the value and write the damaged one back (`GET`, then `SET`):
+/// not atomic, so a writer storing the same key in between has its value damaged instead, and
+/// one storing it just after repairs it. `remove` is a `DEL`.
+impl FaultTarget for RedisTier {
+    fn corrupt_stored(&self, key: ChunkKey, pick: u64) -> Result<bool, TierError> {
+        self.rewrite(key, |v| {
+            let at = pick_offset(pick, v.len());
+            match v.get_mut(at) {
+                Some(b) => {
+                    *b ^= pick_bit(pick);
+                    true
+                }
+                None => false,
+            }
+        })
+    }
+
+    fn truncate_stored(&self, key: ChunkKey, pick: u64) -> Result<bool, TierError> {
+        self.rewrite(key, |v| {
+            if v.is_empty() {
+                return false;
+            }
+            v.truncate(pick_offset(pick, v.len()));
+            true
+        })
+    }
+
+    fn remove(&self, key: ChunkKey) -> Result<bool, TierError> {
+        let replies = self.run(&[key], Op::Del, None)?;
+        match replies.first() {
+            Some(Value::Int(n)) => Ok(*n > 0),
+            other => Err(TierError::Unavailable(format!(
+                "DEL answered {}",
+                other.map_or("nothing", resp::kind)
+            ))),
+        }
     }
 }
 

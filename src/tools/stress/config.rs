@@ -8,6 +8,7 @@ use std::time::Duration;
 use serde::Serialize;
 use thiserror::Error;
 
+use super::engines::EnginesArgs;
 use super::faults::{Faults, FAULT_NAMES};
 use super::store::StoreSpec;
 use super::values::{
@@ -209,6 +210,10 @@ pub struct StressConfig {
     /// drift hits both; every figure is then the median and min–max of the runs.
     #[arg(long, value_name = "N", default_value_t = 1, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=MAX_REPEAT as i64))]
     pub repeat: u32,
+    /// Several engine processes on one shared store (`--engines`, `--redis-restarts`).
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub engines: EnginesArgs,
 }
 
 impl Default for StressConfig {
@@ -252,6 +257,7 @@ impl Default for StressConfig {
             kv_bytes_per_token: 16,
             mamba_state_bytes: 64,
             verify: Verify::On,
+            engines: EnginesArgs::default(),
         }
     }
 }
@@ -489,16 +495,9 @@ impl StressConfig {
     /// with the private Redis store.
     fn check_store(&self) -> Result<(), StressError> {
         if self.fault_rates().has_store_faults() && !self.store.takes_faults() {
-            let why = if self.store.is_redis() {
-                "the Redis store has no fault hooks"
-            } else {
-                "the sim store has simulated damage instead (--failure-rate)"
-            };
             return bad(
                 "--faults",
-                format!(
-                    "corrupt, truncate, evict and slow damage a real store's bytes: use them with --store memory or --store disk=DIR ({why})"
-                ),
+                "corrupt, truncate, evict and slow damage a real store's bytes: use them with --store memory, disk=DIR or redis (the sim store has simulated damage instead: --failure-rate)".to_owned(),
             );
         }
         if self.store != StoreSpec::Redis {

@@ -628,6 +628,8 @@ fn kv_counts(
             loads_cancelled: t.loads_cancelled,
             writes_refused: t.writes_refused,
             transfer_damage: store.sim.as_ref().map_or(0, |s| s.counts().damaged),
+            reconnects: store.connections().map(|c| c.0),
+            connect_failures: store.connections().map(|c| c.1),
         }
     }
 }

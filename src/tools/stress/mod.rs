@@ -112,6 +112,7 @@ mod checks;
 mod config;
 mod cpu;
 mod drive;
+mod engines;
 mod faults;
 mod figures;
 mod histograms;
@@ -127,6 +128,7 @@ mod workload;
 use std::sync::Arc;
 
 pub use config::{StressConfig, StressError};
+pub use engines::{progress_sink, run_engines};
 pub use plot::render_svg;
 pub use progress::{terminal_progress, Progress};
 pub use render::{render_human, render_json};

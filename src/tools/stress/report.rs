@@ -138,6 +138,12 @@ pub struct KvCounts {
     pub writes_refused: u64,
     /// Chunks the sim store damaged in transfer (`--failure-rate`).
     pub transfer_damage: u64,
+    /// Redis: connections to the store lost and made again (successful connections beyond
+    /// those open at the end); `null` for other stores.
+    pub reconnects: Option<u64>,
+    /// Redis: connection attempts that failed (a server down or restarting); `null` for
+    /// other stores.
+    pub connect_failures: Option<u64>,
 }
 
 /// What the scheduler did about faults (its counters at the end of the run).

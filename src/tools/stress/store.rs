@@ -58,9 +58,9 @@ impl StoreSpec {
         *self != StoreSpec::Sim
     }
 
-    /// Whether `--faults corrupt/truncate/evict/slow` can act on it (memory and disk).
+    /// Whether `--faults corrupt/truncate/evict/slow` can act on it (every real store).
     pub(super) fn takes_faults(&self) -> bool {
-        matches!(self, StoreSpec::Memory | StoreSpec::Disk(_))
+        self.is_real()
     }
 
     /// Whether it is Redis.
@@ -155,12 +155,22 @@ pub(super) struct Opened {
     pub(super) sim: Option<Arc<SimTier>>,
     /// The faults the [`FaultyTier`] injected, with store faults.
     faults: Option<Box<dyn Fn() -> FaultCounts + Send + Sync>>,
+    /// A Redis store's connections lost and made again, and its failed connection
+    /// attempts, so far.
+    connections: Option<Box<dyn Fn() -> (u64, u64) + Send + Sync>>,
 }
 
 impl Opened {
     /// What the store faults injected so far (all 0 without them).
     pub(super) fn fault_counts(&self) -> FaultCounts {
         self.faults.as_ref().map(|f| f()).unwrap_or_default()
+    }
+
+    /// A Redis store's `(reconnects, connect_failures)` so far: successful connections
+    /// beyond those open now (each one lost and made again), and failed attempts. `None`
+    /// for other stores.
+    pub(super) fn connections(&self) -> Option<(u64, u64)> {
+        self.connections.as_ref().map(|f| f())
     }
 }
 
@@ -190,9 +200,14 @@ impl Stores {
                     tier: sim.clone(),
                     sim: Some(sim),
                     faults: None,
+                    connections: None,
                 })
             }
-            StoreSpec::Memory => Ok(with_faults(cfg, MemoryTier::new(cfg.store_capacity, 16))?),
+            StoreSpec::Memory => Ok(with_faults(
+                cfg,
+                MemoryTier::new(cfg.store_capacity, 16),
+                None,
+            )?),
             StoreSpec::Disk(dir) => {
                 let dir = dir.join(who);
                 std::fs::create_dir_all(&dir)
@@ -205,11 +220,11 @@ impl Stores {
                     },
                 )
                 .map_err(|e| store_error(format!("cannot open {}: {e}", dir.display())))?;
-                Ok(with_faults(cfg, disk)?)
+                Ok(with_faults(cfg, disk, None)?)
             }
             #[cfg(feature = "redis")]
             StoreSpec::Redis | StoreSpec::RedisUrl { .. } => {
-                redis_store::open(&self.spec, self.server.as_ref(), who)
+                redis_store::open(cfg, &self.spec, self.server.as_ref(), who)
             }
             #[cfg(not(feature = "redis"))]
             StoreSpec::Redis | StoreSpec::RedisUrl { .. } => Err(store_error(NO_REDIS.to_owned())),
@@ -217,14 +232,27 @@ impl Stores {
     }
 }
 
-/// `inner`, wrapped in a [`FaultyTier`] when `--faults` names a store fault.
-fn with_faults<T: FaultTarget>(cfg: &StressConfig, inner: T) -> Result<Opened, StressError> {
+/// How a store counts its connections: `(reconnects, connect_failures)`, see
+/// [`Opened::connections`].
+type ConnectionCount<T> = fn(&T) -> (u64, u64);
+
+/// `inner`, wrapped in a [`FaultyTier`] when `--faults` names a store fault; `connections`
+/// counts the store's connections, for a store that has them.
+fn with_faults<T: FaultTarget>(
+    cfg: &StressConfig,
+    inner: T,
+    connections: Option<ConnectionCount<T>>,
+) -> Result<Opened, StressError> {
     let f = cfg.fault_rates();
     if !f.has_store_faults() {
+        let inner = Arc::new(inner);
+        let count = Arc::clone(&inner);
         return Ok(Opened {
-            tier: Arc::new(inner),
+            tier: inner,
             sim: None,
             faults: None,
+            connections: connections
+                .map(|c| Box::new(move || c(&count)) as Box<dyn Fn() -> (u64, u64) + Send + Sync>),
         });
     }
     let faulty = Arc::new(
@@ -245,10 +273,14 @@ fn with_faults<T: FaultTarget>(cfg: &StressConfig, inner: T) -> Result<Opened, S
         })?,
     );
     let counts = faulty.clone();
+    let count = faulty.clone();
     Ok(Opened {
         tier: faulty,
         sim: None,
         faults: Some(Box::new(move || counts.counts())),
+        connections: connections.map(|c| {
+            Box::new(move || c(count.inner())) as Box<dyn Fn() -> (u64, u64) + Send + Sync>
+        }),
     })
 }
 
@@ -271,8 +303,6 @@ fn sim_tier_config(cfg: &StressConfig) -> SimTierConfig {
 mod redis_store {
     //! The Redis stores: a private server (or cluster) for `--store redis`, the user's for
     //! `--store redis://…`.
-
-    use std::sync::Arc;
 
     use super::{store_error, Opened, StoreSpec};
     use crate::kv::redis::{LocalCluster, LocalRedis, LocalRedisOptions, RedisConfig, RedisTier};
@@ -324,8 +354,9 @@ mod redis_store {
             .map_err(|e| store_error(format!("redis: cannot start a private server: {e}")))
     }
 
-    /// Opens the Redis tier for one run of `who`.
+    /// Opens the Redis tier for one run of `who` (with the store faults of `cfg`).
     pub(super) fn open(
+        cfg: &StressConfig,
         spec: &StoreSpec,
         server: Option<&Server>,
         who: &str,
@@ -346,11 +377,15 @@ mod redis_store {
         let tier = RedisTier::new(config).map_err(|e| store_error(format!("{shown}: {e}")))?;
         tier.check()
             .map_err(|e| store_error(format!("cannot reach {shown}: {e}")))?;
-        Ok(Opened {
-            tier: Arc::new(tier),
-            sim: None,
-            faults: None,
-        })
+        super::with_faults(cfg, tier, Some(connections))
+    }
+
+    /// Connections lost and made again (successful connections beyond those open now), and
+    /// failed attempts.
+    fn connections(tier: &RedisTier) -> (u64, u64) {
+        let s = tier.stats();
+        let made = s.connects.saturating_sub(s.connect_failures);
+        (made.saturating_sub(s.connections), s.connect_failures)
     }
 }
 

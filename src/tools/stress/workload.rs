@@ -14,6 +14,8 @@ const BASE_PREFIXES: u64 = 16;
 /// kvsched and the baseline see the same requests.
 pub(super) struct Workload {
     seed: u64,
+    /// Request ids start with it (`e{i}-` for engine `i` of `--engines`).
+    id_prefix: String,
     bases: Vec<Vec<u32>>,
     min_prompt: u64,
     max_prompt: u64,
@@ -45,6 +47,7 @@ impl Workload {
             .collect();
         Workload {
             seed: cfg.seed,
+            id_prefix: cfg.engines.id_prefix(),
             bases,
             min_prompt: (max_prompt / 4).max(2),
             max_prompt,
@@ -83,7 +86,7 @@ impl Workload {
             .then(|| 1 + frng.below(128));
         Generated {
             req: SubmitRequest {
-                id: format!("r{i}"),
+                id: format!("{}r{i}", self.id_prefix),
                 prompt,
                 max_new_tokens,
                 priority: 0,
@@ -102,5 +105,24 @@ impl Workload {
         let at = self.next_arrival_s;
         self.next_arrival_s += -(1.0 - self.arrivals.unit()).ln() / rate;
         Some(saturating_secs(at))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An engine of `--engines` runs the same prompts under its own ids.
+    #[test]
+    fn an_engine_index_prefixes_the_ids_and_keeps_the_prompts() {
+        let plain = Workload::new(&StressConfig::default());
+        let mut cfg = StressConfig::default();
+        cfg.engines.engine_index = Some(3);
+        let e3 = Workload::new(&cfg);
+        for i in [0, 1, 99] {
+            let (a, b) = (plain.request(i).req, e3.request(i).req);
+            assert_eq!((a.id, b.id), (format!("r{i}"), format!("e3-r{i}")));
+            assert_eq!(a.prompt, b.prompt);
+        }
     }
 }
