@@ -39,9 +39,18 @@ declare -A TESTS=(
   [mamba-align-cache-unwritten]="--test kv_engine;--test cli_stress"
   # kv/saver.rs: flush returns while a saver thread still holds a batch it has not stored.
   [saver-flush-early]="--lib kv::saver"
+  # runtime/shard/outputs.rs: an output applied to a request that did not run confirms its
+  # computed length, so an engine finish before its sync load ran caches unwritten blocks.
+  [register-unwritten]="--test kv_lifecycle"
+  # runtime/policy/lost.rs: a lost step is offered again at its pre-step length, past a sync
+  # load that may never have run or a Mamba state it advanced in place.
+  [reoffer-unwritten]="--test kv_lifecycle;--lib runtime::policy::lost"
+  # connector/cancel.rs: a load no worker started is never dropped; its blocks are parked
+  # for a completion that never comes (a hung worker), and the pool drains.
+  [park-unstarted]="--test kv_lifecycle"
 )
 ORDER=(decide-early claim-store late-leak panic-ok trust-stale end-while-loading no-cross-shard-preempt lookup-uncaught shard-panic-escapes mamba-align-cache-unwritten
-  saver-flush-early)
+  saver-flush-early register-unwritten reoffer-unwritten park-unstarted)
 
 if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi
 

@@ -54,7 +54,7 @@ use crate::sync::{thread, Arc, Ordering, Parker, Unparker};
 ///     // … the engine runs the model on plan.scheduled (and the sync loads they carry) …
 ///     for s in &plan.scheduled {
 ///         if s.samples {
-///             out.sampled.push(s.id.to_string());
+///             out.sampled.push(s.id.clone());
 ///         }
 ///     }
 ///     if plan.scheduled.is_empty() {
@@ -353,7 +353,7 @@ impl Runtime {
         }
         for id in out.finished {
             let i = self.inner.shard_of(&id);
-            self.inner.shards[i].inbox.push(Command::Finish(id.into()));
+            self.inner.shards[i].inbox.push(Command::Finish(id));
         }
         if out.step != self.step {
             if !out.sampled.is_empty() || !out.invalid_blocks.is_empty() {
@@ -362,12 +362,12 @@ impl Runtime {
             return Vec::new();
         }
         for id in out.sampled {
-            if !self.handed.samplers.contains(id.as_str()) {
+            if !self.handed.samplers.contains(&*id) {
                 self.metrics.unexpected_samples += 1;
                 continue;
             }
             let i = self.inner.shard_of(&id);
-            self.inner.shards[i].inbox.push(Command::Sampled(id.into()));
+            self.inner.shards[i].inbox.push(Command::Sampled(id));
         }
         let mut failed_ids = rustc_hash::FxHashSet::default();
         for b in out.invalid_blocks {

@@ -22,9 +22,9 @@ pub struct StepOutput {
     /// The step this output answers ([`StepPlan::step`]).
     pub step: u64,
     /// Requests that sampled a token (those scheduled with `samples`).
-    pub sampled: Vec<String>,
+    pub sampled: Vec<StdArc<str>>,
     /// Requests the engine finished (stop token, client gone, …).
-    pub finished: Vec<String>,
+    pub finished: Vec<StdArc<str>>,
     /// Blocks that sync loads in the step failed to fill.
     pub invalid_blocks: Vec<BlockRef>,
 }

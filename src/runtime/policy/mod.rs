@@ -7,8 +7,8 @@
 //! far an admitted request's external load reaches), `growth` (the blocks a table needs, and
 //! whether a request can ever get them), `scheduling` (the step's budget, the tokens a running
 //! request gets, the length cap, the preemption victim), `caching` (which full blocks may enter
-//! the prefix cache) and `trust` (which blocks a failure
-//! report may roll back).
+//! the prefix cache), `lost` (where a lost step is offered again) and `trust` (which blocks a
+//! failure report may roll back).
 //!
 //! What is not here is how the two hold their state: the shards keep it in per-shard maps
 //! and reach the shared pool, claim table and prefix index through atomics; the baseline keeps
@@ -19,6 +19,7 @@
 pub(crate) mod admission;
 pub(crate) mod caching;
 pub(crate) mod growth;
+pub(crate) mod lost;
 pub(crate) mod prefix;
 pub(crate) mod scheduling;
 pub(crate) mod trust;

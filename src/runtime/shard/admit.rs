@@ -94,6 +94,9 @@ impl Shard {
             if !Self::allocate_prompt(env, r, seq, local, got, &mut self.index) {
                 break; // pool exhausted: admit again next step
             }
+            // The local prefix is written (it is in the prefix cache); the external range is
+            // not until its load lands or the step that carries it is answered.
+            r.written = local;
             r.num_computed_tokens = ext_end;
             admitted += 1;
             if ext_end > local {

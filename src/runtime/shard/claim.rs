@@ -108,6 +108,7 @@ impl Shard {
             if d.disposition != Disposition::Failed {
                 // Rolled back: entries at or past the boundary are rewritten and registered
                 // again once recomputed.
+                r.written = r.written.min(r.num_computed_tokens);
                 for (reg, grp) in r.registered.iter_mut().zip(env.geo.groups()) {
                     *reg = (*reg).min((r.num_computed_tokens / grp.block_size) as usize);
                 }
@@ -129,12 +130,7 @@ impl Shard {
                 decision: public_decision(d),
             });
             if failed {
-                if r.load_may_be_running() {
-                    r.end_after_load = Some(EndState::Failed);
-                    r.cancel_load();
-                } else {
-                    self.end(env, *seq, EndState::Failed);
-                }
+                self.end_when_load_stops(env, *seq, EndState::Failed);
             }
         }
         self.hits = hits;

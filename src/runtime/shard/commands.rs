@@ -18,17 +18,17 @@ impl Shard {
             }
             Command::Cancel(id) => match self.by_id.get(&id).copied() {
                 Some(seq) => {
-                    let loading = self
+                    let landed_unapplied = self
                         .reqs
                         .get(&seq)
-                        .is_some_and(|r| r.phase == Phase::Loading);
-                    if loading {
+                        .is_some_and(|r| r.phase == Phase::Loading && !r.load_may_be_running());
+                    if landed_unapplied {
+                        // Its completion is taken but not landed yet: end it when it lands.
                         if let Some(r) = self.reqs.get_mut(&seq) {
                             r.end_after_load = Some(EndState::Cancelled);
-                            r.cancel_load();
                         }
                     } else {
-                        self.end(env, seq, EndState::Cancelled);
+                        self.end_when_load_stops(env, seq, EndState::Cancelled);
                     }
                 }
                 None => self.result.counters.unknown_commands += 1,

@@ -129,8 +129,13 @@ impl Shard {
                 continue; // landed in time, or superseded
             }
             self.result.counters.deadlines_expired += 1;
-            r.timed_out = true;
-            r.cancel_load();
+            if r.drop_load() {
+                // No worker took it: it never writes, its blocks need no parking.
+                Self::end_fills(env, r);
+                self.result.counters.loads_dropped_unstarted += 1;
+            } else {
+                r.timed_out = true;
+            }
             Self::load_failed(env, settings, now, r, now, &mut self.result.counters);
             self.landed.push(seq);
             published.extend(Self::load_blocks(env, r).into_iter().map(|b| b.id));

@@ -55,7 +55,26 @@ impl Shard {
         for reg in &mut r.registered {
             *reg = 0;
         }
+        r.written = 0;
         r.waits.clear();
+    }
+
+    /// Ends `seq` now if no load of it can still write its blocks (none in flight, or the one
+    /// in flight never started and is dropped), otherwise once its load lands.
+    pub(super) fn end_when_load_stops(&mut self, env: &Env<'_>, seq: u64, state: EndState) {
+        let Some(r) = self.reqs.get_mut(&seq) else {
+            return;
+        };
+        if r.load_may_be_running() {
+            if !r.drop_load() {
+                r.end_after_load = Some(state);
+                return;
+            }
+            // Dropped before any worker took it: its destinations are no longer its own.
+            Self::end_fills(env, r);
+            self.result.counters.loads_dropped_unstarted += 1;
+        }
+        self.end(env, seq, state);
     }
 
     pub(super) fn end(&mut self, env: &Env<'_>, seq: u64, state: EndState) {

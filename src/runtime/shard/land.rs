@@ -57,6 +57,8 @@ impl Shard {
                 self.set_phase(seq, Phase::Waiting);
                 continue;
             }
+            // The load landed: its range, capped where recovery found a bad block, is written.
+            r.written = r.num_computed_tokens;
             Self::register_and_trim(env, r, &mut self.index);
             self.result
                 .runnable_latency_ns

@@ -60,6 +60,13 @@ pub struct Metrics {
     pub lookup_panics: u64,
     /// Plans whose output never came back before the next `schedule` (their work re-offered).
     pub lost_outputs: u64,
+    /// Requests of a lost plan that restarted from the prefix cache instead of being offered
+    /// the step again: the step carried a sync load that may never have run, or may have
+    /// advanced a Mamba state in place.
+    pub lost_output_restarts: u64,
+    /// Async loads dropped before any worker started them (their deadline passed or their
+    /// request ended while they were queued): their blocks were freed at once.
+    pub loads_dropped_unstarted: u64,
     /// Requests without a token limit (`max_new_tokens = 0`) finished because one more token
     /// would need more blocks than the pool holds.
     pub length_capped: u64,
@@ -108,6 +115,8 @@ impl std::ops::AddAssign<&Metrics> for Metrics {
         self.stale_outputs += other.stale_outputs;
         self.lookup_panics += other.lookup_panics;
         self.lost_outputs += other.lost_outputs;
+        self.lost_output_restarts += other.lost_output_restarts;
+        self.loads_dropped_unstarted += other.loads_dropped_unstarted;
         self.length_capped += other.length_capped;
         self.cross_shard_preemptions += other.cross_shard_preemptions;
         self.no_progress_steps += other.no_progress_steps;

@@ -3,6 +3,7 @@
 //! registered in the prefix cache, nullable entries trimmed).
 
 use crate::pool::BlockRef;
+use crate::runtime::policy::lost::reoffer_at_pre_step;
 
 use super::{EndState, Env, HolderIndex, Phase, Req, Shard};
 
@@ -14,6 +15,7 @@ impl Shard {
         seqs.sort_unstable();
         seqs.dedup();
         let mut not_running = Vec::new();
+        let mut restart = Vec::new();
         for seq in seqs {
             let Some(r) = self.reqs.get_mut(&seq) else {
                 continue;
@@ -25,19 +27,31 @@ impl Shard {
                 continue;
             }
             let lost = std::mem::take(&mut r.output_lost);
+            // Only a step the request was scheduled in can confirm progress: a request the
+            // engine finished (or that got a sample) without running holds nothing new.
+            // (Planted bug `register-unwritten`, tests/plants.sh: any applied output confirms
+            // the computed length, a sync load's range never run included.)
+            let ran = r.last_scheduled > 0 || cfg!(kvsched_plant = "register-unwritten");
             if lost {
-                // Re-offer the step: nothing of it is known to have run.
-                r.num_computed_tokens = r.num_computed_tokens.min(r.pre_step);
+                // Nothing of the step is known to have run, or not to have: offer it again
+                // where it started if that reads only written, unchanged bytes; otherwise
+                // restart from what the prefix cache holds.
                 r.sampled_pending = false;
+                if reoffer_at_pre_step(env.geo.groups(), r.pre_step, r.last_scheduled, r.written) {
+                    r.num_computed_tokens = r.num_computed_tokens.min(r.pre_step);
+                } else {
+                    restart.push(seq);
+                }
             }
             let skip = std::mem::take(&mut r.skip) || lost;
             let sampled = std::mem::take(&mut r.sampled_pending);
             let finish = std::mem::take(&mut r.finish_pending);
             r.last_scheduled = 0;
-            if !skip {
+            if !skip && ran {
                 if sampled {
                     r.generated += 1;
                 }
+                r.written = r.num_computed_tokens;
                 Self::confirm_progress(env, r, &mut self.index);
             }
             if finish
@@ -46,20 +60,25 @@ impl Shard {
                 self.end(env, seq, EndState::Finished);
             }
         }
+        for seq in restart {
+            if self.reqs.contains_key(&seq) {
+                self.preempt(env, seq);
+                self.result.counters.lost_output_restarts += 1;
+            }
+        }
         // Engine finishes of requests not running (loading/waiting): applied too.
         for seq in not_running {
             if let Some(r) = self.reqs.get_mut(&seq) {
                 r.finish_pending = false;
                 // Planted bug for the fault matrix: end a loading request at once, freeing
                 // blocks a worker may still be filling.
-                #[cfg(not(kvsched_plant = "end-while-loading"))]
-                if r.load_may_be_running() {
-                    r.end_after_load = Some(EndState::Finished);
-                    r.cancel_load();
+                #[cfg(kvsched_plant = "end-while-loading")]
+                {
+                    self.end(env, seq, EndState::Finished);
                     continue;
                 }
             }
-            self.end(env, seq, EndState::Finished);
+            self.end_when_load_stops(env, seq, EndState::Finished);
         }
     }
 
@@ -84,8 +103,11 @@ impl Shard {
         Self::register_and_trim(env, r, index);
     }
 
+    /// Registers the request's full blocks below what is known written, and trims the entries
+    /// its groups no longer need. The one place a block enters the prefix cache: no block is
+    /// visible to a lookup before its bytes are known written, whatever ends its writer.
     pub(super) fn register_and_trim(env: &Env<'_>, r: &mut Req, index: &mut HolderIndex) {
-        let nct = r.num_computed_tokens;
+        let nct = r.written.min(r.num_computed_tokens);
         let null = env.geo.null_block();
         for (g, grp) in env.geo.groups().iter().enumerate() {
             let full = ((nct / grp.block_size) as usize)

@@ -60,6 +60,11 @@ pub(super) struct Req {
     /// Per group: entries below this index are registered in the prefix cache (or null).
     pub(super) registered: Vec<usize>,
     pub(super) num_computed_tokens: u64,
+    /// Tokens whose bytes are known written in every group: the local prefix at admission, a
+    /// landed load, a step whose output was applied. Only entries below it may enter the
+    /// prefix cache (`register_and_trim`); a sync load's range joins it only once the step
+    /// that carried the load is answered.
+    pub(super) written: u64,
     /// Tokens scheduled in the last step (0 when not scheduled).
     pub(super) last_scheduled: u64,
     /// Computed tokens before the step that last scheduled it.
@@ -137,6 +142,7 @@ impl Req {
             gens: vec![Vec::new(); groups.len()],
             registered: vec![0; groups.len()],
             num_computed_tokens: 0,
+            written: 0,
             last_scheduled: 0,
             pre_step: 0,
             output_lost: false,
@@ -197,6 +203,12 @@ impl Req {
         if let Some(c) = self.cancel.take() {
             c.cancel();
         }
+    }
+
+    /// Ends the shard's wait for the in-flight load and, if no worker has started it, drops
+    /// it: `true` when the load is then known never to write its destinations.
+    pub(super) fn drop_load(&mut self) -> bool {
+        self.cancel.take().is_some_and(|c| c.drop_unstarted())
     }
 
     pub(super) fn seq_len(&self) -> u64 {

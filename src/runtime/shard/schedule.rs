@@ -101,7 +101,15 @@ impl Shard {
                     .first_schedule_latency_ns
                     .push(now.saturating_duration_since(r.submitted_at).as_nanos() as u64);
             }
-            let sync_load = r.sync_job.take();
+            // A sync load runs inside this step: it gets a deadline as an async load does, so
+            // a connector that honours it (`TierConnector`) gives up on a hung tier.
+            let sync_load = r.sync_job.take().map(|mut job| {
+                job.deadline = r
+                    .load_deadline
+                    .or(settings.load_deadline)
+                    .and_then(|d| now.checked_add(d));
+                job
+            });
             let block_tables = r.block_tables();
             self.result.scheduled.push(ScheduledRequest {
                 id: r.id.clone(),

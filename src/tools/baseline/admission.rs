@@ -103,6 +103,7 @@ impl State {
                 r.gens[g] = got[g].iter().map(|b| b.generation).collect();
                 r.registered[g] = (local / grp.block_size) as usize;
             }
+            r.written = local;
             r.num_computed_tokens = ext_end;
             if ext_end > local {
                 r.attempt += 1;

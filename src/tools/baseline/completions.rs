@@ -105,6 +105,7 @@ impl State {
                 self.set_phase(key, Phase::Waiting);
                 continue;
             }
+            r.written = r.num_computed_tokens;
             self.register_and_trim(key);
             plan.runnable_latency_ns
                 .push(now.saturating_duration_since(finished_at).as_nanos() as u64);

@@ -18,11 +18,11 @@ use crate::runtime::{EndState, StepOutput};
 #[derive(Debug)]
 pub(super) enum Command {
     /// End the request (once its in-flight load lands, if it is loading).
-    Cancel(String),
+    Cancel(StdArc<str>),
     /// A sampled token for a request the last plan scheduled to sample.
-    Sampled(String),
+    Sampled(StdArc<str>),
     /// The engine finished the request.
-    Finish(String),
+    Finish(StdArc<str>),
 }
 
 impl State {
@@ -48,7 +48,7 @@ impl State {
             return Vec::new();
         }
         for id in out.sampled {
-            if self.handed.samplers.contains(id.as_str()) {
+            if self.handed.samplers.contains(&*id) {
                 self.inbox.push(Command::Sampled(id));
             } else {
                 self.metrics.unexpected_samples += 1;
@@ -84,7 +84,7 @@ impl State {
     /// scheduled step) is counted unknown.
     pub(super) fn apply_command(&mut self, cmd: Command) {
         let (Command::Cancel(id) | Command::Sampled(id) | Command::Finish(id)) = &cmd;
-        let Some(&key) = self.by_id.get(id.as_str()) else {
+        let Some(&key) = self.by_id.get(&**id) else {
             self.metrics.unknown_commands += 1;
             return;
         };
@@ -132,10 +132,11 @@ impl State {
             let skip = std::mem::take(&mut r.skip);
             let sampled = std::mem::take(&mut r.sampled_pending);
             let finish = std::mem::take(&mut r.finish_pending);
-            r.last_scheduled = 0;
-            if !skip {
+            let ran = std::mem::take(&mut r.last_scheduled) > 0;
+            if !skip && ran {
                 r.generated += u32::from(sampled);
                 let nct = r.num_computed_tokens;
+                r.written = nct;
                 let groups = self.geo.groups();
                 let pending = &mut self.pending;
                 let tables = &r.tables;

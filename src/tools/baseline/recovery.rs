@@ -122,6 +122,7 @@ impl State {
             }
         }
         if d.disposition != Disposition::Failed {
+            r.written = r.written.min(r.num_computed_tokens);
             for (reg, grp) in r.registered.iter_mut().zip(self.geo.groups()) {
                 *reg = (*reg).min((r.num_computed_tokens / grp.block_size) as usize);
             }

@@ -29,6 +29,9 @@ pub(super) struct Req {
     pub(super) gens: Vec<Vec<Generation>>,
     pub(super) registered: Vec<usize>,
     pub(super) num_computed_tokens: u64,
+    /// Tokens whose bytes are known written (as a shard's request): only entries below it
+    /// enter the prefix cache.
+    pub(super) written: u64,
     pub(super) last_scheduled: u64,
     pub(super) phase: Phase,
     pub(super) waits: Vec<BlockId>,
@@ -68,6 +71,7 @@ impl Req {
             tables: vec![Vec::new(); groups],
             gens: vec![Vec::new(); groups],
             registered: vec![0; groups],
+            written: 0,
             num_computed_tokens: 0,
             last_scheduled: 0,
             phase: Phase::Waiting,

@@ -105,7 +105,7 @@ impl MutexScheduler {
     /// Cancels a request at the next step (once its in-flight load, if any, lands), as the
     /// runtime does. Unknown ids are counted in [`Metrics::unknown_commands`] then.
     pub fn cancel(&self, id: &str) {
-        self.state.lock().inbox.push(Command::Cancel(id.to_owned()));
+        self.state.lock().inbox.push(Command::Cancel(id.into()));
     }
 
     fn take_completions(&self) -> Vec<Completion> {

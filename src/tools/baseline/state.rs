@@ -128,6 +128,7 @@ impl State {
             }
         }
         r.registered.iter_mut().for_each(|x| *x = 0);
+        r.written = 0;
         r.waits.clear();
     }
 
@@ -169,7 +170,7 @@ impl State {
         let Some(r) = self.reqs.get_mut(&key) else {
             return;
         };
-        let nct = r.num_computed_tokens;
+        let nct = r.written.min(r.num_computed_tokens);
         for (g, grp) in self.geo.groups().iter().enumerate() {
             let full = ((nct / grp.block_size) as usize)
                 .min(r.hashes[g].len())

@@ -1,0 +1,305 @@
+//! The engine loop of `kv_lifecycle.rs`: a runtime on real bytes, driven step by step, with
+//! engine finishes, lost outputs and a tier that hangs on demand.
+
+use std::sync::{Arc, Condvar, Mutex};
+
+use kvsched::connector::{CancelToken, KvConnector};
+use kvsched::kv::{
+    ChunkKey, HostKvMemory, KvLayout, KvMemory, Tier, TierConnector, TierConnectorConfig, TierError,
+};
+use kvsched::sim::KvChecker;
+use kvsched::{Builder, CacheGroup, Report, Runtime, StepOutput, StepPlan, SubmitRequest};
+
+const BPT: usize = 8;
+const STATE: usize = 32;
+const TAG: u64 = 7;
+
+/// A runtime, its connector and the verifying checker, driven one step at a time.
+pub struct Bench {
+    pub rt: Runtime,
+    pub conn: Arc<TierConnector>,
+    pub checker: KvChecker,
+    finish_next: Vec<Arc<str>>,
+}
+
+impl Bench {
+    /// A bench on `tier` whose hits load asynchronously at `async_ratio`; `build` sets the
+    /// runtime's sizes.
+    pub fn new(
+        groups: Vec<CacheGroup>,
+        tier: Arc<dyn Tier>,
+        async_ratio: f64,
+        build: impl FnOnce(Builder) -> Builder,
+    ) -> Bench {
+        Self::wrapped(groups, tier, async_ratio, build, |c| c)
+    }
+
+    /// A bench whose runtime reaches the connector through `wrap`.
+    pub fn wrapped(
+        groups: Vec<CacheGroup>,
+        tier: Arc<dyn Tier>,
+        async_ratio: f64,
+        build: impl FnOnce(Builder) -> Builder,
+        wrap: impl FnOnce(Arc<dyn KvConnector>) -> Arc<dyn KvConnector>,
+    ) -> Bench {
+        let blocks = 2048;
+        let layout = KvLayout::for_groups(&groups, BPT, STATE).expect("layout");
+        let memory: Arc<dyn KvMemory> =
+            Arc::new(HostKvMemory::new(layout, blocks).expect("memory"));
+        let conn = Arc::new(
+            TierConnector::new(
+                tier,
+                Arc::clone(&memory),
+                TierConnectorConfig {
+                    groups: groups.clone(),
+                    scheduler_block_size: Some(16),
+                    tag: TAG,
+                    async_ratio,
+                    seed: 3,
+                    ..TierConnectorConfig::default()
+                },
+            )
+            .expect("connector"),
+        );
+        let dyn_conn: Arc<dyn KvConnector> = wrap(conn.clone());
+        let rt = build(
+            Runtime::builder()
+                .groups(groups.clone())
+                .scheduler_block_size(16)
+                .connector(dyn_conn),
+        )
+        .build()
+        .expect("runtime");
+        let checker = KvChecker::new(groups, TAG, BPT, STATE, memory);
+        Bench {
+            rt,
+            conn,
+            checker,
+            finish_next: Vec::new(),
+        }
+    }
+
+    /// Stores the reference bytes of `prompt`'s blocks below `tokens` in the tier.
+    pub fn warm(&mut self, prompt: &[u32], tokens: usize) {
+        let groups = self.rt.geometry().groups().to_vec();
+        for (g, grp) in groups.iter().enumerate() {
+            for i in 0..tokens / grp.block_size as usize {
+                let bytes = self
+                    .checker
+                    .reference_block(prompt, g, i)
+                    .expect("full block");
+                self.conn.store_now(prompt, g, i, &bytes).expect("store");
+            }
+        }
+    }
+
+    pub fn submit(&mut self, id: &str, prompt: &[u32], max_new_tokens: u32) {
+        self.checker.add_request(id, prompt);
+        self.rt
+            .submit(SubmitRequest {
+                id: id.into(),
+                prompt: prompt.to_vec(),
+                max_new_tokens,
+                priority: 0,
+                load_deadline: None,
+            })
+            .expect("submit");
+    }
+
+    /// The engine finishes `id` in the next output it sends.
+    pub fn finish_next(&mut self, id: &str) {
+        self.finish_next.push(id.into());
+    }
+
+    /// The next plan, not run yet.
+    pub fn plan(&mut self) -> StepPlan {
+        let plan = self.rt.schedule().expect("step");
+        for (id, _) in &plan.ended {
+            self.checker.end_request(id);
+        }
+        plan
+    }
+
+    /// One step run and answered.
+    pub fn step(&mut self) -> StepPlan {
+        let plan = self.plan();
+        self.answer(&plan);
+        plan
+    }
+
+    /// Runs `plan` and answers it.
+    pub fn answer(&mut self, plan: &StepPlan) {
+        let plan = plan.clone();
+        let check = self.checker.run_step(&plan, Some(self.conn.as_ref()));
+        let mut out = StepOutput::for_plan(&plan);
+        out.invalid_blocks = check.invalid_blocks.clone();
+        out.finished = std::mem::take(&mut self.finish_next);
+        out.sampled = plan
+            .scheduled
+            .iter()
+            .filter(|s| s.samples)
+            .map(|s| s.id.clone())
+            .collect();
+        let discard = self.rt.update(out);
+        self.checker.settle(&plan, check, &discard);
+        for s in plan.scheduled.iter().filter(|s| !discard.contains(&s.id)) {
+            if let Some(prompt) = self.checker.prompt(&s.id) {
+                let prompt = prompt.to_vec();
+                self.conn.save_step(&prompt, s);
+            }
+        }
+        self.rt.wait_for_work(std::time::Duration::from_millis(1));
+    }
+
+    /// One step whose output never reaches the runtime: with `ran`, the engine ran all of it
+    /// (its sync loads, reads and writes happened) before the output was lost; without, it
+    /// crashed before running any of it.
+    pub fn step_lost(&mut self, ran: bool) -> StepPlan {
+        let plan = self.plan();
+        if ran {
+            let _ = self.checker.run_step(&plan, Some(self.conn.as_ref()));
+        }
+        plan
+    }
+
+    /// Steps until nothing is live, at most `max` steps.
+    pub fn run_to_end(&mut self, max: usize) {
+        self.run_to_end_with(max, |_| {});
+    }
+
+    /// Steps until nothing is live, at most `max` steps, showing each plan to `f`.
+    pub fn run_to_end_with(&mut self, max: usize, mut f: impl FnMut(&StepPlan)) {
+        for _ in 0..max {
+            if self.rt.live() == 0 {
+                return;
+            }
+            let plan = self.step();
+            f(&plan);
+        }
+    }
+
+    /// Shuts the runtime down; flushes the connector.
+    pub fn finish(self) -> Report {
+        let report = self.rt.shutdown();
+        self.conn.flush();
+        report
+    }
+}
+
+/// A tier whose `get` of a key chosen at `rate` (seeded, per key) never returns until
+/// [`release`](Self::release): a store that hangs.
+pub struct HangingTier {
+    inner: Arc<dyn Tier>,
+    rate: f64,
+    seed: u64,
+    released: Mutex<bool>,
+    wake: Condvar,
+    hung: Mutex<u64>,
+}
+
+impl HangingTier {
+    pub fn new(inner: Arc<dyn Tier>, rate: f64, seed: u64) -> HangingTier {
+        HangingTier {
+            inner,
+            rate,
+            seed,
+            released: Mutex::new(false),
+            wake: Condvar::new(),
+            hung: Mutex::new(0),
+        }
+    }
+
+    fn hangs(&self, key: ChunkKey) -> bool {
+        let mut r =
+            kvsched::connector::SplitMix64::new(self.seed ^ key.0 as u64 ^ (key.0 >> 64) as u64);
+        r.unit() < self.rate
+    }
+
+    /// Gets that hung so far.
+    pub fn hung(&self) -> u64 {
+        *self.hung.lock().expect("lock")
+    }
+
+    /// Lets every hung get return (as a tier error).
+    pub fn release(&self) {
+        *self.released.lock().expect("lock") = true;
+        self.wake.notify_all();
+    }
+}
+
+impl Tier for HangingTier {
+    fn name(&self) -> &str {
+        "hanging"
+    }
+    fn exists(&self, keys: &[ChunkKey], cancel: &CancelToken) -> Result<Vec<bool>, TierError> {
+        self.inner.exists(keys, cancel)
+    }
+    fn get(
+        &self,
+        keys: &[ChunkKey],
+        cancel: &CancelToken,
+    ) -> Result<Vec<Option<Vec<u8>>>, TierError> {
+        if keys.iter().any(|&k| self.hangs(k)) {
+            *self.hung.lock().expect("lock") += 1;
+            let mut released = self.released.lock().expect("lock");
+            while !*released {
+                released = self.wake.wait(released).expect("lock");
+            }
+            return Err(TierError::Unavailable("hung".into()));
+        }
+        self.inner.get(keys, cancel)
+    }
+    fn put(&self, chunks: &[(ChunkKey, Vec<u8>)]) -> Result<(), TierError> {
+        self.inner.put(chunks)
+    }
+}
+
+/// A connector whose `load` of the requests `hangs` names never returns until
+/// [`release`](Self::release): a connector (not a tier) that hangs its worker.
+pub struct HangingConnector {
+    inner: Arc<dyn KvConnector>,
+    hangs: fn(&str) -> bool,
+    released: Mutex<bool>,
+    wake: Condvar,
+    hung: Mutex<u64>,
+}
+
+impl HangingConnector {
+    pub fn new(inner: Arc<dyn KvConnector>, hangs: fn(&str) -> bool) -> HangingConnector {
+        HangingConnector {
+            inner,
+            hangs,
+            released: Mutex::new(false),
+            wake: Condvar::new(),
+            hung: Mutex::new(0),
+        }
+    }
+
+    /// Loads that hung so far.
+    pub fn hung(&self) -> u64 {
+        *self.hung.lock().expect("lock")
+    }
+
+    /// Lets every hung load return (failed).
+    pub fn release(&self) {
+        *self.released.lock().expect("lock") = true;
+        self.wake.notify_all();
+    }
+}
+
+impl KvConnector for HangingConnector {
+    fn lookup(&self, q: kvsched::connector::LookupQuery<'_>) -> kvsched::connector::LookupResult {
+        self.inner.lookup(q)
+    }
+    fn load(&self, job: &kvsched::LoadJob) -> kvsched::LoadResult {
+        if (self.hangs)(&job.request) {
+            *self.hung.lock().expect("lock") += 1;
+            let mut released = self.released.lock().expect("lock");
+            while !*released {
+                released = self.wake.wait(released).expect("lock");
+            }
+            return kvsched::LoadResult::all_failed(job);
+        }
+        self.inner.load(job)
+    }
+}
