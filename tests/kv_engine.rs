@@ -52,7 +52,7 @@ fn run_on(
             Arc::clone(&memory),
             TierConnectorConfig {
                 groups: groups.clone(),
-                scheduler_block_size: 16,
+                scheduler_block_size: Some(16),
                 tag: 7,
                 async_ratio,
                 seed,
@@ -120,7 +120,7 @@ fn run_on(
             .scheduled
             .iter()
             .filter(|s| s.samples)
-            .map(|s| s.id.to_string())
+            .map(|s| s.id.clone())
             .collect();
         let discard = rt.update(out);
         checker.settle(&plan, check, &discard);
@@ -235,7 +235,7 @@ fn a_fresh_connector_on_the_same_disk_directory_loads_what_the_last_one_saved() 
         Arc::clone(&memory),
         TierConnectorConfig {
             groups: groups.clone(),
-            scheduler_block_size: 16,
+            scheduler_block_size: Some(16),
             tag: 7,
             ..TierConnectorConfig::default()
         },

@@ -18,7 +18,7 @@ fn connector(groups: Vec<CacheGroup>, s: u64) -> TierConnector {
         memory,
         TierConnectorConfig {
             groups,
-            scheduler_block_size: s,
+            scheduler_block_size: Some(s),
             probe_on_miss: false,
             ..TierConnectorConfig::default()
         },

@@ -32,7 +32,7 @@ fn engine(url: &str, mac: Option<[u8; 32]>) -> (TierConnector, Arc<dyn KvMemory>
         Arc::clone(&memory),
         TierConnectorConfig {
             groups,
-            scheduler_block_size: 16,
+            scheduler_block_size: Some(16),
             tag: TAG,
             mac_key: mac,
             ..TierConnectorConfig::default()

@@ -374,7 +374,7 @@ fn step_outputs_answer_their_plan() {
     rt.submit(req("y", 33)).unwrap();
     let first = rt.schedule().expect("step");
     assert_eq!(first.step, 1);
-    let ids: Vec<String> = first.scheduled.iter().map(|s| s.id.to_string()).collect();
+    let ids: Vec<std::sync::Arc<str>> = first.scheduled.iter().map(|s| s.id.clone()).collect();
     assert_eq!(ids.len(), 2);
     rt.update(StepOutput {
         step: first.step + 7,

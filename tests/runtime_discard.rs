@@ -83,7 +83,7 @@ fn run(seed: u64, groups: Vec<CacheGroup>, mode: Mode, policy: Policy, shards: u
                 }
             }
             if s.samples {
-                out.sampled.push(s.id.to_string());
+                out.sampled.push(s.id.clone());
             }
         }
         let discard_now: BTreeSet<String> = rt.update(out).iter().map(|s| s.to_string()).collect();

@@ -5,7 +5,9 @@
 //! computed blocks write-behind on its own threads.
 
 use std::fmt;
+use std::time::Instant;
 
+use super::bounded::BoundedGets;
 use super::key_index::KeyIndex;
 use super::saver::{Saver, Work};
 use super::{ChunkCodec, ChunkErrorClass, ChunkKey, KvMemory, Tier};
@@ -14,7 +16,7 @@ use crate::connector::{
 };
 use crate::pool::BlockRef;
 use crate::rng::{hash_str, SplitMix64};
-use crate::rules::geometry::{BlockId, CacheGroup};
+use crate::rules::geometry::{BlockId, CacheGroup, Geometry};
 use crate::sync::{Arc, AtomicU64, Ordering};
 
 /// Settings of a [`TierConnector`].
@@ -22,8 +24,11 @@ use crate::sync::{Arc, AtomicU64, Ordering};
 pub struct TierConnectorConfig {
     /// The runtime's cache groups (the same as the runtime's builder gets).
     pub groups: Vec<CacheGroup>,
-    /// The runtime's scheduler block size `S`: lookups offer multiples of it.
-    pub scheduler_block_size: u64,
+    /// The runtime's scheduler block size `S`: lookups offer multiples of it. `None` derives
+    /// it from `groups` as the runtime's builder does (the least common multiple of their
+    /// block sizes); a value must be a positive multiple of every group's block size, and
+    /// the same as the runtime's.
+    pub scheduler_block_size: Option<u64>,
     /// The layout/model tag in every chunk key: two models never share chunks.
     pub tag: u64,
     /// The key of the chunks' keyed MAC (every engine sharing the tier has it), or none.
@@ -42,13 +47,17 @@ pub struct TierConnectorConfig {
     /// On a lookup the index cannot answer, ask the tier in the background (a later request
     /// with the same prefix then hits).
     pub probe_on_miss: bool,
+    /// Threads running the gets of a tier that may block ([`Tier::may_block`]), so that a
+    /// load with a deadline waits for the tier only until then (see the guarantees of
+    /// [`TierConnector`]). At most this many gets can hang at once.
+    pub get_threads: usize,
 }
 
 impl Default for TierConnectorConfig {
     fn default() -> Self {
         TierConnectorConfig {
             groups: vec![CacheGroup::full_attention(16)],
-            scheduler_block_size: 16,
+            scheduler_block_size: None,
             tag: 0,
             mac_key: None,
             async_ratio: 1.0,
@@ -57,6 +66,7 @@ impl Default for TierConnectorConfig {
             save_threads: 1,
             index_capacity: 1 << 20,
             probe_on_miss: true,
+            get_threads: 4,
         }
     }
 }
@@ -104,6 +114,11 @@ pub struct TierStats {
     pub writes_refused: u64,
     /// Loads that saw their cancellation token fired.
     pub loads_cancelled: u64,
+    /// Loads whose tier answer did not come before the load's deadline: failed whole, nothing
+    /// of them written.
+    pub loads_late: u64,
+    /// Tier gets running now on the connector's get threads (a hung tier's among them).
+    pub gets_busy: u64,
     /// Chunks stored by the write-behind.
     pub chunks_saved: u64,
     /// Encoded bytes stored by the write-behind.
@@ -134,6 +149,7 @@ struct Counters {
     tier_errors: AtomicU64,
     writes_refused: AtomicU64,
     loads_cancelled: AtomicU64,
+    loads_late: AtomicU64,
 }
 
 fn bump(c: &AtomicU64, n: u64) {
@@ -154,6 +170,11 @@ fn bump(c: &AtomicU64, n: u64) {
 ///   by this load.
 /// * **Lookups never wait for the tier.** They answer from a local index of keys saved,
 ///   loaded or found by background probes; a chunk gone by load time is a failed block.
+/// * **A tier that never answers costs a load its deadline.** The gets of a tier that may
+///   block run on the connector's own threads (`get_threads`); a load with a deadline
+///   ([`LoadJob::deadline`]: the runtime gives async and sync loads one) waits until then and
+///   fails whole, its late answer dropped unread. At most `get_threads` gets hang at once;
+///   later ones wait and fail at their deadline ([`TierStats::gets_busy`], `loads_late`).
 /// * **Saves never block the caller** beyond copying the block's bytes: the write-behind
 ///   queue is bounded and drops (and counts) what does not fit.
 ///
@@ -170,6 +191,10 @@ pub struct TierConnector {
     /// a chunk another writer made.
     own: Arc<KeyIndex>,
     saver: Saver,
+    /// The gets of a tier that may block, bounded by each load's deadline.
+    gets: Option<BoundedGets>,
+    /// The scheduler block size `S` lookups offer multiples of.
+    s: u64,
     counters: Counters,
 }
 
@@ -188,7 +213,8 @@ impl TierConnector {
     /// # Errors
     ///
     /// [`TierConnectorError::Config`] when the memory's layout has another number of groups,
-    /// `S` is 0 or `async_ratio` is outside `[0, 1]`; [`TierConnectorError::Spawn`].
+    /// the groups are not a valid geometry, `S` is not a positive multiple of every group's
+    /// block size, or `async_ratio` is outside `[0, 1]`; [`TierConnectorError::Spawn`].
     pub fn new(
         tier: Arc<dyn Tier>,
         memory: Arc<dyn KvMemory>,
@@ -201,11 +227,9 @@ impl TierConnector {
                 memory.layout().num_groups()
             )));
         }
-        if cfg.scheduler_block_size == 0 {
-            return Err(TierConnectorError::Config(
-                "scheduler_block_size: must be at least 1".into(),
-            ));
-        }
+        let s = Geometry::new(cfg.groups.clone(), cfg.scheduler_block_size, 0)
+            .map_err(|e| TierConnectorError::Config(format!("groups: {e}")))?
+            .scheduler_block_size();
         if !(0.0..=1.0).contains(&cfg.async_ratio) {
             return Err(TierConnectorError::Config(format!(
                 "async_ratio: {} is outside [0, 1]",
@@ -223,6 +247,11 @@ impl TierConnector {
             cfg.save_queue,
             cfg.save_threads,
         )?;
+        let gets = if tier.may_block() {
+            Some(BoundedGets::start(Arc::clone(&tier), cfg.get_threads)?)
+        } else {
+            None
+        };
         Ok(TierConnector {
             tier,
             memory,
@@ -231,6 +260,8 @@ impl TierConnector {
             index,
             own,
             saver,
+            gets,
+            s,
             counters: Counters::default(),
         })
     }
@@ -285,6 +316,15 @@ impl TierConnector {
             }
         }
         queued
+    }
+
+    /// Offers for saving what the kept step `s` of a request with prompt `prompt` completed
+    /// ([`completed_prompt_blocks`](super::completed_prompt_blocks)): what an engine calls for
+    /// every scheduled request whose output `Runtime::update` did not return for discard.
+    /// Returns how many chunks were queued.
+    pub fn save_step(&self, prompt: &[u32], s: &crate::runtime::ScheduledRequest) -> usize {
+        let blocks = super::completed_prompt_blocks(&self.cfg.groups, prompt.len(), s);
+        self.save_blocks(prompt, &blocks)
     }
 
     /// Stores one block's bytes now, on the caller's thread (warming a tier before a run).
@@ -342,6 +382,8 @@ impl TierConnector {
             tier_errors: r(&c.tier_errors),
             writes_refused: r(&c.writes_refused),
             loads_cancelled: r(&c.loads_cancelled),
+            loads_late: r(&c.loads_late),
+            gets_busy: self.gets.as_ref().map_or(0, |g| g.busy() as u64),
             chunks_saved: r(&s.saved_chunks),
             kv_bytes_saved: r(&s.saved_bytes),
             saves_dropped: r(&s.dropped),
@@ -365,7 +407,7 @@ impl TierConnector {
 impl KvConnector for TierConnector {
     fn lookup(&self, q: LookupQuery<'_>) -> LookupResult {
         bump(&self.counters.lookups, 1);
-        let s = self.cfg.scheduler_block_size;
+        let s = self.s;
         // Never the whole prompt: its last token is computed to sample from it.
         let limit = (q.prompt.len() as u64).saturating_sub(1) / s * s;
         if limit <= q.local_tokens {
@@ -424,13 +466,26 @@ impl KvConnector for TierConnector {
         let values = if job.cancel.is_cancelled() {
             None
         } else {
-            match self.tier.get(&keys, &job.cancel) {
+            let got = match (&self.gets, job.deadline) {
+                (Some(gets), Some(deadline)) => gets.get(&keys, &job.cancel, deadline),
+                _ => self.tier.get(&keys, &job.cancel),
+            };
+            match got {
                 Ok(v) if v.len() == keys.len() => Some(v),
                 Ok(_) | Err(_) => {
                     bump(&self.counters.tier_errors, 1);
                     None
                 }
             }
+        };
+        // An answer past the load's deadline is a failed load: the runtime has stopped
+        // waiting (an async load's blocks are parked; a sync load's step must not read it).
+        let values = match values {
+            Some(_) if job.deadline.is_some_and(|d| Instant::now() >= d) => {
+                bump(&self.counters.loads_late, 1);
+                None
+            }
+            v => v,
         };
         if job.cancel.is_cancelled() {
             bump(&self.counters.loads_cancelled, 1);

@@ -149,6 +149,10 @@ impl Tier for MemoryTier {
         "memory"
     }
 
+    fn may_block(&self) -> bool {
+        false
+    }
+
     fn exists(&self, keys: &[ChunkKey], cancel: &CancelToken) -> Result<Vec<bool>, TierError> {
         let mut out = Vec::with_capacity(keys.len());
         for &k in keys {

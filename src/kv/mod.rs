@@ -23,7 +23,11 @@
 //! A tier stores opaque values; what a value holds (the chunk format, its checksum) is the
 //! business of the connector that joins a tier to KV memory, through [`ChunkCodec`].
 
+#[cfg(not(kvsched_loom))]
+mod bounded;
 mod chunk;
+#[cfg(not(kvsched_loom))]
+mod completed;
 #[cfg(not(kvsched_loom))]
 mod connector;
 mod disk;
@@ -45,6 +49,8 @@ pub use chunk::{
     ChunkCodec, ChunkError, ChunkErrorClass, ChunkHeader, CHUNK_MAGIC, CHUNK_VERSION, FLAG_MAC,
     HEADER_LEN, MAC_LEN,
 };
+#[cfg(not(kvsched_loom))]
+pub use completed::completed_prompt_blocks;
 #[cfg(not(kvsched_loom))]
 pub use connector::{TierConnector, TierConnectorConfig, TierConnectorError, TierStats};
 pub use disk::{DiskConfig, DiskStats, DiskTier};

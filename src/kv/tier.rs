@@ -42,4 +42,11 @@ pub trait Tier: Send + Sync + 'static {
     /// Stores each value under its key, replacing what was there. A tier may refuse or drop
     /// values to stay within its capacity.
     fn put(&self, chunks: &[(ChunkKey, Vec<u8>)]) -> Result<(), TierError>;
+    /// Whether a call may block for long (I/O, a network, a wrapper that waits). The
+    /// [`TierConnector`](super::TierConnector) runs the gets of such a tier on its own threads
+    /// and waits for them only until the load's deadline; a tier that never blocks (an
+    /// in-process map) is called on the loading thread. `true` unless a tier says otherwise.
+    fn may_block(&self) -> bool {
+        true
+    }
 }

@@ -339,7 +339,7 @@ impl<'a> SimEngine<'a> {
             self.run(s, &mut out);
             if finish(s) {
                 self.counts.finishes += 1;
-                out.finished.push(s.id.to_string());
+                out.finished.push(s.id.clone());
             }
         }
         out
@@ -368,7 +368,7 @@ impl<'a> SimEngine<'a> {
         self.counts.tokens += s.num_tokens;
         if s.samples {
             self.counts.samples += 1;
-            out.sampled.push(s.id.to_string());
+            out.sampled.push(s.id.clone());
         }
     }
 }

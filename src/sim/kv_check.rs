@@ -422,37 +422,13 @@ impl KvChecker {
     }
 
     /// The entries a request's step completed that a tier can hold (full prompt blocks), as
-    /// `(group, index, block)`, for [`TierConnector::save_blocks`](crate::kv::TierConnector::save_blocks).
+    /// `(group, index, block)`, for [`TierConnector::save_blocks`](crate::kv::TierConnector::save_blocks)
+    /// ([`completed_prompt_blocks`](crate::kv::completed_prompt_blocks) on its prompt).
     pub fn completed_prompt_blocks(&self, s: &ScheduledRequest) -> Vec<(usize, usize, u64)> {
-        let Some(t) = self.reqs.get(&s.id) else {
-            return Vec::new();
-        };
-        let (n, end) = (s.num_computed_tokens, s.num_computed_tokens + s.num_tokens);
-        let mut out = Vec::new();
-        for (g, grp) in self.groups.iter().enumerate() {
-            let b = grp.block_size;
-            let table = s.block_tables.get(g).map_or(&[][..], |t| &t[..]);
-            let limit = end.min(t.prompt_len as u64);
-            let mut k = n / b;
-            while (k + 1) * b <= limit {
-                let block_end = (k + 1) * b;
-                // A Mamba entry holds the state at its block's end only if the step wrote
-                // it: the step's last state (`align`), or any block end it passed (`all`).
-                let holds = match grp.kind {
-                    GroupKind::Mamba {
-                        mode: MambaMode::Align,
-                    } => block_end == end,
-                    _ => block_end > n,
-                };
-                if holds {
-                    if let Some(r) = table.get(k as usize).filter(|r| r.id != 0) {
-                        out.push((g, k as usize, r.id));
-                    }
-                }
-                k += 1;
-            }
+        match self.reqs.get(&s.id) {
+            Some(t) => crate::kv::completed_prompt_blocks(&self.groups, t.prompt_len, s),
+            None => Vec::new(),
         }
-        out
     }
 
     /// The prompt of a live request.

@@ -314,7 +314,7 @@ impl<'a, S: Scheduler> Engine<'a, S> {
             for (id, fault) in entry.remove() {
                 let ended = !self.samples_sent.contains_key(id.as_str());
                 let e = &mut self.engine_events;
-                if (fault || !ended) && self.out.sampled.contains(&id) {
+                if (fault || !ended) && self.out.sampled.iter().any(|s| **s == *id) {
                     // The cancel reaches the scheduler before this output's sample of it.
                     e.samples_after_cancel += 1;
                 }
@@ -434,7 +434,7 @@ impl<'a, S: Scheduler> Engine<'a, S> {
         }
         self.out = self.sim.step(plan);
         for id in &self.out.sampled {
-            if let Some((sent, _)) = self.samples_sent.get_mut(id.as_str()) {
+            if let Some((sent, _)) = self.samples_sent.get_mut(&**id) {
                 *sent += 1;
             }
         }

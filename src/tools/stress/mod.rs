@@ -211,7 +211,7 @@ fn plane(cfg: &StressConfig, stores: &Stores, who: &str) -> Result<Plane, Stress
             Arc::clone(&memory),
             TierConnectorConfig {
                 groups: groups.clone(),
-                scheduler_block_size: cfg.scheduler_block_size(),
+                scheduler_block_size: Some(cfg.scheduler_block_size()),
                 tag: cfg.kv_tag(),
                 async_ratio: cfg.async_ratio,
                 seed: cfg.seed ^ 0x5eed_c0de,

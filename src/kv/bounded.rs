@@ -1,0 +1,180 @@
+//! Tier gets bounded by the load's deadline: a store that never answers costs a load its
+//! deadline, never the calling thread.
+//!
+//! A `Tier::get` is a call into code the connector does not control (a socket, a disk, a
+//! wrapper): it may never return. When a load has a deadline, [`BoundedGets`] runs the get on
+//! one of its own threads and the caller waits for the answer until the deadline or until the
+//! load's token fires, then gives up: the load fails for all its blocks. The answer of a get
+//! that comes back late is dropped unread, and the bytes of a load are written into KV memory
+//! only by the caller after the answer came in time, so a late get never writes anything.
+//!
+//! # Limits
+//!
+//! A get that never returns keeps its thread for good: at most `threads` can hang at once.
+//! Once every thread hangs, later gets wait in the queue and fail at their deadline (a queued
+//! get whose caller gave up is never run). A hung thread is counted
+//! ([`BoundedGets::hung`]) and left behind when the connector is dropped.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use super::{ChunkKey, Tier, TierError};
+use crate::connector::CancelToken;
+use crate::sync::condvar::Condvar;
+use crate::sync::{thread, Arc, AtomicBool, AtomicUsize, Mutex, Ordering};
+
+type Answer = Result<Vec<Option<Vec<u8>>>, TierError>;
+
+/// One get handed to a thread, and where its answer goes.
+struct Call {
+    keys: Vec<ChunkKey>,
+    cancel: CancelToken,
+    slot: Arc<Slot>,
+}
+
+/// The answer of one call; `gave_up` once its caller stopped waiting.
+#[derive(Default)]
+struct Slot {
+    answer: Mutex<Option<Answer>>,
+    ready: Condvar,
+    gave_up: AtomicBool,
+}
+
+struct Shared {
+    tier: Arc<dyn Tier>,
+    queue: Mutex<VecDeque<Call>>,
+    wake: Condvar,
+    stop: AtomicBool,
+    /// Threads inside a `get` now.
+    busy: AtomicUsize,
+}
+
+/// A few threads running tier gets whose callers wait only until a deadline.
+pub(crate) struct BoundedGets {
+    shared: Arc<Shared>,
+    threads: Vec<thread::JoinHandle<()>>,
+}
+
+/// How often a waiting caller checks its load's cancellation token.
+const CANCEL_POLL: Duration = Duration::from_millis(5);
+
+impl BoundedGets {
+    /// `threads` threads (at least 1) calling `tier`.
+    pub(crate) fn start(tier: Arc<dyn Tier>, threads: usize) -> std::io::Result<BoundedGets> {
+        let shared = Arc::new(Shared {
+            tier,
+            queue: Mutex::new(VecDeque::new()),
+            wake: Condvar::new(),
+            stop: AtomicBool::new(false),
+            busy: AtomicUsize::new(0),
+        });
+        let mut handles = Vec::new();
+        for i in 0..threads.max(1) {
+            let s = Arc::clone(&shared);
+            match thread::Builder::new()
+                .name(format!("kvsched-tier-get-{i}"))
+                .spawn(move || run(&s))
+            {
+                Ok(h) => handles.push(h),
+                Err(e) => {
+                    shutdown(&shared);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(BoundedGets {
+            shared,
+            threads: handles,
+        })
+    }
+
+    /// The tier's answer to `get(keys)`, or [`TierError::Timeout`] once `deadline` passes
+    /// (or [`TierError::Cancelled`] once `cancel` fires) without one.
+    pub(crate) fn get(&self, keys: &[ChunkKey], cancel: &CancelToken, deadline: Instant) -> Answer {
+        let slot = Arc::new(Slot::default());
+        self.shared.queue.lock().push_back(Call {
+            keys: keys.to_vec(),
+            cancel: cancel.clone(),
+            slot: Arc::clone(&slot),
+        });
+        self.shared.wake.notify_one();
+        let started = Instant::now();
+        let mut answer = slot.answer.lock();
+        loop {
+            if let Some(a) = answer.take() {
+                return a;
+            }
+            let now = Instant::now();
+            let gave_up = if now >= deadline {
+                Some(TierError::Timeout(now.saturating_duration_since(started)))
+            } else if cancel.is_cancelled() {
+                Some(TierError::Cancelled)
+            } else {
+                None
+            };
+            if let Some(e) = gave_up {
+                // Release: pairs with the Acquire load in `run`: a thread that sees it skips
+                // the call or drops its answer.
+                slot.gave_up.store(true, Ordering::Release);
+                return Err(e);
+            }
+            let wake = deadline.min(now + CANCEL_POLL);
+            answer = slot.ready.wait_until(answer, Some(wake)).0;
+        }
+    }
+
+    /// Threads inside a get now (hung ones among them).
+    pub(crate) fn busy(&self) -> usize {
+        self.shared.busy.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for BoundedGets {
+    fn drop(&mut self) {
+        shutdown(&self.shared);
+        // A thread inside a get that never returns is left behind (detached).
+        let until = Instant::now() + Duration::from_millis(200);
+        for h in self.threads.drain(..) {
+            while !h.is_finished() && Instant::now() < until {
+                thread::sleep(Duration::from_millis(1));
+            }
+            if h.is_finished() {
+                let _ = h.join();
+            }
+        }
+    }
+}
+
+fn shutdown(s: &Shared) {
+    // Release: pairs with the Acquire load in `run`.
+    s.stop.store(true, Ordering::Release);
+    let _guard = s.queue.lock();
+    s.wake.notify_all();
+}
+
+fn run(s: &Shared) {
+    loop {
+        let call = {
+            let mut q = s.queue.lock();
+            loop {
+                // Acquire: pairs with the Release store in `shutdown`.
+                if s.stop.load(Ordering::Acquire) {
+                    return;
+                }
+                if let Some(c) = q.pop_front() {
+                    break c;
+                }
+                q = s.wake.wait(q);
+            }
+        };
+        // Acquire: pairs with the Release store in `get`: a caller gone never gets its call run.
+        if call.slot.gave_up.load(Ordering::Acquire) {
+            continue;
+        }
+        s.busy.fetch_add(1, Ordering::Relaxed);
+        let answer = s.tier.get(&call.keys, &call.cancel);
+        s.busy.fetch_sub(1, Ordering::Relaxed);
+        *call.slot.answer.lock() = Some(answer);
+        call.slot.ready.notify_one();
+    }
+}
