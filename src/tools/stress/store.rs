@@ -116,9 +116,53 @@ impl FromStr for StoreSpec {
         }
         let redis = s == "redis" || s.starts_with("redis://") || s.starts_with("rediss://");
         if !redis {
-            return Err(format!("unknown store `{s}` (expected {EXPECTED})"));
+            // A value that is not a plain word may be a mistyped URL holding a password:
+            // it is not repeated.
+            let word = s.len() <= 32
+                && s.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+            let lower = s.trim_start().to_ascii_lowercase();
+            let hint = if lower.starts_with("redis:") || lower.starts_with("rediss:") {
+                " (a Redis URL starts with redis:// or rediss://, in lower case, without \
+                 leading spaces)"
+            } else {
+                ""
+            };
+            return Err(if word {
+                format!("unknown store `{s}` (expected {EXPECTED})")
+            } else {
+                format!("unknown store (expected {EXPECTED}){hint}")
+            });
         }
         parse_redis(s)
+    }
+}
+
+/// The `--store` value parser. clap's own error for a value parser repeats the raw value
+/// (`invalid value '…'`), which for a mistyped Redis URL would print its password: this
+/// one names the flag and says what is wrong, and never repeats the value.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct StoreParser;
+
+impl clap::builder::TypedValueParser for StoreParser {
+    type Value = StoreSpec;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<StoreSpec, clap::Error> {
+        let flag = arg.map_or_else(|| "--store".to_owned(), |a| a.to_string());
+        let fail = |problem: &str| {
+            clap::Error::raw(
+                clap::error::ErrorKind::ValueValidation,
+                format!("invalid value for '{flag}': {problem}\n"),
+            )
+            .with_cmd(cmd)
+        };
+        let s = value.to_str().ok_or_else(|| fail("not UTF-8"))?;
+        StoreSpec::from_str(s).map_err(|e| fail(&e))
     }
 }
 
