@@ -103,7 +103,9 @@ impl fmt::Debug for Secret {
     }
 }
 
-/// Replaces credentials in error text.
+/// Replaces credentials in the text of a server this crate owns (its log, its replies to
+/// setup commands: [`LocalRedis`](super::LocalRedis)). A tier's own errors never hold a
+/// credential, so they pass through no redactor.
 #[derive(Clone, Default)]
 pub(crate) struct Redactor {
     secrets: Vec<String>,
@@ -154,13 +156,16 @@ impl fmt::Debug for Redactor {
 ///
 /// The password and the user name never appear in `Debug` output
 /// ([`redacted_url`](Self::redacted_url) shows them as `***`), in a [`ConfigError`], or in
-/// the [`TierError`](crate::kv::TierError)s of a tier built from the config: every error text
-/// the tier produces passes through a redactor that replaces them.
+/// the [`TierError`](crate::kv::TierError)s of a tier built from the config. This holds by
+/// position, not by searching text: the URL parser never repeats a part of the URL it could
+/// not read (a query key it does not know is named by its position), the tier formats no
+/// credential into any text, and a refused `AUTH` is reported by its error code alone (the
+/// reply to the command that carried the credentials is not repeated).
 ///
 /// Built from a URL ([`from_url`](Self::from_url)) or from seed addresses
 /// ([`cluster`](Self::cluster), [`standalone`](Self::standalone)), then adjusted with the
 /// builder methods; [`RedisTier::new`](super::RedisTier::new) validates it. Defaults: tag
-/// `default`, 4 connections per node, connect timeout 1 s, read/write timeout 2 s, checkout
+/// `default`, 4 connections per node, connect timeout 1 s, call timeout 2 s, checkout
 /// timeout 1 s, reconnect backoff from 50 ms doubling to 2 s, no TTL, values up to 512 MiB,
 /// 5 redirects per key.
 ///
@@ -396,8 +401,12 @@ impl RedisConfig {
         self
     }
 
-    /// How long one socket read or write may block; a call that exceeds it fails with
-    /// [`TierError::Timeout`](crate::kv::TierError::Timeout) and drops the connection.
+    /// How long a whole call may take: its deadline, counted from its start, bounds every
+    /// checkout, connect, write and read of every pipeline it sends (redirects and a resend
+    /// on a stale connection included). A call past it fails with
+    /// [`TierError::Timeout`](crate::kv::TierError::Timeout), drops the connection it was
+    /// using and marks the node down. A server trickling a reply byte by byte does not
+    /// extend it.
     pub fn io_timeout(mut self, d: Duration) -> RedisConfig {
         self.io_timeout = d;
         self
@@ -425,7 +434,9 @@ impl RedisConfig {
     }
 
     /// Refuses (with [`TierError::Refused`](crate::kv::TierError::Refused)) values longer
-    /// than `n` bytes (1..=512 MiB, Redis's largest string).
+    /// than `n` bytes (1..=512 MiB, Redis's largest string). Replies are bounded by it too:
+    /// a bulk string longer than `n` is a protocol error (the connection is dropped), so
+    /// memory a hostile server can make a call hold is bounded by the values it asked for.
     pub fn max_value_bytes(mut self, n: usize) -> RedisConfig {
         self.max_value_bytes = n;
         self
@@ -518,16 +529,6 @@ impl RedisConfig {
             return setting("ca_cert", "set without TLS (use rediss:// or .tls(true))");
         }
         Ok(())
-    }
-
-    /// The redactor for error text of a tier built from this config.
-    pub(crate) fn redactor(&self) -> Redactor {
-        Redactor::new(
-            [&self.password, &self.username]
-                .into_iter()
-                .flatten()
-                .map(|s| s.0.clone()),
-        )
     }
 }
 
@@ -723,8 +724,6 @@ mod tests {
         let d = format!("{c:?}");
         assert!(!d.contains("TopSecret99") && !d.contains("kvuser"), "{d}");
         assert_eq!(c.redacted_url(), "redis://***:***@h:1");
-        let r = c.redactor();
-        assert_eq!(r.clean("auth TopSecret99 for kvuser"), "auth *** for ***");
         let c = RedisConfig::standalone("h:1")
             .unwrap()
             .credentials(None, "pw");
