@@ -236,7 +236,14 @@ impl Stores {
     }
 
     /// Opens the store for one run of scheduler `who` (`kvsched` or `mutex`).
-    pub(super) fn open(&self, cfg: &StressConfig, who: &str) -> Result<Opened, StressError> {
+    /// `max_chunk`: the largest chunk the run's layout can produce, the largest value the
+    /// store accepts and the largest it reads back (disk and Redis).
+    pub(super) fn open(
+        &self,
+        cfg: &StressConfig,
+        who: &str,
+        max_chunk: usize,
+    ) -> Result<Opened, StressError> {
         match &self.spec {
             StoreSpec::Sim => {
                 let sim = Arc::new(SimTier::new(sim_tier_config(cfg)));
@@ -260,6 +267,7 @@ impl Stores {
                     &dir,
                     DiskConfig {
                         capacity_bytes: cfg.store_capacity,
+                        max_value_bytes: max_chunk as u64,
                         fsync: false,
                     },
                 )
@@ -268,7 +276,7 @@ impl Stores {
             }
             #[cfg(feature = "redis")]
             StoreSpec::Redis | StoreSpec::RedisUrl { .. } => {
-                redis_store::open(cfg, &self.spec, self.server.as_ref(), who)
+                redis_store::open(cfg, &self.spec, self.server.as_ref(), who, max_chunk)
             }
             #[cfg(not(feature = "redis"))]
             StoreSpec::Redis | StoreSpec::RedisUrl { .. } => Err(store_error(NO_REDIS.to_owned())),
@@ -404,6 +412,7 @@ mod redis_store {
         spec: &StoreSpec,
         server: Option<&Server>,
         who: &str,
+        max_chunk: usize,
     ) -> Result<Opened, StressError> {
         let (url, shown, tag) = match (spec, server) {
             (StoreSpec::RedisUrl { url, shown }, _) => {
@@ -417,7 +426,8 @@ mod redis_store {
         };
         let config = RedisConfig::from_url(&url)
             .map_err(|e| store_error(format!("{shown}: {e}")))?
-            .tag(tag);
+            .tag(tag)
+            .max_value_bytes(max_chunk.clamp(1, 512 << 20));
         let tier = RedisTier::new(config).map_err(|e| store_error(format!("{shown}: {e}")))?;
         tier.check()
             .map_err(|e| store_error(format!("cannot reach {shown}: {e}")))?;
