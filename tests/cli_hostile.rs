@@ -48,3 +48,12 @@ fn a_bad_store_url_never_prints_its_password() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("`memroy`"), "{err}");
 }
+
+#[test]
+fn a_negative_redis_cluster_size_names_the_flag() {
+    let out = stress(&["--redis-cluster", "-1"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err:?}");
+    assert!(err.contains("--redis-cluster"), "{err}");
+}

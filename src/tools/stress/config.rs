@@ -151,7 +151,7 @@ pub struct StressConfig {
     #[arg(long, default_value = "1G", value_name = "SIZE", allow_hyphen_values = true, value_parser = parse_size)]
     pub store_capacity: u64,
     /// With `--store redis`: start a Redis Cluster of N nodes (3–16) instead of one server.
-    #[arg(long, value_name = "N", value_parser = parse_cluster)]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = parse_cluster)]
     pub redis_cluster: Option<usize>,
     /// With `--store redis`: the private server's maxmemory, e.g. 64M (keys evicted LRU past it).
     #[arg(long, value_name = "SIZE", allow_hyphen_values = true, value_parser = parse_size)]
