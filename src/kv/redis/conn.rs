@@ -281,10 +281,10 @@ fn tcp_connect(addr: &NodeAddr, budget: Budget<'_>) -> Result<TcpStream, String>
         .collect();
     let mut last = String::from("resolve: no address");
     for a in addrs {
-        budget.check().map_err(|e| format!("connect: {e}"))?;
+        budget.check().map_err(|e| e.to_string())?;
         match TcpStream::connect_timeout(&a, budget.remaining().max(Duration::from_millis(1))) {
             Ok(s) => return Ok(s),
-            Err(e) => last = format!("connect: {e}"),
+            Err(e) => last = e.to_string(),
         }
     }
     Err(last)
