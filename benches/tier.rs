@@ -163,6 +163,7 @@ fn disk_putter(payload: usize, fsync: bool) -> Option<impl FnMut() -> usize> {
         DiskConfig {
             capacity_bytes: 1 << 30,
             fsync,
+            ..DiskConfig::default()
         },
     )
     .ok()?;

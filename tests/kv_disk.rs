@@ -30,6 +30,7 @@ fn chunk(codec: &ChunkCodec, i: u64, len: usize) -> (ChunkKey, Vec<u8>) {
 fn cfg(capacity_bytes: u64) -> DiskConfig {
     DiskConfig {
         capacity_bytes,
+        max_value_bytes: capacity_bytes,
         fsync: false,
     }
 }

@@ -51,6 +51,10 @@ pub struct TierConnectorConfig {
     /// load with a deadline waits for the tier only until then (see the guarantees of
     /// [`TierConnector`]). At most this many gets can hang at once.
     pub get_threads: usize,
+    /// How long dropping the connector waits for its save threads to finish the work queued
+    /// (default 10 s, as the runtime's shutdown). Threads still inside a tier call then (a
+    /// hung tier) are left to finish on their own; the drop returns.
+    pub drop_timeout: std::time::Duration,
 }
 
 impl Default for TierConnectorConfig {
@@ -67,6 +71,7 @@ impl Default for TierConnectorConfig {
             index_capacity: 1 << 20,
             probe_on_miss: true,
             get_threads: 4,
+            drop_timeout: std::time::Duration::from_secs(10),
         }
     }
 }
@@ -246,6 +251,7 @@ impl TierConnector {
             Arc::clone(&own),
             cfg.save_queue,
             cfg.save_threads,
+            cfg.drop_timeout,
         )?;
         let gets = if tier.may_block() {
             Some(BoundedGets::start(Arc::clone(&tier), cfg.get_threads)?)
@@ -331,7 +337,8 @@ impl TierConnector {
     ///
     /// # Errors
     ///
-    /// The tier's error.
+    /// [`TierError::Refused`](super::TierError::Refused) for a `group` past the configured
+    /// groups; the tier's error.
     pub fn store_now(
         &self,
         tokens: &[u32],
@@ -339,10 +346,16 @@ impl TierConnector {
         index: usize,
         payload: &[u8],
     ) -> Result<bool, super::TierError> {
-        let Some(&key) = self.keys(group, tokens, index + 1).get(index) else {
+        let Some(grp) = self.cfg.groups.get(group) else {
+            return Err(super::TierError::Refused(format!(
+                "store_now: group {group} is past the {} configured groups",
+                self.cfg.groups.len()
+            )));
+        };
+        let tokens_in_block = grp.block_size.min(u64::from(u32::MAX)) as u32;
+        let Some(&key) = self.keys(group, tokens, index.saturating_add(1)).get(index) else {
             return Ok(false);
         };
-        let tokens_in_block = self.cfg.groups[group].block_size.min(u64::from(u32::MAX)) as u32;
         let value = self
             .codec
             .encode(key, group as u32, tokens_in_block, payload);
@@ -459,6 +472,14 @@ impl KvConnector for TierConnector {
                 match keys.get(i) {
                     Some(&k) => wanted.push((g, i, k)),
                     None => self.fail(job, g, i, &mut bad), // not a full prompt block
+                }
+            }
+        }
+        // Groups the job has past the configured ones: no chunk of theirs can be loaded.
+        for g in groups..job.block_tables.len() {
+            for i in job.loaded_range(g) {
+                if job.block_tables[g][i].id != 0 {
+                    self.fail(job, g, i, &mut bad);
                 }
             }
         }

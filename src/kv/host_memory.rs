@@ -6,7 +6,13 @@ use crate::sync::{AtomicU64, Ordering};
 
 /// KV memory in host RAM: one slot per block of the largest group's size, rounded up to 8
 /// bytes, stored as atomic words so that racing accesses (which the runtime's rules exclude)
-/// could tear bytes but never be undefined behaviour. No `unsafe`.
+/// could tear bytes but never be undefined behaviour.
+///
+/// **Allocation.** The words are allocated zeroed and fallibly: a size the system cannot
+/// give is [`KvMemoryError::Alloc`], never an abort, and pages are not touched until a block
+/// is used (the kernel hands out zero pages lazily), so a large pool costs no resident memory
+/// up front. Each word is stored XOR [`POISON_BYTE`]s: a zero page reads as poison, which is
+/// what a block holds before it is first written.
 ///
 /// Accesses are Relaxed word copies: ordering between a writer and a reader comes from the
 /// runtime's hand-offs (the completion queue, the step), not from the memory.
@@ -25,14 +31,46 @@ impl std::fmt::Debug for HostKvMemory {
     }
 }
 
+/// What a word is stored XOR with: a zero word reads as poison.
 const POISON_WORD: u64 = u64::from_ne_bytes([POISON_BYTE; 8]);
+
+/// `n` zero words, allocated fallibly and without touching their pages; `None` if the
+/// allocation fails or its size overflows.
+#[cfg(not(kvsched_loom))]
+fn zeroed_words(n: usize) -> Option<Box<[AtomicU64]>> {
+    if n == 0 {
+        return Some(Box::new([]));
+    }
+    let layout = std::alloc::Layout::array::<AtomicU64>(n).ok()?;
+    // SAFETY: `layout` has a non-zero size (n > 0, and an AtomicU64 is 8 bytes).
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<AtomicU64>();
+    if ptr.is_null() {
+        return None;
+    }
+    let slice = std::ptr::slice_from_raw_parts_mut(ptr, n);
+    // SAFETY: `ptr` was allocated by the global allocator with the layout of `[AtomicU64; n]`
+    // (which is what `Box<[AtomicU64]>` frees with), is non-null, aligned and zeroed, and an
+    // all-zero AtomicU64 is a valid AtomicU64 holding 0 (it has the representation of u64).
+    // The box is its only owner.
+    Some(unsafe { Box::from_raw(slice) })
+}
+
+/// `n` zero words (loom's atomics are not plain memory: built one by one).
+#[cfg(kvsched_loom)]
+fn zeroed_words(n: usize) -> Option<Box<[AtomicU64]>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).ok()?;
+    v.extend((0..n).map(|_| AtomicU64::new(0)));
+    Some(v.into_boxed_slice())
+}
 
 impl HostKvMemory {
     /// Memory for `num_blocks` blocks (the null block 0 included, which holds poison).
     ///
     /// # Errors
     ///
-    /// [`KvMemoryError::TooLarge`] when the size overflows `usize`.
+    /// [`KvMemoryError::TooLarge`] when the size overflows `usize` (or the address space's
+    /// largest allocation), [`KvMemoryError::Alloc`] when the system cannot give that much.
     pub fn new(layout: KvLayout, num_blocks: usize) -> Result<HostKvMemory, KvMemoryError> {
         let block_bytes = layout.max_block_bytes();
         let words_per_block = block_bytes.div_ceil(8);
@@ -43,7 +81,16 @@ impl HostKvMemory {
                 blocks: num_blocks,
                 block_bytes,
             })?;
-        let words = (0..total).map(|_| AtomicU64::new(POISON_WORD)).collect();
+        let words = zeroed_words(total).ok_or_else(|| {
+            if std::alloc::Layout::array::<u64>(total).is_err() {
+                KvMemoryError::TooLarge {
+                    blocks: num_blocks,
+                    block_bytes,
+                }
+            } else {
+                KvMemoryError::Alloc { bytes: total * 8 }
+            }
+        })?;
         Ok(HostKvMemory {
             layout,
             words_per_block,
@@ -117,12 +164,12 @@ impl KvMemory for HostKvMemory {
                 let mut b = [0u8; 8];
                 b.copy_from_slice(&data[pos..pos + 8]);
                 // Relaxed: see the type's docs; the runtime orders writers and readers.
-                w.store(u64::from_ne_bytes(b), Ordering::Relaxed);
+                w.store(u64::from_ne_bytes(b) ^ POISON_WORD, Ordering::Relaxed);
             } else {
                 // A partial word: merge with what is there (only this writer owns the block).
-                let mut b = w.load(Ordering::Relaxed).to_ne_bytes();
+                let mut b = (w.load(Ordering::Relaxed) ^ POISON_WORD).to_ne_bytes();
                 b[lo..lo + take].copy_from_slice(&data[pos..pos + take]);
-                w.store(u64::from_ne_bytes(b), Ordering::Relaxed);
+                w.store(u64::from_ne_bytes(b) ^ POISON_WORD, Ordering::Relaxed);
             }
             pos += take;
         }
@@ -141,7 +188,7 @@ impl KvMemory for HostKvMemory {
         for (i, w) in words.iter().enumerate() {
             let lo = if i == 0 { skew } else { 0 };
             let take = (8 - lo).min(out.len() - pos);
-            let b = w.load(Ordering::Relaxed).to_ne_bytes();
+            let b = (w.load(Ordering::Relaxed) ^ POISON_WORD).to_ne_bytes();
             out[pos..pos + take].copy_from_slice(&b[lo..lo + take]);
             pos += take;
         }
@@ -205,6 +252,38 @@ mod tests {
         )
         .is_err());
         assert!(KvLayout::new(vec![]).is_err());
+    }
+
+    #[test]
+    fn a_size_the_system_cannot_give_is_an_error_not_an_abort() {
+        // 1 TiB blocks × 1 Mi blocks: 2^60 bytes.
+        let huge = KvLayout::new(vec![1 << 40]).unwrap_or_else(|e| panic!("{e}"));
+        match HostKvMemory::new(huge, 1 << 20) {
+            Err(KvMemoryError::Alloc { .. } | KvMemoryError::TooLarge { .. }) => {}
+            other => panic!("{other:?}"),
+        }
+        // 64 GiB: an error, or memory that costs no resident pages until used.
+        let rss = || {
+            std::fs::read_to_string("/proc/self/status")
+                .ok()
+                .and_then(|s| {
+                    s.lines()
+                        .find_map(|l| l.strip_prefix("VmRSS:"))
+                        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+                })
+                .unwrap_or(0)
+        };
+        let before = rss();
+        let l = KvLayout::new(vec![1 << 20]).unwrap_or_else(|e| panic!("{e}"));
+        if let Ok(m) = HostKvMemory::new(l, 64 << 10) {
+            assert!(
+                rss().saturating_sub(before) < 256 << 10,
+                "pages touched eagerly"
+            );
+            let mut b = [0u8; 16];
+            assert_eq!(m.read(0, (64 << 10) - 1, 0, &mut b), Ok(()));
+            assert_eq!(b, [POISON_BYTE; 16], "a fresh block reads as poison");
+        }
         assert!(KvLayout::new(vec![8, 0]).is_err());
     }
 }

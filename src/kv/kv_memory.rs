@@ -86,6 +86,12 @@ pub enum KvMemoryError {
         /// Bytes per block asked for.
         block_bytes: usize,
     },
+    /// The system could not allocate the memory.
+    #[error("kv memory: cannot allocate {bytes} bytes")]
+    Alloc {
+        /// Bytes asked for.
+        bytes: usize,
+    },
     /// No such group.
     #[error("group {0} is not in the kv layout")]
     Group(usize),

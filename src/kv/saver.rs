@@ -48,10 +48,12 @@ struct Shared {
 }
 
 /// The write-behind queue and its threads. Dropping it stops the threads after the work
-/// already queued (bounded by the capacity).
+/// already queued (bounded by the capacity), waiting at most `drop_timeout` for them: a
+/// thread still inside a hung tier call then is left to finish on its own.
 pub(crate) struct Saver {
     shared: Arc<Shared>,
     threads: Vec<thread::JoinHandle<()>>,
+    drop_timeout: std::time::Duration,
 }
 
 impl std::fmt::Debug for Saver {
@@ -73,6 +75,7 @@ impl Saver {
         own: Arc<KeyIndex>,
         capacity: usize,
         threads: usize,
+        drop_timeout: std::time::Duration,
     ) -> std::io::Result<Saver> {
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue {
@@ -110,6 +113,7 @@ impl Saver {
         Ok(Saver {
             shared,
             threads: handles,
+            drop_timeout,
         })
     }
 
@@ -164,8 +168,24 @@ fn stop(shared: &Shared) {
 impl Drop for Saver {
     fn drop(&mut self) {
         stop(&self.shared);
+        let deadline = std::time::Instant::now() + self.drop_timeout;
+        let mut left = 0;
         for h in self.threads.drain(..) {
-            let _ = h.join();
+            while !h.is_finished() && std::time::Instant::now() < deadline {
+                thread::sleep(std::time::Duration::from_millis(1));
+            }
+            if h.is_finished() {
+                let _ = h.join();
+            } else {
+                // Detached: it ends when its tier call returns (the queue is stopped).
+                left += 1;
+            }
+        }
+        if left > 0 {
+            tracing::warn!(
+                threads = left,
+                "tier connector dropped with save threads still in a tier call"
+            );
         }
     }
 }
@@ -290,8 +310,16 @@ mod tests {
         let gate = Arc::new(Gate::default());
         let tier: Arc<dyn Tier> = gate.clone();
         let ix = Arc::new(KeyIndex::new(64));
-        let saver = Saver::start(tier, ChunkCodec::new(None), ix.clone(), ix, 8, 1)
-            .unwrap_or_else(|e| panic!("{e}"));
+        let saver = Saver::start(
+            tier,
+            ChunkCodec::new(None),
+            ix.clone(),
+            ix,
+            8,
+            1,
+            std::time::Duration::from_secs(10),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         assert!(saver.offer(Work::Save {
             key: ChunkKey(1),
             group: 0,

@@ -22,8 +22,13 @@ const TEMP_EXT: &str = "tmp";
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DiskConfig {
     /// Most bytes of chunk files kept (file contents; directory entries and file-system
-    /// blocks are not counted). Also the largest value accepted.
+    /// blocks are not counted).
     pub capacity_bytes: u64,
+    /// The largest value accepted, and the largest file read or indexed: the largest chunk
+    /// the layout can produce (the bound is the smaller of this and `capacity_bytes`). A
+    /// file at a chunk's path longer than it is not one the tier wrote: `get` reads it as
+    /// absent and [`DiskTier::open`] neither indexes nor counts it.
+    pub max_value_bytes: u64,
     /// Flush every chunk file before its rename and its directory after (off by default).
     /// Off, a put survives a killed process but not necessarily a power loss; on, a put that
     /// returned survives a power loss too (on a drive that honours flushes), at the cost of
@@ -32,10 +37,11 @@ pub struct DiskConfig {
 }
 
 impl Default for DiskConfig {
-    /// 1 GiB, no fsync.
+    /// 1 GiB, values up to 64 MiB, no fsync.
     fn default() -> Self {
         DiskConfig {
             capacity_bytes: 1 << 30,
+            max_value_bytes: 64 << 20,
             fsync: false,
         }
     }
@@ -56,6 +62,12 @@ pub struct DiskStats {
     pub entries: u64,
     /// Temporary files of an earlier process removed at open.
     pub stale_temps_removed: u64,
+    /// Files at a chunk's path that the tier could never have written (longer than the
+    /// largest value): left alone at open, not indexed nor counted against the capacity.
+    pub oversized_ignored: u64,
+    /// Reads refused because the chunk's path held no regular file of at most the largest
+    /// value (a symbolic link, a FIFO, a device, an oversized file): each read as absent.
+    pub refused_reads: u64,
 }
 
 #[derive(Default)]
@@ -128,7 +140,9 @@ pub struct DiskTier {
     hits: AtomicU64,
     misses: AtomicU64,
     evictions: AtomicU64,
+    refused_reads: AtomicU64,
     stale_temps_removed: u64,
+    oversized_ignored: u64,
 }
 
 impl std::fmt::Debug for DiskTier {
@@ -158,7 +172,12 @@ impl DiskTier {
     pub fn open(root: impl Into<PathBuf>, cfg: DiskConfig) -> Result<DiskTier, TierError> {
         let root = root.into();
         fs::create_dir_all(&root).map_err(|e| io_err("create directory", &root, e))?;
-        let scan::Scan { mut found, stale } = scan::scan(&root)?;
+        let limit = cfg.max_value_bytes.min(cfg.capacity_bytes);
+        let scan::Scan {
+            mut found,
+            stale,
+            oversized,
+        } = scan::scan(&root, limit)?;
         found.sort_unstable();
         let mut index = Index::default();
         for (_, key, len) in found {
@@ -176,7 +195,9 @@ impl DiskTier {
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
+            refused_reads: AtomicU64::new(0),
             stale_temps_removed: stale,
+            oversized_ignored: oversized,
         };
         tier.evict_to_fit(&mut index, None);
         *tier.index.lock() = index;
@@ -223,6 +244,8 @@ impl DiskTier {
             bytes,
             entries,
             stale_temps_removed: self.stale_temps_removed,
+            oversized_ignored: self.oversized_ignored,
+            refused_reads: self.refused_reads.load(Ordering::Relaxed),
         }
     }
 
@@ -306,45 +329,99 @@ impl DiskTier {
         Ok(())
     }
 
-    /// Reads the file of `key`, at most `capacity_bytes` of it (a longer file is not one the
-    /// tier wrote; its cut bytes fail the codec's checks). `None` if there is no such file.
-    /// A file within the bound is read in one call sized by its length, as `std::fs::read`
-    /// does (a read through `Take` would grow its reads from 8 KiB); the bound is checked on
-    /// the length at open, so a file grown by another process in the meantime is read whole.
-    fn read_one(&self, key: ChunkKey) -> Result<Option<Vec<u8>>, TierError> {
+    /// The largest value accepted and file read.
+    fn limit(&self) -> u64 {
+        self.cfg.max_value_bytes.min(self.cfg.capacity_bytes)
+    }
+
+    /// Reads the file of `key`. `None` if there is no such file, or if what sits at its path
+    /// is not a regular file of at most [`limit`](Self::limit) bytes (see [`safe_open`]):
+    /// such a file is not one the tier wrote. Read in slices of at most 4 MiB, `cancel`
+    /// checked before each; a file that grows past the limit while read is refused too.
+    fn read_one(&self, key: ChunkKey, cancel: &CancelToken) -> Result<Option<Vec<u8>>, TierError> {
         let path = self.chunk_path(key);
-        let mut f = match File::open(&path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(io_err("open", &path, e)),
+        let limit = self.limit();
+        let (mut f, len) = match safe_open(&path, false, limit)? {
+            Opened::File(f, len) => (f, len),
+            Opened::Absent => return Ok(None),
+            Opened::Refused => {
+                // Relaxed: statistics only.
+                self.refused_reads.fetch_add(1, Ordering::Relaxed);
+                return Ok(None);
+            }
         };
-        let limit = self.cfg.capacity_bytes;
-        let len = f.metadata().map_err(|e| io_err("stat", &path, e))?.len();
         let mut buf = Vec::new();
-        buf.try_reserve_exact(len.min(limit) as usize)
-            .map_err(|e| {
-                TierError::Unavailable(format!("disk tier: read {}: {e}", path.display()))
-            })?;
-        let read = if len <= limit {
-            f.read_to_end(&mut buf)
-        } else {
-            (&mut f).take(limit).read_to_end(&mut buf)
-        };
-        read.map_err(|e| io_err("read", &path, e))?;
-        Ok(Some(buf))
+        buf.try_reserve_exact(len as usize).map_err(|e| {
+            TierError::Unavailable(format!("disk tier: read {}: {e}", path.display()))
+        })?;
+        const SLICE: u64 = 4 << 20;
+        loop {
+            if cancel.is_cancelled() {
+                return Err(TierError::Cancelled);
+            }
+            let want = (limit + 1 - buf.len() as u64).min(SLICE);
+            let n = (&mut f)
+                .take(want)
+                .read_to_end(&mut buf)
+                .map_err(|e| io_err("read", &path, e))?;
+            if buf.len() as u64 > limit {
+                // Relaxed: statistics only.
+                self.refused_reads.fetch_add(1, Ordering::Relaxed);
+                return Ok(None);
+            }
+            if (n as u64) < want {
+                return Ok(Some(buf));
+            }
+        }
     }
 
     /// Opens the file of `key` for damage; `None` if absent.
     fn open_stored(&self, key: ChunkKey) -> Result<Option<(File, u64, PathBuf)>, TierError> {
         let path = self.chunk_path(key);
-        let f = match OpenOptions::new().read(true).write(true).open(&path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(io_err("open", &path, e)),
-        };
-        let len = f.metadata().map_err(|e| io_err("stat", &path, e))?.len();
-        Ok(Some((f, len, path)))
+        match safe_open(&path, true, self.limit())? {
+            Opened::File(f, len) => Ok(Some((f, len, path))),
+            Opened::Absent | Opened::Refused => Ok(None),
+        }
     }
+}
+
+/// What [`safe_open`] found at a chunk's path.
+enum Opened {
+    /// A regular file and its length.
+    File(File, u64),
+    /// Nothing.
+    Absent,
+    /// Something the tier never writes: a symbolic link, a FIFO, a device, a directory, a
+    /// file longer than the limit.
+    Refused,
+}
+
+/// Opens the chunk file at `path` without following a symbolic link and without blocking
+/// (a FIFO opens at once instead of waiting for a writer), then checks on the open file
+/// itself (no race with a rename) that it is a regular file of at most `limit` bytes.
+fn safe_open(path: &Path, write: bool, limit: u64) -> Result<Opened, TierError> {
+    let mut open = OpenOptions::new();
+    open.read(true).write(write);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        open.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
+    }
+    let f = match open.open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Opened::Absent),
+        // ELOOP: a symbolic link; ENXIO: a FIFO without a reader opened for writing.
+        #[cfg(unix)]
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP | libc::ENXIO)) => {
+            return Ok(Opened::Refused)
+        }
+        Err(e) => return Err(io_err("open", path, e)),
+    };
+    let meta = f.metadata().map_err(|e| io_err("stat", path, e))?;
+    if !meta.is_file() || meta.len() > limit {
+        return Ok(Opened::Refused);
+    }
+    Ok(Opened::File(f, meta.len()))
 }
 
 impl Tier for DiskTier {
@@ -372,7 +449,7 @@ impl Tier for DiskTier {
             if cancel.is_cancelled() {
                 return Err(TierError::Cancelled);
             }
-            let got = self.read_one(k)?;
+            let got = self.read_one(k, cancel)?;
             if got.is_some() {
                 self.index.lock().touch(k);
                 // Relaxed: statistics only.
@@ -398,7 +475,7 @@ impl Tier for DiskTier {
     fn put(&self, chunks: &[(ChunkKey, Vec<u8>)]) -> Result<(), TierError> {
         let mut refused = None;
         for (k, v) in chunks {
-            if v.len() as u64 > self.cfg.capacity_bytes {
+            if v.len() as u64 > self.limit() {
                 refused.get_or_insert((*k, v.len()));
                 continue;
             }
@@ -407,8 +484,9 @@ impl Tier for DiskTier {
         match refused {
             None => Ok(()),
             Some((k, len)) => Err(TierError::Refused(format!(
-                "value for key {k}: {len} bytes, more than the disk tier's capacity ({} bytes)",
-                self.cfg.capacity_bytes
+                "value for key {k}: {len} bytes, more than the disk tier's largest value ({} \
+                 bytes)",
+                self.limit()
             ))),
         }
     }
@@ -475,7 +553,9 @@ mod tests {
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
+            refused_reads: AtomicU64::new(0),
             stale_temps_removed: 0,
+            oversized_ignored: 0,
         };
         let k = ChunkKey(0x12ab_0000_0000_0000_0000_0000_0000_00ff);
         assert_eq!(

@@ -15,13 +15,18 @@ pub(super) struct Scan {
     pub found: Vec<(SystemTime, ChunkKey, u64)>,
     /// Temporary files deleted.
     pub stale: u64,
+    /// Chunk files longer than the largest value, left alone and not listed.
+    pub oversized: u64,
 }
 
 /// Walks `ROOT/ab/cd/`: deletes every `*.tmp` file, lists every `<key>.chunk` regular file
-/// whose directory matches its key (only those can be found by `get`), skips anything else.
-pub(super) fn scan(root: &Path) -> Result<Scan, TierError> {
+/// whose directory matches its key (only those can be found by `get`) and whose length is at
+/// most `limit` (a longer one the tier never wrote: counted in `oversized`), skips anything
+/// else.
+pub(super) fn scan(root: &Path, limit: u64) -> Result<Scan, TierError> {
     let mut found = Vec::new();
     let mut stale = 0u64;
+    let mut oversized = 0u64;
     for a in read_dir(root)? {
         let a = a.map_err(|e| io_err("read directory", root, e))?;
         let an = a.file_name();
@@ -65,12 +70,20 @@ pub(super) fn scan(root: &Path) -> Result<Scan, TierError> {
                 if !meta.is_file() {
                     continue;
                 }
+                if meta.len() > limit {
+                    oversized += 1;
+                    continue;
+                }
                 let mtime = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
                 found.push((mtime, key, meta.len()));
             }
         }
     }
-    Ok(Scan { found, stale })
+    Ok(Scan {
+        found,
+        stale,
+        oversized,
+    })
 }
 
 /// `Some(byte)` if `s` is two lowercase hex digits.

@@ -9,6 +9,9 @@ use std::collections::BTreeMap;
 
 use ::redis::Value;
 
+use super::conn::Budget;
+use super::reply::Limits;
+
 use super::config::NodeAddr;
 use super::node::Node;
 use super::resp;
@@ -200,7 +203,7 @@ impl Cluster {
     /// Reloads the slot map from the first node (of the current map, then the seeds) that
     /// answers `CLUSTER SLOTS` with at least one range. Does nothing if the map's generation
     /// is no longer `seen` (another caller refreshed it meanwhile).
-    pub fn refresh(&self, seen: u64) -> Result<(), TierError> {
+    pub fn refresh(&self, seen: u64, budget: Budget<'_>) -> Result<(), TierError> {
         let _one_at_a_time = self.refreshing.lock();
         let current = self.map();
         if current.generation != seen {
@@ -221,15 +224,13 @@ impl Cluster {
         for addr in candidates {
             let answer = self
                 .node(&addr)
-                .and_then(|n| n.request(&packed, 1))
+                .and_then(|n| n.request(&packed, 1, Some(&Limits::control()), budget))
                 .and_then(|replies| {
                     let v = replies.first().ok_or_else(|| {
                         TierError::Unavailable(format!("{addr}: no reply to CLUSTER SLOTS"))
                     })?;
                     if let Some(e) = resp::error_text(v) {
-                        return Err(TierError::Unavailable(
-                            self.shared.redactor.clean(&format!("{addr}: {e}")),
-                        ));
+                        return Err(TierError::Unavailable(format!("{addr}: {e}")));
                     }
                     parse_slots(v, &addr)
                         .map_err(|e| TierError::Unavailable(format!("{addr}: {e}")))

@@ -12,6 +12,18 @@ pub const MAX_TAG_LEN: usize = 128;
 /// The most seed nodes a URL or [`RedisConfig::cluster`] may name.
 pub const MAX_SEEDS: usize = 64;
 
+/// The query keys a URL may carry.
+const QUERY_KEYS: [&str; 8] = [
+    "tag",
+    "cluster",
+    "pool",
+    "timeout_ms",
+    "connect_timeout_ms",
+    "checkout_timeout_ms",
+    "ttl_ms",
+    "ca",
+];
+
 /// Why a [`RedisConfig`] was refused. The text names the field and the problem and never
 /// repeats a credential (nor, for URL parts, the value: a mistyped URL can put a password
 /// where a host or port should be).
@@ -32,9 +44,10 @@ pub enum ConfigError {
         problem: &'static str,
     },
     /// A query key of the URL is unknown or its value malformed.
-    #[error("url: query key {key:?}: {problem}")]
+    #[error("url: query key {key}: {problem}")]
     Query {
-        /// The key (as written, at most 32 characters).
+        /// A known key's name, or `#n` (the key's 1-based position in the query) for an
+        /// unknown one: what the parser does not recognise is never repeated.
         key: String,
         /// What is wrong.
         problem: &'static str,
@@ -90,7 +103,9 @@ impl fmt::Debug for Secret {
     }
 }
 
-/// Replaces credentials in error text.
+/// Replaces credentials in the text of a server this crate owns (its log, its replies to
+/// setup commands: [`LocalRedis`](super::LocalRedis)). A tier's own errors never hold a
+/// credential, so they pass through no redactor.
 #[derive(Clone, Default)]
 pub(crate) struct Redactor {
     secrets: Vec<String>,
@@ -141,13 +156,16 @@ impl fmt::Debug for Redactor {
 ///
 /// The password and the user name never appear in `Debug` output
 /// ([`redacted_url`](Self::redacted_url) shows them as `***`), in a [`ConfigError`], or in
-/// the [`TierError`](crate::kv::TierError)s of a tier built from the config: every error text
-/// the tier produces passes through a redactor that replaces them.
+/// the [`TierError`](crate::kv::TierError)s of a tier built from the config. This holds by
+/// position, not by searching text: the URL parser never repeats a part of the URL it could
+/// not read (a query key it does not know is named by its position), the tier formats no
+/// credential into any text, and a refused `AUTH` is reported by its error code alone (the
+/// reply to the command that carried the credentials is not repeated).
 ///
 /// Built from a URL ([`from_url`](Self::from_url)) or from seed addresses
 /// ([`cluster`](Self::cluster), [`standalone`](Self::standalone)), then adjusted with the
 /// builder methods; [`RedisTier::new`](super::RedisTier::new) validates it. Defaults: tag
-/// `default`, 4 connections per node, connect timeout 1 s, read/write timeout 2 s, checkout
+/// `default`, 4 connections per node, connect timeout 1 s, call timeout 2 s, checkout
 /// timeout 1 s, reconnect backoff from 50 ms doubling to 2 s, no TTL, values up to 512 MiB,
 /// 5 redirects per key.
 ///
@@ -226,15 +244,17 @@ impl RedisConfig {
         } else {
             return Err(ConfigError::Scheme);
         };
+        // Userinfo ends at the last '@' before the first '/': a password holding an unencoded
+        // '@', '?', '&' or '=' stays whole, and nothing after the split holds password bytes
+        // (a '/' or '@' in a query value must be percent-encoded).
+        let authority_end = rest.find('/').unwrap_or(rest.len());
+        let (userinfo, rest) = match rest[..authority_end].rfind('@') {
+            Some(i) => (Some(&rest[..i]), &rest[i + 1..]),
+            None => (None, rest),
+        };
         let (rest, query) = match rest.split_once('?') {
             Some((r, q)) => (r, Some(q)),
             None => (rest, None),
-        };
-        // Userinfo ends at the last '@', so a password holding an unencoded '@' stays whole and
-        // nothing after the split can contain password bytes.
-        let (userinfo, rest) = match rest.rfind('@') {
-            Some(i) => (Some(&rest[..i]), &rest[i + 1..]),
-            None => (None, rest),
         };
         let (hosts, db) = match rest.split_once('/') {
             Some((h, d)) => (h, Some(d)),
@@ -269,17 +289,24 @@ impl RedisConfig {
                 .map_err(|_| ConfigError::Url("database: not a number in 0..=255"))?;
         }
         if let Some(q) = query.filter(|q| !q.is_empty()) {
-            for pair in q.split('&') {
+            for (n, pair) in q.split('&').enumerate() {
                 let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-                cfg = cfg.apply_query(k, v)?;
+                cfg = cfg.apply_query(n + 1, k, v)?;
             }
         }
         Ok(cfg)
     }
 
-    fn apply_query(mut self, key: &str, value: &str) -> Result<RedisConfig, ConfigError> {
+    /// Applies the `n`-th (1-based) query pair. An error names a known key by its name and
+    /// an unknown one by its position only: text the parser does not recognise may be a
+    /// mistyped credential, so it is never repeated.
+    fn apply_query(mut self, n: usize, key: &str, value: &str) -> Result<RedisConfig, ConfigError> {
+        let name = QUERY_KEYS
+            .iter()
+            .find(|&&k| k == key)
+            .map_or_else(|| format!("#{n}"), |k| (*k).to_owned());
         let err = |problem| ConfigError::Query {
-            key: key.chars().take(32).collect(),
+            key: name.clone(),
             problem,
         };
         let value = percent_decode(value).ok_or_else(|| err("bad percent-encoding"))?;
@@ -303,7 +330,12 @@ impl RedisConfig {
             "checkout_timeout_ms" => self.checkout_timeout = ms(&value)?,
             "ttl_ms" => self.ttl = Some(ms(&value)?),
             "ca" => self.ca_cert = Some(PathBuf::from(value)),
-            _ => return Err(err("unknown key")),
+            _ => {
+                return Err(err(
+                    "unknown key (known: tag, cluster, pool, timeout_ms, connect_timeout_ms, \
+                     checkout_timeout_ms, ttl_ms, ca)",
+                ))
+            }
         }
         Ok(self)
     }
@@ -369,8 +401,12 @@ impl RedisConfig {
         self
     }
 
-    /// How long one socket read or write may block; a call that exceeds it fails with
-    /// [`TierError::Timeout`](crate::kv::TierError::Timeout) and drops the connection.
+    /// How long a whole call may take: its deadline, counted from its start, bounds every
+    /// checkout, connect, write and read of every pipeline it sends (redirects and a resend
+    /// on a stale connection included). A call past it fails with
+    /// [`TierError::Timeout`](crate::kv::TierError::Timeout), drops the connection it was
+    /// using and marks the node down. A server trickling a reply byte by byte does not
+    /// extend it.
     pub fn io_timeout(mut self, d: Duration) -> RedisConfig {
         self.io_timeout = d;
         self
@@ -398,7 +434,9 @@ impl RedisConfig {
     }
 
     /// Refuses (with [`TierError::Refused`](crate::kv::TierError::Refused)) values longer
-    /// than `n` bytes (1..=512 MiB, Redis's largest string).
+    /// than `n` bytes (1..=512 MiB, Redis's largest string). Replies are bounded by it too:
+    /// a bulk string longer than `n` is a protocol error (the connection is dropped), so
+    /// memory a hostile server can make a call hold is bounded by the values it asked for.
     pub fn max_value_bytes(mut self, n: usize) -> RedisConfig {
         self.max_value_bytes = n;
         self
@@ -491,16 +529,6 @@ impl RedisConfig {
             return setting("ca_cert", "set without TLS (use rediss:// or .tls(true))");
         }
         Ok(())
-    }
-
-    /// The redactor for error text of a tier built from this config.
-    pub(crate) fn redactor(&self) -> Redactor {
-        Redactor::new(
-            [&self.password, &self.username]
-                .into_iter()
-                .flatten()
-                .map(|s| s.0.clone()),
-        )
     }
 }
 
@@ -633,13 +661,27 @@ mod tests {
             format!("redis://{secret}@h"),
             format!("redis://u:{secret}@"),
             format!("redis://u:{secret}@h,"),
+            format!("redis://u:{secret}@127.0.0.1:99999"),
+            format!("redis://u:{secret}@bad_host!"),
+            format!("redis://u:{secret}%zz@h"),
+            format!("REDIS://u:{secret}@h"),
+            format!("redis:/u:{secret}@h"),
+            format!(" redis://u:{secret}@h"),
+            format!("redis://:{secret}%@h"),
+            format!("redis://u:6379?{secret}@h:1?nope=1"),
+            format!("redis://u:a/b?{secret}@h"),
+            format!("redis://u:a/b?x&{secret}=1@h"),
         ] {
             let text = RedisConfig::from_url(&url).expect_err(&url).to_string();
             assert!(!text.contains(secret), "{text}");
         }
-        // An unknown query key is named (keys are names, not values), cut to 32 characters.
-        match RedisConfig::from_url(&format!("redis://h?{}=1", "k".repeat(40))) {
-            Err(ConfigError::Query { key, .. }) => assert_eq!(key, "k".repeat(32)),
+        // An unknown query key is named by its position, never repeated.
+        match RedisConfig::from_url(&format!("redis://h?tag=a&{}=1", "k".repeat(40))) {
+            Err(ConfigError::Query { key, .. }) => assert_eq!(key, "#2"),
+            other => panic!("{other:?}"),
+        }
+        match RedisConfig::from_url("redis://h?pool=x") {
+            Err(ConfigError::Query { key, .. }) => assert_eq!(key, "pool"),
             other => panic!("{other:?}"),
         }
         assert!(matches!(
@@ -661,13 +703,27 @@ mod tests {
     }
 
     #[test]
+    fn a_password_holding_query_characters_is_the_password() {
+        let c = RedisConfig::from_url("redis://u:6379?SECRET&x=y@h:1/3?tag=t").unwrap();
+        assert_eq!(c.password, Some(Secret("6379?SECRET&x=y".into())));
+        assert_eq!(c.username, Some(Secret("u".into())));
+        assert_eq!((c.db, c.tag.as_str()), (3, "t"));
+        assert_eq!(c.redacted_url(), "redis://***:***@h:1/3");
+        // A '/' in a query value is no userinfo boundary.
+        let c = RedisConfig::from_url("rediss://h?ca=/tmp/a@b.pem").unwrap();
+        assert_eq!(c.password, None);
+        assert_eq!(
+            c.ca_cert.as_deref(),
+            Some(std::path::Path::new("/tmp/a@b.pem"))
+        );
+    }
+
+    #[test]
     fn debug_and_redacted_url_hide_credentials() {
         let c = RedisConfig::from_url("redis://kvuser:TopSecret99@h:1").unwrap();
         let d = format!("{c:?}");
         assert!(!d.contains("TopSecret99") && !d.contains("kvuser"), "{d}");
         assert_eq!(c.redacted_url(), "redis://***:***@h:1");
-        let r = c.redactor();
-        assert_eq!(r.clean("auth TopSecret99 for kvuser"), "auth *** for ***");
         let c = RedisConfig::standalone("h:1")
             .unwrap()
             .credentials(None, "pw");

@@ -4,7 +4,10 @@
 //!
 //! * `config` — [`RedisConfig`]: URL parsing, settings, credential redaction;
 //! * `pool` — a bounded connection pool per node, with the node's reconnect backoff;
-//! * `node` — one server: its client and pool, one pipeline per request;
+//! * `node` — one server: its pool, one pipeline per request, within the call's deadline;
+//! * `conn` — one connection (TCP or TLS), its handshake, its deadline-bound writes and reads;
+//! * `reply` — the bounded RESP2 reply parser;
+//! * `tls` — rustls settings and the bounded read of the CA file;
 //! * `cluster` — hash slots, the `CLUSTER SLOTS` map, MOVED/ASK;
 //! * `resp` — command packing;
 //! * `server` — [`LocalRedis`], [`LocalCluster`].
@@ -27,9 +30,20 @@
 //!   connecting. The next call after the delay reconnects. A pooled connection found stale
 //!   (the server restarted since it was used) is dropped with the node's other idle ones and
 //!   the pipeline resent once on a fresh connection.
-//! * Timeouts: connect ([`RedisConfig::connect_timeout`]), each socket read or write
-//!   ([`RedisConfig::io_timeout`]), waiting for a pooled connection
-//!   ([`RedisConfig::checkout_timeout`]). Nothing a call does blocks longer than these.
+//! * Timeouts: a whole call ends by its deadline, [`RedisConfig::io_timeout`] after it
+//!   starts: every checkout, connect, write and read of every pipeline it sends (redirects
+//!   included) waits at most until then, and a server that answers never, slowly, or one
+//!   byte at a time cannot extend it. Within it, a connect takes at most
+//!   [`RedisConfig::connect_timeout`] and waiting for a pooled connection at most
+//!   [`RedisConfig::checkout_timeout`]. The [`CancelToken`] is looked at before each
+//!   pipeline and every 20 ms while a read or write waits. A timeout or a cancel drops the
+//!   connection it was using (its reply is half read); a timeout also marks the node down.
+//! * Replies are untrusted (`reply`): a bulk string longer than
+//!   [`RedisConfig::max_value_bytes`], an array over a few values (2^18 for `CLUSTER
+//!   SLOTS`), a line over 64 KiB without its CRLF, and any RESP3 frame (push, map, …) are
+//!   protocol errors: the connection is dropped, the node marked down, the call fails with
+//!   [`TierError::Unavailable`], and [`RedisStats::protocol_errors`] counts it. Memory grows
+//!   with the bytes that arrived, never with a length the server announced.
 //! * Cluster: `MOVED` refreshes the slot map and resends to the named node; `ASK` resends
 //!   once to the importing node after `ASKING`; at most [`RedisConfig::max_redirects`]
 //!   rounds per call.
@@ -37,7 +51,8 @@
 //!   evicting policy (`allkeys-lru`) keys vanish instead, and `get` answers `None` for them.
 //! * A key holding something other than a string (written by someone else) reads as `None`.
 //!
-//! Error texts name the node (`host:port`) and never contain the credentials.
+//! Error texts name the node (`host:port`) and never contain the credentials: none is
+//! ever formatted into one, and a refused `AUTH` is reported by its error code only.
 //!
 //! # Faults
 //!
@@ -49,20 +64,25 @@
 //!
 //! A call's requests and replies are held in memory whole: a `get` of `n` keys holds the `n`
 //! values it returns (Redis caps a value at 512 MiB; [`RedisConfig::max_value_bytes`] caps
-//! what `put` sends). TLS uses rustls with the ring provider: building a tier with TLS installs
-//! ring as rustls's process-wide default provider unless one is installed already.
+//! what `put` sends, and what a reply may hold). TLS uses rustls with the ring provider (no
+//! process-wide default is installed), trusting the system's roots or those of the CA file,
+//! which is read only if it is a regular file of at most 4 MiB, opened without blocking.
 
 mod cluster;
 mod config;
+mod conn;
 mod node;
 mod pool;
+mod reply;
 mod resp;
 mod server;
+mod tls;
 
 use ::redis::Value;
 
 use self::cluster::{key_slot, Cluster, SlotMap};
 use self::config::NodeAddr;
+use self::conn::Budget;
 use self::node::{Node, Shared};
 use crate::connector::CancelToken;
 use crate::kv::faults::{pick_bit, pick_offset};
@@ -82,6 +102,8 @@ pub(crate) struct Counters {
     pub connect_failures: AtomicU64,
     pub redirects: AtomicU64,
     pub slot_refreshes: AtomicU64,
+    pub timeouts: AtomicU64,
+    pub protocol_errors: AtomicU64,
 }
 
 /// What a [`RedisTier`] has done so far (totals since it was built).
@@ -100,6 +122,12 @@ pub struct RedisStats {
     pub slot_refreshes: u64,
     /// Connections open now, over all nodes (at most the pool size per node).
     pub connections: u64,
+    /// Requests that ran past their call's deadline (each dropped its connection).
+    pub timeouts: u64,
+    /// Replies refused as malformed or over the limits (a bulk string longer than
+    /// [`RedisConfig::max_value_bytes`], a RESP3 push frame, a line without CRLF, …); each
+    /// dropped its connection.
+    pub protocol_errors: u64,
 }
 
 enum Topology {
@@ -159,47 +187,30 @@ impl RedisTier {
     /// connection is made until the first call.
     pub fn new(config: RedisConfig) -> Result<RedisTier, ConfigError> {
         config.validate()?;
-        let root_pem = match &config.ca_cert {
-            Some(path) => {
-                let pem = std::fs::read(path).map_err(|e| ConfigError::CaCert {
-                    path: path.clone(),
-                    problem: e.to_string(),
-                })?;
-                if !pem.windows(27).any(|w| w == b"-----BEGIN CERTIFICATE-----") {
-                    return Err(ConfigError::CaCert {
-                        path: path.clone(),
-                        problem: "no PEM certificate in the file".into(),
-                    });
-                }
-                Some(pem)
-            }
-            None => None,
+        let tls = if config.tls {
+            Some(tls::client_config(config.ca_cert.as_deref())?)
+        } else {
+            None
         };
-        if config.tls {
-            // Err means a provider is installed already: that one is used.
-            let _ = rustls::crypto::ring::default_provider().install_default();
-        }
         let shared = Arc::new(Shared {
             connect_timeout: config.connect_timeout,
             io_timeout: config.io_timeout,
-            redactor: config.redactor(),
+            tls,
+            username: config.username.clone(),
+            password: config.password.clone(),
+            db: config.db,
+            data_limits: reply::Limits::data(config.max_value_bytes),
             counters: Counters::default(),
         });
         let make = {
             let cfg = config.clone();
             let shared = Arc::clone(&shared);
             move |addr: &NodeAddr| -> Result<Node, String> {
-                let client = node::client_for(addr, &cfg, root_pem.as_deref())
-                    .map_err(|e| shared.redactor.clean(&format!("{addr}: {e}")))?;
-                Ok(Node::new(addr.clone(), client, &cfg, Arc::clone(&shared)))
+                Ok(Node::new(addr.clone(), &cfg, Arc::clone(&shared)))
             }
         };
-        // The first seed's client is built now, so a CA file rustls cannot use is refused here.
         let first = config.seeds.first().ok_or(ConfigError::Url("no host"))?;
-        let first = make(first).map_err(|problem| ConfigError::CaCert {
-            path: config.ca_cert.clone().unwrap_or_default(),
-            problem,
-        })?;
+        let first = Node::new(first.clone(), &config, Arc::clone(&shared));
         let topology = if config.cluster {
             Topology::Cluster(Cluster::new(
                 config.seeds.clone(),
@@ -240,6 +251,8 @@ impl RedisTier {
             connect_failures: c.connect_failures.load(Ordering::Relaxed),
             redirects: c.redirects.load(Ordering::Relaxed),
             slot_refreshes: c.slot_refreshes.load(Ordering::Relaxed),
+            timeouts: c.timeouts.load(Ordering::Relaxed),
+            protocol_errors: c.protocol_errors.load(Ordering::Relaxed),
             connections: match &self.topology {
                 Topology::Single(n) => n.connections() as u64,
                 Topology::Cluster(c) => c.registered().iter().map(|n| n.connections() as u64).sum(),
@@ -264,26 +277,33 @@ impl RedisTier {
     /// Connects to every node (for a cluster: loads the slot map first) and `PING`s it; the
     /// first failure is returned. Subject to the same backoff as other calls.
     pub fn check(&self) -> Result<(), TierError> {
+        let budget = self.budget(None);
         let ping = resp::pack(&[&[b"PING"]]);
         let nodes: Vec<Arc<Node>> = match &self.topology {
             Topology::Single(n) => vec![Arc::clone(n)],
             Topology::Cluster(c) => {
                 let map = c.map();
                 if map.nodes().is_empty() {
-                    c.refresh(map.generation())?;
+                    c.refresh(map.generation(), budget)?;
                 }
                 c.map().nodes().to_vec()
             }
         };
         for n in nodes {
-            let r = n.request(&ping, 1)?;
+            let r = n.request(&ping, 1, Some(&reply::Limits::control()), budget)?;
             if let Some(e) = r.first().and_then(resp::error_text) {
-                return Err(TierError::Unavailable(
-                    self.shared.redactor.clean(&format!("{}: {e}", n.addr)),
-                ));
+                return Err(TierError::Unavailable(format!("{}: {e}", n.addr)));
             }
         }
         Ok(())
+    }
+
+    /// A call's budget: its deadline ([`RedisConfig::io_timeout`] from now) and its token.
+    fn budget<'a>(&self, cancel: Option<&'a CancelToken>) -> Budget<'a> {
+        Budget {
+            deadline: std::time::Instant::now() + self.config.io_timeout,
+            cancel,
+        }
     }
 
     /// The node for a key in a round: by slot (refreshing an empty cluster map), or the
@@ -293,6 +313,7 @@ impl RedisTier {
         map: &mut Option<Arc<SlotMap>>,
         slot: u16,
         target: &Target,
+        budget: Budget<'_>,
     ) -> Result<Arc<Node>, TierError> {
         let cluster = match &self.topology {
             Topology::Single(n) => return Ok(Arc::clone(n)),
@@ -306,7 +327,7 @@ impl RedisTier {
                     return Ok(Arc::clone(n));
                 }
                 let seen = m.generation();
-                cluster.refresh(seen)?;
+                cluster.refresh(seen, budget)?;
                 let m = map.insert(cluster.map());
                 m.node_for(slot).cloned().ok_or_else(|| {
                     TierError::Unavailable(format!("cluster: slot {slot} has no node"))
@@ -323,6 +344,7 @@ impl RedisTier {
         op: Op<'_>,
         cancel: Option<&CancelToken>,
     ) -> Result<Vec<Value>, TierError> {
+        let budget = self.budget(cancel);
         let names: Vec<Vec<u8>> = keys.iter().map(|&k| self.redis_key(k)).collect();
         // Slots matter only to a cluster.
         let slots: Vec<u16> = match self.topology {
@@ -345,7 +367,7 @@ impl RedisTier {
             let mut map = None;
             let mut groups: Vec<(Arc<Node>, Group)> = Vec::new();
             for (i, target) in pending.drain(..) {
-                let node = self.target_node(&mut map, slots[i], &target)?;
+                let node = self.target_node(&mut map, slots[i], &target, budget)?;
                 let asking = matches!(target, Target::Ask(_));
                 match groups.iter_mut().find(|(n, _)| Arc::ptr_eq(n, &node)) {
                     Some((_, g)) => g.push((i, asking)),
@@ -358,7 +380,7 @@ impl RedisTier {
                     return Err(TierError::Cancelled);
                 }
                 let (packed, replies) = self.pack(op, &names, &group);
-                let values = node.request(&packed, replies)?;
+                let values = node.request(&packed, replies, None, budget)?;
                 let mut values = values.into_iter();
                 for &(i, asking) in &group {
                     if asking {
@@ -406,7 +428,7 @@ impl RedisTier {
             if moved {
                 if let Topology::Cluster(c) = &self.topology {
                     // A failed refresh is not the call's failure: the MOVED targets are known.
-                    let _ = c.refresh(c.map().generation());
+                    let _ = c.refresh(c.map().generation(), budget);
                 }
             }
         }
@@ -447,10 +469,7 @@ impl RedisTier {
     }
 
     fn server_error(&self, node: &Node, text: &str, op: Op<'_>) -> TierError {
-        let msg = self
-            .shared
-            .redactor
-            .clean(&format!("{}: {text}", node.addr));
+        let msg = format!("{}: {text}", node.addr);
         if matches!(op, Op::Put(_)) && text.starts_with("OOM") {
             TierError::Refused(msg)
         } else {

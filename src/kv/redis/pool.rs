@@ -119,11 +119,22 @@ impl<C> Pool<C> {
 
     /// Takes a connection: idle, or new through `connect` (which bounds its own time), or the
     /// next one returned within the checkout timeout. Fails at once while the node is down.
+    #[cfg(test)]
     pub fn checkout(
         &self,
         connect: impl FnOnce() -> Result<C, String>,
     ) -> Result<Lease<'_, C>, CheckoutError> {
-        let deadline = Instant::now() + self.checkout_timeout;
+        self.checkout_until(Instant::now() + self.checkout_timeout, connect)
+    }
+
+    /// [`checkout`](Self::checkout), waiting for a connection no later than `until` (the
+    /// call's deadline) nor longer than the checkout timeout.
+    pub fn checkout_until(
+        &self,
+        until: Instant,
+        connect: impl FnOnce() -> Result<C, String>,
+    ) -> Result<Lease<'_, C>, CheckoutError> {
+        let deadline = until.min(Instant::now() + self.checkout_timeout);
         let mut st = self.state.lock();
         loop {
             if let Some(until) = st.down_until {

@@ -10,7 +10,7 @@ use thiserror::Error;
 
 use super::engines::EnginesArgs;
 use super::faults::{Faults, FAULT_NAMES};
-use super::store::StoreSpec;
+use super::store::{StoreParser, StoreSpec};
 use super::values::{
     parse_live, parse_max_seqs, parse_mode, parse_policy, parse_pool, parse_seconds, parse_shards,
     parse_size, parse_unit, parse_workers, saturating_secs, ser_mode, ser_policy, BaselineKind,
@@ -145,13 +145,13 @@ pub struct StressConfig {
     /// `memory`, `disk=DIR`, `redis` (a private redis-server started for the run) or
     /// `redis://HOST:PORT[,…]` (your server or cluster). Redis needs a build with
     /// `--features redis`.
-    #[arg(long, default_value = "sim", value_name = "STORE", value_parser = StoreSpec::from_str)]
+    #[arg(long, default_value = "sim", value_name = "STORE", value_parser = StoreParser)]
     pub store: StoreSpec,
     /// Capacity of a sim, memory or disk store, e.g. 512M or 1G (1M to 16T).
     #[arg(long, default_value = "1G", value_name = "SIZE", allow_hyphen_values = true, value_parser = parse_size)]
     pub store_capacity: u64,
     /// With `--store redis`: start a Redis Cluster of N nodes (3–16) instead of one server.
-    #[arg(long, value_name = "N", value_parser = parse_cluster)]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = parse_cluster)]
     pub redis_cluster: Option<usize>,
     /// With `--store redis`: the private server's maxmemory, e.g. 64M (keys evicted LRU past it).
     #[arg(long, value_name = "SIZE", allow_hyphen_values = true, value_parser = parse_size)]

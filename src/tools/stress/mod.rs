@@ -197,12 +197,16 @@ pub fn run_stress_with_progress(
 /// sized to the pool, the connector joining them and the verifying engine.
 fn plane(cfg: &StressConfig, stores: &Stores, who: &str) -> Result<Plane, StressError> {
     let kv = |e: &dyn std::fmt::Display| StressError::Kv(e.to_string());
-    let store = stores.open(cfg, who)?;
     let groups = cfg.groups.groups();
     // Both fit: validate() caps them far below usize::MAX.
     let bpt = usize::try_from(cfg.kv_bytes_per_token).map_err(|e| kv(&e))?;
     let state = usize::try_from(cfg.mamba_state_bytes).map_err(|e| kv(&e))?;
     let layout = KvLayout::for_groups(&groups, bpt, state).map_err(|e| kv(&e))?;
+    // A chunk is one block of one group, behind its header and (with a key) its MAC.
+    let max_chunk = crate::kv::HEADER_LEN
+        .saturating_add(layout.max_block_bytes())
+        .saturating_add(crate::kv::MAC_LEN);
+    let store = stores.open(cfg, who, max_chunk)?;
     let memory: Arc<dyn KvMemory> =
         Arc::new(HostKvMemory::new(layout, cfg.pool_blocks).map_err(|e| kv(&e))?);
     let connector = Arc::new(

@@ -116,9 +116,53 @@ impl FromStr for StoreSpec {
         }
         let redis = s == "redis" || s.starts_with("redis://") || s.starts_with("rediss://");
         if !redis {
-            return Err(format!("unknown store `{s}` (expected {EXPECTED})"));
+            // A value that is not a plain word may be a mistyped URL holding a password:
+            // it is not repeated.
+            let word = s.len() <= 32
+                && s.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+            let lower = s.trim_start().to_ascii_lowercase();
+            let hint = if lower.starts_with("redis:") || lower.starts_with("rediss:") {
+                " (a Redis URL starts with redis:// or rediss://, in lower case, without \
+                 leading spaces)"
+            } else {
+                ""
+            };
+            return Err(if word {
+                format!("unknown store `{s}` (expected {EXPECTED})")
+            } else {
+                format!("unknown store (expected {EXPECTED}){hint}")
+            });
         }
         parse_redis(s)
+    }
+}
+
+/// The `--store` value parser. clap's own error for a value parser repeats the raw value
+/// (`invalid value '…'`), which for a mistyped Redis URL would print its password: this
+/// one names the flag and says what is wrong, and never repeats the value.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct StoreParser;
+
+impl clap::builder::TypedValueParser for StoreParser {
+    type Value = StoreSpec;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<StoreSpec, clap::Error> {
+        let flag = arg.map_or_else(|| "--store".to_owned(), |a| a.to_string());
+        let fail = |problem: &str| {
+            clap::Error::raw(
+                clap::error::ErrorKind::ValueValidation,
+                format!("invalid value for '{flag}': {problem}\n"),
+            )
+            .with_cmd(cmd)
+        };
+        let s = value.to_str().ok_or_else(|| fail("not UTF-8"))?;
+        StoreSpec::from_str(s).map_err(|e| fail(&e))
     }
 }
 
@@ -192,7 +236,14 @@ impl Stores {
     }
 
     /// Opens the store for one run of scheduler `who` (`kvsched` or `mutex`).
-    pub(super) fn open(&self, cfg: &StressConfig, who: &str) -> Result<Opened, StressError> {
+    /// `max_chunk`: the largest chunk the run's layout can produce, the largest value the
+    /// store accepts and the largest it reads back (disk and Redis).
+    pub(super) fn open(
+        &self,
+        cfg: &StressConfig,
+        who: &str,
+        max_chunk: usize,
+    ) -> Result<Opened, StressError> {
         match &self.spec {
             StoreSpec::Sim => {
                 let sim = Arc::new(SimTier::new(sim_tier_config(cfg)));
@@ -216,6 +267,7 @@ impl Stores {
                     &dir,
                     DiskConfig {
                         capacity_bytes: cfg.store_capacity,
+                        max_value_bytes: max_chunk as u64,
                         fsync: false,
                     },
                 )
@@ -224,7 +276,7 @@ impl Stores {
             }
             #[cfg(feature = "redis")]
             StoreSpec::Redis | StoreSpec::RedisUrl { .. } => {
-                redis_store::open(cfg, &self.spec, self.server.as_ref(), who)
+                redis_store::open(cfg, &self.spec, self.server.as_ref(), who, max_chunk)
             }
             #[cfg(not(feature = "redis"))]
             StoreSpec::Redis | StoreSpec::RedisUrl { .. } => Err(store_error(NO_REDIS.to_owned())),
@@ -360,6 +412,7 @@ mod redis_store {
         spec: &StoreSpec,
         server: Option<&Server>,
         who: &str,
+        max_chunk: usize,
     ) -> Result<Opened, StressError> {
         let (url, shown, tag) = match (spec, server) {
             (StoreSpec::RedisUrl { url, shown }, _) => {
@@ -373,7 +426,8 @@ mod redis_store {
         };
         let config = RedisConfig::from_url(&url)
             .map_err(|e| store_error(format!("{shown}: {e}")))?
-            .tag(tag);
+            .tag(tag)
+            .max_value_bytes(max_chunk.clamp(1, 512 << 20));
         let tier = RedisTier::new(config).map_err(|e| store_error(format!("{shown}: {e}")))?;
         tier.check()
             .map_err(|e| store_error(format!("cannot reach {shown}: {e}")))?;

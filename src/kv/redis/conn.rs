@@ -1,0 +1,291 @@
+//! One connection to a Redis server: TCP or TLS (rustls), the handshake (`AUTH`, `SELECT`),
+//! and every write and read of a pipeline under a [`Budget`] — the call's deadline and its
+//! cancel token, checked between reads and while a read waits, so a server that answers
+//! slowly, never, or endlessly cannot hold a call past its deadline. Replies are parsed by
+//! `reply`, bounded.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+use ::redis::Value;
+
+use super::config::NodeAddr;
+use super::reply::{Limits, ReplyReader};
+use crate::connector::CancelToken;
+use crate::sync::Arc;
+
+/// The longest a read or write waits before the deadline and the cancel token are looked at
+/// again.
+const POLL: Duration = Duration::from_millis(20);
+
+/// What a call may still spend: its deadline, and the token that cancels it.
+#[derive(Clone, Copy)]
+pub(crate) struct Budget<'a> {
+    pub deadline: Instant,
+    pub cancel: Option<&'a CancelToken>,
+}
+
+impl Budget<'_> {
+    /// How long until the deadline (zero once it passed).
+    pub fn remaining(&self) -> Duration {
+        self.deadline.saturating_duration_since(Instant::now())
+    }
+
+    /// `Err` once the call is cancelled or past its deadline.
+    pub fn check(&self) -> Result<(), ConnError> {
+        if self.cancel.is_some_and(|c| c.is_cancelled()) {
+            return Err(ConnError::Cancelled);
+        }
+        if Instant::now() >= self.deadline {
+            return Err(ConnError::Timeout);
+        }
+        Ok(())
+    }
+
+    /// How long one blocking read or write may wait now.
+    fn slice(&self) -> Duration {
+        self.remaining().clamp(Duration::from_millis(1), POLL)
+    }
+}
+
+/// Why a connection's write or read failed. Each leaves the connection unusable.
+#[derive(Debug)]
+pub(crate) enum ConnError {
+    /// The call's deadline passed.
+    Timeout,
+    /// The call's cancel token fired.
+    Cancelled,
+    /// The socket failed or the server closed it.
+    Io(std::io::Error),
+    /// The server sent something that is not a reply this client accepts (too large, too
+    /// deep, a RESP3 frame, malformed); the text says what, never the bytes.
+    Protocol(String),
+}
+
+impl std::fmt::Display for ConnError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConnError::Timeout => f.write_str("deadline passed"),
+            ConnError::Cancelled => f.write_str("cancelled"),
+            ConnError::Io(e) => write!(f, "{e}"),
+            ConnError::Protocol(p) => write!(f, "protocol: {p}"),
+        }
+    }
+}
+
+/// The socket: plain, or TLS over it.
+pub(crate) enum Stream {
+    Plain(TcpStream),
+    Tls(Box<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>),
+}
+
+impl Stream {
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            Stream::Plain(s) => s,
+            Stream::Tls(t) => &t.sock,
+        }
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.read(buf),
+            Stream::Tls(t) => t.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.write(buf),
+            Stream::Tls(t) => t.write(buf),
+        }
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Stream::Plain(s) => s.flush(),
+            Stream::Tls(t) => t.flush(),
+        }
+    }
+}
+
+/// Whether an I/O error only means "not yet" (a read or write timeout slice ran out).
+fn not_yet(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+    )
+}
+
+/// The handshake's settings: credentials and database.
+pub(crate) struct Login<'a> {
+    pub username: Option<&'a str>,
+    pub password: Option<&'a str>,
+    pub db: i64,
+}
+
+/// A connection: the stream and its read buffer.
+pub(crate) struct Conn {
+    reader: ReplyReader<Stream>,
+}
+
+impl Conn {
+    /// Connects to `addr` (TLS if `tls` is set), then authenticates and selects the
+    /// database, all within `budget`. The error text names the step, never a credential.
+    pub fn open(
+        addr: &NodeAddr,
+        tls: Option<&Arc<rustls::ClientConfig>>,
+        login: &Login<'_>,
+        budget: Budget<'_>,
+    ) -> Result<Conn, String> {
+        let sock = tcp_connect(addr, budget)?;
+        let _ = sock.set_nodelay(true);
+        let stream = match tls {
+            None => Stream::Plain(sock),
+            Some(cfg) => {
+                let name = rustls::pki_types::ServerName::try_from(addr.host.clone())
+                    .map_err(|_| "TLS: the host is not a valid server name".to_owned())?;
+                let conn = rustls::ClientConnection::new(Arc::clone(cfg), name)
+                    .map_err(|e| format!("TLS: {e}"))?;
+                let mut t = rustls::StreamOwned::new(conn, sock);
+                while t.conn.is_handshaking() {
+                    budget.check().map_err(|e| format!("TLS handshake: {e}"))?;
+                    let slice = Some(budget.slice());
+                    let _ = t.sock.set_read_timeout(slice);
+                    let _ = t.sock.set_write_timeout(slice);
+                    match t.conn.complete_io(&mut t.sock) {
+                        Ok(_) => {}
+                        Err(e) if not_yet(&e) => {}
+                        Err(e) => return Err(format!("TLS handshake: {e}")),
+                    }
+                }
+                Stream::Tls(Box::new(t))
+            }
+        };
+        let mut conn = Conn {
+            reader: ReplyReader::new(stream),
+        };
+        conn.login(login, budget)?;
+        Ok(conn)
+    }
+
+    /// `AUTH` and `SELECT`, as one pipeline. A refusal is named by its error code only:
+    /// the reply to a command that carried the credentials is not repeated.
+    fn login(&mut self, login: &Login<'_>, budget: Budget<'_>) -> Result<(), String> {
+        let mut cmds: Vec<Vec<&[u8]>> = Vec::new();
+        let db = login.db.to_string();
+        if let Some(pw) = login.password {
+            let mut auth: Vec<&[u8]> = vec![b"AUTH"];
+            if let Some(u) = login.username {
+                auth.push(u.as_bytes());
+            }
+            auth.push(pw.as_bytes());
+            cmds.push(auth);
+        }
+        if login.db != 0 {
+            cmds.push(vec![b"SELECT", db.as_bytes()]);
+        }
+        if cmds.is_empty() {
+            return Ok(());
+        }
+        let refs: Vec<&[&[u8]]> = cmds.iter().map(|c| c.as_slice()).collect();
+        let packed = super::resp::pack(&refs);
+        self.send(&packed, budget)
+            .map_err(|e| format!("handshake: {e}"))?;
+        let limits = Limits::control();
+        for (i, _) in cmds.iter().enumerate() {
+            let v = self
+                .read_reply(&limits, budget)
+                .map_err(|e| format!("handshake: {e}"))?;
+            let step = if login.password.is_some() && i == 0 {
+                "AUTH"
+            } else {
+                "SELECT"
+            };
+            match &v {
+                Value::Okay => {}
+                Value::SimpleString(s) if s == "OK" => {}
+                Value::ServerError(e) => {
+                    let code = match e.code() {
+                        c @ ("WRONGPASS" | "NOAUTH" | "NOPERM" | "ERR" | "LOADING") => c,
+                        _ => "an error",
+                    };
+                    return Err(format!("{step} refused ({code})"));
+                }
+                other => return Err(format!("{step} answered {}", super::resp::kind(other))),
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes `bytes` whole, within `budget`.
+    pub fn send(&mut self, bytes: &[u8], budget: Budget<'_>) -> Result<(), ConnError> {
+        let stream = self.reader.inner_mut();
+        let mut done = 0;
+        while done < bytes.len() {
+            budget.check()?;
+            let _ = stream.tcp().set_write_timeout(Some(budget.slice()));
+            match stream.write(&bytes[done..]) {
+                Ok(0) => {
+                    return Err(ConnError::Io(std::io::Error::new(
+                        ErrorKind::WriteZero,
+                        "the connection took no bytes",
+                    )))
+                }
+                Ok(n) => done += n,
+                Err(e) if not_yet(&e) => {}
+                Err(e) => return Err(ConnError::Io(e)),
+            }
+        }
+        loop {
+            budget.check()?;
+            let _ = stream.tcp().set_write_timeout(Some(budget.slice()));
+            match stream.flush() {
+                Ok(()) => return Ok(()),
+                Err(e) if not_yet(&e) => {}
+                Err(e) => return Err(ConnError::Io(e)),
+            }
+        }
+    }
+
+    /// Reads one reply within `budget` and `limits`.
+    pub fn read_reply(&mut self, limits: &Limits, budget: Budget<'_>) -> Result<Value, ConnError> {
+        self.reader
+            .read_value(limits, &mut |stream: &mut Stream, buf: &mut [u8]| loop {
+                budget.check()?;
+                let _ = stream.tcp().set_read_timeout(Some(budget.slice()));
+                match stream.read(buf) {
+                    Ok(0) => {
+                        return Err(ConnError::Io(std::io::Error::new(
+                            ErrorKind::UnexpectedEof,
+                            "the server closed the connection",
+                        )))
+                    }
+                    Ok(n) => return Ok(n),
+                    Err(e) if not_yet(&e) => {}
+                    Err(e) => return Err(ConnError::Io(e)),
+                }
+            })
+    }
+}
+
+/// A TCP connection to the first address of `addr` that accepts within the budget.
+fn tcp_connect(addr: &NodeAddr, budget: Budget<'_>) -> Result<TcpStream, String> {
+    let addrs: Vec<_> = (addr.host.as_str(), addr.port)
+        .to_socket_addrs()
+        .map_err(|e| format!("resolve: {e}"))?
+        .collect();
+    let mut last = String::from("resolve: no address");
+    for a in addrs {
+        budget.check().map_err(|e| e.to_string())?;
+        match TcpStream::connect_timeout(&a, budget.remaining().max(Duration::from_millis(1))) {
+            Ok(s) => return Ok(s),
+            Err(e) => last = e.to_string(),
+        }
+    }
+    Err(last)
+}

@@ -1,0 +1,59 @@
+//! Hostile input to `kvsched stress`: a mistyped `--store` URL never has its credentials
+//! printed; bad values exit 2 with one line naming the flag.
+
+use std::process::Command;
+
+const SECRET: &str = "hunter2Xq";
+
+fn stress(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_kvsched"))
+        .arg("stress")
+        .args(args)
+        .output()
+        .expect("run kvsched")
+}
+
+#[test]
+fn a_bad_store_url_never_prints_its_password() {
+    for url in [
+        format!("redis://u:{SECRET}@127.0.0.1:99999"),
+        format!("redis://u:{SECRET}@bad_host!:1"),
+        format!("redis://u:{SECRET}%zz@127.0.0.1:1"),
+        format!("REDIS://u:{SECRET}@127.0.0.1:1"),
+        format!("redis:/u:{SECRET}@127.0.0.1:1"),
+        format!(" redis://u:{SECRET}@127.0.0.1:1"),
+        format!("redis://{SECRET}@127.0.0.1:1"),
+        format!("redis://u:a?{SECRET}@127.0.0.1:1?nope=1"),
+        format!("redis://u:a/b?{SECRET}=1@127.0.0.1:1"),
+        format!("redis://u:{SECRET}@127.0.0.1:1?{SECRET}=1"),
+        format!("redis://u:{SECRET}"),
+    ] {
+        for args in [
+            vec!["--store", url.as_str()],
+            vec!["--store", url.as_str(), "--engines", "2"],
+        ] {
+            let out = stress(&args);
+            let err = String::from_utf8_lossy(&out.stderr);
+            let all = format!("{err}{}", String::from_utf8_lossy(&out.stdout));
+            assert!(!all.contains(SECRET), "{url:?}: {all}");
+            assert!(!all.contains("Xq"), "{url:?}: {all}");
+            assert_eq!(out.status.code(), Some(2), "{url:?}: {err}");
+            assert_eq!(err.lines().count(), 1, "{url:?}: not one line: {err:?}");
+            assert!(err.starts_with("error: "), "{url:?}: {err}");
+            assert!(err.contains("--store"), "{url:?}: {err}");
+        }
+    }
+    // A plain word is repeated (a typo is worth seeing).
+    let out = stress(&["--store", "memroy"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("`memroy`"), "{err}");
+}
+
+#[test]
+fn a_negative_redis_cluster_size_names_the_flag() {
+    let out = stress(&["--redis-cluster", "-1"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err:?}");
+    assert!(err.contains("--redis-cluster"), "{err}");
+}

@@ -1,0 +1,122 @@
+//! `TierConnector` misuse: a group index past the configured groups is an error, a job with
+//! more groups than the configuration fails their blocks, and dropping a connector over a
+//! hung tier returns within its drop timeout.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kvsched::connector::{CancelToken, InvalidBlocks, KvConnector, LoadJob, LoadResult};
+use kvsched::kv::{
+    ChunkKey, HostKvMemory, KvLayout, KvMemory, MemoryTier, Tier, TierConnector,
+    TierConnectorConfig, TierError,
+};
+use kvsched::{BlockRef, CacheGroup};
+
+fn connector(tier: Arc<dyn Tier>, cfg: TierConnectorConfig) -> TierConnector {
+    let layout = KvLayout::for_groups(&cfg.groups, 8, 8).expect("layout");
+    let memory: Arc<dyn KvMemory> = Arc::new(HostKvMemory::new(layout, 32).expect("memory"));
+    TierConnector::new(tier, memory, cfg).expect("connector")
+}
+
+fn one_group() -> TierConnectorConfig {
+    TierConnectorConfig {
+        groups: vec![CacheGroup::full_attention(16)],
+        ..TierConnectorConfig::default()
+    }
+}
+
+#[test]
+fn store_now_past_the_configured_groups_is_an_error() {
+    let c = connector(Arc::new(MemoryTier::new(1 << 20, 1)), one_group());
+    let tokens: Vec<u32> = (0..64).collect();
+    assert!(matches!(
+        c.store_now(&tokens, 1, 0, &[0; 128]),
+        Err(TierError::Refused(_))
+    ));
+    assert!(matches!(
+        c.store_now(&tokens, usize::MAX, usize::MAX, &[0; 128]),
+        Err(TierError::Refused(_))
+    ));
+    assert!(matches!(
+        c.store_now(&tokens, 0, usize::MAX, &[0; 128]),
+        Ok(false)
+    ));
+    assert!(matches!(c.store_now(&tokens, 0, 0, &[0; 128]), Ok(true)));
+}
+
+#[test]
+fn a_job_with_more_groups_than_configured_fails_their_blocks() {
+    let c = connector(Arc::new(MemoryTier::new(1 << 20, 1)), one_group());
+    let prompt: Vec<u32> = (1..=65).collect();
+    for i in 0..4 {
+        assert!(matches!(
+            c.store_now(&prompt, 0, i, &[i as u8; 128]),
+            Ok(true)
+        ));
+    }
+    let table = |base: u64| -> Vec<BlockRef> {
+        (0..4)
+            .map(|i| BlockRef {
+                id: base + i,
+                generation: 1,
+            })
+            .collect()
+    };
+    let job = LoadJob::new("r", &prompt, 0, 64, vec![table(1), table(10)], vec![16, 16]);
+    match c.load(&job) {
+        LoadResult::Failed(InvalidBlocks::ByGroup(bad)) => {
+            assert!(bad[0].is_empty(), "{bad:?}");
+            let ids: Vec<u64> = bad[1].iter().map(|b| b.id).collect();
+            assert_eq!(ids, vec![10, 11, 12, 13]);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A tier whose `put` never returns until released.
+struct Hung {
+    release: AtomicBool,
+}
+
+impl Tier for Hung {
+    fn name(&self) -> &str {
+        "hung"
+    }
+    fn exists(&self, keys: &[ChunkKey], _: &CancelToken) -> Result<Vec<bool>, TierError> {
+        Ok(vec![false; keys.len()])
+    }
+    fn get(&self, keys: &[ChunkKey], _: &CancelToken) -> Result<Vec<Option<Vec<u8>>>, TierError> {
+        Ok(vec![None; keys.len()])
+    }
+    fn put(&self, _: &[(ChunkKey, Vec<u8>)]) -> Result<(), TierError> {
+        while !self.release.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn dropping_a_connector_over_a_hung_put_returns_within_its_drop_timeout() {
+    let hung = Arc::new(Hung {
+        release: AtomicBool::new(false),
+    });
+    let c = connector(
+        hung.clone(),
+        TierConnectorConfig {
+            drop_timeout: Duration::from_millis(300),
+            ..one_group()
+        },
+    );
+    let memory = Arc::clone(c.memory());
+    memory.write(0, 1, 0, &[3; 128]).expect("write");
+    let prompt: Vec<u32> = (1..=65).collect();
+    assert_eq!(c.save_blocks(&prompt, &[(0, 0, 1)]), 1);
+    std::thread::sleep(Duration::from_millis(50)); // the save thread is inside `put`
+    let t0 = Instant::now();
+    drop(c);
+    let took = t0.elapsed();
+    assert!(took < Duration::from_secs(2), "drop took {took:?}");
+    hung.release.store(true, Ordering::SeqCst);
+}

@@ -1,0 +1,118 @@
+//! The disk tier against what others plant at a chunk's path: a symbolic link to /dev/zero,
+//! a FIFO, a sparse 8 GiB file — each read as absent at once, with bounded memory; an
+//! oversized file found at open is neither indexed nor counted against the capacity, so it
+//! evicts nothing.
+
+use std::fs;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use kvsched::connector::CancelToken;
+use kvsched::kv::{ChunkKey, DiskConfig, DiskTier, Tier};
+
+const CHUNK: usize = 304;
+
+fn cfg() -> DiskConfig {
+    DiskConfig {
+        capacity_bytes: 1 << 30,
+        max_value_bytes: CHUNK as u64,
+        fsync: false,
+    }
+}
+
+fn keys(n: u128) -> Vec<ChunkKey> {
+    (1..=n)
+        .map(|i| ChunkKey(i.wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835)))
+        .collect()
+}
+
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn mkfifo(path: &Path) -> bool {
+    std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Saves a chunk for every key, then replaces the first file with `plant` and reads it.
+fn planted_reads_as_absent(plant: impl FnOnce(&Path)) {
+    let dir = tempfile::tempdir().unwrap();
+    let t = DiskTier::open(dir.path(), cfg()).unwrap();
+    let ks = keys(4);
+    let chunks: Vec<_> = ks.iter().map(|&k| (k, vec![5u8; CHUNK])).collect();
+    t.put(&chunks).unwrap();
+    let path = t.chunk_path(ks[0]);
+    fs::remove_file(&path).unwrap();
+    plant(&path);
+    let rss0 = rss_kib();
+    let t0 = Instant::now();
+    let got = t.get(&ks, &CancelToken::new()).unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    assert!(rss_kib().saturating_sub(rss0) < 64 << 10, "RSS grew");
+    assert_eq!(got[0], None);
+    assert!(got[1..]
+        .iter()
+        .all(|v| v.as_deref() == Some(&[5u8; CHUNK][..])));
+    assert_eq!(t.stats().refused_reads, 1, "{:?}", t.stats());
+}
+
+#[test]
+fn a_symlink_to_dev_zero_reads_as_absent() {
+    planted_reads_as_absent(|p| std::os::unix::fs::symlink("/dev/zero", p).unwrap());
+}
+
+#[test]
+fn a_fifo_reads_as_absent_without_waiting_for_a_writer() {
+    planted_reads_as_absent(|p| assert!(mkfifo(p), "mkfifo"));
+}
+
+#[test]
+fn a_sparse_8_gib_file_reads_as_absent() {
+    planted_reads_as_absent(|p| fs::File::create(p).unwrap().set_len(8 << 30).unwrap());
+}
+
+#[test]
+fn an_oversized_file_planted_before_open_evicts_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let small = DiskConfig {
+        capacity_bytes: 64 * CHUNK as u64,
+        ..cfg()
+    };
+    let ks = keys(41);
+    {
+        let t = DiskTier::open(dir.path(), small).unwrap();
+        let chunks: Vec<_> = ks[..40].iter().map(|&k| (k, vec![9u8; CHUNK])).collect();
+        t.put(&chunks).unwrap();
+    }
+    // An 8 GiB sparse file named like a chunk, in its own directory.
+    let probe = DiskTier::open(dir.path(), small).unwrap();
+    let planted = probe.chunk_path(ks[40]);
+    drop(probe);
+    fs::create_dir_all(planted.parent().unwrap()).unwrap();
+    fs::File::create(&planted)
+        .unwrap()
+        .set_len(8 << 30)
+        .unwrap();
+    let t = DiskTier::open(dir.path(), small).unwrap();
+    let s = t.stats();
+    assert_eq!(
+        (s.entries, s.evictions, s.oversized_ignored),
+        (40, 0, 1),
+        "{s:?}"
+    );
+    assert_eq!(s.bytes, 40 * CHUNK as u64);
+    let got = t.get(&ks, &CancelToken::new()).unwrap();
+    assert_eq!(got.iter().filter(|v| v.is_some()).count(), 40);
+    // Left alone, not read.
+    assert!(planted.exists());
+}
