@@ -13,11 +13,11 @@ use std::ffi::OsString;
 use std::io::Write;
 use std::process::ExitCode;
 
-use crate::tools::replay::{
+use crate::replay::{
     load_scenario, render_explain_text, render_outcome, render_outcome_explained,
     DEFAULT_MAX_INPUT_BYTES, MAX_BENCH_RUNS,
 };
-use crate::tools::stress::{
+use crate::stress::{
     progress_sink, render_human, render_json, render_svg, run_engines, run_stress_with_progress,
     StressConfig,
 };
@@ -189,7 +189,7 @@ fn replay(args: &ReplayArgs) -> ExitCode {
         (None, engine) => {
             let outcome = match engine {
                 Engine::Sequential => scenario.run(),
-                Engine::Runtime => crate::tools::parallel::recover_sharded(
+                Engine::Runtime => crate::parallel::recover_sharded(
                     &scenario.geometry,
                     scenario.mode,
                     scenario.policy,

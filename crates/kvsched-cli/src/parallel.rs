@@ -13,13 +13,13 @@
 
 use rustc_hash::FxHashMap;
 
-use crate::rules::geometry::{BlockId, Geometry};
-use crate::rules::recovery::{
+use kvsched::rules::geometry::{BlockId, Geometry};
+use kvsched::rules::recovery::{
     self, Decision, Hit, HitOwner, InvalidSet, Mode, Outcome, Policy, Request, RequestClass,
 };
-use crate::runtime::claim::{ClaimTable, RequestKey, Scan};
-use crate::runtime::route::shard_of;
-use crate::sync::{thread, PhaseBarrier};
+use kvsched::runtime::claim::{ClaimTable, RequestKey, Scan};
+use kvsched::runtime::route::shard_of;
+use kvsched::sync::{thread, PhaseBarrier};
 
 /// Recovers `requests` against `invalid` with `shards` threads (at least 1) and the claim
 /// table; the result has the shape of [`recovery::recover`]'s.

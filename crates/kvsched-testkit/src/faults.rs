@@ -6,30 +6,103 @@
 
 use std::time::{Duration, Instant};
 
-use super::{ChunkKey, Tier, TierError};
-use crate::connector::CancelToken;
-use crate::sync::{AtomicU64, Ordering};
+use kvsched::connector::CancelToken;
+use kvsched::kv::{ChunkKey, DiskTier, MemoryTier, Tier, TierError};
+use std::sync::atomic::{AtomicU64, Ordering};
 
-/// What a tier gives [`FaultyTier`] to damage what it stores. Each call acts on the value
-/// held now and says whether one was held (`false`: nothing to act on).
+/// What a tier gives [`FaultyTier`] to damage what it stores: an in-place edit of one stored
+/// value and its removal, over the tier's own public `edit_stored` / `remove`. Each call acts
+/// on the value held now and says whether one was held and changed (`false`: nothing to act
+/// on). The damage itself (which byte, which bit, how short) is chosen here, the same for
+/// every tier.
 pub trait FaultTarget: Tier {
-    /// Flips one bit of the stored value of `key`: the byte at `pick`'s high bits scaled to
-    /// the value's length, the bit chosen by `pick`'s low three bits.
-    fn corrupt_stored(&self, key: ChunkKey, pick: u64) -> Result<bool, TierError>;
-    /// Cuts the stored value of `key` to a length below its own, chosen by `pick` as for
-    /// [`corrupt_stored`](Self::corrupt_stored) (possibly 0).
-    fn truncate_stored(&self, key: ChunkKey, pick: u64) -> Result<bool, TierError>;
+    /// Lets `edit` change the stored value of `key` in place; what `edit` returned, or
+    /// `false` when no value is held.
+    fn edit_stored(
+        &self,
+        key: ChunkKey,
+        edit: &mut dyn FnMut(&mut Vec<u8>) -> bool,
+    ) -> Result<bool, TierError>;
     /// Deletes the stored value of `key`.
     fn remove(&self, key: ChunkKey) -> Result<bool, TierError>;
+
+    /// Flips one bit of the stored value of `key`: the byte at `pick`'s high bits scaled to
+    /// the value's length, the bit chosen by `pick`'s low three bits.
+    fn corrupt_stored(&self, key: ChunkKey, pick: u64) -> Result<bool, TierError> {
+        self.edit_stored(key, &mut |v| {
+            let at = pick_offset(pick, v.len());
+            match v.get_mut(at) {
+                Some(b) => {
+                    *b ^= pick_bit(pick);
+                    true
+                }
+                None => false,
+            }
+        })
+    }
+    /// Cuts the stored value of `key` to a length below its own, chosen by `pick` as for
+    /// [`corrupt_stored`](Self::corrupt_stored) (possibly 0).
+    fn truncate_stored(&self, key: ChunkKey, pick: u64) -> Result<bool, TierError> {
+        self.edit_stored(key, &mut |v| {
+            if v.is_empty() {
+                return false;
+            }
+            v.truncate(pick_offset(pick, v.len()));
+            true
+        })
+    }
+}
+
+impl FaultTarget for MemoryTier {
+    fn edit_stored(
+        &self,
+        key: ChunkKey,
+        edit: &mut dyn FnMut(&mut Vec<u8>) -> bool,
+    ) -> Result<bool, TierError> {
+        Ok(MemoryTier::edit_stored(self, key, edit))
+    }
+    fn remove(&self, key: ChunkKey) -> Result<bool, TierError> {
+        Ok(MemoryTier::remove(self, key))
+    }
+}
+
+/// Damage in the file at rest.
+impl FaultTarget for DiskTier {
+    fn edit_stored(
+        &self,
+        key: ChunkKey,
+        edit: &mut dyn FnMut(&mut Vec<u8>) -> bool,
+    ) -> Result<bool, TierError> {
+        DiskTier::edit_stored(self, key, edit)
+    }
+    fn remove(&self, key: ChunkKey) -> Result<bool, TierError> {
+        DiskTier::remove(self, key)
+    }
+}
+
+/// Damage on the server: `GET`, then `SET` of the damaged value (not atomic, see
+/// [`RedisTier::edit_stored`](kvsched::kv::redis::RedisTier::edit_stored)); `remove` is a `DEL`.
+#[cfg(feature = "redis")]
+impl FaultTarget for kvsched::kv::redis::RedisTier {
+    fn edit_stored(
+        &self,
+        key: ChunkKey,
+        edit: &mut dyn FnMut(&mut Vec<u8>) -> bool,
+    ) -> Result<bool, TierError> {
+        kvsched::kv::redis::RedisTier::edit_stored(self, key, edit)
+    }
+    fn remove(&self, key: ChunkKey) -> Result<bool, TierError> {
+        kvsched::kv::redis::RedisTier::remove(self, key)
+    }
 }
 
 /// The offset in `0..len` that `pick` selects (multiply-shift on its bits; 0 when `len` is 0).
-pub(crate) fn pick_offset(pick: u64, len: usize) -> usize {
+fn pick_offset(pick: u64, len: usize) -> usize {
     ((u128::from(pick) * len as u128) >> 64) as usize
 }
 
 /// The one-bit mask that `pick` selects.
-pub(crate) fn pick_bit(pick: u64) -> u8 {
+fn pick_bit(pick: u64) -> u8 {
     1u8 << (pick & 7)
 }
 
@@ -195,7 +268,7 @@ impl<T: FaultTarget> FaultyTier<T> {
             if left.is_zero() {
                 return Ok(());
             }
-            crate::sync::thread::sleep(left.min(Duration::from_millis(1)));
+            std::thread::sleep(left.min(Duration::from_millis(1)));
         }
     }
 }
@@ -271,7 +344,7 @@ mod tests {
 
     #[test]
     fn rates_out_of_range_are_refused() {
-        let m = super::super::MemoryTier::new(10, 1);
+        let m = MemoryTier::new(10, 1);
         let cfg = FaultConfig {
             evict: f64::NAN,
             ..FaultConfig::default()

@@ -3,8 +3,11 @@
 
 use std::time::Duration;
 
-use super::{InvalidBlocks, KvConnector, LoadJob, LoadResult, LookupQuery, LookupResult};
-use crate::pool::BlockRef;
+use kvsched::connector::{
+    InvalidBlocks, KvConnector, LoadJob, LoadResult, LookupQuery, LookupResult,
+};
+use kvsched::BlockRef;
+
 use crate::rng::{hash_str, SplitMix64};
 
 /// Settings of [`SimConnector`].

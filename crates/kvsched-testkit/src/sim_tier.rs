@@ -5,10 +5,13 @@
 
 use std::time::{Duration, Instant};
 
-use super::{ChunkKey, MemoryTier, Tier, TierError};
-use crate::connector::{CancelToken, SimulatedPanic};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use kvsched::connector::CancelToken;
+use kvsched::kv::{ChunkKey, MemoryTier, Tier, TierError};
+
 use crate::rng::SplitMix64;
-use crate::sync::{AtomicU64, Ordering};
+use crate::sim_connector::SimulatedPanic;
 
 /// Settings of a [`SimTier`].
 #[derive(Clone, Debug, PartialEq)]

@@ -19,8 +19,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use kvsched::connector::CancelToken;
-use kvsched::kv::redis::{LocalRedis, LocalRedisOptions, RedisConfig, RedisTier};
+use kvsched::kv::redis::{RedisConfig, RedisTier};
 use kvsched::kv::{ChunkKey, Tier};
+use kvsched_testkit::redis::{LocalRedis, LocalRedisOptions};
 
 const DEPTH: usize = 16;
 const KEYS: usize = 512;

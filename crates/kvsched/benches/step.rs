@@ -7,9 +7,9 @@
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use kvsched::connector::SplitMix64;
-use kvsched::sim::SimEngine;
 use kvsched::{Runtime, StepOutput, StepPlan, SubmitRequest};
+use kvsched_testkit::SimEngine;
+use kvsched_testkit::SplitMix64;
 
 const PROMPT_TOKENS: usize = 64;
 

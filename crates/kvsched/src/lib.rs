@@ -17,21 +17,23 @@
 //!   ([`RuntimeError`]), and the common rule and geometry types ([`CacheGroup`],
 //!   [`MambaMode`], [`Mode`], [`Policy`], [`BlockRef`]);
 //! * [`connector`]: the [`KvConnector`] trait an engine implements to reach its KV store, the
-//!   [`LoadJob`] it runs and the [`LoadResult`] it
-//!   returns, and a seeded simulated connector;
+//!   [`LoadJob`] it runs and the [`LoadResult`] it returns;
+//! * [`kv`]: the data plane — KV memory, the chunk format, the tiers (memory, disk, Redis
+//!   behind feature `redis`) and [`TierConnector`](kv::TierConnector), the connector joining
+//!   a tier to KV memory;
 //! * [`rules`]: the pure recovery rules (mode `vllm` and mode `safe`), usable without the
-//!   runtime;
-//! * [`sim`]: a simulated engine for tests and tools (it answers each plan as an engine
-//!   would, without a model).
+//!   runtime.
+//!
+//! The simulated engine, connector and tiers, fault injection and local Redis servers the
+//! tests and tools use are in the `kvsched-testkit` crate, the command line in `kvsched-cli`.
 //!
 //! The rules are specified in the repository's `docs/rules.md`, the runtime's guarantees and
 //! limits in `docs/runtime.md`.
 //!
 //! Layers, bottom up (each imports only from layers below it): `sync` (the only place naming
 //! atomics, locks and threads) and `rng`; [`rules`] (pure); `pool` and [`connector`]
-//! (resources); `runtime`; [`sim`]. The command-line tools (`kvsched replay`, `kvsched stress`, the
-//! mutex baseline) sit on top, behind the default `cli` feature, and are not part of the
-//! library's API.
+//! (resources); `runtime`; [`kv`], the data plane, beside the runtime (it implements
+//! [`KvConnector`]).
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
@@ -52,19 +54,10 @@ pub mod rules;
 pub mod runtime;
 #[cfg(not(any(kvsched_loom, feature = "internals")))]
 pub(crate) mod runtime;
-#[cfg(not(kvsched_loom))]
-pub mod sim;
 #[cfg(any(kvsched_loom, feature = "internals"))]
 pub mod sync;
 #[cfg(not(any(kvsched_loom, feature = "internals")))]
 pub(crate) mod sync;
-
-#[cfg(all(feature = "cli", not(kvsched_loom)))]
-mod tools;
-
-#[cfg(all(feature = "cli", not(kvsched_loom)))]
-#[doc(hidden)]
-pub use tools::cli::main as cli_main;
 
 pub use connector::{KvConnector, LoadJob, LoadResult};
 pub use pool::{BlockRef, Census, Generation, PoolError};
@@ -79,5 +72,5 @@ pub use runtime::{
 
 /// Compiles and runs the Rust examples of README.md as doctests.
 #[cfg(doctest)]
-#[doc = include_str!("../README.md")]
+#[doc = include_str!("../../../README.md")]
 struct ReadmeDoctests;

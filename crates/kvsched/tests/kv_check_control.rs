@@ -10,8 +10,8 @@ use std::sync::Arc;
 use kvsched::kv::{HostKvMemory, KvLayout, KvMemory};
 use kvsched::rules::geometry::Geometry;
 use kvsched::rules::recovery::{recover, InvalidSet, Request, RequestClass};
-use kvsched::sim::KvChecker;
 use kvsched::{BlockRef, BlockTable, CacheGroup, MambaMode, Mode, Policy};
+use kvsched_testkit::KvChecker;
 
 fn table(ids: &[u64]) -> BlockTable {
     ids.iter()

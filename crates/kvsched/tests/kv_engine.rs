@@ -7,13 +7,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvsched::connector::{KvConnector, LoadJob, LoadResult, LookupQuery, SplitMix64};
+use kvsched::connector::{KvConnector, LoadJob, LoadResult, LookupQuery};
+
 use kvsched::kv::{
-    DiskConfig, DiskTier, FaultConfig, FaultyTier, HostKvMemory, KvLayout, KvMemory, MemoryTier,
-    Tier, TierConnector, TierConnectorConfig, TierStats,
+    DiskConfig, DiskTier, HostKvMemory, KvLayout, KvMemory, MemoryTier, Tier, TierConnector,
+    TierConnectorConfig, TierStats,
 };
-use kvsched::sim::{KvCheckCounters, KvChecker};
 use kvsched::{BlockRef, CacheGroup, MambaMode, Mode, Runtime, StepOutput, SubmitRequest};
+use kvsched_testkit::SplitMix64;
+use kvsched_testkit::{FaultConfig, FaultyTier};
+use kvsched_testkit::{KvCheckCounters, KvChecker};
 
 const BLOCKS: usize = 2048;
 const BPT: usize = 8;

@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use kvsched::connector::CancelToken;
 use kvsched::kv::{
-    ChunkCodec, ChunkError, ChunkKey, DiskConfig, DiskTier, FaultConfig, FaultCounts, FaultTarget,
-    FaultyTier, MemoryTier, Tier, TierError,
+    ChunkCodec, ChunkError, ChunkKey, DiskConfig, DiskTier, MemoryTier, Tier, TierError,
 };
+use kvsched_testkit::{FaultConfig, FaultCounts, FaultTarget, FaultyTier};
 
 const LEN: usize = 4096;
 

@@ -206,13 +206,13 @@ fn a_failed_load_never_has_sharers() {
     let mut waits = 0;
     let mut recovered = 0;
     for seed in 1..=4 {
-        let faults = kvsched::kv::FaultConfig {
+        let faults = kvsched_testkit::FaultConfig {
             seed,
             corrupt: 0.2,
-            ..kvsched::kv::FaultConfig::default()
+            ..kvsched_testkit::FaultConfig::default()
         };
         let tier = Arc::new(
-            kvsched::kv::FaultyTier::new(MemoryTier::new(64 << 20, 4), faults).expect("faults"),
+            kvsched_testkit::FaultyTier::new(MemoryTier::new(64 << 20, 4), faults).expect("faults"),
         );
         let groups = vec![
             CacheGroup::full_attention(16),
@@ -228,7 +228,7 @@ fn a_failed_load_never_has_sharers() {
         for p in &prefixes {
             e.warm(p, 96);
         }
-        let mut rng = kvsched::connector::SplitMix64::new(seed);
+        let mut rng = kvsched_testkit::SplitMix64::new(seed);
         for i in 0..60u32 {
             let mut prompt = prefixes[rng.below(3) as usize].clone();
             prompt.extend((0..1 + rng.below(20) as u32).map(|t| 50_000 + i * 100 + t));
@@ -274,14 +274,15 @@ fn random_lives_keep_no_garbage() {
                 CacheGroup::sliding_window(16, 32),
                 CacheGroup::mamba(16, mamba),
             ];
-            let faults = kvsched::kv::FaultConfig {
+            let faults = kvsched_testkit::FaultConfig {
                 seed,
                 corrupt: 0.05,
                 evict: 0.05,
-                ..kvsched::kv::FaultConfig::default()
+                ..kvsched_testkit::FaultConfig::default()
             };
             let tier = Arc::new(
-                kvsched::kv::FaultyTier::new(MemoryTier::new(64 << 20, 4), faults).expect("faults"),
+                kvsched_testkit::FaultyTier::new(MemoryTier::new(64 << 20, 4), faults)
+                    .expect("faults"),
             );
             let mut e = Bench::new(groups, tier, async_ratio, |b| {
                 b.shards(2).workers(2).pool_blocks(64).token_budget(256)
@@ -292,7 +293,7 @@ fn random_lives_keep_no_garbage() {
             for p in &prefixes {
                 e.warm(p, 64);
             }
-            let mut rng = kvsched::connector::SplitMix64::new(seed * 31 + mamba as u64);
+            let mut rng = kvsched_testkit::SplitMix64::new(seed * 31 + mamba as u64);
             let mut live: Vec<String> = Vec::new();
             let mut next = 0u32;
             for _ in 0..4000 {

@@ -8,8 +8,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use kvsched::connector::CancelToken;
-use kvsched::kv::redis::{LocalRedis, LocalRedisOptions, RedisConfig, RedisTier};
+use kvsched::kv::redis::{RedisConfig, RedisTier};
 use kvsched::kv::{ChunkKey, Tier, TierError};
+use kvsched_testkit::redis::{LocalRedis, LocalRedisOptions};
 use redis_common::{certificates, chunks, eventually, info_field, missing};
 
 const LIMIT: Duration = Duration::from_secs(20);
@@ -392,7 +393,7 @@ fn maxmemory_eviction_makes_keys_vanish() {
 /// that is not there takes none of them.
 #[test]
 fn fault_hooks_damage_and_delete_on_the_server() {
-    use kvsched::kv::FaultTarget;
+    use kvsched_testkit::FaultTarget;
     let Some(srv) = server(LocalRedisOptions::new()) else {
         return;
     };

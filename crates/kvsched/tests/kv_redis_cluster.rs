@@ -7,8 +7,9 @@ mod redis_common;
 use std::time::Duration;
 
 use kvsched::connector::CancelToken;
-use kvsched::kv::redis::{LocalCluster, RedisConfig, RedisTier};
+use kvsched::kv::redis::{RedisConfig, RedisTier};
 use kvsched::kv::{ChunkKey, Tier, TierError};
+use kvsched_testkit::redis::LocalCluster;
 use redis_common::{chunks, eventually, info_field, missing};
 
 fn cluster() -> Option<LocalCluster> {

@@ -9,12 +9,13 @@ mod redis_common;
 use std::sync::Arc;
 
 use kvsched::connector::{KvConnector, LoadJob, LoadResult, LookupQuery};
-use kvsched::kv::redis::{LocalRedis, LocalRedisOptions, RedisConfig, RedisTier};
+use kvsched::kv::redis::{RedisConfig, RedisTier};
 use kvsched::kv::{
     ChunkCodec, ChunkKey, HostKvMemory, KvLayout, KvMemory, Tier, TierConnector,
     TierConnectorConfig, POISON_BYTE,
 };
 use kvsched::{BlockRef, CacheGroup};
+use kvsched_testkit::redis::{LocalRedis, LocalRedisOptions};
 use redis_common::missing;
 
 const MAC: [u8; 32] = [7; 32];

@@ -4,13 +4,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvsched::connector::{
-    KvConnector, LoadJob, LoadResult, LookupQuery, LookupResult, SimConfig, SimConnector,
-};
+use kvsched::connector::{KvConnector, LoadJob, LoadResult, LookupQuery, LookupResult};
+
 use kvsched::rules::geometry::{CacheGroup, MambaMode};
-use kvsched::sim::SimEngine;
 use kvsched::BlockRef;
 use kvsched::{EndState, Runtime, RuntimeError, StepOutput, SubmitRequest};
+use kvsched_testkit::SimEngine;
+use kvsched_testkit::{SimConfig, SimConnector};
 
 fn req(id: &str, len: usize) -> SubmitRequest {
     SubmitRequest {

@@ -11,13 +11,13 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvsched::connector::{SimConfig, SimConnector, SplitMix64};
 use kvsched::rules::geometry::{BlockId, CacheGroup, Geometry, MambaMode};
 use kvsched::rules::recovery::{
     self, Disposition, InvalidSet, Mode, Policy, Request, RequestClass,
 };
-use kvsched::sim::SimEngine;
 use kvsched::{Runtime, StepOutput, StepPlan, SubmitRequest};
+use kvsched_testkit::SimEngine;
+use kvsched_testkit::{SimConfig, SimConnector, SplitMix64};
 
 #[derive(Clone, Copy, Debug)]
 struct Config {

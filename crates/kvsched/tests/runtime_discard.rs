@@ -7,9 +7,11 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvsched::connector::{KvConnector, LoadResult, SimConfig, SimConnector, SplitMix64};
+use kvsched::connector::{KvConnector, LoadResult};
+
 use kvsched::rules::recovery::{Disposition, RequestClass};
 use kvsched::{CacheGroup, MambaMode, Mode, Policy, Runtime, StepOutput, SubmitRequest};
+use kvsched_testkit::{SimConfig, SimConnector, SplitMix64};
 
 fn run(seed: u64, groups: Vec<CacheGroup>, mode: Mode, policy: Policy, shards: usize) -> usize {
     let conn = Arc::new(SimConnector::new(SimConfig {

@@ -9,12 +9,12 @@
 use std::sync::{Arc, Once};
 use std::time::Duration;
 
-use kvsched::connector::{SimConfig, SimConnector, SimulatedPanic, SplitMix64};
 use kvsched::rules::geometry::{CacheGroup, MambaMode};
 use kvsched::rules::recovery::{Mode, Policy};
-use kvsched::sim::SimEngine;
 use kvsched::BlockRef;
 use kvsched::{Metrics, Runtime, Settings, StepOutput, SubmitRequest};
+use kvsched_testkit::SimEngine;
+use kvsched_testkit::{SimConfig, SimConnector, SimulatedPanic, SplitMix64};
 
 #[derive(Clone, Copy, Debug, Default)]
 struct Faults {

@@ -10,11 +10,11 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvsched::connector::{
-    KvConnector, LoadJob, LoadResult, LookupQuery, LookupResult, SimConfig, SimConnector,
-};
-use kvsched::sim::SimEngine;
+use kvsched::connector::{KvConnector, LoadJob, LoadResult, LookupQuery, LookupResult};
+
 use kvsched::{CacheGroup, EndState, Metrics, Runtime, Settings, StepOutput, SubmitRequest};
+use kvsched_testkit::SimEngine;
+use kvsched_testkit::{SimConfig, SimConnector};
 
 /// Runs `f` on its own thread; fails the test if it does not return within two minutes.
 fn guarded<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {

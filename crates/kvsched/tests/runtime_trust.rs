@@ -9,8 +9,8 @@ use std::time::Duration;
 use kvsched::connector::{
     InvalidBlocks, KvConnector, LoadJob, LoadResult, LookupQuery, LookupResult,
 };
-use kvsched::sim::SimEngine;
 use kvsched::{BlockRef, Metrics, Runtime, StepOutput, StepPlan, SubmitRequest};
+use kvsched_testkit::SimEngine;
 
 fn req(id: &str, prompt: Vec<u32>) -> SubmitRequest {
     SubmitRequest {

@@ -1,16 +1,16 @@
 //! Admission of waiting requests, the shard's way: the longest usable local prefix
-//! ([`crate::runtime::policy::prefix`]), the connector's lookup, how far the external load
+//! ([`kvsched::runtime::policy::prefix`]), the connector's lookup, how far the external load
 //! reaches ([`external_end`]), block allocation and the dispatch of an external load
 //! (asynchronous to the workers, or synchronous with the request's first scheduling).
 
 use super::request::Phase;
 use super::state::State;
-use crate::connector::{CancelToken, LoadJob, LoadOwner, LookupQuery};
-use crate::pool::BlockRef;
-use crate::runtime::claim::RequestKey;
-use crate::runtime::policy::admission::external_end;
-use crate::runtime::policy::growth::blocks_needed;
-use crate::runtime::policy::prefix::{prefix_candidates, prefix_cap, prefix_entries};
+use kvsched::connector::{LoadJob, LookupQuery};
+use kvsched::pool::BlockRef;
+use kvsched::runtime::claim::RequestKey;
+use kvsched::runtime::policy::admission::external_end;
+use kvsched::runtime::policy::growth::blocks_needed;
+use kvsched::runtime::policy::prefix::{prefix_candidates, prefix_cap, prefix_entries};
 
 impl State {
     /// Longest usable local prefix (a multiple of `S` below the prompt's end), referenced:
@@ -109,26 +109,13 @@ impl State {
                 r.attempt += 1;
                 r.load_start = local;
                 r.load_end = ext_end;
-                let job = LoadJob {
-                    request: r.id.clone(),
-                    tokens: r.prompt.clone(),
-                    cancel: CancelToken::new(),
-                    fill: None,
-                    owner: LoadOwner {
-                        shard: 0,
-                        key: key.raw(),
-                    },
-                    attempt: r.attempt,
-                    start_tokens: local,
-                    end_tokens: ext_end,
-                    block_tables: got,
-                    block_sizes: self.geo.groups().iter().map(|g| g.block_size).collect(),
-                    deadline: None,
-                };
+                let block_sizes = self.geo.groups().iter().map(|g| g.block_size).collect();
+                let mut job = LoadJob::new(&r.id, &r.prompt, local, ext_end, got, block_sizes);
+                job.attempt = r.attempt;
                 self.metrics.loads_dispatched += 1;
                 if look.load_async {
                     r.load_cap = u64::MAX;
-                    self.jobs.push(job);
+                    self.jobs.push((key, job));
                     self.set_phase(key, Phase::Loading);
                 } else {
                     r.sync_job = Some(job);

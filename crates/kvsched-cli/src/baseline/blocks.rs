@@ -11,8 +11,8 @@ use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap;
 
-use crate::pool::{BlockRef, Census, Generation};
-use crate::rules::geometry::{BlockId, DEFAULT_NULL_BLOCK};
+use kvsched::pool::{BlockRef, Census, Generation};
+use kvsched::rules::geometry::{BlockId, DEFAULT_NULL_BLOCK};
 
 /// The block allocator and prefix cache: plain counters, a free list and a hash map.
 pub(super) struct Blocks {

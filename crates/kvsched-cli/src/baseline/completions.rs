@@ -6,12 +6,12 @@ use std::time::Instant;
 
 use super::request::Phase;
 use super::state::State;
-use crate::connector::LoadResult;
-use crate::rules::geometry::BlockId;
-use crate::runtime::claim::RequestKey;
-use crate::runtime::policy::trust::failed_load_blocks;
-use crate::runtime::worker::Completion;
-use crate::runtime::StepPlan;
+use kvsched::connector::LoadResult;
+use kvsched::rules::geometry::BlockId;
+use kvsched::runtime::claim::RequestKey;
+use kvsched::runtime::policy::trust::failed_load_blocks;
+use kvsched::runtime::worker::Completion;
+use kvsched::runtime::StepPlan;
 
 impl State {
     /// The engine's share of the step's report, as the runtime's engine thread takes it: the

@@ -2,9 +2,9 @@
 
 use std::sync::Arc as StdArc;
 
-use crate::connector::{KvConnector, NoConnector};
-use crate::rules::geometry::CacheGroup;
-use crate::rules::recovery::{Mode, Policy};
+use kvsched::connector::{KvConnector, NoConnector};
+use kvsched::rules::geometry::CacheGroup;
+use kvsched::rules::recovery::{Mode, Policy};
 
 /// Settings of a [`MutexScheduler`](super::MutexScheduler) (the same meaning as the runtime
 /// builder's).

@@ -4,7 +4,7 @@
 use rustc_hash::FxHashMap;
 
 use super::state::State;
-use crate::rules::geometry::BlockId;
+use kvsched::rules::geometry::BlockId;
 
 impl State {
     /// The violations of the invariants, one line each.

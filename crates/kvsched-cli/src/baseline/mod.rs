@@ -1,5 +1,5 @@
 //! The mutex baseline of `kvsched stress --baseline mutex`: the same engine-facing API as
-//! [`Runtime`](crate::runtime::Runtime), built the straightforward way, so one process can
+//! [`Runtime`](kvsched::runtime::Runtime), built the straightforward way, so one process can
 //! compare the two on the same seeded workload.
 //!
 //! **The same algorithm.** The decisions are the shards' own: the baseline calls the pure
@@ -15,7 +15,7 @@
 //!
 //! * **One global lock.** Every piece of scheduler state — requests, the block allocator (a
 //!   `Vec` free list with plain reference counts), the prefix cache (a `HashMap`) and the
-//!   pending-recompute marks — lives behind one [`crate::sync::Mutex`]. A step runs on the
+//!   pending-recompute marks — lives behind one [`kvsched::sync::Mutex`]. A step runs on the
 //!   calling thread only.
 //! * **Channel completions.** Worker threads take jobs from an `mpsc` channel (its receiver
 //!   shared behind a mutex) and send completions back on another `mpsc` channel, drained at the
@@ -44,7 +44,7 @@
 //! engine's output recorded and applied), [`admission`], [`scheduling`]; [`invariants`]; the
 //! [`workers`]; [`config`].
 //!
-//! [`recovery::recover`]: crate::rules::recovery::recover
+//! [`recovery::recover`]: kvsched::rules::recovery::recover
 
 mod admission;
 mod blocks;

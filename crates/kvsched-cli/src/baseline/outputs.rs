@@ -9,10 +9,10 @@ use rustc_hash::FxHashSet;
 
 use super::request::Phase;
 use super::state::State;
-use crate::rules::geometry::BlockId;
-use crate::runtime::discard::discarded;
-use crate::runtime::policy::trust::is_sync_destination;
-use crate::runtime::{EndState, StepOutput};
+use kvsched::rules::geometry::BlockId;
+use kvsched::runtime::discard::discarded;
+use kvsched::runtime::policy::trust::is_sync_destination;
+use kvsched::runtime::{EndState, StepOutput};
 
 /// What the engine asked between two steps, applied at the next one in order.
 #[derive(Debug)]

@@ -5,12 +5,12 @@
 
 use super::request::Phase;
 use super::state::State;
-use crate::rules::geometry::BlockId;
-use crate::rules::recovery::{
+use kvsched::rules::geometry::BlockId;
+use kvsched::rules::recovery::{
     self, Decision, Disposition, InvalidSet, Mode, Policy, Request, RequestClass,
 };
-use crate::runtime::claim::RequestKey;
-use crate::runtime::{EndState, RecoveredRequest, StepPlan};
+use kvsched::runtime::claim::RequestKey;
+use kvsched::runtime::{EndState, RecoveredRequest, StepPlan};
 
 impl State {
     /// Recovers from the step's report `ids` (current blocks only), recording the report,

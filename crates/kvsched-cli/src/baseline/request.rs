@@ -3,11 +3,11 @@
 use std::sync::Arc as StdArc;
 use std::time::Instant;
 
-use crate::connector::LoadJob;
-use crate::pool::{BlockRef, Generation};
-use crate::rules::geometry::{BlockId, Geometry};
-use crate::runtime::policy::trust::load_blocks;
-use crate::runtime::EndState;
+use kvsched::connector::LoadJob;
+use kvsched::pool::{BlockRef, Generation};
+use kvsched::rules::geometry::{BlockId, Geometry};
+use kvsched::runtime::policy::trust::load_blocks;
+use kvsched::runtime::EndState;
 
 /// Where a request is in its life: waiting for admission, loading its external prefix
 /// asynchronously, or running.
@@ -120,7 +120,7 @@ pub(super) fn prompt_hashes(geo: &Geometry, prompt: &[u32]) -> Vec<Vec<u64>> {
             prompt
                 .chunks_exact(grp.block_size as usize)
                 .map(|c| {
-                    parent = crate::pool::chain_hash(parent, g, c);
+                    parent = kvsched::pool::chain_hash(parent, g, c);
                     parent
                 })
                 .collect()

@@ -2,7 +2,7 @@
 
 use std::sync::Arc as StdArc;
 // The baseline deliberately uses std's mpsc channels for jobs and completions: that is the
-// design it stands for (the runtime uses lock-free queues from `crate::sync`).
+// design it stands for (the runtime uses lock-free queues from `kvsched::sync`).
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -11,13 +11,13 @@ use super::outputs::Command;
 use super::request::{prompt_hashes, Req};
 use super::state::State;
 use super::workers::Workers;
-use crate::rules::geometry::{Geometry, DEFAULT_NULL_BLOCK};
-use crate::runtime::claim::RequestKey;
-use crate::runtime::worker::Completion;
-use crate::runtime::{
+use kvsched::rules::geometry::{Geometry, DEFAULT_NULL_BLOCK};
+use kvsched::runtime::claim::RequestKey;
+use kvsched::runtime::worker::Completion;
+use kvsched::runtime::{
     EndState, Metrics, Report, RuntimeError, StepOutput, StepPlan, SubmitRequest,
 };
-use crate::sync::Mutex;
+use kvsched::sync::Mutex;
 
 /// The baseline scheduler. See the module docs.
 pub struct MutexScheduler {
@@ -130,7 +130,7 @@ impl MutexScheduler {
     }
 
     /// Applies the engine's output for the last step (at the next [`MutexScheduler::schedule`])
-    /// and returns the outputs to discard, as [`Runtime::update`](crate::runtime::Runtime::update)
+    /// and returns the outputs to discard, as [`Runtime::update`](kvsched::runtime::Runtime::update)
     /// does: the requests whose output of the step was computed from a block one of its sync
     /// loads failed to fill.
     pub fn update(&mut self, out: StepOutput) -> Vec<StdArc<str>> {

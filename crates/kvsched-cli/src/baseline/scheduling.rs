@@ -1,5 +1,5 @@
 //! Scheduling the runnable requests of a step, the shard's way
-//! ([`crate::runtime::policy::scheduling`]): running requests in canonical order get the
+//! ([`kvsched::runtime::policy::scheduling`]): running requests in canonical order get the
 //! tokens they have left within the token and sequence budgets, growing their block tables;
 //! a request without a token limit that the pool could never hold one more token of is
 //! finished; one that finds no blocks preempts the latest running request.
@@ -8,10 +8,10 @@ use std::time::Instant;
 
 use super::request::Phase;
 use super::state::State;
-use crate::runtime::claim::RequestKey;
-use crate::runtime::policy::growth::blocks_needed;
-use crate::runtime::policy::scheduling::{length_capped, preemption_victim, StepBudget};
-use crate::runtime::{EndState, ScheduledRequest, StepPlan};
+use kvsched::runtime::claim::RequestKey;
+use kvsched::runtime::policy::growth::blocks_needed;
+use kvsched::runtime::policy::scheduling::{length_capped, preemption_victim, StepBudget};
+use kvsched::runtime::{EndState, ScheduledRequest, StepPlan};
 
 impl State {
     fn grow(&mut self, key: RequestKey, upto: u64) -> bool {
@@ -101,7 +101,7 @@ impl State {
                 .map(|(t, g)| {
                     t.iter()
                         .zip(g)
-                        .map(|(&id, &generation)| crate::pool::BlockRef { id, generation })
+                        .map(|(&id, &generation)| kvsched::pool::BlockRef { id, generation })
                         .collect()
                 })
                 .collect();

@@ -13,13 +13,13 @@ use super::blocks::Blocks;
 use super::config::BaselineConfig;
 use super::outputs::Command;
 use super::request::{Phase, Req};
-use crate::connector::LoadJob;
-use crate::pool::BlockRef;
-use crate::rules::geometry::{BlockId, Geometry};
-use crate::runtime::claim::RequestKey;
-use crate::runtime::discard::HandedOut;
-use crate::runtime::worker::Completion;
-use crate::runtime::{EndState, Metrics, StepPlan};
+use kvsched::connector::LoadJob;
+use kvsched::pool::BlockRef;
+use kvsched::rules::geometry::{BlockId, Geometry};
+use kvsched::runtime::claim::RequestKey;
+use kvsched::runtime::discard::HandedOut;
+use kvsched::runtime::worker::Completion;
+use kvsched::runtime::{EndState, Metrics, StepPlan};
 
 /// Pending mark of a block whose owner ended before recomputing it.
 pub(super) const ORPHANED: u64 = u64::MAX;
@@ -54,7 +54,7 @@ pub(super) struct State {
     pub(super) answered: bool,
     pub(super) ended: Vec<(StdArc<str>, EndState)>,
     pub(super) stash: Vec<Completion>,
-    pub(super) jobs: Vec<LoadJob>,
+    pub(super) jobs: Vec<(RequestKey, LoadJob)>,
     pub(super) metrics: Metrics,
     pub(super) seq: u64,
     pub(super) step: u64,
@@ -177,7 +177,8 @@ impl State {
                 .min(r.tables[g].len());
             while r.registered[g] < full {
                 let i = r.registered[g];
-                if r.tables[g][i] != null && crate::runtime::policy::caching::cacheable(grp, i, nct)
+                if r.tables[g][i] != null
+                    && kvsched::runtime::policy::caching::cacheable(grp, i, nct)
                 {
                     let b = BlockRef {
                         id: r.tables[g][i],

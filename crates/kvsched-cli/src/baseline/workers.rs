@@ -3,19 +3,19 @@
 
 use std::sync::Arc as StdArc;
 // The baseline deliberately uses std's mpsc channels for jobs and completions: that is the
-// design it stands for (the runtime uses lock-free queues from `crate::sync`).
+// design it stands for (the runtime uses lock-free queues from `kvsched::sync`).
 use std::sync::mpsc;
 use std::time::Instant;
 
-use crate::connector::{KvConnector, LoadJob};
-use crate::runtime::claim::RequestKey;
-use crate::runtime::worker::{run_load, Completion};
-use crate::runtime::RuntimeError;
-use crate::sync::{thread, Arc, AtomicBool, AtomicU64, Mutex, Ordering};
+use kvsched::connector::{KvConnector, LoadJob};
+use kvsched::runtime::claim::RequestKey;
+use kvsched::runtime::worker::{run_load, Completion};
+use kvsched::runtime::RuntimeError;
+use kvsched::sync::{thread, Arc, AtomicBool, AtomicU64, Mutex, Ordering};
 
 /// The worker threads: jobs in by one channel, completions out by another.
 pub(super) struct Workers {
-    jobs: Option<mpsc::Sender<LoadJob>>,
+    jobs: Option<mpsc::Sender<(RequestKey, LoadJob)>>,
     stop: Arc<AtomicBool>,
     cancelled: Arc<AtomicU64>,
     /// Completions sent back.
@@ -32,7 +32,7 @@ impl Workers {
         n: usize,
         connector: &StdArc<dyn KvConnector>,
     ) -> Result<(Self, mpsc::Receiver<Completion>), RuntimeError> {
-        let (job_tx, job_rx) = mpsc::channel::<LoadJob>();
+        let (job_tx, job_rx) = mpsc::channel::<(RequestKey, LoadJob)>();
         let (done_tx, done_rx) = mpsc::channel::<Completion>();
         let job_rx = Arc::new(Mutex::new(job_rx));
         let stop = Arc::new(AtomicBool::new(false));
@@ -78,7 +78,7 @@ impl Workers {
     }
 
     /// Queues `jobs` for the workers (none once stopped).
-    pub(super) fn send(&mut self, jobs: Vec<LoadJob>) {
+    pub(super) fn send(&mut self, jobs: Vec<(RequestKey, LoadJob)>) {
         if let Some(tx) = &self.jobs {
             for j in jobs {
                 if tx.send(j).is_ok() {
@@ -117,7 +117,7 @@ impl Workers {
 /// and counting, those taken once `stop` is set) and sends its completion back (counted in
 /// `delivered`).
 fn work(
-    rx: &Mutex<mpsc::Receiver<LoadJob>>,
+    rx: &Mutex<mpsc::Receiver<(RequestKey, LoadJob)>>,
     tx: &mpsc::Sender<Completion>,
     conn: &dyn KvConnector,
     stop: &AtomicBool,
@@ -126,7 +126,7 @@ fn work(
 ) {
     loop {
         let job = rx.lock().recv();
-        let Ok(job) = job else { return };
+        let Ok((key, job)) = job else { return };
         // Acquire: pairs with the Release store in `Workers::stop`.
         if stop.load(Ordering::Acquire) {
             cancelled.fetch_add(1, Ordering::Relaxed);
@@ -134,7 +134,7 @@ fn work(
         }
         let (result, panicked) = run_load(conn, &job);
         let c = Completion {
-            key: RequestKey::from_raw(job.owner.key),
+            key,
             attempt: job.attempt,
             result,
             panicked,

@@ -1,6 +1,6 @@
 //! `kvsched replay --explain` (`docs/replay.md#explain`): why each request was decided as it
 //! was, from the traces the rules recorded while deciding
-//! ([`recover_explained`](crate::rules::recovery::recover_explained)) — as the `explain` key of
+//! ([`recover_explained`](kvsched::rules::recovery::recover_explained)) — as the `explain` key of
 //! the outcome JSON, or as plain lines (`--explain=text`).
 //!
 //! Nothing here applies a rule: every number and reason comes from a trace event. This module
@@ -10,11 +10,11 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::rules::geometry::{CacheGroup, GroupKind, MambaMode};
-use crate::rules::recovery::trace::{BoundaryRule, RequestTrace, Unusable};
-use crate::rules::recovery::{canonical_order, Disposition, HitOwner, Mode, Outcome, Policy};
-use crate::tools::replay::json::{quote, SHOW_MAX};
-use crate::tools::replay::Scenario;
+use crate::replay::json::{quote, SHOW_MAX};
+use crate::replay::Scenario;
+use kvsched::rules::geometry::{CacheGroup, GroupKind, MambaMode};
+use kvsched::rules::recovery::trace::{BoundaryRule, RequestTrace, Unusable};
+use kvsched::rules::recovery::{canonical_order, Disposition, HitOwner, Mode, Outcome, Policy};
 
 /// One request's explanation, in the outcome JSON.
 #[derive(Serialize)]
@@ -321,10 +321,10 @@ fn earliest_new(rule: BoundaryRule) -> Option<u64> {
     }
 }
 
-fn class_name(c: crate::rules::recovery::RequestClass) -> &'static str {
+fn class_name(c: kvsched::rules::recovery::RequestClass) -> &'static str {
     match c {
-        crate::rules::recovery::RequestClass::Async => "async",
-        crate::rules::recovery::RequestClass::Sync => "sync",
+        kvsched::rules::recovery::RequestClass::Async => "async",
+        kvsched::rules::recovery::RequestClass::Sync => "sync",
     }
 }
 

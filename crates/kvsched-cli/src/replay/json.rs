@@ -16,7 +16,7 @@
 
 use std::fmt::Write as _;
 
-use crate::tools::replay::ScenarioError;
+use crate::replay::ScenarioError;
 
 /// How deep arrays and objects may nest (a scenario needs 4 levels).
 const MAX_DEPTH: usize = 128;

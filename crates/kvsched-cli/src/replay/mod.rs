@@ -16,9 +16,9 @@ use std::time::Instant;
 
 use thiserror::Error;
 
-use crate::rules::geometry::Geometry;
-use crate::rules::recovery::trace::RequestTrace;
-use crate::rules::recovery::{
+use kvsched::rules::geometry::Geometry;
+use kvsched::rules::recovery::trace::RequestTrace;
+use kvsched::rules::recovery::{
     recover, recover_explained, InvalidSet, Mode, Outcome, Policy, Request,
 };
 

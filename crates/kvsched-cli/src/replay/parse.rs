@@ -2,13 +2,13 @@
 //! checked with its path, the geometry built, the requests validated, and the library's
 //! errors turned into the field-path messages of `docs/replay.md#bad-input`.
 
-use crate::rules::geometry::{BlockId, CacheGroup, Geometry, GeometryError, MambaMode};
-use crate::rules::recovery::{
+use crate::replay::fields::{array, one_of, uint, uint_list, Obj};
+use crate::replay::json::{self, describe, quote, Json};
+use crate::replay::{err, Scenario, ScenarioError};
+use kvsched::rules::geometry::{BlockId, CacheGroup, Geometry, GeometryError, MambaMode};
+use kvsched::rules::recovery::{
     validate_requests, InvalidSet, Mode, Policy, RecoveryError, Request, RequestClass,
 };
-use crate::tools::replay::fields::{array, one_of, uint, uint_list, Obj};
-use crate::tools::replay::json::{self, describe, quote, Json};
-use crate::tools::replay::{err, Scenario, ScenarioError};
 
 const TOP_FIELDS: &[&str] = &[
     "mode",
@@ -64,7 +64,7 @@ fn scenario_from_json(doc: Json) -> Result<Scenario, ScenarioError> {
     };
     let null_block = top
         .opt_uint("null_block_id")?
-        .unwrap_or(crate::rules::geometry::DEFAULT_NULL_BLOCK);
+        .unwrap_or(kvsched::rules::geometry::DEFAULT_NULL_BLOCK);
 
     let groups = array(top.required("groups")?, "groups")?
         .enumerate()

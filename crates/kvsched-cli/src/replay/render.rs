@@ -3,11 +3,11 @@
 
 use serde::Serialize;
 
-use crate::rules::geometry::BlockId;
-use crate::rules::recovery::trace::RequestTrace;
-use crate::rules::recovery::Outcome;
-use crate::tools::replay::explain::{explain_json, ExplainJson};
-use crate::tools::replay::Scenario;
+use crate::replay::explain::{explain_json, ExplainJson};
+use crate::replay::Scenario;
+use kvsched::rules::geometry::BlockId;
+use kvsched::rules::recovery::trace::RequestTrace;
+use kvsched::rules::recovery::Outcome;
 
 #[derive(Serialize)]
 struct OutcomeJson<'a> {
@@ -49,7 +49,7 @@ pub fn render_outcome(scenario: &Scenario, outcome: &Outcome) -> String {
 }
 
 /// [`render_outcome`] with the `explain` key (`docs/replay.md#explain`): `traces` from
-/// [`recover_explained`](crate::rules::recovery::recover_explained) on `scenario`, in input
+/// [`recover_explained`](kvsched::rules::recovery::recover_explained) on `scenario`, in input
 /// order.
 pub fn render_outcome_explained(
     scenario: &Scenario,

@@ -4,8 +4,8 @@
 use rustc_hash::FxHashSet;
 
 use super::report::FaultCounts;
-use crate::rules::recovery::{Mode, RequestClass};
-use crate::runtime::{Report, StepPlan};
+use kvsched::rules::recovery::{Mode, RequestClass};
+use kvsched::runtime::{Report, StepPlan};
 
 /// Checks one plan: nobody scheduled in the step that told it to wait; every claimed block is
 /// in the report and claimed once per marked set.

@@ -8,8 +8,8 @@ use std::time::Duration;
 use serde::Serialize;
 use thiserror::Error;
 
-use super::engines::EnginesArgs;
 use super::faults::{Faults, FAULT_NAMES};
+use super::processes::EnginesArgs;
 use super::store::{StoreParser, StoreSpec};
 use super::values::{
     parse_live, parse_max_seqs, parse_mode, parse_policy, parse_pool, parse_seconds, parse_shards,
@@ -18,9 +18,9 @@ use super::values::{
     MAX_KV_MEMORY_BYTES, MAX_LIVE, MAX_MAMBA_STATE_BYTES, MAX_MAX_SEQS, MAX_POOL_BLOCKS,
     MAX_REPEAT, MAX_SHARDS, MAX_STORE_BYTES, MAX_WORKERS, MIN_STORE_BYTES,
 };
-use crate::rules::geometry::GroupKind;
-use crate::rules::recovery::{Mode, Policy};
-use crate::runtime::{RuntimeError, Settings};
+use kvsched::rules::geometry::GroupKind;
+use kvsched::rules::recovery::{Mode, Policy};
+use kvsched::runtime::{RuntimeError, Settings};
 
 /// Default of `--requests`.
 pub const DEFAULT_REQUESTS: u64 = 20_000;
@@ -550,7 +550,7 @@ impl StressConfig {
 
     /// The scheduler block size `S` of the geometry.
     pub(super) fn scheduler_block_size(&self) -> u64 {
-        crate::rules::geometry::Geometry::new(self.groups.groups(), None, 0)
+        kvsched::rules::geometry::Geometry::new(self.groups.groups(), None, 0)
             .map(|g| g.scheduler_block_size())
             .unwrap_or(16)
     }
@@ -582,7 +582,7 @@ impl StressConfig {
     /// a store holding chunks of another layout (a disk directory reused with other flags)
     /// never offers them.
     pub(super) fn kv_tag(&self) -> u64 {
-        crate::rng::hash_str(&format!(
+        kvsched_testkit::hash_str(&format!(
             "kvsched-stress:{}:{}:{}",
             self.groups.name(),
             self.kv_bytes_per_token,

@@ -24,13 +24,13 @@ use super::report::{
 use super::scheduler::{Mechanisms, Scheduler};
 use super::store::Opened;
 use super::workload::Workload;
-use crate::connector::SplitMix64;
-use crate::kv::TierConnector;
-use crate::pool::BlockRef;
-use crate::rules::recovery::Mode;
-use crate::runtime::RuntimeError;
-use crate::runtime::{EndState, Metrics, Report, StepOutput, StepPlan};
-use crate::sim::SimEngine;
+use kvsched::kv::TierConnector;
+use kvsched::pool::BlockRef;
+use kvsched::rules::recovery::Mode;
+use kvsched::runtime::RuntimeError;
+use kvsched::runtime::{EndState, Metrics, Report, StepOutput, StepPlan};
+use kvsched_testkit::SimEngine;
+use kvsched_testkit::SplitMix64;
 
 /// The data plane of one run: the store it opened, the connector over it and the engine
 /// (host KV memory and the verifying checker inside).

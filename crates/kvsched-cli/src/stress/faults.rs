@@ -2,7 +2,7 @@
 //! fault-injecting wrapper around the run's [`TierConnector`]). The engine side (late
 //! cancels, duplicate outputs, stale blocks, client cancels) is in the engine loop; the store
 //! faults (`corrupt`, `truncate`, `evict`, `slow`) act on the stored bytes through a
-//! [`FaultyTier`](crate::kv::FaultyTier) (see `store`).
+//! [`FaultyTier`](kvsched_testkit::FaultyTier) (see `store`).
 
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,11 +13,10 @@ use crossbeam_queue::SegQueue;
 use serde::Serialize;
 
 use super::config::{StressConfig, HANG_DEADLINES};
-use crate::connector::{
-    KvConnector, LoadJob, LoadResult, LookupQuery, LookupResult, SimulatedPanic, SplitMix64,
-};
-use crate::kv::TierConnector;
-use crate::rng::hash_str;
+use kvsched::connector::{KvConnector, LoadJob, LoadResult, LookupQuery, LookupResult};
+use kvsched::kv::TierConnector;
+use kvsched_testkit::hash_str;
+use kvsched_testkit::{SimulatedPanic, SplitMix64};
 
 /// The fault names of `--faults`, in order.
 pub const FAULT_NAMES: [&str; 10] = [
@@ -136,7 +135,7 @@ impl FromStr for Faults {
 /// cancellation fired and fails every block. With `late=R` it also records the requests it
 /// offers an asynchronous load, for the engine to cancel.
 ///
-/// The faults are decided here rather than in the [`SimTier`](crate::kv::SimTier), which
+/// The faults are decided here rather than in the [`SimTier`](kvsched_testkit::SimTier), which
 /// decides per tier call: a sync load calls the same tier on the engine's thread, where a
 /// panic would end the engine and a hang stall its step, while `deadline` and `panic` are
 /// faults of the runtime's asynchronous loads (what its deadline and worker catch exist for).

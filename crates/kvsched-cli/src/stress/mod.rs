@@ -7,14 +7,14 @@
 //! A loop of steps: submit the requests whose arrival time has come, [`Scheduler::update`] with
 //! the last step's output (which says which outputs to discard), settle that step's KV reads,
 //! [`Scheduler::schedule`], then "run the model": wait a fixed cost per step (`--model-us`)
-//! and let the [`SimEngine`](crate::sim::SimEngine) answer the plan on real KV bytes.
+//! and let the [`SimEngine`](kvsched_testkit::SimEngine) answer the plan on real KV bytes.
 //!
 //! # Real bytes
 //!
 //! Every run has a data plane: host KV memory sized to the pool
-//! ([`HostKvMemory`](crate::kv::HostKvMemory), `--kv-bytes-per-token`, `--mamba-state-bytes`),
-//! a [`TierConnector`](crate::kv::TierConnector) joining it to the store of `--store`
-//! ([`store`]), and the verifying [`KvChecker`](crate::sim::KvChecker) inside the engine. The
+//! ([`HostKvMemory`](kvsched::kv::HostKvMemory), `--kv-bytes-per-token`, `--mamba-state-bytes`),
+//! a [`TierConnector`](kvsched::kv::TierConnector) joining it to the store of `--store`
+//! ([`store`]), and the verifying [`KvChecker`](kvsched_testkit::KvChecker) inside the engine. The
 //! engine runs the plan's synchronous loads through the connector (failed blocks go into
 //! [`StepOutput::invalid_blocks`]), reads every KV entry each scheduled request's tables name
 //! and checks it against a reference computed from the request's own tokens, writes what the
@@ -76,7 +76,7 @@
 //! counts what was injected (`faults_injected`) and what the scheduler did about it
 //! (`events`, `kv`); see [`render_json`].
 //!
-//! [`FaultyTier`]: crate::kv::FaultyTier
+//! [`FaultyTier`]: kvsched_testkit::FaultyTier
 //!
 //! # Invariants
 //!
@@ -104,19 +104,19 @@
 //! [`Scheduler::update`]: scheduler::Scheduler::update
 //! [`Scheduler::schedule`]: scheduler::Scheduler::schedule
 //! [`Scheduler::check_invariants`]: scheduler::Scheduler::check_invariants
-//! [`StepOutput::invalid_blocks`]: crate::runtime::StepOutput::invalid_blocks
-//! [`StepPlan::runnable_latency_ns`]: crate::runtime::StepPlan::runnable_latency_ns
-//! [`Report::violations`]: crate::runtime::Report::violations
+//! [`StepOutput::invalid_blocks`]: kvsched::runtime::StepOutput::invalid_blocks
+//! [`StepPlan::runnable_latency_ns`]: kvsched::runtime::StepPlan::runnable_latency_ns
+//! [`Report::violations`]: kvsched::runtime::Report::violations
 
 mod checks;
 mod config;
 mod cpu;
 mod drive;
-mod engines;
 mod faults;
 mod figures;
 mod histograms;
 mod plot;
+mod processes;
 mod progress;
 mod render;
 mod report;
@@ -128,25 +128,25 @@ mod workload;
 use std::sync::Arc;
 
 pub use config::{StressConfig, StressError};
-pub use engines::{progress_sink, run_engines};
 pub use plot::render_svg;
+pub use processes::{progress_sink, run_engines};
 pub use progress::{terminal_progress, Progress};
 pub use render::{render_human, render_json};
 pub use report::StressReport;
 pub use values::BaselineKind;
-// Named by the tools' tests (`crate::tools::stress::{Preset, Rate, Scheduler}`); nothing else outside
+// Named by the tools' tests (`crate::stress::{Preset, Rate, Scheduler}`); nothing else outside
 // this module does.
 #[cfg(test)]
 pub use scheduler::Scheduler;
 #[cfg(test)]
 pub use values::{Preset, Rate};
 
-use crate::kv::{HostKvMemory, KvLayout, KvMemory, TierConnector, TierConnectorConfig};
-use crate::runtime::Runtime;
-use crate::sim::{KvChecker, SimEngine};
-use crate::tools::baseline::{BaselineConfig, MutexScheduler};
+use crate::baseline::{BaselineConfig, MutexScheduler};
 use drive::{drive, Plane};
 use faults::{silence_simulated_panics, FaultConnector};
+use kvsched::kv::{HostKvMemory, KvLayout, KvMemory, TierConnector, TierConnectorConfig};
+use kvsched::runtime::Runtime;
+use kvsched_testkit::{KvChecker, SimEngine};
 use progress::Nth;
 use report::RunReport;
 use store::Stores;
@@ -203,9 +203,9 @@ fn plane(cfg: &StressConfig, stores: &Stores, who: &str) -> Result<Plane, Stress
     let state = usize::try_from(cfg.mamba_state_bytes).map_err(|e| kv(&e))?;
     let layout = KvLayout::for_groups(&groups, bpt, state).map_err(|e| kv(&e))?;
     // A chunk is one block of one group, behind its header and (with a key) its MAC.
-    let max_chunk = crate::kv::HEADER_LEN
+    let max_chunk = kvsched::kv::HEADER_LEN
         .saturating_add(layout.max_block_bytes())
-        .saturating_add(crate::kv::MAC_LEN);
+        .saturating_add(kvsched::kv::MAC_LEN);
     let store = stores.open(cfg, who, max_chunk)?;
     let memory: Arc<dyn KvMemory> =
         Arc::new(HostKvMemory::new(layout, cfg.pool_blocks).map_err(|e| kv(&e))?);

@@ -2,8 +2,8 @@
 //!
 //! With `--engines N` (or `--redis-restarts K`) the process that parsed the command line runs
 //! no scheduler. It is the *parent*: it owns the shared store's server when `--store redis`
-//! asks for one (a [`LocalRedis`](crate::kv::redis::LocalRedis), or with `--redis-cluster M` a
-//! [`LocalCluster`](crate::kv::redis::LocalCluster), with `--redis-maxmemory`), and runs `N`
+//! asks for one (a [`LocalRedis`](kvsched_testkit::redis::LocalRedis), or with `--redis-cluster M` a
+//! [`LocalCluster`](kvsched_testkit::redis::LocalCluster), with `--redis-maxmemory`), and runs `N`
 //! child processes of its own binary, each
 //!
 //! ```text

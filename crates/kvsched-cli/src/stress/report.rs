@@ -9,7 +9,7 @@ use super::cpu::CpuReport;
 use super::figures::{Figures, Stats};
 use super::histograms::Curves;
 use super::scheduler::Mechanisms;
-use crate::runtime::Metrics;
+use kvsched::runtime::Metrics;
 
 /// Request counts.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]

@@ -4,8 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::runtime::{Metrics, Report, Runtime, RuntimeError, StepOutput, StepPlan, SubmitRequest};
-use crate::tools::baseline::MutexScheduler;
+use crate::baseline::MutexScheduler;
+use kvsched::runtime::{
+    Metrics, Report, Runtime, RuntimeError, StepOutput, StepPlan, SubmitRequest,
+};
 
 /// Which of the runtime's fault-handling mechanisms a scheduler has: the report shows the
 /// counters of a mechanism a scheduler lacks as absent, not as 0.

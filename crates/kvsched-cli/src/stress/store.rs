@@ -26,10 +26,8 @@ use std::time::Duration;
 use serde::{Serialize, Serializer};
 
 use super::config::{StressConfig, StressError};
-use crate::kv::{
-    DiskConfig, DiskTier, FaultConfig, FaultCounts, FaultTarget, FaultyTier, MemoryTier, SimTier,
-    SimTierConfig, Tier,
-};
+use kvsched::kv::{DiskConfig, DiskTier, MemoryTier, Tier};
+use kvsched_testkit::{FaultConfig, FaultCounts, FaultTarget, FaultyTier, SimTier, SimTierConfig};
 
 /// `--store`.
 #[derive(Clone, PartialEq, Eq)]
@@ -173,7 +171,7 @@ fn parse_redis(_: &str) -> Result<StoreSpec, String> {
 
 #[cfg(feature = "redis")]
 fn parse_redis(s: &str) -> Result<StoreSpec, String> {
-    use crate::kv::redis::RedisConfig;
+    use kvsched::kv::redis::RedisConfig;
     if s == "redis" {
         return Ok(StoreSpec::Redis);
     }
@@ -357,8 +355,9 @@ mod redis_store {
     //! `--store redis://…`.
 
     use super::{store_error, Opened, StoreSpec};
-    use crate::kv::redis::{LocalCluster, LocalRedis, LocalRedisOptions, RedisConfig, RedisTier};
-    use crate::tools::stress::config::{StressConfig, StressError};
+    use crate::stress::config::{StressConfig, StressError};
+    use kvsched::kv::redis::{RedisConfig, RedisTier};
+    use kvsched_testkit::redis::{LocalCluster, LocalRedis, LocalRedisOptions};
 
     /// A private server, stopped when dropped (and killed with this process).
     pub(super) enum Server {

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use serde::{Serialize, Serializer};
 
-use crate::rules::geometry::{CacheGroup, MambaMode};
-use crate::rules::recovery::{Mode, Policy};
+use kvsched::rules::geometry::{CacheGroup, MambaMode};
+use kvsched::rules::recovery::{Mode, Policy};
 
 /// The most pool blocks (`--pool-blocks`): 2^24, the runtime builder's cap.
 pub const MAX_POOL_BLOCKS: usize = 1 << 24;
@@ -149,7 +149,7 @@ impl std::fmt::Display for Rate {
 /// Which baseline to run beside kvsched.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BaselineKind {
-    /// [`MutexScheduler`](crate::tools::baseline::MutexScheduler): one global mutex, mpsc
+    /// [`MutexScheduler`](crate::baseline::MutexScheduler): one global mutex, mpsc
     /// completions, sequential recovery.
     Mutex,
 }

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use super::config::StressConfig;
 use super::values::{saturating_secs, Rate};
-use crate::connector::SplitMix64;
-use crate::runtime::SubmitRequest;
+use kvsched::runtime::SubmitRequest;
+use kvsched_testkit::SplitMix64;
 
 const BASE_PREFIXES: u64 = 16;
 

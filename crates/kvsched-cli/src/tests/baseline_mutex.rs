@@ -1,4 +1,4 @@
-//! The mutex baseline (`crate::tools::baseline`): random workloads with many load failures, shared
+//! The mutex baseline (`crate::baseline`): random workloads with many load failures, shared
 //! prefixes, sync and async loads, cancels and engine finishes, in both modes and policies and
 //! every geometry preset. After every step the SPEC §7 invariants hold; the plan never
 //! schedules a request in the step that told it to wait, never has two claimants of one block
@@ -8,12 +8,12 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::connector::{SimConfig, SimConnector, SplitMix64};
-use crate::rules::recovery::{Disposition, Mode, Policy, RequestClass};
-use crate::runtime::{StepOutput, SubmitRequest};
-use crate::sim::SimEngine;
-use crate::tools::baseline::{BaselineConfig, MutexScheduler};
-use crate::tools::stress::{run_stress, BaselineKind, Preset, Rate, StressConfig};
+use crate::baseline::{BaselineConfig, MutexScheduler};
+use crate::stress::{run_stress, BaselineKind, Preset, Rate, StressConfig};
+use kvsched::rules::recovery::{Disposition, Mode, Policy, RequestClass};
+use kvsched::runtime::{StepOutput, SubmitRequest};
+use kvsched_testkit::SimEngine;
+use kvsched_testkit::{SimConfig, SimConnector, SplitMix64};
 
 fn run(seed: u64, preset: Preset, mode: Mode, policy: Policy, steps: usize) -> (u64, u64) {
     let sim = Arc::new(SimConnector::new(SimConfig {

@@ -5,10 +5,10 @@
 
 use std::path::Path;
 
-use crate::rules::geometry::{BlockId, CacheGroup, Geometry, MambaMode};
-use crate::rules::recovery::{self, InvalidSet, Mode, Policy, Request, RequestClass};
-use crate::tools::parallel::recover_sharded;
-use crate::tools::replay::parse_scenario;
+use crate::parallel::recover_sharded;
+use crate::replay::parse_scenario;
+use kvsched::rules::geometry::{BlockId, CacheGroup, Geometry, MambaMode};
+use kvsched::rules::recovery::{self, InvalidSet, Mode, Policy, Request, RequestClass};
 use proptest::prelude::*;
 
 fn scenario_files() -> Vec<std::path::PathBuf> {

@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use crate::tools::replay::{parse_scenario, render_outcome};
+use crate::replay::{parse_scenario, render_outcome};
 use serde_json::Value;
 
 fn scenario_dir() -> PathBuf {
@@ -156,7 +156,7 @@ fn rendering_is_pretty_with_trailing_newline_and_spec_key_order() {
 /// computed length is the outcome's, and a rendering that is the plain one plus `explain`.
 #[test]
 fn explained_runs_equal_plain_runs() {
-    use crate::tools::replay::{render_explain_text, render_outcome_explained};
+    use crate::replay::{render_explain_text, render_outcome_explained};
     for f in scenario_files() {
         let text = std::fs::read_to_string(&f).expect("readable");
         let sc = parse_scenario(&text).expect("valid scenario");

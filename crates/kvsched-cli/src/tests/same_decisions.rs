@@ -24,14 +24,14 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::connector::{SimConfig, SimConnector, SplitMix64};
-use crate::rng::hash_str;
-use crate::rules::recovery::{Mode, Policy};
-use crate::runtime::route::shard_of;
-use crate::runtime::{EndState, Metrics, Runtime, Settings, StepOutput, StepPlan, SubmitRequest};
-use crate::sim::SimEngine;
-use crate::tools::baseline::{BaselineConfig, MutexScheduler};
-use crate::tools::stress::{Preset, Scheduler};
+use crate::baseline::{BaselineConfig, MutexScheduler};
+use crate::stress::{Preset, Scheduler};
+use kvsched::rules::recovery::{Mode, Policy};
+use kvsched::runtime::route::shard_of;
+use kvsched::runtime::{EndState, Metrics, Runtime, Settings, StepOutput, StepPlan, SubmitRequest};
+use kvsched_testkit::hash_str;
+use kvsched_testkit::SimEngine;
+use kvsched_testkit::{SimConfig, SimConnector, SplitMix64};
 
 /// Prefix families (base prompts that requests share a prefix of).
 const FAMILIES: usize = 6;
@@ -149,7 +149,7 @@ fn totals(m: &Metrics) -> [(&'static str, u64); 21] {
 
 /// The seeded connector of `c`: instant loads, many failures, sync and async loads.
 fn connector(c: &Case) -> Arc<SimConnector> {
-    let s = crate::rules::geometry::Geometry::new(c.preset.groups(), None, 0)
+    let s = kvsched::rules::geometry::Geometry::new(c.preset.groups(), None, 0)
         .map(|g| g.scheduler_block_size())
         .unwrap_or(16);
     Arc::new(SimConnector::new(SimConfig {

@@ -20,14 +20,18 @@ use std::fs;
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::net::TcpListener;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::config::{Redactor, RedisConfig, Secret};
-use crate::sync::condvar::Condvar;
-use crate::sync::{thread, Arc, AtomicU64, Mutex, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread;
+
+use parking_lot::{Condvar, Mutex};
+
+use super::redact::{Redactor, Secret};
+use crate::process::die_with_parent;
 
 /// Why a local server could not be started or managed. Texts never contain the passwords.
 #[derive(Debug, thiserror::Error)]
@@ -246,7 +250,7 @@ impl Keeper {
                         KeeperState::Exit => return,
                         other => {
                             *st = other;
-                            st = cv.wait(st);
+                            cv.wait(&mut st);
                         }
                     }
                 }
@@ -268,7 +272,7 @@ impl Keeper {
                 KeeperState::Spawned(r) => return r,
                 other => {
                     *st = other;
-                    st = cv.wait(st);
+                    cv.wait(&mut st);
                 }
             }
         }
@@ -283,33 +287,6 @@ impl Drop for Keeper {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-    }
-}
-
-/// Sets `PR_SET_PDEATHSIG(SIGKILL)` in the child of `cmd`.
-fn die_with_parent(cmd: &mut Command) {
-    let parent = std::process::id();
-    // SAFETY: the closure runs in the forked child before exec, where only async-signal-safe
-    // calls are allowed: `prctl` and `getppid` are system calls, and the error is built from
-    // a raw errno without allocating. It touches no memory shared with the parent.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::prctl(
-                libc::PR_SET_PDEATHSIG,
-                libc::SIGKILL as libc::c_ulong,
-                0,
-                0,
-                0,
-            ) != 0
-            {
-                return Err(io::Error::last_os_error());
-            }
-            // The parent may have died between fork and prctl: then no signal will come.
-            if libc::getppid() as u32 != parent {
-                return Err(io::Error::from_raw_os_error(libc::ESRCH));
-            }
-            Ok(())
-        });
     }
 }
 
@@ -585,13 +562,20 @@ impl LocalRedis {
     /// Runs one command on the plain port (authenticated as the options say) and returns its
     /// reply as text. For setup and tests; errors redacted.
     pub fn query(&self, args: &[&str]) -> Result<String, String> {
-        let mut cfg = RedisConfig::standalone(&self.addr()).map_err(|e| e.to_string())?;
-        if let Some((user, pw)) = self.options.client_credentials() {
-            cfg = cfg.credentials(user, pw);
-        }
-        let addr = cfg.seeds.first().cloned().ok_or("no address")?;
+        let (username, password) = match self.options.client_credentials() {
+            Some((user, pw)) => (user.map(str::to_owned), Some(pw.to_owned())),
+            None => (None, None),
+        };
+        let info = ::redis::ConnectionInfo {
+            addr: ::redis::ConnectionAddr::Tcp("127.0.0.1".to_owned(), self.port),
+            redis: ::redis::RedisConnectionInfo {
+                username,
+                password,
+                ..::redis::RedisConnectionInfo::default()
+            },
+        };
         let client =
-            super::node::client_for(&addr, &cfg, None).map_err(|e| self.redactor.clean(&e))?;
+            ::redis::Client::open(info).map_err(|e| self.redactor.clean(&e.to_string()))?;
         let t = Duration::from_secs(2);
         let run = || -> ::redis::RedisResult<String> {
             let mut con = client.get_connection_with_timeout(t)?;

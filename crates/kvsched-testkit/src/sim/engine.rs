@@ -5,9 +5,9 @@ use std::fmt;
 use std::sync::Arc as StdArc;
 
 use super::kv_check::{KvCheckCounters, KvChecker, StepCheck};
-use crate::connector::{KvConnector, LoadJob, LoadResult};
-use crate::kv::{TierConnector, TierError};
-use crate::runtime::{ScheduledRequest, StepOutput, StepPlan};
+use kvsched::connector::{KvConnector, LoadJob, LoadResult};
+use kvsched::kv::{TierConnector, TierError};
+use kvsched::{ScheduledRequest, StepOutput, StepPlan};
 
 /// What a [`SimEngine`] has done, summed over the plans it ran.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -184,8 +184,8 @@ impl Default for SimEngine<'_> {
 
 impl<'a> SimEngine<'a> {
     /// An engine that runs each synchronous load with `sync_loads` (for a
-    /// [`SimConnector`](crate::connector::SimConnector), its
-    /// [`decide`](crate::connector::SimConnector::decide): the connector's failure decision
+    /// [`SimConnector`](crate::SimConnector), its
+    /// [`decide`](crate::SimConnector::decide): the connector's failure decision
     /// without its latency).
     pub fn new(sync_loads: impl FnMut(&LoadJob) -> LoadResult + Send + 'a) -> Self {
         SimEngine {

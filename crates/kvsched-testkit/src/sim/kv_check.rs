@@ -18,18 +18,17 @@
 //!    bytes differ from the reference or it is read through a null entry.
 //! 6. A load writes poison into every block it reports invalid (the connector's job).
 //! 7. Garbage units of steps whose output the engine keeps are `garbage_reads`; those of
-//!    steps [`Runtime::update`](crate::Runtime::update) says to discard are
+//!    steps [`Runtime::update`](kvsched::Runtime::update) says to discard are
 //!    `garbage_reads_discarded`.
 
 use std::sync::Arc as StdArc;
 
 use rustc_hash::FxHashMap;
 
-use crate::connector::{KvConnector, LoadResult};
-use crate::kv::KvMemory;
-use crate::pool::BlockRef;
-use crate::rules::geometry::{CacheGroup, GroupKind, MambaMode};
-use crate::runtime::{BlockTable, ScheduledRequest, StepPlan};
+use kvsched::connector::{KvConnector, LoadResult};
+use kvsched::kv::KvMemory;
+use kvsched::rules::geometry::{CacheGroup, GroupKind, MambaMode};
+use kvsched::{BlockRef, BlockTable, ScheduledRequest, StepPlan};
 
 /// What a [`KvChecker`] counted.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -422,11 +421,11 @@ impl KvChecker {
     }
 
     /// The entries a request's step completed that a tier can hold (full prompt blocks), as
-    /// `(group, index, block)`, for [`TierConnector::save_blocks`](crate::kv::TierConnector::save_blocks)
-    /// ([`completed_prompt_blocks`](crate::kv::completed_prompt_blocks) on its prompt).
+    /// `(group, index, block)`, for [`TierConnector::save_blocks`](kvsched::kv::TierConnector::save_blocks)
+    /// ([`completed_prompt_blocks`](kvsched::kv::completed_prompt_blocks) on its prompt).
     pub fn completed_prompt_blocks(&self, s: &ScheduledRequest) -> Vec<(usize, usize, u64)> {
         match self.reqs.get(&s.id) {
-            Some(t) => crate::kv::completed_prompt_blocks(&self.groups, t.prompt_len, s),
+            Some(t) => kvsched::kv::completed_prompt_blocks(&self.groups, t.prompt_len, s),
             None => Vec::new(),
         }
     }

@@ -12,7 +12,7 @@ use std::io::{self, Write};
 use kvsched::rules::geometry::{BlockId, CacheGroup, Geometry, GroupKind, MambaMode};
 use kvsched::rules::recovery::{Mode, Policy, Request, RequestClass};
 
-pub use kvsched::connector::SplitMix64;
+pub use kvsched_testkit::SplitMix64;
 
 /// `k` distinct indices out of `0..n`, in random order (partial Fisher–Yates).
 pub fn choose(rng: &mut SplitMix64, n: usize, k: usize) -> Vec<usize> {

@@ -1,6 +1,6 @@
 //! The KV connector: what an engine plugs in to supply leading tokens from an external store
-//! (CPU memory, SSD, a remote cache), and a seeded simulated connector for tests, examples and
-//! the stress tool.
+//! (CPU memory, SSD, a remote cache). The data plane's connector, joining a tier to KV memory,
+//! is [`TierConnector`](crate::kv::TierConnector); a simulated one is in `kvsched-testkit`.
 //!
 //! A connector has two sides: [`KvConnector::lookup`], called by the scheduler at admission to
 //! learn how many tokens past the local prefix-cache hit it can supply and whether the load is
@@ -11,12 +11,8 @@ use crate::pool::{BlockPool, BlockRef};
 use crate::sync::Arc;
 
 mod cancel;
-mod sim;
 
 pub use cancel::CancelToken;
-
-pub use crate::rng::SplitMix64;
-pub use sim::{SimConfig, SimConnector, SimulatedPanic};
 
 /// What the scheduler asks at admission.
 #[derive(Clone, Copy, Debug)]

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use rustc_hash::FxHashMap;
 
-use super::{ChunkKey, FaultTarget, Tier, TierError};
+use super::{ChunkKey, Tier, TierError};
 use crate::connector::CancelToken;
 use crate::sync::{AtomicU64, Mutex, Ordering};
 
@@ -244,36 +244,25 @@ impl Tier for MemoryTier {
     }
 }
 
-impl FaultTarget for MemoryTier {
-    fn corrupt_stored(&self, key: ChunkKey, pick: u64) -> Result<bool, TierError> {
-        let mut hit = false;
-        self.with_stored(key, |v| {
-            let at = super::faults::pick_offset(pick, v.len());
-            if let Some(b) = v.get_mut(at) {
-                *b ^= super::faults::pick_bit(pick);
-                hit = true;
-            }
-        });
-        Ok(hit)
+/// Editing a stored value in place: what a repair tool or the test kit's fault injection
+/// (`kvsched_testkit::FaultyTier`) uses to change a value at rest exactly as real damage would.
+impl MemoryTier {
+    /// Lets `edit` change the value stored for `key` in place (the tier's byte counts follow
+    /// its new length; its recency is untouched). Returns what `edit` returned, or `false`
+    /// when no value is held.
+    pub fn edit_stored(&self, key: ChunkKey, edit: impl FnOnce(&mut Vec<u8>) -> bool) -> bool {
+        let mut changed = false;
+        self.with_stored(key, |v| changed = edit(v));
+        changed
     }
 
-    fn truncate_stored(&self, key: ChunkKey, pick: u64) -> Result<bool, TierError> {
-        let mut hit = false;
-        self.with_stored(key, |v| {
-            if !v.is_empty() {
-                v.truncate(super::faults::pick_offset(pick, v.len()));
-                hit = true;
-            }
-        });
-        Ok(hit)
-    }
-
-    fn remove(&self, key: ChunkKey) -> Result<bool, TierError> {
+    /// Deletes the value stored for `key`; `false` if none was held.
+    pub fn remove(&self, key: ChunkKey) -> bool {
         let old = self.shard(key).lock().remove(key);
         if let Some(v) = &old {
             self.note_removed(v.len());
         }
-        Ok(old.is_some())
+        old.is_some()
     }
 }
 
@@ -348,19 +337,26 @@ mod tests {
     }
 
     #[test]
-    fn fault_hooks_damage_the_stored_value() {
+    fn edit_and_remove_change_the_stored_value() {
         let t = MemoryTier::new(1000, 2);
         t.put(&[(k(1), vec![0; 10]), (k(2), vec![0; 10])]).unwrap();
-        assert!(t.corrupt_stored(k(1), 3).unwrap());
+        assert!(t.edit_stored(k(1), |v| {
+            v[3] ^= 1;
+            true
+        }));
         assert_eq!(
             get1(&t, k(1)).unwrap().iter().filter(|&&b| b != 0).count(),
             1
         );
-        assert!(t.truncate_stored(k(2), 4).unwrap());
-        assert!(get1(&t, k(2)).unwrap().len() < 10);
-        assert_eq!(t.stats().bytes, 10 + get1(&t, k(2)).unwrap().len() as u64);
-        assert!(t.remove(k(1)).unwrap());
-        assert!(!t.remove(k(1)).unwrap());
-        assert!(!t.corrupt_stored(k(1), 0).unwrap());
+        assert!(t.edit_stored(k(2), |v| {
+            v.truncate(4);
+            true
+        }));
+        assert_eq!(get1(&t, k(2)).unwrap().len(), 4);
+        assert_eq!(t.stats().bytes, 10 + 4);
+        assert!(!t.edit_stored(k(2), |_| false));
+        assert!(t.remove(k(1)));
+        assert!(!t.remove(k(1)));
+        assert!(!t.edit_stored(k(1), |_| true));
     }
 }

@@ -15,7 +15,7 @@ use crate::connector::{
     InvalidBlocks, KvConnector, LoadJob, LoadResult, LookupQuery, LookupResult,
 };
 use crate::pool::BlockRef;
-use crate::rng::{hash_str, SplitMix64};
+use crate::rng::{hash_str, unit_of};
 use crate::rules::geometry::{BlockId, CacheGroup, Geometry};
 use crate::sync::{Arc, AtomicU64, Ordering};
 
@@ -450,10 +450,9 @@ impl KvConnector for TierConnector {
             return LookupResult::default();
         }
         bump(&self.counters.lookup_hits, 1);
-        let mut rng = SplitMix64::new(self.cfg.seed ^ hash_str(q.request));
         LookupResult {
             external_tokens: offer - q.local_tokens,
-            load_async: rng.unit() < self.cfg.async_ratio,
+            load_async: unit_of(self.cfg.seed ^ hash_str(q.request)) < self.cfg.async_ratio,
         }
     }
 

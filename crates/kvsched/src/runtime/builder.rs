@@ -7,7 +7,6 @@ use crate::connector::{KvConnector, NoConnector};
 use crate::pool::BlockPool;
 use crate::rules::geometry::{CacheGroup, Geometry, DEFAULT_NULL_BLOCK};
 use crate::rules::recovery::{Mode, Policy};
-use crate::runtime::engine::Runtime;
 use crate::runtime::error::RuntimeError;
 use crate::runtime::handoff::spawn_shard_threads;
 #[cfg(doc)]
@@ -16,6 +15,7 @@ use crate::runtime::settings::Settings;
 use crate::runtime::shard::{Metrics, StepSettings};
 use crate::runtime::shared::Inner;
 use crate::runtime::signal::WorkSignal;
+use crate::runtime::step::Runtime;
 use crate::runtime::worker::{Completion, WorkerPool};
 use crate::sync::{Arc, ArrayQueue, Parker};
 

@@ -18,15 +18,18 @@ use crate::runtime::shard::BlockTable;
 /// What the runtime remembers of a scheduled request to answer the question: its id, its
 /// computed length before the step (`P`) and the tables the plan handed out.
 #[derive(Clone, Debug)]
-pub(crate) struct StepReads {
+pub struct StepReads {
+    /// The request id.
     pub id: StdArc<str>,
+    /// Its computed length before the step (`P`).
     pub pre_step_tokens: u64,
+    /// The tables the plan handed out.
     pub tables: StdArc<[BlockTable]>,
 }
 
 /// The requests of `reads` whose scan range holds one of `invalid` (ids of blocks the step's
 /// sync loads failed to fill), in plan order.
-pub(crate) fn discarded(
+pub fn discarded(
     geo: &Geometry,
     reads: &[StepReads],
     invalid: &FxHashSet<BlockId>,
@@ -55,7 +58,7 @@ pub(crate) fn discarded(
 /// sample, which blocks its sync loads wrote, and what each request read. The runtime and
 /// the mutex baseline record it the same way.
 #[derive(Debug, Default)]
-pub(crate) struct HandedOut {
+pub struct HandedOut {
     /// Requests the plan scheduled to sample (a sample for any other is ignored).
     pub samplers: FxHashSet<StdArc<str>>,
     /// The destination blocks of each sync load (a failed block must be one of them).
@@ -66,7 +69,7 @@ pub(crate) struct HandedOut {
 
 impl HandedOut {
     /// Records `plan` (replacing the last one).
-    pub(crate) fn record(&mut self, plan: &crate::runtime::StepPlan) {
+    pub fn record(&mut self, plan: &crate::runtime::StepPlan) {
         self.samplers = plan
             .scheduled
             .iter()

@@ -5,7 +5,6 @@ use std::sync::Arc as StdArc;
 use std::time::{Duration, Instant};
 
 use crate::runtime::claim::RequestKey;
-use crate::runtime::engine::Runtime;
 use crate::runtime::error::RuntimeError;
 #[cfg(doc)]
 use crate::runtime::settings::Settings;
@@ -13,6 +12,7 @@ use crate::runtime::settings::Settings;
 use crate::runtime::shard::Metrics;
 use crate::runtime::shard::{Command, NewRequest};
 use crate::runtime::shared::Inner;
+use crate::runtime::step::Runtime;
 use crate::sync::{Arc, Ordering};
 
 /// A request to submit.

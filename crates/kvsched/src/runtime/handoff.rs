@@ -12,11 +12,11 @@ use std::time::{Duration, Instant};
 
 use crate::rules::geometry::BlockId;
 use crate::rules::recovery::InvalidSet;
-use crate::runtime::engine::Runtime;
 use crate::runtime::error::RuntimeError;
 use crate::runtime::settings::Settings;
 use crate::runtime::shard::{Shard, StepSettings};
 use crate::runtime::shared::Inner;
+use crate::runtime::step::Runtime;
 use crate::sync::{thread, Arc, Backoff, Ordering, Parker, Unparker};
 
 /// How long a shard thread keeps checking for the next step (spinning, then yielding)

@@ -1,7 +1,7 @@
 //! The invariants that can be checked between steps ([`Runtime::check_invariants`]).
 
 use crate::rules::geometry::BlockId;
-use crate::runtime::engine::Runtime;
+use crate::runtime::step::Runtime;
 
 impl Runtime {
     /// SPEC §7 invariants that can be checked between steps; returns the violations.

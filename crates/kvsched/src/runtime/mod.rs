@@ -48,10 +48,10 @@ mod builder;
 pub mod claim;
 #[cfg(not(any(kvsched_loom, feature = "internals")))]
 pub(crate) mod claim;
-#[cfg(not(kvsched_loom))]
+#[cfg(all(not(kvsched_loom), feature = "internals"))]
+pub mod discard;
+#[cfg(all(not(kvsched_loom), not(feature = "internals")))]
 pub(crate) mod discard;
-#[cfg(not(kvsched_loom))]
-mod engine;
 #[cfg(not(kvsched_loom))]
 mod error;
 #[cfg(not(kvsched_loom))]
@@ -64,7 +64,9 @@ mod invariants;
 mod plan;
 #[cfg(all(test, not(kvsched_loom)))]
 mod poison_tests;
-#[cfg(not(kvsched_loom))]
+#[cfg(all(not(kvsched_loom), feature = "internals"))]
+pub mod policy;
+#[cfg(all(not(kvsched_loom), not(feature = "internals")))]
 pub(crate) mod policy;
 #[cfg(not(kvsched_loom))]
 mod quarantine;
@@ -84,6 +86,8 @@ mod shared;
 mod shutdown;
 #[cfg(not(kvsched_loom))]
 mod signal;
+#[cfg(not(kvsched_loom))]
+mod step;
 #[cfg(any(kvsched_loom, feature = "internals"))]
 pub mod worker;
 #[cfg(not(any(kvsched_loom, feature = "internals")))]
@@ -92,13 +96,13 @@ pub(crate) mod worker;
 #[cfg(not(kvsched_loom))]
 pub use self::{
     builder::Builder,
-    engine::Runtime,
     error::RuntimeError,
     handle::{Handle, SubmitRequest},
     plan::{StepOutput, StepPlan, StepRecovery},
     report::Report,
     settings::Settings,
     shard::{BlockTable, EndState, Metrics, RecoveredRequest, ScannedRequest, ScheduledRequest},
+    step::Runtime,
 };
 #[cfg(not(kvsched_loom))]
 mod order;

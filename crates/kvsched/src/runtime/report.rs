@@ -3,9 +3,9 @@
 //! [`Display`]: std::fmt::Display
 
 use crate::pool::Census;
-#[cfg(doc)]
-use crate::runtime::engine::Runtime;
 use crate::runtime::shard::Metrics;
+#[cfg(doc)]
+use crate::runtime::step::Runtime;
 
 /// The final account of a runtime.
 #[derive(Clone, Debug)]

@@ -5,8 +5,8 @@ use std::sync::Arc as StdArc;
 use std::time::Duration;
 
 use crate::rules::recovery::{Mode, Policy};
-use crate::runtime::engine::Runtime;
 use crate::runtime::error::RuntimeError;
+use crate::runtime::step::Runtime;
 
 /// Settings that can change while the runtime runs ([`Runtime::update_settings`]). Shards
 /// read one snapshot per step, so a change applies from the next step, never mid-step.

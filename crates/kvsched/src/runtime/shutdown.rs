@@ -4,9 +4,9 @@
 #[cfg(doc)]
 use crate::runtime::builder::Builder;
 use crate::runtime::claim::RequestKey;
-use crate::runtime::engine::Runtime;
 use crate::runtime::handoff::panic_message;
 use crate::runtime::report::Report;
+use crate::runtime::step::Runtime;
 use crate::runtime::worker::Completion;
 use crate::sync::Ordering;
 

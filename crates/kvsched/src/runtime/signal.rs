@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::runtime::engine::Runtime;
+use crate::runtime::step::Runtime;
 use crate::sync::{AtomicU64, Ordering, Unparker};
 
 /// Wake-ups for an idle engine: bumped on every delivered completion.

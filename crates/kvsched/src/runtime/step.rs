@@ -419,8 +419,7 @@ impl Runtime {
     /// queue yet. 0 means the next [`Runtime::schedule`] takes every completion of every load
     /// dispatched so far (a lockstep engine waits for that, so no decision depends on when a
     /// worker finishes).
-    #[cfg_attr(not(feature = "cli"), allow(dead_code))] // used by the stress tool
-    pub(crate) fn loads_in_flight(&self) -> u64 {
+    pub fn loads_in_flight(&self) -> u64 {
         let Some(w) = &self.workers else {
             return 0;
         };

@@ -7,8 +7,8 @@ use kvsched::connector::{CancelToken, KvConnector};
 use kvsched::kv::{
     ChunkKey, HostKvMemory, KvLayout, KvMemory, Tier, TierConnector, TierConnectorConfig, TierError,
 };
-use kvsched::sim::KvChecker;
 use kvsched::{Builder, CacheGroup, Report, Runtime, StepOutput, StepPlan, SubmitRequest};
+use kvsched_testkit::KvChecker;
 
 const BPT: usize = 8;
 const STATE: usize = 32;
@@ -211,7 +211,7 @@ impl HangingTier {
 
     fn hangs(&self, key: ChunkKey) -> bool {
         let mut r =
-            kvsched::connector::SplitMix64::new(self.seed ^ key.0 as u64 ^ (key.0 >> 64) as u64);
+            kvsched_testkit::SplitMix64::new(self.seed ^ key.0 as u64 ^ (key.0 >> 64) as u64);
         r.unit() < self.rate
     }
 

@@ -80,7 +80,7 @@ impl Plan {
                 StoreSpec::Redis => None,
                 _ => value_of(stress_args, "--store"),
             },
-            safe_mode: cfg.mode == crate::rules::recovery::Mode::Safe,
+            safe_mode: cfg.mode == kvsched::rules::recovery::Mode::Safe,
         })
     }
 }

@@ -3,13 +3,15 @@
 
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::ExitStatusExt;
+
+use kvsched_testkit::process::die_with_parent;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use super::combine::{EngineOutcome, Exit};
 use super::PROGRESS_MARKER;
-use crate::sync::{thread, Arc, AtomicBool, AtomicU64, Mutex, Ordering};
+use kvsched::sync::{thread, Arc, AtomicBool, AtomicU64, Mutex, Ordering};
 
 /// The most bytes of a child's stdout kept (its JSON report is a few tens of KiB); the rest
 /// is read and dropped, and the report marked cut.
@@ -261,34 +263,6 @@ pub fn for_each_line(mut r: impl Read, max: usize, mut f: impl FnMut(&[u8])) {
     }
     if !line.is_empty() {
         f(&line);
-    }
-}
-
-/// Sets `PR_SET_PDEATHSIG(SIGKILL)` in the child of `cmd`: it is killed when the thread
-/// that spawned it ends (the parent's main thread, so: when the parent ends).
-fn die_with_parent(cmd: &mut Command) {
-    let parent = std::process::id();
-    // SAFETY: the closure runs in the forked child before exec, where only async-signal-safe
-    // calls are allowed: `prctl` and `getppid` are system calls, and the error is built from
-    // a raw errno without allocating. It touches no memory shared with the parent.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::prctl(
-                libc::PR_SET_PDEATHSIG,
-                libc::SIGKILL as libc::c_ulong,
-                0,
-                0,
-                0,
-            ) != 0
-            {
-                return Err(io::Error::last_os_error());
-            }
-            // The parent may have died between fork and prctl: then no signal would come.
-            if libc::getppid() as u32 != parent {
-                return Err(io::Error::from_raw_os_error(libc::ESRCH));
-            }
-            Ok(())
-        });
     }
 }
 

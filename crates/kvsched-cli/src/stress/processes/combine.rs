@@ -679,7 +679,7 @@ fn thousands(n: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tools::stress::{render_json, run_stress, Rate, StressConfig};
+    use crate::stress::{render_json, run_stress, Rate, StressConfig};
     use serde_json::json;
 
     fn plan(engines: u8, restarts: u32, safe: bool) -> Plan {

@@ -9,9 +9,9 @@ use super::args::Plan;
 #[cfg(feature = "redis")]
 pub enum OwnedServer {
     /// One server.
-    Single(Box<crate::kv::redis::LocalRedis>),
+    Single(Box<kvsched_testkit::redis::LocalRedis>),
     /// A cluster.
-    Cluster(crate::kv::redis::LocalCluster),
+    Cluster(kvsched_testkit::redis::LocalCluster),
 }
 
 /// Without feature `redis` there is never an owned server.
@@ -22,7 +22,7 @@ pub enum OwnedServer {}
 impl OwnedServer {
     /// Starts the server `plan` asks for (`None` unless `--store redis`).
     pub fn start(plan: &Plan) -> Result<Option<OwnedServer>, String> {
-        use crate::kv::redis::{LocalCluster, LocalRedis, LocalRedisOptions};
+        use kvsched_testkit::redis::{LocalCluster, LocalRedis, LocalRedisOptions};
         if plan.store != StoreSpec::Redis {
             return Ok(None);
         }

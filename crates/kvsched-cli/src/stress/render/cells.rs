@@ -1,7 +1,7 @@
 //! Numbers as the human table writes them: thousands separators, counted nouns, and a cell's
 //! median with the min–max of the runs.
 
-use crate::tools::stress::figures::{Format, Stats};
+use crate::stress::figures::{Format, Stats};
 
 /// A number written in `format`, with thousands separators.
 pub(super) fn num(x: f64, format: Format) -> String {

@@ -5,7 +5,7 @@
 //! without such a cause is reported as a divergence.
 
 use super::cells::{count, counted};
-use crate::tools::stress::report::{RunReport, StressReport};
+use crate::stress::report::{RunReport, StressReport};
 
 /// The decision totals compared, each with its label.
 fn totals(r: &RunReport) -> [(&'static str, u64); 13] {

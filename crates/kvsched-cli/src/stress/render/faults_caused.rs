@@ -5,9 +5,9 @@ use std::fmt::Write as _;
 
 use super::cells::count;
 use super::table::wrap;
-use crate::tools::stress::config::HANG_DEADLINES;
-use crate::tools::stress::faults::FAULT_NAMES;
-use crate::tools::stress::report::{RunReport, StressReport};
+use crate::stress::config::HANG_DEADLINES;
+use crate::stress::faults::FAULT_NAMES;
+use crate::stress::report::{RunReport, StressReport};
 
 /// What a fault caused in one run, as a sentence.
 type Caused = fn(&RunReport) -> String;

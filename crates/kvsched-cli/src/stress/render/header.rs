@@ -4,12 +4,12 @@
 use std::fmt::Write as _;
 
 use super::table::wrap;
-use crate::rules::geometry::GroupKind;
-use crate::rules::recovery::{Mode, Policy};
-use crate::tools::stress::config::StressConfig;
-use crate::tools::stress::faults::FAULT_NAMES;
-use crate::tools::stress::report::StressReport;
-use crate::tools::stress::values::{show_size, Rate};
+use crate::stress::config::StressConfig;
+use crate::stress::faults::FAULT_NAMES;
+use crate::stress::report::StressReport;
+use crate::stress::values::{show_size, Rate};
+use kvsched::rules::geometry::GroupKind;
+use kvsched::rules::recovery::{Mode, Policy};
 
 /// The settings line, and the faults line with `--faults`.
 pub(super) fn settings(c: &StressConfig, o: &mut String) {

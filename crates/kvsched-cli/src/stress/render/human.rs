@@ -8,8 +8,8 @@ use super::header::{legend, settings};
 use super::invariants::invariants;
 use super::notes::notes;
 use super::table::{wrap, Table};
-use crate::tools::stress::figures::{Figure, FigureSection, Format, KV_SECTION};
-use crate::tools::stress::report::{RunReport, StressReport};
+use crate::stress::figures::{Figure, FigureSection, Format, KV_SECTION};
+use crate::stress::report::{RunReport, StressReport};
 
 /// The report as a human-readable table, newline-terminated: the settings, a legend, one
 /// section per group of figures (kvsched, the baseline and their ratio side by side; with

@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use crate::tools::stress::report::StressReport;
+use crate::stress::report::StressReport;
 
 /// The invariants section: per scheduler, whether its accounts reconciled and its verdict
 /// (over every run), with every violation.

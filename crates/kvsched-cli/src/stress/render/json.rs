@@ -1,6 +1,6 @@
 //! The report as JSON: the serialized [`StressReport`], and what its keys mean.
 
-use crate::tools::stress::report::StressReport;
+use crate::stress::report::StressReport;
 
 /// The report as JSON (one object, pretty-printed, newline-terminated).
 ///
@@ -26,14 +26,14 @@ use crate::tools::stress::report::StressReport;
 /// samples_after_cancel,fault_cancels_after_end,late_cancels_ended}`, `config.repeat`,
 /// `kv.*` (the KV bytes loaded, saved and verified, the garbage reads — `null` with
 /// `--verify off` — and the connector's integrity counters, see
-/// [`KvCounts`](crate::tools::stress::report::KvCounts)),
+/// [`KvCounts`](crate::stress::report::KvCounts)),
 /// `faults_injected.{corrupt,truncate,evict,slow}`, `config.{store,store_capacity,
 /// redis_cluster,redis_maxmemory,kv_bytes_per_token,mamba_state_bytes,verify}`, and
 /// `figures`: every row of the human table keyed by its value's path in a run, each with
 /// `section`, `label`, `better` (`higher`, `lower` or `null`), `kvsched` and `baseline` as
 /// `{median,min,max,runs}` and, for a ranked figure with a baseline, `ratio` likewise and
 /// `ratio_crosses_1`. With `--repeat`, the top level and `baseline` are the medians of the
-/// runs ([`RunReport::median`](crate::tools::stress::report::RunReport::median)) and
+/// runs ([`RunReport::median`](crate::stress::report::RunReport::median)) and
 /// `ratios` the medians of the per-pair ratios. `docs/stress.md` documents every key.
 ///
 /// `faults_injected` counts what `--faults` injected, exactly (all 0 without it):
@@ -57,7 +57,7 @@ use crate::tools::stress::report::StressReport;
 /// * `slow`: loads delayed 4× the load deadline (`slow=R`: share R of chunk reads).
 ///
 /// `events` are the scheduler's counters at the end
-/// ([`Metrics`](crate::runtime::Metrics)): how it absorbed them (`deadlines_expired`,
+/// ([`Metrics`](kvsched::runtime::Metrics)): how it absorbed them (`deadlines_expired`,
 /// `late_completions` ⊆ `stale_completions`, `connector_panics`, `stale_blocks`,
 /// `unknown_commands`, and the retry-budget / quarantine / hand-off counts).
 /// `invariants.reconciled` is whether submitted = finished + failed + cancelled (and the

@@ -4,11 +4,11 @@
 
 use super::cells::{count, counted};
 use super::decisions::decisions_notes;
-use crate::rules::recovery::Mode;
-use crate::tools::stress::config::StressConfig;
-use crate::tools::stress::figures::{FigureSection, KV_SECTION};
-use crate::tools::stress::report::{RunReport, StressReport};
-use crate::tools::stress::values::Rate;
+use crate::stress::config::StressConfig;
+use crate::stress::figures::{FigureSection, KV_SECTION};
+use crate::stress::report::{RunReport, StressReport};
+use crate::stress::values::Rate;
+use kvsched::rules::recovery::Mode;
 
 /// The notes under a section, where a figure needs one.
 pub(super) fn notes(sec: &FigureSection, report: &StressReport) -> Vec<String> {
@@ -58,7 +58,7 @@ fn kv_notes(report: &StressReport, notes: &mut Vec<String>) {
         notes.push(format!(
             "store {}: not warmed (--hit-ratio is for the sim store); it starts with what it holds and fills with the full prompt blocks the engine computes and saves{}",
             c.store.shown(),
-            if matches!(c.store, crate::tools::stress::store::StoreSpec::Disk(_)) {
+            if matches!(c.store, crate::stress::store::StoreSpec::Disk(_)) {
                 " (each scheduler in its own subdirectory, kvsched/ and mutex/: a later run on the directory loads what earlier ones saved, counted as saved by an earlier run)"
             } else {
                 ""

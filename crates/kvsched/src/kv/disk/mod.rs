@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use rustc_hash::FxHashMap;
 
-use super::{ChunkKey, FaultTarget, Tier, TierError};
+use super::{ChunkKey, Tier, TierError};
 use crate::connector::CancelToken;
 use crate::sync::{AtomicU64, Mutex, Ordering};
 
@@ -375,7 +375,7 @@ impl DiskTier {
         }
     }
 
-    /// Opens the file of `key` for damage; `None` if absent.
+    /// Opens the file of `key` for an edit; `None` if absent.
     fn open_stored(&self, key: ChunkKey) -> Result<Option<(File, u64, PathBuf)>, TierError> {
         let path = self.chunk_path(key);
         match safe_open(&path, true, self.limit())? {
@@ -492,41 +492,39 @@ impl Tier for DiskTier {
     }
 }
 
-impl FaultTarget for DiskTier {
-    fn corrupt_stored(&self, key: ChunkKey, pick: u64) -> Result<bool, TierError> {
+/// Editing a stored value in place: what a repair tool or the test kit's fault injection
+/// (`kvsched_testkit::FaultyTier`) uses to change a file at rest exactly as real damage would.
+impl DiskTier {
+    /// Reads the file of `key`, lets `edit` change its bytes, and writes them back into the
+    /// same file (no atomic rename: this is damage at rest, not a store). Returns what `edit`
+    /// returned, or `false` when no value is held.
+    pub fn edit_stored(
+        &self,
+        key: ChunkKey,
+        edit: impl FnOnce(&mut Vec<u8>) -> bool,
+    ) -> Result<bool, TierError> {
         let Some((mut f, len, path)) = self.open_stored(key)? else {
             return Ok(false);
         };
-        if len == 0 {
+        let mut v = Vec::with_capacity(len.min(self.limit()) as usize);
+        f.read_to_end(&mut v)
+            .map_err(|e| io_err("edit", &path, e))?;
+        if !edit(&mut v) {
             return Ok(false);
         }
-        let at = super::faults::pick_offset(pick, len.min(usize::MAX as u64) as usize) as u64;
-        let mut b = [0u8; 1];
-        f.seek(SeekFrom::Start(at))
-            .and_then(|_| f.read_exact(&mut b))
-            .and_then(|()| f.seek(SeekFrom::Start(at)))
-            .and_then(|_| f.write_all(&[b[0] ^ super::faults::pick_bit(pick)]))
-            .map_err(|e| io_err("corrupt", &path, e))?;
-        Ok(true)
-    }
-
-    fn truncate_stored(&self, key: ChunkKey, pick: u64) -> Result<bool, TierError> {
-        let Some((f, len, path)) = self.open_stored(key)? else {
-            return Ok(false);
-        };
-        if len == 0 {
-            return Ok(false);
-        }
-        let to = super::faults::pick_offset(pick, len.min(usize::MAX as u64) as usize) as u64;
         let mut index = self.index.lock();
-        f.set_len(to).map_err(|e| io_err("truncate", &path, e))?;
+        f.seek(SeekFrom::Start(0))
+            .and_then(|_| f.write_all(&v))
+            .and_then(|()| f.set_len(v.len() as u64))
+            .map_err(|e| io_err("edit", &path, e))?;
         if index.map.contains_key(&key) {
-            index.insert(key, to);
+            index.insert(key, v.len() as u64);
         }
         Ok(true)
     }
 
-    fn remove(&self, key: ChunkKey) -> Result<bool, TierError> {
+    /// Deletes the file of `key`; `false` if there was none.
+    pub fn remove(&self, key: ChunkKey) -> Result<bool, TierError> {
         let path = self.chunk_path(key);
         let mut index = self.index.lock();
         index.remove(key);

@@ -1,6 +1,6 @@
-//! [`RedisTier`]: a [`Tier`] on a Redis server or a Redis Cluster (feature `redis`), and
-//! [`LocalRedis`] / [`LocalCluster`], which own local `redis-server` processes for tests,
-//! benchmarks and the stress tool.
+//! [`RedisTier`]: a [`Tier`] on a Redis server or a Redis Cluster (feature `redis`). Local
+//! `redis-server` processes for tests and benchmarks are the test kit's
+//! (`kvsched_testkit::redis`).
 //!
 //! * `config` — [`RedisConfig`]: URL parsing, settings, credential redaction;
 //! * `pool` — a bounded connection pool per node, with the node's reconnect backoff;
@@ -9,8 +9,7 @@
 //! * `reply` — the bounded RESP2 reply parser;
 //! * `tls` — rustls settings and the bounded read of the CA file;
 //! * `cluster` — hash slots, the `CLUSTER SLOTS` map, MOVED/ASK;
-//! * `resp` — command packing;
-//! * `server` — [`LocalRedis`], [`LocalCluster`].
+//! * `resp` — command packing.
 //!
 //! # Keys and values
 //!
@@ -56,9 +55,9 @@
 //!
 //! # Faults
 //!
-//! A `RedisTier` is a [`FaultTarget`]: wrapped in a [`FaultyTier`](crate::kv::FaultyTier) it
-//! takes damage at rest (a value read, damaged and written back) and deletions (`DEL`), on
-//! the server every engine sharing it reads.
+//! [`RedisTier::edit_stored`] and [`RedisTier::remove`] change one value at rest (a value
+//! read, edited and written back; a `DEL`): the test kit's fault injection damages the
+//! server every engine sharing it reads through them.
 //!
 //! # Limits
 //!
@@ -75,7 +74,6 @@ mod node;
 mod pool;
 mod reply;
 mod resp;
-mod server;
 mod tls;
 
 use ::redis::Value;
@@ -85,14 +83,10 @@ use self::config::NodeAddr;
 use self::conn::Budget;
 use self::node::{Node, Shared};
 use crate::connector::CancelToken;
-use crate::kv::faults::{pick_bit, pick_offset};
-use crate::kv::{ChunkKey, FaultTarget, Tier, TierError};
+use crate::kv::{ChunkKey, Tier, TierError};
 use crate::sync::{Arc, AtomicU64, Ordering};
 
 pub use self::config::{ConfigError, RedisConfig, MAX_SEEDS, MAX_TAG_LEN};
-pub use self::server::{
-    redis_server_on_path, LocalCluster, LocalRedis, LocalRedisOptions, ServerError,
-};
 
 /// Counters a tier keeps (all Relaxed: they are statistics, read without ordering).
 #[derive(Debug, Default)]
@@ -545,53 +539,30 @@ impl Tier for RedisTier {
     }
 }
 
+/// Editing a stored value in place: what a repair tool or the test kit's fault injection
+/// (`kvsched_testkit::FaultyTier`) uses to change a value at rest exactly as real damage would.
 impl RedisTier {
-    /// Reads `key`'s value, lets `damage` change it, and writes it back if it did.
-    fn rewrite(
+    /// Reads `key`'s value, lets `edit` change it, and writes it back if it did (`GET`, then
+    /// `SET`): not atomic, so a writer storing the same key in between has its value edited
+    /// instead, and one storing it just after undoes the edit. Returns what `edit` returned,
+    /// or `false` when no value is held.
+    pub fn edit_stored(
         &self,
         key: ChunkKey,
-        damage: impl FnOnce(&mut Vec<u8>) -> bool,
+        edit: impl FnOnce(&mut Vec<u8>) -> bool,
     ) -> Result<bool, TierError> {
         let Some(Some(mut v)) = self.get(&[key], &CancelToken::new())?.into_iter().next() else {
             return Ok(false);
         };
-        if !damage(&mut v) {
+        if !edit(&mut v) {
             return Ok(false);
         }
         self.put(&[(key, v)])?;
         Ok(true)
     }
-}
 
-/// Damage at rest for a [`FaultyTier`](crate::kv::FaultyTier) on Redis. `corrupt_stored`
-/// and `truncate_stored` read the value and write the damaged one back (`GET`, then `SET`):
-/// not atomic, so a writer storing the same key in between has its value damaged instead, and
-/// one storing it just after repairs it. `remove` is a `DEL`.
-impl FaultTarget for RedisTier {
-    fn corrupt_stored(&self, key: ChunkKey, pick: u64) -> Result<bool, TierError> {
-        self.rewrite(key, |v| {
-            let at = pick_offset(pick, v.len());
-            match v.get_mut(at) {
-                Some(b) => {
-                    *b ^= pick_bit(pick);
-                    true
-                }
-                None => false,
-            }
-        })
-    }
-
-    fn truncate_stored(&self, key: ChunkKey, pick: u64) -> Result<bool, TierError> {
-        self.rewrite(key, |v| {
-            if v.is_empty() {
-                return false;
-            }
-            v.truncate(pick_offset(pick, v.len()));
-            true
-        })
-    }
-
-    fn remove(&self, key: ChunkKey) -> Result<bool, TierError> {
+    /// Deletes `key`'s value (`DEL`); `false` if none was held.
+    pub fn remove(&self, key: ChunkKey) -> Result<bool, TierError> {
         let replies = self.run(&[key], Op::Del, None)?;
         match replies.first() {
             Some(Value::Int(n)) => Ok(*n > 0),

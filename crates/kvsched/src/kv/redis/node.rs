@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use ::redis::{Client, ConnectionAddr, ConnectionInfo, RedisConnectionInfo, Value};
+use ::redis::Value;
 
 use super::config::{NodeAddr, RedisConfig, Secret};
 use super::conn::{Budget, Conn, ConnError, Login};
@@ -50,46 +50,6 @@ impl std::fmt::Debug for Node {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Node({})", self.addr)
     }
-}
-
-/// The client for `addr` under `cfg`'s TLS and credentials. `root_pem`: the CA file's
-/// contents, if one is configured.
-pub(crate) fn client_for(
-    addr: &NodeAddr,
-    cfg: &RedisConfig,
-    root_pem: Option<&[u8]>,
-) -> Result<Client, String> {
-    let redis = RedisConnectionInfo {
-        db: cfg.db,
-        username: cfg.username.as_ref().map(|s| s.0.clone()),
-        password: cfg.password.as_ref().map(|s| s.0.clone()),
-        ..RedisConnectionInfo::default()
-    };
-    let tcp_addr = if cfg.tls {
-        ConnectionAddr::TcpTls {
-            host: addr.host.clone(),
-            port: addr.port,
-            insecure: false,
-            tls_params: None,
-        }
-    } else {
-        ConnectionAddr::Tcp(addr.host.clone(), addr.port)
-    };
-    let info = ConnectionInfo {
-        addr: tcp_addr,
-        redis,
-    };
-    let client = match root_pem {
-        Some(pem) if cfg.tls => Client::build_with_tls(
-            info,
-            ::redis::TlsCertificates {
-                client_tls: None,
-                root_cert: Some(pem.to_vec()),
-            },
-        ),
-        _ => Client::open(info),
-    };
-    client.map_err(|e| e.to_string())
 }
 
 impl Node {

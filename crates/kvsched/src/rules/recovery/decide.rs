@@ -57,7 +57,7 @@ impl<O> Decision<O> {
     }
 
     /// The decision for a request without a hit: its computed length unchanged.
-    pub(crate) fn unaffected(num_computed_tokens: u64) -> Self {
+    pub fn unaffected(num_computed_tokens: u64) -> Self {
         Decision {
             disposition: Disposition::Unaffected,
             num_computed_tokens,

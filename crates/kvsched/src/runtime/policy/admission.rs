@@ -8,7 +8,7 @@ use crate::rules::geometry::Geometry;
 /// down to `S`, never past the last multiple of `S` below the prompt's last token (which is
 /// always computed), never below `local`. A result above `local` is the external range
 /// `local..end` to load.
-pub(crate) fn external_end(geo: &Geometry, prompt_len: u64, local: u64, offered: u64) -> u64 {
+pub fn external_end(geo: &Geometry, prompt_len: u64, local: u64, offered: u64) -> u64 {
     let limit = geo.round_down_to_s(prompt_len.saturating_sub(1));
     geo.round_down_to_s(local.saturating_add(offered))
         .clamp(local, limit.max(local))

@@ -7,7 +7,7 @@ use crate::rules::geometry::{CacheGroup, GroupKind, MambaMode};
 /// A Mamba group in mode `align` keeps one real state, the one at the computed length: an
 /// older entry was never written with the state at its block's end (a step that ran past it
 /// wrote only its own last state), so it is not cached.
-pub(crate) fn cacheable(grp: &CacheGroup, index: usize, computed: u64) -> bool {
+pub fn cacheable(grp: &CacheGroup, index: usize, computed: u64) -> bool {
     // Planted bug `mamba-align-cache-unwritten` (tests/plants.sh): every full Mamba entry is
     // cached, real state or not (tests/kv_engine.rs reads garbage).
     if cfg!(kvsched_plant = "mamba-align-cache-unwritten") {

@@ -5,7 +5,7 @@ use crate::rules::geometry::CacheGroup;
 
 /// Blocks the tables need, all groups together, to hold `tokens` tokens, beyond the entries
 /// they have (`held`: one count per group, in group order).
-pub(crate) fn blocks_needed(
+pub fn blocks_needed(
     groups: &[CacheGroup],
     held: impl IntoIterator<Item = usize>,
     tokens: u64,
@@ -19,7 +19,7 @@ pub(crate) fn blocks_needed(
 
 /// Whether `tokens` tokens need more blocks, all groups together, than a pool of
 /// `pool_blocks` slots holds besides the null block.
-pub(crate) fn outgrows_pool(groups: &[CacheGroup], tokens: u64, pool_blocks: usize) -> bool {
+pub fn outgrows_pool(groups: &[CacheGroup], tokens: u64, pool_blocks: usize) -> bool {
     let need: u64 = groups.iter().map(|g| g.blocks_for_tokens(tokens)).sum();
     need > pool_blocks.saturating_sub(1) as u64
 }

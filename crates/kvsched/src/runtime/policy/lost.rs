@@ -18,7 +18,7 @@ use crate::rules::geometry::{CacheGroup, GroupKind, MambaMode};
 
 /// Whether a request whose step `[pre_step, pre_step + tokens)` was lost can be offered again
 /// at `pre_step`, with `written` tokens known written.
-pub(crate) fn reoffer_at_pre_step(
+pub fn reoffer_at_pre_step(
     groups: &[CacheGroup],
     pre_step: u64,
     tokens: u64,

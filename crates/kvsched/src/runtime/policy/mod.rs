@@ -16,10 +16,10 @@
 //! same order (canonical order for admission and scheduling, admission sequence for landing
 //! loads and applying outputs).
 
-pub(crate) mod admission;
-pub(crate) mod caching;
-pub(crate) mod growth;
-pub(crate) mod lost;
-pub(crate) mod prefix;
-pub(crate) mod scheduling;
-pub(crate) mod trust;
+pub mod admission;
+pub mod caching;
+pub mod growth;
+pub mod lost;
+pub mod prefix;
+pub mod scheduling;
+pub mod trust;

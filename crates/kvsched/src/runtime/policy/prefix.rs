@@ -14,13 +14,13 @@ use crate::rules::geometry::{CacheGroup, Geometry, GroupKind, MambaMode};
 /// Candidate prefix lengths tried per admission, longest first. Bounds an admission's
 /// prefix-cache lookups (a candidate found incomplete gives back what it took) when the
 /// groups that may hold null entries keep rejecting the longer candidates.
-pub(crate) const MAX_PREFIX_PROBES: usize = 8;
+pub const MAX_PREFIX_PROBES: usize = 8;
 
 /// The longest prefix worth trying for a prompt of `prompt_len` tokens whose block hashes
 /// are `hashes` (per group, chained): below the prompt's last token (always computed), at
 /// most the leading run of blocks `cached` reports in the prefix cache, in every group that
 /// needs every entry below the prefix (full attention, Mamba `all`). Not rounded to `S`.
-pub(crate) fn prefix_cap(
+pub fn prefix_cap(
     geo: &Geometry,
     prompt_len: u64,
     hashes: &[Vec<BlockHash>],
@@ -38,7 +38,7 @@ pub(crate) fn prefix_cap(
 
 /// The prefix lengths to try for a prefix of at most `cap` tokens, longest first: the
 /// multiples of `S` at or below `cap`, at most [`MAX_PREFIX_PROBES`] of them, never 0.
-pub(crate) fn prefix_candidates(geo: &Geometry, cap: u64) -> impl Iterator<Item = u64> {
+pub fn prefix_candidates(geo: &Geometry, cap: u64) -> impl Iterator<Item = u64> {
     let s = geo.scheduler_block_size();
     let top = geo.round_down_to_s(cap);
     (0..MAX_PREFIX_PROBES as u64)
@@ -49,7 +49,7 @@ pub(crate) fn prefix_candidates(geo: &Geometry, cap: u64) -> impl Iterator<Item 
 /// What a prefix of `len` tokens needs from group `grp`, as `(nullable, n)`: its first `n`
 /// entries, of which those below `nullable` are the null block and the others
 /// (`nullable..n`) must be prefix-cache hits.
-pub(crate) fn prefix_entries(grp: &CacheGroup, len: u64) -> (usize, usize) {
+pub fn prefix_entries(grp: &CacheGroup, len: u64) -> (usize, usize) {
     (
         grp.nullable_below(len) as usize,
         (len / grp.block_size) as usize,

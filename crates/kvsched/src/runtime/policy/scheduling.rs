@@ -9,30 +9,30 @@ use super::growth::outgrows_pool;
 
 /// What is left of a step's budget: tokens and sequences.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct StepBudget {
+pub struct StepBudget {
     tokens: u64,
     seqs: usize,
 }
 
 impl StepBudget {
     /// A step's whole budget: `tokens` tokens over at most `seqs` requests.
-    pub(crate) fn new(tokens: u64, seqs: usize) -> Self {
+    pub fn new(tokens: u64, seqs: usize) -> Self {
         StepBudget { tokens, seqs }
     }
 
     /// Whether nothing more can be scheduled in the step.
-    pub(crate) fn exhausted(&self) -> bool {
+    pub fn exhausted(&self) -> bool {
         self.tokens == 0 || self.seqs == 0
     }
 
     /// The tokens a running request with `computed` of its `seq_len` tokens computed gets:
     /// all it has left, within the tokens left. 0: it has nothing to schedule.
-    pub(crate) fn grant(&self, computed: u64, seq_len: u64) -> u64 {
+    pub fn grant(&self, computed: u64, seq_len: u64) -> u64 {
         seq_len.saturating_sub(computed).min(self.tokens)
     }
 
     /// Charges a request scheduled for `n` tokens (at most what [`StepBudget::grant`] gave).
-    pub(crate) fn charge(&mut self, n: u64) {
+    pub fn charge(&mut self, n: u64) {
         self.tokens = self.tokens.saturating_sub(n);
         self.seqs = self.seqs.saturating_sub(1);
     }
@@ -41,7 +41,7 @@ impl StepBudget {
 /// Whether a request is finished instead of scheduled because it has generated all it ever
 /// can: it has no token limit (`max_new_tokens` 0) and `upto` computed tokens would need more
 /// blocks than a pool of `pool_blocks` slots holds.
-pub(crate) fn length_capped(
+pub fn length_capped(
     groups: &[CacheGroup],
     max_new_tokens: u32,
     upto: u64,
@@ -52,7 +52,7 @@ pub(crate) fn length_capped(
 
 /// The request to preempt when the request `key` finds no blocks to grow into: the latest
 /// running request by canonical key (`latest`), unless that is `key` itself.
-pub(crate) fn preemption_victim<K: PartialEq>(latest: Option<K>, key: K) -> Option<K> {
+pub fn preemption_victim<K: PartialEq>(latest: Option<K>, key: K) -> Option<K> {
     latest.filter(|v| *v != key)
 }
 

@@ -8,16 +8,16 @@ use crate::rules::geometry::{BlockId, Geometry};
 
 /// What a failure report named that was not applied.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Ignored {
+pub struct Ignored {
     /// Blocks that were not the reporter's own.
-    pub(crate) foreign: u64,
+    pub foreign: u64,
     /// Own blocks at a generation that is no longer current (freed and reused since).
-    pub(crate) stale: u64,
+    pub stale: u64,
 }
 
 /// The non-null blocks a load of tokens `start..end` writes into `tables` (one per group, with
 /// the generations `gens` they are held at), in group then table order.
-pub(crate) fn load_blocks(
+pub fn load_blocks(
     geo: &Geometry,
     tables: &[Vec<BlockId>],
     gens: &[Vec<Generation>],
@@ -46,7 +46,7 @@ pub(crate) fn load_blocks(
 /// the named generation is still current; or, when it named none of its own blocks, every
 /// current own block — a connector that names only other blocks is not trusted to know
 /// which of its own are fine.
-pub(crate) fn failed_load_blocks(
+pub fn failed_load_blocks(
     own: &[BlockRef],
     named: impl IntoIterator<Item = BlockRef>,
     is_current: impl Fn(BlockRef) -> bool,
@@ -73,7 +73,7 @@ pub(crate) fn failed_load_blocks(
 /// Whether an engine's failed block `b` is a destination of one of the step's synchronous
 /// loads (`dests`, one list per load), at the generation the load wrote it: a block id
 /// named with an older generation is another use of the slot, not this step's.
-pub(crate) fn is_sync_destination(dests: &[Vec<BlockRef>], b: BlockRef) -> bool {
+pub fn is_sync_destination(dests: &[Vec<BlockRef>], b: BlockRef) -> bool {
     // Planted bug `trust-stale` (tests/plants.sh), with the one in `Runtime::engine_share`:
     // a report is trusted whatever its generation.
     if cfg!(kvsched_plant = "trust-stale") {

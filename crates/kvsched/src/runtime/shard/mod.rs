@@ -42,15 +42,15 @@ mod holders;
 mod land;
 mod metrics;
 mod outputs;
-mod plan;
 mod request;
 mod schedule;
+mod scheduled;
 
 use holders::HolderIndex;
 pub use metrics::Metrics;
-pub use plan::{BlockTable, EndState, RecoveredRequest, ScannedRequest, ScheduledRequest};
 pub(crate) use request::{Command, NewRequest};
 use request::{Phase, Req};
+pub use scheduled::{BlockTable, EndState, RecoveredRequest, ScannedRequest, ScheduledRequest};
 
 /// What a shard hands back from a step.
 #[derive(Debug, Default)]

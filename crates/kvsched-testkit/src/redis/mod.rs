@@ -1,0 +1,12 @@
+//! Local `redis-server` processes for tests and benchmarks (feature `redis`): [`LocalRedis`],
+//! one server on a free loopback port owned by the value, and [`LocalCluster`], `n` of them
+//! made into a Redis Cluster. The tier that talks to them is the library's
+//! [`RedisTier`](kvsched::kv::redis::RedisTier).
+//!
+//! * `server` — [`LocalRedis`], [`LocalRedisOptions`], [`ServerError`];
+//! * `redact` — credentials out of a server's log and replies.
+
+mod redact;
+mod server;
+
+pub use server::{redis_server_on_path, LocalCluster, LocalRedis, LocalRedisOptions, ServerError};
