@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Proves the loom models can fail: builds kvsched with each planted bug
-# (`--cfg kvsched_plant="NAME"`, see the table below and the `kvsched_plant` cfgs in src/) and
+# (`--cfg kvsched_plant="NAME"`, see the table below and the plants of crates/kvsched/src/plant.rs) and
 # asserts that loom reports a failure in the model(s) meant to catch it. Prints a table
 # plant → model → bound → caught and exits non-zero if any plant goes uncaught (or does not
 # build).

@@ -1,53 +1,54 @@
 #!/usr/bin/env bash
 # Proves the runtime's tests can fail: builds the test suite with each planted bug
-# (`--cfg kvsched_plant="NAME"`, the `kvsched_plant` cfgs in src/) and asserts that the tests
+# (`--cfg kvsched_plant="NAME"`, the plants of crates/kvsched/src/plant.rs) and asserts that the tests
 # meant to catch it fail. Prints a table plant → test → caught and exits non-zero if any plant
 # goes uncaught (or does not build). The loom models have their own: loom-tests/plants.sh.
 #
-#   tests/plants.sh                  # every plant
-#   tests/plants.sh late-leak        # some plants
+#   scripts/plants.sh                  # every plant
+#   scripts/plants.sh late-leak        # some plants
 #
 # Each plant builds in its own target dir, target-plants/NAME (kept between runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# plant → the test targets that must fail: `--test FILE` or `--lib FILTER`, `;`-separated.
+# plant → the test targets that must fail, `;`-separated: `PKG --test FILE`, `PKG --lib FILTER`
+# or `kvsched-cli --bin kvsched FILTER` (the command line's unit tests).
 declare -A TESTS=(
-  # runtime/handoff.rs + tools/parallel.rs: deciding before every shard has claimed.
+  # runtime/handoff.rs + the CLI's parallel.rs: deciding before every shard has claimed.
   # (Only reports with shared blocks tell: in the runtime every invalid block has one holder,
   # so the claim path's random shared scenarios catch these two.)
-  [decide-early]="--lib tools::tests::claim_path"
+  [decide-early]="kvsched-cli --bin kvsched tests::claim_path"
   # runtime/claim.rs: a claim is a plain store, so the last writer wins instead of the least key.
-  [claim-store]="--lib tools::tests::claim_path"
+  [claim-store]="kvsched-cli --bin kvsched tests::claim_path"
   # shard: a late completion's parked blocks are never released.
-  [late-leak]="--test runtime_faults"
+  [late-leak]="kvsched --test runtime_faults"
   # shard: a connector panic counts as a successful load.
-  [panic-ok]="--test runtime_faults"
+  [panic-ok]="kvsched --test runtime_faults"
   # runtime: a reported block of an older generation is trusted (update's destination check
   # and the report's currency check both ignore generations).
-  [trust-stale]="--test runtime_faults"
+  [trust-stale]="kvsched --test runtime_faults"
   # shard: an engine finish of a request whose load is in flight frees its blocks at once.
-  [end-while-loading]="--test runtime_faults"
-  # runtime/engine.rs: a stalled runtime never preempts across shards.
-  [no-cross-shard-preempt]="--test cli_liveness"
+  [end-while-loading]="kvsched --test runtime_faults"
+  # runtime/step.rs: a stalled runtime never preempts across shards.
+  [no-cross-shard-preempt]="kvsched-cli --test cli_liveness"
   # runtime/shard/admit.rs: a panicking connector lookup is not caught where it happens.
-  [lookup-uncaught]="--test runtime_liveness"
+  [lookup-uncaught]="kvsched --test runtime_liveness"
   # runtime/handoff.rs: a panic in a shard's step escapes (the thread dies, the step hangs).
-  [shard-panic-escapes]="--lib runtime::poison_tests"
+  [shard-panic-escapes]="kvsched --lib runtime::poison_tests"
   # runtime/shard/outputs.rs: Mamba entries that hold no state (mode align) are cached.
   # (kvsched stress reads their garbage in mode safe: an invariant violation, exit 1.)
-  [mamba-align-cache-unwritten]="--test kv_engine;--test cli_stress"
+  [mamba-align-cache-unwritten]="kvsched --test kv_engine;kvsched-cli --test cli_stress"
   # kv/saver.rs: flush returns while a saver thread still holds a batch it has not stored.
-  [saver-flush-early]="--lib kv::saver"
+  [saver-flush-early]="kvsched --lib kv::saver"
   # runtime/shard/outputs.rs: an output applied to a request that did not run confirms its
   # computed length, so an engine finish before its sync load ran caches unwritten blocks.
-  [register-unwritten]="--test kv_lifecycle"
+  [register-unwritten]="kvsched --test kv_lifecycle"
   # runtime/policy/lost.rs: a lost step is offered again at its pre-step length, past a sync
   # load that may never have run or a Mamba state it advanced in place.
-  [reoffer-unwritten]="--test kv_lifecycle;--lib runtime::policy::lost"
+  [reoffer-unwritten]="kvsched --test kv_lifecycle;kvsched --lib runtime::policy::lost"
   # connector/cancel.rs: a load no worker started is never dropped; its blocks are parked
   # for a completion that never comes (a hung worker), and the pool drains.
-  [park-unstarted]="--test kv_lifecycle"
+  [park-unstarted]="kvsched --test kv_lifecycle"
 )
 ORDER=(decide-early claim-store late-leak panic-ok trust-stale end-while-loading no-cross-shard-preempt lookup-uncaught shard-panic-escapes mamba-align-cache-unwritten
   saver-flush-early register-unwritten reoffer-unwritten park-unstarted)
@@ -75,7 +76,7 @@ for plant in "${plants[@]}"; do
   for t in "${targets[@]}"; do
     read -ra args <<<"$t"
     log="$dir/$(printf '%s' "$t" | tr -c 'A-Za-z0-9_' '_').log"
-    if cargo test --target-dir "$dir" --quiet "${args[0]}" ${args[1]:+"${args[1]}"} >"$log" 2>&1; then
+    if cargo test --target-dir "$dir" --quiet -p "${args[@]}" >"$log" 2>&1; then
       rows+=("$plant|$t|NOT CAUGHT")
       bad=1
     else

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""Lists kvsched's public API from rustdoc's HTML output (stable rustdoc; no JSON needed).
+"""Lists a crate's public API from rustdoc's HTML output (stable rustdoc; no JSON needed).
 
-Reads target/doc/kvsched/all.html (every public item at its public path) and each item's
+Usage: public-api.py DOC_DIR CRATE_PATH_NAME (e.g. target/doc/kvsched_testkit kvsched_testkit).
+
+Reads DOC_DIR/all.html (every public item at its public path) and each item's
 page: inherent methods and associated constants, fields, variants, trait methods, and the
 traits each type implements (auto traits such as Send and Sync included, so losing one is a
 visible change). Blanket implementations are left out. One line per entry, sorted within
@@ -13,6 +15,7 @@ import sys
 from pathlib import Path
 
 doc = Path(sys.argv[1] if len(sys.argv) > 1 else "target/doc/kvsched")
+crate = sys.argv[2] if len(sys.argv) > 2 else doc.name
 all_items = (doc / "all.html").read_text()
 
 TAG = re.compile(r"<[^>]+>")
@@ -44,7 +47,7 @@ kinds = {"struct": "struct", "enum": "enum", "trait": "trait", "fn": "fn", "cons
 for href in sorted(set(re.findall(r'<li><a href="([^"]+\.html)">', all_items))):
     kind = href.rsplit("/", 1)[-1].split(".", 1)[0]
     name = href.rsplit("/", 1)[-1].split(".", 1)[1][: -len(".html")]
-    path = "kvsched::" + "::".join(href.split("/")[:-1] + [name])
+    path = crate + "::" + "::".join(href.split("/")[:-1] + [name])
     page = (doc / href).read_text()
     out.append(f"{kinds.get(kind, kind)} {path}")
     entries = set()

@@ -1,6 +1,6 @@
 //! loom models of kvsched's concurrent protocols live in `tests/` (one file per race, named
 //! after it); run them with `loom-tests/run.sh` and prove they can fail with
-//! `loom-tests/plants.sh`.
+//! `loom-scripts/plants.sh`.
 //!
 //! This crate holds only the helpers the models share. Everything here, like every model,
 //! exists only under `--cfg kvsched_loom`: a plain `cargo test --workspace` builds nothing.
@@ -76,7 +76,7 @@ impl BlockContents {
     }
 }
 
-/// The engine's wake-up signal, [`WorkSignal`] of `src/runtime/signal.rs` (compiled out under
+/// The engine's wake-up signal, [`WorkSignal`] of `crates/kvsched/src/runtime/signal.rs` (compiled out under
 /// loom with the rest of the runtime, as it is an `impl Runtime`), restated line for line on
 /// the real [`Parker`]/[`Unparker`]: an events counter bumped (Release) on every delivered
 /// completion, then an unpark of the engine; the engine compares the counter (Acquire) with

@@ -1,5 +1,5 @@
 //! **Race: a delivered completion against the engine going to sleep** (the work signal of
-//! `src/runtime/signal.rs` — an events counter and the engine's `Unparker` — on the real
+//! `crates/kvsched/src/runtime/signal.rs` — an events counter and the engine's `Unparker` — on the real
 //! `sync::park::Parker`; the completions travel through the sync shim's queue).
 //!
 //! `WorkSignal` is an `impl` on the runtime, compiled out of loom builds with it, so the
