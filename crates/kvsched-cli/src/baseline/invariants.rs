@@ -1,4 +1,4 @@
-//! The SPEC §7 invariants checkable between steps: pool conservation, no double free, every
+//! The invariants of docs/runtime.md ("Invariants") checkable between steps: pool conservation, no double free, every
 //! reference count matching the requests holding the block, request accounts.
 
 use rustc_hash::FxHashMap;

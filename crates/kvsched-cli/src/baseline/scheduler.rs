@@ -160,7 +160,7 @@ impl MutexScheduler {
         }
     }
 
-    /// SPEC §7 invariants that can be checked between steps; returns the violations.
+    /// invariants of docs/runtime.md ("Invariants") that can be checked between steps; returns the violations.
     pub fn check_invariants(&self) -> Vec<String> {
         self.state.lock().violations()
     }
@@ -184,15 +184,11 @@ impl MutexScheduler {
         }
         s.ended.clear();
         // The baseline waits for every load in flight: nothing is abandoned.
-        Report {
-            metrics: s.metrics.clone(),
-            loads_cancelled,
-            loads_abandoned: 0,
-            blocks_abandoned: 0,
-            census: s.blocks.census(),
-            cancelled_at_shutdown: ids,
-            violations: s.violations(),
-        }
+        let mut report = Report::new(s.metrics.clone(), s.blocks.census());
+        report.loads_cancelled = loads_cancelled;
+        report.cancelled_at_shutdown = ids;
+        report.violations = s.violations();
+        report
     }
 }
 

@@ -1,6 +1,6 @@
 //! `kvsched stress`: a simulated engine driving the public [`Runtime`] API (and, with
 //! `--baseline mutex`, the [`MutexScheduler`] on the very same seeded workload), measured with
-//! hdrhistogram and checked against the SPEC §7 invariants.
+//! hdrhistogram and checked against the invariants of docs/runtime.md ("Invariants").
 //!
 //! # The simulated engine
 //!

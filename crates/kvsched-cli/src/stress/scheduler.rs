@@ -40,7 +40,7 @@ pub trait Scheduler {
     fn update(&mut self, out: StepOutput) -> Vec<Arc<str>>;
     /// Counters so far.
     fn metrics(&self) -> Metrics;
-    /// SPEC §7 invariants checkable between steps; the violations.
+    /// invariants of docs/runtime.md ("Invariants") checkable between steps; the violations.
     fn check_invariants(&self) -> Vec<String>;
     /// Waits until a load completes or `timeout` passes.
     fn wait_for_work(&self, timeout: Duration) -> bool;

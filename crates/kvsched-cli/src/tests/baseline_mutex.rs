@@ -1,6 +1,6 @@
 //! The mutex baseline (`crate::baseline`): random workloads with many load failures, shared
 //! prefixes, sync and async loads, cancels and engine finishes, in both modes and policies and
-//! every geometry preset. After every step the SPEC §7 invariants hold; the plan never
+//! every geometry preset. After every step the invariants of docs/runtime.md ("Invariants") hold; the plan never
 //! schedules a request in the step that told it to wait, never has two claimants of one block
 //! in one marked set; at shutdown every request is accounted for and every block released.
 

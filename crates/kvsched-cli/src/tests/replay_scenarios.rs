@@ -1,5 +1,5 @@
 //! Replays every scenario in `tests/scenarios/` through the library (parse → run → render)
-//! and compares the outcome with `NAME.expected.json` (values hand-computed from SPEC §6).
+//! and compares the outcome with `NAME.expected.json` (values hand-computed from docs/rules.md).
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};

@@ -31,6 +31,7 @@ const KNOWN_FLAGS: u16 = FLAG_MAC;
 
 /// Why a value is not the chunk the reader expected. Every variant names the field at fault.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ChunkError {
     /// The value is shorter than its header, or than the header plus the payload length it
     /// declares (a torn or cut value).

@@ -74,6 +74,7 @@ impl KvLayout {
 
 /// Why a KV memory access was refused.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum KvMemoryError {
     /// The layout is unusable.
     #[error("kv layout: {0}")]

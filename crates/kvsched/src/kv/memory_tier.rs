@@ -11,6 +11,7 @@ use crate::sync::{AtomicU64, Mutex, Ordering};
 
 /// What a [`MemoryTier`] has done since it was built.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct MemoryStats {
     /// Keys `get` found.
     pub hits: u64,

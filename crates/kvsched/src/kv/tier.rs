@@ -5,6 +5,7 @@ use crate::connector::CancelToken;
 
 /// Why a tier call failed as a whole (per-key absence is `false` / `None`, not an error).
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TierError {
     /// The store could not be reached or answered with an error (connection refused, reset,
     /// server error, I/O error). The message never contains credentials.

@@ -78,6 +78,7 @@ impl Default for TierConnectorConfig {
 
 /// Why a [`TierConnector`] could not be built.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TierConnectorError {
     /// The settings contradict each other or the memory's layout.
     #[error("tier connector: {0}")]
@@ -89,6 +90,7 @@ pub enum TierConnectorError {
 
 /// What a [`TierConnector`] has done, as counters.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct TierStats {
     /// Lookups answered.
     pub lookups: u64,

@@ -22,7 +22,7 @@ pub struct Census {
 
 impl Census {
     /// Whether every slot is accounted for exactly once:
-    /// `free + cached_unreferenced + referenced + null == total` (SPEC §7 invariants).
+    /// `free + cached_unreferenced + referenced + null == total` (invariants of docs/runtime.md ("Invariants")).
     pub fn conserved(&self) -> bool {
         self.free
             .checked_add(self.cached_unreferenced)

@@ -1,4 +1,4 @@
-//! Multi-threaded stress of the block pool (SPEC §7): allocate / retain / release / register /
+//! Multi-threaded stress of the block pool (docs/runtime.md): allocate / retain / release / register /
 //! lookup / evict from several threads on a small pool, checking that
 //!
 //! * no block is ever held by two exclusive owners at once (each thread tags the slots it

@@ -7,6 +7,7 @@ use crate::rules::geometry::BlockId;
 
 /// Why a pool operation was refused. No pool operation panics on its input.
 #[derive(Debug, Error, PartialEq, Eq, Clone)]
+#[non_exhaustive]
 pub enum PoolError {
     /// The pool needs the null block and at least one
     /// usable block.

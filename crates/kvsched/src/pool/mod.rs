@@ -1,4 +1,4 @@
-//! The block pool shared by every shard and cache group of the runtime (SPEC §7).
+//! The block pool shared by every shard and cache group of the runtime (docs/runtime.md).
 //!
 //! A [`BlockPool`] owns `num_blocks` slots; slot 0 is the null block and is never handed out.
 //! Each usable slot carries one packed state word — generation, reference count and three

@@ -112,6 +112,7 @@ impl CacheGroup {
 
 /// Why a geometry was rejected. The `group` fields are indices into the group list.
 #[derive(Clone, Debug, PartialEq, Eq, Error)]
+#[non_exhaustive]
 pub enum GeometryError {
     /// No cache group was given.
     #[error("at least one cache group is required")]

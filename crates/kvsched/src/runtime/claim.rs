@@ -1,6 +1,6 @@
 //! The claim table: decides, without a global lock, which request recomputes each invalid
 //! block of a step, so that the outcome equals the sequential rules in canonical order
-//! whatever the thread interleaving and the number of shards (SPEC §7).
+//! whatever the thread interleaving and the number of shards (docs/runtime.md).
 //!
 //! # Protocol (one step)
 //!

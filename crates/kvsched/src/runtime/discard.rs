@@ -1,7 +1,7 @@
 //! Which outputs of a step the engine must discard, known before it sends them: the requests
 //! whose step read a block that one of the step's sync loads failed to fill.
 //!
-//! This is the sync scan of the step's coming recovery (SPEC: a sync request is affected when
+//! This is the sync scan of the step's coming recovery (docs/rules.md, "Scanning a request": a sync request is affected when
 //! a non-null entry below its pre-step length `P` is in the report), run at `update` time on
 //! the report's sync-load share, so a streaming engine learns it before it emits a token. The
 //! next plan's recovery puts exactly these requests in `skip` (policy `recompute`) or ends them

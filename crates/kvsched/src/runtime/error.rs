@@ -7,6 +7,7 @@ use crate::rules::geometry::GeometryError;
 
 /// Why the runtime refused something.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum RuntimeError {
     /// Invalid cache-group geometry.
     #[error("groups: {0}")]

@@ -3,8 +3,10 @@
 use crate::rules::geometry::BlockId;
 use crate::runtime::step::Runtime;
 
+/// A test hook, not API: only with feature `internals` (the test kit's `internals` feature turns
+/// it on for tests; the command line's stress tool checks it every few steps).
 impl Runtime {
-    /// SPEC §7 invariants that can be checked between steps; returns the violations.
+    /// invariants of docs/runtime.md ("Invariants") that can be checked between steps; returns the violations.
     pub fn check_invariants(&self) -> Vec<String> {
         let mut v = Vec::new();
         let census = self.inner.pool.census();

@@ -58,7 +58,7 @@ mod error;
 mod handle;
 #[cfg(not(kvsched_loom))]
 mod handoff;
-#[cfg(not(kvsched_loom))]
+#[cfg(all(not(kvsched_loom), any(test, feature = "internals")))]
 mod invariants;
 #[cfg(not(kvsched_loom))]
 mod plan;

@@ -9,6 +9,7 @@ use crate::runtime::step::Runtime;
 
 /// The final account of a runtime.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct Report {
     /// Counters at the end.
     pub metrics: Metrics,
@@ -24,6 +25,22 @@ pub struct Report {
     pub cancelled_at_shutdown: Vec<String>,
     /// Invariant violations found at shutdown (empty when all hold).
     pub violations: Vec<String>,
+}
+
+impl Report {
+    /// A report of `metrics` and `census` with nothing cancelled, abandoned or violated: for
+    /// a scheduler standing in for the runtime (a baseline it is compared with) to fill in.
+    pub fn new(metrics: Metrics, census: Census) -> Report {
+        Report {
+            metrics,
+            loads_cancelled: 0,
+            loads_abandoned: 0,
+            blocks_abandoned: 0,
+            census,
+            cancelled_at_shutdown: Vec::new(),
+            violations: Vec::new(),
+        }
+    }
 }
 
 impl std::fmt::Display for Report {

@@ -5,7 +5,7 @@
 use std::sync::Arc as StdArc;
 use std::time::Duration;
 
-use crate::pool::{BlockPool, BlockRef};
+use crate::pool::BlockRef;
 use crate::rules::geometry::{BlockId, Geometry};
 use crate::runtime::builder::Builder;
 use crate::runtime::claim::RequestKey;
@@ -29,7 +29,7 @@ use crate::sync::{thread, Arc, Ordering, Parker, Unparker};
 /// ```
 /// use std::sync::Arc;
 /// use std::time::Duration;
-/// use kvsched::connector::{SimConfig, SimConnector};
+/// use kvsched_testkit::{SimConfig, SimConnector};
 /// use kvsched::{CacheGroup, MambaMode, Runtime, StepOutput, SubmitRequest};
 ///
 /// let mut rt = Runtime::builder()
@@ -117,11 +117,6 @@ impl Runtime {
     /// The validated geometry.
     pub fn geometry(&self) -> &Geometry {
         &self.inner.geo
-    }
-
-    /// The shared block pool.
-    pub fn pool(&self) -> &BlockPool {
-        &self.inner.pool
     }
 
     /// Number of shards.

@@ -49,6 +49,7 @@ impl Default for DiskConfig {
 
 /// What a [`DiskTier`] has done since it was opened.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DiskStats {
     /// Keys `get` found.
     pub hits: u64,

@@ -28,6 +28,7 @@ const QUERY_KEYS: [&str; 8] = [
 /// repeats a credential (nor, for URL parts, the value: a mistyped URL can put a password
 /// where a host or port should be).
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConfigError {
     /// The URL does not start with `redis://` or `rediss://`.
     #[error("url: the scheme must be redis:// or rediss://")]

@@ -102,6 +102,7 @@ pub(crate) struct Counters {
 
 /// What a [`RedisTier`] has done so far (totals since it was built).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RedisStats {
     /// Pipelines sent and answered or failed (each is one round trip to one node), the
     /// cluster's `CLUSTER SLOTS` and [`RedisTier::check`]'s `PING`s included.

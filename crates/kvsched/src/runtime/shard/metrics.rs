@@ -3,6 +3,7 @@
 /// Counters of a runtime since start. Each shard counts its events of a step into one of
 /// these and the runtime sums them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Metrics {
     /// Requests accepted by `submit`.
     pub submitted: u64,

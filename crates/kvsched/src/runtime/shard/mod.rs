@@ -1,5 +1,5 @@
-//! A shard: the requests it owns and the per-step work on them (SPEC §7, ARCHITECTURE "one
-//! step"). A shard's state is touched only by the thread running its step; everything else
+//! A shard: the requests it owns and the per-step work on them (docs/runtime.md, "The step" and
+//! "Invariants"). A shard's state is touched only by the thread running its step; everything else
 //! reaches it through its lock-free inbox and completion queue, the claim table and the pool.
 //!
 //! The step is split into phases separated by barriers across all shards:
