@@ -5,7 +5,7 @@
 use crate::pool::Census;
 #[cfg(doc)]
 use crate::runtime::engine::Runtime;
-use crate::runtime::shard::Metrics;
+use crate::runtime::shard::{EndState, Metrics};
 
 /// The final account of a runtime.
 #[derive(Clone, Debug)]
@@ -22,6 +22,10 @@ pub struct Report {
     pub census: Census,
     /// Requests still live at shutdown (all cancelled), with their ids.
     pub cancelled_at_shutdown: Vec<String>,
+    /// Requests that ended in shutdown's last step, which applies the last output and the
+    /// loads that landed (a finish, a failure, a cancel that waited for its load), with how
+    /// they ended. Counted in the metrics like any other end.
+    pub ended_at_shutdown: Vec<(String, EndState)>,
     /// Invariant violations found at shutdown (empty when all hold).
     pub violations: Vec<String>,
 }

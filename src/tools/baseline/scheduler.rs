@@ -171,7 +171,12 @@ impl MutexScheduler {
         self.state.lock().shut = true;
         self.workers.stop();
         let loads_cancelled = self.workers.loads_cancelled();
-        let _ = self.step(true);
+        let ended_at_shutdown = self
+            .step(true)
+            .ended
+            .into_iter()
+            .map(|(id, state)| (id.to_string(), state))
+            .collect();
         let mut s = self.state.lock();
         s.jobs.clear();
         let keys: Vec<RequestKey> = s.reqs.keys().copied().collect();
@@ -191,6 +196,7 @@ impl MutexScheduler {
             blocks_abandoned: 0,
             census: s.blocks.census(),
             cancelled_at_shutdown: ids,
+            ended_at_shutdown,
             violations: s.violations(),
         }
     }
