@@ -18,9 +18,10 @@
 //!   [`MambaMode`], [`Mode`], [`Policy`], [`BlockRef`]);
 //! * [`connector`]: the [`KvConnector`] trait an engine implements to reach its KV store, the
 //!   [`LoadJob`] it runs and the [`LoadResult`] it returns;
-//! * [`kv`]: the data plane — KV memory, the chunk format, the tiers (memory, disk, Redis
-//!   behind feature `redis`) and [`TierConnector`](kv::TierConnector), the connector joining
-//!   a tier to KV memory;
+//! * [`kv`]: the data plane — [`kv::KvMemory`] (the engine's KV bytes per block), the chunk
+//!   format, the [`kv::Tier`] trait with memory, disk and Redis tiers, and
+//!   [`kv::TierConnector`], which joins a tier to KV memory (verified loads, write-behind
+//!   saves, [`kv::completed_prompt_blocks`] for what a kept step can save);
 //! * [`rules`]: the pure recovery rules (mode `vllm` and mode `safe`), usable without the
 //!   runtime.
 //!

@@ -392,3 +392,23 @@ fn step_outputs_answer_their_plan() {
     let report = rt.shutdown();
     assert_eq!(report.cancelled_at_shutdown, vec!["x".to_string()]);
 }
+
+#[test]
+fn requests_that_end_in_shutdowns_last_step_are_named() {
+    let mut rt = Runtime::builder().shards(1).build().unwrap();
+    rt.submit(req("x", 33)).unwrap();
+    rt.submit(req("y", 33)).unwrap();
+    let plan = rt.schedule().expect("step");
+    assert_eq!(plan.scheduled.len(), 2);
+    // The engine finishes x in the output shutdown's last step applies.
+    let mut out = StepOutput::for_plan(&plan);
+    out.finished = vec!["x".into()];
+    rt.update(out);
+    let report = rt.shutdown();
+    assert_eq!(
+        report.ended_at_shutdown,
+        vec![("x".to_string(), kvsched::EndState::Finished)]
+    );
+    assert_eq!(report.cancelled_at_shutdown, vec!["y".to_string()]);
+    assert_eq!(report.metrics.finished, 1);
+}

@@ -171,7 +171,12 @@ impl MutexScheduler {
         self.state.lock().shut = true;
         self.workers.stop();
         let loads_cancelled = self.workers.loads_cancelled();
-        let _ = self.step(true);
+        let ended_at_shutdown = self
+            .step(true)
+            .ended
+            .into_iter()
+            .map(|(id, state)| (id.to_string(), state))
+            .collect();
         let mut s = self.state.lock();
         s.jobs.clear();
         let keys: Vec<RequestKey> = s.reqs.keys().copied().collect();
@@ -187,6 +192,7 @@ impl MutexScheduler {
         let mut report = Report::new(s.metrics.clone(), s.blocks.census());
         report.loads_cancelled = loads_cancelled;
         report.cancelled_at_shutdown = ids;
+        report.ended_at_shutdown = ended_at_shutdown;
         report.violations = s.violations();
         report
     }

@@ -62,7 +62,7 @@ pub struct SimCounts {
 /// use std::sync::Arc;
 /// use std::time::Duration;
 /// use kvsched::kv::{HostKvMemory, KvLayout, KvMemory, MemoryTier, TierConnector, TierConnectorConfig};
-/// use kvsched::sim::{KvChecker, SimEngine};
+/// use kvsched_testkit::{KvChecker, SimEngine};
 /// use kvsched::{CacheGroup, Runtime, SubmitRequest};
 ///
 /// let groups = vec![CacheGroup::full_attention(16)];
@@ -127,7 +127,7 @@ pub struct SimCounts {
 ///
 /// ```
 /// use std::time::Duration;
-/// use kvsched::sim::SimEngine;
+/// use kvsched_testkit::SimEngine;
 /// use kvsched::{Runtime, StepOutput, SubmitRequest};
 ///
 /// let mut rt = Runtime::builder().shards(1).build()?;

@@ -3,7 +3,7 @@
 //! [`Display`]: std::fmt::Display
 
 use crate::pool::Census;
-use crate::runtime::shard::Metrics;
+use crate::runtime::shard::{EndState, Metrics};
 #[cfg(doc)]
 use crate::runtime::step::Runtime;
 
@@ -23,6 +23,10 @@ pub struct Report {
     pub census: Census,
     /// Requests still live at shutdown (all cancelled), with their ids.
     pub cancelled_at_shutdown: Vec<String>,
+    /// Requests that ended in shutdown's last step, which applies the last output and the
+    /// loads that landed (a finish, a failure, a cancel that waited for its load), with how
+    /// they ended. Counted in the metrics like any other end.
+    pub ended_at_shutdown: Vec<(String, EndState)>,
     /// Invariant violations found at shutdown (empty when all hold).
     pub violations: Vec<String>,
 }
@@ -38,6 +42,7 @@ impl Report {
             blocks_abandoned: 0,
             census,
             cancelled_at_shutdown: Vec::new(),
+            ended_at_shutdown: Vec::new(),
             violations: Vec::new(),
         }
     }

@@ -67,7 +67,15 @@ impl Runtime {
         // One last step applies drained completions and pending commands, admitting and
         // scheduling nothing.
         self.inner.draining.store(true, Ordering::Relaxed);
-        let _ = self.schedule();
+        let ended_at_shutdown = self
+            .schedule()
+            .map(|plan| {
+                plan.ended
+                    .into_iter()
+                    .map(|(id, state)| (id.to_string(), state))
+                    .collect()
+            })
+            .unwrap_or_default();
         let mut cancelled_ids = Vec::new();
         let mut violations = Vec::new();
         if let Some(e) = self.poisoned() {
@@ -108,6 +116,7 @@ impl Runtime {
             loads_cancelled,
             census,
             cancelled_at_shutdown: cancelled_ids,
+            ended_at_shutdown,
             violations,
         }
     }

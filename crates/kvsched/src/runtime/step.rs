@@ -323,9 +323,13 @@ impl Runtime {
     ///
     /// The engine contract: every plan that schedules work is answered by one `update` whose
     /// [`StepOutput::step`] is the plan's, before the next `schedule`. A plan left unanswered
-    /// when the next `schedule` starts is taken as lost (a crashed step): its requests go back
-    /// to where they were before it and are offered again ([`Metrics::lost_outputs`]); an
-    /// output arriving after that is stale and ignored.
+    /// when the next `schedule` starts is taken as lost (a crashed step;
+    /// [`Metrics::lost_outputs`]): the engine may have run none, part or all of it. Each of its
+    /// requests is offered the step again at its length before it when the bytes read there
+    /// are known written and the step cannot have changed them; otherwise (the step carried a
+    /// sync load, or may have advanced a Mamba state in place) the request restarts from what
+    /// the prefix cache holds ([`Metrics::lost_output_restarts`]). An output arriving after
+    /// that is stale and ignored.
     ///
     /// What the output claims is checked against what the plan handed out: a sample counts
     /// only for a request the plan scheduled to sample (others: `unexpected_samples`), and a
@@ -424,7 +428,9 @@ impl Runtime {
         self.loads_sent.saturating_sub(delivered)
     }
 
-    /// Requests live (submitted and not ended) as of the last step.
+    /// Requests submitted and not yet ended: a submission counts at once (before the step
+    /// that admits it), an end once the step that ends it has run (`schedule` returned it in
+    /// [`StepPlan::ended`](crate::StepPlan::ended)).
     pub fn live(&self) -> usize {
         self.inner.shards.iter().map(|s| s.ids.lock().len()).sum()
     }

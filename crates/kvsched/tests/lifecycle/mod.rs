@@ -111,9 +111,20 @@ impl Bench {
         self.finish_next.push(id.into());
     }
 
-    /// The next plan, not run yet.
+    /// The next plan, not run yet. Checks what a plan promises an engine: a sync load
+    /// fills exactly the range below the request's computed length, from its local prefix.
     pub fn plan(&mut self) -> StepPlan {
         let plan = self.rt.schedule().expect("step");
+        for s in &plan.scheduled {
+            if let Some(job) = &s.sync_load {
+                assert_eq!(
+                    job.end_tokens, s.num_computed_tokens,
+                    "{}: a sync load ({}, {}) on a plan at {}",
+                    s.id, job.start_tokens, job.end_tokens, s.num_computed_tokens
+                );
+                assert!(job.deadline.is_some(), "a sync load without a deadline");
+            }
+        }
         for (id, _) in &plan.ended {
             self.checker.end_request(id);
         }

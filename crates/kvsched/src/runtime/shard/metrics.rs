@@ -73,8 +73,12 @@ pub struct Metrics {
     pub length_capped: u64,
     /// Requests preempted in another shard to let a stalled step make progress.
     pub cross_shard_preemptions: u64,
-    /// Steps that found no progress possible (live requests, no load in flight, nothing
-    /// computed, ended or preemptable) — a stall the runtime cannot resolve by itself.
+    /// Stalls the runtime could not resolve by preempting: after two steps in a row with live
+    /// requests, no load in flight, nothing computed, ended or recovered, no running request
+    /// to preempt. Counted once per such pair. Besides a pool too small for any waiting
+    /// request, this counts waits for late completions: blocks parked for an expired load
+    /// that a worker started come back only when it returns (temporary, unless the load
+    /// never returns).
     pub no_progress_steps: u64,
     /// Blocks a load's failure or a step output named that were not the load's own (another
     /// request's, or no sync load's destination in that step): ignored.
