@@ -72,8 +72,9 @@ pub fn recover_sharded(
             scanned.push((i, hits));
         }
         // Every shard has claimed before anyone decides.
-        #[cfg(not(kvsched_plant = "decide-early"))]
-        barrier.wait();
+        if !cfg!(kvsched_plant = "decide-early") {
+            barrier.wait();
+        }
         let mut out = Vec::new();
         let mut owners = Vec::new();
         for (i, hits) in &scanned {
@@ -93,8 +94,10 @@ pub fn recover_sharded(
                 recovery::decide(geo, mode, policy, requests[*i].view(), hits, &owners),
             ));
         }
-        #[cfg(kvsched_plant = "decide-early")]
-        barrier.wait();
+        if cfg!(kvsched_plant = "decide-early") {
+            // Planted bug (scripts/plants.sh): deciding before every shard has claimed.
+            barrier.wait();
+        }
         out
     };
     let mut decided: Vec<(usize, Decision<RequestKey>)> = Vec::new();

@@ -38,6 +38,10 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
+// The planted bugs' switch, first so that every module sees `planted!`.
+#[macro_use]
+mod plant;
+
 // Internal modules are crate-private in a normal build and public only to the loom models
 // (`cfg(kvsched_loom)`) and the mechanism benchmarks (feature `internals`).
 pub mod connector;

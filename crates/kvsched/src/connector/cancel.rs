@@ -58,7 +58,7 @@ impl CancelToken {
     pub(crate) fn drop_unstarted(&self) -> bool {
         // Planted bug `park-unstarted` (tests/plants.sh): a load is never known unstarted, so
         // one queued behind hung workers is parked as if it might still write.
-        if cfg!(kvsched_plant = "park-unstarted") {
+        if planted!("park-unstarted") {
             self.cancel();
             return false;
         }

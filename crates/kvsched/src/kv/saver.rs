@@ -149,8 +149,8 @@ impl Saver {
             // Acquire: pairs with the Release decrement in `run` after a batch is stored.
             // (Planted bug `saver-flush-early`, tests/plants.sh: a batch a thread has taken
             // but not stored yet is not waited for.)
-            let idle = cfg!(kvsched_plant = "saver-flush-early")
-                || self.shared.busy.load(Ordering::Acquire) == 0;
+            let idle =
+                planted!("saver-flush-early") || self.shared.busy.load(Ordering::Acquire) == 0;
             if q.work.is_empty() && idle {
                 return;
             }

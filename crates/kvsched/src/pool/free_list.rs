@@ -12,7 +12,7 @@ use crate::sync::{AtomicU32, AtomicU64, Ordering};
 /// `loom-tests/plants.sh`) keeps the tag unchanged, so the stack is open to ABA.
 #[inline]
 fn next_tag(tag: u32) -> u32 {
-    if cfg!(kvsched_plant = "free-list-no-tag") {
+    if planted!("free-list-no-tag") {
         tag
     } else {
         tag.wrapping_add(1)

@@ -55,10 +55,11 @@ use crate::sync::{AtomicU64, Ordering};
 
 /// Success ordering of the CAS in [`BlockPool::release`]: Release. The planted bug
 /// `release-relaxed` (loom demonstration, `loom-tests/plants.sh`) weakens it to Relaxed.
-#[cfg(not(kvsched_plant = "release-relaxed"))]
-const RELEASE_ORDER: Ordering = Ordering::Release;
-#[cfg(kvsched_plant = "release-relaxed")]
-const RELEASE_ORDER: Ordering = Ordering::Relaxed;
+const RELEASE_ORDER: Ordering = if planted!("release-relaxed") {
+    Ordering::Relaxed
+} else {
+    Ordering::Release
+};
 
 /// One slot of the pool: its state word and the hash it is cached under.
 #[derive(Debug)]

@@ -116,11 +116,10 @@ impl BlockPool {
         // Planted bug (loom-tests/plants.sh): the entry is read under one hold of the lock and
         // revived under another, so an eviction and a registration under another hash fit in
         // between.
-        #[cfg(kvsched_plant = "lookup-revive-unlocked")]
-        let mut shard = {
+        if planted!("lookup-revive-unlocked") {
             drop(shard);
-            self.index.shard(hash).lock()
-        };
+            shard = self.index.shard(hash).lock();
+        }
         let Some(slot) = self.slot(r.id) else {
             shard.remove(&hash);
             return None;

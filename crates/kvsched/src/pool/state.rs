@@ -174,8 +174,7 @@ impl State {
             0 => Err(Refused::Unreferenced),
             // Planted bug `fill-release-unguarded` (loom-tests/plants.sh): a filling block is
             // freed by its last release while its load may still write it.
-            #[cfg(not(kvsched_plant = "fill-release-unguarded"))]
-            1 if self.is_filling() => Err(Refused::Filling),
+            1 if self.is_filling() && !planted!("fill-release-unguarded") => Err(Refused::Filling),
             1 => {
                 let zero = State(self.0 - Self::RC_ONE);
                 Ok(if !zero.is_cached() {

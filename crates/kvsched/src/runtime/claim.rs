@@ -120,10 +120,11 @@ pub struct ClaimTable {
 
 /// Success ordering of [`ClaimTable::clear_pending`]: Release. The planted bug
 /// `clear-pending-relaxed` (loom demonstration, `loom-tests/plants.sh`) weakens it to Relaxed.
-#[cfg(not(kvsched_plant = "clear-pending-relaxed"))]
-const CLEAR_ORDER: Ordering = Ordering::Release;
-#[cfg(kvsched_plant = "clear-pending-relaxed")]
-const CLEAR_ORDER: Ordering = Ordering::Relaxed;
+const CLEAR_ORDER: Ordering = if planted!("clear-pending-relaxed") {
+    Ordering::Relaxed
+} else {
+    Ordering::Release
+};
 
 /// `pending` value of a block nobody has to recompute.
 const NOT_PENDING: u64 = 0;
@@ -172,14 +173,16 @@ impl ClaimTable {
     #[inline]
     pub fn claim(&self, id: BlockId, scan: Scan, key: RequestKey) {
         if let Some(w) = self.word(id, scan) {
-            #[cfg(not(kvsched_plant = "claim-store"))]
-            // Relaxed: every claim is an RMW on the same word, so they are totally ordered;
-            // the claim barrier (Release arrive / Acquire depart) orders them all before
-            // every `winner` load.
-            w.fetch_min(key.raw(), Ordering::Relaxed);
-            // Planted bug for the loom demonstration: a plain store lets the last writer win.
-            #[cfg(kvsched_plant = "claim-store")]
-            w.store(key.raw(), Ordering::Relaxed);
+            if planted!("claim-store") {
+                // Planted bug for the loom demonstration: a plain store lets the last writer
+                // win.
+                w.store(key.raw(), Ordering::Relaxed);
+            } else {
+                // Relaxed: every claim is an RMW on the same word, so they are totally
+                // ordered; the claim barrier (Release arrive / Acquire depart) orders them all
+                // before every `winner` load.
+                w.fetch_min(key.raw(), Ordering::Relaxed);
+            }
         }
     }
 

@@ -144,9 +144,9 @@ impl Inner {
             return;
         }
         // Planted bug for the poison test: a shard's panic is not caught.
-        #[cfg(kvsched_plant = "shard-panic-escapes")]
-        return f();
-        #[cfg_attr(kvsched_plant = "shard-panic-escapes", allow(unreachable_code))]
+        if planted!("shard-panic-escapes") {
+            return f();
+        }
         if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
             *failed = true;
             let message = panic_message(payload.as_ref());
@@ -188,15 +188,14 @@ impl Inner {
                 shard.claim(&self.env(i), settings, &report, &ids);
             });
             // Barrier 2: every hit of every shard is claimed before anyone decides.
-            #[cfg(not(kvsched_plant = "decide-early"))]
-            self.barrier.wait();
+            if !planted!("decide-early") {
+                self.barrier.wait();
+            }
         }
-        #[cfg(kvsched_plant = "decide-early")]
-        let early = !report.is_empty();
+        let early = planted!("decide-early") && !report.is_empty();
         self.guarded(i, &mut failed, || {
             self.phase_finish(i, &mut shard, settings)
         });
-        #[cfg(kvsched_plant = "decide-early")]
         if early {
             self.barrier.wait();
         }

@@ -193,10 +193,11 @@ impl Runtime {
         let mut share = Vec::new();
         for b in self.sync_invalid.drain(..) {
             // Planted bug for the fault matrix: trust a report whatever its generation.
-            #[cfg(kvsched_plant = "trust-stale")]
-            let current = b.id < self.inner.pool.num_blocks() as u64;
-            #[cfg(not(kvsched_plant = "trust-stale"))]
-            let current = self.inner.pool.is_current(b);
+            let current = if planted!("trust-stale") {
+                b.id < self.inner.pool.num_blocks() as u64
+            } else {
+                self.inner.pool.is_current(b)
+            };
             if b.id != self.inner.geo.null_block() && current {
                 share.push(b.id);
             } else {
@@ -305,10 +306,14 @@ impl Runtime {
         }
         self.stalled_steps = 0;
         // Planted bug for the liveness tests: never preempt across shards.
-        #[cfg(kvsched_plant = "no-cross-shard-preempt")]
-        let p = &Progress {
+        let never = Progress {
             latest: None,
             ..Progress::default()
+        };
+        let p = if planted!("no-cross-shard-preempt") {
+            &never
+        } else {
+            p
         };
         match p.latest {
             Some((key, shard)) => self.inner.shards[shard]

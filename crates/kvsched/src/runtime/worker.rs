@@ -193,8 +193,9 @@ mod pool_impl {
             // SeqCst: pairs with the fence in `worker_loop` between listing and re-checking the
             // jobs: either that re-check sees this job, or this pop sees the listing.
             // (Planted bug `worker-no-fence`, loom-tests/plants.sh: both fences left out.)
-            #[cfg(not(kvsched_plant = "worker-no-fence"))]
-            fence(Ordering::SeqCst);
+            if !planted!("worker-no-fence") {
+                fence(Ordering::SeqCst);
+            }
             if let Some(i) = s.idle.pop() {
                 // Release: pairs with the Acquire swap in `worker_loop`, which may list the
                 // worker again only after this pop. A swap, so the check below reads the
@@ -237,8 +238,9 @@ mod pool_impl {
             while self.handles.iter().any(|h| !h.is_finished()) {
                 // Planted bug (loom-tests/plants.sh): no drain while waiting, so a worker
                 // blocked on a full queue never finishes.
-                #[cfg(not(kvsched_plant = "shutdown-no-drain-while-waiting"))]
-                drain();
+                if !planted!("shutdown-no-drain-while-waiting") {
+                    drain();
+                }
                 if deadline.is_some_and(|d| Instant::now() >= d) {
                     // Release: pairs with the Acquire load in the push loop; a late worker
                     // delivers nothing.
@@ -291,12 +293,10 @@ mod pool_impl {
                 // the re-check pops the listing and unparks us, and an unpark that lands
                 // before the park makes it return at once.
                 // Acquire: pairs with the Release swap in `dispatch` that unlisted us.
-                #[cfg(not(kvsched_plant = "worker-list-twice"))]
-                let list = !s.listed[me].swap(true, Ordering::Acquire);
                 // Planted bug (loom-tests/plants.sh): the flag is ignored, so a worker still
                 // listed lists itself again.
-                #[cfg(kvsched_plant = "worker-list-twice")]
-                let list = !s.listed[me].swap(true, Ordering::Acquire) || true;
+                let list =
+                    !s.listed[me].swap(true, Ordering::Acquire) || planted!("worker-list-twice");
                 if list {
                     // Cannot fail: the queue holds one slot per worker and each is listed at
                     // most once.
@@ -305,15 +305,14 @@ mod pool_impl {
                 }
                 // SeqCst: pairs with the fence in `dispatch` (listing, then re-check here;
                 // push, then pop there).
-                #[cfg(not(kvsched_plant = "worker-no-fence"))]
-                fence(Ordering::SeqCst);
-                // Acquire: pairs with the Release store of `stop` in `stop_and_join`.
-                #[cfg(not(kvsched_plant = "worker-no-recheck"))]
-                let idle = s.jobs.is_empty() && !s.stop.load(Ordering::Acquire);
-                // Planted bug (loom-tests/plants.sh): no re-check of the jobs after listing,
-                // so a job dispatched before the listing is never run.
-                #[cfg(kvsched_plant = "worker-no-recheck")]
-                let idle = !s.stop.load(Ordering::Acquire);
+                if !planted!("worker-no-fence") {
+                    fence(Ordering::SeqCst);
+                }
+                // Acquire: pairs with the Release store of `stop` in `stop_and_join`. Planted
+                // bug `worker-no-recheck` (loom-tests/plants.sh): no re-check of the jobs after
+                // listing, so a job dispatched before the listing is never run.
+                let idle = (planted!("worker-no-recheck") || s.jobs.is_empty())
+                    && !s.stop.load(Ordering::Acquire);
                 if idle {
                     parker.park();
                 }
@@ -363,8 +362,7 @@ mod pool_impl {
                     Err(back) => {
                         // Planted bug (loom-tests/plants.sh): a full queue drops the
                         // completion.
-                        #[cfg(kvsched_plant = "worker-drop-on-full")]
-                        {
+                        if planted!("worker-drop-on-full") {
                             drop(back);
                             break;
                         }

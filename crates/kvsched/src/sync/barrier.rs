@@ -5,10 +5,11 @@ use super::{spin_hint, AtomicUsize, Mutex, Ordering};
 
 /// Ordering of a waiter's departure load in [`PhaseBarrier::wait`]: Acquire. The planted bug
 /// `barrier-relaxed` (loom demonstration, `loom-tests/plants.sh`) weakens it to Relaxed.
-#[cfg(not(kvsched_plant = "barrier-relaxed"))]
-const BARRIER_DEPART: Ordering = Ordering::Acquire;
-#[cfg(kvsched_plant = "barrier-relaxed")]
-const BARRIER_DEPART: Ordering = Ordering::Relaxed;
+const BARRIER_DEPART: Ordering = if planted!("barrier-relaxed") {
+    Ordering::Relaxed
+} else {
+    Ordering::Acquire
+};
 
 /// Spins a waiter makes before it sleeps (under loom: none, the model schedules threads).
 #[cfg(not(kvsched_loom))]

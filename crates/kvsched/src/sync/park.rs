@@ -147,8 +147,9 @@ impl Unparker {
         // The sleeper holds the lock from its PARKED store until it waits, so taking the lock
         // here orders this notification after its wait began: it cannot be missed. (The
         // planted bug `unpark-no-lock` skips it; loom-tests/plants.sh shows the lost wake-up.)
-        #[cfg(not(kvsched_plant = "unpark-no-lock"))]
-        drop(s.lock.lock());
+        if !planted!("unpark-no-lock") {
+            drop(s.lock.lock());
+        }
         s.cvar.notify_one();
     }
 }

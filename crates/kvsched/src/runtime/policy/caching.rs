@@ -10,7 +10,7 @@ use crate::rules::geometry::{CacheGroup, GroupKind, MambaMode};
 pub fn cacheable(grp: &CacheGroup, index: usize, computed: u64) -> bool {
     // Planted bug `mamba-align-cache-unwritten` (tests/plants.sh): every full Mamba entry is
     // cached, real state or not (tests/kv_engine.rs reads garbage).
-    if cfg!(kvsched_plant = "mamba-align-cache-unwritten") {
+    if planted!("mamba-align-cache-unwritten") {
         return true;
     }
     match grp.kind {

@@ -26,7 +26,7 @@ pub fn reoffer_at_pre_step(
 ) -> bool {
     // Planted bug `reoffer-unwritten` (tests/plants.sh): the step is offered again at its
     // pre-step length whatever the lost step left behind.
-    if cfg!(kvsched_plant = "reoffer-unwritten") {
+    if planted!("reoffer-unwritten") {
         return true;
     }
     if pre_step > written {

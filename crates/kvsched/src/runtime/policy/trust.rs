@@ -76,7 +76,7 @@ pub fn failed_load_blocks(
 pub fn is_sync_destination(dests: &[Vec<BlockRef>], b: BlockRef) -> bool {
     // Planted bug `trust-stale` (tests/plants.sh), with the one in `Runtime::engine_share`:
     // a report is trusted whatever its generation.
-    if cfg!(kvsched_plant = "trust-stale") {
+    if planted!("trust-stale") {
         return dests.iter().flatten().any(|d| d.id == b.id);
     }
     dests.iter().flatten().any(|d| *d == b)

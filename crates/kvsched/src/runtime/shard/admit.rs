@@ -170,9 +170,9 @@ impl Shard {
         // A connector that panics in `lookup` offers nothing: the request recomputes locally
         // and the panic is counted; the step goes on. (Planted bug `lookup-uncaught` lets
         // the panic through.)
-        #[cfg(kvsched_plant = "lookup-uncaught")]
-        return env.connector.lookup(query);
-        #[cfg_attr(kvsched_plant = "lookup-uncaught", allow(unreachable_code))]
+        if planted!("lookup-uncaught") {
+            return env.connector.lookup(query);
+        }
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| env.connector.lookup(query)))
         {
             Ok(look) => look,

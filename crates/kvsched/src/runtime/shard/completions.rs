@@ -29,14 +29,15 @@ impl Shard {
         // A load that passed its deadline: its blocks were parked; now they can go.
         if let Some(blocks) = self.parked.remove(&(seq, c.attempt)) {
             // Planted bug for the fault matrix: a late completion forgets its parked blocks.
-            #[cfg(not(kvsched_plant = "late-leak"))]
-            for b in blocks {
-                // The load is done writing: its blocks' bytes are no longer its own.
-                let _ = env.pool.end_fill(b);
-                let _ = env.pool.release(b);
+            if planted!("late-leak") {
+                drop(blocks);
+            } else {
+                for b in blocks {
+                    // The load is done writing: its blocks' bytes are no longer its own.
+                    let _ = env.pool.end_fill(b);
+                    let _ = env.pool.release(b);
+                }
             }
-            #[cfg(kvsched_plant = "late-leak")]
-            drop(blocks);
             self.result.counters.late_completions += 1;
             self.result.counters.stale_completions += 1;
             return;
@@ -53,10 +54,13 @@ impl Shard {
         r.cancel = None;
         Self::end_fills(env, r);
         // Planted bug for the fault matrix: a connector panic taken for a successful load.
-        #[cfg(kvsched_plant = "panic-ok")]
-        let c = Completion {
-            result: if c.panicked { LoadResult::Ok } else { c.result },
-            ..c
+        let c = if planted!("panic-ok") && c.panicked {
+            Completion {
+                result: LoadResult::Ok,
+                ..c
+            }
+        } else {
+            c
         };
         match c.result {
             LoadResult::Ok => {

@@ -31,7 +31,7 @@ impl Shard {
             // engine finished (or that got a sample) without running holds nothing new.
             // (Planted bug `register-unwritten`, tests/plants.sh: any applied output confirms
             // the computed length, a sync load's range never run included.)
-            let ran = r.last_scheduled > 0 || cfg!(kvsched_plant = "register-unwritten");
+            let ran = r.last_scheduled > 0 || planted!("register-unwritten");
             if lost {
                 // Nothing of the step is known to have run, or not to have: offer it again
                 // where it started if that reads only written, unchanged bytes; otherwise
@@ -72,8 +72,7 @@ impl Shard {
                 r.finish_pending = false;
                 // Planted bug for the fault matrix: end a loading request at once, freeing
                 // blocks a worker may still be filling.
-                #[cfg(kvsched_plant = "end-while-loading")]
-                {
+                if planted!("end-while-loading") {
                     self.end(env, seq, EndState::Finished);
                     continue;
                 }
