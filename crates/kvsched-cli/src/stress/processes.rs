@@ -61,6 +61,7 @@
 mod args;
 mod children;
 mod combine;
+mod rows;
 mod server;
 
 use std::ffi::OsString;

@@ -3,10 +3,16 @@
 //! made into a Redis Cluster. The tier that talks to them is the library's
 //! [`RedisTier`](kvsched::kv::redis::RedisTier).
 //!
-//! * `server` — [`LocalRedis`], [`LocalRedisOptions`], [`ServerError`];
+//! * `server` — [`LocalRedis`], [`ServerError`];
+//! * `options` — [`LocalRedisOptions`];
+//! * `cluster` — [`LocalCluster`];
 //! * `redact` — credentials out of a server's log and replies.
 
+mod cluster;
+mod options;
 mod redact;
 mod server;
 
-pub use server::{redis_server_on_path, LocalCluster, LocalRedis, LocalRedisOptions, ServerError};
+pub use cluster::LocalCluster;
+pub use options::LocalRedisOptions;
+pub use server::{redis_server_on_path, LocalRedis, ServerError};

@@ -30,7 +30,8 @@ use std::thread;
 
 use parking_lot::{Condvar, Mutex};
 
-use super::redact::{Redactor, Secret};
+use super::options::{quote, LocalRedisOptions};
+use super::redact::Redactor;
 use crate::process::die_with_parent;
 
 /// Why a local server could not be started or managed. Texts never contain the passwords.
@@ -81,7 +82,7 @@ pub enum ServerError {
 }
 
 /// Whether an executable named `name` is in a `PATH` directory.
-fn on_path(name: &str) -> bool {
+pub(super) fn on_path(name: &str) -> bool {
     std::env::var_os("PATH").is_some_and(|paths| {
         std::env::split_paths(&paths).any(|d| {
             let p = d.join(name);
@@ -96,127 +97,6 @@ fn on_path(name: &str) -> bool {
 /// Whether `redis-server` is on `PATH` (tests that need one skip, or fail in CI, without it).
 pub fn redis_server_on_path() -> bool {
     on_path("redis-server")
-}
-
-/// How to run a [`LocalRedis`]. Defaults: no memory limit, no authentication, no TLS, not a
-/// cluster node, 10 s to become ready.
-#[derive(Clone, Debug)]
-pub struct LocalRedisOptions {
-    maxmemory: Option<u64>,
-    requirepass: Option<Secret>,
-    acl_user: Option<(String, Secret)>,
-    tls: Option<(PathBuf, PathBuf)>,
-    cluster: bool,
-    ready_timeout: Duration,
-}
-
-impl Default for LocalRedisOptions {
-    fn default() -> Self {
-        LocalRedisOptions {
-            maxmemory: None,
-            requirepass: None,
-            acl_user: None,
-            tls: None,
-            cluster: false,
-            ready_timeout: Duration::from_secs(10),
-        }
-    }
-}
-
-impl LocalRedisOptions {
-    /// The defaults.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Caps the dataset at `bytes` (at least 1 MiB) and evicts least-recently-used keys
-    /// (`allkeys-lru`) past it.
-    pub fn maxmemory(mut self, bytes: u64) -> Self {
-        self.maxmemory = Some(bytes);
-        self
-    }
-
-    /// Requires `password` for the `default` user (`requirepass`).
-    pub fn requirepass(mut self, password: &str) -> Self {
-        self.requirepass = Some(Secret(password.to_owned()));
-        self
-    }
-
-    /// Adds ACL user `name` (letters, digits, `-`, `_`) with `password` and every permission,
-    /// and disables the `default` user unless [`requirepass`](Self::requirepass) is set.
-    pub fn acl_user(mut self, name: &str, password: &str) -> Self {
-        self.acl_user = Some((name.to_owned(), Secret(password.to_owned())));
-        self
-    }
-
-    /// Also listens for TLS on a second free port with this certificate chain and key (PEM
-    /// files); clients are not asked for certificates. The plain port stays open (readiness
-    /// is checked there).
-    pub fn tls(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
-        self.tls = Some((cert.into(), key.into()));
-        self
-    }
-
-    /// Runs as a cluster node (`cluster-enabled yes`, its bus on a third free port).
-    pub fn cluster(mut self, on: bool) -> Self {
-        self.cluster = on;
-        self
-    }
-
-    /// How long [`LocalRedis::start`] and [`LocalRedis::restart`] wait for `PING`.
-    pub fn ready_timeout(mut self, d: Duration) -> Self {
-        self.ready_timeout = d;
-        self
-    }
-
-    fn validate(&self) -> Result<(), ServerError> {
-        let bad = |field, problem| Err(ServerError::Options { field, problem });
-        if self.maxmemory.is_some_and(|m| m < 1 << 20) {
-            return bad("maxmemory", "at least 1 MiB");
-        }
-        if let Some((name, pw)) = &self.acl_user {
-            if name.is_empty()
-                || name.len() > 64
-                || !name
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-            {
-                return bad("acl_user", "name: 1 to 64 letters, digits, '-' or '_'");
-            }
-            if pw.0.is_empty() {
-                return bad("acl_user", "empty password");
-            }
-        }
-        if self.requirepass.as_ref().is_some_and(|p| p.0.is_empty()) {
-            return bad("requirepass", "empty password");
-        }
-        if self.ready_timeout.is_zero() || self.ready_timeout > Duration::from_secs(600) {
-            return bad("ready_timeout", "more than 0 and at most 10 minutes");
-        }
-        Ok(())
-    }
-
-    fn redactor(&self) -> Redactor {
-        Redactor::new(
-            [
-                self.requirepass.as_ref(),
-                self.acl_user.as_ref().map(|(_, p)| p),
-            ]
-            .into_iter()
-            .flatten()
-            .map(|p| p.0.clone()),
-        )
-    }
-
-    /// The credentials a client of this server uses: the ACL user if set, else the
-    /// `default` user's password if set.
-    fn client_credentials(&self) -> Option<(Option<&str>, &str)> {
-        match (&self.acl_user, &self.requirepass) {
-            (Some((u, p)), _) => Some((Some(u.as_str()), p.0.as_str())),
-            (None, Some(p)) => Some((None, p.0.as_str())),
-            (None, None) => None,
-        }
-    }
 }
 
 /// The thread a server is spawned from (see the module docs), and the hand-off to it.
@@ -335,22 +215,6 @@ fn free_ports(count: usize) -> Result<Vec<u16>, ServerError> {
             what: "read a bound port".into(),
             source,
         })
-}
-
-/// A config-file argument: double-quoted, with `\` and `"` escaped and control bytes as hex.
-fn quote(s: &str) -> String {
-    let mut q = String::with_capacity(s.len() + 2);
-    q.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => q.push_str("\\\""),
-            '\\' => q.push_str("\\\\"),
-            c if c.is_ascii_control() => q.push_str(&format!("\\x{:02x}", c as u32)),
-            c => q.push(c),
-        }
-    }
-    q.push('"');
-    q
 }
 
 /// A `redis-server` child process on a free loopback port, owned by this value.
@@ -688,204 +552,9 @@ fn value_text(v: &::redis::Value) -> String {
     }
 }
 
-/// `n` [`LocalRedis`] cluster nodes made into one Redis Cluster (`redis-cli --cluster create`,
-/// no replicas: every node a primary), ready (`cluster_state:ok` on every node) when
-/// [`start`](Self::start) returns. Dropping it stops every node.
-#[derive(Debug)]
-pub struct LocalCluster {
-    nodes: Vec<LocalRedis>,
-}
-
-impl LocalCluster {
-    /// `n` nodes (3..=16) with default options.
-    pub fn start(n: usize) -> Result<LocalCluster, ServerError> {
-        LocalCluster::start_with(n, LocalRedisOptions::new())
-    }
-
-    /// `n` nodes (3..=16), each with `options` (cluster mode is turned on).
-    pub fn start_with(n: usize, options: LocalRedisOptions) -> Result<LocalCluster, ServerError> {
-        if !(3..=16).contains(&n) {
-            return Err(ServerError::Options {
-                field: "n",
-                problem: "a cluster needs 3 to 16 nodes",
-            });
-        }
-        if !on_path("redis-cli") {
-            return Err(ServerError::NotFound("redis-cli"));
-        }
-        let options = options.cluster(true);
-        let mut nodes = Vec::with_capacity(n);
-        for _ in 0..n {
-            nodes.push(LocalRedis::start(options.clone())?);
-        }
-        let cluster = LocalCluster { nodes };
-        cluster.create(&options)?;
-        cluster.wait_ok(options.ready_timeout.max(Duration::from_secs(30)))?;
-        Ok(cluster)
-    }
-
-    fn create(&self, options: &LocalRedisOptions) -> Result<(), ServerError> {
-        let dir = self
-            .nodes
-            .first()
-            .map(|n| n.dir.clone())
-            .unwrap_or_default();
-        let out_path = dir.join("cluster-create.log");
-        let io_err = |what: &str, source| ServerError::Io {
-            what: what.to_owned(),
-            source,
-        };
-        let out = fs::File::create(&out_path).map_err(|e| io_err("create the redis-cli log", e))?;
-        let err = out
-            .try_clone()
-            .map_err(|e| io_err("duplicate the redis-cli log", e))?;
-        let mut cmd = Command::new("redis-cli");
-        cmd.arg("--cluster").arg("create");
-        for n in &self.nodes {
-            cmd.arg(n.addr());
-        }
-        cmd.args(["--cluster-replicas", "0", "--cluster-yes"])
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err);
-        if let Some((user, pw)) = options.client_credentials() {
-            if let Some(u) = user {
-                cmd.args(["--user", u]);
-            }
-            // The password goes through the environment, not the command line.
-            cmd.env("REDISCLI_AUTH", pw);
-        }
-        die_with_parent(&mut cmd);
-        let mut child = cmd.spawn().map_err(|e| io_err("spawn redis-cli", e))?;
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let status = loop {
-            match child.try_wait() {
-                Ok(Some(s)) => break s,
-                Ok(None) if Instant::now() < deadline => thread::sleep(Duration::from_millis(20)),
-                Ok(None) => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return Err(ServerError::Cluster(
-                        "redis-cli --cluster create timed out".into(),
-                    ));
-                }
-                Err(e) => return Err(io_err("wait for redis-cli", e)),
-            }
-        };
-        if !status.success() {
-            let text = fs::read_to_string(&out_path).unwrap_or_default();
-            let tail: String = text
-                .chars()
-                .rev()
-                .take(2048)
-                .collect::<Vec<_>>()
-                .into_iter()
-                .rev()
-                .collect();
-            let redactor = options.redactor();
-            return Err(ServerError::Cluster(format!(
-                "redis-cli --cluster create: {status}: {}",
-                redactor.clean(tail.trim())
-            )));
-        }
-        Ok(())
-    }
-
-    /// Polls `CLUSTER INFO` on every node until each says `cluster_state:ok` with all 16384
-    /// slots assigned and every node known.
-    fn wait_ok(&self, timeout: Duration) -> Result<(), ServerError> {
-        let deadline = Instant::now() + timeout;
-        let known = format!("cluster_known_nodes:{}", self.nodes.len());
-        loop {
-            let mut last = String::new();
-            let all_ok = self
-                .nodes
-                .iter()
-                .all(|n| match n.query(&["CLUSTER", "INFO"]) {
-                    Ok(info) => {
-                        let ok = info.lines().any(|l| l.trim() == "cluster_state:ok")
-                            && info
-                                .lines()
-                                .any(|l| l.trim() == "cluster_slots_assigned:16384")
-                            && info.lines().any(|l| l.trim() == known);
-                        if !ok {
-                            last = format!("{} not ok yet", n.addr());
-                        }
-                        ok
-                    }
-                    Err(e) => {
-                        last = e;
-                        false
-                    }
-                });
-            if all_ok {
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                return Err(ServerError::Cluster(format!(
-                    "not cluster_state:ok after {timeout:?}: {last}"
-                )));
-            }
-            thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// The nodes.
-    pub fn nodes(&self) -> &[LocalRedis] {
-        &self.nodes
-    }
-
-    /// Node `i`, to stop or restart it.
-    pub fn node_mut(&mut self, i: usize) -> Option<&mut LocalRedis> {
-        self.nodes.get_mut(i)
-    }
-
-    /// `host:port` of every node.
-    pub fn seeds(&self) -> Vec<String> {
-        self.nodes.iter().map(|n| n.addr()).collect()
-    }
-
-    /// `redis://h:p,h:p,...` (no credentials).
-    pub fn url(&self) -> String {
-        format!("redis://{}", self.seeds().join(","))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn config_quoting_escapes_what_the_parser_reads() {
-        assert_eq!(quote(r#"a"b\c"#), r#""a\"b\\c""#);
-        assert_eq!(quote("x\ny"), "\"x\\x0ay\"");
-    }
-
-    #[test]
-    fn options_are_checked() {
-        let field = |o: LocalRedisOptions| match o.validate() {
-            Err(ServerError::Options { field, .. }) => field,
-            other => panic!("{other:?}"),
-        };
-        assert_eq!(field(LocalRedisOptions::new().maxmemory(1000)), "maxmemory");
-        assert_eq!(
-            field(LocalRedisOptions::new().acl_user("a b", "pw")),
-            "acl_user"
-        );
-        assert_eq!(
-            field(LocalRedisOptions::new().acl_user("a", "")),
-            "acl_user"
-        );
-        assert_eq!(
-            field(LocalRedisOptions::new().ready_timeout(Duration::ZERO)),
-            "ready_timeout"
-        );
-        LocalRedisOptions::new()
-            .acl_user("kv_user-1", "pw")
-            .maxmemory(1 << 20)
-            .validate()
-            .unwrap();
-    }
 
     #[test]
     fn the_keeper_spawns_and_exits() {

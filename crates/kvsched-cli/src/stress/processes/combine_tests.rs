@@ -1,0 +1,283 @@
+//! Tests of `combine`.
+use super::*;
+use crate::stress::{render_json, run_stress, Rate, StressConfig};
+use serde_json::json;
+
+fn plan(engines: u8, restarts: u32, safe: bool) -> Plan {
+    Plan {
+        engines,
+        restarts,
+        store: StoreSpec::Redis,
+        cluster: None,
+        maxmemory: None,
+        store_arg: None,
+        safe_mode: safe,
+    }
+}
+
+/// A canned engine report: the stress keys, and the store counters where the store's
+/// part of the report puts them.
+fn report(submitted: u64, finished: u64, cancelled: u64, from_others: u64, loaded: u64) -> Value {
+    json!({
+        "requests": {"submitted": submitted, "finished": finished, "failed": 0, "cancelled": cancelled},
+        "loads": {"ok": 10, "failed": 2},
+        "tokens_recomputed": 100,
+        "completions_per_s": 1000.5,
+        "finished_per_s": 200.0,
+        "elapsed_s": 2.0 + submitted as f64 / 1000.0,
+        "timed_out": false,
+        "step_overhead_us": {"p50": 10.0, "p99": 50.0 + submitted as f64, "max": 900.0, "count": 7},
+        "submit_to_schedule_us": {"p50": 1.0, "p99": 2.0, "max": 3.0, "count": 7},
+        "kv": {"chunks_loaded": loaded, "chunks_loaded_from_others": from_others,
+               "kv_bytes_loaded": loaded * 4096, "checksum_failures": 1, "tier_errors": 3,
+               "garbage_reads": 0, "reconnects": 1, "connect_failures": 2},
+        "invariants": {"ok": true, "reconciled": true, "violations": []},
+        "config": {"seed": 1, "mode": "safe"},
+        "figures": {"steps": {"kvsched": {"median": 5}}},
+    })
+}
+
+fn outcome(index: u8, code: i32, v: &Value) -> EngineOutcome {
+    EngineOutcome {
+        index,
+        exit: Exit {
+            code: Some(code),
+            signal: None,
+        },
+        stdout: serde_json::to_vec(v).unwrap(),
+        ..EngineOutcome::default()
+    }
+}
+
+#[test]
+fn rows_are_read_and_summed() {
+    let (a, b) = (report(100, 90, 10, 40, 50), report(200, 200, 0, 70, 150));
+    let c = Combined::of(
+        &plan(2, 0, true),
+        "redis://127.0.0.1:1",
+        None,
+        vec![outcome(0, 0, &a), outcome(1, 0, &b)],
+        Vec::new(),
+    );
+    assert_eq!(c.exit_code, 0, "{:?}", c.invariants);
+    assert!(c.invariants.ok && c.every_request_accounted);
+    let r0 = &c.per_engine[0];
+    assert_eq!(
+        (
+            r0.submitted,
+            r0.finished,
+            r0.cancelled,
+            r0.cross_engine_hits,
+            r0.chunks_loaded
+        ),
+        (100, 90, 10, Some(40), Some(50))
+    );
+    assert_eq!(
+        (r0.tier_errors, r0.reconnects, r0.garbage_reads),
+        (Some(3), Some(1), Some(0))
+    );
+    let s = &c.sum;
+    assert_eq!((s.submitted, s.finished, s.cancelled), (300, 290, 10));
+    assert_eq!(
+        (s.cross_engine_hits, s.chunks_loaded),
+        (Some(110), Some(200))
+    );
+    assert_eq!(s.kv_bytes_loaded, Some(200 * 4096));
+    assert_eq!((s.tier_errors, s.checksum_failures), (Some(6), Some(2)));
+    assert_eq!(s.completions_per_s, 2001.0);
+    assert_eq!(s.step_p99_us, 250.0); // the largest, not a sum
+    assert_eq!(c.cross_engine_hit_ratio, Some(110.0 / 200.0));
+    // The merged reports: counts and rates summed, percentiles and elapsed the largest,
+    // settings and figures left out.
+    let t = &c.total;
+    assert_eq!(t["requests"]["submitted"], json!(300));
+    assert_eq!(t["loads"]["failed"], json!(4));
+    assert_eq!(t["finished_per_s"], json!(400.0));
+    assert_eq!(t["elapsed_s"], json!(2.2));
+    assert_eq!(t["step_overhead_us"]["p99"], json!(250.0));
+    assert_eq!(t["step_overhead_us"]["count"], json!(14));
+    assert_eq!(t["invariants"]["ok"], json!(true));
+    assert!(t.get("config").is_none() && t.get("figures").is_none());
+    let text = c.render_human();
+    assert!(text.contains("every request accounted for in every engine (submitted = finished + failed + cancelled): yes"), "{text}");
+    assert!(text.contains("cross-engine hit ratio: 0.550"), "{text}");
+    let j: Value = serde_json::from_str(&c.render_json()).unwrap();
+    assert_eq!(j["per_engine"][1]["cross_engine_hits"], json!(70));
+    assert_eq!(j["sum"]["cross_engine_hits"], json!(110));
+    assert_eq!(j["every_request_accounted"], json!(true));
+}
+
+#[test]
+fn an_engine_whose_requests_do_not_add_up_fails_the_run() {
+    let bad = report(100, 80, 10, 0, 0); // 10 requests lost
+    let c = Combined::of(
+        &plan(2, 0, true),
+        "redis://h:1",
+        None,
+        vec![outcome(0, 0, &report(5, 5, 0, 0, 0)), outcome(1, 0, &bad)],
+        Vec::new(),
+    );
+    assert_eq!(c.exit_code, 1);
+    assert!(!c.every_request_accounted && !c.invariants.ok);
+    assert!(c.per_engine[0].accounted && !c.per_engine[1].accounted);
+    assert_eq!(
+        c.violations,
+        ["engine 1: submitted 100 ≠ finished 80 + failed 0 + cancelled 10"]
+    );
+    assert!(c
+        .render_human()
+        .contains("engine (submitted = finished + failed + cancelled): NO"));
+}
+
+#[test]
+fn the_worst_engine_sets_the_exit_code() {
+    let mut violated = report(10, 10, 0, 0, 0);
+    violated["invariants"] = json!({"ok": false, "reconciled": true, "violations": ["pool leak"]});
+    let missing = EngineOutcome {
+        index: 2,
+        exit: Exit {
+            code: Some(2),
+            signal: None,
+        },
+        stderr_tail: vec!["error: --store: bad".into()],
+        ..EngineOutcome::default()
+    };
+    let c = Combined::of(
+        &plan(3, 0, true),
+        "redis://h:1",
+        None,
+        vec![
+            outcome(0, 0, &report(1, 1, 0, 0, 0)),
+            outcome(1, 1, &violated),
+            missing,
+        ],
+        Vec::new(),
+    );
+    assert_eq!(c.exit_code, 2);
+    assert!(c
+        .invariants
+        .violations
+        .contains(&"e1: pool leak".to_owned()));
+    assert!(c
+        .violations
+        .contains(&"engine 2: no report (exit code 2): error: --store: bad".to_owned()));
+    assert!(!c.sum.report);
+    // A signal counts as 1; one violation of the parent's own is 1 too.
+    let killed = EngineOutcome {
+        index: 0,
+        exit: Exit {
+            code: None,
+            signal: Some(9),
+        },
+        ..EngineOutcome::default()
+    };
+    let c = Combined::of(
+        &plan(1, 0, true),
+        "redis://h:1",
+        None,
+        vec![killed],
+        Vec::new(),
+    );
+    assert_eq!(c.exit_code, 1);
+    assert_eq!(c.violations, ["engine 0: no report (killed by signal 9)"]);
+}
+
+#[test]
+fn garbage_reads_fail_mode_safe_only() {
+    let mut g = report(10, 10, 0, 0, 0);
+    g["kv"]["garbage_reads"] = json!(3);
+    let safe = Combined::of(
+        &plan(1, 0, true),
+        "x",
+        None,
+        vec![outcome(0, 0, &g)],
+        Vec::new(),
+    );
+    assert_eq!(safe.exit_code, 1);
+    assert_eq!(safe.violations, ["engine 0: 3 garbage reads in mode safe"]);
+    let vllm = Combined::of(
+        &plan(1, 0, false),
+        "x",
+        None,
+        vec![outcome(0, 0, &g)],
+        Vec::new(),
+    );
+    assert_eq!(vllm.exit_code, 0);
+    assert_eq!(vllm.sum.garbage_reads, Some(3));
+}
+
+#[test]
+fn restarts_that_did_not_happen_are_a_violation() {
+    let one = RestartEvent {
+        at_s: 1.5,
+        node: "127.0.0.1:7".into(),
+        down_ms: 12.0,
+    };
+    let r = report(10, 10, 0, 0, 0);
+    let c = Combined::of(
+        &plan(1, 2, true),
+        "x",
+        None,
+        vec![outcome(0, 0, &r)],
+        vec![one.clone()],
+    );
+    assert_eq!(c.exit_code, 1);
+    assert_eq!((c.redis_restarts.requested, c.redis_restarts.done), (2, 1));
+    let c = Combined::of(
+        &plan(1, 1, true),
+        "x",
+        None,
+        vec![outcome(0, 0, &r)],
+        vec![one],
+    );
+    assert_eq!(c.exit_code, 0);
+    assert!(c
+        .render_human()
+        .contains("restart 1 at 1.50 s: 127.0.0.1:7 back after 12.0 ms"));
+}
+
+/// Real engine reports (two in-process runs as engines 0 and 1 would make): the row
+/// reads their keys, and each engine's ids carry its prefix.
+#[test]
+fn real_reports_combine() {
+    let run = |i: u8| {
+        let mut cfg = StressConfig {
+            requests: 60,
+            rate: Rate::Max,
+            live: 16,
+            model_us: 0,
+            ..StressConfig::default()
+        };
+        cfg.engines.engine_index = Some(i);
+        let r = run_stress(&cfg).expect("stress");
+        serde_json::from_str::<Value>(&render_json(&r)).expect("json")
+    };
+    let (a, b) = (run(0), run(1));
+    assert_eq!(a["config"]["engine_index"], json!(0));
+    let c = Combined::of(
+        &plan(2, 0, true),
+        "x",
+        None,
+        vec![outcome(0, 0, &a), outcome(1, 0, &b)],
+        Vec::new(),
+    );
+    assert_eq!(c.exit_code, 0, "{:?}", c.invariants);
+    assert_eq!(c.sum.submitted, 120);
+    assert_eq!(c.sum.finished + c.sum.failed + c.sum.cancelled, 120);
+    assert_eq!(
+        c.per_engine[1].tokens_recomputed,
+        b["tokens_recomputed"].as_u64().unwrap()
+    );
+    assert!(c
+        .per_engine
+        .iter()
+        .all(|r| r.accounted && r.invariants_ok && r.step_p99_us > 0.0));
+    // The store counters come from each report's `kv` object: the sim store verifies
+    // (no garbage in mode safe) and has no connections.
+    for (row, v) in c.per_engine.iter().zip([&a, &b]) {
+        assert_eq!(row.garbage_reads, Some(0));
+        assert_eq!(row.chunks_loaded, v["kv"]["chunks_loaded"].as_u64());
+        assert_eq!(row.kv_bytes_loaded, v["kv"]["kv_bytes_loaded"].as_u64());
+        assert_eq!((row.reconnects, row.connect_failures), (None, None));
+    }
+}
