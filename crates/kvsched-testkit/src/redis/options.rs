@@ -72,7 +72,7 @@ impl LocalRedisOptions {
         self
     }
 
-    /// How long [`LocalRedis::start`] and [`LocalRedis::restart`] wait for `PING`.
+    /// How long [`LocalRedis::start`](super::LocalRedis::start) and [`LocalRedis::restart`](super::LocalRedis::restart) wait for `PING`.
     pub fn ready_timeout(mut self, d: Duration) -> Self {
         self.ready_timeout = d;
         self

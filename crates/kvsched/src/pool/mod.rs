@@ -159,6 +159,7 @@ impl BlockPool {
     }
 
     /// The null block's id (always 0).
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))] // the baseline and benches
     pub fn null_block(&self) -> BlockId {
         0
     }
@@ -243,6 +244,7 @@ impl BlockPool {
     /// # Guarantees
     ///
     /// Lock-free; on error nothing changed.
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))] // the baseline and benches
     pub fn retain(&self, r: BlockRef) -> Result<(), PoolError> {
         let slot = self.checked_slot(r.id)?;
         let mut cur = slot.state.load(Ordering::Relaxed);
@@ -331,6 +333,7 @@ impl BlockPool {
     }
 
     /// Whether the block is in the prefix index (`false` for null and out-of-range ids).
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))] // the baseline and benches
     pub fn is_cached(&self, id: BlockId) -> bool {
         self.load(id).is_some_and(State::is_cached)
     }

@@ -31,6 +31,7 @@ pub(super) enum Refused {
     /// Count already 0.
     Unreferenced,
     /// Count at [`State::RC_MAX`].
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))] // only `retain` refuses so
     Overflow,
     /// The last reference of a slot whose load still owns its bytes.
     Filling,

@@ -1,13 +1,21 @@
-//! The invariants that can be checked between steps ([`Runtime::check_invariants`]).
+//! The invariants that can be checked between steps (`Runtime::check_invariants`, feature
+//! `internals`; shutdown checks them in every build).
 
 use crate::rules::geometry::BlockId;
 use crate::runtime::step::Runtime;
 
-/// A test hook, not API: only with feature `internals` (the test kit's `internals` feature turns
-/// it on for tests; the command line's stress tool checks it every few steps).
 impl Runtime {
-    /// invariants of docs/runtime.md ("Invariants") that can be checked between steps; returns the violations.
+    /// The invariants of docs/runtime.md ("Invariants") that can be checked between steps;
+    /// returns the violations. A test hook, not API: only with feature `internals` (the test
+    /// kit's `internals` feature turns it on for tests; the stress tool checks it every few
+    /// steps). Shutdown checks the same in every build ([`Report::violations`](crate::Report)).
+    #[cfg(feature = "internals")]
     pub fn check_invariants(&self) -> Vec<String> {
+        self.invariant_violations()
+    }
+
+    /// The violations of those invariants now (empty when all hold).
+    pub(crate) fn invariant_violations(&self) -> Vec<String> {
         let mut v = Vec::new();
         let census = self.inner.pool.census();
         if !census.conserved() {

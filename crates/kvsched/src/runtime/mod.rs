@@ -58,7 +58,7 @@ mod error;
 mod handle;
 #[cfg(not(kvsched_loom))]
 mod handoff;
-#[cfg(all(not(kvsched_loom), any(test, feature = "internals")))]
+#[cfg(not(kvsched_loom))]
 mod invariants;
 #[cfg(not(kvsched_loom))]
 mod plan;

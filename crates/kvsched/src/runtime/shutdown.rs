@@ -107,7 +107,7 @@ impl Runtime {
             s.ids.lock().clear();
         }
         self.stop_shards();
-        violations.extend(self.check_invariants());
+        violations.extend(self.invariant_violations());
         let census = self.inner.pool.census();
         Report {
             loads_abandoned: self.metrics.loads_abandoned,
