@@ -27,6 +27,7 @@ mod fields;
 mod json;
 mod parse;
 mod render;
+mod show;
 
 pub use explain::render_explain_text;
 #[cfg(test)]

@@ -1,6 +1,5 @@
-//! Every setting of a stress run ([`StressConfig`], also the `clap` arguments of
-//! `kvsched stress`), its defaults, the checks across settings, and what the runtime and the
-//! simulated connector are built with.
+//! Every setting of a stress run ([`StressConfig`], the `clap` arguments of `kvsched stress`),
+//! its defaults, the checks across settings, and what the runtime and connector are built with.
 
 use std::str::FromStr;
 use std::time::Duration;

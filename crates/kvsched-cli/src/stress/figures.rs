@@ -1,13 +1,13 @@
-//! The figures of a report: every row of the human table, with its value in each run, the
-//! median and min–max over the runs (`--repeat`), and — where both schedulers have a value
-//! and one direction is better — the ratio kvsched vs the baseline, per run pair. The JSON
-//! `figures` object and the human table are both built from these.
+//! The figures of a report: every row of the human table, its value in each run, the median
+//! and min–max over the runs (`--repeat`), and — where both schedulers have a value and one
+//! direction is better — the ratio kvsched vs the baseline, per run pair (JSON and table).
 
 use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
 
 use super::report::RunReport;
 use super::scheduler::Mechanisms;
+pub use super::stats::Stats;
 
 /// Which direction of a figure is better.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -469,47 +469,6 @@ pub(super) fn sections() -> Vec<Section> {
     ]
 }
 
-/// A figure's values over the runs of one scheduler.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Stats {
-    /// The median (the mean of the middle two for an even number of runs).
-    pub median: f64,
-    /// The least run.
-    pub min: f64,
-    /// The greatest run.
-    pub max: f64,
-    /// Every run's value, in run order (the runs that have one).
-    pub runs: Vec<f64>,
-}
-
-impl Stats {
-    /// The statistics of `values` (`None` when there are none).
-    pub(super) fn of(values: Vec<f64>) -> Option<Stats> {
-        let mut sorted: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
-        if sorted.is_empty() {
-            return None;
-        }
-        sorted.sort_by(f64::total_cmp);
-        let n = sorted.len();
-        let median = if n % 2 == 1 {
-            sorted[n / 2]
-        } else {
-            (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
-        };
-        Some(Stats {
-            median,
-            min: sorted[0],
-            max: sorted[n - 1],
-            runs: values,
-        })
-    }
-
-    /// Whether the runs disagree on which side of 1 the value is (min < 1 < max).
-    pub fn crosses_1(&self) -> bool {
-        self.min < 1.0 && self.max > 1.0
-    }
-}
-
 /// One figure of the report (an entry of the JSON `figures` object, keyed by [`Row::key`]).
 #[derive(Clone, Debug, Serialize)]
 pub struct Figure {
@@ -637,21 +596,5 @@ fn figure(section: &'static str, row: &Row, runs: &[RunReport], baseline: &[RunR
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn median_min_max_and_ratio_direction() {
-        let s = Stats::of(vec![3.0, 1.0, 2.0]).expect("stats");
-        assert_eq!((s.median, s.min, s.max), (2.0, 1.0, 3.0));
-        assert_eq!(s.runs, vec![3.0, 1.0, 2.0]);
-        let s = Stats::of(vec![4.0, 1.0, 2.0, 3.0]).expect("stats");
-        assert_eq!(s.median, 2.5);
-        assert!(Stats::of(Vec::new()).is_none());
-        assert_eq!(ratio(Better::Higher, 200.0, 100.0), Some(2.0));
-        assert_eq!(ratio(Better::Lower, 50.0, 100.0), Some(2.0));
-        assert_eq!(ratio(Better::Lower, 0.0, 100.0), None);
-        assert!(Stats::of(vec![0.9, 1.1]).expect("stats").crosses_1());
-        assert!(!Stats::of(vec![1.0, 1.1]).expect("stats").crosses_1());
-    }
-}
+#[path = "figures_tests.rs"]
+mod tests;
