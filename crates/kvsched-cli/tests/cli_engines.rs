@@ -4,7 +4,7 @@
 //! are refused. Skipped (with a message) without `redis-server`, unless `CI` is set. Small
 //! runs keep it fast in debug builds.
 
-#[path = "../../kvsched/tests/redis_common/mod.rs"]
+#[path = "../../kvsched-testkit/tests/redis_common/mod.rs"]
 mod redis_common;
 
 use std::io::Read;

@@ -3,7 +3,7 @@
 //! stops it at exit; a second scheduler (the baseline) and a cluster run the same way.
 //! Skipped (with a message) without `redis-server`, unless `CI` is set.
 
-#[path = "../../kvsched/tests/redis_common/mod.rs"]
+#[path = "../../kvsched-testkit/tests/redis_common/mod.rs"]
 mod redis_common;
 
 use std::process::Command;
