@@ -5,9 +5,9 @@
 # plant → model → bound → caught and exits non-zero if any plant goes uncaught (or does not
 # build).
 #
-#   loom-tests/plants.sh                     # every plant, each model at its bound in run.sh
-#   loom-tests/plants.sh release-relaxed     # some plants
-#   loom-tests/plants.sh --sweep [PLANT…]    # the smallest bound (0–4) at which each row catches
+#   loom-scripts/plants.sh                     # every plant, each model at its bound in run.sh
+#   loom-scripts/plants.sh release-relaxed     # some plants
+#   loom-scripts/plants.sh --sweep [PLANT…]    # the smallest bound (0–4) at which each row catches
 #
 # Each plant builds in its own target dir, target-loom/plants/NAME (kept between runs, so only
 # the first run pays the cold build). A row runs at its model's bound in loom-tests/run.sh, so

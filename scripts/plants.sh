@@ -2,7 +2,7 @@
 # Proves the runtime's tests can fail: builds the test suite with each planted bug
 # (`--cfg kvsched_plant="NAME"`, the plants of crates/kvsched/src/plant.rs) and asserts that the tests
 # meant to catch it fail. Prints a table plant → test → caught and exits non-zero if any plant
-# goes uncaught (or does not build). The loom models have their own: loom-tests/plants.sh.
+# goes uncaught (or does not build). The loom models have their own: loom-scripts/plants.sh.
 #
 #   scripts/plants.sh                  # every plant
 #   scripts/plants.sh late-leak        # some plants

@@ -2,7 +2,7 @@
 //! `TierConnector` over a memory tier with chunks damaged at rest, host KV memory, and the
 //! verifying `KvChecker`. Mode `safe` reads no garbage on a shared-prefix hybrid workload.
 //! The checker's positive control is the runtime plant `mamba-align-cache-unwritten`
-//! (tests/plants.sh): caching Mamba entries that hold no state makes this test read garbage.
+//! (scripts/plants.sh): caching Mamba entries that hold no state makes this test read garbage.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! over a memory tier, host KV memory and the verifying `KvChecker`; mode `safe` must keep no
 //! garbage read, lose no request and finish.
 //!
-//! Each defect these tests found has a runtime plant in `tests/plants.sh`:
+//! Each defect these tests found has a runtime plant in `scripts/plants.sh`:
 //! `register-unwritten` (a request ended before its sync load ran leaves the load's
 //! destinations in the prefix cache), `reoffer-unwritten` (a lost step is re-offered past
 //! bytes nothing wrote) and `park-unstarted` (a load no worker started is parked as if one

@@ -55,8 +55,9 @@ impl CancelToken {
 
     /// Fires the token and, if no worker has started the load, drops it for good: `true`
     /// means the load never runs (its destinations are not written by it).
+    #[cfg_attr(kvsched_loom, allow(dead_code))] // the shards, compiled out of loom builds
     pub(crate) fn drop_unstarted(&self) -> bool {
-        // Planted bug `park-unstarted` (tests/plants.sh): a load is never known unstarted, so
+        // Planted bug `park-unstarted` (scripts/plants.sh): a load is never known unstarted, so
         // one queued behind hung workers is parked as if it might still write.
         if planted!("park-unstarted") {
             self.cancel();

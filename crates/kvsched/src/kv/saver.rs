@@ -147,7 +147,7 @@ impl Saver {
         loop {
             let q = self.shared.queue.lock();
             // Acquire: pairs with the Release decrement in `run` after a batch is stored.
-            // (Planted bug `saver-flush-early`, tests/plants.sh: a batch a thread has taken
+            // (Planted bug `saver-flush-early`, scripts/plants.sh: a batch a thread has taken
             // but not stored yet is not waited for.)
             let idle =
                 planted!("saver-flush-early") || self.shared.busy.load(Ordering::Acquire) == 0;

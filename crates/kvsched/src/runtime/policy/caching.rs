@@ -8,7 +8,7 @@ use crate::rules::geometry::{CacheGroup, GroupKind, MambaMode};
 /// older entry was never written with the state at its block's end (a step that ran past it
 /// wrote only its own last state), so it is not cached.
 pub fn cacheable(grp: &CacheGroup, index: usize, computed: u64) -> bool {
-    // Planted bug `mamba-align-cache-unwritten` (tests/plants.sh): every full Mamba entry is
+    // Planted bug `mamba-align-cache-unwritten` (scripts/plants.sh): every full Mamba entry is
     // cached, real state or not (tests/kv_engine.rs reads garbage).
     if planted!("mamba-align-cache-unwritten") {
         return true;

@@ -24,7 +24,7 @@ pub fn reoffer_at_pre_step(
     tokens: u64,
     written: u64,
 ) -> bool {
-    // Planted bug `reoffer-unwritten` (tests/plants.sh): the step is offered again at its
+    // Planted bug `reoffer-unwritten` (scripts/plants.sh): the step is offered again at its
     // pre-step length whatever the lost step left behind.
     if planted!("reoffer-unwritten") {
         return true;

@@ -74,7 +74,7 @@ pub fn failed_load_blocks(
 /// loads (`dests`, one list per load), at the generation the load wrote it: a block id
 /// named with an older generation is another use of the slot, not this step's.
 pub fn is_sync_destination(dests: &[Vec<BlockRef>], b: BlockRef) -> bool {
-    // Planted bug `trust-stale` (tests/plants.sh), with the one in `Runtime::engine_share`:
+    // Planted bug `trust-stale` (scripts/plants.sh), with the one in `Runtime::engine_share`:
     // a report is trusted whatever its generation.
     if planted!("trust-stale") {
         return dests.iter().flatten().any(|d| d.id == b.id);

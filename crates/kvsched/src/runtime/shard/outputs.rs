@@ -29,7 +29,7 @@ impl Shard {
             let lost = std::mem::take(&mut r.output_lost);
             // Only a step the request was scheduled in can confirm progress: a request the
             // engine finished (or that got a sample) without running holds nothing new.
-            // (Planted bug `register-unwritten`, tests/plants.sh: any applied output confirms
+            // (Planted bug `register-unwritten`, scripts/plants.sh: any applied output confirms
             // the computed length, a sync load's range never run included.)
             let ran = r.last_scheduled > 0 || planted!("register-unwritten");
             if lost {
