@@ -147,8 +147,9 @@ fn run(
     if print {
         let c = engine.counters();
         let t = conn.stats();
+        let name = if mode == Mode::Safe { "safe" } else { "vllm" };
         println!(
-            "mode {mode:?}: {} requests finished, {emitted} tokens emitted",
+            "mode {name}: {} requests finished, {emitted} tokens emitted",
             report.metrics.finished
         );
         println!(
