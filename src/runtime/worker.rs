@@ -71,6 +71,20 @@ pub fn model_job(shard: usize, key: RequestKey, attempt: u32) -> LoadJob {
     }
 }
 
+/// What a worker does before running `job`: marks it started, unless the shard dropped it
+/// first (loom models: the protocol is crate-private).
+#[cfg(kvsched_loom)]
+pub fn model_start(job: &LoadJob) -> bool {
+    job.cancel.start()
+}
+
+/// What a shard does when it stops waiting for `job`: drops it if no worker started it
+/// (loom models).
+#[cfg(kvsched_loom)]
+pub fn model_drop_unstarted(job: &LoadJob) -> bool {
+    job.cancel.drop_unstarted()
+}
+
 /// The request key a job's completion goes to (loom models: a job's owner is crate-private).
 #[cfg(kvsched_loom)]
 pub fn model_job_key(job: &LoadJob) -> RequestKey {
