@@ -183,7 +183,9 @@ pub struct StressConfig {
     /// * `cancel=R`: share R of requests are cancelled by the client at a random later step
     ///   (1–128 steps after submission; on top of --cancel-ratio).
     ///
-    /// On a real store (`--store memory` or `disk=DIR`), the stored bytes themselves:
+    /// On a real store kvsched may damage — `--store memory`, `disk=DIR` or `redis` (the
+    /// private server it starts); refused on a `redis://` server it does not own, whose
+    /// values they would rewrite — the stored bytes themselves:
     ///
     /// * `corrupt=R`: share R of stored chunks get one bit flipped at rest;
     /// * `truncate=R`: share R of stored chunks are cut short at rest;
@@ -498,6 +500,16 @@ impl StressConfig {
             return bad(
                 "--faults",
                 "corrupt, truncate, evict and slow damage a real store's bytes: use them with --store memory, disk=DIR or redis (the sim store has simulated damage instead: --failure-rate)".to_owned(),
+            );
+        }
+        let owned = self.engines.store_owned && self.engines.engine_index.is_some();
+        if self.fault_rates().has_store_faults()
+            && matches!(self.store, StoreSpec::RedisUrl { .. })
+            && !owned
+        {
+            return bad(
+                "--faults",
+                "corrupt, truncate, evict and slow rewrite and delete values on the store: refused on a Redis server kvsched does not own (--store redis://…); use --store redis (a private server kvsched starts), memory or disk=DIR".to_owned(),
             );
         }
         if self.store != StoreSpec::Redis {

@@ -13,9 +13,10 @@
 //! * `redis://HOST:PORT[,…]` (feature `redis`): the user's server or cluster, keys under a
 //!   tag per scheduler (`kvsched-stress-kvsched`, `kvsched-stress-mutex`), never flushed.
 //!
-//! With `--faults corrupt=R,truncate=R,evict=R,slow=R` a memory or disk store is wrapped in a
-//! [`FaultyTier`]: damage at rest, deletion between lookup and load, delays past the load
-//! deadline.
+//! With `--faults corrupt=R,truncate=R,evict=R,slow=R` a memory, disk or private Redis store
+//! is wrapped in a [`FaultyTier`]: damage at rest, deletion between lookup and load, delays
+//! past the load deadline. A user's server (`redis://…`) is refused: they would rewrite its
+//! values.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -58,7 +59,8 @@ impl StoreSpec {
         *self != StoreSpec::Sim
     }
 
-    /// Whether `--faults corrupt/truncate/evict/slow` can act on it (every real store).
+    /// Whether `--faults corrupt/truncate/evict/slow` can act on it (every real store; a
+    /// user's Redis server is refused separately, see `StressConfig::check_store`).
     pub(super) fn takes_faults(&self) -> bool {
         self.is_real()
     }
@@ -231,6 +233,23 @@ impl Opened {
     pub(super) fn full_at(&self) -> Option<u64> {
         self.probe.as_ref().and_then(|f| f().full_at)
     }
+}
+
+/// Checks that a user's Redis store (`--store redis://…`) answers: what `--engines` does
+/// before starting engines on it, so that a wrong password or a server that is not there is
+/// one line naming `--store`, not N engines without a report. `Ok` for every other store.
+pub(super) fn check_user_store(cfg: &StressConfig) -> Result<(), StressError> {
+    #[cfg(feature = "redis")]
+    if let StoreSpec::RedisUrl { url, shown } = &cfg.store {
+        use crate::kv::redis::{RedisConfig, RedisTier};
+        let config =
+            RedisConfig::from_url(url).map_err(|e| store_error(format!("{shown}: {e}")))?;
+        let tier = RedisTier::new(config).map_err(|e| store_error(format!("{shown}: {e}")))?;
+        tier.check()
+            .map_err(|e| store_error(format!("cannot reach {shown}: {e}")))?;
+    }
+    let _ = cfg;
+    Ok(())
 }
 
 fn store_error(problem: String) -> StressError {
