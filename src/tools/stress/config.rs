@@ -71,7 +71,8 @@ pub struct StressConfig {
     #[arg(long, default_value_t = DEFAULT_LIVE, allow_negative_numbers = true, value_parser = parse_live)]
     pub live: usize,
     /// Longest run time in seconds, at most 86400 (the run ends at whichever of --requests and
-    /// --duration comes first).
+    /// --duration comes first). It bounds every wait inside the run: a load on a slow store
+    /// stops waiting when it is up, whatever --load-deadline-ms says.
     #[arg(long = "duration", default_value_t = DEFAULT_DURATION_S, allow_negative_numbers = true, value_parser = parse_seconds)]
     #[serde(rename = "duration_s")]
     pub duration_s: f64,
