@@ -172,14 +172,14 @@ pub fn run_engines(
     plot: Option<&Path>,
 ) -> Result<ExitCode, String> {
     cfg.validate().map_err(|e| e.to_string())?;
-    // A user's server that cannot be reached (a wrong password, nothing listening) is bad
-    // input: one line, before any engine runs.
-    super::store::check_user_store(cfg).map_err(|e| e.to_string())?;
     let stress_args = args::stress_args(argv);
     let plan = Plan::of(cfg, &stress_args)?;
     if plot.is_some() {
         return Err("--plot: draws one process's run; leave it out with --engines".into());
     }
+    // A user's server that cannot be reached (a wrong password, nothing listening) is bad
+    // input: one line, before any engine runs.
+    super::store::check_user_store(cfg).map_err(|e| e.to_string())?;
     let interrupt = Interrupt::install();
     let mut server = OwnedServer::start(&plan)?;
     let store = match &server {
