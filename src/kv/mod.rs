@@ -44,6 +44,7 @@ pub mod redis;
 mod saver;
 mod sim_tier;
 mod tier;
+mod tier_stats;
 
 pub use chunk::{
     ChunkCodec, ChunkError, ChunkErrorClass, ChunkHeader, CHUNK_MAGIC, CHUNK_VERSION, FLAG_MAC,
@@ -59,5 +60,6 @@ pub use host_memory::HostKvMemory;
 pub use key::ChunkKey;
 pub use kv_memory::{KvLayout, KvMemory, KvMemoryError, POISON_BYTE};
 pub use memory::{MemoryStats, MemoryTier};
+pub use saver::SaveBackoff;
 pub use sim_tier::{SimTier, SimTierConfig, SimTierCounts};
 pub use tier::{Tier, TierError};

@@ -71,7 +71,8 @@ pub struct StressConfig {
     #[arg(long, default_value_t = DEFAULT_LIVE, allow_negative_numbers = true, value_parser = parse_live)]
     pub live: usize,
     /// Longest run time in seconds, at most 86400 (the run ends at whichever of --requests and
-    /// --duration comes first).
+    /// --duration comes first). It bounds every wait inside the run: a load on a slow store
+    /// stops waiting when it is up, whatever --load-deadline-ms says.
     #[arg(long = "duration", default_value_t = DEFAULT_DURATION_S, allow_negative_numbers = true, value_parser = parse_seconds)]
     #[serde(rename = "duration_s")]
     pub duration_s: f64,
@@ -183,7 +184,9 @@ pub struct StressConfig {
     /// * `cancel=R`: share R of requests are cancelled by the client at a random later step
     ///   (1–128 steps after submission; on top of --cancel-ratio).
     ///
-    /// On a real store (`--store memory` or `disk=DIR`), the stored bytes themselves:
+    /// On a real store kvsched may damage — `--store memory`, `disk=DIR` or `redis` (the
+    /// private server it starts); refused on a `redis://` server it does not own, whose
+    /// values they would rewrite — the stored bytes themselves:
     ///
     /// * `corrupt=R`: share R of stored chunks get one bit flipped at rest;
     /// * `truncate=R`: share R of stored chunks are cut short at rest;
@@ -498,6 +501,16 @@ impl StressConfig {
             return bad(
                 "--faults",
                 "corrupt, truncate, evict and slow damage a real store's bytes: use them with --store memory, disk=DIR or redis (the sim store has simulated damage instead: --failure-rate)".to_owned(),
+            );
+        }
+        let owned = self.engines.store_owned && self.engines.engine_index.is_some();
+        if self.fault_rates().has_store_faults()
+            && matches!(self.store, StoreSpec::RedisUrl { .. })
+            && !owned
+        {
+            return bad(
+                "--faults",
+                "corrupt, truncate, evict and slow rewrite and delete values on the store: refused on a Redis server kvsched does not own (--store redis://…); use --store redis (a private server kvsched starts), memory or disk=DIR".to_owned(),
             );
         }
         if self.store != StoreSpec::Redis {

@@ -141,6 +141,8 @@ impl<'a, S: Scheduler> Engine<'a, S> {
     ) -> Self {
         let mut work = Workload::new(cfg);
         let next_at = work.next_arrival();
+        let start = Instant::now();
+        conn.set_run_end(start + cfg.duration());
         Engine {
             sched,
             sim: plane.engine,
@@ -180,7 +182,7 @@ impl<'a, S: Scheduler> Engine<'a, S> {
             steps: 0,
             next_at,
             last_progress: Instant::now(),
-            start: Instant::now(),
+            start,
             cpu_start: CpuStart::now(),
         }
     }
@@ -198,7 +200,7 @@ impl<'a, S: Scheduler> Engine<'a, S> {
                 return false;
             }
             self.cancel_due();
-            let plan = match self.step() {
+            let mut plan = match self.step() {
                 Ok(plan) => plan,
                 Err(e) => {
                     // The scheduler is poisoned: an invariant violation, and the run ends.
@@ -206,6 +208,15 @@ impl<'a, S: Scheduler> Engine<'a, S> {
                     return self.next < self.cfg.requests || self.submitted > self.ended;
                 }
             };
+            // A sync load waits for the store at most until the run's end.
+            let end = self.start + self.duration;
+            for job in plan
+                .scheduled
+                .iter_mut()
+                .filter_map(|s| s.sync_load.as_mut())
+            {
+                super::faults::bound_deadline(job, end);
+            }
             self.cancel_late();
             self.ended += plan.ended.len() as u64;
             if self.violations.len() < MAX_VIOLATIONS {
@@ -625,6 +636,11 @@ fn kv_counts(
             tier_errors: t.tier_errors,
             saves_dropped: t.saves_dropped,
             save_errors: t.save_errors,
+            saves_failed: t.saves_failed,
+            saves_skipped: t.saves_skipped,
+            save_pauses: t.save_pauses,
+            save_error: t.last_save_error.clone(),
+            store_full_at: store.full_at(),
             loads_cancelled: t.loads_cancelled,
             writes_refused: t.writes_refused,
             transfer_damage: store.sim.as_ref().map_or(0, |s| s.counts().damaged),
