@@ -30,6 +30,8 @@ done < <(bash loom-tests/run.sh --bounds)
 # plant → the models that must catch it: `file` (every test of loom-tests/tests/file.rs) or
 # `file::test`, optionally `@N` to run that row at LOOM_MAX_PREEMPTIONS=N instead.
 declare -A MODELS=(
+  # connector/cancel.rs: a drop checks the started bit, then sets its own with a plain store.
+  [drop-check-then-set]="cancel_start_vs_drop::exactly_one_side_wins"
   # runtime/claim.rs: a claim is a plain store, so the last writer wins instead of the least key.
   [claim-store]="claim_table::two_claimants_one_block claim_decide_after_all_claimed"
   # sync/barrier.rs: PhaseBarrier waiters depart with a Relaxed load instead of Acquire.
@@ -58,7 +60,7 @@ declare -A MODELS=(
   # runtime/worker.rs: shutdown waits for the workers without draining the queues meanwhile.
   [shutdown-no-drain-while-waiting]="shutdown_drain::one_worker_two_jobs shutdown_drain::two_workers_two_jobs"
 )
-ORDER=(claim-store barrier-relaxed clear-pending-relaxed free-list-no-tag release-relaxed
+ORDER=(drop-check-then-set claim-store barrier-relaxed clear-pending-relaxed free-list-no-tag release-relaxed
   fill-release-unguarded
   lookup-revive-unlocked unpark-no-lock worker-no-recheck worker-no-fence worker-list-twice
   worker-drop-on-full shutdown-no-drain-while-waiting)

@@ -33,6 +33,7 @@ declare -A BOUND=(
   [stale_completion]=2                      # plants from 2
   [work_signal_no_lost_wakeup]=2            # plants from 1
   [worker_idle_list]=2                      # plants from 0
+  [cancel_start_vs_drop]=2                  # plants from 1 (drop-check-then-set)
 )
 
 all_models=()

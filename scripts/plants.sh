@@ -37,12 +37,12 @@ declare -A TESTS=(
   [shard-panic-escapes]="kvsched --lib runtime::poison_tests"
   # runtime/shard/outputs.rs: Mamba entries that hold no state (mode align) are cached.
   # (kvsched stress reads their garbage in mode safe: an invariant violation, exit 1.)
-  [mamba-align-cache-unwritten]="kvsched --test kv_engine;kvsched-cli --test cli_stress"
+  [mamba-align-cache-unwritten]="kvsched --test kv_engine;kvsched-cli --test cli_stress;kvsched-testkit --test model_exact"
   # kv/saver.rs: flush returns while a saver thread still holds a batch it has not stored.
   [saver-flush-early]="kvsched --lib kv::saver"
   # runtime/shard/outputs.rs: an output applied to a request that did not run confirms its
   # computed length, so an engine finish before its sync load ran caches unwritten blocks.
-  [register-unwritten]="kvsched --test kv_lifecycle"
+  [register-unwritten]="kvsched --test kv_lifecycle;kvsched-testkit --test model_exact"
   # runtime/policy/lost.rs: a lost step is offered again at its pre-step length, past a sync
   # load that may never have run or a Mamba state it advanced in place.
   [reoffer-unwritten]="kvsched --test kv_lifecycle;kvsched --lib runtime::policy::lost"

@@ -60,3 +60,32 @@ fn two_shards_on_a_small_pool_finish_every_request() {
     assert_eq!(v["timed_out"], false);
     assert_eq!(v["invariants"]["ok"], true);
 }
+
+/// `--duration` bounds the whole run: loads held up by a slow store (`slow=1`: every chunk
+/// read delayed 4× a 60 s load deadline) stop waiting when the duration is up, and the
+/// human report says the run hit it. Before, the run lasted the load deadline (60 s).
+#[test]
+fn duration_bounds_a_run_whose_loads_wait_on_a_slow_store() {
+    for (deadline, store) in [("60000", "memory"), ("5000", "memory")] {
+        let t = Instant::now();
+        let (code, out) = run_guarded(&[
+            "stress",
+            "--store",
+            store,
+            "--faults",
+            "slow=1",
+            "--load-deadline-ms",
+            deadline,
+            "--duration",
+            "2",
+        ]);
+        let wall = t.elapsed();
+        assert_eq!(code, Some(0), "{out}");
+        assert!(
+            wall < Duration::from_millis(4500),
+            "--load-deadline-ms {deadline}: {wall:?} for --duration 2"
+        );
+        let flat = out.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(flat.contains("the run hit --duration 2 s"), "{out}");
+    }
+}

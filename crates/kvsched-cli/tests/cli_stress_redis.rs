@@ -87,3 +87,86 @@ fn store_faults_damage_the_redis_store_and_are_caught() {
         + count(&v, "kv.key_mismatches");
     assert!(refused > 0, "{v}");
 }
+
+/// A user's server (`--store redis://…`) with a password, started here.
+fn users_server() -> kvsched_testkit::redis::LocalRedis {
+    use kvsched_testkit::redis::{LocalRedis, LocalRedisOptions};
+    LocalRedis::start(LocalRedisOptions::new().requirepass("right")).expect("start redis-server")
+}
+
+/// `kvsched stress ARGS`: exit code, stderr, stdout, wall time.
+fn run(args: &[&str]) -> (Option<i32>, String, String, std::time::Duration) {
+    let t = std::time::Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_kvsched"))
+        .arg("stress")
+        .args(args)
+        .output()
+        .expect("run kvsched");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        t.elapsed(),
+    )
+}
+
+#[test]
+fn a_wrong_password_is_one_line_and_exit_2_with_engines_too() {
+    if missing("redis-server") {
+        return;
+    }
+    let srv = users_server();
+    let url = format!("redis://u:wrong@{}", srv.addr());
+    for extra in [&[][..], &["--engines", "2"][..]] {
+        let mut args = vec!["--store", url.as_str(), "--duration", "5"];
+        args.extend_from_slice(extra);
+        let (code, err, out, _) = run(&args);
+        assert_eq!(code, Some(2), "{extra:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{extra:?}: not one line: {err:?}");
+        assert!(err.starts_with("error: --store: "), "{extra:?}: {err}");
+        assert!(!err.contains("wrong"), "{extra:?}: {err}");
+        assert!(!out.contains("invariant"), "{extra:?}: a report: {out}");
+    }
+}
+
+#[test]
+fn store_faults_are_refused_on_a_users_server_and_it_is_left_untouched() {
+    if missing("redis-server") {
+        return;
+    }
+    let srv = users_server();
+    let url = format!("redis://:right@{}", srv.addr());
+    for faults in ["corrupt=0.1", "truncate=0.1", "evict=0.1", "slow=0.1"] {
+        for extra in [&[][..], &["--engines", "2"][..]] {
+            let mut args = vec!["--store", url.as_str(), "--faults", faults];
+            args.extend_from_slice(extra);
+            let (code, err, _, _) = run(&args);
+            assert_eq!(code, Some(2), "{faults} {extra:?}: {err}");
+            assert_eq!(err.lines().count(), 1, "{faults} {extra:?}: {err:?}");
+            assert!(
+                err.starts_with("error: --faults: "),
+                "{faults} {extra:?}: {err}"
+            );
+        }
+    }
+    assert_eq!(
+        srv.query(&["DBSIZE"]).as_deref(),
+        Ok("0"),
+        "nothing written"
+    );
+    // Other faults still run there, and store faults on the private server `--engines`
+    // owns (its engines get a redis:// URL of it).
+    let (code, err, _, _) = run(&["--store", &url, "--faults", "panic=0.01", "--duration", "1"]);
+    assert_eq!(code, Some(0), "{err}");
+    let (code, err, _, _) = run(&[
+        "--store",
+        "redis",
+        "--engines",
+        "2",
+        "--faults",
+        "evict=0.05",
+        "--duration",
+        "1",
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+}

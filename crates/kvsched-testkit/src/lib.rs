@@ -6,7 +6,9 @@
 //! * [`SimEngine`] — a simulated serving engine: answers each [`StepPlan`](kvsched::StepPlan)
 //!   with the [`StepOutput`](kvsched::StepOutput) a real engine would send, without a model;
 //!   [`KvChecker`] — the verifying memory model that runs a step's reads and writes on real
-//!   KV bytes and counts every byte read that differs from its reference;
+//!   KV bytes and counts every byte read that differs from its reference; [`ModelEngine`] —
+//!   a tiny hand-written hybrid model ([`TinyModel`]) run on the plan, every kept sample
+//!   judged against the request decoded alone;
 //! * [`SimConnector`] — a seeded, in-memory [`KvConnector`](kvsched::KvConnector) with
 //!   configurable latency, failures, panics and hangs; [`SimTier`] — a memory tier behind the
 //!   same kinds of seeded faults;
@@ -34,6 +36,9 @@ mod sim_tier;
 
 pub use faults::{FaultConfig, FaultConfigError, FaultCounts, FaultTarget, FaultyTier};
 pub use rng::{hash_str, SplitMix64};
-pub use sim::{KvCheckCounters, KvChecker, SimCounts, SimEngine, StepCheck};
+pub use sim::{
+    KvCheckCounters, KvChecker, ModelCounters, ModelEngine, ModelShape, ModelStep, SimCounts,
+    SimEngine, StepCheck, TinyModel,
+};
 pub use sim_connector::{SimConfig, SimConnector, SimulatedPanic};
 pub use sim_tier::{SimTier, SimTierConfig, SimTierCounts};

@@ -119,6 +119,10 @@ impl State {
                     self.set_phase(key, Phase::Loading);
                 } else {
                     r.sync_job = Some(job);
+                    // vLLM's design, as a shard: sync destinations cached at allocation.
+                    if self.cfg.mode == kvsched::rules::recovery::Mode::Vllm {
+                        self.register_upto(key, Some(ext_end));
+                    }
                     self.set_phase(key, Phase::Running);
                 }
             } else {

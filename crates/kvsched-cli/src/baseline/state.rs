@@ -166,11 +166,17 @@ impl State {
     }
 
     pub(super) fn register_and_trim(&mut self, key: RequestKey) {
+        self.register_upto(key, None);
+    }
+
+    /// Registers the request's full blocks below `upto` (what is known written when `None`)
+    /// and, for `None`, trims the entries its groups no longer need (as a shard).
+    pub(super) fn register_upto(&mut self, key: RequestKey, upto: Option<u64>) {
         let null = self.null();
         let Some(r) = self.reqs.get_mut(&key) else {
             return;
         };
-        let nct = r.written.min(r.num_computed_tokens);
+        let nct = upto.unwrap_or(r.written.min(r.num_computed_tokens));
         for (g, grp) in self.geo.groups().iter().enumerate() {
             let full = ((nct / grp.block_size) as usize)
                 .min(r.hashes[g].len())
@@ -187,6 +193,9 @@ impl State {
                     self.blocks.register(r.hashes[g][i], b);
                 }
                 r.registered[g] += 1;
+            }
+            if upto.is_some() {
+                continue;
             }
             for i in 0..(grp.nullable_below(nct) as usize).min(r.tables[g].len()) {
                 if r.tables[g][i] != null {

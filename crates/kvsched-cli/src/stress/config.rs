@@ -21,40 +21,7 @@ use kvsched::rules::geometry::GroupKind;
 use kvsched::rules::recovery::{Mode, Policy};
 use kvsched::runtime::{RuntimeError, Settings};
 
-/// Default of `--requests`.
-pub const DEFAULT_REQUESTS: u64 = 20_000;
-/// Default of `--rate` (requests per second).
-pub const DEFAULT_RATE: f64 = 2_000.0;
-/// Default of `--live`.
-pub const DEFAULT_LIVE: usize = 4096;
-/// Default of `--duration` (seconds).
-pub const DEFAULT_DURATION_S: f64 = 20.0;
-/// Default of `--pool-blocks`.
-pub const DEFAULT_POOL_BLOCKS: usize = 1 << 17;
-/// Default of `--model-us`.
-pub const DEFAULT_MODEL_US: u64 = 200;
-/// Default of `--load-deadline-ms` with deadline faults.
-pub const DEFAULT_FAULT_DEADLINE_MS: u64 = 20;
-/// How long a load injected with a deadline fault hangs, in load deadlines.
-pub const HANG_DEADLINES: u32 = 4;
-/// Default of `--check-every` (steps).
-pub const DEFAULT_CHECK_EVERY: u64 = 1000;
-/// The most `--requests`.
-pub const MAX_REQUESTS: u64 = 100_000_000;
-/// The longest `--model-us`.
-pub const MAX_MODEL_US: u64 = 1_000_000;
-/// The largest `--token-budget`.
-pub const MAX_TOKEN_BUDGET: u64 = 1 << 32;
-/// The shortest `--prompt-tokens`.
-pub const MIN_PROMPT_TOKENS: i64 = 8;
-/// The longest `--prompt-tokens`.
-pub const MAX_PROMPT_TOKENS: i64 = 1 << 20;
-/// The largest `--output-tokens`.
-pub const MAX_OUTPUT_TOKENS: i64 = 1 << 16;
-/// The longest `--load-latency-us` bound.
-pub const MAX_LOAD_LATENCY_US: u64 = 1_000_000;
-/// The longest `--load-deadline-ms`: an hour.
-pub const MAX_LOAD_DEADLINE_MS: u64 = 3_600_000;
+pub use super::limits::*;
 
 /// Every setting of a stress run (the `config` key of the JSON report).
 #[derive(Clone, Debug, Serialize, clap::Args)]
@@ -70,7 +37,8 @@ pub struct StressConfig {
     #[arg(long, default_value_t = DEFAULT_LIVE, allow_negative_numbers = true, value_parser = parse_live)]
     pub live: usize,
     /// Longest run time in seconds, at most 86400 (the run ends at whichever of --requests and
-    /// --duration comes first).
+    /// --duration comes first). It bounds every wait inside the run: a load on a slow store
+    /// stops waiting when it is up, whatever --load-deadline-ms says.
     #[arg(long = "duration", default_value_t = DEFAULT_DURATION_S, allow_negative_numbers = true, value_parser = parse_seconds)]
     #[serde(rename = "duration_s")]
     pub duration_s: f64,
@@ -182,7 +150,9 @@ pub struct StressConfig {
     /// * `cancel=R`: share R of requests are cancelled by the client at a random later step
     ///   (1–128 steps after submission; on top of --cancel-ratio).
     ///
-    /// On a real store (`--store memory` or `disk=DIR`), the stored bytes themselves:
+    /// On a real store kvsched may damage — `--store memory`, `disk=DIR` or `redis` (the
+    /// private server it starts); refused on a `redis://` server it does not own, whose
+    /// values they would rewrite — the stored bytes themselves:
     ///
     /// * `corrupt=R`: share R of stored chunks get one bit flipped at rest;
     /// * `truncate=R`: share R of stored chunks are cut short at rest;
@@ -497,6 +467,16 @@ impl StressConfig {
             return bad(
                 "--faults",
                 "corrupt, truncate, evict and slow damage a real store's bytes: use them with --store memory, disk=DIR or redis (the sim store has simulated damage instead: --failure-rate)".to_owned(),
+            );
+        }
+        let owned = self.engines.store_owned && self.engines.engine_index.is_some();
+        if self.fault_rates().has_store_faults()
+            && matches!(self.store, StoreSpec::RedisUrl { .. })
+            && !owned
+        {
+            return bad(
+                "--faults",
+                "corrupt, truncate, evict and slow rewrite and delete values on the store: refused on a Redis server kvsched does not own (--store redis://…); use --store redis (a private server kvsched starts), memory or disk=DIR".to_owned(),
             );
         }
         if self.store != StoreSpec::Redis {

@@ -140,6 +140,8 @@ impl<'a, S: Scheduler> Engine<'a, S> {
     ) -> Self {
         let mut work = Workload::new(cfg);
         let next_at = work.next_arrival();
+        let start = Instant::now();
+        conn.set_run_end(start + cfg.duration());
         Engine {
             sched,
             sim: plane.engine,
@@ -179,7 +181,7 @@ impl<'a, S: Scheduler> Engine<'a, S> {
             steps: 0,
             next_at,
             last_progress: Instant::now(),
-            start: Instant::now(),
+            start,
             cpu_start: CpuStart::now(),
         }
     }
@@ -197,7 +199,7 @@ impl<'a, S: Scheduler> Engine<'a, S> {
                 return false;
             }
             self.cancel_due();
-            let plan = match self.step() {
+            let mut plan = match self.step() {
                 Ok(plan) => plan,
                 Err(e) => {
                     // The scheduler is poisoned: an invariant violation, and the run ends.
@@ -205,6 +207,15 @@ impl<'a, S: Scheduler> Engine<'a, S> {
                     return self.next < self.cfg.requests || self.submitted > self.ended;
                 }
             };
+            // A sync load waits for the store at most until the run's end.
+            let end = self.start + self.duration;
+            for job in plan
+                .scheduled
+                .iter_mut()
+                .filter_map(|s| s.sync_load.as_mut())
+            {
+                super::faults::bound_deadline(job, end);
+            }
             self.cancel_late();
             self.ended += plan.ended.len() as u64;
             if self.violations.len() < MAX_VIOLATIONS {

@@ -7,7 +7,7 @@
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_queue::SegQueue;
 use serde::Serialize;
@@ -17,6 +17,11 @@ use kvsched::connector::{KvConnector, LoadJob, LoadResult, LookupQuery, LookupRe
 use kvsched::kv::TierConnector;
 use kvsched_testkit::hash_str;
 use kvsched_testkit::{SimulatedPanic, SplitMix64};
+use parking_lot::Mutex;
+
+/// How long a hung load (`deadline=R`) sleeps past the run's end at most: enough to outlast
+/// its deadline, which the run's end bounds.
+const HANG_PAST_END: Duration = Duration::from_millis(10);
 
 /// The fault names of `--faults`, in order.
 pub const FAULT_NAMES: [&str; 10] = [
@@ -146,6 +151,8 @@ pub(super) struct FaultConnector {
     panic_rate: f64,
     hang: Duration,
     record_offers: bool,
+    /// When the run's `--duration` is up: no load waits for the store past it.
+    run_end: Mutex<Option<Instant>>,
     pub(super) hangs: AtomicU64,
     pub(super) panics: AtomicU64,
     pub(super) offers: SegQueue<Arc<str>>,
@@ -166,10 +173,39 @@ impl FaultConnector {
             panic_rate: f.panic,
             hang,
             record_offers: f.late > 0.0,
+            run_end: Mutex::new(None),
             hangs: AtomicU64::new(0),
             panics: AtomicU64::new(0),
             offers: SegQueue::new(),
         }
+    }
+}
+
+impl FaultConnector {
+    /// The run's `--duration` is up at `end`: loads stop waiting for the store then.
+    pub(super) fn set_run_end(&self, end: Instant) {
+        *self.run_end.lock() = Some(end);
+    }
+
+    /// `job` with its deadline no later than the run's end (a copy only when it has to be
+    /// earlier), so that a load on a slow store does not outlast `--duration`.
+    fn bounded<'j>(&self, job: &'j LoadJob) -> std::borrow::Cow<'j, LoadJob> {
+        match *self.run_end.lock() {
+            Some(end) if job.deadline.is_none_or(|d| d > end) => {
+                let mut j = job.clone();
+                j.deadline = Some(end);
+                std::borrow::Cow::Owned(j)
+            }
+            _ => std::borrow::Cow::Borrowed(job),
+        }
+    }
+}
+
+/// `job`'s deadline moved to `end` if it is later (or unset): a sync load's wait for the
+/// store ends with the run's `--duration`.
+pub(super) fn bound_deadline(job: &mut LoadJob, end: Instant) {
+    if job.deadline.is_none_or(|d| d > end) {
+        job.deadline = Some(end);
     }
 }
 
@@ -198,10 +234,17 @@ impl KvConnector for FaultConnector {
             }
             if h < self.hang_rate {
                 self.hangs.fetch_add(1, Ordering::Relaxed);
-                std::thread::sleep(self.hang);
+                // Never past the run's end: the hang outlasts the load's deadline anyway.
+                let hang = match *self.run_end.lock() {
+                    Some(end) => self
+                        .hang
+                        .min(end.saturating_duration_since(Instant::now()) + HANG_PAST_END),
+                    None => self.hang,
+                };
+                std::thread::sleep(hang);
             }
         }
-        self.inner.load(job)
+        self.inner.load(&self.bounded(job))
     }
 }
 

@@ -115,6 +115,7 @@ mod drive;
 mod faults;
 mod figures;
 mod histograms;
+mod limits;
 mod plot;
 mod processes;
 mod progress;

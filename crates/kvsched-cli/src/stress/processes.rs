@@ -109,6 +109,11 @@ pub struct EnginesArgs {
     /// Set by `--engines` for each engine it runs: its request ids start with `e{I}-`.
     #[arg(long, value_name = "I", hide = true, allow_negative_numbers = true, value_parser = clap::value_parser!(u8).range(0..MAX_ENGINES as i64))]
     pub engine_index: Option<u8>,
+    /// Set by `--engines` for each engine it runs on the server it owns (`--store redis`):
+    /// the `redis://` URL the engine gets is not a user's server, so store faults may act on
+    /// it. Ignored without `--engine-index`.
+    #[arg(long, hide = true)]
+    pub store_owned: bool,
 }
 
 impl EnginesArgs {
@@ -173,6 +178,9 @@ pub fn run_engines(
     if plot.is_some() {
         return Err("--plot: draws one process's run; leave it out with --engines".into());
     }
+    // A user's server that cannot be reached (a wrong password, nothing listening) is bad
+    // input: one line, before any engine runs.
+    super::store::check_user_store(cfg).map_err(|e| e.to_string())?;
     let interrupt = Interrupt::install();
     let mut server = OwnedServer::start(&plan)?;
     let store = match &server {
@@ -193,6 +201,9 @@ pub fn run_engines(
     for i in 0..plan.engines {
         let mut cmd = std::process::Command::new(&exe);
         cmd.args(child_args(&stress_args, store.as_deref(), i));
+        if server.is_some() {
+            cmd.arg("--store-owned");
+        }
         children
             .spawn(i, cmd)
             .map_err(|e| format!("cannot start engine {i}: {e}"))?;

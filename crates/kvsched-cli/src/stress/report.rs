@@ -130,8 +130,20 @@ pub struct KvCounts {
     pub tier_errors: u64,
     /// Save offers dropped because the write-behind queue was full.
     pub saves_dropped: u64,
-    /// Tier `put` calls that failed.
+    /// Tier `put` calls that failed (batches).
     pub save_errors: u64,
+    /// Chunks of those puts the store does not hold: saves that failed, one per chunk.
+    pub saves_failed: u64,
+    /// Chunks not tried while saving was paused after puts kept failing.
+    pub saves_skipped: u64,
+    /// Pauses of saving started.
+    pub save_pauses: u64,
+    /// The last failed put's error; `null` if none failed.
+    pub save_error: Option<String>,
+    /// Disk: the capacity in force once the file system was found full (the bytes held
+    /// then; the oldest chunks are evicted to make room); `null` if it never was, or for
+    /// other stores.
+    pub store_full_at: Option<u64>,
     /// Loads that found their cancellation fired (a deadline passed, the request ended).
     pub loads_cancelled: u64,
     /// Destinations a load was no longer allowed to write: left alone.

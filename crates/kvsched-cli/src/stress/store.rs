@@ -13,9 +13,10 @@
 //! * `redis://HOST:PORT[,…]` (feature `redis`): the user's server or cluster, keys under a
 //!   tag per scheduler (`kvsched-stress-kvsched`, `kvsched-stress-mutex`), never flushed.
 //!
-//! With `--faults corrupt=R,truncate=R,evict=R,slow=R` a memory or disk store is wrapped in a
-//! [`FaultyTier`]: damage at rest, deletion between lookup and load, delays past the load
-//! deadline.
+//! With `--faults corrupt=R,truncate=R,evict=R,slow=R` a memory, disk or private Redis store
+//! is wrapped in a [`FaultyTier`]: damage at rest, deletion between lookup and load, delays
+//! past the load deadline. A user's server (`redis://…`) is refused: they would rewrite its
+//! values.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -56,7 +57,8 @@ impl StoreSpec {
         *self != StoreSpec::Sim
     }
 
-    /// Whether `--faults corrupt/truncate/evict/slow` can act on it (every real store).
+    /// Whether `--faults corrupt/truncate/evict/slow` can act on it (every real store; a
+    /// user's Redis server is refused separately, see `StressConfig::check_store`).
     pub(super) fn takes_faults(&self) -> bool {
         self.is_real()
     }
@@ -197,9 +199,18 @@ pub(super) struct Opened {
     pub(super) sim: Option<Arc<SimTier>>,
     /// The faults the [`FaultyTier`] injected, with store faults.
     faults: Option<Box<dyn Fn() -> FaultCounts + Send + Sync>>,
-    /// A Redis store's connections lost and made again, and its failed connection
-    /// attempts, so far.
-    connections: Option<Box<dyn Fn() -> (u64, u64) + Send + Sync>>,
+    /// What the store says of itself so far (its connections, a full file system).
+    probe: Option<Box<dyn Fn() -> StoreProbe + Send + Sync>>,
+}
+
+/// What a store says of itself, for the report.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct StoreProbe {
+    /// Redis: `(reconnects, connect_failures)`, see [`Opened::connections`].
+    connections: Option<(u64, u64)>,
+    /// Disk: the capacity in force once the file system was found full (the bytes held
+    /// then), see [`kvsched::kv::DiskStats::full_writes`].
+    full_at: Option<u64>,
 }
 
 impl Opened {
@@ -212,8 +223,31 @@ impl Opened {
     /// beyond those open now (each one lost and made again), and failed attempts. `None`
     /// for other stores.
     pub(super) fn connections(&self) -> Option<(u64, u64)> {
-        self.connections.as_ref().map(|f| f())
+        self.probe.as_ref().and_then(|f| f().connections)
     }
+
+    /// A disk store's capacity in force once its file system was found full (the bytes it
+    /// held then); `None` if it never was, or for other stores.
+    pub(super) fn full_at(&self) -> Option<u64> {
+        self.probe.as_ref().and_then(|f| f().full_at)
+    }
+}
+
+/// Checks that a user's Redis store (`--store redis://…`) answers: what `--engines` does
+/// before starting engines on it, so that a wrong password or a server that is not there is
+/// one line naming `--store`, not N engines without a report. `Ok` for every other store.
+pub(super) fn check_user_store(cfg: &StressConfig) -> Result<(), StressError> {
+    #[cfg(feature = "redis")]
+    if let StoreSpec::RedisUrl { url, shown } = &cfg.store {
+        use kvsched::kv::redis::{RedisConfig, RedisTier};
+        let config =
+            RedisConfig::from_url(url).map_err(|e| store_error(format!("{shown}: {e}")))?;
+        let tier = RedisTier::new(config).map_err(|e| store_error(format!("{shown}: {e}")))?;
+        tier.check()
+            .map_err(|e| store_error(format!("cannot reach {shown}: {e}")))?;
+    }
+    let _ = cfg;
+    Ok(())
 }
 
 fn store_error(problem: String) -> StressError {
@@ -249,7 +283,7 @@ impl Stores {
                     tier: sim.clone(),
                     sim: Some(sim),
                     faults: None,
-                    connections: None,
+                    probe: None,
                 })
             }
             StoreSpec::Memory => Ok(with_faults(
@@ -270,7 +304,7 @@ impl Stores {
                     },
                 )
                 .map_err(|e| store_error(format!("cannot open {}: {e}", dir.display())))?;
-                Ok(with_faults(cfg, disk, None)?)
+                Ok(with_faults(cfg, disk, Some(disk_probe))?)
             }
             #[cfg(feature = "redis")]
             StoreSpec::Redis | StoreSpec::RedisUrl { .. } => {
@@ -282,16 +316,15 @@ impl Stores {
     }
 }
 
-/// How a store counts its connections: `(reconnects, connect_failures)`, see
-/// [`Opened::connections`].
-type ConnectionCount<T> = fn(&T) -> (u64, u64);
+/// How a store says what it says of itself, see [`StoreProbe`].
+type Probe<T> = fn(&T) -> StoreProbe;
 
-/// `inner`, wrapped in a [`FaultyTier`] when `--faults` names a store fault; `connections`
-/// counts the store's connections, for a store that has them.
+/// `inner`, wrapped in a [`FaultyTier`] when `--faults` names a store fault; `probe` reads
+/// what the store says of itself, for a store that says something.
 fn with_faults<T: FaultTarget>(
     cfg: &StressConfig,
     inner: T,
-    connections: Option<ConnectionCount<T>>,
+    probe: Option<Probe<T>>,
 ) -> Result<Opened, StressError> {
     let f = cfg.fault_rates();
     if !f.has_store_faults() {
@@ -301,8 +334,8 @@ fn with_faults<T: FaultTarget>(
             tier: inner,
             sim: None,
             faults: None,
-            connections: connections
-                .map(|c| Box::new(move || c(&count)) as Box<dyn Fn() -> (u64, u64) + Send + Sync>),
+            probe: probe
+                .map(|c| Box::new(move || c(&count)) as Box<dyn Fn() -> StoreProbe + Send + Sync>),
         });
     }
     let faulty = Arc::new(
@@ -328,10 +361,19 @@ fn with_faults<T: FaultTarget>(
         tier: faulty,
         sim: None,
         faults: Some(Box::new(move || counts.counts())),
-        connections: connections.map(|c| {
-            Box::new(move || c(count.inner())) as Box<dyn Fn() -> (u64, u64) + Send + Sync>
+        probe: probe.map(|c| {
+            Box::new(move || c(count.inner())) as Box<dyn Fn() -> StoreProbe + Send + Sync>
         }),
     })
+}
+
+/// A disk store's capacity once its file system was found full.
+fn disk_probe(disk: &DiskTier) -> StoreProbe {
+    let s = disk.stats();
+    StoreProbe {
+        connections: None,
+        full_at: (s.full_writes > 0).then_some(s.capacity_bytes),
+    }
 }
 
 /// The simulated tier of `cfg`: its latency, transfer damage and capacity.
@@ -354,7 +396,7 @@ mod redis_store {
     //! The Redis stores: a private server (or cluster) for `--store redis`, the user's for
     //! `--store redis://…`.
 
-    use super::{store_error, Opened, StoreSpec};
+    use super::{store_error, Opened, StoreProbe, StoreSpec};
     use crate::stress::config::{StressConfig, StressError};
     use kvsched::kv::redis::{RedisConfig, RedisTier};
     use kvsched_testkit::redis::{LocalCluster, LocalRedis, LocalRedisOptions};
@@ -435,10 +477,13 @@ mod redis_store {
 
     /// Connections lost and made again (successful connections beyond those open now), and
     /// failed attempts.
-    fn connections(tier: &RedisTier) -> (u64, u64) {
+    fn connections(tier: &RedisTier) -> StoreProbe {
         let s = tier.stats();
         let made = s.connects.saturating_sub(s.connect_failures);
-        (made.saturating_sub(s.connections), s.connect_failures)
+        StoreProbe {
+            connections: Some((made.saturating_sub(s.connections), s.connect_failures)),
+            full_at: None,
+        }
     }
 }
 

@@ -9,10 +9,15 @@
 //! * `kv_check` — [`KvChecker`], the verifying memory model: runs a step's reads and writes
 //!   on real KV bytes and counts every byte read that differs from its reference.
 //!
-//! Not meant for production: it computes nothing.
+//! * `model` — [`TinyModel`] and [`ModelEngine`]: a tiny hand-written hybrid model run on
+//!   the plan, whose every kept sample is judged against the request decoded alone.
+//!
+//! Not meant for production.
 
 mod engine;
 mod kv_check;
+mod model;
 
 pub use engine::{SimCounts, SimEngine};
 pub use kv_check::{KvCheckCounters, KvChecker, StepCheck};
+pub use model::{ModelCounters, ModelEngine, ModelShape, ModelStep, TinyModel};

@@ -63,6 +63,17 @@ impl CancelToken {
             self.cancel();
             return false;
         }
+        // Planted bug `drop-check-then-set` (loom-tests/plants.sh): check the started bit, then
+        // set the dropped bit with a separate store, so a start between the two is missed.
+        #[cfg(kvsched_plant = "drop-check-then-set")]
+        {
+            let cur = self.state.load(Ordering::Acquire);
+            crate::sync::spin_hint();
+            self.state
+                .store(cur | DROPPED | CANCELLED, Ordering::Release);
+            return cur & STARTED == 0;
+        }
+        #[cfg_attr(kvsched_plant = "drop-check-then-set", allow(unreachable_code))]
         let mut cur = self.state.load(Ordering::Acquire);
         loop {
             let next = if cur & STARTED == 0 {

@@ -43,6 +43,7 @@ mod saver;
 mod tier;
 #[cfg(not(kvsched_loom))]
 mod tier_connector;
+mod tier_stats;
 
 pub use chunk::{
     ChunkCodec, ChunkError, ChunkErrorClass, ChunkHeader, CHUNK_MAGIC, CHUNK_VERSION, FLAG_MAC,
@@ -55,6 +56,8 @@ pub use host_kv_memory::HostKvMemory;
 pub use key::ChunkKey;
 pub use kv_memory::{KvLayout, KvMemory, KvMemoryError, POISON_BYTE};
 pub use memory_tier::{MemoryStats, MemoryTier};
+#[cfg(not(kvsched_loom))]
+pub use saver::SaveBackoff;
 pub use tier::{Tier, TierError};
 #[cfg(not(kvsched_loom))]
 pub use tier_connector::{TierConnector, TierConnectorConfig, TierConnectorError, TierStats};

@@ -1,7 +1,10 @@
 //! [`Saver`]: the connector's write-behind: a bounded queue of chunks to store and keys to
-//! probe, drained by its own threads, so a step never waits for a tier.
+//! probe, drained by its own threads, so a step never waits for a tier. Saves that keep
+//! failing (a full or read-only disk, a store that is down) make it pause saving
+//! ([`SaveBackoff`]) instead of trying every chunk against the same error.
 
 use std::collections::VecDeque;
+use std::time::{Duration, Instant};
 
 use super::key_index::KeyIndex;
 use super::{ChunkCodec, ChunkKey, Tier};
@@ -22,15 +25,76 @@ pub(crate) enum Work {
     Probe(Vec<ChunkKey>),
 }
 
+/// When the write-behind of a [`TierConnector`](super::TierConnector) stops trying: after
+/// `after_failed_batches` tier puts in a row failed, it pauses saving for `pause`, then tries
+/// the next batch; each further failure right after a pause doubles the pause, up to
+/// `max_pause`; a batch stored resets both. Chunks taken off the queue while paused are not
+/// tried, only counted ([`TierStats::saves_skipped`](super::TierStats::saves_skipped)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SaveBackoff {
+    /// Failed puts in a row that start a pause; 0 never pauses.
+    pub after_failed_batches: u32,
+    /// The first pause.
+    pub pause: Duration,
+    /// The longest pause.
+    pub max_pause: Duration,
+}
+
+impl Default for SaveBackoff {
+    /// After 3 failed puts in a row, 1 s, doubling up to 60 s.
+    fn default() -> Self {
+        SaveBackoff {
+            after_failed_batches: 3,
+            pause: Duration::from_secs(1),
+            max_pause: Duration::from_secs(60),
+        }
+    }
+}
+
+/// How a [`Saver`] runs (from the connector's configuration).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SaverSettings {
+    /// Most work waiting.
+    pub capacity: usize,
+    /// Threads.
+    pub threads: usize,
+    /// How long dropping waits for the threads.
+    pub drop_timeout: Duration,
+    /// When failing saves pause saving.
+    pub backoff: SaveBackoff,
+}
+
 /// Counters of the write-behind.
 #[derive(Debug, Default)]
 pub(crate) struct SaverCounters {
     pub saved_chunks: AtomicU64,
     pub saved_bytes: AtomicU64,
     pub dropped: AtomicU64,
+    /// Failed puts (batches).
     pub errors: AtomicU64,
+    /// Chunks of failed puts that the tier does not hold.
+    pub failed_chunks: AtomicU64,
+    /// Chunks not tried during a pause.
+    pub skipped: AtomicU64,
+    /// Pauses started.
+    pub pauses: AtomicU64,
+    /// The last put's error, for reports.
+    pub last_error: Mutex<Option<String>>,
     pub probes: AtomicU64,
     pub probe_hits: AtomicU64,
+}
+
+/// The pause state of [`SaveBackoff`].
+#[derive(Debug, Default)]
+struct Pause {
+    /// Failed puts in a row.
+    failed_in_row: u32,
+    /// The pause the next one lasts.
+    next: Option<Duration>,
+    /// Saving resumes then.
+    until: Option<Instant>,
+    /// Whether the first pause was logged (later ones are not).
+    warned: bool,
 }
 
 struct Queue {
@@ -45,6 +109,8 @@ struct Shared {
     counters: SaverCounters,
     /// Threads holding work taken off the queue.
     busy: AtomicUsize,
+    backoff: SaveBackoff,
+    pause: Mutex<Pause>,
 }
 
 /// The write-behind queue and its threads. Dropping it stops the threads after the work
@@ -73,10 +139,14 @@ impl Saver {
         codec: ChunkCodec,
         index: Arc<KeyIndex>,
         own: Arc<KeyIndex>,
-        capacity: usize,
-        threads: usize,
-        drop_timeout: std::time::Duration,
+        settings: SaverSettings,
     ) -> std::io::Result<Saver> {
+        let SaverSettings {
+            capacity,
+            threads,
+            drop_timeout,
+            backoff,
+        } = settings;
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue {
                 work: VecDeque::new(),
@@ -86,6 +156,8 @@ impl Saver {
             capacity: capacity.max(1),
             counters: SaverCounters::default(),
             busy: AtomicUsize::new(0),
+            backoff,
+            pause: Mutex::new(Pause::default()),
         });
         let mut handles = Vec::new();
         for i in 0..threads.max(1) {
@@ -190,6 +262,94 @@ impl Drop for Saver {
     }
 }
 
+impl Shared {
+    /// Whether saving is paused now.
+    fn paused(&self) -> bool {
+        self.pause.lock().until.is_some_and(|t| Instant::now() < t)
+    }
+
+    /// Counts a put that failed with `error`; starts a pause when the failures in a row
+    /// reach the backoff's threshold.
+    fn put_failed(&self, error: String) {
+        let b = self.backoff;
+        let mut p = self.pause.lock();
+        p.failed_in_row = p.failed_in_row.saturating_add(1);
+        if b.after_failed_batches == 0 || p.failed_in_row < b.after_failed_batches {
+            drop(p);
+            *self.counters.last_error.lock() = Some(error);
+            return;
+        }
+        let pause = p.next.unwrap_or(b.pause).min(b.max_pause);
+        p.next = Some(pause.saturating_mul(2).min(b.max_pause));
+        p.until = Some(Instant::now() + pause);
+        let first = !std::mem::replace(&mut p.warned, true);
+        drop(p);
+        self.counters.pauses.fetch_add(1, Ordering::Relaxed);
+        if first {
+            tracing::warn!(
+                failed_in_row = b.after_failed_batches,
+                pause_ms = pause.as_millis() as u64,
+                max_pause_ms = b.max_pause.as_millis() as u64,
+                %error,
+                "tier connector: saves keep failing; not saving for a while (the pause doubles while they go on failing)"
+            );
+        }
+        *self.counters.last_error.lock() = Some(error);
+    }
+
+    /// A put succeeded: the failures in a row and the pause start over.
+    fn put_ok(&self) {
+        let mut p = self.pause.lock();
+        p.failed_in_row = 0;
+        p.next = None;
+        p.until = None;
+    }
+}
+
+/// Stores `chunks` in one put and indexes them. After a failed put, asks the tier which of
+/// them it holds (a put may store part of a batch: the disk tier stops at its first error):
+/// those are saved, the others counted as failed.
+fn store(
+    shared: &Shared,
+    tier: &dyn Tier,
+    chunks: &[(ChunkKey, Vec<u8>)],
+    index: &KeyIndex,
+    own: &KeyIndex,
+    never: &CancelToken,
+) {
+    let c = &shared.counters;
+    let saved = |k: ChunkKey, len: usize| {
+        c.saved_chunks.fetch_add(1, Ordering::Relaxed);
+        c.saved_bytes.fetch_add(len as u64, Ordering::Relaxed);
+        index.insert(k);
+        own.insert(k);
+    };
+    match tier.put(chunks) {
+        Ok(()) => {
+            shared.put_ok();
+            for (k, v) in chunks {
+                saved(*k, v.len());
+            }
+        }
+        Err(e) => {
+            c.errors.fetch_add(1, Ordering::Relaxed);
+            let keys: Vec<ChunkKey> = chunks.iter().map(|(k, _)| *k).collect();
+            let held = match tier.exists(&keys, never) {
+                Ok(h) if h.len() == keys.len() => h,
+                _ => vec![false; keys.len()],
+            };
+            for ((k, v), h) in chunks.iter().zip(held) {
+                if h {
+                    saved(*k, v.len());
+                } else {
+                    c.failed_chunks.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            shared.put_failed(e.to_string());
+        }
+    }
+}
+
 fn run(shared: &Shared, tier: &dyn Tier, codec: &ChunkCodec, index: &KeyIndex, own: &KeyIndex) {
     let never = CancelToken::new();
     loop {
@@ -234,20 +394,10 @@ fn run(shared: &Shared, tier: &dyn Tier, codec: &ChunkCodec, index: &KeyIndex, o
                     Work::Probe(_) => None,
                 })
                 .collect();
-            let bytes: u64 = chunks.iter().map(|(_, v)| v.len() as u64).sum();
-            match tier.put(&chunks) {
-                Ok(()) => {
-                    c.saved_chunks
-                        .fetch_add(chunks.len() as u64, Ordering::Relaxed);
-                    c.saved_bytes.fetch_add(bytes, Ordering::Relaxed);
-                    for (k, _) in &chunks {
-                        index.insert(*k);
-                        own.insert(*k);
-                    }
-                }
-                Err(_) => {
-                    c.errors.fetch_add(1, Ordering::Relaxed);
-                }
+            if shared.paused() {
+                c.skipped.fetch_add(chunks.len() as u64, Ordering::Relaxed);
+            } else {
+                store(shared, tier, &chunks, index, own, &never);
             }
         }
         if let Some(keys) = probe {
@@ -268,80 +418,5 @@ fn run(shared: &Shared, tier: &dyn Tier, codec: &ChunkCodec, index: &KeyIndex, o
 }
 
 #[cfg(all(test, not(kvsched_loom)))]
-mod tests {
-    use super::*;
-    use crate::kv::TierError;
-    use crate::sync::AtomicBool;
-
-    /// A tier whose `put` waits until the test opens the gate, then records that it stored.
-    #[derive(Default)]
-    struct Gate {
-        open: Mutex<bool>,
-        started: AtomicBool,
-        stored: AtomicBool,
-    }
-
-    impl Tier for Gate {
-        fn name(&self) -> &str {
-            "gate"
-        }
-        fn exists(&self, keys: &[ChunkKey], _: &CancelToken) -> Result<Vec<bool>, TierError> {
-            Ok(vec![false; keys.len()])
-        }
-        fn get(
-            &self,
-            keys: &[ChunkKey],
-            _: &CancelToken,
-        ) -> Result<Vec<Option<Vec<u8>>>, TierError> {
-            Ok(vec![None; keys.len()])
-        }
-        fn put(&self, _: &[(ChunkKey, Vec<u8>)]) -> Result<(), TierError> {
-            self.started.store(true, Ordering::SeqCst);
-            while !*self.open.lock() {
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
-            self.stored.store(true, Ordering::SeqCst);
-            Ok(())
-        }
-    }
-
-    #[test]
-    fn flush_waits_for_a_batch_a_thread_has_taken() {
-        let gate = Arc::new(Gate::default());
-        let tier: Arc<dyn Tier> = gate.clone();
-        let ix = Arc::new(KeyIndex::new(64));
-        let saver = Saver::start(
-            tier,
-            ChunkCodec::new(None),
-            ix.clone(),
-            ix,
-            8,
-            1,
-            std::time::Duration::from_secs(10),
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-        assert!(saver.offer(Work::Save {
-            key: ChunkKey(1),
-            group: 0,
-            tokens: 16,
-            payload: vec![1; 8],
-        }));
-        // The thread has taken the batch: the queue is empty, the put is in progress.
-        while !gate.started.load(Ordering::SeqCst) {
-            std::thread::yield_now();
-        }
-        let opener = {
-            let gate = Arc::clone(&gate);
-            std::thread::spawn(move || {
-                std::thread::sleep(std::time::Duration::from_millis(30));
-                *gate.open.lock() = true;
-            })
-        };
-        saver.flush();
-        assert!(
-            gate.stored.load(Ordering::SeqCst),
-            "flush returned before the taken batch was stored"
-        );
-        let _ = opener.join();
-    }
-}
+#[path = "saver_tests.rs"]
+mod tests;

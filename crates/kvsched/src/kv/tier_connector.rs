@@ -9,7 +9,8 @@ use std::time::Instant;
 
 use super::bounded::BoundedGets;
 use super::key_index::KeyIndex;
-use super::saver::{Saver, Work};
+use super::saver::{SaveBackoff, Saver, SaverSettings, Work};
+pub use super::tier_stats::TierStats;
 use super::{ChunkCodec, ChunkErrorClass, ChunkKey, KvMemory, Tier};
 use crate::connector::{
     InvalidBlocks, KvConnector, LoadJob, LoadResult, LookupQuery, LookupResult,
@@ -55,6 +56,8 @@ pub struct TierConnectorConfig {
     /// (default 10 s, as the runtime's shutdown). Threads still inside a tier call then (a
     /// hung tier) are left to finish on their own; the drop returns.
     pub drop_timeout: std::time::Duration,
+    /// When saves that keep failing pause saving (see [`SaveBackoff`]).
+    pub save_backoff: SaveBackoff,
 }
 
 impl Default for TierConnectorConfig {
@@ -72,6 +75,7 @@ impl Default for TierConnectorConfig {
             probe_on_miss: true,
             get_threads: 4,
             drop_timeout: std::time::Duration::from_secs(10),
+            save_backoff: SaveBackoff::default(),
         }
     }
 }
@@ -86,58 +90,6 @@ pub enum TierConnectorError {
     /// Its threads could not be started.
     #[error("tier connector: cannot start a saver thread: {0}")]
     Spawn(#[from] std::io::Error),
-}
-
-/// What a [`TierConnector`] has done, as counters.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct TierStats {
-    /// Lookups answered.
-    pub lookups: u64,
-    /// Lookups that offered tokens.
-    pub lookup_hits: u64,
-    /// Loads run.
-    pub loads: u64,
-    /// Chunks verified and written into KV memory.
-    pub chunks_loaded: u64,
-    /// Of `chunks_loaded`, those this connector neither saved nor stored itself: written by
-    /// another engine sharing the tier (or an earlier process).
-    pub chunks_loaded_from_others: u64,
-    /// Payload bytes written into KV memory by loads.
-    pub kv_bytes_loaded: u64,
-    /// Chunks the tier did not have at load time.
-    pub missing_chunks: u64,
-    /// Chunks whose bytes changed after they were written (checksum).
-    pub checksum_failures: u64,
-    /// Intact chunks of another key or group.
-    pub key_mismatches: u64,
-    /// Chunks with a missing or wrong MAC.
-    pub mac_failures: u64,
-    /// Chunks truncated or with a bad header.
-    pub format_errors: u64,
-    /// Tier calls that failed as a whole (every block of the call invalid).
-    pub tier_errors: u64,
-    /// Destinations the load was no longer allowed to write (its fill ended): left alone.
-    pub writes_refused: u64,
-    /// Loads that saw their cancellation token fired.
-    pub loads_cancelled: u64,
-    /// Loads whose tier answer did not come before the load's deadline: failed whole, nothing
-    /// of them written.
-    pub loads_late: u64,
-    /// Tier gets running now on the connector's get threads (a hung tier's among them).
-    pub gets_busy: u64,
-    /// Chunks stored by the write-behind.
-    pub chunks_saved: u64,
-    /// Encoded bytes stored by the write-behind.
-    pub kv_bytes_saved: u64,
-    /// Save offers dropped because the queue was full.
-    pub saves_dropped: u64,
-    /// Tier `put` calls that failed.
-    pub save_errors: u64,
-    /// Background existence probes run, and keys they found.
-    pub probes: u64,
-    /// See `probes`.
-    pub probe_hits: u64,
 }
 
 #[derive(Debug, Default)]
@@ -251,9 +203,12 @@ impl TierConnector {
             codec.clone(),
             Arc::clone(&index),
             Arc::clone(&own),
-            cfg.save_queue,
-            cfg.save_threads,
-            cfg.drop_timeout,
+            SaverSettings {
+                capacity: cfg.save_queue,
+                threads: cfg.save_threads,
+                drop_timeout: cfg.drop_timeout,
+                backoff: cfg.save_backoff,
+            },
         )?;
         let gets = if tier.may_block() {
             Some(BoundedGets::start(Arc::clone(&tier), cfg.get_threads)?)
@@ -403,6 +358,10 @@ impl TierConnector {
             kv_bytes_saved: r(&s.saved_bytes),
             saves_dropped: r(&s.dropped),
             save_errors: r(&s.errors),
+            saves_failed: r(&s.failed_chunks),
+            saves_skipped: r(&s.skipped),
+            save_pauses: r(&s.pauses),
+            last_save_error: s.last_error.lock().clone(),
             probes: r(&s.probes),
             probe_hits: r(&s.probe_hits),
         }

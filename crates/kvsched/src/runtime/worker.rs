@@ -71,6 +71,20 @@ pub fn model_job(shard: usize, key: RequestKey, attempt: u32) -> LoadJob {
     }
 }
 
+/// What a worker does before running `job`: marks it started, unless the shard dropped it
+/// first (loom models: the protocol is crate-private).
+#[cfg(kvsched_loom)]
+pub fn model_start(job: &LoadJob) -> bool {
+    job.cancel.start()
+}
+
+/// What a shard does when it stops waiting for `job`: drops it if no worker started it
+/// (loom models).
+#[cfg(kvsched_loom)]
+pub fn model_drop_unstarted(job: &LoadJob) -> bool {
+    job.cancel.drop_unstarted()
+}
+
 /// The request key a job's completion goes to (loom models: a job's owner is crate-private).
 #[cfg(kvsched_loom)]
 pub fn model_job_key(job: &LoadJob) -> RequestKey {
@@ -322,16 +336,22 @@ mod pool_impl {
             backoff.reset();
             // A job whose deadline passed while queued is not run: the scheduler has already
             // failed it, and running it would only delay the loads queued behind it.
-            // A job the shard dropped before any worker took it is not run either: the shard
-            // has freed its blocks (`CancelToken::start` settles which side came first).
-            let (result, panicked) =
-                if job.deadline.is_some_and(|d| Instant::now() >= d) || !job.cancel.start() {
-                    s.counters.expired_unrun.fetch_add(1, Ordering::Relaxed);
-                    (LoadResult::all_failed(&job), false)
-                } else {
-                    s.counters.loads.fetch_add(1, Ordering::Relaxed);
-                    run_load(s.connector.as_ref(), &job)
-                };
+            // A job the shard dropped before any worker took it is not run, and nobody waits
+            // for its completion: the shard has freed its blocks (`CancelToken::start`
+            // settles which side came first). It counts as delivered for `loads_in_flight`.
+            if !job.cancel.start() {
+                // Release: pairs with the Acquire load in `Runtime::loads_in_flight`.
+                #[cfg(not(kvsched_loom))]
+                s.counters.delivered.fetch_add(1, Ordering::Release);
+                continue;
+            }
+            let (result, panicked) = if job.deadline.is_some_and(|d| Instant::now() >= d) {
+                s.counters.expired_unrun.fetch_add(1, Ordering::Relaxed);
+                (LoadResult::all_failed(&job), false)
+            } else {
+                s.counters.loads.fetch_add(1, Ordering::Relaxed);
+                run_load(s.connector.as_ref(), &job)
+            };
             if panicked {
                 s.counters.panics.fetch_add(1, Ordering::Relaxed);
             }

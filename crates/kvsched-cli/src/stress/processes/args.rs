@@ -17,7 +17,7 @@ const PARENT_FLAGS: &[&str] = &[
     "--plot",
 ];
 /// Switches the parent consumes (`--json` is given to every engine anyway).
-const PARENT_SWITCHES: &[&str] = &["--json"];
+const PARENT_SWITCHES: &[&str] = &["--json", "--store-owned"];
 
 /// What the parent runs: `engines` children on `store`, restarting its server `restarts`
 /// times.

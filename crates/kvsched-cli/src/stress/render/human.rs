@@ -36,11 +36,31 @@ pub fn render_human(report: &StressReport) -> String {
             &mut o,
         );
     }
+    timed_out(report, &mut o);
     if c.faults.is_some() {
         faults_caused(report, &mut o);
     }
     invariants(report, &mut o);
     o
+}
+
+/// A line per run that `--duration` ended with requests left (`timed_out` in JSON).
+fn timed_out(report: &StressReport, o: &mut String) {
+    let runs = std::iter::once(&report.run).chain(report.baseline.as_ref());
+    for r in runs.filter(|r| r.timed_out) {
+        wrap(
+            &format!(
+                "{}: the run hit --duration {} s and ended there, {} of {} requests submitted (those still live were cancelled at shutdown; timed_out in JSON)",
+                r.scheduler,
+                report.config.duration_s,
+                super::cells::count(r.requests.submitted),
+                super::cells::count(report.config.requests)
+            ),
+            "",
+            "  ",
+            o,
+        );
+    }
 }
 
 /// The KV counters shown only when they are not 0 in some run (a note names the others).

@@ -52,7 +52,7 @@ use crate::stress::report::StressReport;
 /// * `cancel`: client cancels issued at a random later step (`cancel=R`: share R of
 ///   requests; a cancel may find its request already ended);
 /// * `corrupt`, `truncate`: stored chunks damaged at rest — a bit flipped, the value cut
-///   short (`corrupt=R`, `truncate=R`: share R of chunk keys; memory and disk stores);
+///   short (`corrupt=R`, `truncate=R`: share R of chunk keys; memory, disk and private Redis stores);
 /// * `evict`: chunks deleted between lookup and load (`evict=R`: share R of chunk reads);
 /// * `slow`: loads delayed 4× the load deadline (`slow=R`: share R of chunk reads).
 ///

@@ -80,6 +80,10 @@ fn kv_notes(report: &StressReport, notes: &mut Vec<String>) {
             count(r.kv.transfer_damage)
         ));
     }
+    let several = runs.len() > 1;
+    for r in &runs {
+        save_notes(r, several, notes);
+    }
     if c.mode == Mode::Vllm {
         for r in &runs {
             let (Some(g), Some(nulls)) = (r.kv.garbage_reads, r.kv.null_reads) else {
@@ -94,6 +98,43 @@ fn kv_notes(report: &StressReport, notes: &mut Vec<String>) {
                 ));
             }
         }
+    }
+}
+
+/// What became of the saves of run `r` that failed: how many chunks and why, the pauses of
+/// saving and what they skipped, a disk that filled before its capacity (`several`: name the
+/// scheduler).
+fn save_notes(r: &RunReport, several: bool, notes: &mut Vec<String>) {
+    let k = &r.kv;
+    let who = if several {
+        format!("{}: ", r.scheduler)
+    } else {
+        String::new()
+    };
+    if k.saves_failed > 0 || k.save_errors > 0 {
+        notes.push(format!(
+            "{who}saves failed {} ({}): chunks the store did not hold after their put failed ({})",
+            count(k.saves_failed),
+            k.save_error.as_deref().unwrap_or("no error recorded"),
+            counted(k.save_errors, "failed put", "failed puts")
+        ));
+    }
+    if k.save_pauses > 0 {
+        let b = kvsched::kv::SaveBackoff::default();
+        notes.push(format!(
+            "{who}saving paused {} after {} failed puts in a row ({} s, doubling up to {} s while they kept failing): {} not tried",
+            counted(k.save_pauses, "time", "times"),
+            b.after_failed_batches,
+            b.pause.as_secs_f64(),
+            b.max_pause.as_secs_f64(),
+            counted(k.saves_skipped, "chunk", "chunks")
+        ));
+    }
+    if let Some(at) = k.store_full_at {
+        notes.push(format!(
+            "{who}the disk store's file system filled up before --store-capacity, at {} of chunk files (it counts blocks and directories too): the disk tier kept at most that from then on, evicting its oldest chunks to make room",
+            counted(at, "byte", "bytes")
+        ));
     }
 }
 

@@ -2,18 +2,18 @@
 //! process (write to a temporary file, then rename), its index rebuilt by a scan at open
 //! (`scan`).
 
-use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-
-use rustc_hash::FxHashMap;
 
 use super::{ChunkKey, Tier, TierError};
 use crate::connector::CancelToken;
 use crate::sync::{AtomicU64, Mutex, Ordering};
 
+mod index;
 mod scan;
+
+use index::Index;
 
 const CHUNK_EXT: &str = "chunk";
 const TEMP_EXT: &str = "tmp";
@@ -69,45 +69,16 @@ pub struct DiskStats {
     /// Reads refused because the chunk's path held no regular file of at most the largest
     /// value (a symbolic link, a FIFO, a device, an oversized file): each read as absent.
     pub refused_reads: u64,
-}
-
-#[derive(Default)]
-struct Index {
-    /// Key → (last-use tick, file length).
-    map: FxHashMap<ChunkKey, (u64, u64)>,
-    /// Last-use tick → key, oldest first.
-    order: BTreeMap<u64, ChunkKey>,
-    next_tick: u64,
-    bytes: u64,
-}
-
-impl Index {
-    fn insert(&mut self, key: ChunkKey, len: u64) {
-        self.remove(key);
-        self.next_tick += 1;
-        self.map.insert(key, (self.next_tick, len));
-        self.order.insert(self.next_tick, key);
-        self.bytes += len;
-    }
-
-    fn remove(&mut self, key: ChunkKey) -> bool {
-        let Some((tick, len)) = self.map.remove(&key) else {
-            return false;
-        };
-        self.order.remove(&tick);
-        self.bytes -= len;
-        true
-    }
-
-    fn touch(&mut self, key: ChunkKey) {
-        self.next_tick += 1;
-        let tick = self.next_tick;
-        if let Some((t, _)) = self.map.get_mut(&key) {
-            let old = std::mem::replace(t, tick);
-            self.order.remove(&old);
-            self.order.insert(tick, key);
-        }
-    }
+    /// Chunk writes that found the file system full (`ENOSPC`, `EDQUOT`) before the tier's
+    /// capacity. Each lowers the capacity in force to the bytes held then and evicts the
+    /// oldest chunks to make room, then writes once more.
+    pub full_writes: u64,
+    /// Puts of a chunk that failed (nothing stored for it): the write after a full file
+    /// system's eviction failed too, or another I/O error (a read-only file system, …).
+    pub write_errors: u64,
+    /// The capacity in force: [`DiskConfig::capacity_bytes`], or less once the file system
+    /// was found full (see `full_writes`).
+    pub capacity_bytes: u64,
 }
 
 /// Chunks as files under a root directory: `ROOT/ab/cd/<32 hex digits of the key>.chunk`,
@@ -142,8 +113,29 @@ pub struct DiskTier {
     misses: AtomicU64,
     evictions: AtomicU64,
     refused_reads: AtomicU64,
+    full_writes: AtomicU64,
+    write_errors: AtomicU64,
     stale_temps_removed: u64,
     oversized_ignored: u64,
+    /// Tests: a file system that holds this many bytes of chunk files (writes past it fail
+    /// with `ENOSPC`), or that is read-only (`u64::MAX - 1`: every write fails with `EROFS`).
+    #[cfg(test)]
+    test_fs: AtomicU64,
+}
+
+/// Why [`DiskTier::write_temp`] failed: whether the file system is full, and the error.
+struct WriteFailed {
+    full: bool,
+    err: TierError,
+}
+
+/// Whether `e` says the file system (or the user's quota) is full.
+fn is_full(e: &io::Error) -> bool {
+    #[cfg(unix)]
+    if matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)) {
+        return true;
+    }
+    e.kind() == io::ErrorKind::StorageFull
 }
 
 impl std::fmt::Debug for DiskTier {
@@ -187,7 +179,15 @@ impl DiskTier {
         if stale > 0 && cfg.fsync {
             sync_dir(&root)?;
         }
-        let tier = DiskTier {
+        let tier = DiskTier::unscanned(root, cfg, stale, oversized);
+        tier.evict_to_fit(&mut index, None, 0);
+        *tier.index.lock() = index;
+        Ok(tier)
+    }
+
+    /// The tier with an empty index, its open's counts `stale` and `oversized`.
+    fn unscanned(root: PathBuf, cfg: DiskConfig, stale: u64, oversized: u64) -> DiskTier {
+        DiskTier {
             root,
             cfg,
             index: Mutex::new(Index::default()),
@@ -197,12 +197,13 @@ impl DiskTier {
             misses: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
             refused_reads: AtomicU64::new(0),
+            full_writes: AtomicU64::new(0),
+            write_errors: AtomicU64::new(0),
             stale_temps_removed: stale,
             oversized_ignored: oversized,
-        };
-        tier.evict_to_fit(&mut index, None);
-        *tier.index.lock() = index;
-        Ok(tier)
+            #[cfg(test)]
+            test_fs: AtomicU64::new(u64::MAX),
+        }
     }
 
     /// The root directory.
@@ -233,9 +234,13 @@ impl DiskTier {
 
     /// Counters so far, and what the index holds now.
     pub fn stats(&self) -> DiskStats {
-        let (bytes, entries) = {
+        let (bytes, entries, capacity_bytes) = {
             let i = self.index.lock();
-            (i.bytes, i.map.len() as u64)
+            (
+                i.bytes,
+                i.map.len() as u64,
+                i.capacity(self.cfg.capacity_bytes),
+            )
         };
         // Relaxed: statistics only.
         DiskStats {
@@ -247,13 +252,18 @@ impl DiskTier {
             stale_temps_removed: self.stale_temps_removed,
             oversized_ignored: self.oversized_ignored,
             refused_reads: self.refused_reads.load(Ordering::Relaxed),
+            full_writes: self.full_writes.load(Ordering::Relaxed),
+            write_errors: self.write_errors.load(Ordering::Relaxed),
+            capacity_bytes,
         }
     }
 
-    /// Deletes the least recently used files (never `keep`) until the index fits the
-    /// capacity. Called with the index lock held (or on the index before it is shared).
-    fn evict_to_fit(&self, index: &mut Index, keep: Option<ChunkKey>) {
-        while index.bytes > self.cfg.capacity_bytes {
+    /// Deletes the least recently used files (never `keep`) until the index, with `room`
+    /// bytes more, fits the capacity in force. Called with the index lock held (or on the
+    /// index before it is shared).
+    fn evict_to_fit(&self, index: &mut Index, keep: Option<ChunkKey>, room: u64) {
+        let cap = index.capacity(self.cfg.capacity_bytes);
+        while index.bytes.saturating_add(room) > cap {
             let Some(&victim) = index.order.values().next() else {
                 break;
             };
@@ -273,27 +283,37 @@ impl DiskTier {
         }
     }
 
-    /// Writes `value` to a new temporary file in `dir`, flushed if configured.
-    fn write_temp(&self, dir: &Path, key: ChunkKey, value: &[u8]) -> Result<PathBuf, TierError> {
+    /// Writes `value` to a new temporary file in `dir`, flushed if configured; a file that
+    /// could not be written whole is removed.
+    fn write_temp(&self, dir: &Path, key: ChunkKey, value: &[u8]) -> Result<PathBuf, WriteFailed> {
+        let failed = |what: &str, path: &Path, e: io::Error| WriteFailed {
+            full: is_full(&e),
+            err: io_err(what, path, e),
+        };
+        #[cfg(test)]
+        if let Some(e) = self.test_write_error(value.len() as u64) {
+            return Err(failed("write", dir, e));
+        }
         // Relaxed: only uniqueness of the name matters.
         let n = self.seq.fetch_add(1, Ordering::Relaxed);
         let tmp = dir.join(format!("{key}.{}.{n}.{TEMP_EXT}", self.pid));
         let mut f = match OpenOptions::new().write(true).create_new(true).open(&tmp) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                fs::create_dir_all(dir).map_err(|e| io_err("create directory", dir, e))?;
+                fs::create_dir_all(dir).map_err(|e| failed("create directory", dir, e))?;
                 if self.cfg.fsync {
                     let parent = dir.parent().unwrap_or(&self.root);
-                    sync_dir(parent)?;
-                    sync_dir(&self.root)?;
+                    let not_full = |err| WriteFailed { full: false, err };
+                    sync_dir(parent).map_err(not_full)?;
+                    sync_dir(&self.root).map_err(not_full)?;
                 }
                 OpenOptions::new()
                     .write(true)
                     .create_new(true)
                     .open(&tmp)
-                    .map_err(|e| io_err("create", &tmp, e))?
+                    .map_err(|e| failed("create", &tmp, e))?
             }
-            Err(e) => return Err(io_err("create", &tmp, e)),
+            Err(e) => return Err(failed("create", &tmp, e)),
         };
         let written = f.write_all(value).and_then(|()| {
             if self.cfg.fsync {
@@ -305,29 +325,67 @@ impl DiskTier {
         if let Err(e) = written {
             drop(f);
             let _ = fs::remove_file(&tmp);
-            return Err(io_err("write", &tmp, e));
+            return Err(failed("write", &tmp, e));
         }
         Ok(tmp)
     }
 
+    /// Writes `value` as the chunk of `key`. A file system full before the capacity makes
+    /// the bytes held now the capacity in force (the index counts file contents, the file
+    /// system blocks and directories too): the oldest chunks are evicted to make room and the
+    /// write is tried once more. The index counts a chunk only once its file is in place.
     fn put_one(&self, key: ChunkKey, value: &[u8]) -> Result<(), TierError> {
         let dir = self.chunk_dir(key);
-        let tmp = self.write_temp(&dir, key, value)?;
+        let tmp = match self.write_temp(&dir, key, value) {
+            Ok(tmp) => tmp,
+            Err(WriteFailed { full: true, .. }) => {
+                // Relaxed: statistics only.
+                self.full_writes.fetch_add(1, Ordering::Relaxed);
+                {
+                    let mut index = self.index.lock();
+                    index.lower_capacity(self.cfg.capacity_bytes);
+                    self.evict_to_fit(&mut index, None, value.len() as u64);
+                }
+                self.write_temp(&dir, key, value).map_err(|f| {
+                    // Relaxed: statistics only.
+                    self.write_errors.fetch_add(1, Ordering::Relaxed);
+                    f.err
+                })?
+            }
+            Err(f) => {
+                // Relaxed: statistics only.
+                self.write_errors.fetch_add(1, Ordering::Relaxed);
+                return Err(f.err);
+            }
+        };
         let path = self.chunk_path(key);
         {
             let mut index = self.index.lock();
             if let Err(e) = fs::rename(&tmp, &path) {
                 drop(index);
                 let _ = fs::remove_file(&tmp);
+                // Relaxed: statistics only.
+                self.write_errors.fetch_add(1, Ordering::Relaxed);
                 return Err(io_err("rename into", &path, e));
             }
             index.insert(key, value.len() as u64);
-            self.evict_to_fit(&mut index, Some(key));
+            self.evict_to_fit(&mut index, Some(key), 0);
         }
         if self.cfg.fsync {
             sync_dir(&dir)?;
         }
         Ok(())
+    }
+
+    /// The failure a test set for a write of `len` bytes (see `test_fs`).
+    #[cfg(test)]
+    fn test_write_error(&self, len: u64) -> Option<io::Error> {
+        let fs = self.test_fs.load(Ordering::Relaxed);
+        if fs == u64::MAX - 1 {
+            return Some(io::Error::from_raw_os_error(libc::EROFS));
+        }
+        let held = self.index.lock().bytes;
+        (held.saturating_add(len) > fs).then(|| io::Error::from_raw_os_error(libc::ENOSPC))
     }
 
     /// The largest value accepted and file read.
@@ -538,28 +596,4 @@ impl DiskTier {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn chunk_path_fans_out_by_the_first_two_hex_pairs() {
-        let t = DiskTier {
-            root: PathBuf::from("/r"),
-            cfg: DiskConfig::default(),
-            index: Mutex::new(Index::default()),
-            seq: AtomicU64::new(0),
-            pid: 0,
-            hits: AtomicU64::new(0),
-            misses: AtomicU64::new(0),
-            evictions: AtomicU64::new(0),
-            refused_reads: AtomicU64::new(0),
-            stale_temps_removed: 0,
-            oversized_ignored: 0,
-        };
-        let k = ChunkKey(0x12ab_0000_0000_0000_0000_0000_0000_00ff);
-        assert_eq!(
-            t.chunk_path(k),
-            PathBuf::from(format!("/r/12/ab/{k}.chunk"))
-        );
-    }
-}
+mod tests;

@@ -107,6 +107,25 @@ impl Shard {
     /// visible to a lookup before its bytes are known written, whatever ends its writer.
     pub(super) fn register_and_trim(env: &Env<'_>, r: &mut Req, index: &mut HolderIndex) {
         let nct = r.written.min(r.num_computed_tokens);
+        Self::register_upto(env, r, nct);
+        let null = env.geo.null_block();
+        for (g, grp) in env.geo.groups().iter().enumerate() {
+            let nullable = (grp.nullable_below(nct) as usize).min(r.tables[g].len());
+            for i in 0..nullable {
+                let id = r.tables[g][i];
+                if id != null {
+                    Self::release_entry(env, id, r.gens[g][i]);
+                    index.remove(id, r.key.seq());
+                    r.tables[g][i] = null;
+                    r.snapshot = None;
+                    r.gens[g][i] = 0;
+                }
+            }
+        }
+    }
+
+    /// Registers the request's full blocks below `nct` tokens not registered yet.
+    pub(super) fn register_upto(env: &Env<'_>, r: &mut Req, nct: u64) {
         let null = env.geo.null_block();
         for (g, grp) in env.geo.groups().iter().enumerate() {
             let full = ((nct / grp.block_size) as usize)
@@ -126,17 +145,6 @@ impl Shard {
                     );
                 }
                 r.registered[g] += 1;
-            }
-            let nullable = (grp.nullable_below(nct) as usize).min(r.tables[g].len());
-            for i in 0..nullable {
-                let id = r.tables[g][i];
-                if id != null {
-                    Self::release_entry(env, id, r.gens[g][i]);
-                    index.remove(id, r.key.seq());
-                    r.tables[g][i] = null;
-                    r.snapshot = None;
-                    r.gens[g][i] = 0;
-                }
             }
         }
     }

@@ -1,0 +1,338 @@
+//! [`ModelEngine`]: the tiny model run as a serving engine runs one, on a plan: sync loads
+//! first, then layer by layer over the whole batch — every scheduled token's K/V of the layer
+//! written into the blocks the plan names, then every token attends — and a sample per
+//! request that samples. Its KV lives in [`KvMemory`], reached only through the plan's
+//! per-group block tables; null entries are never touched. The judge compares every kept
+//! sample with the same request decoded alone.
+
+use std::sync::Arc as StdArc;
+
+use rustc_hash::{FxHashMap, FxHashSet};
+
+use super::net::{from_bytes, to_bytes, Context, TinyModel};
+use super::reference::Reference;
+use kvsched::connector::{KvConnector, LoadResult};
+use kvsched::kv::KvMemory;
+use kvsched::rules::geometry::{CacheGroup, GroupKind, MambaMode};
+use kvsched::{BlockRef, BlockTable, ScheduledRequest, StepPlan};
+
+/// What the judge counted.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ModelCounters {
+    /// Kept samples compared with the reference decode.
+    pub tokens_checked: u64,
+    /// Kept samples whose token differs from the reference's.
+    pub token_mismatches: u64,
+    /// Kept samples whose logit differs in any bit from the reference's (a wrong read that
+    /// did not change the token shows here).
+    pub logit_mismatches: u64,
+    /// Requests with at least one logit mismatch.
+    pub requests_affected: u64,
+    /// Reads through a null entry or of an unreadable block (their values count as 0).
+    pub unreadable_reads: u64,
+    /// Tokens the model computed (prefill, decode and recompute).
+    pub tokens_computed: u64,
+    /// Sync loads run, and those that reported invalid blocks.
+    pub sync_loads: u64,
+    /// See `sync_loads`.
+    pub sync_loads_failed: u64,
+}
+
+/// One request as the engine knows it: its tokens (prompt, then kept samples) and the judge's
+/// reference.
+#[derive(Debug)]
+struct Seq {
+    tokens: Vec<u32>,
+    prompt_len: usize,
+    reference: Reference,
+    affected: bool,
+}
+
+/// The result of [`ModelEngine::run_step`], settled by [`ModelEngine::settle`].
+#[derive(Debug, Default)]
+pub struct ModelStep {
+    /// Blocks the step's sync loads reported invalid (for `StepOutput::invalid_blocks`).
+    pub invalid_blocks: Vec<BlockRef>,
+    /// Per sampling request: (token, logit bits).
+    samples: FxHashMap<StdArc<str>, (u32, u32)>,
+}
+
+/// The tiny model as an engine: runs plans on KV memory and judges every kept sample.
+pub struct ModelEngine {
+    model: StdArc<TinyModel>,
+    groups: Vec<CacheGroup>,
+    memory: StdArc<dyn KvMemory>,
+    seqs: FxHashMap<StdArc<str>, Seq>,
+    counters: ModelCounters,
+}
+
+impl std::fmt::Debug for ModelEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelEngine")
+            .field("groups", &self.groups)
+            .field("counters", &self.counters)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The K/V a step reads: KV memory through one request's tables.
+struct Tables<'a> {
+    memory: &'a dyn KvMemory,
+    groups: &'a [CacheGroup],
+    tables: &'a [BlockTable],
+    buf: Vec<u8>,
+    unreadable: u64,
+}
+
+impl Context for Tables<'_> {
+    fn kv(&mut self, layer: usize, pos: u64, k: &mut [f32], v: &mut [f32]) -> bool {
+        let (Some(grp), Some(table)) = (self.groups.get(layer), self.tables.get(layer)) else {
+            self.unreadable += 1;
+            return false;
+        };
+        let b = grp.block_size.max(1);
+        let bpt = self.buf.len();
+        let Some(r) = usize::try_from(pos / b)
+            .ok()
+            .and_then(|i| table.get(i))
+            .filter(|r| r.id != 0)
+        else {
+            self.unreadable += 1;
+            return false;
+        };
+        let off = (pos % b) as usize * bpt;
+        if self.memory.read(layer, r.id, off, &mut self.buf).is_err() {
+            self.unreadable += 1;
+            return false;
+        }
+        let half = bpt / 2;
+        from_bytes(&self.buf[..half], k);
+        from_bytes(&self.buf[half..], v);
+        true
+    }
+}
+
+impl ModelEngine {
+    /// An engine running `model` (built for `groups`) on `memory`, whose layout must be
+    /// `KvLayout::for_groups(groups, model.bytes_per_token(), model.state_bytes())`.
+    pub fn new(
+        model: StdArc<TinyModel>,
+        groups: Vec<CacheGroup>,
+        memory: StdArc<dyn KvMemory>,
+    ) -> ModelEngine {
+        ModelEngine {
+            model,
+            groups,
+            memory,
+            seqs: FxHashMap::default(),
+            counters: ModelCounters::default(),
+        }
+    }
+
+    /// Counters so far.
+    pub fn counters(&self) -> &ModelCounters {
+        &self.counters
+    }
+
+    /// Registers a request's prompt (before its first step).
+    pub fn add_request(&mut self, id: &str, prompt: &[u32]) {
+        let reference = Reference::new(&self.model, prompt);
+        self.seqs.insert(
+            id.into(),
+            Seq {
+                tokens: prompt.to_vec(),
+                prompt_len: prompt.len(),
+                reference,
+                affected: false,
+            },
+        );
+    }
+
+    /// Forgets a request that ended.
+    pub fn end_request(&mut self, id: &str) {
+        self.seqs.remove(id);
+    }
+
+    /// The prompt of a live request.
+    pub fn prompt(&self, id: &str) -> Option<&[u32]> {
+        self.seqs.get(id).map(|s| &s.tokens[..s.prompt_len])
+    }
+
+    /// The tokens a live request has (prompt, then the samples kept so far).
+    pub fn tokens(&self, id: &str) -> Option<&[u32]> {
+        self.seqs.get(id).map(|s| &s.tokens[..])
+    }
+
+    /// Runs a step: the plan's sync loads through `connector`, then every layer over the
+    /// whole batch. A request scheduled past the tokens it has is skipped.
+    pub fn run_step(&mut self, plan: &StepPlan, connector: Option<&dyn KvConnector>) -> ModelStep {
+        let mut step = ModelStep::default();
+        for s in &plan.scheduled {
+            if let (Some(job), Some(c)) = (&s.sync_load, connector) {
+                self.counters.sync_loads += 1;
+                if let LoadResult::Failed(bad) = c.load(job) {
+                    self.counters.sync_loads_failed += 1;
+                    step.invalid_blocks.extend(bad.into_flat());
+                }
+            }
+        }
+        let d = self.model.shape.dim;
+        // Hidden states of every scheduled token, request by request.
+        let mut batch: Vec<(&ScheduledRequest, Vec<Vec<f32>>)> = Vec::new();
+        for s in &plan.scheduled {
+            let Some(seq) = self.seqs.get(&s.id) else {
+                continue;
+            };
+            let (n, k) = (s.num_computed_tokens as usize, s.num_tokens as usize);
+            let Some(tokens) = seq.tokens.get(n..n + k) else {
+                continue;
+            };
+            let xs = tokens
+                .iter()
+                .enumerate()
+                .map(|(j, &t)| {
+                    let mut x = vec![0.0f32; d];
+                    self.model.embed(t, (n + j) as u64, &mut x);
+                    x
+                })
+                .collect();
+            self.counters.tokens_computed += k as u64;
+            batch.push((s, xs));
+        }
+        for layer in 0..self.model.layers.len() {
+            if self.model.is_attention(layer) {
+                self.attention_layer(layer, &mut batch);
+            } else {
+                self.recurrent_layer(layer, &mut batch);
+            }
+        }
+        for (s, xs) in &batch {
+            if let (true, Some(x)) = (s.samples, xs.last()) {
+                step.samples.insert(s.id.clone(), self.model.sample(x));
+            }
+        }
+        step
+    }
+
+    /// An attention layer over the batch: every token's K/V written first, then every token
+    /// attends (so a token reads what any token of the step wrote before it in this layer).
+    fn attention_layer(&mut self, layer: usize, batch: &mut [(&ScheduledRequest, Vec<Vec<f32>>)]) {
+        let d = self.model.shape.dim;
+        let grp = self.groups[layer];
+        let b = grp.block_size.max(1);
+        let bpt = self.model.bytes_per_token();
+        let mut bytes = vec![0u8; bpt];
+        let (mut k, mut v) = (vec![0.0f32; d], vec![0.0f32; d]);
+        for (s, xs) in batch.iter() {
+            let table = s.block_tables.get(layer).map_or(&[][..], |t| &t[..]);
+            for (j, x) in xs.iter().enumerate() {
+                let pos = s.num_computed_tokens + j as u64;
+                self.model.project_kv(layer, x, &mut k, &mut v);
+                to_bytes(&k, &mut bytes[..bpt / 2]);
+                to_bytes(&v, &mut bytes[bpt / 2..]);
+                if let Some(r) = table.get((pos / b) as usize).filter(|r| r.id != 0) {
+                    let _ = self
+                        .memory
+                        .write(layer, r.id, (pos % b) as usize * bpt, &bytes);
+                }
+            }
+        }
+        for (s, xs) in batch.iter_mut() {
+            let mut ctx = Tables {
+                memory: self.memory.as_ref(),
+                groups: &self.groups,
+                tables: &s.block_tables,
+                buf: vec![0u8; bpt],
+                unreadable: 0,
+            };
+            for (j, x) in xs.iter_mut().enumerate() {
+                let pos = s.num_computed_tokens + j as u64;
+                self.model.attend(layer, pos, x, &mut ctx);
+            }
+            self.counters.unreadable_reads += ctx.unreadable;
+        }
+    }
+
+    /// A recurrent (Mamba) layer: each request's state at its computed length is read from
+    /// the entry holding its last token, advanced token by token, and written back — at the
+    /// step's end (mode `align`) and at every block end it passes (mode `all`), each into the
+    /// entry holding its last token.
+    fn recurrent_layer(&mut self, layer: usize, batch: &mut [(&ScheduledRequest, Vec<Vec<f32>>)]) {
+        let d = self.model.shape.dim;
+        let grp = self.groups[layer];
+        let b = grp.block_size.max(1);
+        let all = grp.kind
+            == (GroupKind::Mamba {
+                mode: MambaMode::All,
+            });
+        let mut bytes = vec![0u8; self.model.state_bytes()];
+        for (s, xs) in batch.iter_mut() {
+            let table = s.block_tables.get(layer).map_or(&[][..], |t| &t[..]);
+            let entry = |m: u64| {
+                usize::try_from(m.div_ceil(b) - 1)
+                    .ok()
+                    .and_then(|i| table.get(i))
+                    .filter(|r| r.id != 0)
+            };
+            let n = s.num_computed_tokens;
+            let mut h = vec![0.0f32; d];
+            if n > 0 {
+                match entry(n) {
+                    Some(r) if self.memory.read(layer, r.id, 0, &mut bytes).is_ok() => {
+                        from_bytes(&bytes, &mut h);
+                    }
+                    _ => self.counters.unreadable_reads += 1,
+                }
+            }
+            let end = n + xs.len() as u64;
+            for (j, x) in xs.iter_mut().enumerate() {
+                self.model.recur(layer, x, &mut h);
+                let m = n + j as u64 + 1;
+                if m == end || (all && m % b == 0) {
+                    if let Some(r) = entry(m) {
+                        to_bytes(&h, &mut bytes);
+                        let _ = self.memory.write(layer, r.id, 0, &bytes);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Settles a step once `Runtime::update` said which outputs to discard: each kept sample
+    /// is appended to its request's tokens and judged against the reference. Returns the
+    /// requests whose samples the engine may emit.
+    pub fn settle(
+        &mut self,
+        plan: &StepPlan,
+        step: ModelStep,
+        discarded: &[StdArc<str>],
+    ) -> Vec<StdArc<str>> {
+        let discarded: FxHashSet<&StdArc<str>> = discarded.iter().collect();
+        let mut emitted = Vec::new();
+        for s in plan.scheduled.iter().filter(|s| s.samples) {
+            let (Some(&(token, bits)), false) =
+                (step.samples.get(&s.id), discarded.contains(&s.id))
+            else {
+                continue;
+            };
+            let Some(seq) = self.seqs.get_mut(&s.id) else {
+                continue;
+            };
+            let i = seq.tokens.len() - seq.prompt_len;
+            let (want, want_bits) = seq.reference.sample(&self.model, i);
+            self.counters.tokens_checked += 1;
+            if token != want {
+                self.counters.token_mismatches += 1;
+            }
+            if bits != want_bits || token != want {
+                self.counters.logit_mismatches += 1;
+                if !std::mem::replace(&mut seq.affected, true) {
+                    self.counters.requests_affected += 1;
+                }
+            }
+            seq.tokens.push(token);
+            emitted.push(s.id.clone());
+        }
+        emitted
+    }
+}

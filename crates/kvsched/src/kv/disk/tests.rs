@@ -1,0 +1,70 @@
+//! Unit tests of the disk tier.
+use super::*;
+
+#[test]
+fn chunk_path_fans_out_by_the_first_two_hex_pairs() {
+    let t = DiskTier::unscanned(PathBuf::from("/r"), DiskConfig::default(), 0, 0);
+    let k = ChunkKey(0x12ab_0000_0000_0000_0000_0000_0000_00ff);
+    assert_eq!(
+        t.chunk_path(k),
+        PathBuf::from(format!("/r/12/ab/{k}.chunk"))
+    );
+}
+
+fn tier(dir: &tempfile::TempDir) -> DiskTier {
+    DiskTier::open(
+        dir.path(),
+        DiskConfig {
+            capacity_bytes: 1 << 20,
+            max_value_bytes: 1 << 10,
+            fsync: false,
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A file system that fills long before the tier's capacity: the tier takes what it holds
+/// then as its capacity and evicts the oldest to make room, so saves go on succeeding (and
+/// the newest chunks are the ones kept) instead of failing forever.
+#[test]
+fn a_full_file_system_lowers_the_capacity_and_evicts() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let t = tier(&dir);
+    t.test_fs.store(1000, Ordering::Relaxed); // ten 100-byte chunks
+    for i in 0..30u128 {
+        t.put(&[(ChunkKey(i + 1), vec![i as u8; 100])])
+            .unwrap_or_else(|e| panic!("put {i}: {e}"));
+    }
+    let s = t.stats();
+    assert!(s.full_writes >= 1, "{s:?}");
+    assert_eq!(s.write_errors, 0, "{s:?}");
+    assert!(s.capacity_bytes <= 1000 && s.bytes <= 1000, "{s:?}");
+    assert!(s.evictions >= 20, "{s:?}");
+    let never = CancelToken::new();
+    let got = t
+        .get(&[ChunkKey(30), ChunkKey(1)], &never)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        got[0].as_deref(),
+        Some(&[29u8; 100][..]),
+        "the newest is kept"
+    );
+    assert_eq!(got[1], None, "the oldest was evicted");
+}
+
+/// A read-only file system: every put fails, counted, and the index holds nothing it could
+/// not write.
+#[test]
+fn a_read_only_file_system_fails_each_put_and_indexes_nothing() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let t = tier(&dir);
+    t.test_fs.store(u64::MAX - 1, Ordering::Relaxed);
+    for i in 0..3u128 {
+        assert!(t.put(&[(ChunkKey(i + 1), vec![1; 100])]).is_err());
+    }
+    let s = t.stats();
+    assert_eq!((s.write_errors, s.entries, s.bytes), (3, 0, 0), "{s:?}");
+    assert_eq!(s.capacity_bytes, 1 << 20, "not full: the capacity stands");
+    let never = CancelToken::new();
+    assert_eq!(t.exists(&[ChunkKey(1)], &never).ok(), Some(vec![false]));
+}

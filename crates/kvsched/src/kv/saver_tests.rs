@@ -1,0 +1,202 @@
+//! Unit tests of the write-behind.
+use super::*;
+use crate::kv::TierError;
+use crate::sync::AtomicBool;
+
+/// A tier whose `put` waits until the test opens the gate, then records that it stored.
+#[derive(Default)]
+struct Gate {
+    open: Mutex<bool>,
+    started: AtomicBool,
+    stored: AtomicBool,
+}
+
+impl Tier for Gate {
+    fn name(&self) -> &str {
+        "gate"
+    }
+    fn exists(&self, keys: &[ChunkKey], _: &CancelToken) -> Result<Vec<bool>, TierError> {
+        Ok(vec![false; keys.len()])
+    }
+    fn get(&self, keys: &[ChunkKey], _: &CancelToken) -> Result<Vec<Option<Vec<u8>>>, TierError> {
+        Ok(vec![None; keys.len()])
+    }
+    fn put(&self, _: &[(ChunkKey, Vec<u8>)]) -> Result<(), TierError> {
+        self.started.store(true, Ordering::SeqCst);
+        while !*self.open.lock() {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        self.stored.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+#[test]
+fn flush_waits_for_a_batch_a_thread_has_taken() {
+    let gate = Arc::new(Gate::default());
+    let tier: Arc<dyn Tier> = gate.clone();
+    let ix = Arc::new(KeyIndex::new(64));
+    let saver = Saver::start(
+        tier,
+        ChunkCodec::new(None),
+        ix.clone(),
+        ix,
+        SaverSettings {
+            capacity: 8,
+            threads: 1,
+            drop_timeout: std::time::Duration::from_secs(10),
+            backoff: SaveBackoff::default(),
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert!(saver.offer(Work::Save {
+        key: ChunkKey(1),
+        group: 0,
+        tokens: 16,
+        payload: vec![1; 8],
+    }));
+    // The thread has taken the batch: the queue is empty, the put is in progress.
+    while !gate.started.load(Ordering::SeqCst) {
+        std::thread::yield_now();
+    }
+    let opener = {
+        let gate = Arc::clone(&gate);
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(30));
+            *gate.open.lock() = true;
+        })
+    };
+    saver.flush();
+    assert!(
+        gate.stored.load(Ordering::SeqCst),
+        "flush returned before the taken batch was stored"
+    );
+    let _ = opener.join();
+}
+
+/// A tier that holds what its puts stored; a put stores at most `room` more chunks, then
+/// fails (as a full disk does mid-batch). Counts its puts.
+#[derive(Default)]
+struct Filling {
+    held: Mutex<Vec<ChunkKey>>,
+    room: AtomicU64,
+    puts: AtomicU64,
+}
+
+impl Tier for Filling {
+    fn name(&self) -> &str {
+        "filling"
+    }
+    fn exists(&self, keys: &[ChunkKey], _: &CancelToken) -> Result<Vec<bool>, TierError> {
+        let held = self.held.lock();
+        Ok(keys.iter().map(|k| held.contains(k)).collect())
+    }
+    fn get(&self, keys: &[ChunkKey], _: &CancelToken) -> Result<Vec<Option<Vec<u8>>>, TierError> {
+        Ok(vec![None; keys.len()])
+    }
+    fn put(&self, chunks: &[(ChunkKey, Vec<u8>)]) -> Result<(), TierError> {
+        self.puts.fetch_add(1, Ordering::SeqCst);
+        for (k, _) in chunks {
+            if self.room.load(Ordering::SeqCst) == 0 {
+                return Err(TierError::Unavailable("disk full".to_owned()));
+            }
+            self.room.fetch_sub(1, Ordering::SeqCst);
+            self.held.lock().push(*k);
+        }
+        Ok(())
+    }
+}
+
+fn saver(tier: &Arc<Filling>, backoff: SaveBackoff) -> Saver {
+    let ix = Arc::new(KeyIndex::new(1024));
+    let tier: Arc<dyn Tier> = tier.clone();
+    Saver::start(
+        tier,
+        ChunkCodec::new(None),
+        ix.clone(),
+        ix,
+        SaverSettings {
+            capacity: 1024,
+            threads: 1,
+            drop_timeout: std::time::Duration::from_secs(10),
+            backoff,
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn offer(s: &Saver, keys: std::ops::Range<u128>) {
+    for k in keys {
+        assert!(s.offer(Work::Save {
+            key: ChunkKey(k),
+            group: 0,
+            tokens: 16,
+            payload: vec![1; 8],
+        }));
+    }
+    s.flush();
+}
+
+/// A put that stores part of its batch and fails: the chunks stored count as saved, each
+/// other one as a failed save (not one error for the batch).
+#[test]
+fn a_failed_put_counts_each_chunk_the_tier_does_not_hold() {
+    let tier = Arc::new(Filling::default());
+    tier.room.store(2, Ordering::SeqCst);
+    let s = saver(&tier, SaveBackoff::default());
+    offer(&s, 1..6);
+    let c = s.counters();
+    let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    assert_eq!(r(&c.saved_chunks), 2);
+    assert_eq!(r(&c.failed_chunks), 3);
+    assert_eq!(r(&c.errors), 1);
+    assert_eq!(
+        c.last_error.lock().as_deref(),
+        Some("tier unavailable: disk full")
+    );
+}
+
+/// Puts that keep failing pause saving: chunks taken off the queue while paused are counted,
+/// not tried; a failure right after the pause doubles it (up to the cap); a stored batch
+/// resets it.
+#[test]
+fn saves_that_keep_failing_pause_and_count_what_they_skip() {
+    let tier = Arc::new(Filling::default());
+    let pause = std::time::Duration::from_millis(300);
+    let s = saver(
+        &tier,
+        SaveBackoff {
+            after_failed_batches: 2,
+            pause,
+            max_pause: pause * 2,
+        },
+    );
+    let c = s.counters();
+    let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    offer(&s, 1..2);
+    offer(&s, 2..3);
+    assert_eq!((tier.puts.load(Ordering::SeqCst), r(&c.pauses)), (2, 1));
+    offer(&s, 3..13);
+    assert_eq!(tier.puts.load(Ordering::SeqCst), 2, "no put while paused");
+    assert_eq!((r(&c.skipped), r(&c.failed_chunks)), (10, 2));
+    std::thread::sleep(pause + std::time::Duration::from_millis(50));
+    offer(&s, 13..14);
+    assert_eq!((tier.puts.load(Ordering::SeqCst), r(&c.pauses)), (3, 2));
+    // The second pause is twice as long: still paused after the first one's length.
+    std::thread::sleep(pause + std::time::Duration::from_millis(50));
+    offer(&s, 14..15);
+    assert_eq!(tier.puts.load(Ordering::SeqCst), 3, "still paused");
+    tier.room.store(100, Ordering::SeqCst);
+    std::thread::sleep(pause);
+    offer(&s, 15..16);
+    assert_eq!(
+        (tier.puts.load(Ordering::SeqCst), r(&c.saved_chunks)),
+        (4, 1)
+    );
+    offer(&s, 16..17);
+    assert_eq!(
+        r(&c.saved_chunks),
+        2,
+        "reset: the next put is tried at once"
+    );
+}

@@ -1,0 +1,63 @@
+//! [`TierStats`]: the counters of a [`TierConnector`](super::TierConnector).
+
+/// What a [`TierConnector`](super::TierConnector) has done, as counters.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TierStats {
+    /// Lookups answered.
+    pub lookups: u64,
+    /// Lookups that offered tokens.
+    pub lookup_hits: u64,
+    /// Loads run.
+    pub loads: u64,
+    /// Chunks verified and written into KV memory.
+    pub chunks_loaded: u64,
+    /// Of `chunks_loaded`, those this connector neither saved nor stored itself: written by
+    /// another engine sharing the tier (or an earlier process).
+    pub chunks_loaded_from_others: u64,
+    /// Payload bytes written into KV memory by loads.
+    pub kv_bytes_loaded: u64,
+    /// Chunks the tier did not have at load time.
+    pub missing_chunks: u64,
+    /// Chunks whose bytes changed after they were written (checksum).
+    pub checksum_failures: u64,
+    /// Intact chunks of another key or group.
+    pub key_mismatches: u64,
+    /// Chunks with a missing or wrong MAC.
+    pub mac_failures: u64,
+    /// Chunks truncated or with a bad header.
+    pub format_errors: u64,
+    /// Tier calls that failed as a whole (every block of the call invalid).
+    pub tier_errors: u64,
+    /// Destinations the load was no longer allowed to write (its fill ended): left alone.
+    pub writes_refused: u64,
+    /// Loads that saw their cancellation token fired.
+    pub loads_cancelled: u64,
+    /// Loads whose tier answer did not come before the load's deadline: failed whole, nothing
+    /// of them written.
+    pub loads_late: u64,
+    /// Tier gets running now on the connector's get threads (a hung tier's among them).
+    pub gets_busy: u64,
+    /// Chunks stored by the write-behind.
+    pub chunks_saved: u64,
+    /// Encoded bytes stored by the write-behind.
+    pub kv_bytes_saved: u64,
+    /// Save offers dropped because the queue was full.
+    pub saves_dropped: u64,
+    /// Tier `put` calls that failed (batches of up to 32 chunks).
+    pub save_errors: u64,
+    /// Chunks of those failed puts that the tier does not hold (asked after the failure: a
+    /// put may store part of its batch).
+    pub saves_failed: u64,
+    /// Chunks not tried because saving was paused after puts kept failing
+    /// ([`SaveBackoff`](super::SaveBackoff)).
+    pub saves_skipped: u64,
+    /// Pauses of saving started.
+    pub save_pauses: u64,
+    /// The last failed put's error (no credentials), if any failed.
+    pub last_save_error: Option<String>,
+    /// Background existence probes run, and keys they found.
+    pub probes: u64,
+    /// See `probes`.
+    pub probe_hits: u64,
+}
