@@ -60,6 +60,7 @@ pub use host_memory::HostKvMemory;
 pub use key::ChunkKey;
 pub use kv_memory::{KvLayout, KvMemory, KvMemoryError, POISON_BYTE};
 pub use memory::{MemoryStats, MemoryTier};
+#[cfg(not(kvsched_loom))]
 pub use saver::SaveBackoff;
 pub use sim_tier::{SimTier, SimTierConfig, SimTierCounts};
 pub use tier::{Tier, TierError};
