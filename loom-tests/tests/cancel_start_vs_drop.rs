@@ -14,8 +14,8 @@
 
 #![cfg(kvsched_loom)]
 
-use kvsched::runtime::worker::{model_drop_unstarted, model_job, model_start};
 use kvsched::runtime::claim::RequestKey;
+use kvsched::runtime::worker::{model_drop_unstarted, model_job, model_start};
 use kvsched::sync::{thread, Arc};
 use kvsched_loom_tests::model;
 

@@ -2,6 +2,9 @@
 //! token with private K/V and state, no prefix cache, no tier, no failure — with the token and
 //! logit bits of every sample.
 
+// Plain index loops, on purpose: every sum runs in one fixed order (as in `net`).
+#![allow(clippy::needless_range_loop)]
+
 use super::net::{Context, TinyModel};
 
 /// One request decoded alone, extended one token at a time as far as it is asked.
