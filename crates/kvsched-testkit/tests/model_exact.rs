@@ -327,3 +327,53 @@ fn mode_vllm_reads_failed_sync_loads_and_mode_safe_does_not() {
         "vllm kept no wrong token: {vllm:?}"
     );
 }
+
+/// A tier warmed with the model's own bytes of a prompt (what another engine would have
+/// saved) serves it: the loaded K/V and states give exactly the tokens of the request alone.
+#[test]
+fn a_tier_warmed_with_the_models_bytes_serves_exact_prefixes() {
+    for mamba in [MambaMode::Align, MambaMode::All] {
+        let groups = hybrid(mamba);
+        let tier: Arc<dyn Tier> = Arc::new(MemoryTier::new(64 << 20, 4));
+        let k = Knobs::default();
+        let (mut rt, conn, mut engine) = stack(&groups, tier, &k, 5);
+        let prompts: Vec<Vec<u32>> = (0..4u32)
+            .map(|p| (0..80 + p).map(|t| (p * 11 + t * 5) % 64).collect())
+            .collect();
+        for (n, p) in prompts.iter().enumerate() {
+            for (g, i, bytes) in engine.reference_blocks(&p[..64]) {
+                conn.store_now(p, g, i, &bytes).expect("store");
+            }
+            let id = format!("w{n}");
+            engine.add_request(&id, p);
+            rt.submit(SubmitRequest {
+                id,
+                prompt: p.clone(),
+                max_new_tokens: 6,
+                priority: 0,
+                load_deadline: None,
+            })
+            .expect("submit");
+        }
+        while rt.live() > 0 {
+            let plan = rt.schedule().expect("step");
+            let step = engine.run_step(&plan, Some(conn.as_ref()));
+            let mut out = StepOutput::for_plan(&plan);
+            out.invalid_blocks = step.invalid_blocks.clone();
+            out.sampled = plan
+                .scheduled
+                .iter()
+                .filter(|s| s.samples)
+                .map(|s| s.id.clone())
+                .collect();
+            let discard = rt.update(out);
+            engine.settle(&plan, step, &discard);
+            rt.wait_for_work(Duration::from_millis(1));
+        }
+        rt.shutdown();
+        let c = engine.counters();
+        assert_eq!(c.tokens_checked, 24, "{c:?}");
+        assert_eq!(c.logit_mismatches, 0, "{mamba:?}: {c:?}");
+        assert!(conn.stats().chunks_loaded >= 4 * 4, "{:?}", conn.stats());
+    }
+}

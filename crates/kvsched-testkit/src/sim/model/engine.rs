@@ -148,6 +148,14 @@ impl ModelEngine {
         );
     }
 
+    /// What a warm tier holds for `prompt`'s full blocks, as the model computes them alone:
+    /// `(group, index, bytes)` for
+    /// [`TierConnector::store_now`](kvsched::kv::TierConnector::store_now).
+    pub fn reference_blocks(&self, prompt: &[u32]) -> Vec<(usize, usize, Vec<u8>)> {
+        let sizes: Vec<u64> = self.groups.iter().map(|g| g.block_size).collect();
+        super::reference::prefix_blocks(&self.model, &sizes, prompt)
+    }
+
     /// Forgets a request that ended.
     pub fn end_request(&mut self, id: &str) {
         self.seqs.remove(id);

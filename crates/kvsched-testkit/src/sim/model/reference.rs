@@ -2,6 +2,9 @@
 //! token with private K/V and state, no prefix cache, no tier, no failure — with the token and
 //! logit bits of every sample.
 
+// Plain index loops, on purpose: every sum runs in one fixed order (as in `net`).
+#![allow(clippy::needless_range_loop)]
+
 use super::net::{Context, TinyModel};
 
 /// One request decoded alone, extended one token at a time as far as it is asked.
@@ -82,4 +85,50 @@ impl Reference {
             self.tokens.push(s.0);
         }
     }
+}
+
+/// The bytes a warm tier holds for `prompt`'s full blocks in every group, as the model
+/// computes them alone: K and V of each token of an attention block, the state at a Mamba
+/// block's end. `(group, index, bytes)`, groups in order.
+pub(super) fn prefix_blocks(
+    model: &TinyModel,
+    block_sizes: &[u64],
+    prompt: &[u32],
+) -> Vec<(usize, usize, Vec<u8>)> {
+    let mut r = Reference::new(model, prompt);
+    let layers = model.layers.len();
+    let mut states: Vec<Vec<Vec<u8>>> = vec![Vec::new(); layers];
+    let state_bytes = model.state_bytes();
+    while r.done < prompt.len() {
+        r.step(model);
+        for (layer, states) in states.iter_mut().enumerate() {
+            let b = block_sizes.get(layer).copied().unwrap_or(1).max(1) as usize;
+            if !model.is_attention(layer) && r.done % b == 0 {
+                let mut bytes = vec![0u8; state_bytes];
+                super::net::to_bytes(&r.state[layer], &mut bytes);
+                states.push(bytes);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    let half = model.bytes_per_token() / 2;
+    for layer in 0..layers {
+        let b = block_sizes.get(layer).copied().unwrap_or(1).max(1) as usize;
+        if model.is_attention(layer) {
+            for i in 0..prompt.len() / b {
+                let mut bytes = vec![0u8; b * 2 * half];
+                for (j, slot) in bytes.chunks_exact_mut(2 * half).enumerate() {
+                    let (k, v) = &r.kv[layer][i * b + j];
+                    super::net::to_bytes(k, &mut slot[..half]);
+                    super::net::to_bytes(v, &mut slot[half..]);
+                }
+                out.push((layer, i, bytes));
+            }
+        } else {
+            for (i, bytes) in std::mem::take(&mut states[layer]).into_iter().enumerate() {
+                out.push((layer, i, bytes));
+            }
+        }
+    }
+    out
 }

@@ -66,6 +66,7 @@ impl Shard {
                     .is_some_and(|r| r.phase == Phase::Running)
                 {
                     self.preempt(env, seq);
+                    self.hold_admission = true;
                     self.result.counters.preemptions += 1;
                     self.result.counters.cross_shard_preemptions += 1;
                 }

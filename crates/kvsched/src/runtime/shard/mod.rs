@@ -121,6 +121,9 @@ pub(crate) struct Shard {
     /// Blocks of loads still running when shutdown gave up waiting: held for good (a detached
     /// worker may still write them), reported.
     abandoned: Vec<BlockRef>,
+    /// A cross-shard preemption freed blocks for another shard this step: admit nothing here
+    /// in this step, so the freed blocks are not taken straight back.
+    hold_admission: bool,
     /// Per step scratch: hits of each scanned request.
     hits: Vec<(u64, RequestClass, Vec<Hit>)>,
     /// Hit buffers kept for reuse.
@@ -169,7 +172,9 @@ impl Shard {
         self.apply_outputs(env);
         self.land_loads(env, now);
         if !draining {
-            self.admit(env, settings, now, loads_out);
+            if !std::mem::take(&mut self.hold_admission) {
+                self.admit(env, settings, now, loads_out);
+            }
             self.schedule(env, settings, now);
         }
         self.result.loading = self.loading.len();
