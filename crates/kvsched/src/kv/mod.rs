@@ -43,6 +43,7 @@ mod saver;
 mod tier;
 #[cfg(not(kvsched_loom))]
 mod tier_connector;
+#[cfg(not(kvsched_loom))]
 mod tier_stats;
 
 pub use chunk::{
