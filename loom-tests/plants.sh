@@ -5,12 +5,12 @@
 # plant → model → bound → caught and exits non-zero if any plant goes uncaught (or does not
 # build).
 #
-#   loom-scripts/plants.sh                     # every plant, each model at its bound in run.sh
-#   loom-scripts/plants.sh release-relaxed     # some plants
-#   loom-scripts/plants.sh --sweep [PLANT…]    # the smallest bound (0–4) at which each row catches
+#   loom-tests/plants.sh                     # every plant, each model at its bound in run.sh
+#   loom-tests/plants.sh release-relaxed     # some plants
+#   loom-tests/plants.sh --sweep [PLANT…]    # the smallest bound (0–4) at which each row catches
 #
-# Each plant builds in its own target dir, target-loom/plants/NAME (kept between runs, so only
-# the first run pays the cold build). A row runs at its model's bound in loom-tests/run.sh, so
+# Every plant builds in one target dir, target-loom/plants/shared (see below), its logs in
+# target-loom/plants/NAME. A row runs at its model's bound in loom-tests/run.sh, so
 # a plant is shown caught exactly as CI runs the model; LOOM_MAX_PREEMPTIONS overrides every
 # row, and a row may pin its own bound (`@N`, see MODELS).
 set -euo pipefail
@@ -101,13 +101,20 @@ for plant in "${plants[@]}"; do
     echo "unknown plant '$plant' (known: ${ORDER[*]})" >&2
     exit 2
   fi
-  dir="target-loom/plants/$plant"
-  mkdir -p "$dir"
-  flags="--cfg kvsched_loom -C debug-assertions --cfg kvsched_plant=\"$plant\""
+  # One target dir for every plant: scripts/plant-rustc adds the plant's cfg to the
+  # workspace's own crates only (loom and the other dependencies build once), and touching
+  # the workspace's sources makes cargo rebuild them for each plant.
+  dir="target-loom/plants/shared"
+  logs="target-loom/plants/$plant"
+  mkdir -p "$dir" "$logs"
+  flags="--cfg kvsched_loom -C debug-assertions"
+  export KVSCHED_PLANT="$plant"
+  export RUSTC_WRAPPER="$PWD/scripts/plant-rustc"
+  find crates loom-tests -name '*.rs' -exec touch {} +
   cargo_test=(cargo test -p kvsched-loom-tests --release --target-dir "$dir")
   echo "== plant $plant: building ($dir)"
-  if ! RUSTFLAGS="$flags" "${cargo_test[@]}" --no-run --quiet >"$dir/build.log" 2>&1; then
-    tail -n 30 "$dir/build.log" >&2
+  if ! RUSTFLAGS="$flags" "${cargo_test[@]}" --no-run --quiet >"$logs/build.log" 2>&1; then
+    tail -n 30 "$logs/build.log" >&2
     rows+=("$plant|(build)|-|BUILD FAILED")
     bad=1
     continue
@@ -127,7 +134,7 @@ for plant in "${plants[@]}"; do
     if [ "$spec" != "$file" ]; then
       filter=("${spec#*::}" --exact)
     fi
-    log="$dir/$file${filter:+-${filter[0]}}.log"
+    log="$logs/$file${filter:+-${filter[0]}}.log"
     if [ "$sweep" -eq 1 ]; then
       found=""
       for b in 0 1 2 3 4; do

@@ -13,7 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Each model's LOOM_MAX_PREEMPTIONS. `loom-scripts/plants.sh --sweep` finds the smallest bound at
+# Each model's LOOM_MAX_PREEMPTIONS. `loom-tests/plants.sh --sweep` finds the smallest bound at
 # which a model catches every plant meant for it (the comments). No model runs below 2, the
 # bound CI ran them all at before: a lower one would drop coverage of the bugs no plant stands
 # for, and every model but the three worker-pool ones takes under half a second at 2.

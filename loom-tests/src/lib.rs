@@ -1,6 +1,6 @@
 //! loom models of kvsched's concurrent protocols live in `tests/` (one file per race, named
 //! after it); run them with `loom-tests/run.sh` and prove they can fail with
-//! `loom-scripts/plants.sh`.
+//! `loom-tests/plants.sh`.
 //!
 //! This crate holds only the helpers the models share. Everything here, like every model,
 //! exists only under `--cfg kvsched_loom`: a plain `cargo test --workspace` builds nothing.

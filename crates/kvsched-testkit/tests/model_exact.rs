@@ -1,7 +1,7 @@
 //! The tiny hybrid model behind the plan: its outputs under kvsched (prefix cache, tier loads,
 //! damaged and evicted chunks, preemption, engine finishes, cancels, lost outputs) equal, to
-//! the last logit bit, the same requests decoded alone. Positive controls: the runtime plants
-//! `register-unwritten` and `mamba-align-cache-unwritten` (tests/plants.sh) make it mismatch.
+//! the last logit bit, the same requests decoded alone. Positive control: the runtime plant
+//! `mamba-align-cache-unwritten` (scripts/plants.sh) makes it mismatch.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,6 +1,6 @@
 //! Planted bugs: deliberate mistakes that a test-the-tests build turns on, one at a time, with
 //! `RUSTFLAGS='--cfg kvsched_plant="NAME"'` (`scripts/plants.sh` for the test suite,
-//! `loom-scripts/plants.sh` for the loom models), to show the tests meant to catch each one do.
+//! `loom-tests/plants.sh` for the loom models), to show the tests meant to catch each one do.
 //!
 //! Every plant is one [`planted!`] test next to the code it breaks: `planted!("NAME")` is
 //! `cfg!(kvsched_plant = "NAME")`, a constant `false` in every normal build, so the compiler

@@ -9,7 +9,7 @@
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
 
 /// The free-list head's next ABA tag. The planted bug `free-list-no-tag` (loom demonstration,
-/// `loom-scripts/plants.sh`) keeps the tag unchanged, so the stack is open to ABA.
+/// `loom-tests/plants.sh`) keeps the tag unchanged, so the stack is open to ABA.
 #[inline]
 fn next_tag(tag: u32) -> u32 {
     if planted!("free-list-no-tag") {

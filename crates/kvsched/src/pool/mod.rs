@@ -54,7 +54,7 @@ use crate::rules::geometry::BlockId;
 use crate::sync::{AtomicU64, Ordering};
 
 /// Success ordering of the CAS in [`BlockPool::release`]: Release. The planted bug
-/// `release-relaxed` (loom demonstration, `loom-scripts/plants.sh`) weakens it to Relaxed.
+/// `release-relaxed` (loom demonstration, `loom-tests/plants.sh`) weakens it to Relaxed.
 const RELEASE_ORDER: Ordering = if planted!("release-relaxed") {
     Ordering::Relaxed
 } else {

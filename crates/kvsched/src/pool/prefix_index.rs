@@ -113,7 +113,7 @@ impl BlockPool {
     pub fn lookup(&self, hash: BlockHash) -> Option<BlockRef> {
         let mut shard = self.index.shard(hash).lock();
         let r = *shard.get(&hash)?;
-        // Planted bug (loom-scripts/plants.sh): the entry is read under one hold of the lock and
+        // Planted bug (loom-tests/plants.sh): the entry is read under one hold of the lock and
         // revived under another, so an eviction and a registration under another hash fit in
         // between.
         if planted!("lookup-revive-unlocked") {

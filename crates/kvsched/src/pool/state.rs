@@ -173,7 +173,7 @@ impl State {
         }
         match self.ref_count() {
             0 => Err(Refused::Unreferenced),
-            // Planted bug `fill-release-unguarded` (loom-scripts/plants.sh): a filling block is
+            // Planted bug `fill-release-unguarded` (loom-tests/plants.sh): a filling block is
             // freed by its last release while its load may still write it.
             1 if self.is_filling() && !planted!("fill-release-unguarded") => Err(Refused::Filling),
             1 => {

@@ -119,7 +119,7 @@ pub struct ClaimTable {
 }
 
 /// Success ordering of [`ClaimTable::clear_pending`]: Release. The planted bug
-/// `clear-pending-relaxed` (loom demonstration, `loom-scripts/plants.sh`) weakens it to Relaxed.
+/// `clear-pending-relaxed` (loom demonstration, `loom-tests/plants.sh`) weakens it to Relaxed.
 const CLEAR_ORDER: Ordering = if planted!("clear-pending-relaxed") {
     Ordering::Relaxed
 } else {

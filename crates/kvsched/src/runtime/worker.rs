@@ -206,7 +206,7 @@ mod pool_impl {
             s.jobs.push(job);
             // SeqCst: pairs with the fence in `worker_loop` between listing and re-checking the
             // jobs: either that re-check sees this job, or this pop sees the listing.
-            // (Planted bug `worker-no-fence`, loom-scripts/plants.sh: both fences left out.)
+            // (Planted bug `worker-no-fence`, loom-tests/plants.sh: both fences left out.)
             if !planted!("worker-no-fence") {
                 fence(Ordering::SeqCst);
             }
@@ -250,7 +250,7 @@ mod pool_impl {
             // A timeout past what an Instant can hold waits for the loads as long as they take.
             let deadline = Instant::now().checked_add(timeout);
             while self.handles.iter().any(|h| !h.is_finished()) {
-                // Planted bug (loom-scripts/plants.sh): no drain while waiting, so a worker
+                // Planted bug (loom-tests/plants.sh): no drain while waiting, so a worker
                 // blocked on a full queue never finishes.
                 if !planted!("shutdown-no-drain-while-waiting") {
                     drain();
@@ -307,7 +307,7 @@ mod pool_impl {
                 // the re-check pops the listing and unparks us, and an unpark that lands
                 // before the park makes it return at once.
                 // Acquire: pairs with the Release swap in `dispatch` that unlisted us.
-                // Planted bug (loom-scripts/plants.sh): the flag is ignored, so a worker still
+                // Planted bug (loom-tests/plants.sh): the flag is ignored, so a worker still
                 // listed lists itself again.
                 let list =
                     !s.listed[me].swap(true, Ordering::Acquire) || planted!("worker-list-twice");
@@ -323,7 +323,7 @@ mod pool_impl {
                     fence(Ordering::SeqCst);
                 }
                 // Acquire: pairs with the Release store of `stop` in `stop_and_join`. Planted
-                // bug `worker-no-recheck` (loom-scripts/plants.sh): no re-check of the jobs after
+                // bug `worker-no-recheck` (loom-tests/plants.sh): no re-check of the jobs after
                 // listing, so a job dispatched before the listing is never run.
                 let idle = (planted!("worker-no-recheck") || s.jobs.is_empty())
                     && !s.stop.load(Ordering::Acquire);
@@ -380,7 +380,7 @@ mod pool_impl {
                         break;
                     }
                     Err(back) => {
-                        // Planted bug (loom-scripts/plants.sh): a full queue drops the
+                        // Planted bug (loom-tests/plants.sh): a full queue drops the
                         // completion.
                         if planted!("worker-drop-on-full") {
                             drop(back);

@@ -4,7 +4,7 @@ use super::condvar::Condvar;
 use super::{spin_hint, AtomicUsize, Mutex, Ordering};
 
 /// Ordering of a waiter's departure load in [`PhaseBarrier::wait`]: Acquire. The planted bug
-/// `barrier-relaxed` (loom demonstration, `loom-scripts/plants.sh`) weakens it to Relaxed.
+/// `barrier-relaxed` (loom demonstration, `loom-tests/plants.sh`) weakens it to Relaxed.
 const BARRIER_DEPART: Ordering = if planted!("barrier-relaxed") {
     Ordering::Relaxed
 } else {

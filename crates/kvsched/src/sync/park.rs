@@ -146,7 +146,7 @@ impl Unparker {
         }
         // The sleeper holds the lock from its PARKED store until it waits, so taking the lock
         // here orders this notification after its wait began: it cannot be missed. (The
-        // planted bug `unpark-no-lock` skips it; loom-scripts/plants.sh shows the lost wake-up.)
+        // planted bug `unpark-no-lock` skips it; loom-tests/plants.sh shows the lost wake-up.)
         if !planted!("unpark-no-lock") {
             drop(s.lock.lock());
         }
