@@ -127,6 +127,12 @@ impl Tier for SimTier {
         "sim"
     }
 
+    /// Its simulated latency and hangs wait on the caller's cancellation token, as a
+    /// cooperative tier does: no thread of the connector's is needed to bound them.
+    fn may_block(&self) -> bool {
+        false
+    }
+
     fn exists(&self, keys: &[ChunkKey], cancel: &CancelToken) -> Result<Vec<bool>, TierError> {
         self.inner.exists(keys, cancel)
     }

@@ -97,6 +97,8 @@ struct Engine<'a, S> {
     frng: SplitMix64,
     late_done: FxHashSet<Arc<str>>,
     last_sync_block: Option<BlockRef>,
+    /// The first sync-load destination of the step being run (a stale block is then its own).
+    step_sync_block: Option<BlockRef>,
     /// Samples sent per live request, and its max_new_tokens: a request that finishes having
     /// been sent fewer samples than that had one applied twice.
     samples_sent: FxHashMap<Arc<str>, (u32, u32)>,
@@ -163,6 +165,7 @@ impl<'a, S: Scheduler> Engine<'a, S> {
             frng: SplitMix64::new(cfg.seed ^ 0xE561_FA17),
             late_done: FxHashSet::default(),
             last_sync_block: None,
+            step_sync_block: None,
             samples_sent: FxHashMap::default(),
             rec,
             work,
@@ -441,6 +444,7 @@ impl<'a, S: Scheduler> Engine<'a, S> {
                 .rev()
                 .find_map(|s| s.sync_load.as_ref()?.all_loaded_blocks().first().copied());
             self.last_sync_block = first_loaded.or(self.last_sync_block);
+            self.step_sync_block = first_loaded;
         }
         self.out = self.sim.step(plan);
         for id in &self.out.sampled {
@@ -464,8 +468,9 @@ impl<'a, S: Scheduler> Engine<'a, S> {
         }
         if stale < self.faults.stale {
             self.injected.stale += 1;
-            let b = match self.last_sync_block {
-                Some(b) if self.frng.unit() < 0.5 => BlockRef {
+            let pick = self.frng.unit();
+            let b = match self.step_sync_block.or(self.last_sync_block) {
+                Some(b) if self.step_sync_block.is_some() || pick < 0.5 => BlockRef {
                     id: b.id,
                     generation: b.generation.wrapping_add(0x8000_0000),
                 },

@@ -10,10 +10,12 @@
 //!
 //! # Limits
 //!
-//! A get that never returns keeps its thread for good: at most `threads` can hang at once.
+//! Threads start on demand: a get queued while every thread is busy starts one more, up to
+//! `threads`, so slow or hung gets do not hold up the others until that many are stuck. A
+//! get that never returns keeps its thread for good: at most `threads` can hang at once.
 //! Once every thread hangs, later gets wait in the queue and fail at their deadline (a queued
-//! get whose caller gave up is never run). A hung thread is counted
-//! ([`BoundedGets::hung`]) and left behind when the connector is dropped.
+//! get whose caller gave up is never run). Busy threads are counted ([`BoundedGets::busy`])
+//! and a hung one is left behind when the connector is dropped.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -49,17 +51,20 @@ struct Shared {
     busy: AtomicUsize,
 }
 
-/// A few threads running tier gets whose callers wait only until a deadline.
+/// Threads running tier gets whose callers wait only until a deadline.
 pub(crate) struct BoundedGets {
     shared: Arc<Shared>,
-    threads: Vec<thread::JoinHandle<()>>,
+    threads: Mutex<Vec<thread::JoinHandle<()>>>,
+    /// Most threads to start.
+    cap: usize,
 }
 
 /// How often a waiting caller checks its load's cancellation token.
 const CANCEL_POLL: Duration = Duration::from_millis(5);
 
 impl BoundedGets {
-    /// `threads` threads (at least 1) calling `tier`.
+    /// Up to `threads` threads (at least 1) calling `tier`; one starts now, the others when
+    /// gets queue up behind busy ones.
     pub(crate) fn start(tier: Arc<dyn Tier>, threads: usize) -> std::io::Result<BoundedGets> {
         let shared = Arc::new(Shared {
             tier,
@@ -68,24 +73,34 @@ impl BoundedGets {
             stop: AtomicBool::new(false),
             busy: AtomicUsize::new(0),
         });
-        let mut handles = Vec::new();
-        for i in 0..threads.max(1) {
-            let s = Arc::clone(&shared);
-            match thread::Builder::new()
-                .name(format!("kvsched-tier-get-{i}"))
-                .spawn(move || run(&s))
-            {
-                Ok(h) => handles.push(h),
-                Err(e) => {
-                    shutdown(&shared);
-                    return Err(e);
-                }
-            }
-        }
-        Ok(BoundedGets {
+        let gets = BoundedGets {
             shared,
-            threads: handles,
-        })
+            threads: Mutex::new(Vec::new()),
+            cap: threads.max(1),
+        };
+        gets.spawn()?;
+        Ok(gets)
+    }
+
+    /// Starts one more thread.
+    fn spawn(&self) -> std::io::Result<()> {
+        let mut threads = self.threads.lock();
+        let s = Arc::clone(&self.shared);
+        let h = thread::Builder::new()
+            .name(format!("kvsched-tier-get-{}", threads.len()))
+            .spawn(move || run(&s))?;
+        threads.push(h);
+        Ok(())
+    }
+
+    /// Starts a thread if every one is busy and fewer than the cap run (a failed start
+    /// leaves the get queued for the threads there are).
+    fn grow(&self) {
+        let running = self.threads.lock().len();
+        // Relaxed: a hint; a thread finishing meanwhile only means one more than needed.
+        if running < self.cap && self.shared.busy.load(Ordering::Relaxed) >= running {
+            let _ = self.spawn();
+        }
     }
 
     /// The tier's answer to `get(keys)`, or [`TierError::Timeout`] once `deadline` passes
@@ -98,6 +113,7 @@ impl BoundedGets {
             slot: Arc::clone(&slot),
         });
         self.shared.wake.notify_one();
+        self.grow();
         let started = Instant::now();
         let mut answer = slot.answer.lock();
         loop {
@@ -134,7 +150,7 @@ impl Drop for BoundedGets {
         shutdown(&self.shared);
         // A thread inside a get that never returns is left behind (detached).
         let until = Instant::now() + Duration::from_millis(200);
-        for h in self.threads.drain(..) {
+        for h in self.threads.get_mut().drain(..) {
             while !h.is_finished() && Instant::now() < until {
                 thread::sleep(Duration::from_millis(1));
             }

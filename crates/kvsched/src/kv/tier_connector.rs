@@ -48,9 +48,10 @@ pub struct TierConnectorConfig {
     /// On a lookup the index cannot answer, ask the tier in the background (a later request
     /// with the same prefix then hits).
     pub probe_on_miss: bool,
-    /// Threads running the gets of a tier that may block ([`Tier::may_block`]), so that a
-    /// load with a deadline waits for the tier only until then (see the guarantees of
-    /// [`TierConnector`]). At most this many gets can hang at once.
+    /// Most threads running the gets of a tier that may block ([`Tier::may_block`]), so that
+    /// a load with a deadline waits for the tier only until then (see the guarantees of
+    /// [`TierConnector`]); they start on demand, when gets queue behind busy ones (default
+    /// 64). At most this many gets can hang at once.
     pub get_threads: usize,
     /// How long dropping the connector waits for its save threads to finish the work queued
     /// (default 10 s, as the runtime's shutdown). Threads still inside a tier call then (a
@@ -73,7 +74,7 @@ impl Default for TierConnectorConfig {
             save_threads: 1,
             index_capacity: 1 << 20,
             probe_on_miss: true,
-            get_threads: 4,
+            get_threads: 64,
             drop_timeout: std::time::Duration::from_secs(10),
             save_backoff: SaveBackoff::default(),
         }
