@@ -10,6 +10,7 @@ use thiserror::Error;
 use super::faults::{Faults, FAULT_NAMES};
 use super::processes::EnginesArgs;
 use super::store::{StoreParser, StoreSpec};
+use super::trace::TraceArgs;
 use super::values::{
     parse_live, parse_max_seqs, parse_mode, parse_policy, parse_pool, parse_seconds, parse_shards,
     parse_size, parse_unit, parse_workers, saturating_secs, ser_mode, ser_policy, BaselineKind,
@@ -183,6 +184,10 @@ pub struct StressConfig {
     #[command(flatten)]
     #[serde(flatten)]
     pub engines: EnginesArgs,
+    /// A request trace to replay (`--trace`).
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub trace: TraceArgs,
 }
 
 impl Default for StressConfig {
@@ -227,6 +232,7 @@ impl Default for StressConfig {
             mamba_state_bytes: 64,
             verify: Verify::On,
             engines: EnginesArgs::default(),
+            trace: TraceArgs::default(),
         }
     }
 }
@@ -276,6 +282,7 @@ impl StressConfig {
         self.check_shares()?;
         self.check_ranges()?;
         self.check_rate_and_duration()?;
+        self.trace.check(&self.engines)?;
         self.check_across()
     }
 

@@ -149,7 +149,7 @@ impl<'a, S: Scheduler> Engine<'a, S> {
             sim: plane.engine,
             store: plane.store,
             last_plan: None,
-            warm_share: if cfg.store.is_real() {
+            warm_share: if cfg.store.is_real() || cfg.trace.loaded.is_some() {
                 0.0
             } else {
                 cfg.hit_ratio

@@ -125,6 +125,7 @@ mod run_end;
 mod scheduler;
 mod stats;
 mod store;
+mod trace;
 mod values;
 mod workload;
 
@@ -169,6 +170,7 @@ pub fn run_stress_with_progress(
     progress: &mut dyn FnMut(&Progress),
 ) -> Result<StressReport, StressError> {
     cfg.validate()?;
+    let cfg = &trace::load(cfg)?;
     if cfg.fault_rates().panic > 0.0 {
         silence_simulated_panics();
     }

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use super::config::StressConfig;
+use super::trace::{arrival, prompt_tokens, TraceRequest};
 use super::values::{saturating_secs, Rate};
 use kvsched::runtime::SubmitRequest;
 use kvsched_testkit::SplitMix64;
@@ -27,6 +28,9 @@ pub(super) struct Workload {
     arrivals: SplitMix64,
     rate: Option<f64>,
     next_arrival_s: f64,
+    /// `--trace`: the requests replayed, and the arrivals handed out so far.
+    trace: Option<(std::sync::Arc<Vec<TraceRequest>>, f64)>,
+    arrivals_out: usize,
 }
 
 /// One generated request.
@@ -62,11 +66,28 @@ impl Workload {
                 Rate::Max => None,
             },
             next_arrival_s: 0.0,
+            trace: cfg.trace.loaded.clone().map(|t| (t, cfg.trace.trace_speed)),
+            arrivals_out: 0,
         }
     }
 
     pub(super) fn request(&self, i: u64) -> Generated {
         let mut rng = SplitMix64::new(self.seed ^ (i + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        if let Some(r) = self.trace.as_ref().and_then(|(t, _)| t.get(i as usize)) {
+            // A trace's request: its prompt from its block ids, its output length as recorded.
+            let cancel_after = (rng.unit() < self.cancel_ratio).then(|| 1 + rng.below(64));
+            return Generated {
+                req: SubmitRequest {
+                    id: format!("{}r{i}", self.id_prefix),
+                    prompt: prompt_tokens(r),
+                    max_new_tokens: r.output_length.clamp(1, u64::from(u32::MAX)) as u32,
+                    priority: 0,
+                    load_deadline: None,
+                },
+                cancel_after,
+                fault_cancel_after: None,
+            };
+        }
         let len = self.min_prompt + rng.below(self.max_prompt - self.min_prompt + 1);
         let shared = ((len as f64) * self.share) as usize;
         let base = &self.bases[rng.below(BASE_PREFIXES) as usize];
@@ -101,6 +122,12 @@ impl Workload {
     /// Offsets saturate: at a tiny rate the gaps overflow a `Duration` (or `f64`, to
     /// infinity), and such an arrival is simply never reached within `--duration`.
     pub(super) fn next_arrival(&mut self) -> Option<Duration> {
+        if let Some((t, speed)) = &self.trace {
+            // Past the trace's end: no more arrivals (the run has submitted them all).
+            let at = t.get(self.arrivals_out).map(|r| arrival(r, *speed));
+            self.arrivals_out += 1;
+            return at.or(Some(Duration::MAX));
+        }
         let rate = self.rate?;
         let at = self.next_arrival_s;
         self.next_arrival_s += -(1.0 - self.arrivals.unit()).ln() / rate;

@@ -23,9 +23,14 @@ pub(super) fn settings(c: &StressConfig, o: &mut String) {
         c.groups.name(),
         c.shards,
         c.workers,
-        match c.rate {
-            Rate::Max => format!("max (closed loop, {} live)", c.live),
-            r => format!("{r} (open loop)"),
+        match (&c.trace.trace, c.rate) {
+            (Some(t), _) => format!(
+                "of trace {} ×{} (open loop)",
+                t.display(),
+                c.trace.trace_speed
+            ),
+            (None, Rate::Max) => format!("max (closed loop, {} live)", c.live),
+            (None, r) => format!("{r} (open loop)"),
         },
         c.requests,
         match c.mode {
@@ -39,6 +44,18 @@ pub(super) fn settings(c: &StressConfig, o: &mut String) {
         c.seed
     );
     wrap(&line, "", "  ", o);
+    if let Some(r) = &c.trace.trace_reference {
+        let line = format!(
+            "trace: {} requests, {} prompt tokens; a prefix cache could serve {:.1}% of them if \
+             unbounded, {:.1}% as an LRU cache the size of the device pool ({} blocks of 512)",
+            super::cells::count(r.requests),
+            super::cells::count(r.prompt_tokens),
+            r.infinite_cache_share * 100.0,
+            r.device_pool_lru_share * 100.0,
+            super::cells::count(r.device_pool_blocks_512)
+        );
+        wrap(&line, "", "  ", o);
+    }
     let capacity = if c.store.is_redis() {
         c.redis_maxmemory
             .map(|m| format!(" (maxmemory {})", show_size(m)))
@@ -50,7 +67,7 @@ pub(super) fn settings(c: &StressConfig, o: &mut String) {
         .redis_cluster
         .map(|n| format!(", a cluster of {n} nodes"))
         .unwrap_or_default();
-    let warm = if c.store.is_real() {
+    let warm = if c.store.is_real() || c.trace.trace.is_some() {
         String::new()
     } else {
         format!(", warmed to --hit-ratio {}", c.hit_ratio)

@@ -1,0 +1,403 @@
+//! Request traces in the Mooncake format (`traces/README.md`): one JSON object a line with
+//! `timestamp` (ms), `input_length`, `output_length` and `hash_ids`, the ids of the prompt's
+//! 512-token blocks. A replayed prompt's tokens are derived from its block ids, so prompts
+//! share prefixes exactly as the trace says; the reference shares say how much of the
+//! prompt tokens a prefix cache could serve at all (infinite) and with a given capacity (LRU).
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use super::config::{StressConfig, StressError};
+
+/// The largest trace file read (the bundled trace is 3 MB).
+const MAX_TRACE_BYTES: u64 = 256 << 20;
+
+/// `--trace`, `--trace-speed`, `--trace-requests`: replay a request trace instead of the
+/// synthetic workload.
+#[derive(Clone, Debug, Serialize, clap::Args)]
+pub struct TraceArgs {
+    /// Replay this request trace (Mooncake's format, `traces/README.md`: one JSON object a
+    /// line with `timestamp` in ms, `input_length`, `output_length`, `hash_ids` of 512-token
+    /// blocks): its arrivals, prompt and output lengths, and prompts whose tokens follow the
+    /// block ids, so they share prefixes as in the trace. `--requests`, `--rate`,
+    /// `--prompt-tokens` and `--prefix-share` are then unused.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
+    /// Replay the trace X times faster than it was recorded (arrival = timestamp / X).
+    #[arg(long, value_name = "X", default_value_t = 10.0, allow_negative_numbers = true, value_parser = parse_speed)]
+    pub trace_speed: f64,
+    /// Replay the trace's first N requests (1–1,000,000).
+    #[arg(long, value_name = "N", default_value_t = 1000, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub trace_requests: u64,
+    /// The trace once loaded.
+    #[arg(skip)]
+    #[serde(skip)]
+    pub(crate) loaded: Option<Arc<Vec<TraceRequest>>>,
+    /// What a prefix cache could serve of the requests replayed (the JSON's
+    /// `config.trace_reference`).
+    #[arg(skip)]
+    pub(crate) trace_reference: Option<TraceReference>,
+}
+
+/// The share of the replayed requests' prompt tokens a prefix cache could serve, counted on
+/// the trace's 512-token blocks ([`cache_served`]).
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct TraceReference {
+    pub(crate) requests: u64,
+    pub(crate) prompt_tokens: u64,
+    /// An unbounded prefix cache.
+    pub(crate) infinite_cache_share: f64,
+    /// An LRU cache as large as the device pool.
+    pub(crate) device_pool_lru_share: f64,
+    /// The device pool, in 512-token blocks.
+    pub(crate) device_pool_blocks_512: u64,
+}
+
+impl Default for TraceArgs {
+    fn default() -> Self {
+        TraceArgs {
+            trace: None,
+            trace_speed: 10.0,
+            trace_requests: 1000,
+            loaded: None,
+            trace_reference: None,
+        }
+    }
+}
+
+impl TraceArgs {
+    /// Refuses what a trace replay cannot do: several engines (each would replay all of it).
+    pub(crate) fn check(&self, engines: &super::processes::EnginesArgs) -> Result<(), StressError> {
+        if self.trace.is_some() && (engines.runs_engines() || engines.engine_index.is_some()) {
+            return Err(trace_error(
+                "not with --engines or --redis-restarts (each engine would replay all of it)"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn parse_speed(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x.is_finite() && x > 0.0 && x <= 1e6 => Ok(x),
+        _ => Err(format!("'{s}' is not a speed-up in (0, 1000000]")),
+    }
+}
+
+fn trace_error(problem: String) -> StressError {
+    StressError::Config {
+        flag: "--trace",
+        problem,
+    }
+}
+
+/// `cfg` with its trace loaded (when `--trace` names one): the requests to replay are the
+/// trace's first `--trace-requests`.
+pub(crate) fn load(cfg: &StressConfig) -> Result<StressConfig, StressError> {
+    let Some(path) = &cfg.trace.trace else {
+        return Ok(cfg.clone());
+    };
+    let shown = path.display();
+    let meta = std::fs::metadata(path).map_err(|e| trace_error(format!("{shown}: {e}")))?;
+    if !meta.is_file() {
+        return Err(trace_error(format!("{shown}: not a regular file")));
+    }
+    if meta.len() > MAX_TRACE_BYTES {
+        return Err(trace_error(format!(
+            "{shown}: over {MAX_TRACE_BYTES} bytes"
+        )));
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| trace_error(format!("{shown}: {e}")))?;
+    let limit = usize::try_from(cfg.trace.trace_requests).unwrap_or(usize::MAX);
+    let reqs = parse(&text, Some(limit)).map_err(|e| trace_error(format!("{shown}: {e}")))?;
+    if reqs.is_empty() {
+        return Err(trace_error(format!("{shown}: no request in it")));
+    }
+    let mut out = cfg.clone();
+    out.requests = reqs.len() as u64;
+    let pool_tokens = cfg.pool_blocks as u64 * cfg.scheduler_block_size();
+    let blocks_512 = pool_tokens / TRACE_BLOCK_TOKENS;
+    let (total, infinite) = cache_served(&reqs, None);
+    let (_, lru) = cache_served(&reqs, Some(blocks_512));
+    let share = |n: u64| (n as f64 / total.max(1) as f64 * 1e4).round() / 1e4;
+    out.trace.trace_reference = Some(TraceReference {
+        requests: reqs.len() as u64,
+        prompt_tokens: total,
+        infinite_cache_share: share(infinite),
+        device_pool_lru_share: share(lru),
+        device_pool_blocks_512: blocks_512,
+    });
+    out.trace.loaded = Some(Arc::new(reqs));
+    Ok(out)
+}
+
+/// The arrival of trace request `r` from the start of the run, at `speed`.
+pub(crate) fn arrival(r: &TraceRequest, speed: f64) -> Duration {
+    super::values::saturating_secs(r.arrival_ms as f64 / 1000.0 / speed)
+}
+
+/// Tokens in one block of a trace's `hash_ids`.
+pub(crate) const TRACE_BLOCK_TOKENS: u64 = 512;
+
+/// The longest trace line read, in bytes (the bundled trace's longest is under 2 KiB).
+const MAX_LINE: usize = 1 << 20;
+
+/// The longest prompt accepted, in tokens.
+const MAX_PROMPT: u64 = 1 << 24;
+
+/// One request of a trace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct TraceRequest {
+    /// Arrival, in milliseconds from the start of the trace.
+    pub(crate) arrival_ms: u64,
+    /// Prompt tokens.
+    pub(crate) input_length: u64,
+    /// Tokens generated.
+    pub(crate) output_length: u64,
+    /// Ids of the prompt's 512-token blocks (the last one may be partial).
+    pub(crate) hash_ids: Vec<u64>,
+}
+
+/// Why a trace was refused: the line (from 1), the field and the problem.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("line {line}: {field}: {problem}")]
+pub(crate) struct TraceError {
+    pub(crate) line: usize,
+    pub(crate) field: &'static str,
+    pub(crate) problem: String,
+}
+
+fn bad(line: usize, field: &'static str, problem: impl Into<String>) -> TraceError {
+    TraceError {
+        line,
+        field,
+        problem: problem.into(),
+    }
+}
+
+fn number(obj: &Value, line: usize, field: &'static str) -> Result<u64, TraceError> {
+    match obj.get(field) {
+        None => Err(bad(line, field, "missing")),
+        Some(v) => v
+            .as_u64()
+            .ok_or_else(|| bad(line, field, format!("{v} is not a whole number ≥ 0"))),
+    }
+}
+
+/// The first `limit` requests of a trace (all without one). Blank lines are skipped; every
+/// other line must be a request, in non-decreasing arrival order, whose `hash_ids` hold
+/// exactly `⌈input_length / 512⌉` ids.
+pub(crate) fn parse(text: &str, limit: Option<usize>) -> Result<Vec<TraceRequest>, TraceError> {
+    let mut out = Vec::new();
+    let mut last_arrival = 0;
+    for (n, raw) in text.lines().enumerate() {
+        let line = n + 1;
+        if limit.is_some_and(|l| out.len() >= l) {
+            break;
+        }
+        if raw.trim().is_empty() {
+            continue;
+        }
+        if raw.len() > MAX_LINE {
+            return Err(bad(line, "line", format!("over {MAX_LINE} bytes")));
+        }
+        let obj: Value =
+            serde_json::from_str(raw).map_err(|e| bad(line, "line", format!("not JSON: {e}")))?;
+        if !obj.is_object() {
+            return Err(bad(line, "line", "not a JSON object"));
+        }
+        let arrival_ms = number(&obj, line, "timestamp")?;
+        if arrival_ms < last_arrival {
+            return Err(bad(
+                line,
+                "timestamp",
+                format!("{arrival_ms} is before the previous line's {last_arrival}"),
+            ));
+        }
+        last_arrival = arrival_ms;
+        let input_length = number(&obj, line, "input_length")?;
+        if input_length == 0 || input_length > MAX_PROMPT {
+            return Err(bad(
+                line,
+                "input_length",
+                format!("{input_length} is not in 1..={MAX_PROMPT}"),
+            ));
+        }
+        let output_length = number(&obj, line, "output_length")?;
+        let ids = match obj.get("hash_ids") {
+            None => return Err(bad(line, "hash_ids", "missing")),
+            Some(Value::Array(a)) => a,
+            Some(v) => return Err(bad(line, "hash_ids", format!("{v} is not an array"))),
+        };
+        let want = input_length.div_ceil(TRACE_BLOCK_TOKENS);
+        if ids.len() as u64 != want {
+            return Err(bad(
+                line,
+                "hash_ids",
+                format!(
+                    "{} ids for {input_length} tokens (want {want}, one per 512)",
+                    ids.len()
+                ),
+            ));
+        }
+        let hash_ids = ids
+            .iter()
+            .map(|v| {
+                v.as_u64()
+                    .ok_or_else(|| bad(line, "hash_ids", format!("{v} is not a whole number ≥ 0")))
+            })
+            .collect::<Result<Vec<u64>, _>>()?;
+        out.push(TraceRequest {
+            arrival_ms,
+            input_length,
+            output_length,
+            hash_ids,
+        });
+    }
+    Ok(out)
+}
+
+/// The prompt tokens of `r`: block `i` with id `h` holds 512 tokens drawn from `h` alone, so
+/// equal ids give equal tokens; the last block is cut at `input_length`.
+pub(crate) fn prompt_tokens(r: &TraceRequest) -> Vec<u32> {
+    let mut out = Vec::with_capacity(r.input_length as usize);
+    for &h in &r.hash_ids {
+        let mut z = h.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x7ace_0b10_c4ed;
+        for _ in 0..TRACE_BLOCK_TOKENS {
+            if out.len() as u64 == r.input_length {
+                break;
+            }
+            z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut x = z;
+            x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            out.push((x ^ (x >> 31)) as u32);
+        }
+    }
+    out
+}
+
+/// Tokens of block `i` of `r` (512, or what the last block holds).
+fn block_len(r: &TraceRequest, i: usize) -> u64 {
+    (r.input_length - i as u64 * TRACE_BLOCK_TOKENS).min(TRACE_BLOCK_TOKENS)
+}
+
+/// Prompt tokens in all of `reqs`, and those a prefix cache of `capacity` 512-token blocks
+/// (`None`: unbounded) would serve: each request reads its blocks in order until the first
+/// one the cache does not hold, then inserts all its blocks as most recently used (LRU).
+pub(crate) fn cache_served(reqs: &[TraceRequest], capacity: Option<u64>) -> (u64, u64) {
+    let (mut total, mut served) = (0u64, 0u64);
+    // id → last use; last use → id (the oldest first).
+    let mut used: HashMap<u64, u64> = HashMap::new();
+    let mut order: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut tick = 0u64;
+    for r in reqs {
+        total += r.input_length;
+        for (i, h) in r.hash_ids.iter().enumerate() {
+            if !used.contains_key(h) {
+                break;
+            }
+            served += block_len(r, i);
+        }
+        for h in &r.hash_ids {
+            tick += 1;
+            if let Some(old) = used.insert(*h, tick) {
+                order.remove(&old);
+            }
+            order.insert(tick, *h);
+        }
+        if let Some(cap) = capacity {
+            while used.len() as u64 > cap {
+                let Some((_, h)) = order.pop_first() else {
+                    break;
+                };
+                used.remove(&h);
+            }
+        }
+    }
+    (total, served)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bundled() -> String {
+        // The trace sits in `traces/` at the repository root, above the package.
+        let mut dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        loop {
+            let f = dir.join("traces/mooncake_conversation_trace.jsonl");
+            if f.exists() {
+                return std::fs::read_to_string(f).expect("read the bundled trace");
+            }
+            assert!(dir.pop(), "no traces/ above {}", env!("CARGO_MANIFEST_DIR"));
+        }
+    }
+
+    /// The figures `traces/README.md` states, recomputed from the file.
+    #[test]
+    fn the_bundled_trace_has_the_figures_its_readme_states() {
+        let reqs = parse(&bundled(), None).expect("the bundled trace parses");
+        assert_eq!(reqs.len(), 12_031);
+        let share = |cap| {
+            let (total, served) = cache_served(&reqs, cap);
+            (served as f64 / total as f64 * 1000.0).round() / 10.0
+        };
+        assert_eq!(share(None), 37.4);
+        assert_eq!(share(Some(1_000)), 4.5);
+        assert_eq!(share(Some(4_000)), 8.7);
+        assert_eq!(share(Some(16_000)), 26.8);
+        assert_eq!(share(Some(64_000)), 36.6);
+    }
+
+    #[test]
+    fn equal_ids_give_equal_tokens_and_the_last_block_is_cut() {
+        let a = TraceRequest {
+            arrival_ms: 0,
+            input_length: 700,
+            output_length: 1,
+            hash_ids: vec![5, 9],
+        };
+        let b = TraceRequest {
+            input_length: 1024,
+            hash_ids: vec![5, 8],
+            ..a.clone()
+        };
+        let (ta, tb) = (prompt_tokens(&a), prompt_tokens(&b));
+        assert_eq!(ta.len(), 700);
+        assert_eq!(tb.len(), 1024);
+        assert_eq!(ta[..512], tb[..512]);
+        assert_ne!(ta[512..700], tb[512..700]);
+    }
+
+    #[test]
+    fn bad_lines_are_refused_naming_line_and_field() {
+        let cases = [
+            ("nope", "line 1: line: not JSON"),
+            ("[1]", "line 1: line: not a JSON object"),
+            (r#"{"input_length": 1, "output_length": 1, "hash_ids": [1]}"#, "line 1: timestamp: missing"),
+            (r#"{"timestamp": -1, "input_length": 1, "output_length": 1, "hash_ids": [1]}"#, "line 1: timestamp: -1 is not"),
+            (r#"{"timestamp": 0, "input_length": 0, "output_length": 1, "hash_ids": []}"#, "line 1: input_length: 0 is not"),
+            (r#"{"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [1]}"#, "line 1: hash_ids: 1 ids for 600 tokens"),
+            (r#"{"timestamp": 0, "input_length": 6, "output_length": 1, "hash_ids": ["x"]}"#, "line 1: hash_ids: \"x\" is not"),
+            ("{\"timestamp\": 5, \"input_length\": 6, \"output_length\": 1, \"hash_ids\": [1]}\n\n{\"timestamp\": 4, \"input_length\": 6, \"output_length\": 1, \"hash_ids\": [1]}", "line 3: timestamp: 4 is before"),
+        ];
+        for (text, want) in cases {
+            let e = parse(text, None).expect_err(text).to_string();
+            assert!(e.starts_with(want), "{text}: {e}");
+        }
+        let ok = r#"{"timestamp": 0, "input_length": 6, "output_length": 1, "hash_ids": [1]}"#;
+        assert_eq!(
+            parse(&format!("{ok}\n{ok}\n{ok}"), Some(2))
+                .expect("ok")
+                .len(),
+            2
+        );
+    }
+}

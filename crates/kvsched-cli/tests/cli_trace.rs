@@ -1,0 +1,79 @@
+//! `kvsched stress --trace`: the bundled Mooncake trace replays (arrivals, prompts sharing
+//! prefixes as its block ids say, output lengths), with the reference shares a prefix cache
+//! could serve; a bad trace is refused with one line naming the flag and the line.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+const TRACE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../traces/mooncake_conversation_trace.jsonl"
+);
+
+fn stress(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_kvsched"))
+        .arg("stress")
+        .args(args)
+        .output()
+        .expect("run kvsched")
+}
+
+#[test]
+fn the_bundled_trace_replays_and_says_what_a_cache_could_serve() {
+    let out = stress(&[
+        "--trace",
+        TRACE,
+        "--trace-requests",
+        "40",
+        "--trace-speed",
+        "1000",
+        "--verify",
+        "off",
+        "--json",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let v: Value = serde_json::from_slice(&out.stdout).expect("json report");
+    assert_eq!(v["requests"]["submitted"], 40, "{}", v["requests"]);
+    let r = &v["requests"];
+    let ended = r["finished"].as_u64().unwrap_or(0)
+        + r["cancelled"].as_u64().unwrap_or(0)
+        + r["failed"].as_u64().unwrap_or(0);
+    assert_eq!(ended, 40, "{r}");
+    let t = &v["config"]["trace_reference"];
+    assert_eq!(t["requests"], 40, "{t}");
+    // The first 40 requests of the trace share their first block (id 0) and a few more.
+    let inf = t["infinite_cache_share"].as_f64().expect("share");
+    assert!(inf > 0.0 && inf < 1.0, "{t}");
+    assert!(
+        t["device_pool_lru_share"].as_f64().expect("share") <= inf,
+        "{t}"
+    );
+    assert_eq!(v["invariants"]["ok"], true, "{}", v["invariants"]);
+}
+
+#[test]
+fn a_bad_trace_is_one_line_naming_the_flag_and_the_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("bad.jsonl");
+    std::fs::write(
+        &path,
+        "{\"timestamp\": 0, \"input_length\": 600, \"output_length\": 1, \"hash_ids\": [1, 2]}\n\
+         {\"timestamp\": 1, \"input_length\": 600, \"output_length\": 1, \"hash_ids\": [1]}\n",
+    )
+    .expect("write");
+    let p = path.to_str().expect("utf-8 path");
+    let out = stress(&["--trace", p]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("--trace") && err.contains("line 2: hash_ids"),
+        "{err}"
+    );
+    let out = stress(&["--trace", "/nonexistent/trace.jsonl"]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = stress(&["--trace-speed", "-1"]);
+    assert_eq!(out.status.code(), Some(2));
+}
