@@ -105,42 +105,59 @@ fn stack(
     (rt, conn, ModelEngine::new(model, groups.to_vec(), memory))
 }
 
+/// Submits `prompt` as request `id` to the runtime and the engine.
+fn submit(rt: &mut Runtime, engine: &mut ModelEngine, id: String, prompt: Vec<u32>, max_new: u32) {
+    engine.add_request(&id, &prompt);
+    rt.submit(SubmitRequest {
+        id,
+        prompt,
+        max_new_tokens: max_new,
+        priority: 0,
+        load_deadline: None,
+    })
+    .expect("submit");
+}
+
+/// Runs `plan` on the model and answers it (with `finished` as the engine's finishes), then
+/// offers what the kept steps completed to the tier.
+fn answer(
+    rt: &mut Runtime,
+    engine: &mut ModelEngine,
+    conn: &TierConnector,
+    plan: &StepPlan,
+    finished: Vec<Arc<str>>,
+) {
+    let step = engine.run_step(plan, Some(conn));
+    let mut out = StepOutput::for_plan(plan);
+    out.invalid_blocks = step.invalid_blocks.clone();
+    out.finished = finished;
+    out.sampled = plan
+        .scheduled
+        .iter()
+        .filter(|s| s.samples)
+        .map(|s| s.id.clone())
+        .collect();
+    let discard = rt.update(out);
+    engine.settle(plan, step, &discard);
+    for s in plan.scheduled.iter().filter(|s| !discard.contains(&s.id)) {
+        if let Some(p) = engine.prompt(&s.id).map(<[u32]>::to_vec) {
+            conn.save_step(&p, s);
+        }
+    }
+}
+
 /// Another engine on the same tier computes the prompts and saves their blocks (damaged at
 /// rest as the tier's faults say), so the run meets them in the tier, not its prefix cache.
 fn warm(groups: &[CacheGroup], tier: Arc<dyn Tier>, prompts: &[Vec<u32>]) {
     let k = Knobs::default();
     let (mut rt, conn, mut engine) = stack(groups, tier, &k, 99);
     for (i, p) in prompts.iter().enumerate() {
-        let mut prompt = p.clone();
-        prompt.push(1);
-        let id = format!("warm{i}");
-        engine.add_request(&id, &prompt);
-        rt.submit(SubmitRequest {
-            id,
-            prompt,
-            max_new_tokens: 1,
-            priority: 0,
-            load_deadline: None,
-        })
-        .expect("submit");
+        let prompt = [&p[..], &[1]].concat();
+        submit(&mut rt, &mut engine, format!("warm{i}"), prompt, 1);
     }
     while rt.live() > 0 {
         let plan = rt.schedule().expect("step");
-        let step = engine.run_step(&plan, Some(conn.as_ref()));
-        let mut out = StepOutput::for_plan(&plan);
-        out.sampled = plan
-            .scheduled
-            .iter()
-            .filter(|s| s.samples)
-            .map(|s| s.id.clone())
-            .collect();
-        let discard = rt.update(out);
-        engine.settle(&plan, step, &discard);
-        for s in &plan.scheduled {
-            if let Some(p) = engine.prompt(&s.id).map(<[u32]>::to_vec) {
-                conn.save_step(&p, s);
-            }
-        }
+        answer(&mut rt, &mut engine, &conn, &plan, Vec::new());
     }
     rt.shutdown();
     conn.flush();
@@ -176,15 +193,8 @@ fn run(groups: Vec<CacheGroup>, k: &Knobs, seed: u64) -> Run {
             let mut prompt = prefixes[pick].clone();
             prompt.extend((0..1 + rng.below(30) as u32).map(|t| (next * 13 + t) % 64));
             let id = format!("r{next}");
-            engine.add_request(&id, &prompt);
-            rt.submit(SubmitRequest {
-                id: id.clone(),
-                prompt,
-                max_new_tokens: 2 + rng.below(10) as u32,
-                priority: 0,
-                load_deadline: None,
-            })
-            .expect("submit");
+            let max_new = 2 + rng.below(10) as u32;
+            submit(&mut rt, &mut engine, id.clone(), prompt, max_new);
             live.push(id);
             next += 1;
         }
@@ -203,23 +213,13 @@ fn run(groups: Vec<CacheGroup>, k: &Knobs, seed: u64) -> Run {
             }
             continue;
         }
-        let step = engine.run_step(&plan, Some(conn.as_ref()));
-        let mut out = StepOutput::for_plan(&plan);
-        out.invalid_blocks = step.invalid_blocks.clone();
-        out.finished = std::mem::take(&mut finish_next);
-        out.sampled = plan
-            .scheduled
-            .iter()
-            .filter(|s| s.samples)
-            .map(|s| s.id.clone())
-            .collect();
-        let discard = rt.update(out);
-        engine.settle(&plan, step, &discard);
-        for s in plan.scheduled.iter().filter(|s| !discard.contains(&s.id)) {
-            if let Some(p) = engine.prompt(&s.id).map(<[u32]>::to_vec) {
-                conn.save_step(&p, s);
-            }
-        }
+        answer(
+            &mut rt,
+            &mut engine,
+            &conn,
+            &plan,
+            std::mem::take(&mut finish_next),
+        );
         if next == k.requests && rt.live() == 0 {
             break;
         }
@@ -344,30 +344,11 @@ fn a_tier_warmed_with_the_models_bytes_serves_exact_prefixes() {
             for (g, i, bytes) in engine.reference_blocks(&p[..64]) {
                 conn.store_now(p, g, i, &bytes).expect("store");
             }
-            let id = format!("w{n}");
-            engine.add_request(&id, p);
-            rt.submit(SubmitRequest {
-                id,
-                prompt: p.clone(),
-                max_new_tokens: 6,
-                priority: 0,
-                load_deadline: None,
-            })
-            .expect("submit");
+            submit(&mut rt, &mut engine, format!("w{n}"), p.clone(), 6);
         }
         while rt.live() > 0 {
             let plan = rt.schedule().expect("step");
-            let step = engine.run_step(&plan, Some(conn.as_ref()));
-            let mut out = StepOutput::for_plan(&plan);
-            out.invalid_blocks = step.invalid_blocks.clone();
-            out.sampled = plan
-                .scheduled
-                .iter()
-                .filter(|s| s.samples)
-                .map(|s| s.id.clone())
-                .collect();
-            let discard = rt.update(out);
-            engine.settle(&plan, step, &discard);
+            answer(&mut rt, &mut engine, &conn, &plan, Vec::new());
             rt.wait_for_work(Duration::from_millis(1));
         }
         rt.shutdown();
