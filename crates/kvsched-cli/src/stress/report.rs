@@ -194,6 +194,14 @@ pub struct Events {
     pub lookup_panics: u64,
     /// Plans whose output never came back (their work re-offered).
     pub lost_outputs: u64,
+    /// Requests of a lost plan restarted from the prefix cache instead (a sync load or a
+    /// Mamba state the lost step may have left unwritten or advanced).
+    #[serde(default)]
+    pub lost_output_restarts: u64,
+    /// Queued loads dropped before any worker started them (deadline passed or request
+    /// ended): their blocks freed at once.
+    #[serde(default)]
+    pub loads_dropped_unstarted: u64,
     /// Requests preempted in another shard to end a stall.
     pub cross_shard_preemptions: u64,
     /// Steps that found no progress possible and nothing to preempt (an invariant
@@ -220,6 +228,8 @@ impl Events {
             unexpected_samples: m.unexpected_samples,
             lookup_panics: m.lookup_panics,
             lost_outputs: m.lost_outputs,
+            lost_output_restarts: m.lost_output_restarts,
+            loads_dropped_unstarted: m.loads_dropped_unstarted,
             cross_shard_preemptions: m.cross_shard_preemptions,
             no_progress_steps: m.no_progress_steps,
         }
