@@ -9,6 +9,7 @@ use std::time::Instant;
 use super::request::Phase;
 use super::state::State;
 use kvsched::runtime::claim::RequestKey;
+use kvsched::runtime::policy::alignment::{aligned_chunk, chunk_alignment};
 use kvsched::runtime::policy::growth::blocks_needed;
 use kvsched::runtime::policy::scheduling::{length_capped, preemption_victim, StepBudget};
 use kvsched::runtime::{EndState, ScheduledRequest, StepPlan};
@@ -40,6 +41,7 @@ impl State {
 
     pub(super) fn schedule(&mut self, now: Instant, plan: &mut StepPlan) {
         let mut budget = StepBudget::new(self.cfg.token_budget, self.cfg.max_seqs);
+        let align = chunk_alignment(&self.geo);
         let keys: Vec<RequestKey> = self.running.iter().copied().collect();
         for key in keys {
             if budget.exhausted() {
@@ -61,7 +63,9 @@ impl State {
             if !r.waits.is_empty() {
                 continue;
             }
-            let n = budget.grant(r.num_computed_tokens, r.seq_len());
+            let granted = budget.grant(r.num_computed_tokens, r.seq_len());
+            let n = aligned_chunk(r.num_computed_tokens, granted, r.prompt.len() as u64, align);
+            self.metrics.aligned_chunk_tokens += granted - n;
             if n == 0 {
                 continue;
             }

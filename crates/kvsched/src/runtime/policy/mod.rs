@@ -6,7 +6,8 @@
 //! One mechanism a file: `prefix` (the local prefix search at admission), `admission` (how
 //! far an admitted request's external load reaches), `growth` (the blocks a table needs, and
 //! whether a request can ever get them), `scheduling` (the step's budget, the tokens a running
-//! request gets, the length cap, the preemption victim), `caching` (which full blocks may enter
+//! request gets, the length cap, the preemption victim), `alignment` (where a prefill chunk
+//! ends when a Mamba group keeps its state in mode `align`), `caching` (which full blocks may enter
 //! the prefix cache), `lost` (where a lost step is offered again) and `trust` (which blocks a
 //! failure report may roll back).
 //!
@@ -17,6 +18,7 @@
 //! loads and applying outputs).
 
 pub mod admission;
+pub mod alignment;
 pub mod caching;
 pub mod growth;
 pub mod lost;

@@ -89,6 +89,10 @@ pub struct Metrics {
     pub sync_loads_ok: u64,
     /// Sync loads the engine reported blocks of as failed.
     pub sync_loads_failed: u64,
+    /// Prompt tokens a step's chunk gave back to the budget so that it ends on a block end
+    /// (a Mamba `align` group's state is real only at a step's end; see
+    /// `runtime::policy::alignment`).
+    pub aligned_chunk_tokens: u64,
 }
 
 impl std::ops::AddAssign<&Metrics> for Metrics {
@@ -129,5 +133,6 @@ impl std::ops::AddAssign<&Metrics> for Metrics {
         self.unexpected_samples += other.unexpected_samples;
         self.sync_loads_ok += other.sync_loads_ok;
         self.sync_loads_failed += other.sync_loads_failed;
+        self.aligned_chunk_tokens += other.aligned_chunk_tokens;
     }
 }

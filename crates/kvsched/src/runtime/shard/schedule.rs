@@ -8,6 +8,7 @@ use super::{
     next_key, EndState, Env, HolderIndex, Phase, Req, ScheduledRequest, Shard, StepSettings,
 };
 use crate::runtime::claim::RequestKey;
+use crate::runtime::policy::alignment::{aligned_chunk, chunk_alignment};
 use crate::runtime::policy::growth::blocks_needed;
 use crate::runtime::policy::scheduling::{length_capped, preemption_victim, StepBudget};
 
@@ -39,6 +40,7 @@ impl Shard {
 
     pub(super) fn schedule(&mut self, env: &Env<'_>, settings: &StepSettings, now: Instant) {
         let mut budget = StepBudget::new(settings.token_budget, settings.max_seqs);
+        let align = chunk_alignment(env.geo);
         let mut cursor = None;
         while let Some(key) = next_key(&self.running, cursor) {
             cursor = Some(key);
@@ -60,7 +62,9 @@ impl Shard {
             if !r.waits.is_empty() {
                 continue;
             }
-            let n = budget.grant(r.num_computed_tokens, r.seq_len());
+            let granted = budget.grant(r.num_computed_tokens, r.seq_len());
+            let n = aligned_chunk(r.num_computed_tokens, granted, r.prompt.len() as u64, align);
+            self.result.counters.aligned_chunk_tokens += granted - n;
             if n == 0 {
                 continue;
             }
