@@ -116,6 +116,7 @@ mod faults;
 mod figures;
 mod histograms;
 mod limits;
+mod merge;
 mod plot;
 mod processes;
 mod progress;
