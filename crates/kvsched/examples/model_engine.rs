@@ -145,8 +145,8 @@ fn run(
     let report = rt.shutdown();
     conn.flush();
     if print {
-        let c = engine.counters();
-        let t = conn.stats();
+        let c = engine.counts();
+        let t = conn.counts();
         let name = if mode == Mode::Safe { "safe" } else { "vllm" };
         println!(
             "mode {name}: {} requests finished, {emitted} tokens emitted",

@@ -63,7 +63,7 @@ fn planted_reads_as_absent(plant: impl FnOnce(&Path)) {
     assert!(got[1..]
         .iter()
         .all(|v| v.as_deref() == Some(&[5u8; CHUNK][..])));
-    assert_eq!(t.stats().refused_reads, 1, "{:?}", t.stats());
+    assert_eq!(t.counts().refused_reads, 1, "{:?}", t.counts());
 }
 
 #[test]
@@ -104,7 +104,7 @@ fn an_oversized_file_planted_before_open_evicts_nothing() {
         .set_len(8 << 30)
         .unwrap();
     let t = DiskTier::open(dir.path(), small).unwrap();
-    let s = t.stats();
+    let s = t.counts();
     assert_eq!(
         (s.entries, s.evictions, s.oversized_ignored),
         (40, 0, 1),

@@ -10,7 +10,7 @@ use std::time::Instant;
 use super::bounded::BoundedGets;
 use super::key_index::KeyIndex;
 use super::saver::{SaveBackoff, Saver, SaverSettings, Work};
-pub use super::tier_stats::TierStats;
+pub use super::tier_counts::TierCounts;
 use super::{ChunkCodec, ChunkErrorClass, ChunkKey, KvMemory, Tier};
 use crate::connector::{
     InvalidBlocks, KvConnector, LoadJob, LoadResult, LookupQuery, LookupResult,
@@ -93,8 +93,9 @@ pub enum TierConnectorError {
     Spawn(#[from] std::io::Error),
 }
 
+/// The counts of a connector, as atomics; [`TierCounts`] is their snapshot.
 #[derive(Debug, Default)]
-struct Counters {
+struct AtomicCounts {
     lookups: AtomicU64,
     lookup_hits: AtomicU64,
     loads: AtomicU64,
@@ -134,7 +135,7 @@ fn bump(c: &AtomicU64, n: u64) {
 ///   block run on the connector's own threads (`get_threads`); a load with a deadline
 ///   ([`LoadJob::deadline`]: the runtime gives async and sync loads one) waits until then and
 ///   fails whole, its late answer dropped unread. At most `get_threads` gets hang at once;
-///   later ones wait and fail at their deadline ([`TierStats::gets_busy`], `loads_late`).
+///   later ones wait and fail at their deadline ([`TierCounts::gets_busy`], `loads_late`).
 /// * **Saves never block the caller** beyond copying the block's bytes: the write-behind
 ///   queue is bounded and drops (and counts) what does not fit.
 ///
@@ -155,7 +156,7 @@ pub struct TierConnector {
     gets: Option<BoundedGets>,
     /// The scheduler block size `S` lookups offer multiples of.
     s: u64,
-    counters: Counters,
+    counters: AtomicCounts,
 }
 
 impl fmt::Debug for TierConnector {
@@ -226,7 +227,7 @@ impl TierConnector {
             saver,
             gets,
             s,
-            counters: Counters::default(),
+            counters: AtomicCounts::default(),
         })
     }
 
@@ -333,12 +334,12 @@ impl TierConnector {
         self.saver.queued()
     }
 
-    /// Counters so far.
-    pub fn stats(&self) -> TierStats {
+    /// Counts so far.
+    pub fn counts(&self) -> TierCounts {
         let c = &self.counters;
-        let s = self.saver.counters();
+        let s = self.saver.counts();
         let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        TierStats {
+        TierCounts {
             lookups: r(&c.lookups),
             lookup_hits: r(&c.lookup_hits),
             loads: r(&c.loads),

@@ -50,7 +50,7 @@ impl Default for DiskConfig {
 /// What a [`DiskTier`] has done since it was opened.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct DiskStats {
+pub struct DiskCounts {
     /// Keys `get` found.
     pub hits: u64,
     /// Keys `get` did not find.
@@ -143,7 +143,7 @@ impl std::fmt::Debug for DiskTier {
         f.debug_struct("DiskTier")
             .field("root", &self.root)
             .field("cfg", &self.cfg)
-            .field("stats", &self.stats())
+            .field("stats", &self.counts())
             .finish()
     }
 }
@@ -233,7 +233,7 @@ impl DiskTier {
     }
 
     /// Counters so far, and what the index holds now.
-    pub fn stats(&self) -> DiskStats {
+    pub fn counts(&self) -> DiskCounts {
         let (bytes, entries, capacity_bytes) = {
             let i = self.index.lock();
             (
@@ -243,7 +243,7 @@ impl DiskTier {
             )
         };
         // Relaxed: statistics only.
-        DiskStats {
+        DiskCounts {
             hits: self.hits.load(Ordering::Relaxed),
             misses: self.misses.load(Ordering::Relaxed),
             evictions: self.evictions.load(Ordering::Relaxed),

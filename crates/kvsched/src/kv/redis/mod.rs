@@ -41,7 +41,7 @@
 //!   [`RedisConfig::max_value_bytes`], an array over a few values (2^18 for `CLUSTER
 //!   SLOTS`), a line over 64 KiB without its CRLF, and any RESP3 frame (push, map, …) are
 //!   protocol errors: the connection is dropped, the node marked down, the call fails with
-//!   [`TierError::Unavailable`], and [`RedisStats::protocol_errors`] counts it. Memory grows
+//!   [`TierError::Unavailable`], and [`RedisCounts::protocol_errors`] counts it. Memory grows
 //!   with the bytes that arrived, never with a length the server announced.
 //! * Cluster: `MOVED` refreshes the slot map and resends to the named node; `ASK` resends
 //!   once to the importing node after `ASKING`; at most [`RedisConfig::max_redirects`]
@@ -88,9 +88,10 @@ use crate::sync::{Arc, AtomicU64, Ordering};
 
 pub use self::config::{ConfigError, RedisConfig, MAX_SEEDS, MAX_TAG_LEN};
 
-/// Counters a tier keeps (all Relaxed: they are statistics, read without ordering).
+/// The counts a tier keeps, as atomics (all Relaxed: they are statistics, read without
+/// ordering); [`RedisCounts`] is their snapshot.
 #[derive(Debug, Default)]
-pub(crate) struct Counters {
+pub(crate) struct AtomicCounts {
     pub round_trips: AtomicU64,
     pub connects: AtomicU64,
     pub connect_failures: AtomicU64,
@@ -103,7 +104,7 @@ pub(crate) struct Counters {
 /// What a [`RedisTier`] has done so far (totals since it was built).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct RedisStats {
+pub struct RedisCounts {
     /// Pipelines sent and answered or failed (each is one round trip to one node), the
     /// cluster's `CLUSTER SLOTS` and [`RedisTier::check`]'s `PING`s included.
     pub round_trips: u64,
@@ -150,7 +151,7 @@ impl std::fmt::Debug for RedisTier {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisTier")
             .field("config", &self.config)
-            .field("stats", &self.stats())
+            .field("stats", &self.counts())
             .finish()
     }
 }
@@ -195,7 +196,7 @@ impl RedisTier {
             password: config.password.clone(),
             db: config.db,
             data_limits: reply::Limits::data(config.max_value_bytes),
-            counters: Counters::default(),
+            counters: AtomicCounts::default(),
         });
         let make = {
             let cfg = config.clone();
@@ -238,9 +239,9 @@ impl RedisTier {
     }
 
     /// Totals since the tier was built.
-    pub fn stats(&self) -> RedisStats {
+    pub fn counts(&self) -> RedisCounts {
         let c = &self.shared.counters;
-        RedisStats {
+        RedisCounts {
             round_trips: c.round_trips.load(Ordering::Relaxed),
             connects: c.connects.load(Ordering::Relaxed),
             connect_failures: c.connect_failures.load(Ordering::Relaxed),
