@@ -31,13 +31,11 @@ fn engine(url: &str, mac: Option<[u8; 32]>) -> (TierConnector, Arc<dyn KvMemory>
     let conn = TierConnector::new(
         tier,
         Arc::clone(&memory),
-        TierConnectorConfig {
-            groups,
-            scheduler_block_size: Some(16),
-            tag: TAG,
-            mac_key: mac,
-            ..TierConnectorConfig::default()
-        },
+        TierConnectorConfig::default()
+            .with_groups(groups)
+            .with_scheduler_block_size(Some(16))
+            .with_tag(TAG)
+            .with_mac_key(mac),
     )
     .expect("connector");
     (conn, memory)

@@ -81,13 +81,11 @@ fn stack(
         TierConnector::new(
             tier,
             Arc::clone(&memory),
-            TierConnectorConfig {
-                groups: groups.to_vec(),
-                tag: 1,
-                async_ratio: k.async_ratio,
-                seed,
-                ..TierConnectorConfig::default()
-            },
+            TierConnectorConfig::default()
+                .with_groups(groups.to_vec())
+                .with_tag(1)
+                .with_async_ratio(k.async_ratio)
+                .with_seed(seed),
         )
         .expect("connector"),
     );

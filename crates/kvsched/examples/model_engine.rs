@@ -85,12 +85,10 @@ fn run(
     let conn = Arc::new(TierConnector::new(
         tier,
         Arc::clone(&memory),
-        TierConnectorConfig {
-            groups: groups.to_vec(),
-            tag: 1,
-            async_ratio: 0.0,
-            ..TierConnectorConfig::default()
-        },
+        TierConnectorConfig::default()
+            .with_groups(groups.to_vec())
+            .with_tag(1)
+            .with_async_ratio(0.0),
     )?);
     let dyn_conn: Arc<dyn KvConnector> = conn.clone();
     let mut rt = Runtime::builder()

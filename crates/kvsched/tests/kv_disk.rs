@@ -28,11 +28,10 @@ fn chunk(codec: &ChunkCodec, i: u64, len: usize) -> (ChunkKey, Vec<u8>) {
 }
 
 fn cfg(capacity_bytes: u64) -> DiskConfig {
-    DiskConfig {
-        capacity_bytes,
-        max_value_bytes: capacity_bytes,
-        fsync: false,
-    }
+    DiskConfig::default()
+        .with_capacity_bytes(capacity_bytes)
+        .with_max_value_bytes(capacity_bytes)
+        .with_fsync(false)
 }
 
 fn get1(t: &DiskTier, k: ChunkKey) -> Option<Vec<u8>> {
@@ -276,10 +275,7 @@ const CRASH_PAYLOAD: usize = 200 << 10;
 /// the window between creating a temporary file and renaming it is wider still.
 fn crash_child(dir: &Path, start: u64, fsync: bool) {
     let codec = ChunkCodec::new(None);
-    let cfg = DiskConfig {
-        fsync,
-        ..cfg(64 * CRASH_PAYLOAD as u64)
-    };
+    let cfg = cfg(64 * CRASH_PAYLOAD as u64).with_fsync(fsync);
     let t = DiskTier::open(dir, cfg).unwrap();
     let chunks: Vec<_> = (start..start + 80)
         .map(|i| chunk(&codec, i, CRASH_PAYLOAD))

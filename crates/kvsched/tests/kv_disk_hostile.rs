@@ -13,11 +13,10 @@ use kvsched::kv::{ChunkKey, DiskConfig, DiskTier, Tier};
 const CHUNK: usize = 304;
 
 fn cfg() -> DiskConfig {
-    DiskConfig {
-        capacity_bytes: 1 << 30,
-        max_value_bytes: CHUNK as u64,
-        fsync: false,
-    }
+    DiskConfig::default()
+        .with_capacity_bytes(1 << 30)
+        .with_max_value_bytes(CHUNK as u64)
+        .with_fsync(false)
 }
 
 fn keys(n: u128) -> Vec<ChunkKey> {
@@ -84,10 +83,7 @@ fn a_sparse_8_gib_file_reads_as_absent() {
 #[test]
 fn an_oversized_file_planted_before_open_evicts_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let small = DiskConfig {
-        capacity_bytes: 64 * CHUNK as u64,
-        ..cfg()
-    };
+    let small = cfg().with_capacity_bytes(64 * CHUNK as u64);
     let ks = keys(41);
     {
         let t = DiskTier::open(dir.path(), small).unwrap();

@@ -53,14 +53,12 @@ fn run_on(
         TierConnector::new(
             Arc::clone(&tier),
             Arc::clone(&memory),
-            TierConnectorConfig {
-                groups: groups.clone(),
-                scheduler_block_size: Some(16),
-                tag: 7,
-                async_ratio,
-                seed,
-                ..TierConnectorConfig::default()
-            },
+            TierConnectorConfig::default()
+                .with_groups(groups.clone())
+                .with_scheduler_block_size(Some(16))
+                .with_tag(7)
+                .with_async_ratio(async_ratio)
+                .with_seed(seed),
         )
         .expect("connector"),
     );
@@ -236,12 +234,10 @@ fn a_fresh_connector_on_the_same_disk_directory_loads_what_the_last_one_saved() 
     let conn = TierConnector::new(
         open(),
         Arc::clone(&memory),
-        TierConnectorConfig {
-            groups: groups.clone(),
-            scheduler_block_size: Some(16),
-            tag: 7,
-            ..TierConnectorConfig::default()
-        },
+        TierConnectorConfig::default()
+            .with_groups(groups.clone())
+            .with_scheduler_block_size(Some(16))
+            .with_tag(7),
     )
     .expect("connector");
     let checker = KvChecker::new(groups.clone(), 7, BPT, STATE, Arc::clone(&memory));

@@ -121,10 +121,10 @@ fn a_tier_that_never_answers_does_not_drain_the_pool() {
             11,
         ));
         let mut e = Bench::new(dense(), hang.clone(), async_ratio, |b| {
-            b.shards(2).workers(2).pool_blocks(400).settings(Settings {
-                load_deadline: Some(Duration::from_millis(20)),
-                ..Settings::default()
-            })
+            b.shards(2)
+                .workers(2)
+                .pool_blocks(400)
+                .settings(Settings::default().with_load_deadline(Some(Duration::from_millis(20))))
         });
         let prompts: Vec<Vec<u32>> = (0..40u32)
             .map(|p| (0..70).map(|t| p * 1000 + t + 1).collect())
@@ -163,10 +163,10 @@ fn loads_queued_behind_a_hung_worker_are_dropped_not_parked() {
         inner,
         1.0,
         |b| {
-            b.shards(1).workers(1).pool_blocks(160).settings(Settings {
-                load_deadline: Some(Duration::from_millis(5)),
-                ..Settings::default()
-            })
+            b.shards(1)
+                .workers(1)
+                .pool_blocks(160)
+                .settings(Settings::default().with_load_deadline(Some(Duration::from_millis(5))))
         },
         |c| {
             let h = Arc::new(HangingConnector::new(c, |id| id == "r0"));

@@ -297,11 +297,10 @@ impl Stores {
                     .map_err(|e| store_error(format!("cannot create {}: {e}", dir.display())))?;
                 let disk = DiskTier::open(
                     &dir,
-                    DiskConfig {
-                        capacity_bytes: cfg.store_capacity,
-                        max_value_bytes: max_chunk as u64,
-                        fsync: false,
-                    },
+                    DiskConfig::default()
+                        .with_capacity_bytes(cfg.store_capacity)
+                        .with_max_value_bytes(max_chunk as u64)
+                        .with_fsync(false),
                 )
                 .map_err(|e| store_error(format!("cannot open {}: {e}", dir.display())))?;
                 Ok(with_faults(cfg, disk, Some(disk_probe))?)

@@ -68,7 +68,7 @@ pub struct SimCounts {
 /// let groups = vec![CacheGroup::full_attention(16)];
 /// let layout = KvLayout::for_groups(&groups, 8, 0)?; // 8 bytes of KV per token
 /// let memory: Arc<dyn KvMemory> = Arc::new(HostKvMemory::new(layout, 256)?);
-/// let config = TierConnectorConfig { groups: groups.clone(), ..TierConnectorConfig::default() };
+/// let config = TierConnectorConfig::default().with_groups(groups.clone());
 /// let tag = config.tag;
 /// let connector = Arc::new(TierConnector::new(
 ///     Arc::new(MemoryTier::new(16 << 20, 4)),

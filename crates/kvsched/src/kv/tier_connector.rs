@@ -20,8 +20,10 @@ use crate::rng::{hash_str, unit_of};
 use crate::rules::geometry::{BlockId, CacheGroup, Geometry};
 use crate::sync::{Arc, AtomicU64, Ordering};
 
-/// Settings of a [`TierConnector`].
+/// Settings of a [`TierConnector`]: [`TierConnectorConfig::default`] and the `with_*`
+/// setters.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct TierConnectorConfig {
     /// The runtime's cache groups (the same as the runtime's builder gets).
     pub groups: Vec<CacheGroup>,
@@ -60,6 +62,22 @@ pub struct TierConnectorConfig {
     /// When saves that keep failing pause saving (see [`SaveBackoff`]).
     pub save_backoff: SaveBackoff,
 }
+
+with_setters!(TierConnectorConfig {
+    with_groups: groups: Vec<CacheGroup>,
+    with_scheduler_block_size: scheduler_block_size: Option<u64>,
+    with_tag: tag: u64,
+    with_mac_key: mac_key: Option<[u8; 32]>,
+    with_async_ratio: async_ratio: f64,
+    with_seed: seed: u64,
+    with_save_queue: save_queue: usize,
+    with_save_threads: save_threads: usize,
+    with_index_capacity: index_capacity: usize,
+    with_probe_on_miss: probe_on_miss: bool,
+    with_get_threads: get_threads: usize,
+    with_drop_timeout: drop_timeout: std::time::Duration,
+    with_save_backoff: save_backoff: SaveBackoff,
+});
 
 impl Default for TierConnectorConfig {
     fn default() -> Self {

@@ -10,42 +10,15 @@ use super::{ChunkKey, Tier, TierError};
 use crate::connector::CancelToken;
 use crate::sync::{AtomicU64, Mutex, Ordering};
 
+mod config;
 mod index;
 mod scan;
 
+pub use config::DiskConfig;
 use index::Index;
 
 const CHUNK_EXT: &str = "chunk";
 const TEMP_EXT: &str = "tmp";
-
-/// How a [`DiskTier`] stores.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DiskConfig {
-    /// Most bytes of chunk files kept (file contents; directory entries and file-system
-    /// blocks are not counted).
-    pub capacity_bytes: u64,
-    /// The largest value accepted, and the largest file read or indexed: the largest chunk
-    /// the layout can produce (the bound is the smaller of this and `capacity_bytes`). A
-    /// file at a chunk's path longer than it is not one the tier wrote: `get` reads it as
-    /// absent and [`DiskTier::open`] neither indexes nor counts it.
-    pub max_value_bytes: u64,
-    /// Flush every chunk file before its rename and its directory after (off by default).
-    /// Off, a put survives a killed process but not necessarily a power loss; on, a put that
-    /// returned survives a power loss too (on a drive that honours flushes), at the cost of
-    /// two flushes per chunk. See the repository's `docs/kv-format.md`, "Disk tier".
-    pub fsync: bool,
-}
-
-impl Default for DiskConfig {
-    /// 1 GiB, values up to 64 MiB, no fsync.
-    fn default() -> Self {
-        DiskConfig {
-            capacity_bytes: 1 << 30,
-            max_value_bytes: 64 << 20,
-            fsync: false,
-        }
-    }
-}
 
 /// What a [`DiskTier`] has done since it was opened.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
