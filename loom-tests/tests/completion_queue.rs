@@ -105,7 +105,7 @@ fn full_queue_makes_the_producer_retry() {
         // A retry notifies the shard (events go up), so this waits without spinning.
         loop {
             let before = e.events();
-            if e.pool.counters().queue_full_retries.load(Ordering::Relaxed) > 0 {
+            if e.pool.counts().queue_full_retries.load(Ordering::Relaxed) > 0 {
                 break;
             }
             e.wait_for_work(before);

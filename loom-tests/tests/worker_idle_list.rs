@@ -45,10 +45,7 @@ fn dispatch_races_worker_going_idle() {
         let second = e.drain_until(1);
         assert_eq!(second.len(), 1);
         assert_eq!(
-            e.pool
-                .counters()
-                .loads
-                .load(kvsched::sync::Ordering::Relaxed),
+            e.pool.counts().loads.load(kvsched::sync::Ordering::Relaxed),
             2
         );
         let (applied, stale, left) = e.shutdown();

@@ -37,7 +37,7 @@ mod sim_tier;
 pub use faults::{FaultConfig, FaultConfigError, FaultCounts, FaultTarget, FaultyTier};
 pub use rng::{hash_str, SplitMix64};
 pub use sim::{
-    KvCheckCounters, KvChecker, ModelCounters, ModelEngine, ModelShape, ModelStep, SimCounts,
+    KvCheckCounts, KvChecker, ModelCounts, ModelEngine, ModelShape, ModelStep, SimCounts,
     SimEngine, StepCheck, TinyModel,
 };
 pub use sim_connector::{SimConfig, SimConnector, SimulatedPanic};

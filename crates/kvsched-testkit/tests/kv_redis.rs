@@ -42,7 +42,7 @@ fn round_trip_one_pipeline_per_call() {
     data.push((ChunkKey(8), vec![0xab; 64 << 10]));
     let absent = ChunkKey(99);
 
-    let before = t.stats().round_trips;
+    let before = t.counts().round_trips;
     t.put(&data).unwrap();
     let mut keys: Vec<ChunkKey> = data.iter().map(|c| c.0).collect();
     keys.insert(3, absent);
@@ -53,7 +53,7 @@ fn round_trip_one_pipeline_per_call() {
     want.insert(3, None);
     assert_eq!(t.get(&keys, &cancel).unwrap(), want);
     // One node: put, exists and get are one round trip each, whatever the number of keys.
-    assert_eq!(t.stats().round_trips - before, 3);
+    assert_eq!(t.counts().round_trips - before, 3);
 
     // Replacing a value.
     t.put(&[(data[0].0, b"new".to_vec())]).unwrap();
@@ -160,12 +160,12 @@ fn a_pooled_connection_made_stale_by_a_restart_is_replaced_without_failing() {
     srv.restart().unwrap();
     // The pooled connection was reset by the restart; no call in between saw the server
     // down, so the request is resent on a new connection and succeeds.
-    let before = t.stats();
+    let before = t.counts();
     assert_eq!(
         t.get(&[chunks(6, 1, 10)[0].0], &cancel).unwrap(),
         vec![None]
     );
-    let after = t.stats();
+    let after = t.counts();
     assert_eq!(after.connects - before.connects, 1);
     assert_eq!(after.connections, 1);
 }
@@ -187,7 +187,7 @@ fn during_backoff_a_call_fails_at_once_without_connecting() {
         t.get(&[ChunkKey(1)], &cancel),
         Err(TierError::Unavailable(_))
     ));
-    assert_eq!((t.stats().connects, t.stats().connect_failures), (1, 1));
+    assert_eq!((t.counts().connects, t.counts().connect_failures), (1, 1));
     for _ in 0..5 {
         match t.exists(&[ChunkKey(1)], &cancel) {
             Err(TierError::Unavailable(msg)) => assert!(msg.contains("down"), "{msg}"),
@@ -195,7 +195,7 @@ fn during_backoff_a_call_fails_at_once_without_connecting() {
         }
     }
     assert_eq!(
-        t.stats().connects,
+        t.counts().connects,
         1,
         "no connection attempt during the backoff"
     );
@@ -264,7 +264,7 @@ fn the_pool_stays_bounded_under_concurrent_calls() {
     for th in threads {
         th.join().unwrap();
     }
-    let s = t.stats();
+    let s = t.counts();
     assert!(s.connects <= 2 && s.connections <= 2, "{s:?}");
     let clients = info_field(
         &srv.query(&["INFO", "clients"]).unwrap(),

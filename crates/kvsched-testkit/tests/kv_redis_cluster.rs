@@ -46,9 +46,9 @@ fn a_load_spans_all_nodes_with_one_pipeline_per_node() {
     for n in c.nodes() {
         n.query(&["CONFIG", "RESETSTAT"]).unwrap();
     }
-    let before = t.stats();
+    let before = t.counts();
     let got = t.get(&keys, &cancel).unwrap();
-    let after = t.stats();
+    let after = t.counts();
     assert_eq!(
         got,
         data.iter()
@@ -71,20 +71,20 @@ fn a_load_spans_all_nodes_with_one_pipeline_per_node() {
         assert_eq!(info_field(&stats, "cmdstat_mget"), None);
     }
 
-    let before = t.stats().round_trips;
+    let before = t.counts().round_trips;
     let mut probe = keys.clone();
     probe.push(ChunkKey(12345));
     let mut want = vec![true; keys.len()];
     want.push(false);
     assert_eq!(t.exists(&probe, &cancel).unwrap(), want);
-    assert!(t.stats().round_trips - before <= 3);
+    assert!(t.counts().round_trips - before <= 3);
 
     // A cancelled token stops the call before the first node's pipeline.
     let fired = CancelToken::new();
     fired.cancel();
-    let before = t.stats().round_trips;
+    let before = t.counts().round_trips;
     assert!(matches!(t.get(&keys, &fired), Err(TierError::Cancelled)));
-    assert_eq!(t.stats().round_trips, before);
+    assert_eq!(t.counts().round_trips, before);
 }
 
 /// The node (index) that owns `key`'s slot: the one that answers `EXISTS` without a redirect.
@@ -120,12 +120,12 @@ fn ask_during_a_slot_migration_and_moved_after_it() {
         .unwrap();
 
     // Mid-migration: the source answers ASK, the tier asks the importing node.
-    let before = t.stats();
+    let before = t.counts();
     assert_eq!(
         t.get(&[key], &cancel).unwrap(),
         vec![Some(data[0].1.clone())]
     );
-    let mid = t.stats();
+    let mid = t.counts();
     assert_eq!(mid.redirects - before.redirects, 1);
     assert_eq!(
         mid.slot_refreshes, before.slot_refreshes,
@@ -141,12 +141,12 @@ fn ask_during_a_slot_migration_and_moved_after_it() {
         t.get(&[key], &cancel).unwrap(),
         vec![Some(data[0].1.clone())]
     );
-    let after = t.stats();
+    let after = t.counts();
     assert_eq!(after.redirects - mid.redirects, 1);
     assert_eq!(after.slot_refreshes - mid.slot_refreshes, 1);
     // With the new map: straight to the new owner.
     assert_eq!(t.exists(&[key], &cancel).unwrap(), vec![true]);
-    assert_eq!(t.stats().redirects, after.redirects);
+    assert_eq!(t.counts().redirects, after.redirects);
     assert_eq!(owner(&c, &k), dst);
 }
 

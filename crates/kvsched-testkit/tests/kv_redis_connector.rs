@@ -31,13 +31,11 @@ fn engine(url: &str, mac: Option<[u8; 32]>) -> (TierConnector, Arc<dyn KvMemory>
     let conn = TierConnector::new(
         tier,
         Arc::clone(&memory),
-        TierConnectorConfig {
-            groups,
-            scheduler_block_size: Some(16),
-            tag: TAG,
-            mac_key: mac,
-            ..TierConnectorConfig::default()
-        },
+        TierConnectorConfig::default()
+            .with_groups(groups)
+            .with_scheduler_block_size(Some(16))
+            .with_tag(TAG)
+            .with_mac_key(mac),
     )
     .expect("connector");
     (conn, memory)
@@ -71,7 +69,7 @@ fn save_from_a(url: &str, mac: Option<[u8; 32]>) {
     let blocks: Vec<(usize, usize, u64)> = (0..4).map(|i| (0, i, 10 + i as u64)).collect();
     assert_eq!(a.save_blocks(&prompt(), &blocks), 4);
     a.flush();
-    assert_eq!(a.stats().chunks_saved, 4, "{:?}", a.stats());
+    assert_eq!(a.counts().chunks_saved, 4, "{:?}", a.counts());
 }
 
 fn server() -> Option<LocalRedis> {
@@ -95,14 +93,14 @@ fn a_chunk_saved_by_one_engine_is_loaded_and_verified_by_another() {
     assert_eq!(b.lookup(q).external_tokens, 0, "B's index starts empty");
     b.flush(); // the background probe
     assert_eq!(b.lookup(q).external_tokens, 64);
-    assert_eq!(b.load(&job(4)), LoadResult::Ok, "{:?}", b.stats());
+    assert_eq!(b.load(&job(4)), LoadResult::Ok, "{:?}", b.counts());
     for i in 0..4u8 {
         let mut got = vec![0; 128];
         mem.read(0, 1 + u64::from(i), 0, &mut got).expect("read");
         assert_eq!(got, payload(i));
     }
-    assert_eq!(b.stats().chunks_loaded, 4);
-    assert_eq!(b.stats().chunks_loaded_from_others, 4, "all of them A's");
+    assert_eq!(b.counts().chunks_loaded, 4);
+    assert_eq!(b.counts().chunks_loaded_from_others, 4, "all of them A's");
 }
 
 /// The chunk key of block `i` of the prompt.
@@ -122,7 +120,7 @@ fn a_value_forged_without_the_mac_key_is_rejected_and_recovered() {
     raw.put(&[(key, forged)]).expect("forged write");
     let (b, mem) = engine(&srv.url(), Some(MAC));
     let LoadResult::Failed(bad) = b.load(&job(4)) else {
-        panic!("the forged chunk was accepted: {:?}", b.stats());
+        panic!("the forged chunk was accepted: {:?}", b.counts());
     };
     assert_eq!(
         bad.into_flat(),
@@ -131,7 +129,7 @@ fn a_value_forged_without_the_mac_key_is_rejected_and_recovered() {
             generation: 1
         }]
     );
-    assert_eq!(b.stats().mac_failures, 1);
+    assert_eq!(b.counts().mac_failures, 1);
     let mut got = vec![0; 128];
     mem.read(0, 3, 0, &mut got).expect("read");
     assert!(
@@ -139,7 +137,7 @@ fn a_value_forged_without_the_mac_key_is_rejected_and_recovered() {
         "the forged bytes were never written"
     );
     // The others loaded.
-    assert_eq!(b.stats().chunks_loaded, 3);
+    assert_eq!(b.counts().chunks_loaded, 3);
 }
 
 #[test]
@@ -159,5 +157,5 @@ fn damage_written_into_redis_is_caught_by_the_checksum() {
     raw.put(&[(key, v)]).expect("damage");
     let (b, _) = engine(&srv.url(), None);
     assert!(matches!(b.load(&job(4)), LoadResult::Failed(_)));
-    assert_eq!(b.stats().checksum_failures, 1, "{:?}", b.stats());
+    assert_eq!(b.counts().checksum_failures, 1, "{:?}", b.counts());
 }

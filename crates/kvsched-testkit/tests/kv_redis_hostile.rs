@@ -124,7 +124,7 @@ fn ends_by_the_deadline(kind: Hostile, protocol: bool) {
     let took = t0.elapsed();
     assert!(r.is_err(), "a hostile reply was accepted");
     assert!(took < Duration::from_millis(2600), "took {took:?}");
-    let s = t.stats();
+    let s = t.counts();
     if protocol {
         assert!(matches!(r, Err(TierError::Unavailable(_))), "{r:?}");
         assert_eq!(s.protocol_errors, 1, "{s:?}");

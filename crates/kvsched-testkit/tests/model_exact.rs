@@ -14,10 +14,10 @@ use kvsched::kv::{
 use kvsched::{CacheGroup, MambaMode, Mode, Report, Runtime, StepOutput, StepPlan, SubmitRequest};
 use kvsched_testkit::SplitMix64;
 use kvsched_testkit::{FaultConfig, FaultyTier};
-use kvsched_testkit::{ModelCounters, ModelEngine, ModelShape, TinyModel};
+use kvsched_testkit::{ModelCounts, ModelEngine, ModelShape, TinyModel};
 
 struct Run {
-    model: ModelCounters,
+    model: ModelCounts,
     report: Report,
 }
 
@@ -81,13 +81,11 @@ fn stack(
         TierConnector::new(
             tier,
             Arc::clone(&memory),
-            TierConnectorConfig {
-                groups: groups.to_vec(),
-                tag: 1,
-                async_ratio: k.async_ratio,
-                seed,
-                ..TierConnectorConfig::default()
-            },
+            TierConnectorConfig::default()
+                .with_groups(groups.to_vec())
+                .with_tag(1)
+                .with_async_ratio(k.async_ratio)
+                .with_seed(seed),
         )
         .expect("connector"),
     );
@@ -229,7 +227,7 @@ fn run(groups: Vec<CacheGroup>, k: &Knobs, seed: u64) -> Run {
     let report = rt.shutdown();
     conn.flush();
     Run {
-        model: engine.counters().clone(),
+        model: engine.counts().clone(),
         report,
     }
 }
@@ -296,7 +294,7 @@ fn mode_safe_is_token_exact_under_damaged_chunks_preemption_and_lost_outputs() {
 /// The same workload in mode `safe` is exact.
 #[test]
 fn mode_vllm_reads_failed_sync_loads_and_mode_safe_does_not() {
-    let (mut vllm, mut safe) = (ModelCounters::default(), ModelCounters::default());
+    let (mut vllm, mut safe) = (ModelCounts::default(), ModelCounts::default());
     for seed in 1..=3u64 {
         for (mode, sum) in [(Mode::Vllm, &mut vllm), (Mode::Safe, &mut safe)] {
             let k = Knobs {
@@ -352,9 +350,9 @@ fn a_tier_warmed_with_the_models_bytes_serves_exact_prefixes() {
             rt.wait_for_work(Duration::from_millis(1));
         }
         rt.shutdown();
-        let c = engine.counters();
+        let c = engine.counts();
         assert_eq!(c.tokens_checked, 24, "{c:?}");
         assert_eq!(c.logit_mismatches, 0, "{mamba:?}: {c:?}");
-        assert!(conn.stats().chunks_loaded >= 4 * 4, "{:?}", conn.stats());
+        assert!(conn.counts().chunks_loaded >= 4 * 4, "{:?}", conn.counts());
     }
 }

@@ -160,11 +160,9 @@ fn disk_putter(payload: usize, fsync: bool) -> Option<impl FnMut() -> usize> {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).ok()?;
     let disk = DiskTier::open(
         dir.path(),
-        DiskConfig {
-            capacity_bytes: 1 << 30,
-            fsync,
-            ..DiskConfig::default()
-        },
+        DiskConfig::default()
+            .with_capacity_bytes(1 << 30)
+            .with_fsync(fsync),
     )
     .ok()?;
     let codec = ChunkCodec::new(None);

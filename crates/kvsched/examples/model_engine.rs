@@ -85,12 +85,10 @@ fn run(
     let conn = Arc::new(TierConnector::new(
         tier,
         Arc::clone(&memory),
-        TierConnectorConfig {
-            groups: groups.to_vec(),
-            tag: 1,
-            async_ratio: 0.0,
-            ..TierConnectorConfig::default()
-        },
+        TierConnectorConfig::default()
+            .with_groups(groups.to_vec())
+            .with_tag(1)
+            .with_async_ratio(0.0),
     )?);
     let dyn_conn: Arc<dyn KvConnector> = conn.clone();
     let mut rt = Runtime::builder()
@@ -145,8 +143,8 @@ fn run(
     let report = rt.shutdown();
     conn.flush();
     if print {
-        let c = engine.counters();
-        let t = conn.stats();
+        let c = engine.counts();
+        let t = conn.counts();
         let name = if mode == Mode::Safe { "safe" } else { "vllm" };
         println!(
             "mode {name}: {} requests finished, {emitted} tokens emitted",

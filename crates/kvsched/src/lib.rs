@@ -41,6 +41,8 @@
 // The planted bugs' switch, first so that every module sees `planted!`.
 #[macro_use]
 mod plant;
+#[macro_use]
+mod setters;
 
 // Internal modules are crate-private in a normal build and public only to the loom models
 // (`cfg(kvsched_loom)`) and the mechanism benchmarks (feature `internals`).

@@ -20,10 +20,7 @@ fn connector(tier: Arc<dyn Tier>, cfg: TierConnectorConfig) -> TierConnector {
 }
 
 fn one_group() -> TierConnectorConfig {
-    TierConnectorConfig {
-        groups: vec![CacheGroup::full_attention(16)],
-        ..TierConnectorConfig::default()
-    }
+    TierConnectorConfig::default().with_groups(vec![CacheGroup::full_attention(16)])
 }
 
 #[test]
@@ -104,10 +101,7 @@ fn dropping_a_connector_over_a_hung_put_returns_within_its_drop_timeout() {
     });
     let c = connector(
         hung.clone(),
-        TierConnectorConfig {
-            drop_timeout: Duration::from_millis(300),
-            ..one_group()
-        },
+        one_group().with_drop_timeout(Duration::from_millis(300)),
     );
     let memory = Arc::clone(c.memory());
     memory.write(0, 1, 0, &[3; 128]).expect("write");

@@ -28,11 +28,10 @@ fn chunk(codec: &ChunkCodec, i: u64, len: usize) -> (ChunkKey, Vec<u8>) {
 }
 
 fn cfg(capacity_bytes: u64) -> DiskConfig {
-    DiskConfig {
-        capacity_bytes,
-        max_value_bytes: capacity_bytes,
-        fsync: false,
-    }
+    DiskConfig::default()
+        .with_capacity_bytes(capacity_bytes)
+        .with_max_value_bytes(capacity_bytes)
+        .with_fsync(false)
 }
 
 fn get1(t: &DiskTier, k: ChunkKey) -> Option<Vec<u8>> {
@@ -75,14 +74,14 @@ fn capacity_is_kept_by_evicting_the_least_recently_used() {
     assert!(get1(&t, key(0)).is_some()); // 0 becomes the most recently used
     for i in 10..15 {
         t.put(&[chunk(&codec, i, 1000)]).unwrap();
-        assert!(t.stats().bytes <= 10 * one);
+        assert!(t.counts().bytes <= 10 * one);
     }
     let held = t
         .exists(&(0..15).map(key).collect::<Vec<_>>(), &CancelToken::new())
         .unwrap();
     let want: Vec<bool> = (0..15).map(|i| i == 0 || i >= 6).collect();
     assert_eq!(held, want);
-    let s = t.stats();
+    let s = t.counts();
     assert_eq!((s.evictions, s.entries, s.bytes), (5, 10, 10 * one));
     let on_disk: u64 = files(dir.path())
         .iter()
@@ -90,7 +89,7 @@ fn capacity_is_kept_by_evicting_the_least_recently_used() {
         .sum();
     assert_eq!(on_disk, s.bytes);
     assert_eq!(get1(&t, key(1)), None);
-    assert_eq!(t.stats().misses, 1);
+    assert_eq!(t.counts().misses, 1);
 }
 
 #[test]
@@ -118,7 +117,7 @@ fn reopen_finds_and_verifies_what_was_saved() {
     let mut want: Vec<_> = (0..20).map(key).collect();
     want.sort();
     assert_eq!(keys, want);
-    assert_eq!(t.stats().bytes, 20 * codec.encoded_len(3000) as u64);
+    assert_eq!(t.counts().bytes, 20 * codec.encoded_len(3000) as u64);
     let got = t
         .get(&(0..20).map(key).collect::<Vec<_>>(), &CancelToken::new())
         .unwrap();
@@ -149,7 +148,7 @@ fn reopen_over_capacity_evicts_the_oldest_files() {
         .exists(&(0..10).map(key).collect::<Vec<_>>(), &CancelToken::new())
         .unwrap();
     assert_eq!(held, (0..10).map(|i| i >= 4).collect::<Vec<_>>());
-    assert_eq!(t.stats().evictions, 4);
+    assert_eq!(t.counts().evictions, 4);
     assert_eq!(files(dir.path()).len(), 6);
 }
 
@@ -171,10 +170,10 @@ fn stale_temp_files_are_removed_at_open_and_foreign_files_kept() {
     fs::write(sub.join("notes.txt"), b"keep me").unwrap();
     fs::write(dir.path().join("README"), b"keep me too").unwrap();
     let t = DiskTier::open(dir.path(), cfg(1 << 20)).unwrap();
-    assert_eq!(t.stats().stale_temps_removed, 2);
+    assert_eq!(t.counts().stale_temps_removed, 2);
     assert!(temp_files(dir.path()).is_empty());
     assert!(sub.join("notes.txt").exists() && dir.path().join("README").exists());
-    assert_eq!((t.stats().entries, t.stats().bytes), (1, 10));
+    assert_eq!((t.counts().entries, t.counts().bytes), (1, 10));
     assert_eq!(get1(&t, key(1)), Some(vec![1; 10]));
 }
 
@@ -211,7 +210,7 @@ fn a_file_deleted_behind_the_tier_is_a_miss_and_forgotten() {
     t.put(&[(key(1), vec![1; 10])]).unwrap();
     fs::remove_file(t.chunk_path(key(1))).unwrap();
     assert_eq!(get1(&t, key(1)), None);
-    assert_eq!((t.stats().entries, t.stats().bytes), (0, 0));
+    assert_eq!((t.counts().entries, t.counts().bytes), (0, 0));
 }
 
 #[test]
@@ -222,7 +221,7 @@ fn get_stops_when_cancelled() {
     let c = CancelToken::new();
     c.cancel();
     assert!(matches!(t.get(&[key(1)], &c), Err(TierError::Cancelled)));
-    assert_eq!(t.stats().hits, 0);
+    assert_eq!(t.counts().hits, 0);
 }
 
 #[test]
@@ -256,7 +255,7 @@ fn concurrent_puts_and_gets_keep_the_index_and_files_in_agreement() {
     for th in threads {
         th.join().unwrap();
     }
-    let s = t.stats();
+    let s = t.counts();
     assert!(s.bytes <= 40 * 1000);
     let on_disk = files(dir.path());
     assert_eq!(on_disk.len() as u64, s.entries);
@@ -276,10 +275,7 @@ const CRASH_PAYLOAD: usize = 200 << 10;
 /// the window between creating a temporary file and renaming it is wider still.
 fn crash_child(dir: &Path, start: u64, fsync: bool) {
     let codec = ChunkCodec::new(None);
-    let cfg = DiskConfig {
-        fsync,
-        ..cfg(64 * CRASH_PAYLOAD as u64)
-    };
+    let cfg = cfg(64 * CRASH_PAYLOAD as u64).with_fsync(fsync);
     let t = DiskTier::open(dir, cfg).unwrap();
     let chunks: Vec<_> = (start..start + 80)
         .map(|i| chunk(&codec, i, CRASH_PAYLOAD))
@@ -385,7 +381,7 @@ fn sigkill_mid_save_leaves_only_whole_chunks() {
         assert!(whole > 0);
         eprintln!(
             "round {round}: {whole} whole chunks, {} bytes",
-            t.stats().bytes
+            t.counts().bytes
         );
     }
     eprintln!("temporary files left by the killed children: {temps_seen}");

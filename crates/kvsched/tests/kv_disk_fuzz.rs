@@ -86,11 +86,10 @@ fn damaged_chunk_files_are_misses_or_counted_errors() {
         let mac = rng.below(2) == 0;
         let codec = ChunkCodec::new(mac.then_some([7u8; 32]));
         let largest = (HEADER_LEN + MAC_LEN + PAYLOAD) as u64;
-        let cfg = DiskConfig {
-            capacity_bytes: 64 << 20,
-            max_value_bytes: largest,
-            fsync: false,
-        };
+        let cfg = DiskConfig::default()
+            .with_capacity_bytes(64 << 20)
+            .with_max_value_bytes(largest)
+            .with_fsync(false);
         let dir = tempfile::tempdir().expect("tempdir");
         let tier = DiskTier::open(dir.path(), cfg).expect("open");
         let mut written = Vec::new();

@@ -13,11 +13,10 @@ use kvsched::kv::{ChunkKey, DiskConfig, DiskTier, Tier};
 const CHUNK: usize = 304;
 
 fn cfg() -> DiskConfig {
-    DiskConfig {
-        capacity_bytes: 1 << 30,
-        max_value_bytes: CHUNK as u64,
-        fsync: false,
-    }
+    DiskConfig::default()
+        .with_capacity_bytes(1 << 30)
+        .with_max_value_bytes(CHUNK as u64)
+        .with_fsync(false)
 }
 
 fn keys(n: u128) -> Vec<ChunkKey> {
@@ -63,7 +62,7 @@ fn planted_reads_as_absent(plant: impl FnOnce(&Path)) {
     assert!(got[1..]
         .iter()
         .all(|v| v.as_deref() == Some(&[5u8; CHUNK][..])));
-    assert_eq!(t.stats().refused_reads, 1, "{:?}", t.stats());
+    assert_eq!(t.counts().refused_reads, 1, "{:?}", t.counts());
 }
 
 #[test]
@@ -84,10 +83,7 @@ fn a_sparse_8_gib_file_reads_as_absent() {
 #[test]
 fn an_oversized_file_planted_before_open_evicts_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let small = DiskConfig {
-        capacity_bytes: 64 * CHUNK as u64,
-        ..cfg()
-    };
+    let small = cfg().with_capacity_bytes(64 * CHUNK as u64);
     let ks = keys(41);
     {
         let t = DiskTier::open(dir.path(), small).unwrap();
@@ -104,7 +100,7 @@ fn an_oversized_file_planted_before_open_evicts_nothing() {
         .set_len(8 << 30)
         .unwrap();
     let t = DiskTier::open(dir.path(), small).unwrap();
-    let s = t.stats();
+    let s = t.counts();
     assert_eq!(
         (s.entries, s.evictions, s.oversized_ignored),
         (40, 0, 1),

@@ -11,20 +11,20 @@ use kvsched::connector::{KvConnector, LoadJob, LoadResult, LookupQuery};
 
 use kvsched::kv::{
     DiskConfig, DiskTier, HostKvMemory, KvLayout, KvMemory, MemoryTier, Tier, TierConnector,
-    TierConnectorConfig, TierStats,
+    TierConnectorConfig, TierCounts,
 };
 use kvsched::{BlockRef, CacheGroup, MambaMode, Mode, Runtime, StepOutput, SubmitRequest};
 use kvsched_testkit::SplitMix64;
 use kvsched_testkit::{FaultConfig, FaultyTier};
-use kvsched_testkit::{KvCheckCounters, KvChecker};
+use kvsched_testkit::{KvCheckCounts, KvChecker};
 
 const BLOCKS: usize = 2048;
 const BPT: usize = 8;
 const STATE: usize = 32;
 
 struct Run {
-    check: KvCheckCounters,
-    tier: TierStats,
+    check: KvCheckCounts,
+    tier: TierCounts,
     steps: u64,
 }
 
@@ -53,14 +53,12 @@ fn run_on(
         TierConnector::new(
             Arc::clone(&tier),
             Arc::clone(&memory),
-            TierConnectorConfig {
-                groups: groups.clone(),
-                scheduler_block_size: Some(16),
-                tag: 7,
-                async_ratio,
-                seed,
-                ..TierConnectorConfig::default()
-            },
+            TierConnectorConfig::default()
+                .with_groups(groups.clone())
+                .with_scheduler_block_size(Some(16))
+                .with_tag(7)
+                .with_async_ratio(async_ratio)
+                .with_seed(seed),
         )
         .expect("connector"),
     );
@@ -140,8 +138,8 @@ fn run_on(
     assert!(report.violations.is_empty(), "{:?}", report.violations);
     conn.flush();
     Run {
-        check: checker.counters().clone(),
-        tier: conn.stats(),
+        check: checker.counts().clone(),
+        tier: conn.counts(),
         steps,
     }
 }
@@ -236,12 +234,10 @@ fn a_fresh_connector_on_the_same_disk_directory_loads_what_the_last_one_saved() 
     let conn = TierConnector::new(
         open(),
         Arc::clone(&memory),
-        TierConnectorConfig {
-            groups: groups.clone(),
-            scheduler_block_size: Some(16),
-            tag: 7,
-            ..TierConnectorConfig::default()
-        },
+        TierConnectorConfig::default()
+            .with_groups(groups.clone())
+            .with_scheduler_block_size(Some(16))
+            .with_tag(7),
     )
     .expect("connector");
     let checker = KvChecker::new(groups.clone(), 7, BPT, STATE, Arc::clone(&memory));
@@ -255,7 +251,7 @@ fn a_fresh_connector_on_the_same_disk_directory_loads_what_the_last_one_saved() 
     assert_eq!(conn.lookup(query).external_tokens, 0, "nothing known yet");
     conn.flush();
     let offered = conn.lookup(query).external_tokens;
-    assert_eq!(offered, 96, "{:?}", conn.stats());
+    assert_eq!(offered, 96, "{:?}", conn.counts());
     let tables: Vec<Vec<BlockRef>> = (0..3u64)
         .map(|g| {
             (0..7)
@@ -268,7 +264,7 @@ fn a_fresh_connector_on_the_same_disk_directory_loads_what_the_last_one_saved() 
         .collect();
     let sizes = groups.iter().map(|g| g.block_size).collect();
     let job = LoadJob::new("fresh", &prompt, 0, offered, tables.clone(), sizes);
-    assert_eq!(conn.load(&job), LoadResult::Ok, "{:?}", conn.stats());
+    assert_eq!(conn.load(&job), LoadResult::Ok, "{:?}", conn.counts());
     for (g, t) in tables.iter().enumerate() {
         for (i, b) in t.iter().enumerate().take(6) {
             let want = checker.reference_block(&prompt, g, i).expect("reference");
@@ -277,5 +273,5 @@ fn a_fresh_connector_on_the_same_disk_directory_loads_what_the_last_one_saved() 
             assert_eq!(got, want, "group {g} block {i}");
         }
     }
-    assert!(conn.stats().probe_hits > 0);
+    assert!(conn.counts().probe_hits > 0);
 }

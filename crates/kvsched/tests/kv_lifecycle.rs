@@ -53,7 +53,7 @@ fn an_engine_finish_before_the_sync_load_ran_leaves_nothing_in_the_prefix_cache(
     e.step();
     e.submit("c", &p, 4);
     e.run_to_end(400);
-    let k = e.checker.counters();
+    let k = e.checker.counts();
     assert_eq!(k.garbage_reads, 0, "c read a's never-loaded blocks: {k:?}");
     assert_eq!(e.rt.live(), 0);
     let report = e.finish();
@@ -77,7 +77,7 @@ fn a_lost_step_that_carried_a_sync_load_is_offered_again_from_written_bytes() {
         assert!(s.sync_load.is_some(), "the first step carries the load");
         // Whatever the runtime offers next must not read bytes nothing wrote.
         e.run_to_end(400);
-        let k = e.checker.counters();
+        let k = e.checker.counts();
         assert_eq!(k.garbage_reads, 0, "ran {ran}: {k:?}");
         let report = e.finish();
         assert_eq!(report.metrics.lost_outputs, 1);
@@ -100,7 +100,7 @@ fn a_lost_mamba_decode_step_is_not_offered_again_on_the_state_it_advanced() {
         }
         e.step_lost(true);
         e.run_to_end(400);
-        let k = e.checker.counters();
+        let k = e.checker.counts();
         assert_eq!(k.garbage_reads, 0, "mamba {mode:?}: {k:?}");
         let report = e.finish();
         assert_eq!(report.metrics.lost_outputs, 1);
@@ -121,10 +121,10 @@ fn a_tier_that_never_answers_does_not_drain_the_pool() {
             11,
         ));
         let mut e = Bench::new(dense(), hang.clone(), async_ratio, |b| {
-            b.shards(2).workers(2).pool_blocks(400).settings(Settings {
-                load_deadline: Some(Duration::from_millis(20)),
-                ..Settings::default()
-            })
+            b.shards(2)
+                .workers(2)
+                .pool_blocks(400)
+                .settings(Settings::default().with_load_deadline(Some(Duration::from_millis(20))))
         });
         let prompts: Vec<Vec<u32>> = (0..40u32)
             .map(|p| (0..70).map(|t| p * 1000 + t + 1).collect())
@@ -138,7 +138,7 @@ fn a_tier_that_never_answers_does_not_drain_the_pool() {
         e.run_to_end(20_000);
         assert_eq!(e.rt.live(), 0, "async {async_ratio}: requests left");
         assert!(hang.hung() > 0, "the tier hung some gets");
-        let k = e.checker.counters();
+        let k = e.checker.counts();
         assert_eq!(k.garbage_reads, 0, "{k:?}");
         hang.release();
         let report = e.finish();
@@ -163,10 +163,10 @@ fn loads_queued_behind_a_hung_worker_are_dropped_not_parked() {
         inner,
         1.0,
         |b| {
-            b.shards(1).workers(1).pool_blocks(160).settings(Settings {
-                load_deadline: Some(Duration::from_millis(5)),
-                ..Settings::default()
-            })
+            b.shards(1)
+                .workers(1)
+                .pool_blocks(160)
+                .settings(Settings::default().with_load_deadline(Some(Duration::from_millis(5))))
         },
         |c| {
             let h = Arc::new(HangingConnector::new(c, |id| id == "r0"));
@@ -192,7 +192,7 @@ fn loads_queued_behind_a_hung_worker_are_dropped_not_parked() {
     assert_eq!(left, 0, "requests left: {m:?}");
     assert_eq!(hang.hung(), 1);
     assert!(m.loads_dropped_unstarted > 0, "{m:?}");
-    assert_eq!(e.checker.counters().garbage_reads, 0);
+    assert_eq!(e.checker.counts().garbage_reads, 0);
     let report = e.finish();
     assert_eq!(report.metrics.finished, 30);
 }
@@ -243,7 +243,7 @@ fn a_failed_load_never_has_sharers() {
             waits += count_waits(plan);
             recovered += plan.recovery.recovered.len();
         });
-        assert_eq!(e.checker.counters().garbage_reads, 0);
+        assert_eq!(e.checker.counts().garbage_reads, 0);
         e.finish();
     }
     assert!(recovered > 0, "loads failed and were recovered");
@@ -328,7 +328,7 @@ fn random_lives_keep_no_garbage() {
                 }
             }
             assert_eq!(e.rt.live(), 0, "seed {seed} {mamba:?}: requests left");
-            kept += e.checker.counters().garbage_reads;
+            kept += e.checker.counts().garbage_reads;
             let report = e.finish();
             let m = &report.metrics;
             assert_eq!(

@@ -16,12 +16,10 @@ fn connector(groups: Vec<CacheGroup>, s: u64) -> TierConnector {
     TierConnector::new(
         Arc::new(MemoryTier::new(1 << 20, 1)),
         memory,
-        TierConnectorConfig {
-            groups,
-            scheduler_block_size: Some(s),
-            probe_on_miss: false,
-            ..TierConnectorConfig::default()
-        },
+        TierConnectorConfig::default()
+            .with_groups(groups)
+            .with_scheduler_block_size(Some(s))
+            .with_probe_on_miss(false),
     )
     .expect("connector")
 }

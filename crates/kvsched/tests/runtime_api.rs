@@ -62,10 +62,7 @@ fn builder_rejects_bad_settings_with_the_field_named() {
         ),
         (
             Runtime::builder()
-                .settings(kvsched::Settings {
-                    load_deadline: Some(Duration::ZERO),
-                    ..kvsched::Settings::default()
-                })
+                .settings(kvsched::Settings::default().with_load_deadline(Some(Duration::ZERO)))
                 .build(),
             "load_deadline: must be > 0",
         ),

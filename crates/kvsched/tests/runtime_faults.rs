@@ -57,17 +57,15 @@ fn run(seed: u64, shards: usize, f: Faults, steps: usize) -> Metrics {
         hang_rate: f.hang,
         hang: Duration::from_millis(8),
     }));
-    let settings = Settings {
+    let settings = Settings::default()
         // Tight only where hangs are injected: elsewhere a slow machine must not turn normal
         // loads into deadline failures (which are real recoveries).
-        load_deadline: Some(if f.hang > 0.0 {
+        .with_load_deadline(Some(if f.hang > 0.0 {
             Duration::from_millis(2)
         } else {
             Duration::from_secs(10)
-        }),
-        quarantine_for: Duration::from_millis(20),
-        ..Settings::default()
-    };
+        }))
+        .with_quarantine_for(Duration::from_millis(20));
     let mut rt = Runtime::builder()
         .groups(vec![
             CacheGroup::full_attention(16),

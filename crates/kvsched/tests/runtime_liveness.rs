@@ -156,12 +156,10 @@ fn lookup_panics_on_every_shard_are_counted_and_the_step_completes() {
 #[test]
 fn duration_max_in_every_setting_and_argument_never_panics() {
     let (m, finished) = guarded("Duration::MAX", || {
-        let settings = Settings {
-            load_deadline: Some(Duration::MAX),
-            quarantine_after: 1,
-            quarantine_for: Duration::MAX,
-            ..Settings::default()
-        };
+        let settings = Settings::default()
+            .with_load_deadline(Some(Duration::MAX))
+            .with_quarantine_after(1)
+            .with_quarantine_for(Duration::MAX);
         // Every load asynchronous and failing: deadlines are set, failures quarantine.
         let sim = SimConnector::new(SimConfig {
             hit_ratio: 1.0,

@@ -526,12 +526,10 @@ impl StressConfig {
 
     /// The runtime's live settings.
     pub(super) fn runtime_settings(&self) -> Settings {
-        Settings {
-            mode: self.mode,
-            policy: self.policy,
-            load_deadline: self.effective_load_deadline(),
-            ..Settings::default()
-        }
+        Settings::default()
+            .with_mode(self.mode)
+            .with_policy(self.policy)
+            .with_load_deadline(self.effective_load_deadline())
     }
 
     /// The scheduler block size `S` of the geometry.

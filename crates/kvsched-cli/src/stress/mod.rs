@@ -116,6 +116,7 @@ mod faults;
 mod figures;
 mod histograms;
 mod limits;
+mod merge;
 mod plot;
 mod processes;
 mod progress;
@@ -218,14 +219,12 @@ fn plane(cfg: &StressConfig, stores: &Stores, who: &str) -> Result<Plane, Stress
         TierConnector::new(
             Arc::clone(&store.tier),
             Arc::clone(&memory),
-            TierConnectorConfig {
-                groups: groups.clone(),
-                scheduler_block_size: Some(cfg.scheduler_block_size()),
-                tag: cfg.kv_tag(),
-                async_ratio: cfg.async_ratio,
-                seed: cfg.seed ^ 0x5eed_c0de,
-                ..TierConnectorConfig::default()
-            },
+            TierConnectorConfig::default()
+                .with_groups(groups.clone())
+                .with_scheduler_block_size(Some(cfg.scheduler_block_size()))
+                .with_tag(cfg.kv_tag())
+                .with_async_ratio(cfg.async_ratio)
+                .with_seed(cfg.seed ^ 0x5eed_c0de),
         )
         .map_err(|e| kv(&e))?,
     );

@@ -268,7 +268,7 @@ pub struct Invariants {
 
 /// One scheduler's run (or, in the report's top level and `baseline`, the median of its
 /// runs: see [`RunReport::median`]).
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct RunReport {
     /// `kvsched` or `mutex`.
     #[serde(skip_deserializing)]

@@ -24,8 +24,8 @@ pub(super) fn kv_counts(
     warm_ns: u64,
     injected: &mut FaultCounts,
 ) -> KvCounts {
-    let t = connector.stats();
-    let c = sim.kv_counters().cloned().unwrap_or_default();
+    let t = connector.counts();
+    let c = sim.kv_counts().cloned().unwrap_or_default();
     let verified = |n: u64| cfg.verify.is_on().then_some(n);
     let f = store.fault_counts();
     injected.corrupt = f.corrupted;

@@ -209,7 +209,7 @@ pub(super) struct StoreProbe {
     /// Redis: `(reconnects, connect_failures)`, see [`Opened::connections`].
     connections: Option<(u64, u64)>,
     /// Disk: the capacity in force once the file system was found full (the bytes held
-    /// then), see [`kvsched::kv::DiskStats::full_writes`].
+    /// then), see [`kvsched::kv::DiskCounts::full_writes`].
     full_at: Option<u64>,
 }
 
@@ -297,11 +297,10 @@ impl Stores {
                     .map_err(|e| store_error(format!("cannot create {}: {e}", dir.display())))?;
                 let disk = DiskTier::open(
                     &dir,
-                    DiskConfig {
-                        capacity_bytes: cfg.store_capacity,
-                        max_value_bytes: max_chunk as u64,
-                        fsync: false,
-                    },
+                    DiskConfig::default()
+                        .with_capacity_bytes(cfg.store_capacity)
+                        .with_max_value_bytes(max_chunk as u64)
+                        .with_fsync(false),
                 )
                 .map_err(|e| store_error(format!("cannot open {}: {e}", dir.display())))?;
                 Ok(with_faults(cfg, disk, Some(disk_probe))?)
@@ -369,7 +368,7 @@ fn with_faults<T: FaultTarget>(
 
 /// A disk store's capacity once its file system was found full.
 fn disk_probe(disk: &DiskTier) -> StoreProbe {
-    let s = disk.stats();
+    let s = disk.counts();
     StoreProbe {
         connections: None,
         full_at: (s.full_writes > 0).then_some(s.capacity_bytes),
@@ -478,7 +477,7 @@ mod redis_store {
     /// Connections lost and made again (successful connections beyond those open now), and
     /// failed attempts.
     fn connections(tier: &RedisTier) -> StoreProbe {
-        let s = tier.stats();
+        let s = tier.counts();
         let made = s.connects.saturating_sub(s.connect_failures);
         StoreProbe {
             connections: Some((made.saturating_sub(s.connections), s.connect_failures)),

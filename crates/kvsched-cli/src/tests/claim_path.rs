@@ -1,7 +1,7 @@
 //! The runtime's claim path (`parallel::recover_sharded`: shard threads, the real claim table,
 //! a barrier between claiming and deciding) must give the sequential engine's outcome on every
 //! bundled scenario and on random ones (the CLI's `replay --engine runtime` is checked in
-//! `tests/cli_replay.rs`).
+//! `tests/cli_replay/`).
 
 use std::path::Path;
 

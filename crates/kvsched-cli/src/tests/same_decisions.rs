@@ -271,15 +271,15 @@ fn runtime(c: &Case, shards: usize, inline: bool, sim: &Arc<SimConnector>) -> Ru
         .pool_blocks(c.pool_blocks)
         .shards(shards)
         .workers(2)
-        .settings(Settings {
-            mode: c.mode,
-            policy: c.policy,
-            // The mechanisms the baseline lacks, off.
-            load_deadline: None,
-            max_load_retries: u32::MAX,
-            quarantine_after: 0,
-            ..Settings::default()
-        })
+        .settings(
+            Settings::default()
+                .with_mode(c.mode)
+                .with_policy(c.policy)
+                // The mechanisms the baseline lacks, off.
+                .with_load_deadline(None)
+                .with_max_load_retries(u32::MAX)
+                .with_quarantine_after(0),
+        )
         .token_budget(c.token_budget)
         .max_seqs(c.max_seqs)
         .connector(sim.clone())

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::sync::Arc as StdArc;
 
-use super::kv_check::{KvCheckCounters, KvChecker, StepCheck};
+use super::kv_check::{KvCheckCounts, KvChecker, StepCheck};
 use kvsched::connector::{KvConnector, LoadJob, LoadResult};
 use kvsched::kv::{TierConnector, TierError};
 use kvsched::{ScheduledRequest, StepOutput, StepPlan};
@@ -68,7 +68,7 @@ pub struct SimCounts {
 /// let groups = vec![CacheGroup::full_attention(16)];
 /// let layout = KvLayout::for_groups(&groups, 8, 0)?; // 8 bytes of KV per token
 /// let memory: Arc<dyn KvMemory> = Arc::new(HostKvMemory::new(layout, 256)?);
-/// let config = TierConnectorConfig { groups: groups.clone(), ..TierConnectorConfig::default() };
+/// let config = TierConnectorConfig::default().with_groups(groups.clone());
 /// let tag = config.tag;
 /// let connector = Arc::new(TierConnector::new(
 ///     Arc::new(MemoryTier::new(16 << 20, 4)),
@@ -98,15 +98,15 @@ pub struct SimCounts {
 /// }
 /// rt.shutdown();
 /// connector.flush();
-/// let checked = engine.kv_counters().expect("real KV");
+/// let checked = engine.kv_counts().expect("real KV");
 /// assert_eq!(checked.garbage_reads, 0);
 /// assert!(checked.kv_bytes_verified > 0);
-/// assert_eq!(connector.stats().chunks_loaded, 3); // the warmed prefix, loaded and verified
+/// assert_eq!(connector.counts().chunks_loaded, 3); // the warmed prefix, loaded and verified
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 ///
-/// [`kv_counters`](SimEngine::kv_counters) has the checker's counts (`garbage_reads` must be
-/// 0 in mode `safe`), the connector's [`stats`](TierConnector::stats) the bytes moved.
+/// [`kv_counts`](SimEngine::kv_counts) has the checker's counts (`garbage_reads` must be
+/// 0 in mode `safe`), the connector's [`counts`](TierConnector::counts) the bytes moved.
 ///
 /// # Guarantees
 ///
@@ -170,7 +170,7 @@ impl fmt::Debug for SimEngine<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SimEngine")
             .field("counts", &self.counts)
-            .field("kv", &self.kv.as_ref().map(|k| k.checker.counters()))
+            .field("kv", &self.kv.as_ref().map(|k| k.checker.counts()))
             .finish_non_exhaustive()
     }
 }
@@ -298,8 +298,8 @@ impl<'a> SimEngine<'a> {
     }
 
     /// The checker's counters (real KV only).
-    pub fn kv_counters(&self) -> Option<&KvCheckCounters> {
-        self.kv.as_ref().map(|k| k.checker.counters())
+    pub fn kv_counts(&self) -> Option<&KvCheckCounts> {
+        self.kv.as_ref().map(|k| k.checker.counts())
     }
 
     /// The connector (real KV only).
@@ -327,9 +327,9 @@ impl<'a> SimEngine<'a> {
             for (id, _) in &plan.ended {
                 kv.checker.end_request(id);
             }
-            let before = kv.checker.counters().clone();
+            let before = kv.checker.counts().clone();
             let check = kv.checker.run_step(plan, Some(kv.connector.as_ref()));
-            let after = kv.checker.counters();
+            let after = kv.checker.counts();
             self.counts.sync_loads += after.sync_loads - before.sync_loads;
             self.counts.sync_loads_failed += after.sync_loads_failed - before.sync_loads_failed;
             out.invalid_blocks.extend_from_slice(&check.invalid_blocks);

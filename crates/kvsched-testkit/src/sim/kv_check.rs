@@ -32,7 +32,7 @@ use kvsched::{BlockRef, BlockTable, ScheduledRequest, StepPlan};
 
 /// What a [`KvChecker`] counted.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct KvCheckCounters {
+pub struct KvCheckCounts {
     /// Garbage read units in steps whose output was kept (must be 0 in mode `safe`).
     pub garbage_reads: u64,
     /// Garbage read units in steps whose output was discarded.
@@ -104,7 +104,7 @@ pub struct KvChecker {
     state_bytes: usize,
     memory: StdArc<dyn KvMemory>,
     reqs: FxHashMap<StdArc<str>, Tokens>,
-    counters: KvCheckCounters,
+    counters: KvCheckCounts,
     verify: bool,
 }
 
@@ -134,7 +134,7 @@ impl KvChecker {
             state_bytes: state_bytes.max(1),
             memory,
             reqs: FxHashMap::default(),
-            counters: KvCheckCounters::default(),
+            counters: KvCheckCounts::default(),
             verify: true,
         }
     }
@@ -147,7 +147,7 @@ impl KvChecker {
     }
 
     /// Counters so far.
-    pub fn counters(&self) -> &KvCheckCounters {
+    pub fn counts(&self) -> &KvCheckCounts {
         &self.counters
     }
 

@@ -19,5 +19,5 @@ mod kv_check;
 mod model;
 
 pub use engine::{SimCounts, SimEngine};
-pub use kv_check::{KvCheckCounters, KvChecker, StepCheck};
-pub use model::{ModelCounters, ModelEngine, ModelShape, ModelStep, TinyModel};
+pub use kv_check::{KvCheckCounts, KvChecker, StepCheck};
+pub use model::{ModelCounts, ModelEngine, ModelShape, ModelStep, TinyModel};

@@ -12,7 +12,7 @@ use crate::sync::{AtomicU64, Mutex, Ordering};
 /// What a [`MemoryTier`] has done since it was built.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct MemoryStats {
+pub struct MemoryCounts {
     /// Keys `get` found.
     pub hits: u64,
     /// Keys `get` did not find.
@@ -73,7 +73,7 @@ impl std::fmt::Debug for MemoryTier {
         f.debug_struct("MemoryTier")
             .field("shards", &self.shards.len())
             .field("shard_capacity", &self.shard_capacity)
-            .field("stats", &self.stats())
+            .field("stats", &self.counts())
             .finish()
     }
 }
@@ -101,9 +101,9 @@ impl MemoryTier {
 
     /// Counters so far (each read on its own: a snapshot under concurrent calls is not
     /// atomic across fields).
-    pub fn stats(&self) -> MemoryStats {
+    pub fn counts(&self) -> MemoryCounts {
         // Relaxed: statistics only, nothing is ordered by them.
-        MemoryStats {
+        MemoryCounts {
             hits: self.hits.load(Ordering::Relaxed),
             misses: self.misses.load(Ordering::Relaxed),
             evictions: self.evictions.load(Ordering::Relaxed),
@@ -296,10 +296,10 @@ mod tests {
             t.exists(&[k(1), k(2), k(3), k(4)], &c).unwrap(),
             [true, false, true, true]
         );
-        let s = t.stats();
+        let s = t.counts();
         assert_eq!((s.evictions, s.bytes, s.entries, s.hits), (1, 300, 3, 1));
         assert_eq!(get1(&t, k(2)), None);
-        assert_eq!(t.stats().misses, 1);
+        assert_eq!(t.counts().misses, 1);
     }
 
     #[test]
@@ -308,14 +308,14 @@ mod tests {
         for i in 0..100u128 {
             t.put(&[(k(i), vec![i as u8; 90])]).unwrap();
             t.put(&[(k(i), vec![i as u8; 90])]).unwrap(); // replacing never double-counts
-            assert!(t.stats().bytes <= 4000);
+            assert!(t.counts().bytes <= 4000);
         }
         let per: Vec<u64> = t.shards.iter().map(|s| s.lock().bytes).collect();
         assert!(per.iter().all(|&b| b > 0 && b <= 1000), "{per:?}");
         let held: u64 = per.iter().sum();
-        assert_eq!(t.stats().bytes, held);
-        assert_eq!(t.stats().entries * 90, held);
-        assert!(t.stats().evictions > 0);
+        assert_eq!(t.counts().bytes, held);
+        assert_eq!(t.counts().entries * 90, held);
+        assert!(t.counts().evictions > 0);
     }
 
     #[test]
@@ -334,7 +334,7 @@ mod tests {
         let c = CancelToken::new();
         c.cancel();
         assert!(matches!(t.get(&[k(1)], &c), Err(TierError::Cancelled)));
-        assert_eq!(t.stats().hits, 0);
+        assert_eq!(t.counts().hits, 0);
     }
 
     #[test]
@@ -354,7 +354,7 @@ mod tests {
             true
         }));
         assert_eq!(get1(&t, k(2)).unwrap().len(), 4);
-        assert_eq!(t.stats().bytes, 10 + 4);
+        assert_eq!(t.counts().bytes, 10 + 4);
         assert!(!t.edit_stored(k(2), |_| false));
         assert!(t.remove(k(1)));
         assert!(!t.remove(k(1)));

@@ -44,7 +44,7 @@ mod tier;
 #[cfg(not(kvsched_loom))]
 mod tier_connector;
 #[cfg(not(kvsched_loom))]
-mod tier_stats;
+mod tier_counts;
 
 pub use chunk::{
     ChunkCodec, ChunkError, ChunkErrorClass, ChunkHeader, CHUNK_MAGIC, CHUNK_VERSION, FLAG_MAC,
@@ -52,13 +52,13 @@ pub use chunk::{
 };
 #[cfg(not(kvsched_loom))]
 pub use completed::completed_prompt_blocks;
-pub use disk::{DiskConfig, DiskStats, DiskTier};
+pub use disk::{DiskConfig, DiskCounts, DiskTier};
 pub use host_kv_memory::HostKvMemory;
 pub use key::ChunkKey;
 pub use kv_memory::{KvLayout, KvMemory, KvMemoryError, POISON_BYTE};
-pub use memory_tier::{MemoryStats, MemoryTier};
+pub use memory_tier::{MemoryCounts, MemoryTier};
 #[cfg(not(kvsched_loom))]
 pub use saver::SaveBackoff;
 pub use tier::{Tier, TierError};
 #[cfg(not(kvsched_loom))]
-pub use tier_connector::{TierConnector, TierConnectorConfig, TierConnectorError, TierStats};
+pub use tier_connector::{TierConnector, TierConnectorConfig, TierConnectorError, TierCounts};

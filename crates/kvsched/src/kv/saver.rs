@@ -29,7 +29,7 @@ pub(crate) enum Work {
 /// `after_failed_batches` tier puts in a row failed, it pauses saving for `pause`, then tries
 /// the next batch; each further failure right after a pause doubles the pause, up to
 /// `max_pause`; a batch stored resets both. Chunks taken off the queue while paused are not
-/// tried, only counted ([`TierStats::saves_skipped`](super::TierStats::saves_skipped)).
+/// tried, only counted ([`TierCounts::saves_skipped`](super::TierCounts::saves_skipped)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SaveBackoff {
     /// Failed puts in a row that start a pause; 0 never pauses.
@@ -66,7 +66,7 @@ pub(crate) struct SaverSettings {
 
 /// Counters of the write-behind.
 #[derive(Debug, Default)]
-pub(crate) struct SaverCounters {
+pub(crate) struct SaverCounts {
     pub saved_chunks: AtomicU64,
     pub saved_bytes: AtomicU64,
     pub dropped: AtomicU64,
@@ -106,7 +106,7 @@ struct Shared {
     queue: Mutex<Queue>,
     ready: Condvar,
     capacity: usize,
-    counters: SaverCounters,
+    counters: SaverCounts,
     /// Threads holding work taken off the queue.
     busy: AtomicUsize,
     backoff: SaveBackoff,
@@ -154,7 +154,7 @@ impl Saver {
             }),
             ready: Condvar::new(),
             capacity: capacity.max(1),
-            counters: SaverCounters::default(),
+            counters: SaverCounts::default(),
             busy: AtomicUsize::new(0),
             backoff,
             pause: Mutex::new(Pause::default()),
@@ -209,7 +209,7 @@ impl Saver {
         self.shared.queue.lock().work.len()
     }
 
-    pub(crate) fn counters(&self) -> &SaverCounters {
+    pub(crate) fn counts(&self) -> &SaverCounts {
         &self.shared.counters
     }
 

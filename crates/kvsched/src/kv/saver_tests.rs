@@ -145,7 +145,7 @@ fn a_failed_put_counts_each_chunk_the_tier_does_not_hold() {
     tier.room.store(2, Ordering::SeqCst);
     let s = saver(&tier, SaveBackoff::default());
     offer(&s, 1..6);
-    let c = s.counters();
+    let c = s.counts();
     let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
     assert_eq!(r(&c.saved_chunks), 2);
     assert_eq!(r(&c.failed_chunks), 3);
@@ -171,7 +171,7 @@ fn saves_that_keep_failing_pause_and_count_what_they_skip() {
             max_pause: pause * 2,
         },
     );
-    let c = s.counters();
+    let c = s.counts();
     let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
     offer(&s, 1..2);
     offer(&s, 2..3);

@@ -10,7 +10,7 @@ use std::time::Instant;
 use super::bounded::BoundedGets;
 use super::key_index::KeyIndex;
 use super::saver::{SaveBackoff, Saver, SaverSettings, Work};
-pub use super::tier_stats::TierStats;
+pub use super::tier_counts::TierCounts;
 use super::{ChunkCodec, ChunkErrorClass, ChunkKey, KvMemory, Tier};
 use crate::connector::{
     InvalidBlocks, KvConnector, LoadJob, LoadResult, LookupQuery, LookupResult,
@@ -20,8 +20,10 @@ use crate::rng::{hash_str, unit_of};
 use crate::rules::geometry::{BlockId, CacheGroup, Geometry};
 use crate::sync::{Arc, AtomicU64, Ordering};
 
-/// Settings of a [`TierConnector`].
+/// Settings of a [`TierConnector`]: [`TierConnectorConfig::default`] and the `with_*`
+/// setters.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct TierConnectorConfig {
     /// The runtime's cache groups (the same as the runtime's builder gets).
     pub groups: Vec<CacheGroup>,
@@ -61,6 +63,22 @@ pub struct TierConnectorConfig {
     pub save_backoff: SaveBackoff,
 }
 
+with_setters!(TierConnectorConfig {
+    with_groups: groups: Vec<CacheGroup>,
+    with_scheduler_block_size: scheduler_block_size: Option<u64>,
+    with_tag: tag: u64,
+    with_mac_key: mac_key: Option<[u8; 32]>,
+    with_async_ratio: async_ratio: f64,
+    with_seed: seed: u64,
+    with_save_queue: save_queue: usize,
+    with_save_threads: save_threads: usize,
+    with_index_capacity: index_capacity: usize,
+    with_probe_on_miss: probe_on_miss: bool,
+    with_get_threads: get_threads: usize,
+    with_drop_timeout: drop_timeout: std::time::Duration,
+    with_save_backoff: save_backoff: SaveBackoff,
+});
+
 impl Default for TierConnectorConfig {
     fn default() -> Self {
         TierConnectorConfig {
@@ -93,8 +111,9 @@ pub enum TierConnectorError {
     Spawn(#[from] std::io::Error),
 }
 
+/// The counts of a connector, as atomics; [`TierCounts`] is their snapshot.
 #[derive(Debug, Default)]
-struct Counters {
+struct AtomicCounts {
     lookups: AtomicU64,
     lookup_hits: AtomicU64,
     loads: AtomicU64,
@@ -134,7 +153,7 @@ fn bump(c: &AtomicU64, n: u64) {
 ///   block run on the connector's own threads (`get_threads`); a load with a deadline
 ///   ([`LoadJob::deadline`]: the runtime gives async and sync loads one) waits until then and
 ///   fails whole, its late answer dropped unread. At most `get_threads` gets hang at once;
-///   later ones wait and fail at their deadline ([`TierStats::gets_busy`], `loads_late`).
+///   later ones wait and fail at their deadline ([`TierCounts::gets_busy`], `loads_late`).
 /// * **Saves never block the caller** beyond copying the block's bytes: the write-behind
 ///   queue is bounded and drops (and counts) what does not fit.
 ///
@@ -155,7 +174,7 @@ pub struct TierConnector {
     gets: Option<BoundedGets>,
     /// The scheduler block size `S` lookups offer multiples of.
     s: u64,
-    counters: Counters,
+    counters: AtomicCounts,
 }
 
 impl fmt::Debug for TierConnector {
@@ -226,7 +245,7 @@ impl TierConnector {
             saver,
             gets,
             s,
-            counters: Counters::default(),
+            counters: AtomicCounts::default(),
         })
     }
 
@@ -333,12 +352,12 @@ impl TierConnector {
         self.saver.queued()
     }
 
-    /// Counters so far.
-    pub fn stats(&self) -> TierStats {
+    /// Counts so far.
+    pub fn counts(&self) -> TierCounts {
         let c = &self.counters;
-        let s = self.saver.counters();
+        let s = self.saver.counts();
         let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        TierStats {
+        TierCounts {
             lookups: r(&c.lookups),
             lookup_hits: r(&c.lookup_hits),
             loads: r(&c.loads),

@@ -10,7 +10,11 @@ use crate::runtime::step::Runtime;
 
 /// Settings that can change while the runtime runs ([`Runtime::update_settings`]). Shards
 /// read one snapshot per step, so a change applies from the next step, never mid-step.
+///
+/// Built from [`Settings::default`] and the `with_*` setters (or by assigning its fields):
+/// it may grow, so it is `#[non_exhaustive]`.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct Settings {
     /// Recovery mode (default `safe`).
     pub mode: Mode,
@@ -42,6 +46,15 @@ impl Default for Settings {
         }
     }
 }
+
+with_setters!(Settings {
+    with_mode: mode: Mode,
+    with_policy: policy: Policy,
+    with_load_deadline: load_deadline: Option<Duration>,
+    with_max_load_retries: max_load_retries: u32,
+    with_quarantine_after: quarantine_after: u32,
+    with_quarantine_for: quarantine_for: Duration,
+});
 
 impl Settings {
     pub(super) fn validate(&self) -> Result<(), RuntimeError> {

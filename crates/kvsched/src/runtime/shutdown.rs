@@ -29,7 +29,7 @@ impl Runtime {
             s.state.lock().cancel_loads();
         }
         if let Some(w) = self.workers.take() {
-            self.expired_unrun_at_shutdown = w.counters().expired_unrun.load(Ordering::Relaxed);
+            self.expired_unrun_at_shutdown = w.counts().expired_unrun.load(Ordering::Relaxed);
             let inner = &self.inner;
             let mut parked: Vec<Vec<Completion>> = vec![Vec::new(); inner.shards.len()];
             let (left, finished) = w.shutdown(

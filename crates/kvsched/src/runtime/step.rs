@@ -412,7 +412,7 @@ impl Runtime {
         let mut m = self.metrics.clone();
         m.submitted = self.inner.submitted.load(Ordering::Relaxed);
         if let Some(w) = &self.workers {
-            m.loads_expired_unrun = w.counters().expired_unrun.load(Ordering::Relaxed);
+            m.loads_expired_unrun = w.counts().expired_unrun.load(Ordering::Relaxed);
         } else {
             m.loads_expired_unrun = self.expired_unrun_at_shutdown;
         }
@@ -429,7 +429,7 @@ impl Runtime {
         };
         // Acquire: pairs with the Release increment after a worker's push, so every
         // completion counted here is in its queue for the next step to drain.
-        let delivered = w.counters().delivered.load(Ordering::Acquire);
+        let delivered = w.counts().delivered.load(Ordering::Acquire);
         self.loads_sent.saturating_sub(delivered)
     }
 

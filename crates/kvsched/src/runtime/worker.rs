@@ -107,7 +107,7 @@ mod pool_impl {
 
     /// Counters kept by the workers.
     #[derive(Debug, Default)]
-    pub struct WorkerCounters {
+    pub struct WorkerCounts {
         /// Loads run.
         pub loads: AtomicU64,
         /// Connector panics caught.
@@ -134,7 +134,7 @@ mod pool_impl {
         idle: ArrayQueue<usize>,
         listed: Vec<AtomicBool>,
         unparkers: Vec<Unparker>,
-        counters: WorkerCounters,
+        counters: WorkerCounts,
         notify: Arc<dyn Fn() + Send + Sync>,
     }
 
@@ -172,7 +172,7 @@ mod pool_impl {
                 idle: ArrayQueue::new(n),
                 listed: (0..n).map(|_| AtomicBool::new(false)).collect(),
                 unparkers: parkers.iter().map(Parker::unparker).collect(),
-                counters: WorkerCounters::default(),
+                counters: WorkerCounts::default(),
                 notify,
             });
             let mut handles = Vec::new();
@@ -221,7 +221,7 @@ mod pool_impl {
         }
 
         /// The workers' counters.
-        pub fn counters(&self) -> &WorkerCounters {
+        pub fn counts(&self) -> &WorkerCounts {
             &self.shared.counters
         }
 

@@ -50,14 +50,12 @@ impl Bench {
             TierConnector::new(
                 tier,
                 Arc::clone(&memory),
-                TierConnectorConfig {
-                    groups: groups.clone(),
-                    scheduler_block_size: Some(16),
-                    tag: TAG,
-                    async_ratio,
-                    seed: 3,
-                    ..TierConnectorConfig::default()
-                },
+                TierConnectorConfig::default()
+                    .with_groups(groups.clone())
+                    .with_scheduler_block_size(Some(16))
+                    .with_tag(TAG)
+                    .with_async_ratio(async_ratio)
+                    .with_seed(3),
             )
             .expect("connector"),
         );

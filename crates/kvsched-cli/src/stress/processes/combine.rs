@@ -1,6 +1,6 @@
-//! The combined report of `kvsched stress --engines N`: each engine's JSON report read
-//! (as a `serde_json::Value`), a row per engine, their sum, the merged reports, the restarts,
-//! the request accounting of every engine, the verdict and the exit code.
+//! The combined report of `kvsched stress --engines N`: each engine's JSON report read back
+//! into its type (a [`RunReport`]), a row per engine, their sum, the merged reports, the
+//! restarts, the request accounting of every engine, the verdict and the exit code.
 //!
 //! # JSON keys
 //!
@@ -24,18 +24,20 @@
 //! * `cross_engine_hit_ratio`: `sum.cross_engine_hits / sum.chunks_loaded` (`null` without
 //!   loads): of the chunks the engines loaded, the share another engine had saved;
 //! * `every_request_accounted`: every engine's `accounted`;
-//! * `total`: the engines' reports merged key by key ([`merge`]);
+//! * `total`: the engines' reports merged field by field (the rules are in
+//!   [`merge`](mod@super::super::merge)), `null` without reports;
 //! * `invariants`: `{ok, violations}` — the engines' own violations prefixed `e{i}: `, and
 //!   the parent's (an engine without a report, one whose requests do not add up, garbage
 //!   reads in mode `safe`, an engine killed as overdue, a restart that did not happen);
 //! * `exit_code`: what the parent exits with.
 
 use serde::Serialize;
-use serde_json::Value;
+use serde_json::error::Category;
 
+use super::super::report::RunReport;
 use super::super::store::StoreSpec;
 use super::args::Plan;
-use super::rows::{merge, Row};
+use super::rows::Row;
 
 /// How an engine process ended.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -104,7 +106,7 @@ pub struct Combined {
     /// Every engine's requests add up.
     pub every_request_accounted: bool,
     /// The engines' reports merged.
-    pub total: Value,
+    pub total: Option<RunReport>,
     /// The verdict.
     pub invariants: Verdict,
     /// The parent's exit code.
@@ -157,27 +159,35 @@ impl Combined {
     ) -> Combined {
         let mut parent = Vec::new();
         let mut engines = Vec::new();
-        let parsed: Vec<Option<Value>> = outcomes
+        let parsed: Vec<Option<RunReport>> = outcomes
             .iter()
             .map(|o| {
-                let v = serde_json::from_slice::<Value>(&o.stdout);
-                match (&v, o.stdout.is_empty()) {
-                    (Ok(v), _) if v.is_object() => return Some(v.clone()),
-                    (_, true) => parent.push(format!(
+                if o.stdout.is_empty() {
+                    parent.push(format!(
                         "engine {}: no report ({}){}",
                         o.index,
                         exit_text(o.exit),
                         last_line(&o.stderr_tail)
+                    ));
+                    return None;
+                }
+                match serde_json::from_slice::<RunReport>(&o.stdout) {
+                    Ok(mut r) => {
+                        // An engine's top level is kvsched's run (the baseline's, if any,
+                        // is under `baseline` and not read).
+                        r.scheduler = "kvsched";
+                        return Some(r);
+                    }
+                    Err(e) if e.classify() == Category::Data => parent.push(format!(
+                        "engine {}: its report is not a stress report ({e})",
+                        o.index
                     )),
-                    (Err(e), false) => parent.push(format!(
+                    Err(e) => parent.push(format!(
                         "engine {}: its report is not JSON ({e}; {}){}",
                         o.index,
                         exit_text(o.exit),
                         if o.stdout_cut { ", cut at its cap" } else { "" }
                     )),
-                    (Ok(_), false) => {
-                        parent.push(format!("engine {}: its report is not an object", o.index))
-                    }
                 }
                 None
             })
@@ -190,13 +200,7 @@ impl Combined {
         for ((o, v), row) in outcomes.iter().zip(&parsed).zip(&rows) {
             let i = o.index;
             if let Some(v) = v {
-                if let Some(list) = v["invariants"]["violations"].as_array() {
-                    engines.extend(
-                        list.iter()
-                            .filter_map(Value::as_str)
-                            .map(|s| format!("e{i}: {s}")),
-                    );
-                }
+                engines.extend(v.invariants.violations.iter().map(|s| format!("e{i}: {s}")));
                 if !row.accounted {
                     parent.push(format!(
                         "engine {i}: submitted {} ≠ finished {} + failed {} + cancelled {}",
@@ -230,7 +234,7 @@ impl Combined {
             (Some(h), Some(l)) if l > 0 => Some(h as f64 / l as f64),
             _ => None,
         };
-        let reports: Vec<(u8, &Value)> = outcomes
+        let reports: Vec<(u8, &RunReport)> = outcomes
             .iter()
             .zip(&parsed)
             .filter_map(|(o, v)| Some((o.index, v.as_ref()?)))
@@ -256,7 +260,7 @@ impl Combined {
             per_engine: rows,
             sum,
             cross_engine_hit_ratio: ratio,
-            total: merge(&reports),
+            total: RunReport::merge_engines(&reports),
             invariants: Verdict {
                 ok: violations.is_empty() && exit_code == 0,
                 violations,

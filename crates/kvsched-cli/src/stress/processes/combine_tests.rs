@@ -1,7 +1,9 @@
 //! Tests of `combine`.
 use super::*;
+use crate::stress::report::{Invariants, KvCounts, LoadCounts, Percentiles, RequestCounts};
 use crate::stress::{render_json, run_stress, Rate, StressConfig};
 use serde_json::json;
+use serde_json::Value;
 
 fn plan(engines: u8, restarts: u32, safe: bool) -> Plan {
     Plan {
@@ -15,26 +17,57 @@ fn plan(engines: u8, restarts: u32, safe: bool) -> Plan {
     }
 }
 
-/// A canned engine report: the stress keys, and the store counters where the store's
-/// part of the report puts them.
+/// A canned engine report: a typed run with the store counters in its `kv`, as the JSON an
+/// engine prints (its settings and figures included).
 fn report(submitted: u64, finished: u64, cancelled: u64, from_others: u64, loaded: u64) -> Value {
-    json!({
-        "requests": {"submitted": submitted, "finished": finished, "failed": 0, "cancelled": cancelled},
-        "loads": {"ok": 10, "failed": 2},
-        "tokens_recomputed": 100,
-        "completions_per_s": 1000.5,
-        "finished_per_s": 200.0,
-        "elapsed_s": 2.0 + submitted as f64 / 1000.0,
-        "timed_out": false,
-        "step_overhead_us": {"p50": 10.0, "p99": 50.0 + submitted as f64, "max": 900.0, "count": 7},
-        "submit_to_schedule_us": {"p50": 1.0, "p99": 2.0, "max": 3.0, "count": 7},
-        "kv": {"chunks_loaded": loaded, "chunks_loaded_from_others": from_others,
-               "kv_bytes_loaded": loaded * 4096, "checksum_failures": 1, "tier_errors": 3,
-               "garbage_reads": 0, "reconnects": 1, "connect_failures": 2},
-        "invariants": {"ok": true, "reconciled": true, "violations": []},
-        "config": {"seed": 1, "mode": "safe"},
-        "figures": {"steps": {"kvsched": {"median": 5}}},
-    })
+    let p = |p99: f64| Percentiles {
+        p50: 10.0,
+        p99,
+        max: 900.0,
+        count: 7,
+        ..Percentiles::default()
+    };
+    let run = RunReport {
+        scheduler: "kvsched",
+        requests: RequestCounts {
+            submitted,
+            finished,
+            failed: 0,
+            cancelled,
+        },
+        loads: LoadCounts {
+            ok: 10,
+            failed: 2,
+            ..LoadCounts::default()
+        },
+        tokens_recomputed: 100,
+        completions_per_s: 1000.5,
+        finished_per_s: 200.0,
+        elapsed_s: 2.0 + submitted as f64 / 1000.0,
+        step_overhead_us: p(50.0 + submitted as f64),
+        submit_to_schedule_us: p(2.0),
+        kv: KvCounts {
+            chunks_loaded: loaded,
+            chunks_loaded_from_others: from_others,
+            kv_bytes_loaded: loaded * 4096,
+            checksum_failures: 1,
+            tier_errors: 3,
+            garbage_reads: Some(0),
+            reconnects: Some(1),
+            connect_failures: Some(2),
+            ..KvCounts::default()
+        },
+        invariants: Invariants {
+            ok: true,
+            reconciled: true,
+            violations: Vec::new(),
+        },
+        ..RunReport::default()
+    };
+    let mut v = serde_json::to_value(&run).unwrap();
+    v["config"] = json!({"seed": 1, "mode": "safe"});
+    v["figures"] = json!({"steps": {"kvsched": {"median": 5}}});
+    v
 }
 
 fn outcome(index: u8, code: i32, v: &Value) -> EngineOutcome {
@@ -89,19 +122,21 @@ fn rows_are_read_and_summed() {
     assert_eq!(c.cross_engine_hit_ratio, Some(110.0 / 200.0));
     // The merged reports: counts and rates summed, percentiles and elapsed the largest,
     // settings and figures left out.
-    let t = &c.total;
-    assert_eq!(t["requests"]["submitted"], json!(300));
-    assert_eq!(t["loads"]["failed"], json!(4));
-    assert_eq!(t["finished_per_s"], json!(400.0));
-    assert_eq!(t["elapsed_s"], json!(2.2));
-    assert_eq!(t["step_overhead_us"]["p99"], json!(250.0));
-    assert_eq!(t["step_overhead_us"]["count"], json!(14));
-    assert_eq!(t["invariants"]["ok"], json!(true));
-    assert!(t.get("config").is_none() && t.get("figures").is_none());
+    let t = c.total.as_ref().expect("merged reports");
+    assert_eq!(t.requests.submitted, 300);
+    assert_eq!(t.loads.failed, 4);
+    assert_eq!(t.finished_per_s, 400.0);
+    assert_eq!(t.elapsed_s, 2.2);
+    assert_eq!(t.step_overhead_us.p99, 250.0);
+    assert_eq!(t.step_overhead_us.count, 14);
+    assert_eq!(t.kv.reconnects, Some(2));
+    assert!(t.invariants.ok);
     let text = c.render_human();
     assert!(text.contains("every request accounted for in every engine (submitted = finished + failed + cancelled): yes"), "{text}");
     assert!(text.contains("cross-engine hit ratio: 0.550"), "{text}");
     let j: Value = serde_json::from_str(&c.render_json()).unwrap();
+    assert_eq!(j["total"]["requests"]["submitted"], json!(300));
+    assert!(j["total"].get("config").is_none() && j["total"].get("figures").is_none());
     assert_eq!(j["per_engine"][1]["cross_engine_hits"], json!(70));
     assert_eq!(j["sum"]["cross_engine_hits"], json!(110));
     assert_eq!(j["every_request_accounted"], json!(true));
@@ -280,4 +315,40 @@ fn real_reports_combine() {
         assert_eq!(row.kv_bytes_loaded, v["kv"]["kv_bytes_loaded"].as_u64());
         assert_eq!((row.reconnects, row.connect_failures), (None, None));
     }
+}
+
+/// The merged report keeps each engine's violations under its prefix, sums an optional
+/// counter over the engines that have one, and a report of the wrong shape is the parent's
+/// violation, not a silent zero row.
+#[test]
+fn merged_reports_keep_each_engine_and_refuse_a_wrong_shape() {
+    let mut a = report(10, 10, 0, 0, 0);
+    a["invariants"] = json!({"ok": false, "reconciled": true, "violations": ["pool leak"]});
+    a["kv"]["reconnects"] = Value::Null;
+    let b = report(20, 20, 0, 0, 0);
+    let c = Combined::of(
+        &plan(3, 0, true),
+        "x",
+        None,
+        vec![
+            outcome(0, 1, &a),
+            outcome(1, 0, &b),
+            outcome(2, 0, &json!({"requests": {"submitted": 5}})),
+        ],
+        Vec::new(),
+    );
+    let t = c.total.as_ref().expect("merged reports");
+    assert_eq!(t.invariants.violations, ["e0: pool leak"]);
+    assert!(!t.invariants.ok && t.invariants.reconciled);
+    assert_eq!(t.kv.reconnects, Some(1)); // engine 1's only
+    assert_eq!(t.requests.submitted, 30); // engine 2's is not a report
+    assert!(!c.per_engine[2].report && c.per_engine[2].submitted == 0);
+    assert!(
+        c.violations
+            .iter()
+            .any(|v| v.starts_with("engine 2: its report is not a stress report (missing field")),
+        "{:?}",
+        c.violations
+    );
+    assert_eq!(c.exit_code, 1);
 }

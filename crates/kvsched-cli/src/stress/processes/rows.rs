@@ -1,9 +1,9 @@
-//! The per-engine rows of the combined report and the key-by-key merge of the engines' JSON
-//! reports (see [`combine`](super::combine) for the keys).
+//! The per-engine rows of the combined report, read from each engine's typed report, and
+//! their sum (see [`combine`](super::combine) for the keys).
 
 use serde::Serialize;
-use serde_json::{Map, Value};
 
+use super::super::report::{KvCounts, RunReport};
 use super::combine::Exit;
 
 /// One engine's row (or, as `sum`, every engine's).
@@ -60,56 +60,47 @@ pub struct Row {
     pub invariants_ok: bool,
 }
 
-/// Parts of an engine's report not merged: its settings, the per-figure breakdown, and the
-/// baseline's run.
-const SKIPPED: [&str; 4] = ["config", "figures", "baseline", "ratios"];
-
 impl Row {
-    /// Engine `index`'s row from its parsed report `r`.
-    pub fn of(index: u8, exit: Exit, r: Option<&Value>) -> Row {
-        let null = Value::Null;
-        let v = r.unwrap_or(&null);
-        let n = |path: &[&str]| path.iter().fold(v, |v, k| &v[*k]).as_u64().unwrap_or(0);
-        let f = |path: &[&str]| path.iter().fold(v, |v, k| &v[*k]).as_f64().unwrap_or(0.0);
-        // The store's counters, in the report's `kv` object (`null` for a counter the
-        // store has not, or without a report).
-        let store = |name: &str| v["kv"][name].as_u64();
-        let (submitted, finished, failed, cancelled) = (
-            n(&["requests", "submitted"]),
-            n(&["requests", "finished"]),
-            n(&["requests", "failed"]),
-            n(&["requests", "cancelled"]),
-        );
-        let report = r.is_some_and(|r| r["requests"]["submitted"].is_u64());
+    /// Engine `index`'s row from its report `r` (`None` if it left none).
+    pub fn of(index: u8, exit: Exit, r: Option<&RunReport>) -> Row {
+        let report = r.is_some();
+        let requests = r.map(|r| r.requests.clone()).unwrap_or_default();
+        let kv = r.map(|r| &r.kv);
+        // The store's counters, from the report's `kv` (`None` for a counter the store has
+        // not, or without a report).
+        let store = |get: fn(&KvCounts) -> Option<u64>| kv.and_then(get);
+        let n = |get: fn(&RunReport) -> u64| r.map_or(0, get);
+        let f = |get: fn(&RunReport) -> f64| r.map_or(0.0, get);
         Row {
             engine: Some(index),
             exit_code: exit.code,
             signal: exit.signal,
             report,
-            submitted,
-            finished,
-            failed,
-            cancelled,
+            submitted: requests.submitted,
+            finished: requests.finished,
+            failed: requests.failed,
+            cancelled: requests.cancelled,
             accounted: report
-                && finished
-                    .checked_add(failed)
-                    .and_then(|x| x.checked_add(cancelled))
-                    == Some(submitted),
-            garbage_reads: store("garbage_reads"),
-            cross_engine_hits: store("chunks_loaded_from_others"),
-            chunks_loaded: store("chunks_loaded"),
-            kv_bytes_loaded: store("kv_bytes_loaded"),
-            checksum_failures: store("checksum_failures"),
-            tier_errors: store("tier_errors"),
-            reconnects: store("reconnects"),
-            connect_failures: store("connect_failures"),
-            tokens_recomputed: n(&["tokens_recomputed"]),
-            loads_failed: n(&["loads", "failed"]),
-            completions_per_s: f(&["completions_per_s"]),
-            finished_per_s: f(&["finished_per_s"]),
-            step_p99_us: f(&["step_overhead_us", "p99"]),
-            submit_to_schedule_p99_us: f(&["submit_to_schedule_us", "p99"]),
-            invariants_ok: v["invariants"]["ok"].as_bool() == Some(true),
+                && requests
+                    .finished
+                    .checked_add(requests.failed)
+                    .and_then(|x| x.checked_add(requests.cancelled))
+                    == Some(requests.submitted),
+            garbage_reads: store(|k| k.garbage_reads),
+            cross_engine_hits: store(|k| Some(k.chunks_loaded_from_others)),
+            chunks_loaded: store(|k| Some(k.chunks_loaded)),
+            kv_bytes_loaded: store(|k| Some(k.kv_bytes_loaded)),
+            checksum_failures: store(|k| Some(k.checksum_failures)),
+            tier_errors: store(|k| Some(k.tier_errors)),
+            reconnects: store(|k| k.reconnects),
+            connect_failures: store(|k| k.connect_failures),
+            tokens_recomputed: n(|r| r.tokens_recomputed),
+            loads_failed: n(|r| r.loads.failed),
+            completions_per_s: f(|r| r.completions_per_s),
+            finished_per_s: f(|r| r.finished_per_s),
+            step_p99_us: f(|r| r.step_overhead_us.p99),
+            submit_to_schedule_p99_us: f(|r| r.submit_to_schedule_us.p99),
+            invariants_ok: r.is_some_and(|r| r.invariants.ok),
         }
     }
 
@@ -148,78 +139,5 @@ impl Row {
             submit_to_schedule_p99_us: max(|r| r.submit_to_schedule_p99_us),
             invariants_ok: rows.iter().all(|r| r.invariants_ok),
         }
-    }
-}
-
-/// The engines' reports merged key by key (objects recursively, outside [`SKIPPED`]):
-/// integers summed (saturating), and floats whose key ends in `_per_s` or `_s` (rates and
-/// seconds of CPU) summed, except `elapsed_s`, the longest; every other float (percentiles,
-/// ratios) the largest; `ok` and `reconciled` true if all are, other booleans if any is;
-/// arrays concatenated, strings in them prefixed `e{i}: `; other strings kept if all agree,
-/// else `null`. `reports` pairs each report with its engine index.
-pub fn merge(reports: &[(u8, &Value)]) -> Value {
-    merge_key("", reports)
-}
-
-fn merge_key(key: &str, vs: &[(u8, &Value)]) -> Value {
-    let Some((_, first)) = vs.first() else {
-        return Value::Null;
-    };
-    match first {
-        Value::Object(o) => {
-            let mut out = Map::new();
-            for k in o.keys().filter(|k| !SKIPPED.contains(&k.as_str())) {
-                let sub: Vec<(u8, &Value)> = vs
-                    .iter()
-                    .filter_map(|(i, v)| Some((*i, v.get(k)?)))
-                    .collect();
-                out.insert(k.clone(), merge_key(k, &sub));
-            }
-            Value::Object(out)
-        }
-        Value::Bool(_) => {
-            let mut b = vs.iter().filter_map(|(_, v)| v.as_bool());
-            Value::Bool(if key == "ok" || key == "reconciled" {
-                b.all(|b| b)
-            } else {
-                b.any(|b| b)
-            })
-        }
-        Value::Array(_) => Value::Array(
-            vs.iter()
-                .flat_map(|(i, v)| {
-                    v.as_array().into_iter().flatten().map(move |x| match x {
-                        Value::String(s) => Value::String(format!("e{i}: {s}")),
-                        x => x.clone(),
-                    })
-                })
-                .collect(),
-        ),
-        Value::String(s) => {
-            if vs.iter().all(|(_, v)| v.as_str() == Some(s)) {
-                Value::String(s.clone())
-            } else {
-                Value::Null
-            }
-        }
-        Value::Number(_) => {
-            let ints: Option<Vec<u64>> = vs.iter().map(|(_, v)| v.as_u64()).collect();
-            if let Some(ints) = ints {
-                return Value::from(ints.into_iter().fold(0u64, u64::saturating_add));
-            }
-            let floats = vs.iter().filter_map(|(_, v)| v.as_f64());
-            let additive = key != "elapsed_s" && (key.ends_with("_per_s") || key.ends_with("_s"));
-            let x = if additive {
-                floats.sum()
-            } else {
-                floats.fold(f64::NEG_INFINITY, f64::max)
-            };
-            serde_json::Number::from_f64(x).map_or(Value::Null, Value::Number)
-        }
-        Value::Null => vs
-            .iter()
-            .map(|(_, v)| *v)
-            .find(|v| !v.is_null())
-            .map_or(Value::Null, |v| merge_key(key, &[(0, v)])),
     }
 }

@@ -18,7 +18,7 @@ use kvsched::{BlockRef, BlockTable, ScheduledRequest, StepPlan};
 
 /// What the judge counted.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ModelCounters {
+pub struct ModelCounts {
     /// Kept samples compared with the reference decode.
     pub tokens_checked: u64,
     /// Kept samples whose token differs from the reference's.
@@ -63,7 +63,7 @@ pub struct ModelEngine {
     groups: Vec<CacheGroup>,
     memory: StdArc<dyn KvMemory>,
     seqs: FxHashMap<StdArc<str>, Seq>,
-    counters: ModelCounters,
+    counters: ModelCounts,
 }
 
 impl std::fmt::Debug for ModelEngine {
@@ -125,12 +125,12 @@ impl ModelEngine {
             groups,
             memory,
             seqs: FxHashMap::default(),
-            counters: ModelCounters::default(),
+            counters: ModelCounts::default(),
         }
     }
 
     /// Counters so far.
-    pub fn counters(&self) -> &ModelCounters {
+    pub fn counts(&self) -> &ModelCounts {
         &self.counters
     }
 

@@ -18,5 +18,5 @@ mod engine;
 mod net;
 mod reference;
 
-pub use engine::{ModelCounters, ModelEngine, ModelStep};
+pub use engine::{ModelCounts, ModelEngine, ModelStep};
 pub use net::{ModelShape, TinyModel};

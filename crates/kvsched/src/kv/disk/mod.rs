@@ -10,47 +10,20 @@ use super::{ChunkKey, Tier, TierError};
 use crate::connector::CancelToken;
 use crate::sync::{AtomicU64, Mutex, Ordering};
 
+mod config;
 mod index;
 mod scan;
 
+pub use config::DiskConfig;
 use index::Index;
 
 const CHUNK_EXT: &str = "chunk";
 const TEMP_EXT: &str = "tmp";
 
-/// How a [`DiskTier`] stores.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DiskConfig {
-    /// Most bytes of chunk files kept (file contents; directory entries and file-system
-    /// blocks are not counted).
-    pub capacity_bytes: u64,
-    /// The largest value accepted, and the largest file read or indexed: the largest chunk
-    /// the layout can produce (the bound is the smaller of this and `capacity_bytes`). A
-    /// file at a chunk's path longer than it is not one the tier wrote: `get` reads it as
-    /// absent and [`DiskTier::open`] neither indexes nor counts it.
-    pub max_value_bytes: u64,
-    /// Flush every chunk file before its rename and its directory after (off by default).
-    /// Off, a put survives a killed process but not necessarily a power loss; on, a put that
-    /// returned survives a power loss too (on a drive that honours flushes), at the cost of
-    /// two flushes per chunk. See the repository's `docs/kv-format.md`, "Disk tier".
-    pub fsync: bool,
-}
-
-impl Default for DiskConfig {
-    /// 1 GiB, values up to 64 MiB, no fsync.
-    fn default() -> Self {
-        DiskConfig {
-            capacity_bytes: 1 << 30,
-            max_value_bytes: 64 << 20,
-            fsync: false,
-        }
-    }
-}
-
 /// What a [`DiskTier`] has done since it was opened.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct DiskStats {
+pub struct DiskCounts {
     /// Keys `get` found.
     pub hits: u64,
     /// Keys `get` did not find.
@@ -143,7 +116,7 @@ impl std::fmt::Debug for DiskTier {
         f.debug_struct("DiskTier")
             .field("root", &self.root)
             .field("cfg", &self.cfg)
-            .field("stats", &self.stats())
+            .field("stats", &self.counts())
             .finish()
     }
 }
@@ -233,7 +206,7 @@ impl DiskTier {
     }
 
     /// Counters so far, and what the index holds now.
-    pub fn stats(&self) -> DiskStats {
+    pub fn counts(&self) -> DiskCounts {
         let (bytes, entries, capacity_bytes) = {
             let i = self.index.lock();
             (
@@ -243,7 +216,7 @@ impl DiskTier {
             )
         };
         // Relaxed: statistics only.
-        DiskStats {
+        DiskCounts {
             hits: self.hits.load(Ordering::Relaxed),
             misses: self.misses.load(Ordering::Relaxed),
             evictions: self.evictions.load(Ordering::Relaxed),

@@ -35,7 +35,7 @@ fn a_full_file_system_lowers_the_capacity_and_evicts() {
         t.put(&[(ChunkKey(i + 1), vec![i as u8; 100])])
             .unwrap_or_else(|e| panic!("put {i}: {e}"));
     }
-    let s = t.stats();
+    let s = t.counts();
     assert!(s.full_writes >= 1, "{s:?}");
     assert_eq!(s.write_errors, 0, "{s:?}");
     assert!(s.capacity_bytes <= 1000 && s.bytes <= 1000, "{s:?}");
@@ -62,7 +62,7 @@ fn a_read_only_file_system_fails_each_put_and_indexes_nothing() {
     for i in 0..3u128 {
         assert!(t.put(&[(ChunkKey(i + 1), vec![1; 100])]).is_err());
     }
-    let s = t.stats();
+    let s = t.counts();
     assert_eq!((s.write_errors, s.entries, s.bytes), (3, 0, 0), "{s:?}");
     assert_eq!(s.capacity_bytes, 1 << 20, "not full: the capacity stands");
     let never = CancelToken::new();

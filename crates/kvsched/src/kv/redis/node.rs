@@ -10,7 +10,7 @@ use super::config::{NodeAddr, RedisConfig, Secret};
 use super::conn::{Budget, Conn, ConnError, Login};
 use super::pool::{CheckoutError, Pool};
 use super::reply::Limits;
-use super::Counters;
+use super::AtomicCounts;
 use crate::kv::TierError;
 use crate::sync::{Arc, Ordering};
 
@@ -26,7 +26,7 @@ pub(crate) struct Shared {
     pub db: i64,
     /// What a reply to a data command may hold.
     pub data_limits: Limits,
-    pub counters: Counters,
+    pub counters: AtomicCounts,
 }
 
 impl std::fmt::Debug for Shared {

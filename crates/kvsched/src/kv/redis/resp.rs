@@ -87,12 +87,15 @@ pub(crate) fn redirect(v: &Value) -> Option<(bool, NodeAddr)> {
     let Value::ServerError(e) = v else {
         return None;
     };
-    let ask = match e.code() {
-        "ASK" => true,
-        "MOVED" => false,
+    // The redis crate reads the redirect (its kind, slot and target); only the target's
+    // `host:port` split, IPv6 brackets included, is ours.
+    let e = ::redis::RedisError::from(e.clone());
+    let ask = match e.kind() {
+        ::redis::ErrorKind::Ask => true,
+        ::redis::ErrorKind::Moved => false,
         _ => return None,
     };
-    let addr = e.details()?.split_whitespace().nth(1)?;
+    let (addr, _slot) = e.redirect_node()?;
     let (host, port) = addr.rsplit_once(':')?;
     let host = host.trim_start_matches('[').trim_end_matches(']');
     let port = port.parse::<u16>().ok().filter(|&p| p != 0)?;
@@ -134,6 +137,7 @@ mod tests {
         let (ask, to) = redirect(&reply("-ASK 1 [::1]:7000\r\n")).unwrap();
         assert_eq!((ask, to.to_string().as_str()), (true, "[::1]:7000"));
         assert_eq!(redirect(&reply("-MOVED 3999\r\n")), None);
+        assert_eq!(redirect(&reply("-MOVED x 127.0.0.1:6381\r\n")), None);
         assert_eq!(redirect(&reply("$1\r\nx\r\n")), None);
         assert_eq!(
             error_text(&moved).as_deref(),

@@ -32,7 +32,7 @@ fn empty_calls_make_no_round_trip_and_big_values_are_refused() {
         t.put(&[(ChunkKey(1), vec![0; 5])]),
         Err(TierError::Refused(_))
     ));
-    assert_eq!(t.stats(), RedisStats::default());
+    assert_eq!(t.counts(), RedisCounts::default());
 }
 
 #[test]
@@ -44,7 +44,7 @@ fn a_cancelled_token_stops_before_the_first_pipeline() {
         t.get(&[ChunkKey(1)], &c),
         Err(TierError::Cancelled)
     ));
-    assert_eq!(t.stats().round_trips, 0);
+    assert_eq!(t.counts().round_trips, 0);
 }
 
 #[test]

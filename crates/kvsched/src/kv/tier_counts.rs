@@ -1,9 +1,9 @@
-//! [`TierStats`]: the counters of a [`TierConnector`](super::TierConnector).
+//! [`TierCounts`]: the counters of a [`TierConnector`](super::TierConnector).
 
 /// What a [`TierConnector`](super::TierConnector) has done, as counters.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct TierStats {
+pub struct TierCounts {
     /// Lookups answered.
     pub lookups: u64,
     /// Lookups that offered tokens.

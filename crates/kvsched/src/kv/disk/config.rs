@@ -1,0 +1,37 @@
+//! [`DiskConfig`]: how a [`DiskTier`](super::DiskTier) stores.
+
+/// How a [`DiskTier`](super::DiskTier) stores: [`DiskConfig::default`] and the `with_*` setters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DiskConfig {
+    /// Most bytes of chunk files kept (file contents; directory entries and file-system
+    /// blocks are not counted).
+    pub capacity_bytes: u64,
+    /// The largest value accepted, and the largest file read or indexed: the largest chunk
+    /// the layout can produce (the bound is the smaller of this and `capacity_bytes`). A
+    /// file at a chunk's path longer than it is not one the tier wrote: `get` reads it as
+    /// absent and [`DiskTier::open`](super::DiskTier::open) neither indexes nor counts it.
+    pub max_value_bytes: u64,
+    /// Flush every chunk file before its rename and its directory after (off by default).
+    /// Off, a put survives a killed process but not necessarily a power loss; on, a put that
+    /// returned survives a power loss too (on a drive that honours flushes), at the cost of
+    /// two flushes per chunk. See the repository's `docs/kv-format.md`, "Disk tier".
+    pub fsync: bool,
+}
+
+with_setters!(DiskConfig {
+    with_capacity_bytes: capacity_bytes: u64,
+    with_max_value_bytes: max_value_bytes: u64,
+    with_fsync: fsync: bool,
+});
+
+impl Default for DiskConfig {
+    /// 1 GiB, values up to 64 MiB, no fsync.
+    fn default() -> Self {
+        DiskConfig {
+            capacity_bytes: 1 << 30,
+            max_value_bytes: 64 << 20,
+            fsync: false,
+        }
+    }
+}
