@@ -251,6 +251,7 @@ pub(super) fn sections() -> Vec<Section> {
                 ),
             ],
         },
+        super::figures_prompt::prompt_section(),
         Section {
             title: "throughput — higher is better",
             rows: vec![
@@ -275,12 +276,9 @@ pub(super) fn sections() -> Vec<Section> {
                     Some(Higher),
                     |r| { Some(r.completions_per_s) }
                 ),
-                row!("steps", "steps", Count, None, |r| c(r.steps)),
-                row!("elapsed_s", "run time (s)", Fixed(2), None, |r| Some(
-                    r.elapsed_s
-                )),
             ],
         },
+        super::figures_prompt::run_section(),
         Section {
             title: "CPU, whole process — lower is better",
             rows: vec![
@@ -319,23 +317,24 @@ pub(super) fn sections() -> Vec<Section> {
             title: "step overhead (µs) — lower is better",
             rows: vec![
                 row!("step_overhead_us.p50", "p50", Fixed(1), Some(Lower), |r| {
-                    Some(r.step_overhead_us.p50)
+                    r.step_overhead_us.sampled(r.step_overhead_us.p50)
                 }),
                 row!("step_overhead_us.p90", "p90", Fixed(1), Some(Lower), |r| r
                     .step_overhead_us
-                    .p90),
+                    .p90
+                    .filter(|_| r.step_overhead_us.count > 0)),
                 row!("step_overhead_us.p99", "p99", Fixed(1), Some(Lower), |r| {
-                    Some(r.step_overhead_us.p99)
+                    r.step_overhead_us.sampled(r.step_overhead_us.p99)
                 }),
                 row!(
                     "step_overhead_us.p999",
                     "p99.9",
                     Fixed(1),
                     Some(Lower),
-                    |r| Some(r.step_overhead_us.p999)
+                    |r| r.step_overhead_us.sampled(r.step_overhead_us.p999)
                 ),
                 row!("step_overhead_us.max", "max", Fixed(1), Some(Lower), |r| {
-                    Some(r.step_overhead_us.max)
+                    r.step_overhead_us.sampled(r.step_overhead_us.max)
                 }),
             ],
         },
@@ -347,28 +346,30 @@ pub(super) fn sections() -> Vec<Section> {
                     "p50",
                     Fixed(1),
                     Some(Lower),
-                    |r| Some(r.submit_to_schedule_us.p50)
+                    |r| r.submit_to_schedule_us.sampled(r.submit_to_schedule_us.p50)
                 ),
                 row!(
                     "submit_to_schedule_us.p99",
                     "p99",
                     Fixed(1),
                     Some(Lower),
-                    |r| Some(r.submit_to_schedule_us.p99)
+                    |r| r.submit_to_schedule_us.sampled(r.submit_to_schedule_us.p99)
                 ),
                 row!(
                     "submit_to_schedule_us.p999",
                     "p99.9",
                     Fixed(1),
                     Some(Lower),
-                    |r| Some(r.submit_to_schedule_us.p999)
+                    |r| r
+                        .submit_to_schedule_us
+                        .sampled(r.submit_to_schedule_us.p999)
                 ),
                 row!(
                     "submit_to_schedule_us.max",
                     "max",
                     Fixed(1),
                     Some(Lower),
-                    |r| Some(r.submit_to_schedule_us.max)
+                    |r| r.submit_to_schedule_us.sampled(r.submit_to_schedule_us.max)
                 ),
             ],
         },
@@ -380,28 +381,36 @@ pub(super) fn sections() -> Vec<Section> {
                     "p50",
                     Fixed(1),
                     Some(Lower),
-                    |r| Some(r.completion_to_runnable_us.p50)
+                    |r| r
+                        .completion_to_runnable_us
+                        .sampled(r.completion_to_runnable_us.p50)
                 ),
                 row!(
                     "completion_to_runnable_us.p99",
                     "p99",
                     Fixed(1),
                     Some(Lower),
-                    |r| Some(r.completion_to_runnable_us.p99)
+                    |r| r
+                        .completion_to_runnable_us
+                        .sampled(r.completion_to_runnable_us.p99)
                 ),
                 row!(
                     "completion_to_runnable_us.p999",
                     "p99.9",
                     Fixed(1),
                     Some(Lower),
-                    |r| Some(r.completion_to_runnable_us.p999)
+                    |r| r
+                        .completion_to_runnable_us
+                        .sampled(r.completion_to_runnable_us.p999)
                 ),
                 row!(
                     "completion_to_runnable_us.max",
                     "max",
                     Fixed(1),
                     Some(Lower),
-                    |r| Some(r.completion_to_runnable_us.max)
+                    |r| r
+                        .completion_to_runnable_us
+                        .sampled(r.completion_to_runnable_us.max)
                 ),
             ],
         },

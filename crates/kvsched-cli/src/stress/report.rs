@@ -8,6 +8,7 @@ use super::config::StressConfig;
 use super::cpu::CpuReport;
 use super::figures::{Figures, Stats};
 use super::histograms::Curves;
+pub use super::prompt_sources::PromptTokens;
 use super::scheduler::Mechanisms;
 use kvsched::runtime::Metrics;
 
@@ -57,6 +58,14 @@ pub struct Percentiles {
     pub max: f64,
     /// Number of samples.
     pub count: u64,
+}
+
+impl Percentiles {
+    /// `v`, one of these percentiles, or `None` when there was no sample (the table shows
+    /// `n/a`, not 0).
+    pub(super) fn sampled(&self, v: f64) -> Option<f64> {
+        (self.count > 0).then_some(v)
+    }
 }
 
 /// Faults injected by `--faults` (exact counts).
@@ -313,6 +322,9 @@ pub struct RunReport {
     pub events: Events,
     /// What the engine did that the scheduler's counters do not show.
     pub engine: EngineEvents,
+    /// Where the finished requests' prompt tokens came from.
+    #[serde(default)]
+    pub prompt_tokens: PromptTokens,
     /// The KV bytes moved and verified, and the integrity counters.
     pub kv: KvCounts,
     /// Invariants.

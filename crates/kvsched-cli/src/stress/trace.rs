@@ -56,6 +56,11 @@ pub(crate) struct TraceReference {
     pub(crate) device_pool_lru_share: f64,
     /// The device pool, in 512-token blocks.
     pub(crate) device_pool_blocks_512: u64,
+    /// An LRU cache as large as the device pool and the tier together (the unbounded share
+    /// when the tier is unbounded: a Redis store without `--redis-maxmemory`).
+    pub(crate) device_and_tier_lru_share: f64,
+    /// The tier, in 512-token blocks of chunks (`null`: unbounded).
+    pub(crate) tier_blocks_512: Option<u64>,
 }
 
 impl Default for TraceArgs {
@@ -125,6 +130,11 @@ pub(crate) fn load(cfg: &StressConfig) -> Result<StressConfig, StressError> {
     let blocks_512 = pool_tokens / TRACE_BLOCK_TOKENS;
     let (total, infinite) = cache_served(&reqs, None);
     let (_, lru) = cache_served(&reqs, Some(blocks_512));
+    let tier_blocks_512 = tier_tokens(cfg).map(|t| t / TRACE_BLOCK_TOKENS);
+    let with_tier = match tier_blocks_512 {
+        Some(t) => cache_served(&reqs, Some(blocks_512.saturating_add(t))).1,
+        None => infinite,
+    };
     let share = |n: u64| (n as f64 / total.max(1) as f64 * 1e4).round() / 1e4;
     out.trace.trace_reference = Some(TraceReference {
         requests: reqs.len() as u64,
@@ -132,9 +142,35 @@ pub(crate) fn load(cfg: &StressConfig) -> Result<StressConfig, StressError> {
         infinite_cache_share: share(infinite),
         device_pool_lru_share: share(lru),
         device_pool_blocks_512: blocks_512,
+        device_and_tier_lru_share: share(with_tier),
+        tier_blocks_512,
     });
     out.trace.loaded = Some(Arc::new(reqs));
     Ok(out)
+}
+
+/// How many tokens of KV the tier of `cfg` holds (`None`: unbounded): its capacity over the
+/// stored bytes per token, each chunk one block of one group behind its header.
+fn tier_tokens(cfg: &StressConfig) -> Option<u64> {
+    let capacity = if cfg.store.is_redis() {
+        cfg.redis_maxmemory?
+    } else {
+        cfg.store_capacity
+    };
+    let header = kvsched::kv::HEADER_LEN as f64;
+    let per_token: f64 = cfg
+        .groups
+        .groups()
+        .iter()
+        .map(|g| {
+            let payload = match g.kind {
+                kvsched::rules::geometry::GroupKind::Mamba { .. } => cfg.mamba_state_bytes,
+                _ => cfg.kv_bytes_per_token.saturating_mul(g.block_size),
+            };
+            (header + payload as f64) / g.block_size.max(1) as f64
+        })
+        .sum();
+    Some((capacity as f64 / per_token.max(1e-9)) as u64)
 }
 
 /// The arrival of trace request `r` from the start of the run, at `speed`.

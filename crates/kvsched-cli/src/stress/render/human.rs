@@ -119,9 +119,15 @@ fn section(sec: &FigureSection, report: &StressReport, table: &mut Table) -> usi
         table.row(
             f.label,
             [
-                f.kvsched.as_ref().map(|s| cell(s, f.format, several, "")),
+                Some(
+                    f.kvsched
+                        .as_ref()
+                        .map_or_else(|| "n/a".to_owned(), |s| cell(s, f.format, several, "")),
+                ),
                 baseline.map(|_| match &f.baseline {
                     Some(Some(s)) => cell(s, f.format, several, ""),
+                    // A latency with no sample, not a missing mechanism.
+                    _ if f.key.contains("_us.") => "n/a".to_owned(),
                     _ => {
                         lacking = true;
                         "—".to_owned()

@@ -6,6 +6,7 @@ use super::cells::{count, counted};
 use super::decisions::decisions_notes;
 use crate::stress::config::StressConfig;
 use crate::stress::figures::{FigureSection, KV_SECTION};
+use crate::stress::figures_prompt::PROMPT_SECTION;
 use crate::stress::report::{RunReport, StressReport};
 use crate::stress::values::Rate;
 use kvsched::rules::recovery::Mode;
@@ -16,7 +17,13 @@ pub(super) fn notes(sec: &FigureSection, report: &StressReport) -> Vec<String> {
     let mut notes = Vec::new();
     match sec.title {
         t if t.starts_with("throughput") => {
-            if let Rate::PerSecond(rate) = c.rate {
+            if let Some(t) = &c.trace.trace {
+                notes.push(format!(
+                    "open loop: requests arrive at the times of trace {}, {}× faster than recorded, whatever the scheduler does, so finished requests/s follows those arrivals unless a scheduler falls behind",
+                    t.display(),
+                    c.trace.trace_speed
+                ));
+            } else if let Rate::PerSecond(rate) = c.rate {
                 notes.push(format!(
                     "open loop: requests arrive at {rate}/s whatever the scheduler does, so finished requests/s follows that rate unless a scheduler falls behind"
                 ));
@@ -35,6 +42,7 @@ pub(super) fn notes(sec: &FigureSection, report: &StressReport) -> Vec<String> {
         ),
         "recovery" => decisions_notes(report, &mut notes),
         KV_SECTION => kv_notes(report, &mut notes),
+        PROMPT_SECTION => super::prompt_notes::prompt_notes(report, &mut notes),
         "events" => events_notes(report, &mut notes),
         _ => {}
     }
