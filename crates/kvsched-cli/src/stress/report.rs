@@ -23,6 +23,9 @@ pub struct RequestCounts {
     pub failed: u64,
     /// Ended cancelled (by the client, or by shutdown at the end of `--duration`).
     pub cancelled: u64,
+    /// Of `cancelled`, those still live at shutdown (a run `--duration` ended).
+    #[serde(default)]
+    pub cancelled_at_shutdown: u64,
 }
 
 /// Load counts.

@@ -113,6 +113,7 @@ impl Finished {
                 finished: fm.finished,
                 failed: fm.failed,
                 cancelled: fm.cancelled,
+                cancelled_at_shutdown: self.report.cancelled_at_shutdown.len() as u64,
             },
             loads: LoadCounts {
                 ok: fm.loads_ok,

@@ -75,19 +75,6 @@ impl Default for TraceArgs {
     }
 }
 
-impl TraceArgs {
-    /// Refuses what a trace replay cannot do: several engines (each would replay all of it).
-    pub(crate) fn check(&self, engines: &super::processes::EnginesArgs) -> Result<(), StressError> {
-        if self.trace.is_some() && (engines.runs_engines() || engines.engine_index.is_some()) {
-            return Err(trace_error(
-                "not with --engines or --redis-restarts (each engine would replay all of it)"
-                    .into(),
-            ));
-        }
-        Ok(())
-    }
-}
-
 fn parse_speed(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(x) if x.is_finite() && x > 0.0 && x <= 1e6 => Ok(x),
@@ -123,6 +110,20 @@ pub(crate) fn load(cfg: &StressConfig) -> Result<StressConfig, StressError> {
     let reqs = parse(&text, Some(limit)).map_err(|e| trace_error(format!("{shown}: {e}")))?;
     if reqs.is_empty() {
         return Err(trace_error(format!("{shown}: no request in it")));
+    }
+    // An engine of `--engines N` replays its share of them: request k goes to engine k mod N,
+    // as a load balancer deals a conversation's turns over engines sharing one KV tier.
+    let reqs = match (cfg.engines.engine_index, cfg.engines.engine_count) {
+        (Some(i), Some(n)) if n > 1 => reqs
+            .into_iter()
+            .enumerate()
+            .filter(|(k, _)| k % usize::from(n) == usize::from(i))
+            .map(|(_, r)| r)
+            .collect(),
+        _ => reqs,
+    };
+    if reqs.is_empty() {
+        return Err(trace_error(format!("{shown}: no request for this engine")));
     }
     let mut out = cfg.clone();
     out.requests = reqs.len() as u64;

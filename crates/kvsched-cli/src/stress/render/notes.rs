@@ -64,8 +64,13 @@ fn kv_notes(report: &StressReport, notes: &mut Vec<String>) {
     let r = &report.run;
     if c.store.is_real() {
         notes.push(format!(
-            "store {}: not warmed (--hit-ratio is for the sim store); it starts with what it holds and fills with the full prompt blocks the engine computes and saves{}",
+            "store {}: not warmed (--hit-ratio is for the sim store); {} and fills with the full prompt blocks the engine computes and saves{}",
             c.store.shown(),
+            match c.store {
+                crate::stress::store::StoreSpec::Memory => "it starts empty",
+                crate::stress::store::StoreSpec::Redis => "kvsched's own server, emptied (FLUSHALL) before the run",
+                _ => "it starts with what it holds",
+            },
             if matches!(c.store, crate::stress::store::StoreSpec::Disk(_)) {
                 " (each scheduler in its own subdirectory, kvsched/ and mutex/: a later run on the directory loads what earlier ones saved, counted as saved by an earlier run)"
             } else {
@@ -83,7 +88,7 @@ fn kv_notes(report: &StressReport, notes: &mut Vec<String>) {
     }
     if !c.store.is_real() && runs.iter().any(|r| r.kv.transfer_damage > 0) {
         notes.push(format!(
-            "sim store: --failure-rate {} flipped a byte of a loaded chunk {} times in transfer; a damaged chunk fails the chunk's checks (a checksum failure, or a format error when the byte is in the header) and becomes a failed block, never KV",
+            "sim store: --failure-rate {} damaged {} loaded chunks in transfer (a flipped byte each); a damaged chunk fails the chunk's checks (a checksum failure, or a format error when the byte is in the header) and becomes a failed block, never KV",
             c.failure_rate,
             count(r.kv.transfer_damage)
         ));
