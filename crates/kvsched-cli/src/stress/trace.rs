@@ -365,16 +365,49 @@ pub(crate) fn cache_served(reqs: &[TraceRequest], capacity: Option<u64>) -> (u64
 mod tests {
     use super::*;
 
-    fn bundled() -> String {
+    fn bundled_path() -> PathBuf {
         // The trace sits in `traces/` at the repository root, above the package.
         let mut dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
         loop {
             let f = dir.join("traces/mooncake_conversation_trace.jsonl");
             if f.exists() {
-                return std::fs::read_to_string(f).expect("read the bundled trace");
+                return f;
             }
             assert!(dir.pop(), "no traces/ above {}", env!("CARGO_MANIFEST_DIR"));
         }
+    }
+
+    fn bundled() -> String {
+        std::fs::read_to_string(bundled_path()).expect("read the bundled trace")
+    }
+
+    /// Engine `i` of `--engines N` replays requests `i, i + N, …` of the trace's first
+    /// `--trace-requests`, and its reference is of those.
+    #[test]
+    fn an_engine_of_several_replays_its_share_of_the_trace() {
+        let mut cfg = StressConfig::default();
+        cfg.trace.trace = Some(bundled_path());
+        cfg.trace.trace_requests = 10;
+        let all = load(&cfg).expect("load");
+        cfg.engines.engine_index = Some(1);
+        cfg.engines.engine_count = Some(3);
+        let one = load(&cfg).expect("load");
+        let (all, one) = (
+            all.trace.loaded.expect("loaded"),
+            one.trace.loaded.expect("loaded"),
+        );
+        assert_eq!(*one, [all[1].clone(), all[4].clone(), all[7].clone()]);
+        let r = cfg_reference(&cfg);
+        assert_eq!(r.requests, 3);
+        assert!(r.device_and_tier_lru_share >= r.device_pool_lru_share);
+    }
+
+    fn cfg_reference(cfg: &StressConfig) -> TraceReference {
+        load(cfg)
+            .expect("load")
+            .trace
+            .trace_reference
+            .expect("reference")
     }
 
     /// The figures `traces/README.md` states, recomputed from the file.
