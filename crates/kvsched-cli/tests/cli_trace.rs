@@ -77,3 +77,109 @@ fn a_bad_trace_is_one_line_naming_the_flag_and_the_line() {
     let out = stress(&["--trace-speed", "-1"]);
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// `prompt_tokens` of a run's JSON: (requests, total, device, tier, computed, after failure).
+fn split(v: &Value) -> [u64; 6] {
+    let p = &v["prompt_tokens"];
+    [
+        "requests",
+        "total",
+        "device_hit",
+        "tier_hit",
+        "computed",
+        "computed_after_failed_load",
+    ]
+    .map(|k| {
+        p[k].as_u64()
+            .unwrap_or_else(|| panic!("prompt_tokens.{k}: {p}"))
+    })
+}
+
+/// On a pool far smaller than the trace's reuse, the tier serves prompt tokens the device
+/// prefix cache let go of; every finished request's prompt is split exactly into device
+/// hits, tier hits and computed tokens.
+#[test]
+fn prompt_tokens_split_by_source_and_the_tier_serves_what_the_pool_let_go() {
+    let out = stress(&[
+        "--trace",
+        TRACE,
+        "--trace-requests",
+        "150",
+        "--trace-speed",
+        "200",
+        "--store",
+        "memory",
+        "--pool-blocks",
+        "16384",
+        "--cancel-ratio",
+        "0",
+        "--verify",
+        "off",
+        "--json",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let v: Value = serde_json::from_slice(&out.stdout).expect("json report");
+    let [requests, total, device, tier, computed, after_failed] = split(&v);
+    assert_eq!(requests, 150, "{}", v["prompt_tokens"]);
+    assert_eq!(
+        Some(requests),
+        v["requests"]["finished"].as_u64(),
+        "{}",
+        v["prompt_tokens"]
+    );
+    // Every request finished: the engine saw exactly the trace's prompt tokens.
+    let t = &v["config"]["trace_reference"];
+    assert_eq!(Some(total), t["prompt_tokens"].as_u64(), "{t}");
+    assert_eq!(device + tier + computed, total, "{}", v["prompt_tokens"]);
+    assert!(total > 0 && computed > 0, "{}", v["prompt_tokens"]);
+    assert!(
+        tier > 0,
+        "no tier hit on a pool of 16,384 blocks: {}",
+        v["prompt_tokens"]
+    );
+    assert!(after_failed <= computed, "{}", v["prompt_tokens"]);
+    // Loaded tokens were verified chunks: at least as many bytes loaded as tier tokens need.
+    let loaded = v["kv"]["kv_bytes_loaded"]
+        .as_u64()
+        .expect("kv_bytes_loaded");
+    assert!(
+        loaded >= tier * 16,
+        "{loaded} bytes loaded for {tier} tier tokens"
+    );
+    let with_tier = t["device_and_tier_lru_share"].as_f64().expect("share");
+    assert!(
+        with_tier >= t["device_pool_lru_share"].as_f64().expect("share"),
+        "{t}"
+    );
+}
+
+/// Chunks evicted between lookup and load fail their loads: the tokens they would have
+/// served are computed, and counted as computed after a failed load.
+#[test]
+fn tokens_a_failed_load_would_have_served_are_counted_apart() {
+    let out = stress(&[
+        "--trace",
+        TRACE,
+        "--trace-requests",
+        "150",
+        "--trace-speed",
+        "200",
+        "--store",
+        "memory",
+        "--pool-blocks",
+        "16384",
+        "--faults",
+        "evict=0.3",
+        "--verify",
+        "off",
+        "--json",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let v: Value = serde_json::from_slice(&out.stdout).expect("json report");
+    let [_, total, device, tier, computed, after_failed] = split(&v);
+    assert_eq!(device + tier + computed, total, "{}", v["prompt_tokens"]);
+    assert!(v["kv"]["missing_chunks"].as_u64() > Some(0), "{}", v["kv"]);
+    assert!(after_failed > 0, "{}", v["prompt_tokens"]);
+}

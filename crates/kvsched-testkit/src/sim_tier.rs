@@ -58,7 +58,7 @@ impl Default for SimTierConfig {
 pub struct SimTierCounts {
     /// `get` calls.
     pub gets: u64,
-    /// Values damaged in transfer.
+    /// Values damaged in transfer (distinct chunks of a call, one flipped byte each).
     pub damaged: u64,
     /// Calls that panicked.
     pub panics: u64,
@@ -165,8 +165,15 @@ impl Tier for SimTier {
         let mut values = self.inner.get(keys, cancel)?;
         if !values.is_empty() && rng.unit() < self.cfg.failure_rate {
             let n = 1 + rng.below(u64::from(self.cfg.max_invalid_per_failure.max(1)));
+            // Distinct chunks: a second flip of the same byte would undo the first, and
+            // `damaged` counts chunks, each caught by the chunk's checks.
+            let mut hit: Vec<usize> = Vec::new();
             for _ in 0..n {
                 let i = rng.below(values.len() as u64) as usize;
+                if hit.contains(&i) {
+                    continue;
+                }
+                hit.push(i);
                 if let Some(v) = values[i].as_mut().filter(|v| !v.is_empty()) {
                     let at = rng.below(v.len() as u64) as usize;
                     v[at] ^= 0x5a;

@@ -111,8 +111,10 @@ pub struct StressConfig {
     pub baseline: Option<BaselineKind>,
     /// Where the KV chunks live: `sim` (in memory, behind simulated latency and damage),
     /// `memory`, `disk=DIR`, `redis` (a private redis-server started for the run) or
-    /// `redis://HOST:PORT[,…]` (your server or cluster). Redis needs a build with
-    /// `--features redis`.
+    /// `redis://HOST:PORT[,…]` (your server or cluster). Store faults (`--faults
+    /// corrupt/truncate/evict/slow`) act on memory, disk=DIR and the private redis; the sim
+    /// store takes `--failure-rate` instead. Redis is in the default build (not in one built
+    /// with `--no-default-features`).
     #[arg(long, default_value = "sim", value_name = "STORE", value_parser = StoreParser)]
     pub store: StoreSpec,
     /// Capacity of a sim, memory or disk store, e.g. 512M or 1G (1M to 16T).
@@ -282,7 +284,6 @@ impl StressConfig {
         self.check_shares()?;
         self.check_ranges()?;
         self.check_rate_and_duration()?;
-        self.trace.check(&self.engines)?;
         self.check_across()
     }
 

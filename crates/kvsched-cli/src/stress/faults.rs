@@ -156,6 +156,9 @@ pub(super) struct FaultConnector {
     pub(super) hangs: AtomicU64,
     pub(super) panics: AtomicU64,
     pub(super) offers: SegQueue<Arc<str>>,
+    /// Every load a worker started (`false`), and again once it returned every block
+    /// (`true`): request and token range, for the prompt-token sources.
+    pub(super) started: SegQueue<(Arc<str>, u64, u64, bool)>,
 }
 
 impl FaultConnector {
@@ -177,6 +180,7 @@ impl FaultConnector {
             hangs: AtomicU64::new(0),
             panics: AtomicU64::new(0),
             offers: SegQueue::new(),
+            started: SegQueue::new(),
         }
     }
 }
@@ -219,6 +223,8 @@ impl KvConnector for FaultConnector {
     }
 
     fn load(&self, job: &LoadJob) -> LoadResult {
+        self.started
+            .push((job.request.clone(), job.start_tokens, job.end_tokens, false));
         if self.hang_rate > 0.0 || self.panic_rate > 0.0 {
             let mut rng = SplitMix64::new(
                 self.seed
@@ -244,7 +250,12 @@ impl KvConnector for FaultConnector {
                 std::thread::sleep(hang);
             }
         }
-        self.inner.load(&self.bounded(job))
+        let result = self.inner.load(&self.bounded(job));
+        if result == LoadResult::Ok {
+            self.started
+                .push((job.request.clone(), job.start_tokens, job.end_tokens, true));
+        }
+        result
     }
 }
 

@@ -61,6 +61,16 @@ macro_rules! row {
             needs: None,
         }
     };
+    ($key:literal, $label:literal, latency $field:ident . $p:ident) => {
+        Row {
+            key: $key,
+            label: $label,
+            format: Format::Fixed(1),
+            better: Some(Better::Lower),
+            value: |r: &RunReport| r.$field.sampled(r.$field.$p),
+            needs: None,
+        }
+    };
     ($key:literal, $label:literal, needs $m:ident, |$r:ident| $value:expr) => {
         Row {
             key: $key,
@@ -251,6 +261,7 @@ pub(super) fn sections() -> Vec<Section> {
                 ),
             ],
         },
+        super::figures_prompt::prompt_section(),
         Section {
             title: "throughput — higher is better",
             rows: vec![
@@ -275,12 +286,9 @@ pub(super) fn sections() -> Vec<Section> {
                     Some(Higher),
                     |r| { Some(r.completions_per_s) }
                 ),
-                row!("steps", "steps", Count, None, |r| c(r.steps)),
-                row!("elapsed_s", "run time (s)", Fixed(2), None, |r| Some(
-                    r.elapsed_s
-                )),
             ],
         },
+        super::figures_prompt::run_section(),
         Section {
             title: "CPU, whole process — lower is better",
             rows: vec![
@@ -318,91 +326,32 @@ pub(super) fn sections() -> Vec<Section> {
         Section {
             title: "step overhead (µs) — lower is better",
             rows: vec![
-                row!("step_overhead_us.p50", "p50", Fixed(1), Some(Lower), |r| {
-                    Some(r.step_overhead_us.p50)
-                }),
+                row!("step_overhead_us.p50", "p50", latency step_overhead_us.p50),
                 row!("step_overhead_us.p90", "p90", Fixed(1), Some(Lower), |r| r
                     .step_overhead_us
-                    .p90),
-                row!("step_overhead_us.p99", "p99", Fixed(1), Some(Lower), |r| {
-                    Some(r.step_overhead_us.p99)
-                }),
-                row!(
-                    "step_overhead_us.p999",
-                    "p99.9",
-                    Fixed(1),
-                    Some(Lower),
-                    |r| Some(r.step_overhead_us.p999)
-                ),
-                row!("step_overhead_us.max", "max", Fixed(1), Some(Lower), |r| {
-                    Some(r.step_overhead_us.max)
-                }),
+                    .p90
+                    .filter(|_| r.step_overhead_us.count > 0)),
+                row!("step_overhead_us.p99", "p99", latency step_overhead_us.p99),
+                row!("step_overhead_us.p999", "p99.9", latency step_overhead_us.p999),
+                row!("step_overhead_us.max", "max", latency step_overhead_us.max),
             ],
         },
         Section {
             title: "submit → first schedule (µs) — lower is better",
             rows: vec![
-                row!(
-                    "submit_to_schedule_us.p50",
-                    "p50",
-                    Fixed(1),
-                    Some(Lower),
-                    |r| Some(r.submit_to_schedule_us.p50)
-                ),
-                row!(
-                    "submit_to_schedule_us.p99",
-                    "p99",
-                    Fixed(1),
-                    Some(Lower),
-                    |r| Some(r.submit_to_schedule_us.p99)
-                ),
-                row!(
-                    "submit_to_schedule_us.p999",
-                    "p99.9",
-                    Fixed(1),
-                    Some(Lower),
-                    |r| Some(r.submit_to_schedule_us.p999)
-                ),
-                row!(
-                    "submit_to_schedule_us.max",
-                    "max",
-                    Fixed(1),
-                    Some(Lower),
-                    |r| Some(r.submit_to_schedule_us.max)
-                ),
+                row!("submit_to_schedule_us.p50", "p50", latency submit_to_schedule_us.p50),
+                row!("submit_to_schedule_us.p99", "p99", latency submit_to_schedule_us.p99),
+                row!("submit_to_schedule_us.p999", "p99.9", latency submit_to_schedule_us.p999),
+                row!("submit_to_schedule_us.max", "max", latency submit_to_schedule_us.max),
             ],
         },
         Section {
             title: "completion → runnable (µs) — lower is better",
             rows: vec![
-                row!(
-                    "completion_to_runnable_us.p50",
-                    "p50",
-                    Fixed(1),
-                    Some(Lower),
-                    |r| Some(r.completion_to_runnable_us.p50)
-                ),
-                row!(
-                    "completion_to_runnable_us.p99",
-                    "p99",
-                    Fixed(1),
-                    Some(Lower),
-                    |r| Some(r.completion_to_runnable_us.p99)
-                ),
-                row!(
-                    "completion_to_runnable_us.p999",
-                    "p99.9",
-                    Fixed(1),
-                    Some(Lower),
-                    |r| Some(r.completion_to_runnable_us.p999)
-                ),
-                row!(
-                    "completion_to_runnable_us.max",
-                    "max",
-                    Fixed(1),
-                    Some(Lower),
-                    |r| Some(r.completion_to_runnable_us.max)
-                ),
+                row!("completion_to_runnable_us.p50", "p50", latency completion_to_runnable_us.p50),
+                row!("completion_to_runnable_us.p99", "p99", latency completion_to_runnable_us.p99),
+                row!("completion_to_runnable_us.p999", "p99.9", latency completion_to_runnable_us.p999),
+                row!("completion_to_runnable_us.max", "max", latency completion_to_runnable_us.max),
             ],
         },
         Section {

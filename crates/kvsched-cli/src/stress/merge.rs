@@ -15,6 +15,7 @@
 //!   engine's that has one, prefixed `e{i}: `.
 
 use super::cpu::CpuReport;
+use super::prompt_sources::PromptTokens;
 use super::report::{
     EngineEvents, Events, FaultCounts, Invariants, KvCounts, LoadCounts, Percentiles,
     RequestCounts, RunReport,
@@ -41,6 +42,24 @@ impl RequestCounts {
             finished: add(self.finished, o.finished),
             failed: add(self.failed, o.failed),
             cancelled: add(self.cancelled, o.cancelled),
+            cancelled_at_shutdown: add(self.cancelled_at_shutdown, o.cancelled_at_shutdown),
+        }
+    }
+}
+
+impl PromptTokens {
+    /// Both counts summed.
+    pub(super) fn merge(&self, o: &Self) -> Self {
+        PromptTokens {
+            requests: add(self.requests, o.requests),
+            total: add(self.total, o.total),
+            device_hit: add(self.device_hit, o.device_hit),
+            tier_hit: add(self.tier_hit, o.tier_hit),
+            computed: add(self.computed, o.computed),
+            computed_after_failed_load: add(
+                self.computed_after_failed_load,
+                o.computed_after_failed_load,
+            ),
         }
     }
 }
@@ -275,6 +294,7 @@ impl RunReport {
             engine: self.engine.merge(&o.engine),
             kv: self.kv.merge(&o.kv),
             invariants: self.invariants.merge(&o.invariants),
+            prompt_tokens: self.prompt_tokens.merge(&o.prompt_tokens),
             curves: self.curves.clone(),
             has: self.has,
         }

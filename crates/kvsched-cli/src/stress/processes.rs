@@ -109,6 +109,10 @@ pub struct EnginesArgs {
     /// Set by `--engines` for each engine it runs: its request ids start with `e{I}-`.
     #[arg(long, value_name = "I", hide = true, allow_negative_numbers = true, value_parser = clap::value_parser!(u8).range(0..MAX_ENGINES as i64))]
     pub engine_index: Option<u8>,
+    /// Set by `--engines` for each engine it runs: how many it runs (a trace's requests are
+    /// dealt over them, request `k` to engine `k mod N`).
+    #[arg(long, value_name = "N", hide = true, allow_negative_numbers = true, value_parser = clap::value_parser!(u8).range(1..=MAX_ENGINES as i64))]
+    pub engine_count: Option<u8>,
     /// Set by `--engines` for each engine it runs on the server it owns (`--store redis`):
     /// the `redis://` URL the engine gets is not a user's server, so store faults may act on
     /// it. Ignored without `--engine-index`.
@@ -201,6 +205,7 @@ pub fn run_engines(
     for i in 0..plan.engines {
         let mut cmd = std::process::Command::new(&exe);
         cmd.args(child_args(&stress_args, store.as_deref(), i));
+        cmd.args(["--engine-count".to_owned(), plan.engines.to_string()]);
         if server.is_some() {
             cmd.arg("--store-owned");
         }

@@ -8,6 +8,7 @@ use super::config::StressConfig;
 use super::cpu::CpuReport;
 use super::figures::{Figures, Stats};
 use super::histograms::Curves;
+pub use super::prompt_sources::PromptTokens;
 use super::scheduler::Mechanisms;
 use kvsched::runtime::Metrics;
 
@@ -22,6 +23,9 @@ pub struct RequestCounts {
     pub failed: u64,
     /// Ended cancelled (by the client, or by shutdown at the end of `--duration`).
     pub cancelled: u64,
+    /// Of `cancelled`, those still live at shutdown (a run `--duration` ended).
+    #[serde(default)]
+    pub cancelled_at_shutdown: u64,
 }
 
 /// Load counts.
@@ -57,6 +61,14 @@ pub struct Percentiles {
     pub max: f64,
     /// Number of samples.
     pub count: u64,
+}
+
+impl Percentiles {
+    /// `v`, one of these percentiles, or `None` when there was no sample (the table shows
+    /// `n/a`, not 0).
+    pub(super) fn sampled(&self, v: f64) -> Option<f64> {
+        (self.count > 0).then_some(v)
+    }
 }
 
 /// Faults injected by `--faults` (exact counts).
@@ -313,6 +325,9 @@ pub struct RunReport {
     pub events: Events,
     /// What the engine did that the scheduler's counters do not show.
     pub engine: EngineEvents,
+    /// Where the finished requests' prompt tokens came from.
+    #[serde(default)]
+    pub prompt_tokens: PromptTokens,
     /// The KV bytes moved and verified, and the integrity counters.
     pub kv: KvCounts,
     /// Invariants.

@@ -95,7 +95,7 @@ impl Serialize for StoreSpec {
 const EXPECTED: &str = "sim, memory, disk=DIR, redis or redis://HOST:PORT[,…]";
 
 #[cfg(not(feature = "redis"))]
-const NO_REDIS: &str = "this kvsched was built without the Redis tier: build it with `cargo build --release --features redis` (or run `cargo run --release --features redis -- stress --store redis`)";
+const NO_REDIS: &str = "this kvsched was built without the Redis tier (--no-default-features): build it with its default features, or with `--features redis`";
 
 impl FromStr for StoreSpec {
     type Err = String;

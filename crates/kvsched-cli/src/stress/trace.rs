@@ -56,6 +56,11 @@ pub(crate) struct TraceReference {
     pub(crate) device_pool_lru_share: f64,
     /// The device pool, in 512-token blocks.
     pub(crate) device_pool_blocks_512: u64,
+    /// An LRU cache as large as the device pool and the tier together (the unbounded share
+    /// when the tier is unbounded: a Redis store without `--redis-maxmemory`).
+    pub(crate) device_and_tier_lru_share: f64,
+    /// The tier, in 512-token blocks of chunks (`null`: unbounded).
+    pub(crate) tier_blocks_512: Option<u64>,
 }
 
 impl Default for TraceArgs {
@@ -67,19 +72,6 @@ impl Default for TraceArgs {
             loaded: None,
             trace_reference: None,
         }
-    }
-}
-
-impl TraceArgs {
-    /// Refuses what a trace replay cannot do: several engines (each would replay all of it).
-    pub(crate) fn check(&self, engines: &super::processes::EnginesArgs) -> Result<(), StressError> {
-        if self.trace.is_some() && (engines.runs_engines() || engines.engine_index.is_some()) {
-            return Err(trace_error(
-                "not with --engines or --redis-restarts (each engine would replay all of it)"
-                    .into(),
-            ));
-        }
-        Ok(())
     }
 }
 
@@ -119,12 +111,31 @@ pub(crate) fn load(cfg: &StressConfig) -> Result<StressConfig, StressError> {
     if reqs.is_empty() {
         return Err(trace_error(format!("{shown}: no request in it")));
     }
+    // An engine of `--engines N` replays its share of them: request k goes to engine k mod N,
+    // as a load balancer deals a conversation's turns over engines sharing one KV tier.
+    let reqs = match (cfg.engines.engine_index, cfg.engines.engine_count) {
+        (Some(i), Some(n)) if n > 1 => reqs
+            .into_iter()
+            .enumerate()
+            .filter(|(k, _)| k % usize::from(n) == usize::from(i))
+            .map(|(_, r)| r)
+            .collect(),
+        _ => reqs,
+    };
+    if reqs.is_empty() {
+        return Err(trace_error(format!("{shown}: no request for this engine")));
+    }
     let mut out = cfg.clone();
     out.requests = reqs.len() as u64;
     let pool_tokens = cfg.pool_blocks as u64 * cfg.scheduler_block_size();
     let blocks_512 = pool_tokens / TRACE_BLOCK_TOKENS;
     let (total, infinite) = cache_served(&reqs, None);
     let (_, lru) = cache_served(&reqs, Some(blocks_512));
+    let tier_blocks_512 = tier_tokens(cfg).map(|t| t / TRACE_BLOCK_TOKENS);
+    let with_tier = match tier_blocks_512 {
+        Some(t) => cache_served(&reqs, Some(blocks_512.saturating_add(t))).1,
+        None => infinite,
+    };
     let share = |n: u64| (n as f64 / total.max(1) as f64 * 1e4).round() / 1e4;
     out.trace.trace_reference = Some(TraceReference {
         requests: reqs.len() as u64,
@@ -132,9 +143,35 @@ pub(crate) fn load(cfg: &StressConfig) -> Result<StressConfig, StressError> {
         infinite_cache_share: share(infinite),
         device_pool_lru_share: share(lru),
         device_pool_blocks_512: blocks_512,
+        device_and_tier_lru_share: share(with_tier),
+        tier_blocks_512,
     });
     out.trace.loaded = Some(Arc::new(reqs));
     Ok(out)
+}
+
+/// How many tokens of KV the tier of `cfg` holds (`None`: unbounded): its capacity over the
+/// stored bytes per token, each chunk one block of one group behind its header.
+fn tier_tokens(cfg: &StressConfig) -> Option<u64> {
+    let capacity = if cfg.store.is_redis() {
+        cfg.redis_maxmemory?
+    } else {
+        cfg.store_capacity
+    };
+    let header = kvsched::kv::HEADER_LEN as f64;
+    let per_token: f64 = cfg
+        .groups
+        .groups()
+        .iter()
+        .map(|g| {
+            let payload = match g.kind {
+                kvsched::rules::geometry::GroupKind::Mamba { .. } => cfg.mamba_state_bytes,
+                _ => cfg.kv_bytes_per_token.saturating_mul(g.block_size),
+            };
+            (header + payload as f64) / g.block_size.max(1) as f64
+        })
+        .sum();
+    Some((capacity as f64 / per_token.max(1e-9)) as u64)
 }
 
 /// The arrival of trace request `r` from the start of the run, at `speed`.
@@ -328,16 +365,49 @@ pub(crate) fn cache_served(reqs: &[TraceRequest], capacity: Option<u64>) -> (u64
 mod tests {
     use super::*;
 
-    fn bundled() -> String {
+    fn bundled_path() -> PathBuf {
         // The trace sits in `traces/` at the repository root, above the package.
         let mut dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
         loop {
             let f = dir.join("traces/mooncake_conversation_trace.jsonl");
             if f.exists() {
-                return std::fs::read_to_string(f).expect("read the bundled trace");
+                return f;
             }
             assert!(dir.pop(), "no traces/ above {}", env!("CARGO_MANIFEST_DIR"));
         }
+    }
+
+    fn bundled() -> String {
+        std::fs::read_to_string(bundled_path()).expect("read the bundled trace")
+    }
+
+    /// Engine `i` of `--engines N` replays requests `i, i + N, …` of the trace's first
+    /// `--trace-requests`, and its reference is of those.
+    #[test]
+    fn an_engine_of_several_replays_its_share_of_the_trace() {
+        let mut cfg = StressConfig::default();
+        cfg.trace.trace = Some(bundled_path());
+        cfg.trace.trace_requests = 10;
+        let all = load(&cfg).expect("load");
+        cfg.engines.engine_index = Some(1);
+        cfg.engines.engine_count = Some(3);
+        let one = load(&cfg).expect("load");
+        let (all, one) = (
+            all.trace.loaded.expect("loaded"),
+            one.trace.loaded.expect("loaded"),
+        );
+        assert_eq!(*one, [all[1].clone(), all[4].clone(), all[7].clone()]);
+        let r = cfg_reference(&cfg);
+        assert_eq!(r.requests, 3);
+        assert!(r.device_and_tier_lru_share >= r.device_pool_lru_share);
+    }
+
+    fn cfg_reference(cfg: &StressConfig) -> TraceReference {
+        load(cfg)
+            .expect("load")
+            .trace
+            .trace_reference
+            .expect("reference")
     }
 
     /// The figures `traces/README.md` states, recomputed from the file.

@@ -200,6 +200,26 @@ pub fn assert_run_keys(v: &Value) {
     let n = |k: &str| r[k].as_u64().unwrap_or(0);
     assert_eq!(n("submitted"), 300);
     assert_eq!(n("finished") + n("failed") + n("cancelled"), n("submitted"));
+    assert!(
+        r["cancelled_at_shutdown"].as_u64() <= Some(n("cancelled")),
+        "{r}"
+    );
+    // The finished requests' prompt tokens by source add up; the warmed sim store serves some.
+    let p = get(v, "prompt_tokens");
+    let t = |k: &str| {
+        p[k].as_u64()
+            .unwrap_or_else(|| panic!("prompt_tokens.{k}: {p}"))
+    };
+    assert_eq!(t("requests"), n("finished"), "{p}");
+    assert_eq!(
+        t("device_hit") + t("tier_hit") + t("computed"),
+        t("total"),
+        "{p}"
+    );
+    assert!(
+        t("tier_hit") > 0 && t("computed_after_failed_load") <= t("computed"),
+        "{p}"
+    );
     // Request throughput beside load completions, and CPU.
     for k in ["finished_per_s", "output_tokens_per_s"] {
         assert!(get(v, k).as_f64().is_some_and(|x| x > 0.0), "{k}: {v}");

@@ -11,6 +11,7 @@ const PARENT_FLAGS: &[&str] = &[
     "--engines",
     "--redis-restarts",
     "--engine-index",
+    "--engine-count",
     "--store",
     "--redis-cluster",
     "--redis-maxmemory",

@@ -34,6 +34,7 @@ fn report(submitted: u64, finished: u64, cancelled: u64, from_others: u64, loade
             finished,
             failed: 0,
             cancelled,
+            cancelled_at_shutdown: 0,
         },
         loads: LoadCounts {
             ok: 10,

@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use super::table::wrap;
+use super::table::{wrap, WRAP};
 use crate::stress::config::StressConfig;
 use crate::stress::faults::FAULT_NAMES;
 use crate::stress::report::StressReport;
@@ -18,32 +18,41 @@ pub(super) fn settings(c: &StressConfig, o: &mut String) {
     } else {
         format!(" · failure rate {}", c.failure_rate)
     };
-    let line = format!(
-        "kvsched stress: {} · {} shards · {} workers · rate {} · {} requests · mode {} · policy {}{failure} · seed {}",
-        c.groups.name(),
-        c.shards,
-        c.workers,
-        match (&c.trace.trace, c.rate) {
-            (Some(t), _) => format!(
-                "of trace {} ×{} (open loop)",
-                t.display(),
-                c.trace.trace_speed
-            ),
-            (None, Rate::Max) => format!("max (closed loop, {} live)", c.live),
-            (None, r) => format!("{r} (open loop)"),
-        },
-        c.requests,
-        match c.mode {
-            Mode::Safe => "safe",
-            Mode::Vllm => "vllm",
-        },
-        match c.policy {
-            Policy::Recompute => "recompute",
-            Policy::Fail => "fail",
-        },
-        c.seed
-    );
-    wrap(&line, "", "  ", o);
+    let rate = match (&c.trace.trace, c.rate) {
+        (Some(t), _) => format!(
+            "trace {} replayed {}× faster than recorded (open loop)",
+            t.display(),
+            c.trace.trace_speed
+        ),
+        (None, Rate::Max) => format!("rate max (closed loop, {} live)", c.live),
+        (None, r) => format!("rate {r} (open loop)"),
+    };
+    let mut phrases = vec![
+        format!("kvsched stress: {}", c.groups.name()),
+        format!("{} shards", c.shards),
+        format!("{} workers", c.workers),
+        rate,
+        format!("{} requests", super::cells::count(c.requests)),
+        format!(
+            "mode {}",
+            match c.mode {
+                Mode::Safe => "safe",
+                Mode::Vllm => "vllm",
+            }
+        ),
+        format!(
+            "policy {}",
+            match c.policy {
+                Policy::Recompute => "recompute",
+                Policy::Fail => "fail",
+            }
+        ),
+    ];
+    if !failure.is_empty() {
+        phrases.push(failure.trim_start_matches(" · ").to_owned());
+    }
+    phrases.push(format!("seed {}", c.seed));
+    wrap_phrases(&phrases, o);
     if let Some(r) = &c.trace.trace_reference {
         let line = format!(
             "trace: {} requests, {} prompt tokens; a prefix cache could serve {:.1}% of them if \
@@ -111,6 +120,28 @@ pub(super) fn settings(c: &StressConfig, o: &mut String) {
             c.load_deadline_ms
                 .map_or("none".to_owned(), |ms| format!("{ms} ms"))
         );
+    }
+}
+
+/// Writes `phrases` joined by ` · `, wrapped at [`WRAP`] columns between phrases only (a
+/// phrase longer than a line is wrapped at its spaces), the lines after the first indented.
+fn wrap_phrases(phrases: &[String], o: &mut String) {
+    let mut line = String::new();
+    for p in phrases {
+        let joined = if line.is_empty() {
+            p.clone()
+        } else {
+            format!("{line} · {p}")
+        };
+        if joined.chars().count() <= WRAP || line.trim().is_empty() {
+            line = joined;
+        } else {
+            wrap(&line, "", "  ", o);
+            line = format!("  {p}");
+        }
+    }
+    if !line.trim().is_empty() {
+        wrap(&line, "", "  ", o);
     }
 }
 

@@ -50,11 +50,17 @@ fn timed_out(report: &StressReport, o: &mut String) {
     for r in runs.filter(|r| r.timed_out) {
         wrap(
             &format!(
-                "{}: the run hit --duration {} s and ended there, {} of {} requests submitted (those still live were cancelled at shutdown; timed_out in JSON)",
+                "{}: the run hit --duration {} s and ended there, {} of {} requests submitted; {} still live were cancelled at shutdown, apart from the {} cancelled during the run (timed_out and requests.cancelled_at_shutdown in JSON)",
                 r.scheduler,
                 report.config.duration_s,
                 super::cells::count(r.requests.submitted),
-                super::cells::count(report.config.requests)
+                super::cells::count(report.config.requests),
+                super::cells::count(r.requests.cancelled_at_shutdown),
+                super::cells::count(
+                    r.requests
+                        .cancelled
+                        .saturating_sub(r.requests.cancelled_at_shutdown)
+                ),
             ),
             "",
             "  ",
@@ -119,9 +125,15 @@ fn section(sec: &FigureSection, report: &StressReport, table: &mut Table) -> usi
         table.row(
             f.label,
             [
-                f.kvsched.as_ref().map(|s| cell(s, f.format, several, "")),
+                Some(
+                    f.kvsched
+                        .as_ref()
+                        .map_or_else(|| "n/a".to_owned(), |s| cell(s, f.format, several, "")),
+                ),
                 baseline.map(|_| match &f.baseline {
                     Some(Some(s)) => cell(s, f.format, several, ""),
+                    // A latency with no sample, not a missing mechanism.
+                    _ if f.key.contains("_us.") => "n/a".to_owned(),
                     _ => {
                         lacking = true;
                         "—".to_owned()

@@ -6,6 +6,7 @@ use super::cells::{count, counted};
 use super::decisions::decisions_notes;
 use crate::stress::config::StressConfig;
 use crate::stress::figures::{FigureSection, KV_SECTION};
+use crate::stress::figures_prompt::PROMPT_SECTION;
 use crate::stress::report::{RunReport, StressReport};
 use crate::stress::values::Rate;
 use kvsched::rules::recovery::Mode;
@@ -16,7 +17,13 @@ pub(super) fn notes(sec: &FigureSection, report: &StressReport) -> Vec<String> {
     let mut notes = Vec::new();
     match sec.title {
         t if t.starts_with("throughput") => {
-            if let Rate::PerSecond(rate) = c.rate {
+            if let Some(t) = &c.trace.trace {
+                notes.push(format!(
+                    "open loop: requests arrive at the times of trace {}, {}× faster than recorded, whatever the scheduler does, so finished requests/s follows those arrivals unless a scheduler falls behind",
+                    t.display(),
+                    c.trace.trace_speed
+                ));
+            } else if let Rate::PerSecond(rate) = c.rate {
                 notes.push(format!(
                     "open loop: requests arrive at {rate}/s whatever the scheduler does, so finished requests/s follows that rate unless a scheduler falls behind"
                 ));
@@ -35,6 +42,7 @@ pub(super) fn notes(sec: &FigureSection, report: &StressReport) -> Vec<String> {
         ),
         "recovery" => decisions_notes(report, &mut notes),
         KV_SECTION => kv_notes(report, &mut notes),
+        PROMPT_SECTION => super::prompt_notes::prompt_notes(report, &mut notes),
         "events" => events_notes(report, &mut notes),
         _ => {}
     }
@@ -56,8 +64,13 @@ fn kv_notes(report: &StressReport, notes: &mut Vec<String>) {
     let r = &report.run;
     if c.store.is_real() {
         notes.push(format!(
-            "store {}: not warmed (--hit-ratio is for the sim store); it starts with what it holds and fills with the full prompt blocks the engine computes and saves{}",
+            "store {}: not warmed (--hit-ratio is for the sim store); {} and fills with the full prompt blocks the engine computes and saves{}",
             c.store.shown(),
+            match c.store {
+                crate::stress::store::StoreSpec::Memory => "it starts empty",
+                crate::stress::store::StoreSpec::Redis => "kvsched's own server, emptied (FLUSHALL) before the run",
+                _ => "it starts with what it holds",
+            },
             if matches!(c.store, crate::stress::store::StoreSpec::Disk(_)) {
                 " (each scheduler in its own subdirectory, kvsched/ and mutex/: a later run on the directory loads what earlier ones saved, counted as saved by an earlier run)"
             } else {
@@ -75,7 +88,7 @@ fn kv_notes(report: &StressReport, notes: &mut Vec<String>) {
     }
     if !c.store.is_real() && runs.iter().any(|r| r.kv.transfer_damage > 0) {
         notes.push(format!(
-            "sim store: --failure-rate {} flipped a byte of a loaded chunk {} times in transfer; a damaged chunk fails the chunk's checks (a checksum failure, or a format error when the byte is in the header) and becomes a failed block, never KV",
+            "sim store: --failure-rate {} damaged {} loaded chunks in transfer (a flipped byte each); a damaged chunk fails the chunk's checks (a checksum failure, or a format error when the byte is in the header) and becomes a failed block, never KV",
             c.failure_rate,
             count(r.kv.transfer_damage)
         ));

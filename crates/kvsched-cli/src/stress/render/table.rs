@@ -91,7 +91,7 @@ impl Table {
 }
 
 /// The width notes are wrapped to.
-const WRAP: usize = 100;
+pub(super) const WRAP: usize = 100;
 
 /// Writes `text` wrapped at [`WRAP`] columns, the first line after `first`, the others after
 /// `rest`.

@@ -1,0 +1,223 @@
+//! Where every prompt token of a finished request came from: the device prefix cache, a
+//! load from the tier, or the engine's own computation (with what it computed because a
+//! load failed shown apart).
+//!
+//! The engine's own accounting, not a model: per live request it keeps the lowest
+//! `num_computed_tokens` of any step that computed prompt tokens (`L`: everything at and
+//! past it the engine computed at least once, everything below it it never computed) and
+//! the token ranges of every load run for it, with whether the load filled all its blocks —
+//! asynchronous ones as the connector's workers start and finish them
+//! ([`FaultConnector`](super::faults::FaultConnector) records them), synchronous ones from
+//! the plans that carry them and the failed blocks of the engine's output. When the request
+//! finishes, its prompt of `P` tokens splits into
+//!
+//! * `tier_hit`: tokens below `L` inside a load's range (a load that failed at a block
+//!   rolls the request back below that block, so what is left below `L` was loaded and
+//!   verified);
+//! * `device_hit`: the rest below `L`, which no load covered: the device prefix cache;
+//! * `computed`: `P − L`, of which `computed_after_failed_load` lie inside the range of a
+//!   load that failed (a damaged or missing chunk, a tier error, a passed deadline, a
+//!   panic). Tokens a load filled but a preemption freed before the request ran again are
+//!   computed, not counted there.
+//!
+//! A token is counted once, by the first source that gave it to the request: a request
+//! preempted after a load and admitted again over the prefix cache still counts the loaded
+//! tokens as tier hits. The three add up to the finished requests' prompt tokens exactly.
+
+use std::sync::Arc;
+
+use crossbeam_queue::SegQueue;
+use rustc_hash::FxHashMap;
+use serde::{Deserialize, Serialize};
+
+use kvsched::runtime::{EndState, StepOutput, StepPlan};
+
+/// The prompt tokens of the finished requests, by source (the JSON's `prompt_tokens`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PromptTokens {
+    /// Finished requests counted.
+    pub requests: u64,
+    /// Their prompt tokens: `device_hit + tier_hit + computed`.
+    pub total: u64,
+    /// Served by the device prefix cache.
+    pub device_hit: u64,
+    /// Loaded from the tier (verified chunks).
+    pub tier_hit: u64,
+    /// Computed by the engine.
+    pub computed: u64,
+    /// Of `computed`, tokens in the range of a load that failed.
+    pub computed_after_failed_load: u64,
+}
+
+/// One live request's accounting.
+struct Track {
+    prompt_len: u64,
+    /// The lowest `num_computed_tokens` of a step that computed prompt tokens (`prompt_len`
+    /// until one did).
+    lowest_computed: u64,
+    /// Token ranges of the loads run for it, and whether each failed (until it is known to
+    /// have filled every block).
+    loads: Vec<(u64, u64, bool)>,
+}
+
+/// The per-request accounting of a run and its totals.
+#[derive(Default)]
+pub(super) struct PromptSources {
+    live: FxHashMap<Arc<str>, Track>,
+    totals: PromptTokens,
+}
+
+impl PromptSources {
+    /// A request submitted with a prompt of `prompt_len` tokens.
+    pub(super) fn add(&mut self, id: &Arc<str>, prompt_len: usize) {
+        self.live.insert(
+            id.clone(),
+            Track {
+                prompt_len: prompt_len as u64,
+                lowest_computed: prompt_len as u64,
+                loads: Vec::new(),
+            },
+        );
+    }
+
+    /// A load of tokens `start..end` for request `id` started (`ok` false) or filled every
+    /// block (`ok` true, after its start).
+    pub(super) fn loaded(&mut self, id: &str, start: u64, end: u64, ok: bool) {
+        let Some(t) = self.live.get_mut(id).filter(|_| end > start) else {
+            return;
+        };
+        if !ok {
+            t.loads.push((start, end, true));
+        } else if let Some(l) = t
+            .loads
+            .iter_mut()
+            .rev()
+            .find(|l| l.0 == start && l.1 == end && l.2)
+        {
+            l.2 = false;
+        }
+    }
+
+    /// The loads the workers started so far (`started`, drained), then what a plan says:
+    /// its sync loads, where its requests compute from, how they ended.
+    pub(super) fn observe(
+        &mut self,
+        started: &SegQueue<(Arc<str>, u64, u64, bool)>,
+        plan: &StepPlan,
+    ) {
+        while let Some((id, start, end, ok)) = started.pop() {
+            self.loaded(&id, start, end, ok);
+        }
+        for s in &plan.scheduled {
+            let Some(t) = self.live.get_mut(&s.id) else {
+                continue;
+            };
+            if s.num_computed_tokens < t.prompt_len && s.num_tokens > 0 {
+                t.lowest_computed = t.lowest_computed.min(s.num_computed_tokens);
+            }
+        }
+        for (id, state) in &plan.ended {
+            self.ended(id, *state);
+        }
+    }
+
+    /// The sync loads of `plan` once the engine ran them: failed where `out` names one of
+    /// their blocks invalid.
+    pub(super) fn sync_loads(&mut self, plan: &StepPlan, out: &StepOutput) {
+        for s in &plan.scheduled {
+            let Some(job) = &s.sync_load else {
+                continue;
+            };
+            let failed = job
+                .all_loaded_blocks()
+                .iter()
+                .any(|b| out.invalid_blocks.contains(b));
+            self.loaded(&s.id, job.start_tokens, job.end_tokens, false);
+            if !failed {
+                self.loaded(&s.id, job.start_tokens, job.end_tokens, true);
+            }
+        }
+    }
+
+    /// Request `id` ended: a finished one's prompt tokens join the totals.
+    pub(super) fn ended(&mut self, id: &str, state: EndState) {
+        let Some(t) = self.live.remove(id) else {
+            return;
+        };
+        if state != EndState::Finished {
+            return;
+        }
+        let low = t.lowest_computed;
+        let all: Vec<(u64, u64)> = t.loads.iter().map(|l| (l.0, l.1)).collect();
+        let failed: Vec<(u64, u64)> = t.loads.iter().filter(|l| l.2).map(|l| (l.0, l.1)).collect();
+        let tier = covered(&all, 0, low);
+        let n = &mut self.totals;
+        n.requests += 1;
+        n.total += t.prompt_len;
+        n.tier_hit += tier;
+        n.device_hit += low - tier;
+        n.computed += t.prompt_len - low;
+        n.computed_after_failed_load += covered(&failed, low, t.prompt_len);
+    }
+
+    /// The totals so far.
+    pub(super) fn totals(&self) -> PromptTokens {
+        self.totals.clone()
+    }
+}
+
+/// Tokens of `lo..hi` inside at least one of `ranges`.
+fn covered(ranges: &[(u64, u64)], lo: u64, hi: u64) -> u64 {
+    let mut clipped: Vec<(u64, u64)> = ranges
+        .iter()
+        .map(|&(s, e)| (s.max(lo), e.min(hi)))
+        .filter(|(s, e)| s < e)
+        .collect();
+    clipped.sort_unstable();
+    let (mut total, mut reach) = (0, lo);
+    for (s, e) in clipped {
+        let s = s.max(reach);
+        if e > s {
+            total += e - s;
+            reach = e;
+        }
+    }
+    total
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overlapping_ranges_are_counted_once() {
+        assert_eq!(covered(&[(0, 10), (5, 20), (30, 40)], 0, 100), 30);
+        assert_eq!(covered(&[(0, 10), (5, 20), (30, 40)], 8, 35), 17);
+        assert_eq!(covered(&[], 0, 100), 0);
+        assert_eq!(covered(&[(50, 60)], 0, 40), 0);
+    }
+
+    #[test]
+    fn a_finished_request_splits_its_prompt_and_others_are_left_out() {
+        let mut p = PromptSources::default();
+        let (a, b): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
+        p.add(&a, 100);
+        p.add(&b, 100);
+        // a: device prefix 0..32, a load 32..64 that landed, a load 64..96 that failed and
+        // was recomputed from 64.
+        p.loaded("a", 32, 64, false);
+        p.loaded("a", 32, 64, true);
+        p.loaded("a", 64, 96, false);
+        if let Some(t) = p.live.get_mut("a") {
+            t.lowest_computed = 64;
+        }
+        p.ended("a", EndState::Finished);
+        p.ended("b", EndState::Cancelled);
+        let t = p.totals();
+        assert_eq!(
+            (t.requests, t.total, t.device_hit, t.tier_hit, t.computed),
+            (1, 100, 32, 32, 36)
+        );
+        assert_eq!(t.computed_after_failed_load, 32);
+    }
+}
