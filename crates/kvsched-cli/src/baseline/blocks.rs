@@ -128,7 +128,10 @@ impl Plain {
                 let id = self.reclaim.pop_front()?;
                 let i = id as usize;
                 if self.ref_count[i] == 0 && self.hash_of[i].is_some() {
-                    if std::mem::take(&mut self.touched[i]) {
+                    // Planted bug `baseline-no-second-chance` (scripts/plants.sh): a block
+                    // revived by a prefix hit is reclaimed without its second chance.
+                    let second_chance = !cfg!(kvsched_plant = "baseline-no-second-chance");
+                    if std::mem::take(&mut self.touched[i]) && second_chance {
                         self.reclaim.push_back(id); // its second chance
                         continue;
                     }

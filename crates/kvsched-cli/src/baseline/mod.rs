@@ -43,7 +43,8 @@
 //! [`scheduler`] (the API, each call under the lock) over [`state`] (everything behind the
 //! lock, the baseline's strategy and one step), [`engine`] (what the runtime's engine thread
 //! does: the output checked, the shard's result made a plan), the strategy's [`blocks`] and
-//! [`claims`]; [`invariants`]; the [`workers`]; [`config`].
+//! [`claims`] (checked against the runtime's pool and claim table, operation by operation,
+//! in `strategy_tests`); [`invariants`]; the [`workers`]; [`config`].
 
 mod blocks;
 mod claims;
@@ -52,6 +53,8 @@ mod engine;
 mod invariants;
 mod scheduler;
 mod state;
+#[cfg(test)]
+mod strategy_tests;
 mod workers;
 
 pub use config::BaselineConfig;
