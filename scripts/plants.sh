@@ -53,8 +53,9 @@ declare -A TESTS=(
   # for a completion that never comes (a hung worker), and the pool drains.
   [park-unstarted]="kvsched --test kv_lifecycle"
   # kvsched-cli baseline/blocks.rs: the mutex baseline's pool reclaims a block revived by a
-  # prefix hit without its second chance, unlike the runtime's pool.
-  [baseline-no-second-chance]="kvsched-cli --bin kvsched baseline::strategy_tests;kvsched-cli --bin kvsched tests::same_decisions"
+  # prefix hit without its second chance, unlike the runtime's pool. (tests::same_decisions
+  # does not catch it: with this plant its runs still decide alike step by step.)
+  [baseline-no-second-chance]="kvsched-cli --bin kvsched baseline::strategy_tests"
 )
 ORDER=(decide-early claim-store late-leak panic-ok trust-stale end-while-loading no-cross-shard-preempt lookup-uncaught shard-panic-escapes mamba-align-cache-unwritten
   saver-flush-early register-unwritten reoffer-unwritten park-unstarted baseline-no-second-chance)

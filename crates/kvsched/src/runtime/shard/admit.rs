@@ -18,7 +18,8 @@ use super::strategy::{Pool, Strategy};
 use super::{next_key, Env, HolderIndex, Metrics, Phase, Req, Shard, StepSettings};
 
 impl<S: Strategy> Shard<S> {
-    /// Longest usable local prefix (a multiple of `S`, below the prompt's end), retained.
+    /// Longest usable local prefix (a multiple of the scheduler block size, below the
+    /// prompt's end), retained.
     fn local_prefix(env: &Env<'_, S>, r: &Req) -> (u64, Vec<Vec<(BlockId, Generation)>>) {
         let geo = env.geo;
         let groups = geo.groups();
