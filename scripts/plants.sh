@@ -55,9 +55,13 @@ declare -A TESTS=(
   # connector/cancel.rs: a load no worker started is never dropped; its blocks are parked
   # for a completion that never comes (a hung worker), and the pool drains.
   [park-unstarted]="kvsched --test kv_lifecycle"
+  # kvsched-cli baseline/blocks.rs: the mutex baseline's pool reclaims a block revived by a
+  # prefix hit without its second chance, unlike the runtime's pool. (tests::same_decisions
+  # does not catch it: with this plant its runs still decide alike step by step.)
+  [baseline-no-second-chance]="kvsched-cli --bin kvsched baseline::strategy_tests"
 )
 ORDER=(decide-early claim-store late-leak panic-ok trust-stale end-while-loading no-cross-shard-preempt lookup-uncaught shard-panic-escapes mamba-align-cache-unwritten
-  saver-flush-early register-unwritten reoffer-unwritten park-unstarted)
+  saver-flush-early register-unwritten reoffer-unwritten park-unstarted baseline-no-second-chance)
 
 if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi
 

@@ -1,5 +1,7 @@
 //! The baseline's block allocator and prefix cache: plain reference counts, a free list, a
-//! queue of cached unreferenced blocks to reclaim and a hash map from block hash to block.
+//! queue of cached unreferenced blocks to reclaim and a hash map from block hash to block —
+//! the [`Pool`] of the baseline's strategy, unsynchronised (it lives behind the global lock;
+//! a `RefCell` gives the shard's `&self` calls their one mutable borrow at a time).
 //!
 //! The same allocation rules as the runtime's pool, so both reclaim the same cached blocks:
 //! the free list is a stack (ids in increasing order at first), and the reclaim queue is
@@ -7,31 +9,104 @@
 //! entry was pushed (revived by a prefix hit meanwhile) is *touched* and goes to the back
 //! once before it is reclaimed.
 
+use std::cell::RefCell;
 use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap;
 
-use kvsched::pool::{BlockRef, Census, Generation};
+use kvsched::connector::LoadJob;
+use kvsched::pool::{BlockHash, BlockRef, Census, Generation, PoolError};
 use kvsched::rules::geometry::{BlockId, DEFAULT_NULL_BLOCK};
+use kvsched::runtime::shard::strategy::Pool;
 
-/// The block allocator and prefix cache: plain counters, a free list and a hash map.
-pub(super) struct Blocks {
-    pub(super) ref_count: Vec<u32>,
-    pub(super) generation: Vec<Generation>,
+/// The block allocator and prefix cache behind the global lock.
+pub(super) struct Blocks(RefCell<Plain>);
+
+/// Plain counters, a free list and a hash map.
+struct Plain {
+    ref_count: Vec<u32>,
+    generation: Vec<Generation>,
     hash_of: Vec<Option<u64>>,
     queued: Vec<bool>,
     /// Released again after its queue entry was pushed: a second chance when popped.
     touched: Vec<bool>,
-    pub(super) free: Vec<BlockId>,
+    free: Vec<BlockId>,
     /// Cached, unreferenced blocks in release order (entries checked when popped).
     reclaim: VecDeque<BlockId>,
-    pub(super) index: FxHashMap<u64, BlockId>,
-    pub(super) double_frees: u64,
+    index: FxHashMap<u64, BlockId>,
+    double_frees: u64,
 }
 
 impl Blocks {
+    /// `n` blocks, the null block included, every one free.
     pub(super) fn new(n: usize) -> Self {
-        Blocks {
+        Blocks(RefCell::new(Plain::new(n)))
+    }
+
+    /// Where every block is.
+    pub(super) fn census(&self) -> Census {
+        self.0.borrow().census()
+    }
+
+    /// Blocks on the free list.
+    pub(super) fn free_len(&self) -> usize {
+        self.0.borrow().free.len()
+    }
+
+    /// Releases of a block nobody held.
+    pub(super) fn double_frees(&self) -> u64 {
+        self.0.borrow().double_frees
+    }
+}
+
+impl Pool for Blocks {
+    fn num_blocks(&self) -> usize {
+        self.0.borrow().ref_count.len()
+    }
+    fn contains_hash(&self, hash: BlockHash) -> bool {
+        self.0.borrow().index.contains_key(&hash)
+    }
+    fn lookup(&self, hash: BlockHash) -> Option<BlockRef> {
+        self.0.borrow_mut().lookup(hash)
+    }
+    fn allocate_n(&self, n: usize, out: &mut Vec<BlockRef>) -> bool {
+        self.0.borrow_mut().allocate_n(n, out)
+    }
+    fn release(&self, r: BlockRef) -> Result<(), PoolError> {
+        self.0.borrow_mut().release(r);
+        Ok(())
+    }
+    fn register(&self, hash: BlockHash, r: BlockRef) -> bool {
+        self.0.borrow_mut().register(hash, r)
+    }
+    fn evict(&self, id: BlockId) -> bool {
+        self.0.borrow_mut().evict(id)
+    }
+    fn is_current(&self, r: BlockRef) -> bool {
+        self.0.borrow().is_current(r)
+    }
+    fn generation(&self, id: BlockId) -> Option<Generation> {
+        self.0.borrow().generation.get(id as usize).copied()
+    }
+    fn ref_count(&self, id: BlockId) -> u32 {
+        self.0
+            .borrow()
+            .ref_count
+            .get(id as usize)
+            .copied()
+            .unwrap_or(0)
+    }
+    /// The baseline keeps no fill flags: its loads' destinations are unguarded (as a job
+    /// built outside a runtime).
+    fn guard_fills(&self, _job: &mut LoadJob) {}
+    fn end_fill(&self, _r: BlockRef) -> Result<(), PoolError> {
+        Ok(())
+    }
+}
+
+impl Plain {
+    fn new(n: usize) -> Self {
+        Plain {
             ref_count: vec![0; n],
             generation: vec![0; n],
             hash_of: vec![None; n],
@@ -43,7 +118,7 @@ impl Blocks {
             double_frees: 0,
         }
     }
-    pub(super) fn is_current(&self, r: BlockRef) -> bool {
+    fn is_current(&self, r: BlockRef) -> bool {
         r.id != DEFAULT_NULL_BLOCK && self.generation.get(r.id as usize) == Some(&r.generation)
     }
     fn allocate(&mut self) -> Option<BlockRef> {
@@ -53,7 +128,10 @@ impl Blocks {
                 let id = self.reclaim.pop_front()?;
                 let i = id as usize;
                 if self.ref_count[i] == 0 && self.hash_of[i].is_some() {
-                    if std::mem::take(&mut self.touched[i]) {
+                    // Planted bug `baseline-no-second-chance` (scripts/plants.sh): a block
+                    // revived by a prefix hit is reclaimed without its second chance.
+                    let second_chance = !cfg!(kvsched_plant = "baseline-no-second-chance");
+                    if std::mem::take(&mut self.touched[i]) && second_chance {
                         self.reclaim.push_back(id); // its second chance
                         continue;
                     }
@@ -78,7 +156,7 @@ impl Blocks {
     }
     /// Allocates `n` blocks, all or nothing (as the pool: more than the usable blocks fails
     /// at once, touching nothing).
-    pub(super) fn allocate_n(&mut self, n: usize, out: &mut Vec<BlockRef>) -> bool {
+    fn allocate_n(&mut self, n: usize, out: &mut Vec<BlockRef>) -> bool {
         if n >= self.ref_count.len() {
             return false;
         }
@@ -96,7 +174,7 @@ impl Blocks {
         }
         true
     }
-    pub(super) fn release(&mut self, r: BlockRef) {
+    fn release(&mut self, r: BlockRef) {
         if !self.is_current(r) {
             return;
         }
@@ -119,7 +197,7 @@ impl Blocks {
             }
         }
     }
-    pub(super) fn register(&mut self, hash: u64, r: BlockRef) -> bool {
+    fn register(&mut self, hash: u64, r: BlockRef) -> bool {
         let i = r.id as usize;
         if !self.is_current(r) || self.hash_of[i].is_some() || self.index.contains_key(&hash) {
             return false;
@@ -128,7 +206,7 @@ impl Blocks {
         self.hash_of[i] = Some(hash);
         true
     }
-    pub(super) fn lookup(&mut self, hash: u64) -> Option<BlockRef> {
+    fn lookup(&mut self, hash: u64) -> Option<BlockRef> {
         let id = *self.index.get(&hash)?;
         let i = id as usize;
         self.ref_count[i] += 1;
@@ -137,16 +215,18 @@ impl Blocks {
             generation: self.generation[i],
         })
     }
-    pub(super) fn evict(&mut self, id: BlockId) {
+    fn evict(&mut self, id: BlockId) -> bool {
         let i = id as usize;
-        if let Some(h) = self.hash_of.get_mut(i).and_then(Option::take) {
-            self.index.remove(&h);
-            if self.ref_count[i] == 0 {
-                self.free.push(id);
-            }
+        let Some(h) = self.hash_of.get_mut(i).and_then(Option::take) else {
+            return false;
+        };
+        self.index.remove(&h);
+        if self.ref_count[i] == 0 {
+            self.free.push(id);
         }
+        true
     }
-    pub(super) fn census(&self) -> Census {
+    fn census(&self) -> Census {
         let mut c = Census {
             total: self.ref_count.len(),
             null: 1,

@@ -30,11 +30,8 @@ pub struct BaselineConfig {
 
 impl std::fmt::Debug for BaselineConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BaselineConfig")
-            .field("groups", &self.groups)
-            .field("pool_blocks", &self.pool_blocks)
-            .field("workers", &self.workers)
-            .finish_non_exhaustive()
+        let (groups, blocks, workers) = (&self.groups, self.pool_blocks, self.workers);
+        write!(f, "BaselineConfig {{ groups: {groups:?}, pool_blocks: {blocks}, workers: {workers}, .. }}")
     }
 }
 

@@ -1,50 +1,48 @@
-//! The invariants of docs/runtime.md ("Invariants") checkable between steps: pool conservation, no double free, every
-//! reference count matching the requests holding the block, request accounts.
-
-use rustc_hash::FxHashMap;
+//! The invariants of docs/runtime.md ("Invariants") checkable between steps: pool
+//! conservation, no double free, every reference count matching the requests holding the
+//! block, the shard's holder index in step with its tables, request accounts.
 
 use super::state::State;
 use kvsched::rules::geometry::BlockId;
+use kvsched::runtime::shard::strategy::Pool;
 
 impl State {
     /// The violations of the invariants, one line each.
     pub(super) fn violations(&self) -> Vec<String> {
         let mut v = Vec::new();
-        let census = self.blocks.census();
-        if !census.conserved() || census.free != self.blocks.free.len() {
+        let blocks = &self.cx.blocks;
+        let census = blocks.census();
+        if !census.conserved() || census.free != blocks.free_len() {
             v.push(format!(
                 "pool conservation: {census:?}, free list {}",
-                self.blocks.free.len()
+                blocks.free_len()
             ));
         }
-        if self.blocks.double_frees > 0 {
-            v.push(format!("double frees: {}", self.blocks.double_frees));
+        if blocks.double_frees() > 0 {
+            v.push(format!("double frees: {}", blocks.double_frees()));
         }
-        let null = self.null();
-        let mut held = FxHashMap::<BlockId, u32>::default();
-        for r in self.reqs.values() {
-            for &id in r.tables.iter().flatten().filter(|&&id| id != null) {
-                *held.entry(id).or_default() += 1;
+        let null = self.cx.geo.null_block();
+        if !self.shard.index_consistent(null) {
+            v.push("holder index out of step with the block tables".into());
+        }
+        let mut held = vec![0u32; blocks.num_blocks()];
+        for id in self.shard.held_blocks(null) {
+            if let Some(h) = held.get_mut(id as usize) {
+                *h += 1;
             }
         }
-        for i in 1..self.blocks.ref_count.len() {
-            let (n, rc) = (
-                held.get(&(i as BlockId)).copied().unwrap_or(0),
-                self.blocks.ref_count[i],
-            );
+        for (i, &n) in held.iter().enumerate().skip(1) {
+            let rc = blocks.ref_count(i as BlockId);
             if n != rc {
                 v.push(format!("block {i}: held by {n} requests, ref count {rc}"));
             }
         }
         let m = &self.metrics;
-        if m.finished + m.failed + m.cancelled + self.reqs.len() as u64 != m.submitted {
+        let live = self.live.len() as u64;
+        if m.finished + m.failed + m.cancelled + live != m.submitted {
             v.push(format!(
-                "accounting: submitted {} != finished {} + failed {} + cancelled {} + live {}",
-                m.submitted,
-                m.finished,
-                m.failed,
-                m.cancelled,
-                self.reqs.len()
+                "accounting: submitted {} != finished {} + failed {} + cancelled {} + live {live}",
+                m.submitted, m.finished, m.failed, m.cancelled
             ));
         }
         v

@@ -7,16 +7,14 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use super::config::BaselineConfig;
-use super::outputs::Command;
-use super::request::{prompt_hashes, Req};
 use super::state::State;
 use super::workers::Workers;
 use kvsched::rules::geometry::{Geometry, DEFAULT_NULL_BLOCK};
 use kvsched::runtime::claim::RequestKey;
+use kvsched::runtime::shard::strategy::Pool;
+use kvsched::runtime::shard::{Command, NewRequest};
 use kvsched::runtime::worker::Completion;
-use kvsched::runtime::{
-    EndState, Metrics, Report, RuntimeError, StepOutput, StepPlan, SubmitRequest,
-};
+use kvsched::runtime::{Metrics, Report, RuntimeError, StepOutput, StepPlan, SubmitRequest};
 use kvsched::sync::Mutex;
 
 /// The baseline scheduler. See the module docs.
@@ -28,9 +26,11 @@ pub struct MutexScheduler {
 
 impl std::fmt::Debug for MutexScheduler {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MutexScheduler")
-            .field("workers", &self.workers.len())
-            .finish_non_exhaustive()
+        write!(
+            f,
+            "MutexScheduler {{ workers: {}, .. }}",
+            self.workers.len()
+        )
     }
 }
 
@@ -61,44 +61,22 @@ impl MutexScheduler {
         })
     }
 
-    /// Queues a request; it is admitted at a following step.
+    /// Queues a request; it is admitted at a following step. The runtime's checks: an id, a
+    /// prompt, a length the pool can ever hold, an id not live, a scheduler not shut down.
     pub fn submit(&self, req: SubmitRequest) -> Result<(), RuntimeError> {
         let mut s = self.state.lock();
         if s.shut {
             return Err(RuntimeError::ShutDown);
         }
-        if req.prompt.is_empty() {
-            return Err(RuntimeError::EmptyPrompt(req.id));
-        }
-        let total = req.prompt.len() as u64 + u64::from(req.max_new_tokens.max(1));
-        let needed: u64 = s
-            .geo
-            .groups()
-            .iter()
-            .map(|g| g.blocks_for_tokens(total))
-            .sum();
-        let usable = s.blocks.ref_count.len() as u64 - 1;
-        if needed > usable {
-            return Err(RuntimeError::TooLong {
-                id: req.id,
-                needed,
-                usable,
-            });
-        }
-        if s.by_id.contains_key(req.id.as_str()) {
+        NewRequest::check(&s.cx.geo, s.cx.blocks.num_blocks(), &req)?;
+        let id: StdArc<str> = req.id.as_str().into();
+        if !s.live.insert(id.clone()) {
             return Err(RuntimeError::DuplicateId(req.id));
         }
-        let seq = s.seq;
+        let key = RequestKey::new(false, req.priority, s.seq);
         s.seq += 1;
-        let key = RequestKey::new(false, req.priority, seq);
-        let hashes = prompt_hashes(&s.geo, &req.prompt);
-        let groups = s.geo.num_groups();
-        let id: StdArc<str> = req.id.into();
-        let r = Req::new(id.clone(), req.prompt, req.max_new_tokens, hashes, groups);
-        s.by_id.insert(id, key);
-        s.reqs.insert(key, r);
-        s.waiting.insert(key);
         s.metrics.submitted += 1;
+        s.inbox.push(Command::Submit(NewRequest::new(req, id, key)));
         Ok(())
     }
 
@@ -179,19 +157,18 @@ impl MutexScheduler {
             .collect();
         let mut s = self.state.lock();
         s.jobs.clear();
-        let keys: Vec<RequestKey> = s.reqs.keys().copied().collect();
-        let mut ids = Vec::new();
-        for k in keys {
-            if let Some(r) = s.reqs.get(&k) {
-                ids.push(r.id.to_string());
-            }
-            s.end(k, EndState::Cancelled);
-        }
-        s.ended.clear();
+        // Every worker finished: no load can still write a block.
+        let res = s.cancel_all();
+        let cancelled_at_shutdown: Vec<String> =
+            res.ended.iter().map(|(id, _)| id.to_string()).collect();
+        s.metrics += &res.counters;
+        s.metrics.cancelled += cancelled_at_shutdown.len() as u64;
+        s.live.clear();
+        let census = s.cx.blocks.census();
         // The baseline waits for every load in flight: nothing is abandoned.
-        let mut report = Report::new(s.metrics.clone(), s.blocks.census());
+        let mut report = Report::new(s.metrics.clone(), census);
         report.loads_cancelled = loads_cancelled;
-        report.cancelled_at_shutdown = ids;
+        report.cancelled_at_shutdown = cancelled_at_shutdown;
         report.ended_at_shutdown = ended_at_shutdown;
         report.violations = s.violations();
         report

@@ -4,18 +4,15 @@
 use std::sync::Arc as StdArc;
 // The baseline deliberately uses std's mpsc channels for jobs and completions: that is the
 // design it stands for (the runtime uses lock-free queues from `kvsched::sync`).
-use std::sync::mpsc;
-use std::time::Instant;
-
 use kvsched::connector::{KvConnector, LoadJob};
-use kvsched::runtime::claim::RequestKey;
-use kvsched::runtime::worker::{run_load, Completion};
+use kvsched::runtime::worker::{take_job, Completion};
 use kvsched::runtime::RuntimeError;
 use kvsched::sync::{thread, Arc, AtomicBool, AtomicU64, Mutex, Ordering};
+use std::sync::mpsc;
 
 /// The worker threads: jobs in by one channel, completions out by another.
 pub(super) struct Workers {
-    jobs: Option<mpsc::Sender<(RequestKey, LoadJob)>>,
+    jobs: Option<mpsc::Sender<LoadJob>>,
     stop: Arc<AtomicBool>,
     cancelled: Arc<AtomicU64>,
     /// Completions sent back.
@@ -32,7 +29,7 @@ impl Workers {
         n: usize,
         connector: &StdArc<dyn KvConnector>,
     ) -> Result<(Self, mpsc::Receiver<Completion>), RuntimeError> {
-        let (job_tx, job_rx) = mpsc::channel::<(RequestKey, LoadJob)>();
+        let (job_tx, job_rx) = mpsc::channel::<LoadJob>();
         let (done_tx, done_rx) = mpsc::channel::<Completion>();
         let job_rx = Arc::new(Mutex::new(job_rx));
         let stop = Arc::new(AtomicBool::new(false));
@@ -78,7 +75,7 @@ impl Workers {
     }
 
     /// Queues `jobs` for the workers (none once stopped).
-    pub(super) fn send(&mut self, jobs: Vec<(RequestKey, LoadJob)>) {
+    pub(super) fn send(&mut self, jobs: Vec<LoadJob>) {
         if let Some(tx) = &self.jobs {
             for j in jobs {
                 if tx.send(j).is_ok() {
@@ -113,11 +110,11 @@ impl Workers {
     }
 }
 
-/// One worker: takes jobs until the job channel closes, runs each through `conn` (skipping,
-/// and counting, those taken once `stop` is set) and sends its completion back (counted in
-/// `delivered`).
+/// One worker: takes jobs until the job channel closes, runs each through `conn` as a runtime
+/// worker does (skipping, and counting, those taken once `stop` is set) and sends its
+/// completion back (counted in `delivered`).
 fn work(
-    rx: &Mutex<mpsc::Receiver<(RequestKey, LoadJob)>>,
+    rx: &Mutex<mpsc::Receiver<LoadJob>>,
     tx: &mpsc::Sender<Completion>,
     conn: &dyn KvConnector,
     stop: &AtomicBool,
@@ -126,19 +123,18 @@ fn work(
 ) {
     loop {
         let job = rx.lock().recv();
-        let Ok((key, job)) = job else { return };
+        let Ok(job) = job else { return };
         // Acquire: pairs with the Release store in `Workers::stop`.
         if stop.load(Ordering::Acquire) {
             cancelled.fetch_add(1, Ordering::Relaxed);
             continue;
         }
-        let (result, panicked) = run_load(conn, &job);
-        let c = Completion {
-            key,
-            attempt: job.attempt,
-            result,
-            panicked,
-            finished_at: Instant::now(),
+        // As a runtime worker: a job its shard dropped before it started is not run, and
+        // nobody waits for its completion (it counts as delivered).
+        let Some((c, _ran)) = take_job(conn, &job) else {
+            // Release: pairs with the Acquire load in `Workers::in_flight`.
+            delivered.fetch_add(1, Ordering::Release);
+            continue;
         };
         if tx.send(c).is_err() {
             return;

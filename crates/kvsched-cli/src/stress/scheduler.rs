@@ -88,12 +88,12 @@ impl Scheduler for Runtime {
 }
 
 impl Scheduler for MutexScheduler {
-    /// The baseline waits for every load however long it takes, offers external loads
-    /// whatever failed before, and applies a repeated command once without counting it.
+    /// The baseline waits for every load however long it takes and offers external loads
+    /// whatever failed before; it runs the runtime's shard, so it counts repeated commands.
     const MECHANISMS: Mechanisms = Mechanisms {
         load_deadlines: false,
         retry_budget_and_quarantine: false,
-        counts_duplicates: false,
+        counts_duplicates: true,
     };
     fn submit(&self, req: SubmitRequest) -> Result<(), RuntimeError> {
         MutexScheduler::submit(self, req)

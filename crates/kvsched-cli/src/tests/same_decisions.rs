@@ -1,7 +1,10 @@
-//! One algorithm, two synchronisation designs. The runtime's shards and the mutex baseline
-//! share the pure decisions of a step (`runtime::policy`) and take their inputs in the same
-//! order, so on the same seeded workload with no timing-dependent input they decide alike —
-//! at every step, not only in total.
+//! One algorithm, two synchronisation designs. The mutex baseline runs the runtime's own shard
+//! code over its plain pool and claim words under one lock, so on the same seeded workload
+//! with no timing-dependent input one shard and the baseline decide alike — at every step,
+//! not only in total. What this checks is everything the two do not share: the baseline's
+//! strategy (allocation order, reclaim, prefix hits, claims, pending marks), its engine side
+//! (the output checks, the report's engine share, hand-offs) and its workers — and, across
+//! shard counts, what the runtime's parallel step and budget split change.
 //!
 //! *No timing-dependent input*: every request is submitted before the first step, loads are
 //! instant, and before every step the engine waits until every asynchronous load dispatched
@@ -342,7 +345,7 @@ fn assert_same(c: &Case, a: &Run, b: &Run) {
     assert_eq!(a.early_finishes, b.early_finishes);
 }
 
-/// The runtime's own mechanisms stayed out of it (the baseline has none of them).
+/// The runtime's own mechanisms stayed out of it (the baseline runs without them).
 fn assert_no_runtime_only_events(c: &Case, m: &Metrics) {
     let only = [
         m.deadlines_expired,

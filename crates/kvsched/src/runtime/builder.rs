@@ -266,16 +266,13 @@ impl Builder {
         let budget =
             |total: u64, i: usize| total / k as u64 + u64::from((i as u64) < total % k as u64);
         (0..k)
-            .map(|i| StepSettings {
-                mode: self.settings.mode,
-                policy: self.settings.policy,
-                token_budget: budget(self.token_budget, i),
-                max_seqs: budget(self.max_seqs as u64, i) as usize,
-                record_inputs: self.record,
-                load_deadline: self.settings.load_deadline,
-                max_load_retries: self.settings.max_load_retries,
-                quarantine_after: self.settings.quarantine_after,
-                quarantine_for: self.settings.quarantine_for,
+            .map(|i| {
+                StepSettings::new(
+                    &self.settings,
+                    budget(self.token_budget, i),
+                    budget(self.max_seqs as u64, i) as usize,
+                    self.record,
+                )
             })
             .collect()
     }

@@ -2,7 +2,7 @@
 //! ([`Runtime::submit`]) or any other ([`Handle`]); so does a cancellation.
 
 use std::sync::Arc as StdArc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::runtime::claim::RequestKey;
 use crate::runtime::error::RuntimeError;
@@ -69,27 +69,7 @@ impl Inner {
         if !*open {
             return Err(RuntimeError::ShutDown);
         }
-        if req.id.is_empty() {
-            return Err(RuntimeError::EmptyId);
-        }
-        if req.prompt.is_empty() {
-            return Err(RuntimeError::EmptyPrompt(req.id));
-        }
-        let total = req.prompt.len() as u64 + u64::from(req.max_new_tokens.max(1));
-        let needed: u64 = self
-            .geo
-            .groups()
-            .iter()
-            .map(|g| g.blocks_for_tokens(total))
-            .sum();
-        let usable = self.pool.num_blocks() as u64 - 1;
-        if needed > usable {
-            return Err(RuntimeError::TooLong {
-                id: req.id,
-                needed,
-                usable,
-            });
-        }
+        NewRequest::check(&self.geo, self.pool.num_blocks(), &req)?;
         let i = self.shard_of(&req.id);
         let id: StdArc<str> = req.id.as_str().into();
         if !self.shards[i].ids.lock().insert(id.clone()) {
@@ -97,14 +77,10 @@ impl Inner {
         }
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         self.submitted.fetch_add(1, Ordering::Relaxed);
-        self.shards[i].inbox.push(Command::Submit(NewRequest {
-            id,
-            prompt: req.prompt.into(),
-            max_new_tokens: req.max_new_tokens,
-            key: RequestKey::new(false, req.priority, seq),
-            submitted_at: Instant::now(),
-            load_deadline: req.load_deadline,
-        }));
+        let key = RequestKey::new(false, req.priority, seq);
+        self.shards[i]
+            .inbox
+            .push(Command::Submit(NewRequest::new(req, id, key)));
         Ok(())
     }
 

@@ -21,8 +21,11 @@
 //! [`Handle`]). Exchanged with the engine: `plan` ([`StepPlan`], [`StepOutput`]), `report`
 //! ([`Report`]) and `error` ([`RuntimeError`]). Beneath them: `shard` (one shard's
 //! scheduling and recovery), `claim` (the claim table), `worker` (the load workers),
-//! `quarantine` and `route`; `policy` holds the pure decisions the shards share with the mutex
-//! baseline (prefix search, admission, growth, the scheduling choice, what a report may name).
+//! `quarantine` and `route`; `policy` holds the pure decisions of a step (prefix search,
+//! admission, growth, the scheduling choice, what a report may name). The shard's step is
+//! generic over how it reaches the pool and the claim table (`shard::strategy`): the mutex
+//! baseline of `kvsched stress --baseline mutex` runs the very same shard code over plain,
+//! unsynchronised ones under one lock.
 //!
 //! # Guarantees
 //!
@@ -68,7 +71,9 @@ mod poison_tests;
 pub mod policy;
 #[cfg(all(not(kvsched_loom), not(feature = "internals")))]
 pub(crate) mod policy;
-#[cfg(not(kvsched_loom))]
+#[cfg(all(not(kvsched_loom), feature = "internals"))]
+pub mod quarantine;
+#[cfg(all(not(kvsched_loom), not(feature = "internals")))]
 mod quarantine;
 #[cfg(not(kvsched_loom))]
 mod report;
@@ -78,7 +83,9 @@ pub mod route;
 pub(crate) mod route;
 #[cfg(not(kvsched_loom))]
 mod settings;
-#[cfg(not(kvsched_loom))]
+#[cfg(all(not(kvsched_loom), feature = "internals"))]
+pub mod shard;
+#[cfg(all(not(kvsched_loom), not(feature = "internals")))]
 mod shard;
 #[cfg(not(kvsched_loom))]
 mod shared;

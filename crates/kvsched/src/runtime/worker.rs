@@ -49,6 +49,30 @@ pub fn run_load(connector: &dyn KvConnector, job: &LoadJob) -> (LoadResult, bool
     }
 }
 
+/// What a worker does with a job it took: nothing when the shard dropped it before any
+/// worker started it (`None`: it never runs, nobody waits for it); otherwise the job is
+/// started and run — or, taken past its deadline, failed unrun (`ran` is `false`) — and its
+/// completion returned.
+pub fn take_job(connector: &dyn KvConnector, job: &LoadJob) -> Option<(Completion, bool)> {
+    if !job.cancel.start() {
+        return None;
+    }
+    let ran = job.deadline.is_none_or(|d| Instant::now() < d);
+    let (result, panicked) = if ran {
+        run_load(connector, job)
+    } else {
+        (LoadResult::all_failed(job), false)
+    };
+    let c = Completion {
+        key: RequestKey::from_raw(job.owner.key),
+        attempt: job.attempt,
+        result,
+        panicked,
+        finished_at: Instant::now(),
+    };
+    Some((c, ran))
+}
+
 /// A load job for request `key` of shard `shard` that writes no block: the loom models'
 /// jobs (a job's owner is the runtime's business, not constructible outside the crate).
 #[cfg(kvsched_loom)]
@@ -98,8 +122,8 @@ pub fn model_job_key(job: &LoadJob) -> RequestKey {
 mod pool_impl {
     use std::time::{Duration, Instant};
 
-    use super::{run_load, Completion, RequestKey};
-    use crate::connector::{KvConnector, LoadJob, LoadResult};
+    use super::{take_job, Completion};
+    use crate::connector::{KvConnector, LoadJob};
     use crate::sync::park::{Parker, Unparker};
     use crate::sync::{
         fence, thread, Arc, ArrayQueue, AtomicBool, AtomicU64, Backoff, Ordering, SegQueue,
@@ -339,29 +363,20 @@ mod pool_impl {
             // A job the shard dropped before any worker took it is not run, and nobody waits
             // for its completion: the shard has freed its blocks (`CancelToken::start`
             // settles which side came first). It counts as delivered for `loads_in_flight`.
-            if !job.cancel.start() {
+            let Some((mut c, ran)) = take_job(s.connector.as_ref(), &job) else {
                 // Release: pairs with the Acquire load in `Runtime::loads_in_flight`.
                 #[cfg(not(kvsched_loom))]
                 s.counters.delivered.fetch_add(1, Ordering::Release);
                 continue;
-            }
-            let (result, panicked) = if job.deadline.is_some_and(|d| Instant::now() >= d) {
-                s.counters.expired_unrun.fetch_add(1, Ordering::Relaxed);
-                (LoadResult::all_failed(&job), false)
-            } else {
-                s.counters.loads.fetch_add(1, Ordering::Relaxed);
-                run_load(s.connector.as_ref(), &job)
             };
-            if panicked {
+            if ran {
+                s.counters.loads.fetch_add(1, Ordering::Relaxed);
+            } else {
+                s.counters.expired_unrun.fetch_add(1, Ordering::Relaxed);
+            }
+            if c.panicked {
                 s.counters.panics.fetch_add(1, Ordering::Relaxed);
             }
-            let mut c = Completion {
-                key: RequestKey::from_raw(job.owner.key),
-                attempt: job.attempt,
-                result,
-                panicked,
-                finished_at: Instant::now(),
-            };
             // Acquire: pairs with the Release store in `stop_and_join` / `Drop`.
             if s.abandon.load(Ordering::Acquire) {
                 return;

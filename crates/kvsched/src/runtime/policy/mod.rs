@@ -1,7 +1,7 @@
-//! The pure decisions of a step, shared by the shards and the mutex baseline
-//! (`kvsched stress --baseline mutex`), so that the two differ only in how they synchronise:
-//! plain data in, plain data out — no atomics, locks or threads, and no allocation (the
-//! shard's hot path calls them every step).
+//! The pure decisions of a step, called by the shard's code (which the mutex baseline of
+//! `kvsched stress --baseline mutex` runs too, over its own pool and claim words): plain data
+//! in, plain data out — no atomics, locks or threads, and no allocation (the shard's hot path
+//! calls them every step).
 //!
 //! One mechanism a file: `prefix` (the local prefix search at admission), `admission` (how
 //! far an admitted request's external load reaches), `growth` (the blocks a table needs, and
@@ -11,11 +11,10 @@
 //! the prefix cache), `lost` (where a lost step is offered again) and `trust` (which blocks a
 //! failure report may roll back).
 //!
-//! What is not here is how the two hold their state: the shards keep it in per-shard maps
-//! and reach the shared pool, claim table and prefix index through atomics; the baseline keeps
-//! everything behind one lock. The loops over a step's requests are the same in both, in the
-//! same order (canonical order for admission and scheduling, admission sequence for landing
-//! loads and applying outputs).
+//! What is not here is how a step holds its state: the shard keeps its requests in per-shard
+//! maps and reaches the shared pool, claim table and prefix index through its strategy
+//! (`runtime::shard::strategy`: atomics in the runtime, plain data behind one lock in the
+//! baseline).
 
 pub mod admission;
 pub mod alignment;

@@ -7,25 +7,25 @@ use std::cmp::Reverse;
 use std::time::Instant;
 
 use crate::connector::{CancelToken, LoadJob, LoadOwner, LookupQuery, LookupResult};
-use crate::pool::{BlockHash, BlockPool, BlockRef, Generation};
+use crate::pool::{BlockRef, Generation};
 use crate::rules::geometry::BlockId;
 use crate::rules::recovery::Mode;
 use crate::runtime::policy::admission::external_end;
 use crate::runtime::policy::growth::blocks_needed;
 use crate::runtime::policy::prefix::{prefix_candidates, prefix_cap, prefix_entries};
 
-use crate::sync::Arc;
-
+use super::strategy::{Pool, Strategy};
 use super::{next_key, Env, HolderIndex, Metrics, Phase, Req, Shard, StepSettings};
 
-impl Shard {
-    /// Longest usable local prefix (a multiple of `S`, below the prompt's end), retained.
-    fn local_prefix(env: &Env<'_>, r: &Req) -> (u64, Vec<Vec<(BlockId, Generation)>>) {
+impl<S: Strategy> Shard<S> {
+    /// Longest usable local prefix (a multiple of the scheduler block size, below the
+    /// prompt's end), retained.
+    fn local_prefix(env: &Env<'_, S>, r: &Req) -> (u64, Vec<Vec<(BlockId, Generation)>>) {
         let geo = env.geo;
         let groups = geo.groups();
         let prompt_len = r.prompt.len() as u64;
         // Full-attention-like groups need every entry below L.
-        let cap = prefix_cap(geo, prompt_len, &r.hashes, |h| probe(env.pool, h));
+        let cap = prefix_cap(geo, prompt_len, &r.hashes, |h| env.pool.contains_hash(h));
         for l in prefix_candidates(geo, cap) {
             let mut got: Vec<Vec<(BlockId, Generation)>> = vec![Vec::new(); groups.len()];
             let mut ok = true;
@@ -63,7 +63,7 @@ impl Shard {
     /// step).
     pub(super) fn admit(
         &mut self,
-        env: &Env<'_>,
+        env: &Env<'_, S>,
         settings: &StepSettings,
         now: Instant,
         loads_out: &mut Vec<LoadJob>,
@@ -119,11 +119,7 @@ impl Shard {
                         self.deadlines.push(Reverse((at, seq, r.attempt)));
                     }
                     // The load owns its destinations' bytes until its completion is applied.
-                    for b in job.all_loaded_blocks() {
-                        let began = env.pool.begin_fill(b);
-                        debug_assert!(began.is_ok(), "fresh destination {b:?}: {began:?}");
-                    }
-                    job.fill = Some(Arc::clone(env.pool));
+                    env.pool.guard_fills(&mut job);
                     r.cancel = Some(job.cancel.clone());
                     loads_out.push(job);
                     self.set_phase(seq, Phase::Loading);
@@ -148,7 +144,7 @@ impl Shard {
     /// What the connector offers past the local prefix of `r`: nothing (counted) when the
     /// request's retry budget is spent or its prefix is quarantined.
     fn lookup_external(
-        env: &Env<'_>,
+        env: &Env<'_, S>,
         settings: &StepSettings,
         now: Instant,
         r: &Req,
@@ -196,7 +192,7 @@ impl Shard {
     /// blocks after it, entries below `local` counted as registered. Returns `false`, with the
     /// prefix released, when the pool cannot supply the fresh blocks.
     fn allocate_prompt(
-        env: &Env<'_>,
+        env: &Env<'_, S>,
         r: &mut Req,
         seq: u64,
         local: u64,
@@ -241,7 +237,7 @@ impl Shard {
     }
 
     /// The load of `r`'s external range `start..end` into its tables, without a deadline.
-    fn load_job(env: &Env<'_>, r: &Req, start: u64, end: u64) -> LoadJob {
+    fn load_job(env: &Env<'_, S>, r: &Req, start: u64, end: u64) -> LoadJob {
         LoadJob {
             request: r.id.clone(),
             tokens: r.prompt.clone(),
@@ -269,9 +265,4 @@ impl Shard {
             deadline: None,
         }
     }
-}
-
-/// Whether `hash` is in the prefix cache (a hint: it may be gone by the time it is looked up).
-fn probe(pool: &BlockPool, hash: BlockHash) -> bool {
-    pool.contains_hash(hash)
 }

@@ -9,16 +9,17 @@ use crate::rules::recovery::{
 use crate::runtime::claim::{RequestKey, Scan};
 use crate::runtime::order::RequestOrder;
 
+use super::strategy::{Claims, Pool, Strategy};
 use super::{EndState, Env, RecoveredRequest, ScannedRequest, Shard, StepSettings};
 
-impl Shard {
+impl<S: Strategy> Shard<S> {
     /// Phase 2: scans the loading (async) and running (sync) requests that hold a reported
     /// block (found through the holder index) against the step's whole report and claims
     /// each hit. With `record_inputs`, every scannable request's inputs are recorded too, so a
     /// differential check also covers requests the index would have missed.
     pub fn claim(
         &mut self,
-        env: &Env<'_>,
+        env: &Env<'_, S>,
         settings: &StepSettings,
         report: &InvalidSet,
         report_ids: &[BlockId],
@@ -68,7 +69,7 @@ impl Shard {
         }
     }
 
-    pub(super) fn decide(&mut self, env: &Env<'_>, settings: &StepSettings) {
+    pub(super) fn decide(&mut self, env: &Env<'_, S>, settings: &StepSettings) {
         let hits = std::mem::take(&mut self.hits);
         let mut owners = Vec::new();
         for (seq, class, hits) in &hits {

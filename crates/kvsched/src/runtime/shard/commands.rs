@@ -1,13 +1,14 @@
 //! The engine's commands, taken at the start of a step: submissions, cancels, sampled tokens
 //! and engine finishes.
 
+use super::strategy::Strategy;
 use super::{Command, EndState, Env, Phase, Req, Shard};
 
-impl Shard {
+impl<S: Strategy> Shard<S> {
     /// Applies one command: a submission waits for admission; a cancel ends the request (once
     /// its in-flight load lands, if it is loading); a sampled token or an engine finish is
     /// marked, and applied after recovery.
-    pub(super) fn apply_command(&mut self, env: &Env<'_>, cmd: Command) {
+    pub(super) fn apply_command(&mut self, env: &Env<'_, S>, cmd: Command) {
         match cmd {
             Command::Submit(n) => {
                 let seq = n.key.seq();

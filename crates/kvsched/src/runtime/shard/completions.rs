@@ -9,14 +9,15 @@ use crate::rules::geometry::BlockId;
 use crate::runtime::policy::trust::{failed_load_blocks, load_blocks};
 use crate::runtime::worker::Completion;
 
+use super::strategy::{Pool, Strategy};
 use super::{Env, Metrics, Phase, Req, Shard, StepSettings};
 
-impl Shard {
+impl<S: Strategy> Shard<S> {
     /// Takes one completion: a late one frees its parked blocks; a stale one is counted; a
     /// current one marks the load done and, when it failed, publishes its current bad blocks.
     pub(super) fn take_completion(
         &mut self,
-        env: &Env<'_>,
+        env: &Env<'_, S>,
         settings: &StepSettings,
         now: Instant,
         c: Completion,
@@ -100,7 +101,7 @@ impl Shard {
 
     /// Ends the current load's ownership of its destinations (its completion was applied, or
     /// it is known never to have run).
-    pub(super) fn end_fills(env: &Env<'_>, r: &Req) {
+    pub(super) fn end_fills(env: &Env<'_, S>, r: &Req) {
         for b in Self::load_blocks(env, r) {
             let _ = env.pool.end_fill(b);
         }
@@ -108,14 +109,14 @@ impl Shard {
 
     /// The non-null blocks the request's current load writes, in every group, with the
     /// generations it holds them at.
-    fn load_blocks(env: &Env<'_>, r: &Req) -> Vec<crate::pool::BlockRef> {
+    fn load_blocks(env: &Env<'_, S>, r: &Req) -> Vec<crate::pool::BlockRef> {
         load_blocks(env.geo, &r.tables, &r.gens, r.load_start, r.load_end)
     }
 
     /// Fails the in-flight loads whose deadline has passed and publishes all their blocks.
     pub(super) fn expire_deadlines(
         &mut self,
-        env: &Env<'_>,
+        env: &Env<'_, S>,
         settings: &StepSettings,
         now: Instant,
         published: &mut Vec<BlockId>,
@@ -149,7 +150,7 @@ impl Shard {
     /// Bookkeeping of a failed async load (its completion said so, or its deadline passed):
     /// the request's retry budget and its prefix's quarantine streak.
     fn load_failed(
-        env: &Env<'_>,
+        env: &Env<'_, S>,
         settings: &StepSettings,
         now: Instant,
         r: &mut Req,

@@ -5,10 +5,11 @@
 use crate::pool::{BlockRef, Generation};
 use crate::rules::geometry::BlockId;
 
+use super::strategy::{Claims, Pool, Strategy};
 use super::{EndState, Env, HolderIndex, Phase, Req, Shard, ShardStepResult};
 
-impl Shard {
-    pub(super) fn release_entry(env: &Env<'_>, id: BlockId, gen: Generation) {
+impl<S: Strategy> Shard<S> {
+    pub(super) fn release_entry(env: &Env<'_, S>, id: BlockId, gen: Generation) {
         if id != env.geo.null_block() {
             let _ = env.pool.release(BlockRef {
                 id,
@@ -19,7 +20,7 @@ impl Shard {
 
     /// Releases every block of `r` and hands off the blocks it owned but did not recompute.
     pub(super) fn release_all(
-        env: &Env<'_>,
+        env: &Env<'_, S>,
         r: &mut Req,
         res: &mut ShardStepResult,
         index: &mut HolderIndex,
@@ -61,7 +62,7 @@ impl Shard {
 
     /// Ends `seq` now if no load of it can still write its blocks (none in flight, or the one
     /// in flight never started and is dropped), otherwise once its load lands.
-    pub(super) fn end_when_load_stops(&mut self, env: &Env<'_>, seq: u64, state: EndState) {
+    pub(super) fn end_when_load_stops(&mut self, env: &Env<'_, S>, seq: u64, state: EndState) {
         let Some(r) = self.reqs.get_mut(&seq) else {
             return;
         };
@@ -77,7 +78,7 @@ impl Shard {
         self.end(env, seq, state);
     }
 
-    pub(super) fn end(&mut self, env: &Env<'_>, seq: u64, state: EndState) {
+    pub(super) fn end(&mut self, env: &Env<'_, S>, seq: u64, state: EndState) {
         if let Some(mut r) = self.reqs.remove(&seq) {
             self.waiting.remove(&r.key);
             self.loading.remove(&r.key);
@@ -99,7 +100,7 @@ impl Shard {
     /// the caller. Returns how many were cancelled.
     pub fn cancel_all(
         &mut self,
-        env: &Env<'_>,
+        env: &Env<'_, S>,
         workers_finished: bool,
         never_started: &rustc_hash::FxHashSet<(u64, u32)>,
     ) -> ShardStepResult {

@@ -4,6 +4,7 @@ use rustc_hash::FxHashMap;
 
 use crate::rules::geometry::BlockId;
 
+use super::strategy::Strategy;
 use super::Shard;
 
 /// Which of the shard's requests hold each block: the claim phase scans only the holders of
@@ -73,7 +74,7 @@ impl HolderIndex {
     }
 }
 
-impl Shard {
+impl<S: Strategy> Shard<S> {
     /// Whether the holder index lists exactly the non-null entries of every request.
     pub fn index_consistent(&self, null: BlockId) -> bool {
         let mut n = 0;

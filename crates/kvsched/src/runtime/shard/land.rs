@@ -5,11 +5,12 @@ use std::time::Instant;
 
 use crate::pool::BlockRef;
 
+use super::strategy::{Claims, Pool, Strategy};
 use super::{Env, Phase, Shard};
 
-impl Shard {
+impl<S: Strategy> Shard<S> {
     /// Loading requests whose load landed this step become runnable (or restart at 0).
-    pub(super) fn land_loads(&mut self, env: &Env<'_>, now: Instant) {
+    pub(super) fn land_loads(&mut self, env: &Env<'_, S>, now: Instant) {
         let mut seqs = std::mem::take(&mut self.landed);
         seqs.sort_unstable();
         for seq in seqs {
@@ -69,7 +70,7 @@ impl Shard {
 
     /// Moves the blocks of a timed-out load out of `r`'s tables into the parked set (held
     /// until the late completion lands) and returns the emptied positions.
-    fn park_timed_out(&mut self, env: &Env<'_>, seq: u64) -> Vec<(usize, usize)> {
+    fn park_timed_out(&mut self, env: &Env<'_, S>, seq: u64) -> Vec<(usize, usize)> {
         let Some(r) = self.reqs.get_mut(&seq) else {
             return Vec::new();
         };

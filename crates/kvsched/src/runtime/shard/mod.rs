@@ -14,10 +14,13 @@
 //! engine's commands) and `completions` (load completions and deadlines) feed phase 1;
 //! `claim` scans in phase 2 and decides at the start of phase 3; then `outputs` (the last
 //! step's output), `land` (landed loads), `admit` and `schedule`. `end` ends requests and
-//! releases what they hold; `holders` indexes who holds each block.
+//! releases what they hold; `holders` indexes who holds each block. `strategy` is how a shard
+//! reaches the pool and claim table it shares: the runtime's lock-free ones, or the mutex
+//! baseline's plain ones.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
+use std::marker::PhantomData;
 use std::ops::Bound::{Excluded, Unbounded};
 use std::sync::Arc as StdArc;
 use std::time::{Duration, Instant};
@@ -25,13 +28,13 @@ use std::time::{Duration, Instant};
 use rustc_hash::FxHashMap;
 
 use crate::connector::{KvConnector, LoadJob};
-use crate::pool::{BlockPool, BlockRef};
+use crate::pool::BlockRef;
 use crate::rules::geometry::{BlockId, Geometry};
 use crate::rules::recovery::{Hit, Mode, Policy, RequestClass};
-use crate::runtime::claim::{ClaimTable, RequestKey};
+use crate::runtime::claim::RequestKey;
 use crate::runtime::quarantine::Quarantine;
+use crate::runtime::settings::Settings;
 use crate::runtime::worker::Completion;
-use crate::sync::Arc;
 
 mod admit;
 mod claim;
@@ -45,24 +48,36 @@ mod outputs;
 mod request;
 mod schedule;
 mod scheduled;
+pub mod strategy;
 
 use holders::HolderIndex;
 pub use metrics::Metrics;
-pub(crate) use request::{Command, NewRequest};
+pub use request::{Command, NewRequest};
 use request::{Phase, Req};
 pub use scheduled::{BlockTable, EndState, RecoveredRequest, ScannedRequest, ScheduledRequest};
+use strategy::{Claims, LockFree, Strategy};
 
 /// What a shard hands back from a step.
 #[derive(Debug, Default)]
-pub(crate) struct ShardStepResult {
+pub struct ShardStepResult {
+    /// The requests it scheduled, in canonical order.
     pub scheduled: Vec<ScheduledRequest>,
+    /// The requests recovery decided on.
     pub recovered: Vec<RecoveredRequest>,
+    /// Every scannable request's inputs (with `record_inputs`).
     pub scanned: Vec<ScannedRequest>,
+    /// Blocks its decisions evicted from the prefix cache.
     pub evicted: Vec<BlockId>,
+    /// The requests that ended, and how.
     pub ended: Vec<(StdArc<str>, EndState)>,
+    /// Blocks owners left unrecomputed while another request holds them: the next step's
+    /// report.
     pub handoffs: Vec<BlockRef>,
+    /// Landed load → runnable latencies.
     pub runnable_latency_ns: Vec<u64>,
+    /// Submit → first schedule latencies.
     pub first_schedule_latency_ns: Vec<u64>,
+    /// What it counted (its requests' ends are in `ended`, not here).
     pub counters: Metrics,
     /// Requests waiting for an async load at the end of the step.
     pub loading: usize,
@@ -73,32 +88,73 @@ pub(crate) struct ShardStepResult {
 }
 
 /// The settings a step runs with (a snapshot; never changes mid-step).
+/// (The meaning of each field is the runtime setting of the same name.)
 #[derive(Clone, Debug)]
-pub(crate) struct StepSettings {
+pub struct StepSettings {
+    /// Recovery mode.
     pub mode: Mode,
+    /// Recovery policy.
     pub policy: Policy,
+    /// This shard's share of the step's token budget.
     pub token_budget: u64,
+    /// This shard's share of the sequences per step (also its admissions per step).
     pub max_seqs: usize,
+    /// Record every scannable request's inputs in the step's recovery.
     pub record_inputs: bool,
+    /// Deadline of an asynchronous load (`None`: none).
     pub load_deadline: Option<Duration>,
+    /// Failed external loads after which a request is offered none.
     pub max_load_retries: u32,
+    /// Consecutive failures that quarantine a prefix (0: never).
     pub quarantine_after: u32,
+    /// How long a quarantine lasts.
     pub quarantine_for: Duration,
 }
 
-/// Shared, read-only context of the runtime, as a shard sees it.
-pub(crate) struct Env<'a> {
+impl StepSettings {
+    /// A shard's settings: the live `settings`, its share of the budgets, and whether it
+    /// records its scanned requests' inputs.
+    pub fn new(
+        settings: &Settings,
+        token_budget: u64,
+        max_seqs: usize,
+        record_inputs: bool,
+    ) -> StepSettings {
+        StepSettings {
+            mode: settings.mode,
+            policy: settings.policy,
+            token_budget,
+            max_seqs,
+            record_inputs,
+            load_deadline: settings.load_deadline,
+            max_load_retries: settings.max_load_retries,
+            quarantine_after: settings.quarantine_after,
+            quarantine_for: settings.quarantine_for,
+        }
+    }
+}
+
+/// Shared, read-only context of a step, as a shard sees it: the geometry, the pool and claim
+/// table of its [`Strategy`], the connector, the quarantine and the shard's index.
+pub struct Env<'a, S: Strategy = LockFree> {
+    /// The validated geometry.
     pub geo: &'a Geometry,
-    pub pool: &'a Arc<BlockPool>,
-    pub claims: &'a ClaimTable,
+    /// The block pool and prefix cache.
+    pub pool: &'a S::Pool,
+    /// The claim table.
+    pub claims: &'a S::Claims,
+    /// The KV connector (its `lookup`, at admission).
     pub connector: &'a dyn KvConnector,
+    /// Prefix quarantine.
     pub quarantine: &'a Quarantine,
+    /// This shard's index (where its loads' completions go).
     pub shard: usize,
 }
 
-/// One shard's requests.
-#[derive(Debug, Default)]
-pub(crate) struct Shard {
+/// One shard's requests, its step generic over how it reaches the shared pool and claim
+/// table ([`strategy`]).
+#[derive(Debug)]
+pub struct Shard<S: Strategy = LockFree> {
     reqs: FxHashMap<u64, Req>,
     by_id: FxHashMap<StdArc<str>, u64>,
     /// Canonical order (async-class key) of each phase.
@@ -129,14 +185,39 @@ pub(crate) struct Shard {
     /// Hit buffers kept for reuse.
     spare_hits: Vec<Vec<Hit>>,
     result: ShardStepResult,
+    strategy: PhantomData<fn() -> S>,
 }
 
-impl Shard {
+impl<S: Strategy> Default for Shard<S> {
+    fn default() -> Self {
+        Shard {
+            reqs: FxHashMap::default(),
+            by_id: FxHashMap::default(),
+            waiting: BTreeMap::new(),
+            loading: BTreeMap::new(),
+            running: BTreeMap::new(),
+            step: 0,
+            index: HolderIndex::default(),
+            touched: Vec::new(),
+            landed: Vec::new(),
+            deadlines: BinaryHeap::new(),
+            parked: FxHashMap::default(),
+            abandoned: Vec::new(),
+            hold_admission: false,
+            hits: Vec::new(),
+            spare_hits: Vec::new(),
+            result: ShardStepResult::default(),
+            strategy: PhantomData,
+        }
+    }
+}
+
+impl<S: Strategy> Shard<S> {
     /// Phase 1: commands, completions, and this shard's share of the report (returned; the
     /// claim words of those blocks are reset).
     pub fn publish(
         &mut self,
-        env: &Env<'_>,
+        env: &Env<'_, S>,
         settings: &StepSettings,
         now: Instant,
         commands: impl IntoIterator<Item = Command>,
@@ -162,7 +243,7 @@ impl Shard {
     /// (shutdown) nothing is admitted or scheduled.
     pub fn finish_step(
         &mut self,
-        env: &Env<'_>,
+        env: &Env<'_, S>,
         settings: &StepSettings,
         now: Instant,
         draining: bool,

@@ -5,12 +5,13 @@
 use crate::pool::BlockRef;
 use crate::runtime::policy::lost::reoffer_at_pre_step;
 
+use super::strategy::{Claims, Pool, Strategy};
 use super::{EndState, Env, HolderIndex, Phase, Req, Shard};
 
-impl Shard {
+impl<S: Strategy> Shard<S> {
     /// Applies the engine's output for the last step: sampled tokens (unless recovery
     /// discarded the step), engine finishes, owners' recomputed blocks.
-    pub(super) fn apply_outputs(&mut self, env: &Env<'_>) {
+    pub(super) fn apply_outputs(&mut self, env: &Env<'_, S>) {
         let mut seqs = std::mem::take(&mut self.touched);
         seqs.sort_unstable();
         seqs.dedup();
@@ -83,7 +84,7 @@ impl Shard {
 
     /// The computed length is confirmed (the step ran and was not discarded): clear pending
     /// marks of recomputed owned blocks, register full prompt blocks, trim nullable entries.
-    fn confirm_progress(env: &Env<'_>, r: &mut Req, index: &mut HolderIndex) {
+    fn confirm_progress(env: &Env<'_, S>, r: &mut Req, index: &mut HolderIndex) {
         let nct = r.num_computed_tokens;
         let key = r.key;
         let groups = env.geo.groups();
@@ -105,7 +106,7 @@ impl Shard {
     /// Registers the request's full blocks below what is known written, and trims the entries
     /// its groups no longer need. The one place a block enters the prefix cache: no block is
     /// visible to a lookup before its bytes are known written, whatever ends its writer.
-    pub(super) fn register_and_trim(env: &Env<'_>, r: &mut Req, index: &mut HolderIndex) {
+    pub(super) fn register_and_trim(env: &Env<'_, S>, r: &mut Req, index: &mut HolderIndex) {
         let nct = r.written.min(r.num_computed_tokens);
         Self::register_upto(env, r, nct);
         let null = env.geo.null_block();
@@ -125,7 +126,7 @@ impl Shard {
     }
 
     /// Registers the request's full blocks below `nct` tokens not registered yet.
-    pub(super) fn register_upto(env: &Env<'_>, r: &mut Req, nct: u64) {
+    pub(super) fn register_upto(env: &Env<'_, S>, r: &mut Req, nct: u64) {
         let null = env.geo.null_block();
         for (g, grp) in env.geo.groups().iter().enumerate() {
             let full = ((nct / grp.block_size) as usize)

@@ -9,24 +9,77 @@ use crate::pool::{BlockHash, BlockRef, Generation};
 use crate::rules::geometry::{BlockId, Geometry};
 use crate::rules::recovery::{RequestClass, RequestView};
 use crate::runtime::claim::RequestKey;
+use crate::runtime::{RuntimeError, SubmitRequest};
 
 use super::{BlockTable, EndState};
 
 /// A request as submitted.
 #[derive(Clone, Debug)]
-pub(crate) struct NewRequest {
+pub struct NewRequest {
+    /// Request id.
     pub id: StdArc<str>,
+    /// Prompt tokens.
     pub prompt: StdArc<[u32]>,
+    /// Tokens to generate (0: no limit).
     pub max_new_tokens: u32,
+    /// Its place in canonical order (async class).
     pub key: RequestKey,
+    /// When it was submitted.
     pub submitted_at: Instant,
+    /// Its own load deadline (overrides the settings').
     pub load_deadline: Option<Duration>,
+}
+
+impl NewRequest {
+    /// Checks `req` as a submission is checked before it is queued: an id, a prompt, and a
+    /// length a pool of `pool_blocks` blocks (the null block included) can ever hold.
+    pub fn check(
+        geo: &Geometry,
+        pool_blocks: usize,
+        req: &SubmitRequest,
+    ) -> Result<(), RuntimeError> {
+        if req.id.is_empty() {
+            return Err(RuntimeError::EmptyId);
+        }
+        if req.prompt.is_empty() {
+            return Err(RuntimeError::EmptyPrompt(req.id.clone()));
+        }
+        let total = req.prompt.len() as u64 + u64::from(req.max_new_tokens.max(1));
+        let needed: u64 = geo
+            .groups()
+            .iter()
+            .map(|g| g.blocks_for_tokens(total))
+            .sum();
+        let usable = (pool_blocks as u64).saturating_sub(1);
+        if needed > usable {
+            return Err(RuntimeError::TooLong {
+                id: req.id.clone(),
+                needed,
+                usable,
+            });
+        }
+        Ok(())
+    }
+
+    /// The checked submission `req`, live as `id`, at `key` in canonical order.
+    pub fn new(req: SubmitRequest, id: StdArc<str>, key: RequestKey) -> NewRequest {
+        NewRequest {
+            id,
+            prompt: req.prompt.into(),
+            max_new_tokens: req.max_new_tokens,
+            key,
+            submitted_at: Instant::now(),
+            load_deadline: req.load_deadline,
+        }
+    }
 }
 
 /// What the engine thread sends a shard between steps.
 #[derive(Debug)]
-pub(crate) enum Command {
+pub enum Command {
+    /// A request to admit.
     Submit(NewRequest),
+    /// End a request (once its in-flight load stops, if it is loading).
     Cancel(StdArc<str>),
     /// A sampled token for a request scheduled in the last step.
     Sampled(StdArc<str>),

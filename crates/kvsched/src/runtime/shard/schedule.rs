@@ -4,6 +4,7 @@
 
 use std::time::Instant;
 
+use super::strategy::{Claims, Pool, Strategy};
 use super::{
     next_key, EndState, Env, HolderIndex, Phase, Req, ScheduledRequest, Shard, StepSettings,
 };
@@ -12,9 +13,9 @@ use crate::runtime::policy::alignment::{aligned_chunk, chunk_alignment};
 use crate::runtime::policy::growth::blocks_needed;
 use crate::runtime::policy::scheduling::{length_capped, preemption_victim, StepBudget};
 
-impl Shard {
+impl<S: Strategy> Shard<S> {
     /// Makes room in the tables of `r` for `upto` computed tokens.
-    fn grow(env: &Env<'_>, r: &mut Req, upto: u64, index: &mut HolderIndex) -> bool {
+    fn grow(env: &Env<'_, S>, r: &mut Req, upto: u64, index: &mut HolderIndex) -> bool {
         let groups = env.geo.groups();
         let need = blocks_needed(groups, r.tables.iter().map(Vec::len), upto);
         if need == 0 {
@@ -38,7 +39,7 @@ impl Shard {
         true
     }
 
-    pub(super) fn schedule(&mut self, env: &Env<'_>, settings: &StepSettings, now: Instant) {
+    pub(super) fn schedule(&mut self, env: &Env<'_, S>, settings: &StepSettings, now: Instant) {
         let mut budget = StepBudget::new(settings.token_budget, settings.max_seqs);
         let align = chunk_alignment(env.geo);
         let mut cursor = None;
@@ -139,7 +140,7 @@ impl Shard {
         self.running.keys().next_back().copied()
     }
 
-    pub(super) fn preempt(&mut self, env: &Env<'_>, seq: u64) {
+    pub(super) fn preempt(&mut self, env: &Env<'_, S>, seq: u64) {
         if let Some(r) = self.reqs.get_mut(&seq) {
             Self::release_all(env, r, &mut self.result, &mut self.index);
             r.num_computed_tokens = 0;
