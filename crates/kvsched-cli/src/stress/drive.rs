@@ -17,10 +17,12 @@ use super::config::{StressConfig, StressError};
 use super::cpu::CpuStart;
 use super::faults::{draw_for, FaultConnector, Faults};
 use super::histograms::{ns, Hists, Recorders};
+use super::model_time::simulate_model;
 use super::progress::{Nth, Progress};
 use super::report::{EngineEvents, FaultCounts, RunReport};
 use super::run_end::{kv_counts, Finished};
 use super::scheduler::Scheduler;
+use super::step_cost::StepTimer;
 use super::store::Opened;
 use super::workload::Workload;
 use kvsched::kv::TierConnector;
@@ -57,21 +59,6 @@ pub(super) fn drive<S: Scheduler>(
     Ok(end.run_report(name, S::MECHANISMS, timed_out, &mut hists))
 }
 
-/// Waits `d` (the simulated model): sleeps most of it, spins the rest for precision.
-fn simulate_model(d: Duration) {
-    if d.is_zero() {
-        return;
-    }
-    let end = Instant::now() + d;
-    let slack = Duration::from_micros(80);
-    if d > slack {
-        std::thread::sleep(d - slack);
-    }
-    while Instant::now() < end {
-        std::hint::spin_loop();
-    }
-}
-
 /// The simulated engine driving one scheduler.
 struct Engine<'a, S> {
     sched: S,
@@ -103,6 +90,7 @@ struct Engine<'a, S> {
     /// been sent fewer samples than that had one applied twice.
     samples_sent: FxHashMap<Arc<str>, (u32, u32)>,
     rec: Recorders,
+    timer: StepTimer,
     work: Workload,
     model: Duration,
     duration: Duration,
@@ -168,6 +156,7 @@ impl<'a, S: Scheduler> Engine<'a, S> {
             step_sync_block: None,
             samples_sent: FxHashMap::default(),
             rec,
+            timer: StepTimer::default(),
             work,
             model: Duration::from_micros(cfg.model_us),
             duration: cfg.duration(),
@@ -358,24 +347,22 @@ impl<'a, S: Scheduler> Engine<'a, S> {
 
     /// The step: the last output in (timed) and its KV reads settled with the outputs to
     /// discard (saves offered), then the plan out (timed), its latencies recorded and the
-    /// requests it ended settled. Step overhead is the two timed calls.
+    /// requests it ended settled. Step overhead is the two timed calls (wall and CPU).
     fn step(&mut self) -> Result<StepPlan, RuntimeError> {
-        let t0 = Instant::now();
-        let discard = self.sched.update(std::mem::take(&mut self.out));
-        let updated = t0.elapsed();
+        let out = std::mem::take(&mut self.out);
+        let discard = self.timer.time(|| self.sched.update(out));
         if let Some(last) = self.last_plan.take() {
             self.sim.settle(&last, &discard);
         }
         if self.cfg.lockstep {
             self.wait_for_loads();
         }
-        let t1 = Instant::now();
-        let plan = self.sched.schedule()?;
+        let plan = self.timer.time(|| self.sched.schedule())?;
         self.out.step = plan.step;
-        let t2 = Instant::now();
+        let t1 = Instant::now();
         self.steps += 1;
-        self.rec.step.saturating_record(ns(updated + (t2 - t1)));
-        let t1 = t2;
+        self.timer
+            .end_step(&mut self.rec.step, &mut self.rec.step_cpu);
         for &l in &plan.runnable_latency_ns {
             self.rec.runnable.saturating_record(l.max(1));
         }
@@ -584,6 +571,7 @@ impl<'a, S: Scheduler> Engine<'a, S> {
         violations.truncate(MAX_VIOLATIONS);
         Finished {
             report,
+            cost: self.timer.cost(cpu.as_ref(), metrics.finished),
             metrics,
             cpu,
             kv,
