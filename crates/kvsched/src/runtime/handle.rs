@@ -10,7 +10,7 @@ use crate::runtime::error::RuntimeError;
 use crate::runtime::settings::Settings;
 #[cfg(doc)]
 use crate::runtime::shard::Metrics;
-use crate::runtime::shard::{Command, NewRequest};
+use crate::runtime::shard::{prompt_hashes, Command, NewRequest};
 use crate::runtime::shared::Inner;
 use crate::runtime::step::Runtime;
 use crate::sync::{Arc, Ordering};
@@ -91,6 +91,8 @@ impl Inner {
             });
         }
         let i = self.shard_of(&req.id);
+        // Hashed once, here on the submitting thread: never inside a step.
+        let hashes = prompt_hashes(&self.geo, &req.prompt);
         let id: StdArc<str> = req.id.as_str().into();
         if !self.shards[i].ids.lock().insert(id.clone()) {
             return Err(RuntimeError::DuplicateId(req.id));
@@ -104,6 +106,7 @@ impl Inner {
             key: RequestKey::new(false, req.priority, seq),
             submitted_at: Instant::now(),
             load_deadline: req.load_deadline,
+            hashes,
         }));
         Ok(())
     }

@@ -48,7 +48,7 @@ mod scheduled;
 
 use holders::HolderIndex;
 pub use metrics::Metrics;
-pub(crate) use request::{Command, NewRequest};
+pub(crate) use request::{prompt_hashes, Command, NewRequest};
 use request::{Phase, Req};
 pub use scheduled::{BlockTable, EndState, RecoveredRequest, ScannedRequest, ScheduledRequest};
 

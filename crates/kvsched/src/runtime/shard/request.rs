@@ -21,6 +21,28 @@ pub(crate) struct NewRequest {
     pub key: RequestKey,
     pub submitted_at: Instant,
     pub load_deadline: Option<Duration>,
+    /// Per group: chained hashes of the prompt's full blocks ([`prompt_hashes`]), computed
+    /// by the submitting thread so the step that takes the request does not hash it.
+    pub hashes: Vec<Vec<BlockHash>>,
+}
+
+/// Per group: the chained hashes of `prompt`'s full blocks — computed once per request, at
+/// submit, on the submitting thread.
+pub(crate) fn prompt_hashes(geo: &Geometry, prompt: &[u32]) -> Vec<Vec<BlockHash>> {
+    geo.groups()
+        .iter()
+        .enumerate()
+        .map(|(g, grp)| {
+            let mut parent = 0u64;
+            prompt
+                .chunks_exact(grp.block_size as usize)
+                .map(|c| {
+                    parent = crate::pool::chain_hash(parent, g, c);
+                    parent
+                })
+                .collect()
+        })
+        .collect()
 }
 
 /// What the engine thread sends a shard between steps.
@@ -113,24 +135,11 @@ pub(super) struct Req {
 }
 
 impl Req {
-    /// The record of a submitted request: waiting, holding no blocks, its prompt's block
-    /// hashes chained per group.
+    /// The record of a submitted request: waiting, holding no blocks, with the block hashes
+    /// its submit computed.
     pub(super) fn new(geo: &Geometry, n: NewRequest) -> Req {
         let groups = geo.groups();
-        let hashes = groups
-            .iter()
-            .enumerate()
-            .map(|(g, grp)| {
-                let mut parent = 0u64;
-                n.prompt
-                    .chunks_exact(grp.block_size as usize)
-                    .map(|c| {
-                        parent = crate::pool::chain_hash(parent, g, c);
-                        parent
-                    })
-                    .collect()
-            })
-            .collect();
+        let hashes = n.hashes;
         Req {
             id: n.id,
             key: n.key,
