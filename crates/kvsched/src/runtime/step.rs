@@ -237,11 +237,17 @@ impl Runtime {
         let mut report = engine_share;
         let mut evicted = Vec::new();
         let mut progress = Progress::default();
+        let mut results = Vec::with_capacity(self.inner.shards.len());
         for (i, slot) in self.inner.shards.iter().enumerate() {
             report.extend_from_slice(&slot.published.lock());
-            let Some((res, loads)) = slot.result.lock().take() else {
-                continue;
-            };
+            if let Some(r) = slot.result.lock().take() {
+                results.push((i, r));
+            }
+        }
+        // The plan's list is allocated once at its final size (a shard's own list is moved
+        // when it is the only one with entries): no copy per doubling, no fresh pages.
+        let total: usize = results.iter().map(|(_, (r, _))| r.scheduled.len()).sum();
+        for (i, (res, loads)) in results {
             progress.add(i, &res, loads.len());
             if let Some(w) = &self.workers {
                 self.loads_sent += loads.len() as u64;
@@ -257,7 +263,12 @@ impl Runtime {
                     EndState::Cancelled => self.metrics.cancelled += 1,
                 }
             }
-            plan.scheduled.extend(res.scheduled);
+            if plan.scheduled.is_empty() && res.scheduled.len() == total {
+                plan.scheduled = res.scheduled;
+            } else {
+                plan.scheduled.reserve(total - plan.scheduled.len());
+                plan.scheduled.extend(res.scheduled);
+            }
             plan.recovery.recovered.extend(res.recovered);
             plan.recovery.scanned.extend(res.scanned);
             evicted.extend(res.evicted);

@@ -39,6 +39,10 @@ impl Shard {
 
     pub(super) fn schedule(&mut self, env: &Env<'_>, settings: &StepSettings, now: Instant) {
         let mut budget = StepBudget::new(settings.token_budget, settings.max_seqs);
+        // One allocation for the step's list, not one per doubling.
+        self.result
+            .scheduled
+            .reserve(settings.max_seqs.min(self.running.len()));
         let mut cursor = None;
         while let Some(key) = next_key(&self.running, cursor) {
             cursor = Some(key);
