@@ -11,6 +11,9 @@ use super::Shard;
 /// and removing a holder cost O(1) whatever the number of sharers: the index is a slot per
 /// block id (ids are dense, below the pool's size), and a block of a prefix shared by
 /// thousands of requests keeps its holders in a set, not a list searched on every release.
+///
+/// Memory: 16 bytes per block id up to the largest the shard has held (the pool's size at
+/// most), plus a set per shared block — small beside the block's KV bytes.
 #[derive(Debug, Default)]
 pub(super) struct HolderIndex {
     slots: Vec<Holders>,
