@@ -116,3 +116,46 @@ impl Shard {
         n == self.index.len()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sorted(ix: &HolderIndex, id: BlockId) -> Vec<u64> {
+        let mut v: Vec<u64> = ix.holders(id).copied().collect();
+        v.sort_unstable();
+        v
+    }
+
+    #[test]
+    fn a_release_removes_exactly_its_holder_however_many_share_the_block() {
+        let mut ix = HolderIndex::default();
+        ix.add(7, 1);
+        assert_eq!(sorted(&ix, 7), [1]);
+        for seq in 2..=1000 {
+            ix.add(7, seq);
+        }
+        ix.add(9, 5);
+        assert_eq!(ix.len(), 1001);
+        // Releases in an order unrelated to the adds.
+        for seq in (2..=1000).rev().step_by(2) {
+            ix.remove(7, seq);
+        }
+        let left: Vec<u64> = std::iter::once(1).chain((3..=999).step_by(2)).collect();
+        assert_eq!(sorted(&ix, 7), left);
+        assert_eq!(ix.len(), left.len() + 1);
+        // A holder that is not there, and an id never seen, change nothing.
+        ix.remove(7, 2);
+        ix.remove(1 << 20, 1);
+        assert_eq!(ix.len(), left.len() + 1);
+        for &seq in &left {
+            ix.remove(7, seq);
+        }
+        assert_eq!(sorted(&ix, 7), Vec::<u64>::new());
+        assert_eq!(sorted(&ix, 9), [5]);
+        assert_eq!(ix.len(), 1);
+        ix.remove(9, 5);
+        assert_eq!(ix.len(), 0);
+        assert_eq!(sorted(&ix, 12_345), Vec::<u64>::new());
+    }
+}
