@@ -59,9 +59,13 @@ declare -A TESTS=(
   # prefix hit without its second chance, unlike the runtime's pool. (tests::same_decisions
   # does not catch it: with this plant its runs still decide alike step by step.)
   [baseline-no-second-chance]="kvsched-cli --bin kvsched baseline::strategy_tests"
+  # runtime/shard/holders.rs: a sharer's release of a shared block is not recorded, so the
+  # holder index keeps a holder that no longer holds the block (the holder index's own test:
+  # releases of a block shared by a thousand holders, checked one by one).
+  [holder-release-unrecorded]="kvsched --lib runtime::shard::holders"
 )
 ORDER=(decide-early claim-store late-leak panic-ok trust-stale end-while-loading no-cross-shard-preempt lookup-uncaught shard-panic-escapes mamba-align-cache-unwritten
-  saver-flush-early register-unwritten reoffer-unwritten park-unstarted baseline-no-second-chance)
+  saver-flush-early register-unwritten reoffer-unwritten park-unstarted baseline-no-second-chance holder-release-unrecorded unaligned-chunks)
 
 if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi
 

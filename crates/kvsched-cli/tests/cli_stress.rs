@@ -397,3 +397,44 @@ fn hybrid_mamba_prefixes_computed_here_are_shared_without_garbage() {
         assert!(count(run, "kv.kv_bytes_verified") > 0, "{run}");
     }
 }
+
+#[test]
+fn step_cpu_and_the_cost_split_add_up() {
+    let out = small(&["--json"]);
+    let v = json_of(&out);
+    let f = |k: &str| {
+        get(&v, k)
+            .as_f64()
+            .unwrap_or_else(|| panic!("{k} is not a number: {v}"))
+    };
+    // One CPU sample per step, as for the wall clock.
+    assert_eq!(
+        get(&v, "step_cpu_us.count"),
+        get(&v, "step_overhead_us.count")
+    );
+    assert_eq!(
+        get(&v, "step_cpu_us.count").as_u64(),
+        get(&v, "steps").as_u64()
+    );
+    // The engine thread cannot run longer than the calls last (each CPU read brackets its
+    // wall interval: at most a few µs more per step), nor the calls than the whole thread.
+    let steps = get(&v, "steps").as_f64().unwrap_or(0.0);
+    assert!(f("cost.step_cpu_s") > 0.0, "{v}");
+    assert!(
+        f("cost.step_cpu_s") <= f("cost.step_wall_s") + steps * 20e-6,
+        "{v}"
+    );
+    assert!(f("step_cpu_us.p50") <= f("step_cpu_us.max"), "{v}");
+    let engine = f("cpu.engine_thread_s");
+    assert!(f("cost.step_cpu_s") <= engine + 0.01, "{v}");
+    // The split adds up to the process: calls + simulated engine + other threads.
+    let process = f("cpu.user_s") + f("cpu.sys_s");
+    let parts = f("cost.step_cpu_s") + f("cost.engine_cpu_s") + f("cost.other_threads_cpu_s");
+    assert!((parts - process).abs() < 0.02, "{parts} vs {process}: {v}");
+    let per = f("cost.step_cpu_us_per_finished");
+    let finished = get(&v, "requests.finished").as_f64().unwrap_or(0.0);
+    assert!(
+        (per * finished / 1e6 - f("cost.step_cpu_s")).abs() < 0.01,
+        "{v}"
+    );
+}

@@ -76,7 +76,8 @@ impl MutexScheduler {
         let key = RequestKey::new(false, req.priority, s.seq);
         s.seq += 1;
         s.metrics.submitted += 1;
-        s.inbox.push(Command::Submit(NewRequest::new(req, id, key)));
+        let new = NewRequest::new(&s.cx.geo, req, id, key);
+        s.inbox.push(Command::Submit(new));
         Ok(())
     }
 

@@ -23,6 +23,7 @@ use super::prompt_sources::PromptSources;
 use super::report::{EngineEvents, FaultCounts, RunReport};
 use super::run_end::{kv_counts, Finished};
 use super::scheduler::Scheduler;
+use super::step_cost::StepTimer;
 use super::store::Opened;
 use super::workload::Workload;
 use kvsched::kv::TierConnector;
@@ -90,6 +91,7 @@ struct Engine<'a, S> {
     /// been sent fewer samples than that had one applied twice.
     samples_sent: FxHashMap<Arc<str>, (u32, u32)>,
     rec: Recorders,
+    timer: StepTimer,
     work: Workload,
     model: Duration,
     duration: Duration,
@@ -157,6 +159,7 @@ impl<'a, S: Scheduler> Engine<'a, S> {
             step_sync_block: None,
             samples_sent: FxHashMap::default(),
             rec,
+            timer: StepTimer::default(),
             work,
             model: Duration::from_micros(cfg.model_us),
             duration: cfg.duration(),
@@ -350,24 +353,22 @@ impl<'a, S: Scheduler> Engine<'a, S> {
 
     /// The step: the last output in (timed) and its KV reads settled with the outputs to
     /// discard (saves offered), then the plan out (timed), its latencies recorded and the
-    /// requests it ended settled. Step overhead is the two timed calls.
+    /// requests it ended settled. Step overhead is the two timed calls (wall and CPU).
     fn step(&mut self) -> Result<StepPlan, RuntimeError> {
-        let t0 = Instant::now();
-        let discard = self.sched.update(std::mem::take(&mut self.out));
-        let updated = t0.elapsed();
+        let out = std::mem::take(&mut self.out);
+        let discard = self.timer.time(|| self.sched.update(out));
         if let Some(last) = self.last_plan.take() {
             self.sim.settle(&last, &discard);
         }
         if self.cfg.lockstep {
             self.wait_for_loads();
         }
-        let t1 = Instant::now();
-        let plan = self.sched.schedule()?;
+        let plan = self.timer.time(|| self.sched.schedule())?;
         self.out.step = plan.step;
-        let t2 = Instant::now();
+        let t1 = Instant::now();
         self.steps += 1;
-        self.rec.step.saturating_record(ns(updated + (t2 - t1)));
-        let t1 = t2;
+        self.timer
+            .end_step(&mut self.rec.step, &mut self.rec.step_cpu);
         for &l in &plan.runnable_latency_ns {
             self.rec.runnable.saturating_record(l.max(1));
         }
@@ -580,6 +581,7 @@ impl<'a, S: Scheduler> Engine<'a, S> {
         violations.truncate(MAX_VIOLATIONS);
         Finished {
             report,
+            cost: self.timer.cost(cpu.as_ref(), metrics.finished),
             metrics,
             cpu,
             kv,

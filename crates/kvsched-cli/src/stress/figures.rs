@@ -5,6 +5,7 @@
 use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
 
+use super::figure_rows::{c, cost_sections, oc};
 use super::report::RunReport;
 use super::scheduler::Mechanisms;
 pub use super::stats::Stats;
@@ -83,15 +84,7 @@ macro_rules! row {
     };
 }
 
-/// A count as a figure's value.
-fn c(n: u64) -> Option<f64> {
-    Some(n as f64)
-}
-
-/// A count that may be absent (`--verify off`) as a figure's value.
-fn oc(n: Option<u64>) -> Option<f64> {
-    n.map(|n| n as f64)
-}
+pub(super) use row;
 
 /// The title of the KV bytes section.
 pub(super) const KV_SECTION: &str = "KV bytes";
@@ -101,7 +94,7 @@ pub(super) const KV_SECTION: &str = "KV bytes";
 pub(super) fn sections() -> Vec<Section> {
     use Better::{Higher, Lower};
     use Format::{Bytes, Count, Fixed};
-    vec![
+    let mut all = vec![
         Section {
             title: "requests",
             rows: vec![
@@ -415,7 +408,14 @@ pub(super) fn sections() -> Vec<Section> {
                 ),
             ],
         },
-    ]
+    ];
+    // The scheduler's own cost, right after its step overhead.
+    let at = all
+        .iter()
+        .position(|s| s.title.starts_with("step overhead"));
+    let at = at.map_or(all.len(), |i| i + 1);
+    all.splice(at..at, cost_sections());
+    all
 }
 
 /// One figure of the report (an entry of the JSON `figures` object, keyed by [`Row::key`]).

@@ -87,6 +87,7 @@ pub struct Curves {
 /// One thread's recorders (the engine thread's; any thread that records gets its own).
 pub(super) struct Recorders {
     pub(super) step: Recorder<u64>,
+    pub(super) step_cpu: Recorder<u64>,
     pub(super) first_schedule: Recorder<u64>,
     pub(super) runnable: Recorder<u64>,
 }
@@ -96,10 +97,12 @@ pub(super) fn ns(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX).max(1)
 }
 
-/// The three latency histograms of a run.
+/// The latency histograms of a run.
 pub(super) struct Hists {
     /// `schedule()` + `update()` wall time.
     pub(super) step: Hist,
+    /// `schedule()` + `update()` CPU time of the engine thread.
+    pub(super) step_cpu: Hist,
     /// Scheduled arrival → first scheduled.
     pub(super) first_schedule: Hist,
     /// Load completion → runnable.
@@ -110,6 +113,7 @@ impl Hists {
     pub(super) fn new() -> Result<Self, StressError> {
         Ok(Hists {
             step: Hist::new()?,
+            step_cpu: Hist::new()?,
             first_schedule: Hist::new()?,
             runnable: Hist::new()?,
         })
@@ -119,6 +123,7 @@ impl Hists {
     pub(super) fn recorders(&self) -> Recorders {
         Recorders {
             step: self.step.0.recorder(),
+            step_cpu: self.step_cpu.0.recorder(),
             first_schedule: self.first_schedule.0.recorder(),
             runnable: self.runnable.0.recorder(),
         }

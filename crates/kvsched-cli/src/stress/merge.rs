@@ -16,6 +16,7 @@
 
 use super::cpu::CpuReport;
 use super::prompt_sources::PromptTokens;
+use super::step_cost::StepCost;
 use super::report::{
     EngineEvents, Events, FaultCounts, Invariants, KvCounts, LoadCounts, Percentiles,
     RequestCounts, RunReport,
@@ -43,6 +44,24 @@ impl RequestCounts {
             failed: add(self.failed, o.failed),
             cancelled: add(self.cancelled, o.cancelled),
             cancelled_at_shutdown: add(self.cancelled_at_shutdown, o.cancelled_at_shutdown),
+        }
+    }
+}
+
+impl StepCost {
+    /// Both runs' times summed; the step CPU per finished request over the `finished`
+    /// requests of both.
+    pub(super) fn merge(&self, o: &Self, finished: u64) -> Self {
+        let sum = |a: Option<f64>, b: Option<f64>| either(a, b, |a, b| a + b);
+        let step_cpu_s = sum(self.step_cpu_s, o.step_cpu_s);
+        StepCost {
+            step_wall_s: self.step_wall_s + o.step_wall_s,
+            step_cpu_s,
+            step_cpu_us_per_finished: step_cpu_s
+                .filter(|_| finished > 0)
+                .map(|s| s * 1e6 / finished as f64),
+            engine_cpu_s: sum(self.engine_cpu_s, o.engine_cpu_s),
+            other_threads_cpu_s: sum(self.other_threads_cpu_s, o.other_threads_cpu_s),
         }
     }
 }
@@ -283,6 +302,8 @@ impl RunReport {
             cpu: either(self.cpu.clone(), o.cpu.clone(), |a, b| a.merge(&b)),
             step_overhead_us: self.step_overhead_us.merge(&o.step_overhead_us),
             submit_to_schedule_us: self.submit_to_schedule_us.merge(&o.submit_to_schedule_us),
+            step_cpu_us: self.step_cpu_us.merge(&o.step_cpu_us),
+            cost: self.cost.merge(&o.cost, add(self.requests.finished, o.requests.finished)),
             completion_to_runnable_us: self
                 .completion_to_runnable_us
                 .merge(&o.completion_to_runnable_us),

@@ -1,4 +1,5 @@
-//! The simulated model's time per step.
+//! The simulated model's fixed cost per step (`--model-us`): a wait the engine thread makes
+//! between the plan and its answer, outside step overhead.
 
 use std::time::{Duration, Instant};
 

@@ -10,6 +10,7 @@ use super::figures::{Figures, Stats};
 use super::histograms::Curves;
 pub use super::prompt_sources::PromptTokens;
 use super::scheduler::Mechanisms;
+use super::step_cost::StepCost;
 use kvsched::runtime::Metrics;
 
 /// Request counts.
@@ -309,6 +310,11 @@ pub struct RunReport {
     pub cpu: Option<CpuReport>,
     /// `schedule()` + `update()` wall time per step, µs.
     pub step_overhead_us: Percentiles,
+    /// `schedule()` + `update()` CPU time of the engine thread per step, µs: the scheduler's
+    /// own work there, without the waits for a core or a shard thread.
+    pub step_cpu_us: Percentiles,
+    /// Where the run's time went: the scheduler's calls, the simulated engine, other threads.
+    pub cost: StepCost,
     /// Scheduled arrival → first scheduled, µs.
     pub submit_to_schedule_us: Percentiles,
     /// Load completion → runnable, µs.

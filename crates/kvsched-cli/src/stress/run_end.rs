@@ -9,6 +9,7 @@ use super::report::{
     EngineEvents, Events, FaultCounts, Invariants, KvCounts, LoadCounts, RequestCounts, RunReport,
 };
 use super::scheduler::Mechanisms;
+use super::step_cost::StepCost;
 use super::store::Opened;
 use kvsched::kv::TierConnector;
 use kvsched::runtime::{Metrics, Report};
@@ -80,6 +81,8 @@ pub(super) struct Finished {
     pub(super) metrics: Metrics,
     /// CPU over the run (shutdown excluded).
     pub(super) cpu: Option<CpuReport>,
+    /// The scheduler's calls against the simulated engine.
+    pub(super) cost: StepCost,
     pub(super) engine_events: EngineEvents,
     /// Where the finished requests' prompt tokens came from.
     pub(super) prompt_tokens: PromptTokens,
@@ -133,6 +136,8 @@ impl Finished {
             output_tokens_per_s: per_s(self.output_tokens),
             cpu: self.cpu,
             step_overhead_us: hists.step.percentiles(true),
+            step_cpu_us: hists.step_cpu.percentiles(true),
+            cost: self.cost,
             submit_to_schedule_us: hists.first_schedule.percentiles(false),
             completion_to_runnable_us: hists.runnable.percentiles(false),
             curves: Curves {

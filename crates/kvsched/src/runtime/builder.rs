@@ -16,6 +16,7 @@ use crate::runtime::shard::{Metrics, StepSettings};
 use crate::runtime::shared::Inner;
 use crate::runtime::signal::WorkSignal;
 use crate::runtime::step::Runtime;
+use crate::runtime::step_mode::{LastStep, DEFAULT_PARALLEL_STEP_WORK};
 use crate::runtime::worker::{Completion, WorkerPool};
 use crate::sync::{Arc, ArrayQueue, Parker};
 
@@ -42,6 +43,7 @@ pub struct Builder {
     record: bool,
     shutdown_timeout: Duration,
     inline_up_to: usize,
+    parallel_work: usize,
 }
 
 impl std::fmt::Debug for Builder {
@@ -53,6 +55,7 @@ impl std::fmt::Debug for Builder {
             .field("workers", &self.workers)
             .field("settings", &self.settings)
             .field("inline_steps_up_to", &self.inline_up_to)
+            .field("parallel_step_work", &self.parallel_work)
             .finish_non_exhaustive()
     }
 }
@@ -73,6 +76,7 @@ impl Default for Builder {
             record: false,
             shutdown_timeout: Duration::from_secs(10),
             inline_up_to: 256,
+            parallel_work: DEFAULT_PARALLEL_STEP_WORK,
         }
     }
 }
@@ -148,9 +152,21 @@ impl Builder {
     /// Steps with at most `live` requests live run every shard's phases on the engine thread,
     /// without waking the shard threads (default 256): a small
     /// step costs less than the hand-off. `0` runs every step of a multi-shard runtime in
-    /// parallel; `usize::MAX` runs every step inline. The outcome is the same either way.
+    /// parallel, whatever its work; `usize::MAX` runs every step inline. The outcome is the
+    /// same either way.
     pub fn inline_steps_up_to(mut self, live: usize) -> Self {
         self.inline_up_to = live;
+        self
+    }
+
+    /// Work units (about one request touched each: a queued command or completion, a request
+    /// to schedule or admit, a reported block) from which a step with more than
+    /// [`inline_steps_up_to`](Builder::inline_steps_up_to) live requests runs in parallel
+    /// (default 2048): below it the hand-off — waking the shard threads, the phase barriers,
+    /// waiting for the slowest — costs more than it saves. `0` decides by the live count
+    /// alone. The outcome is the same either way.
+    pub fn parallel_step_work(mut self, units: usize) -> Self {
+        self.parallel_work = units;
         self
     }
 
@@ -208,6 +224,8 @@ impl Builder {
             shutdown_timeout: self.shutdown_timeout,
             step: 0,
             inline_up_to: self.inline_up_to,
+            parallel_work: self.parallel_work,
+            last_step: LastStep::default(),
             expect_output: false,
             answered: true,
             stalled_steps: 0,

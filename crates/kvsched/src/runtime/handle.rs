@@ -80,7 +80,7 @@ impl Inner {
         let key = RequestKey::new(false, req.priority, seq);
         self.shards[i]
             .inbox
-            .push(Command::Submit(NewRequest::new(req, id, key)));
+            .push(Command::Submit(NewRequest::new(&self.geo, req, id, key)));
         Ok(())
     }
 

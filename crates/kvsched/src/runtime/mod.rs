@@ -95,6 +95,8 @@ mod shutdown;
 mod signal;
 #[cfg(not(kvsched_loom))]
 mod step;
+#[cfg(not(kvsched_loom))]
+mod step_mode;
 #[cfg(any(kvsched_loom, feature = "internals"))]
 pub mod worker;
 #[cfg(not(any(kvsched_loom, feature = "internals")))]

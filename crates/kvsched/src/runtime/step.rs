@@ -18,6 +18,7 @@ use crate::runtime::policy::trust::is_sync_destination;
 use crate::runtime::shard::{Command, EndState, Metrics, ShardStepResult};
 use crate::runtime::shared::Inner;
 use crate::runtime::signal::WorkSignal;
+use crate::runtime::step_mode::{LastStep, StepWork};
 use crate::runtime::worker::WorkerPool;
 use crate::sync::{thread, Arc, Ordering, Parker, Unparker};
 
@@ -85,6 +86,10 @@ pub struct Runtime {
     pub(super) step: u64,
     /// Steps with at most this many live requests run inline on the engine thread.
     pub(super) inline_up_to: usize,
+    /// Work units from which a step runs in parallel ([`Builder::parallel_step_work`]).
+    pub(super) parallel_work: usize,
+    /// What the last step did, for the next one's work estimate.
+    pub(super) last_step: LastStep,
     /// Whether the latest plan scheduled work whose output must come back.
     pub(super) expect_output: bool,
     /// Whether `update` brought the latest plan's output.
@@ -125,9 +130,11 @@ impl Runtime {
     }
 
     /// Runs one step on every shard and returns what to compute. A step runs its shards in
-    /// parallel (shard 0 on this thread, the others on theirs) while more than
-    /// [`Builder::inline_steps_up_to`] requests are live, and all on this thread otherwise —
-    /// the same phases in the same order, so the same outcome, without waking a thread.
+    /// parallel (shard 0 on this thread, the others on theirs) when more than
+    /// [`Builder::inline_steps_up_to`] requests are live and its work estimate (queued
+    /// commands and completions, what the last step scheduled, the waiting it may admit)
+    /// reaches [`Builder::parallel_step_work`]; otherwise all on this thread — the same
+    /// phases in the same order, so the same outcome, without waking a thread.
     ///
     /// # Errors
     ///
@@ -156,9 +163,10 @@ impl Runtime {
         let live = self.inner.live_settings.load_full();
         let span = tracing::debug_span!("kvsched_step", step = self.step);
         let _enter = span.enter();
-        if self.inner.shards.len() == 1 || self.live_estimate() <= self.inline_up_to {
+        if !self.runs_parallel(share.len()) {
             self.inner.run_step_inline(&share, &live);
         } else {
+            self.metrics.parallel_steps += 1;
             self.start_step(&share, &live);
             self.inner.run_shard_step(0, &share, &live);
             self.wait_for_shards();
@@ -229,11 +237,17 @@ impl Runtime {
         let mut report = engine_share;
         let mut evicted = Vec::new();
         let mut progress = Progress::default();
+        let mut results = Vec::with_capacity(self.inner.shards.len());
         for (i, slot) in self.inner.shards.iter().enumerate() {
             report.extend_from_slice(&slot.published.lock());
-            let Some((res, loads)) = slot.result.lock().take() else {
-                continue;
-            };
+            if let Some(r) = slot.result.lock().take() {
+                results.push((i, r));
+            }
+        }
+        // The plan's list is allocated once at its final size (a shard's own list is moved
+        // when it is the only one with entries): no copy per doubling, no fresh pages.
+        let total: usize = results.iter().map(|(_, (r, _))| r.scheduled.len()).sum();
+        for (i, (res, loads)) in results {
             progress.add(i, &res, loads.len());
             if let Some(w) = &self.workers {
                 self.loads_sent += loads.len() as u64;
@@ -249,7 +263,12 @@ impl Runtime {
                     EndState::Cancelled => self.metrics.cancelled += 1,
                 }
             }
-            plan.scheduled.extend(res.scheduled);
+            if plan.scheduled.is_empty() && res.scheduled.len() == total {
+                plan.scheduled = res.scheduled;
+            } else {
+                plan.scheduled.reserve(total - plan.scheduled.len());
+                plan.scheduled.extend(res.scheduled);
+            }
             plan.recovery.recovered.extend(res.recovered);
             plan.recovery.scanned.extend(res.scanned);
             evicted.extend(res.evicted);
@@ -284,6 +303,10 @@ impl Runtime {
             );
         }
         self.metrics.steps += 1;
+        self.last_step = LastStep {
+            scheduled: plan.scheduled.len(),
+            waiting: progress.waiting,
+        };
         progress.moved |= !plan.scheduled.is_empty() || !plan.recovery.report.is_empty();
         self.resolve_stall(&progress);
         plan
@@ -438,6 +461,22 @@ impl Runtime {
     /// [`StepPlan::ended`](crate::StepPlan::ended)).
     pub fn live(&self) -> usize {
         self.inner.shards.iter().map(|s| s.ids.lock().len()).sum()
+    }
+
+    /// Whether the step about to run, with `share` blocks of the engine's in its report,
+    /// runs in parallel ([`crate::runtime::step_mode`]).
+    fn runs_parallel(&self, share: usize) -> bool {
+        let shards = self.inner.shards.len();
+        if shards <= 1 {
+            return false;
+        }
+        let max_seqs = self.inner.settings.iter().map(|s| s.max_seqs).sum();
+        StepWork::estimate(&self.inner, self.last_step, share, max_seqs).parallel(
+            shards,
+            self.live_estimate(),
+            self.inline_up_to,
+            self.parallel_work,
+        )
     }
 
     /// Requests submitted and not yet ended, from counters (no lock): a step's size hint.

@@ -22,7 +22,10 @@ use crate::stress::report::StressReport;
 ///
 /// Added keys: `finished_per_s`, `output_tokens`, `output_tokens_per_s`,
 /// `cpu.{user_s,sys_s,per_wall_s,us_per_finished,engine_thread_s}` (`cpu` is `null` where
-/// `getrusage` is unavailable), `engine.{client_cancels,client_cancels_skipped,
+/// `getrusage` is unavailable), `step_cpu_us.{p50,p90,p99,p999,max}` (the engine thread's CPU
+/// in `schedule()` + `update()` per step),
+/// `cost.{step_wall_s,step_cpu_s,step_cpu_us_per_finished,engine_cpu_s,other_threads_cpu_s}`,
+/// `engine.{client_cancels,client_cancels_skipped,
 /// samples_after_cancel,fault_cancels_after_end,late_cancels_ended}`, `config.repeat`,
 /// `kv.*` (the KV bytes loaded, saved and verified, the garbage reads — `null` with
 /// `--verify off` — and the connector's integrity counters, see

@@ -34,7 +34,13 @@ pub(super) fn notes(sec: &FigureSection, report: &StressReport) -> Vec<String> {
             "user + system time, first step to end of run: the simulated engine (its model wait spins the last 80 µs; idle, it polls every 200 µs) and the scheduler's threads".to_owned(),
         ),
         t if t.starts_with("step overhead") => notes.push(
-            "schedule() + update() wall time per step, on the engine thread; the simulated model excluded".to_owned(),
+            "schedule() + update() wall time per step, on the engine thread; the simulated model excluded. It includes every wait for a core the simulator's threads hold, and for the other shards".to_owned(),
+        ),
+        t if t.starts_with("step CPU") => notes.push(
+            "the engine thread's CPU time in the same calls (CLOCK_THREAD_CPUTIME_ID): what the scheduler itself costs there, without the waits. A parallel step's other shards run on their own threads, counted under other threads below".to_owned(),
+        ),
+        t if t.starts_with("where the time went") => notes.push(
+            "the engine thread's CPU split into the scheduler's calls and the simulated engine around them (warming, KV checks and writes, sync loads, the model's spin); other threads: the process's CPU less the engine thread's".to_owned(),
         ),
         t if t.starts_with("submit") => notes.push(submit_note(c)),
         t if t.starts_with("completion") => notes.push(

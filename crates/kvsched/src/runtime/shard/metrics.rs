@@ -53,6 +53,9 @@ pub struct Metrics {
     pub prefixes_quarantined: u64,
     /// Steps run.
     pub steps: u64,
+    /// Of those, steps run in parallel on the shard threads (the others ran inline on the
+    /// engine thread: their work could not pay for the hand-off).
+    pub parallel_steps: u64,
     /// Step outputs naming a step other than the latest plan's (their samples and invalid
     /// blocks ignored).
     pub stale_outputs: u64,
@@ -121,6 +124,7 @@ impl std::ops::AddAssign<&Metrics> for Metrics {
         self.quarantine_skips += other.quarantine_skips;
         self.prefixes_quarantined += other.prefixes_quarantined;
         self.steps += other.steps;
+        self.parallel_steps += other.parallel_steps;
         self.stale_outputs += other.stale_outputs;
         self.lookup_panics += other.lookup_panics;
         self.lost_outputs += other.lost_outputs;

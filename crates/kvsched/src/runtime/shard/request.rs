@@ -28,6 +28,28 @@ pub struct NewRequest {
     pub submitted_at: Instant,
     /// Its own load deadline (overrides the settings').
     pub load_deadline: Option<Duration>,
+    /// Per group: chained hashes of the prompt's full blocks ([`prompt_hashes`]), computed
+    /// by the submitting thread so the step that takes the request does not hash it.
+    pub hashes: Vec<Vec<BlockHash>>,
+}
+
+/// Per group: the chained hashes of `prompt`'s full blocks — computed once per request, at
+/// submit, on the submitting thread.
+pub(crate) fn prompt_hashes(geo: &Geometry, prompt: &[u32]) -> Vec<Vec<BlockHash>> {
+    geo.groups()
+        .iter()
+        .enumerate()
+        .map(|(g, grp)| {
+            let mut parent = 0u64;
+            prompt
+                .chunks_exact(grp.block_size as usize)
+                .map(|c| {
+                    parent = crate::pool::chain_hash(parent, g, c);
+                    parent
+                })
+                .collect()
+        })
+        .collect()
 }
 
 impl NewRequest {
@@ -61,8 +83,10 @@ impl NewRequest {
         Ok(())
     }
 
-    /// The checked submission `req`, live as `id`, at `key` in canonical order.
-    pub fn new(req: SubmitRequest, id: StdArc<str>, key: RequestKey) -> NewRequest {
+    /// The checked submission `req`, live as `id`, at `key` in canonical order, its prompt
+    /// hashed by `geo` (here, on the submitting thread: never inside a step).
+    pub fn new(geo: &Geometry, req: SubmitRequest, id: StdArc<str>, key: RequestKey) -> NewRequest {
+        let hashes = prompt_hashes(geo, &req.prompt);
         NewRequest {
             id,
             prompt: req.prompt.into(),
@@ -70,6 +94,7 @@ impl NewRequest {
             key,
             submitted_at: Instant::now(),
             load_deadline: req.load_deadline,
+            hashes,
         }
     }
 }
@@ -166,24 +191,11 @@ pub(super) struct Req {
 }
 
 impl Req {
-    /// The record of a submitted request: waiting, holding no blocks, its prompt's block
-    /// hashes chained per group.
+    /// The record of a submitted request: waiting, holding no blocks, with the block hashes
+    /// its submit computed.
     pub(super) fn new(geo: &Geometry, n: NewRequest) -> Req {
         let groups = geo.groups();
-        let hashes = groups
-            .iter()
-            .enumerate()
-            .map(|(g, grp)| {
-                let mut parent = 0u64;
-                n.prompt
-                    .chunks_exact(grp.block_size as usize)
-                    .map(|c| {
-                        parent = crate::pool::chain_hash(parent, g, c);
-                        parent
-                    })
-                    .collect()
-            })
-            .collect();
+        let hashes = n.hashes;
         Req {
             id: n.id,
             key: n.key,

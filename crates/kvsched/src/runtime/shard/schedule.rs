@@ -42,6 +42,10 @@ impl<S: Strategy> Shard<S> {
     pub(super) fn schedule(&mut self, env: &Env<'_, S>, settings: &StepSettings, now: Instant) {
         let mut budget = StepBudget::new(settings.token_budget, settings.max_seqs);
         let align = chunk_alignment(env.geo);
+        // One allocation for the step's list, not one per doubling.
+        self.result
+            .scheduled
+            .reserve(settings.max_seqs.min(self.running.len()));
         let mut cursor = None;
         while let Some(key) = next_key(&self.running, cursor) {
             cursor = Some(key);
