@@ -5,12 +5,12 @@
 use std::ffi::OsStr;
 use std::io::Read;
 
-pub use kvsched_replay::{
-    parse_scenario_bytes, render_explain_text, render_outcome, render_outcome_explained,
-    Scenario, ScenarioError, MAX_BENCH_RUNS,
-};
 #[cfg(test)]
 pub use kvsched_replay::parse_scenario;
+pub use kvsched_replay::{
+    parse_scenario_bytes, render_explain_text, render_outcome, render_outcome_explained, Scenario,
+    ScenarioError, MAX_BENCH_RUNS,
+};
 
 fn err(field: impl Into<String>, problem: impl Into<String>) -> ScenarioError {
     ScenarioError::new(field, problem)
