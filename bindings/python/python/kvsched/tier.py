@@ -37,7 +37,10 @@ except ImportError:  # pragma: no cover - depends on the environment
     _Base = object
     _VllmJobResult = None
 
-__all__ = ["KvschedTierManager", "JobResult", "offload_key_bytes"]
+__all__ = ["KvschedTierManager", "JobResult", "offload_key_bytes", "register", "TIER_TYPE"]
+
+#: The tier type :func:`register` registers with vLLM.
+TIER_TYPE = "kvsched"
 
 if _VllmJobResult is None:
 
@@ -86,7 +89,8 @@ class KvschedTierManager(_Base):  # type: ignore[misc,valid-type]
     """vLLM's ``SecondaryTierManager`` on a kvsched tier.
 
     Args:
-        offloading_spec: vLLM's offloading configuration (kept, not read).
+        offloading_spec: vLLM's offloading configuration (kept, not read); vLLM versions
+            that pass ``vllm_config=`` instead are served the same.
         primary_kv_view: memoryview of the primary tier's host KV buffer; its first dimension
             is the number of blocks (a 1-D buffer needs ``num_blocks``).
         tier_type: the tier type vLLM registered this class under.
@@ -109,8 +113,9 @@ class KvschedTierManager(_Base):  # type: ignore[misc,valid-type]
         self,
         offloading_spec: Any = None,
         primary_kv_view: memoryview | None = None,
-        tier_type: str = "kvsched",
+        tier_type: str = TIER_TYPE,
         *,
+        vllm_config: Any = None,
         store: str = "memory",
         capacity_bytes: int = 1 << 30,
         path: str | None = None,
@@ -123,9 +128,12 @@ class KvschedTierManager(_Base):  # type: ignore[misc,valid-type]
     ) -> None:
         if primary_kv_view is None:
             raise ValueError("primary_kv_view: required")
-        if _Base is not object:  # pragma: no cover
-            super().__init__(offloading_spec, primary_kv_view, tier_type)
-        self._offloading_spec = offloading_spec
+        if _Base is not object:  # pragma: no cover - with vLLM installed
+            try:  # vLLM versions differ in what the base takes
+                super().__init__(offloading_spec, primary_kv_view, tier_type)
+            except TypeError:
+                pass
+        self._offloading_spec = offloading_spec if offloading_spec is not None else vllm_config
         self._primary_kv_view = primary_kv_view
         self.tier_type = tier_type
         view = memoryview(primary_kv_view)
@@ -203,3 +211,19 @@ class KvschedTierManager(_Base):  # type: ignore[misc,valid-type]
         ids = job_metadata.block_ids
         blocks = [int(b) for b in (ids.tolist() if hasattr(ids, "tolist") else ids)]
         return keys, blocks
+
+
+def register() -> None:
+    """Registers :class:`KvschedTierManager` with vLLM's secondary-tier factory as tier type
+    ``"kvsched"`` (a no-op without vLLM, or when already registered). The package declares it
+    as a vLLM general plugin (entry point ``vllm.general_plugins``), so an installed kvsched is
+    registered in every vLLM process; a tier entry ``{"type": "kvsched", ...}`` then selects
+    it, its other keys being this class's keyword arguments."""
+    try:
+        from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
+    except ImportError:
+        return
+    try:  # pragma: no cover - with vLLM installed
+        SecondaryTierFactory.register_tier(TIER_TYPE, __name__, "KvschedTierManager")
+    except ValueError:  # pragma: no cover
+        pass

@@ -439,6 +439,12 @@ class KvschedRecoveryMixin:
     def _kvsched_policy(self) -> str:
         return "recompute" if getattr(self, "recompute_kv_load_failures", True) else "fail"
 
+    def update_from_output(self, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        # The step's scheduled tokens, for vLLM versions whose `_handle_invalid_blocks` is not
+        # given them.
+        self._kvsched_num_scheduled_tokens = getattr(scheduler_output, "num_scheduled_tokens", None)
+        return super().update_from_output(scheduler_output, *args, **kwargs)  # type: ignore[misc]
+
     def _handle_invalid_blocks(
         self, invalid_block_ids: set[int], num_scheduled_tokens: Mapping[str, int] | None = None
     ) -> set[str]:
@@ -506,8 +512,14 @@ class KvschedRecoveryMixin:
         held = [r for r in self.running if holds.held(r.request_id)]
         if not held:
             return super().schedule(*args, **kwargs)  # type: ignore[misc]
-        self.running = [r for r in self.running if not holds.held(r.request_id)]
+        before = list(self.running)
+        self.running = [r for r in before if not holds.held(r.request_id)]
         try:
             return super().schedule(*args, **kwargs)  # type: ignore[misc]
         finally:
-            self.running = held + [r for r in self.running if r not in held]
+            # The held requests go back where they stood; what schedule added follows.
+            after = list(self.running)
+            kept = {id(r) for r in after} | {id(r) for r in held}
+            self.running = [r for r in before if id(r) in kept] + [
+                r for r in after if all(r is not b for b in before)
+            ]
