@@ -1,5 +1,5 @@
 """`kvsched.tier.KvschedTierManager` through a stand-in of vLLM's caller: round trips on the
-memory, disk and Redis tiers, damage at rest, forgery by a writer without the MAC key,
+memory, disk, Redis and Redis Cluster tiers, damage at rest, forgery by a writer without the MAC key,
 eviction, a failed load after a positive lookup (vLLM #49328), a store shared by two engines,
 and bad arguments."""
 
@@ -30,8 +30,9 @@ def make(store="memory", mac_key=MAC, n=N, bs=BS, **kw):
     return tier, Caller(tier, view)
 
 
-@pytest.fixture
-def redis_url(tmp_path):
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("redis")
     exe = shutil.which("redis-server")
     if exe is None:
         if os.environ.get("CI"):
@@ -45,31 +46,98 @@ def redis_url(tmp_path):
          "--dir", str(tmp_path)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            assert proc.poll() is None and time.monotonic() < deadline, "redis-server did not start"
-            time.sleep(0.05)
+    _wait_port(port, [proc])
     yield f"redis://127.0.0.1:{port}"
     proc.terminate()
     proc.wait(timeout=10)
 
 
-def stores(tmp_path, request):
-    """Arguments of each tier kind."""
-    return {
-        "memory": {},
-        "disk": {"path": str(tmp_path / "chunks")},
-    }
+def _free_port_pair() -> int:
+    """A port p with p and its cluster bus port p + 10000 both free."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            p = s.getsockname()[1]
+        if p > 55000:
+            continue
+        try:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", p + 10000))
+            return p
+        except OSError:
+            continue
+    raise RuntimeError("no free port pair")
 
 
-@pytest.fixture(params=["memory", "disk", "redis"])
+@pytest.fixture(scope="module")
+def redis_cluster_url(tmp_path_factory):
+    """Three cluster nodes made into one Redis Cluster (redis-cli --cluster create)."""
+    tmp_path = tmp_path_factory.mktemp("cluster")
+    exe, cli = shutil.which("redis-server"), shutil.which("redis-cli")
+    if exe is None or cli is None:
+        if os.environ.get("CI"):
+            pytest.fail("redis-server / redis-cli not installed (CI installs them)")
+        pytest.skip("redis-server / redis-cli not installed")
+    ports, procs = [], []
+    try:
+        for i in range(3):
+            port = _free_port_pair()
+            d = tmp_path / f"node{i}"
+            d.mkdir()
+            procs.append(subprocess.Popen(
+                [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                 "--cluster-enabled", "yes", "--cluster-config-file", str(d / "nodes.conf"),
+                 "--dir", str(d)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            ))
+            ports.append(port)
+        for port in ports:
+            _wait_port(port, procs)
+        subprocess.run(
+            [cli, "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports), "--cluster-yes"],
+            check=True, capture_output=True, timeout=60,
+        )
+        deadline = time.monotonic() + 30
+        # Every node agrees: state ok and all 16384 slots assigned, as each node sees it.
+        while not all(
+            b"cluster_state:ok" in out and b"cluster_slots_ok:16384" in out
+            for out in (
+                subprocess.run([cli, "-p", str(p), "cluster", "info"], capture_output=True,
+                               timeout=10).stdout
+                for p in ports
+            )
+        ):
+            assert time.monotonic() < deadline, "the cluster never reached cluster_state:ok"
+            time.sleep(0.1)
+        yield "redis://" + ",".join(f"127.0.0.1:{p}" for p in ports)
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(timeout=10)
+
+
+def _wait_port(port, procs):
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            assert all(p.poll() is None for p in procs) and time.monotonic() < deadline, (
+                "redis-server did not start"
+            )
+            time.sleep(0.05)
+
+
+@pytest.fixture(params=["memory", "disk", "redis", "redis-cluster"])
 def tier_args(request, tmp_path):
+    # The servers serve the whole module: each test's keys live under a tag of its own.
+    tag = int.from_bytes(os.urandom(8), "little")
     if request.param == "redis":
-        return {"store": "redis", "url": request.getfixturevalue("redis_url")}
+        return {"store": "redis", "url": request.getfixturevalue("redis_url"), "tag": tag}
+    if request.param == "redis-cluster":
+        return {"store": "redis", "url": request.getfixturevalue("redis_cluster_url"), "tag": tag}
     if request.param == "disk":
         return {"store": "disk", "path": str(tmp_path / "chunks")}
     return {"store": "memory"}
