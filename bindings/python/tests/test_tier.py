@@ -132,6 +132,16 @@ def _wait_port(port, procs):
 
 @pytest.fixture(params=["memory", "disk", "redis", "redis-cluster"])
 def tier_args(request, tmp_path):
+    return _args(request, tmp_path)
+
+
+@pytest.fixture(params=["disk", "redis", "redis-cluster"])
+def shared_tier_args(request, tmp_path):
+    """The stores several engines can share (a memory tier is private to its process)."""
+    return _args(request, tmp_path)
+
+
+def _args(request, tmp_path):
     # The servers serve the whole module: each test's keys live under a tag of its own.
     tag = int.from_bytes(os.urandom(8), "little")
     if request.param == "redis":
@@ -202,8 +212,8 @@ def test_damage_at_rest_fails_the_load_and_the_tier_stops_promising_the_block(ti
     assert c.load([key(1)], [4]) and c.slot(4) == good
 
 
-def test_forgery_without_the_mac_key_is_refused(tmp_path, request):
-    shared = {"store": "disk", "path": str(tmp_path / "shared")}
+def test_forgery_without_the_mac_key_is_refused(shared_tier_args):
+    shared = shared_tier_args
     honest, hc = make(**shared)
     real = random_block(BS)
     hc.fill(0, real)
@@ -253,11 +263,9 @@ def test_a_chunk_removed_behind_the_tiers_back(tier_args):
     assert c.lookup(key(1)) is True
 
 
-def test_engines_sharing_a_store_find_each_others_chunks(tmp_path, request, tier_args):
-    if tier_args["store"] == "memory":
-        pytest.skip("a memory tier is private to its process")
-    a, ac = make(**tier_args)
-    b, bc = make(**tier_args)
+def test_engines_sharing_a_store_find_each_others_chunks(shared_tier_args):
+    a, ac = make(**shared_tier_args)
+    b, bc = make(**shared_tier_args)
     block = random_block(BS)
     ac.fill(0, block)
     assert ac.store([key(9)], [0])
