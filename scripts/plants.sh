@@ -63,9 +63,12 @@ declare -A TESTS=(
   # holder index keeps a holder that no longer holds the block (the holder index's own test:
   # releases of a block shared by a thousand holders, checked one by one).
   [holder-release-unrecorded]="kvsched --lib runtime::shard::holders"
+  # bindings/python tier_index.rs: the Python tier keeps answering "present" for a chunk whose
+  # load failed (vLLM #49328). (bindings/python/tests/test_tier.py catches it too, through pytest.)
+  [tier-present-after-failed-load]="kvsched-python --lib tier_index"
 )
 ORDER=(decide-early claim-store late-leak panic-ok trust-stale end-while-loading no-cross-shard-preempt lookup-uncaught shard-panic-escapes mamba-align-cache-unwritten
-  saver-flush-early register-unwritten reoffer-unwritten park-unstarted baseline-no-second-chance holder-release-unrecorded unaligned-chunks)
+  saver-flush-early register-unwritten reoffer-unwritten park-unstarted baseline-no-second-chance holder-release-unrecorded unaligned-chunks tier-present-after-failed-load)
 
 if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi
 
@@ -81,7 +84,7 @@ for plant in "${plants[@]}"; do
   mkdir -p "$logs"
   export KVSCHED_PLANT="$plant"
   export RUSTC_WRAPPER="$PWD/scripts/plant-rustc"
-  find crates -name '*.rs' -exec touch {} +
+  find crates bindings -name '*.rs' -exec touch {} +
   echo "== plant $plant ($dir)"
   IFS=';' read -ra targets <<<"${TESTS[$plant]}"
   for t in "${targets[@]}"; do

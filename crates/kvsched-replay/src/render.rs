@@ -3,8 +3,8 @@
 
 use serde::Serialize;
 
-use crate::replay::explain::{explain_json, ExplainJson};
-use crate::replay::Scenario;
+use crate::explain::{explain_json, ExplainJson};
+use crate::Scenario;
 use kvsched::rules::geometry::BlockId;
 use kvsched::rules::recovery::trace::RequestTrace;
 use kvsched::rules::recovery::Outcome;

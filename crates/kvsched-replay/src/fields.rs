@@ -5,8 +5,8 @@
 //! The tree is consumed as it is read: lists of ids move out of it rather than being copied,
 //! so a scenario's tables exist once in memory.
 
-use crate::replay::json::{cut, describe, join, quote, Json};
-use crate::replay::{err, ScenarioError};
+use crate::json::{cut, describe, join, quote, Json};
+use crate::{err, ScenarioError};
 
 pub(super) fn uint(v: &Json, path: &str) -> Result<u64, ScenarioError> {
     match v {

@@ -10,8 +10,8 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::replay::json::{quote, SHOW_MAX};
-use crate::replay::Scenario;
+use crate::json::{quote, SHOW_MAX};
+use crate::Scenario;
 use kvsched::rules::geometry::{CacheGroup, GroupKind, MambaMode};
 use kvsched::rules::recovery::trace::{BoundaryRule, RequestTrace, Unusable};
 use kvsched::rules::recovery::{canonical_order, Disposition, HitOwner, Mode, Outcome, Policy};

@@ -16,7 +16,7 @@
 
 use std::fmt::Write as _;
 
-use crate::replay::ScenarioError;
+use crate::ScenarioError;
 
 /// How deep arrays and objects may nest (a scenario needs 4 levels).
 const MAX_DEPTH: usize = 128;

@@ -2,9 +2,9 @@
 //! checked with its path, the geometry built, the requests validated, and the library's
 //! errors turned into the field-path messages of `docs/replay.md#bad-input`.
 
-use crate::replay::fields::{array, one_of, uint, uint_list, Obj};
-use crate::replay::json::{self, describe, quote, Json};
-use crate::replay::{err, Scenario, ScenarioError};
+use crate::fields::{array, one_of, uint, uint_list, Obj};
+use crate::json::{self, describe, quote, Json};
+use crate::{err, Scenario, ScenarioError};
 use kvsched::rules::geometry::{BlockId, CacheGroup, Geometry, GeometryError, MambaMode};
 use kvsched::rules::recovery::{
     validate_requests, InvalidSet, Mode, Policy, RecoveryError, Request, RequestClass,
@@ -30,7 +30,6 @@ const REQUEST_FIELDS: &[&str] = &[
 ];
 
 /// Parses and validates a scenario (`docs/replay.md#scenario-format`) from JSON text.
-#[cfg(test)]
 pub fn parse_scenario(text: &str) -> Result<Scenario, ScenarioError> {
     parse_scenario_bytes(text.as_bytes().to_vec())
 }

@@ -1,0 +1,100 @@
+"""kvsched for Python: hybrid-correct recovery of failed KV-cache loads.
+
+* :func:`recover` — the recovery rules on a scenario in the ``kvsched replay`` format
+  (``docs/replay.md``): a dict in, the outcome dict out, the same as ``kvsched replay`` prints.
+* :mod:`kvsched.vllm` — the rules as vLLM's scheduler needs them at ``_handle_invalid_blocks``.
+* :mod:`kvsched.tier` — a vLLM secondary tier (``SecondaryTierManager``) on kvsched's memory,
+  disk and Redis tiers, every chunk checked by checksum and keyed MAC.
+
+Neither module imports vLLM unless it is installed.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from kvsched import _native
+
+__all__ = ["ScenarioError", "recover", "recover_json", "HAS_REDIS"]
+
+#: Whether this build has the Redis tier.
+HAS_REDIS: bool = _native.HAS_REDIS
+
+
+class ScenarioError(ValueError):
+    """A bad scenario: ``field`` (a path such as ``requests[1].block_tables``) and ``problem``.
+
+    ``str(e)`` is ``"field: problem"``, the line ``kvsched replay`` prints after ``error:``.
+    """
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+        self.problem = problem
+
+
+def recover_json(scenario: str | bytes, *, explain: bool = False) -> str:
+    """The outcome of a scenario given as JSON text, as the exact text ``kvsched replay``
+    prints (``--explain`` with ``explain=True``): pretty-printed, trailing newline.
+
+    Raises :class:`ScenarioError` (a ``ValueError``) on bad input, with the command's message.
+    """
+    text, field, problem = _native.recover_json(scenario, explain)
+    if text is None:
+        raise ScenarioError(field, problem)
+    return text
+
+
+def recover(scenario: dict[str, Any], *, explain: bool = False) -> dict[str, Any]:
+    """The recovery outcome of ``scenario`` (the ``kvsched replay`` format, as a dict).
+
+    The dict is written as JSON and read by the same parser as ``kvsched replay``, so every
+    check and message is the command's: ``ScenarioError`` (a ``ValueError``) names the field
+    (``groups[0].window: missing required field (for a sliding_window group)``). Values JSON
+    cannot hold (a set, bytes, an object) are errors on their field too. Tuples count as lists.
+    The outcome is ``json.loads`` of what the command prints.
+    """
+    try:
+        text = json.dumps(scenario, allow_nan=True)
+    except (TypeError, ValueError, RecursionError):
+        raise _unencodable(scenario, "") from None
+    return json.loads(recover_json(text, explain=explain))
+
+
+def _unencodable(value: Any, path: str) -> ScenarioError:
+    """The error for the first value under ``value`` that JSON cannot hold."""
+    found = _find_unencodable(value, path, 0)
+    if found is None:  # json.dumps failed on something this walk accepts
+        return ScenarioError(path or "scenario", "cannot be written as JSON")
+    return found
+
+
+def _find_unencodable(value: Any, path: str, depth: int) -> ScenarioError | None:
+    shown = path or "scenario"
+    if depth > 128:
+        return ScenarioError(shown, "nested too deeply")
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return None
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                return ScenarioError(
+                    shown, f"keys must be strings, got {type(k).__name__} {k!r}"
+                )
+            sub = f"{path}.{k}" if path else k
+            err = _find_unencodable(v, sub, depth + 1)
+            if err is not None:
+                return err
+        return None
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            err = _find_unencodable(v, f"{path}[{i}]", depth + 1)
+            if err is not None:
+                return err
+        return None
+    return ScenarioError(
+        shown,
+        f"a {type(value).__name__} is not a JSON value; "
+        "expected a number, string, list or dict",
+    )

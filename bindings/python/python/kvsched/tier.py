@@ -1,0 +1,229 @@
+"""A vLLM secondary tier on kvsched's stores, importable without vLLM.
+
+vLLM's multi-tier KV offloading keeps a CPU (primary) tier and lets out-of-tree tiers plug in
+below it: a ``SecondaryTierManager`` loaded by module path, given a memoryview of the primary
+tier's host KV buffer, asked to ``lookup`` keys and to ``submit_store`` / ``submit_load`` jobs
+between that buffer and its own store, and polled with ``get_finished``. Every method runs in
+the scheduler process and must not block.
+
+:class:`KvschedTierManager` is that tier on kvsched's tiers: ``store="memory"`` (in-process,
+bounded, LRU), ``"disk"`` (one file per chunk, bounded, crash-safe) or ``"redis"`` (a Redis
+server or Redis Cluster, ``url="redis://…"``, ``rediss://`` for TLS). Each block is stored as a
+chunk of kvsched's chunk format (``docs/kv-format.md``): a header naming the key, an xxh3
+checksum and, with ``mac_key`` (32 bytes, shared by every engine on the store), a keyed BLAKE3
+MAC. Every load checks them, so a damaged, forged or evicted chunk makes the job fail (vLLM
+recomputes the blocks), never delivers wrong KV, and the tier stops answering "present" for a
+chunk it failed to load (vLLM #49328). Copies, checksums and tier I/O run on kvsched's threads,
+outside the GIL; the methods only enqueue and drain.
+
+When vLLM is installed, the class subclasses vLLM's ``SecondaryTierManager`` and returns its
+``JobResult``; without vLLM it stands alone with the same methods and a ``JobResult`` of the
+same fields.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from kvsched import _native
+
+try:  # vLLM's interface when it is installed (it never is in kvsched's own tests)
+    from vllm.v1.kv_offload.tiering.base import JobResult as _VllmJobResult
+    from vllm.v1.kv_offload.tiering.base import SecondaryTierManager as _Base
+except ImportError:  # pragma: no cover - depends on the environment
+    _Base = object
+    _VllmJobResult = None
+
+__all__ = ["KvschedTierManager", "JobResult", "offload_key_bytes", "register", "TIER_TYPE"]
+
+#: The tier type :func:`register` registers with vLLM.
+TIER_TYPE = "kvsched"
+
+if _VllmJobResult is None:
+
+    @dataclass
+    class JobResult:
+        """Result of a transfer job, as vLLM's ``JobResult``: its id and whether it succeeded."""
+
+        job_id: int
+        success: bool
+
+else:  # pragma: no cover
+    JobResult = _VllmJobResult
+
+
+def offload_key_bytes(key: Any) -> bytes:
+    """The bytes naming an ``OffloadKey``: vLLM's keys are bytes (the block hash and the group
+    index); ints and strings are accepted for stand-ins and other engines."""
+    if isinstance(key, (bytes, bytearray, memoryview)):
+        return bytes(key)
+    if isinstance(key, int):
+        return key.to_bytes((key.bit_length() + 8) // 8 or 1, "little", signed=True)
+    if isinstance(key, str):
+        return key.encode()
+    raise TypeError(f"key: expected bytes, int or str, got {type(key).__name__}")
+
+
+def _mac_key(value: Any) -> bytes | None:
+    """A MAC key given as 32 bytes or 64 hex digits (config files hold text), or the name of
+    an environment variable holding the hex (``env:NAME``)."""
+    if value is None:
+        return None
+    if isinstance(value, str) and value.startswith("env:"):
+        name = value[4:]
+        if name not in os.environ:
+            raise ValueError(f"mac_key: environment variable {name} is not set")
+        value = os.environ[name]
+    if isinstance(value, str):
+        try:
+            value = bytes.fromhex(value)
+        except ValueError:
+            raise ValueError("mac_key: expected 64 hex digits") from None
+    return bytes(value)
+
+
+class KvschedTierManager(_Base):  # type: ignore[misc,valid-type]
+    """vLLM's ``SecondaryTierManager`` on a kvsched tier.
+
+    Args:
+        offloading_spec: vLLM's offloading configuration (kept, not read); vLLM versions
+            that pass ``vllm_config=`` instead are served the same.
+        primary_kv_view: memoryview of the primary tier's host KV buffer; its first dimension
+            is the number of blocks (a 1-D buffer needs ``num_blocks``).
+        tier_type: the tier type vLLM registered this class under.
+        store: ``"memory"``, ``"disk"`` or ``"redis"``.
+        capacity_bytes: bound of a memory or disk tier (default 1 GiB).
+        path: the disk tier's directory.
+        url: the Redis tier's URL (``redis://host:port``, ``rediss://``, a cluster's seeds as
+            ``redis://h1:p1,h2:p2`` or ``?cluster=yes``; see ``docs/kv.md``).
+        mac_key: 32 bytes, 64 hex digits, or ``env:NAME``; every engine on a shared store must
+            use the same one. Without it chunks are checked by checksum only.
+        threads: the tier's worker threads.
+        tag: a layout tag hashed into every key: engines with different models or layouts on
+            one store must use different tags.
+        probe: ask the store about keys this tier did not write (default: for disk and Redis,
+            which other engines may share); such a lookup answers ``None`` (retry) once.
+        num_blocks: the number of blocks of a 1-D ``primary_kv_view``.
+    """
+
+    def __init__(
+        self,
+        offloading_spec: Any = None,
+        primary_kv_view: memoryview | None = None,
+        tier_type: str = TIER_TYPE,
+        *,
+        vllm_config: Any = None,
+        store: str = "memory",
+        capacity_bytes: int = 1 << 30,
+        path: str | None = None,
+        url: str | None = None,
+        mac_key: Any = None,
+        threads: int = 4,
+        tag: int = 0,
+        probe: bool | None = None,
+        num_blocks: int | None = None,
+    ) -> None:
+        if primary_kv_view is None:
+            raise ValueError("primary_kv_view: required")
+        if _Base is not object:  # pragma: no cover - with vLLM installed
+            try:  # vLLM versions differ in what the base takes
+                super().__init__(offloading_spec, primary_kv_view, tier_type)
+            except TypeError:
+                pass
+        self._offloading_spec = offloading_spec if offloading_spec is not None else vllm_config
+        self._primary_kv_view = primary_kv_view
+        self.tier_type = tier_type
+        view = memoryview(primary_kv_view)
+        if num_blocks is None:
+            if view.ndim < 2:
+                raise ValueError("num_blocks: required for a 1-D primary_kv_view")
+            num_blocks = view.shape[0]
+        flat = view if view.format == "B" and view.ndim == 1 else view.cast("B")
+        self._native = _native.NativeTier(
+            flat,
+            num_blocks,
+            store,
+            capacity_bytes=capacity_bytes,
+            path=None if path is None else os.fspath(path),
+            url=url,
+            mac_key=_mac_key(mac_key),
+            threads=threads,
+            tag=tag,
+            probe=probe,
+        )
+
+    # --- vLLM's SecondaryTierManager ------------------------------------------------------
+
+    def lookup(self, key: Any, req_context: Any = None) -> bool | None:
+        """``True`` present and ready, ``False`` not here, ``None`` being transferred (or being
+        asked of a shared store): retry later."""
+        return self._native.lookup(offload_key_bytes(key))
+
+    def submit_store(self, job_metadata: Any) -> None:
+        """Enqueues a store of the job's primary-tier slots; keys already stored are skipped."""
+        keys, blocks = self._job(job_metadata)
+        self._native.submit_store(int(job_metadata.job_id), keys, blocks)
+
+    def submit_load(self, job_metadata: Any) -> None:
+        """Enqueues a load into the job's primary-tier slots; the job fails unless every chunk
+        is present and passes its checks."""
+        keys, blocks = self._job(job_metadata)
+        self._native.submit_load(int(job_metadata.job_id), keys, blocks)
+
+    def get_finished(self) -> Iterable[JobResult]:
+        """The jobs (stores and loads) finished since the last call."""
+        return [JobResult(job_id=j, success=ok) for j, ok in self._native.get_finished()]
+
+    # Newer vLLM spells it this way.
+    get_finished_jobs = get_finished
+
+    def touch(self, keys: Collection[Any], req_context: Any = None) -> None:
+        """Recency for eviction: kvsched's tiers track their own (LRU on reads)."""
+        return None
+
+    def request_finished(self, req_context: Any) -> None:
+        return None
+
+    def drain_jobs(self, timeout: float = 30.0) -> bool:
+        """Waits (GIL released) until no job is queued or running; whether that happened."""
+        return self._native.wait_idle(timeout)
+
+    def shutdown(self) -> None:
+        """Stops the tier's threads; queued jobs are dropped."""
+        self._native.shutdown()
+
+    # --- kvsched's own -------------------------------------------------------------------
+
+    @property
+    def block_bytes(self) -> int:
+        return self._native.block_bytes
+
+    def stats(self) -> dict[str, int]:
+        """Blocks stored and loaded, failed stores and loads, missing and bad chunks, probes,
+        keys answered present."""
+        return self._native.stats()
+
+    def _job(self, job_metadata: Any) -> tuple[list[bytes], list[int]]:
+        keys = [offload_key_bytes(k) for k in job_metadata.keys]
+        ids = job_metadata.block_ids
+        blocks = [int(b) for b in (ids.tolist() if hasattr(ids, "tolist") else ids)]
+        return keys, blocks
+
+
+def register() -> None:
+    """Registers :class:`KvschedTierManager` with vLLM's secondary-tier factory as tier type
+    ``"kvsched"`` (a no-op without vLLM, or when already registered). The package declares it
+    as a vLLM general plugin (entry point ``vllm.general_plugins``), so an installed kvsched is
+    registered in every vLLM process; a tier entry ``{"type": "kvsched", ...}`` then selects
+    it, its other keys being this class's keyword arguments."""
+    try:
+        from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
+    except ImportError:
+        return
+    try:  # pragma: no cover - with vLLM installed
+        SecondaryTierFactory.register_tier(TIER_TYPE, __name__, "KvschedTierManager")
+    except ValueError:  # pragma: no cover
+        pass

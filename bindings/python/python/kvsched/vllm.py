@@ -1,0 +1,525 @@
+"""The recovery rules for vLLM's scheduler, importable without vLLM.
+
+vLLM's scheduler calls ``_handle_invalid_blocks`` when a KV connector reports blocks whose load
+failed. vLLM 0.33 handles one full-attention cache group; on a hybrid model (sliding-window or
+Mamba groups beside full attention) a multi-group report raises or falls back to recomputing
+whole requests. This module gives the scheduler kvsched's rules instead (``docs/rules.md``):
+every group scanned with its own block size, null entries skipped, one rollback point every
+group can resume from, and in mode ``safe`` one owner per invalid block with the other requests
+that read it held back until it is rewritten.
+
+Three layers, use the one that fits:
+
+* :func:`plan_recovery` — pure: what the scheduler has (per request: id, async or sync, block
+  ids per group, ``num_computed_tokens``, scheduled tokens; the groups; the null block id; the
+  invalid ids; the policy) in, a :class:`RecoveryPlan` out: the new ``num_computed_tokens`` of
+  each affected request, the requests to skip, fail or mark ``failed_recving``, the blocks to
+  evict, and in mode ``safe`` the sharers that must wait (:class:`Wait`).
+* :class:`SharerHolds` — mode ``safe``'s waiting sharers across steps: which requests must not
+  be scheduled yet, and the hand-off when an owner ends before rewriting a block.
+* :class:`KvschedRecoveryMixin` — both wired into a vLLM ``Scheduler`` / ``AsyncScheduler``
+  subclass (``_handle_invalid_blocks`` and ``schedule``), reading vLLM's objects by duck typing.
+  Install it with ``--scheduler-cls`` (see ``bindings/python/README.md``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvsched import recover
+
+__all__ = [
+    "CacheGroup",
+    "RequestState",
+    "Wait",
+    "RecoveryPlan",
+    "plan_recovery",
+    "SharerHolds",
+    "groups_from_kv_cache_config",
+    "requests_from_scheduler",
+    "KvschedRecoveryMixin",
+]
+
+KINDS = ("full_attention", "sliding_window", "mamba")
+
+
+@dataclass(frozen=True)
+class CacheGroup:
+    """One KV cache group: ``kind`` (``full_attention``, ``sliding_window``, ``mamba``), its
+    ``block_size`` in tokens, the ``window`` of a sliding-window group and the ``mamba_mode``
+    (``align`` or ``all``) of a Mamba group."""
+
+    kind: str
+    block_size: int
+    window: int | None = None
+    mamba_mode: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        g: dict[str, Any] = {"kind": self.kind, "block_size": self.block_size}
+        if self.window is not None:
+            g["window"] = self.window
+        if self.mamba_mode is not None:
+            g["mamba_mode"] = self.mamba_mode
+        return g
+
+
+@dataclass(frozen=True)
+class RequestState:
+    """A request as ``_handle_invalid_blocks`` sees it: async (``WAITING_FOR_REMOTE_KVS``, its
+    load in flight) or sync (running), its block ids per group, ``num_computed_tokens``
+    (including the step's scheduled tokens) and the step's scheduled tokens (0 when async)."""
+
+    request_id: str
+    is_async: bool
+    block_ids: Sequence[Sequence[int]]
+    num_computed_tokens: int
+    num_scheduled_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Wait:
+    """A sharer must not read ``block`` until ``owner`` has recomputed it: until the owner's
+    ``num_computed_tokens`` reaches ``ready_at`` (the end of the block in the owner's table)."""
+
+    block: int
+    owner: str
+    ready_at: int
+
+
+@dataclass
+class RecoveryPlan:
+    """What the scheduler must apply.
+
+    * ``num_computed_tokens`` — the new value of every affected request;
+    * ``skip`` — running requests whose sampled tokens of the step are discarded (recompute);
+    * ``failed`` — requests to finish with an error (policy ``fail``);
+    * ``failed_recving`` — async requests whose load result is cached only up to their new
+      ``num_computed_tokens`` (vLLM's ``failed_recving_kv_req_ids``);
+    * ``evict_blocks`` — block ids to drop from the prefix cache (reference counts unchanged);
+    * ``waits`` — mode ``safe``: per sharer, the blocks it must not read yet, and their owners;
+    * ``affected_tokens`` / ``total_affected_tokens`` — computed tokens thrown away;
+    * ``outcome`` — the whole outcome dict, as :func:`kvsched.recover` returns it.
+    """
+
+    num_computed_tokens: dict[str, int]
+    skip: set[str]
+    failed: set[str]
+    failed_recving: set[str]
+    evict_blocks: list[int]
+    waits: dict[str, list[Wait]]
+    affected_tokens: dict[str, int]
+    total_affected_tokens: int
+    outcome: dict[str, Any] = field(repr=False)
+
+    @property
+    def affected(self) -> set[str]:
+        """Every request the report touched."""
+        return set(self.num_computed_tokens)
+
+    def request_ids_to_skip(self) -> set[str]:
+        """What vLLM's ``_handle_invalid_blocks`` returns: the requests ``update_from_output``
+        must not process normally in this step (``skip`` and ``failed``)."""
+        return self.skip | self.failed
+
+
+def plan_recovery(
+    requests: Iterable[RequestState],
+    groups: Sequence[CacheGroup],
+    invalid_block_ids: Iterable[int],
+    *,
+    null_block_id: int = 0,
+    policy: str = "recompute",
+    mode: str = "safe",
+    invalid_block_ids_by_group: Sequence[Iterable[int]] | None = None,
+    scheduler_block_size: int | None = None,
+) -> RecoveryPlan:
+    """The recovery of ``requests`` (canonical order: queue order within each class; async
+    requests are decided first wherever they stand) from a report of ``invalid_block_ids``
+    (flat: an id matches in every group whose table holds it) and/or
+    ``invalid_block_ids_by_group`` (one list per group).
+
+    ``policy`` is ``"recompute"`` (vLLM's ``recompute_kv_load_failures=True``) or ``"fail"``;
+    ``mode`` is ``"safe"`` (kvsched's rules) or ``"vllm"`` (vLLM 0.33's, bit-exact on one
+    full-attention group, extended by the hybrid rule). Bad input raises
+    :class:`kvsched.ScenarioError` (a ``ValueError``) naming the field, e.g.
+    ``requests[2].block_tables``.
+    """
+    reqs = list(requests)
+    scenario = scenario_of(
+        reqs,
+        groups,
+        invalid_block_ids,
+        null_block_id=null_block_id,
+        policy=policy,
+        mode=mode,
+        invalid_block_ids_by_group=invalid_block_ids_by_group,
+        scheduler_block_size=scheduler_block_size,
+    )
+    return plan_from_outcome(recover(scenario), reqs, groups, scenario)
+
+
+def scenario_of(
+    requests: Sequence[RequestState],
+    groups: Sequence[CacheGroup],
+    invalid_block_ids: Iterable[int],
+    *,
+    null_block_id: int = 0,
+    policy: str = "recompute",
+    mode: str = "safe",
+    invalid_block_ids_by_group: Sequence[Iterable[int]] | None = None,
+    scheduler_block_size: int | None = None,
+) -> dict[str, Any]:
+    """The replay scenario (``docs/replay.md``) of a ``_handle_invalid_blocks`` call: what
+    ``kvsched replay`` would be given to decide it."""
+    scenario: dict[str, Any] = {
+        "mode": mode,
+        "policy": policy,
+        "null_block_id": null_block_id,
+        "groups": [g.to_json() for g in groups],
+        "requests": [
+            {
+                "id": r.request_id,
+                "class": "async" if r.is_async else "sync",
+                "num_computed_tokens": r.num_computed_tokens,
+                "num_scheduled_tokens": r.num_scheduled_tokens,
+                "block_tables": [list(t) for t in r.block_ids],
+            }
+            for r in requests
+        ],
+        "invalid_blocks": sorted(set(invalid_block_ids)),
+    }
+    if scheduler_block_size is not None:
+        scenario["scheduler_block_size"] = scheduler_block_size
+    if invalid_block_ids_by_group is not None:
+        scenario["invalid_blocks_by_group"] = [sorted(set(g)) for g in invalid_block_ids_by_group]
+    return scenario
+
+
+def plan_from_outcome(
+    outcome: dict[str, Any],
+    requests: Sequence[RequestState],
+    groups: Sequence[CacheGroup],
+    scenario: dict[str, Any],
+) -> RecoveryPlan:
+    """The plan of a replay outcome of ``requests`` (input order)."""
+    by_id = {r.request_id: r for r in requests}
+    reported = _reported(scenario, len(groups))
+    num_computed: dict[str, int] = {}
+    affected_tokens: dict[str, int] = {}
+    waits: dict[str, list[Wait]] = {}
+    for d in outcome["requests"]:
+        if not d["affected"]:
+            continue
+        rid = d["id"]
+        num_computed[rid] = d["num_computed_tokens"]
+        affected_tokens[rid] = d["affected_tokens"]
+        if d["waits_for"]:
+            waits[rid] = [
+                Wait(w["block"], w["owner"], _ready_at(by_id[w["owner"]], w["block"], groups, reported))
+                for w in d["waits_for"]
+            ]
+    return RecoveryPlan(
+        num_computed_tokens=num_computed,
+        skip=set(outcome["skip"]),
+        failed=set(outcome["failed"]),
+        failed_recving=set(outcome["failed_recving"]),
+        evict_blocks=list(outcome["evicted_blocks"]),
+        waits=waits,
+        affected_tokens=affected_tokens,
+        total_affected_tokens=outcome["total_affected_tokens"],
+        outcome=outcome,
+    )
+
+
+def _reported(scenario: dict[str, Any], n_groups: int) -> list[set[int]]:
+    """Per group, the ids the report names for it."""
+    flat = set(scenario.get("invalid_blocks", ()))
+    by_group = scenario.get("invalid_blocks_by_group") or [[] for _ in range(n_groups)]
+    return [flat | set(g) for g in by_group]
+
+
+def _ready_at(
+    owner: RequestState, block: int, groups: Sequence[CacheGroup], reported: list[set[int]]
+) -> int:
+    """The owner's ``num_computed_tokens`` from which ``block`` is rewritten: the end of its
+    first reported entry in the owner's tables."""
+    ends = [
+        (i + 1) * g.block_size
+        for gi, (g, table) in enumerate(zip(groups, owner.block_ids))
+        if block in reported[gi]
+        for i, b in enumerate(table)
+        if b == block
+    ]
+    return min(ends) if ends else 0
+
+
+class SharerHolds:
+    """Mode ``safe``'s waiting sharers, kept across steps.
+
+    After :meth:`add` of a plan, :meth:`held` says whether a request must not be scheduled yet;
+    :meth:`refresh` drops the waits whose owner has recomputed past the block, and for a block
+    whose owner ended first (finished, failed, preempted) hands the block to the next waiter:
+    it returns the requests and block that must be re-planned (the next waiter then owns it and
+    rolls back; the others wait for it), which :meth:`replan` does.
+    """
+
+    def __init__(self) -> None:
+        self._waits: dict[str, list[Wait]] = {}
+
+    def add(self, plan: RecoveryPlan) -> None:
+        for rid, ws in plan.waits.items():
+            self._waits.setdefault(rid, []).extend(ws)
+
+    def held(self, request_id: str) -> bool:
+        return bool(self._waits.get(request_id))
+
+    def waiting(self) -> dict[str, list[Wait]]:
+        return {k: list(v) for k, v in self._waits.items() if v}
+
+    def forget(self, request_id: str) -> None:
+        """A waiting request ended: it waits for nothing any more."""
+        self._waits.pop(request_id, None)
+
+    def refresh(
+        self, computed: Callable[[str], int | None]
+    ) -> dict[int, list[str]]:
+        """``computed(id)``: a live request's ``num_computed_tokens``, ``None`` once it ended.
+
+        Returns, per block whose owner ended before rewriting it, its waiters in the order they
+        were added (canonical order); those waits are dropped here, for :meth:`replan`.
+        """
+        orphaned: dict[int, list[str]] = {}
+        for rid in list(self._waits):
+            if computed(rid) is None:
+                del self._waits[rid]
+                continue
+            keep = []
+            for w in self._waits[rid]:
+                c = computed(w.owner)
+                if c is None:
+                    orphaned.setdefault(w.block, []).append(rid)
+                elif c < w.ready_at:
+                    keep.append(w)
+            self._waits[rid] = keep
+        return orphaned
+
+    def replan(
+        self,
+        orphaned: Mapping[int, Sequence[str]],
+        state: Callable[[str], RequestState],
+        groups: Sequence[CacheGroup],
+        **kw: Any,
+    ) -> list[RecoveryPlan]:
+        """The hand-off of each orphaned block: its waiters (as sync requests with nothing
+        scheduled, their current tables) re-planned on a report of that block, so the first
+        waiter owns it; the plans' waits are added. Apply each plan's
+        ``num_computed_tokens`` (and evictions) as after ``_handle_invalid_blocks``."""
+        plans = []
+        for block, waiters in orphaned.items():
+            reqs = [
+                RequestState(s.request_id, False, s.block_ids, s.num_computed_tokens, 0)
+                for s in (state(r) for r in waiters)
+            ]
+            plan = plan_recovery(reqs, groups, [block], **kw)
+            self.add(plan)
+            plans.append(plan)
+        return plans
+
+
+# --- vLLM's objects, duck-typed ---------------------------------------------------------
+
+
+def groups_from_kv_cache_config(kv_cache_config: Any, mamba_mode: str = "align") -> list[CacheGroup]:
+    """The cache groups of a vLLM ``KVCacheConfig`` (``kv_cache_groups[i].kv_cache_spec``):
+    a spec with a ``sliding_window`` is a sliding-window group, a Mamba spec (its class name
+    has ``Mamba``) a Mamba group in ``mamba_mode`` (or the spec's ``mamba_cache_mode``), any
+    other a full-attention group."""
+    out = []
+    for g in kv_cache_config.kv_cache_groups:
+        spec = g.kv_cache_spec
+        name = type(spec).__name__
+        bs = int(spec.block_size)
+        if "Mamba" in name:
+            mode = getattr(spec, "mamba_cache_mode", None) or mamba_mode
+            out.append(CacheGroup("mamba", bs, mamba_mode=str(mode)))
+        elif getattr(spec, "sliding_window", None):
+            out.append(CacheGroup("sliding_window", bs, window=int(spec.sliding_window)))
+        else:
+            out.append(CacheGroup("full_attention", bs))
+    return out
+
+
+def _status_name(request: Any) -> str:
+    s = getattr(request, "status", None)
+    return getattr(s, "name", str(s))
+
+
+def _waiting_requests(scheduler: Any) -> list[Any]:
+    """The scheduler's waiting requests (``skipped_waiting`` first where vLLM has it)."""
+    seen: set[str] = set()
+    out = []
+    for q in (getattr(scheduler, "skipped_waiting", None), getattr(scheduler, "waiting", None)):
+        if q is None:
+            continue
+        queues = q.get_all_queues() if hasattr(q, "get_all_queues") else [q]
+        for queue in queues:
+            for r in getattr(queue, "requests", queue):
+                if r.request_id not in seen:
+                    seen.add(r.request_id)
+                    out.append(r)
+    return out
+
+
+def requests_from_scheduler(
+    scheduler: Any, num_scheduled_tokens: Mapping[str, int] | None = None
+) -> list[RequestState]:
+    """The requests ``_handle_invalid_blocks`` examines, in canonical order: the waiting ones
+    in ``WAITING_FOR_REMOTE_KVS`` (async), then ``running`` (sync, with their scheduled tokens
+    of the step from ``num_scheduled_tokens``, else ``scheduler_output``'s), block ids from
+    ``kv_cache_manager.get_block_ids``."""
+    sched = dict(num_scheduled_tokens or {})
+    manager = scheduler.kv_cache_manager
+    out = [
+        RequestState(r.request_id, True, manager.get_block_ids(r.request_id), r.num_computed_tokens, 0)
+        for r in _waiting_requests(scheduler)
+        if _status_name(r) == "WAITING_FOR_REMOTE_KVS"
+    ]
+    out += [
+        RequestState(
+            r.request_id,
+            False,
+            manager.get_block_ids(r.request_id),
+            r.num_computed_tokens,
+            sched.get(r.request_id, 0),
+        )
+        for r in scheduler.running
+    ]
+    return out
+
+
+def _null_block_id(scheduler: Any) -> int:
+    pool = getattr(getattr(scheduler, "kv_cache_manager", None), "block_pool", None)
+    null = getattr(pool, "null_block", None)
+    return int(getattr(null, "block_id", 0))
+
+
+_ENDED = {"FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED", "FINISHED_ABORTED", "FINISHED_IGNORED",
+          "FINISHED_ERROR", "PREEMPTED"}
+
+
+class KvschedRecoveryMixin:
+    """kvsched's recovery in a vLLM scheduler: put it first in the bases of a subclass of
+    vLLM's ``Scheduler`` or ``AsyncScheduler``.
+
+    ``_handle_invalid_blocks`` decides with :func:`plan_recovery` and applies the plan as vLLM's
+    own does: each affected request's ``num_computed_tokens``, ``failed_recving_kv_req_ids``,
+    the prefix-cache evictions (``kv_cache_manager.evict_blocks``), and returns the ids
+    ``update_from_output`` must skip. In mode ``safe`` it also records the waiting sharers, and
+    ``schedule`` holds them out of ``running`` until their owners have rewritten the shared
+    blocks (handing a block to the next waiter when its owner ends first).
+
+    Class attributes: ``kvsched_mode`` (``"safe"`` or ``"vllm"``), ``kvsched_mamba_mode``.
+    """
+
+    kvsched_mode = "safe"
+    kvsched_mamba_mode = "align"
+
+    def _kvsched_holds(self) -> SharerHolds:
+        holds = self.__dict__.get("_kvsched_sharer_holds")
+        if holds is None:
+            holds = SharerHolds()
+            self.__dict__["_kvsched_sharer_holds"] = holds
+        return holds
+
+    def _kvsched_groups(self) -> list[CacheGroup]:
+        return groups_from_kv_cache_config(self.kv_cache_config, self.kvsched_mamba_mode)
+
+    def _kvsched_policy(self) -> str:
+        return "recompute" if getattr(self, "recompute_kv_load_failures", True) else "fail"
+
+    def update_from_output(self, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        # The step's scheduled tokens, for vLLM versions whose `_handle_invalid_blocks` is not
+        # given them.
+        self._kvsched_num_scheduled_tokens = getattr(scheduler_output, "num_scheduled_tokens", None)
+        return super().update_from_output(scheduler_output, *args, **kwargs)  # type: ignore[misc]
+
+    def _handle_invalid_blocks(
+        self, invalid_block_ids: set[int], num_scheduled_tokens: Mapping[str, int] | None = None
+    ) -> set[str]:
+        if num_scheduled_tokens is None:
+            num_scheduled_tokens = getattr(self, "_kvsched_num_scheduled_tokens", None) or {}
+        plan = plan_recovery(
+            requests_from_scheduler(self, num_scheduled_tokens),
+            self._kvsched_groups(),
+            invalid_block_ids,
+            null_block_id=_null_block_id(self),
+            policy=self._kvsched_policy(),
+            mode=self.kvsched_mode,
+        )
+        self._kvsched_apply(plan)
+        self._kvsched_holds().add(plan)
+        return plan.request_ids_to_skip()
+
+    def _kvsched_apply(self, plan: RecoveryPlan) -> None:
+        for rid, n in plan.num_computed_tokens.items():
+            req = self.requests.get(rid)
+            if req is not None:
+                req.num_computed_tokens = n
+        self.failed_recving_kv_req_ids |= plan.failed_recving
+        if plan.evict_blocks:
+            evict = getattr(self.kv_cache_manager, "evict_blocks", None)
+            if evict is not None:
+                evict(set(plan.evict_blocks))
+
+    def _kvsched_computed(self, rid: str) -> int | None:
+        req = self.requests.get(rid)
+        if req is None or _status_name(req) in _ENDED:
+            return None
+        return req.num_computed_tokens
+
+    def _kvsched_release(self) -> None:
+        """Refreshes the holds; hands orphaned blocks to their next waiters."""
+        holds = self._kvsched_holds()
+        orphaned = holds.refresh(self._kvsched_computed)
+        if not orphaned:
+            return
+        manager = self.kv_cache_manager
+
+        def state(rid: str) -> RequestState:
+            r = self.requests[rid]
+            return RequestState(rid, False, manager.get_block_ids(rid), r.num_computed_tokens)
+
+        for plan in holds.replan(
+            orphaned,
+            state,
+            self._kvsched_groups(),
+            null_block_id=_null_block_id(self),
+            policy=self._kvsched_policy(),
+            mode=self.kvsched_mode,
+        ):
+            self._kvsched_apply(plan)
+
+    def kvsched_held(self, request_id: str) -> bool:
+        """Whether a request must not be scheduled yet (a sharer whose owner has not rewritten
+        the shared block)."""
+        return self._kvsched_holds().held(request_id)
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        self._kvsched_release()
+        holds = self._kvsched_holds()
+        held = [r for r in self.running if holds.held(r.request_id)]
+        if not held:
+            return super().schedule(*args, **kwargs)  # type: ignore[misc]
+        before = list(self.running)
+        self.running = [r for r in before if not holds.held(r.request_id)]
+        try:
+            return super().schedule(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            # The held requests go back where they stood; what schedule added follows.
+            after = list(self.running)
+            kept = {id(r) for r in after} | {id(r) for r in held}
+            self.running = [r for r in before if id(r) in kept] + [
+                r for r in after if all(r is not b for b in before)
+            ]

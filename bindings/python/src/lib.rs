@@ -1,0 +1,24 @@
+//! `kvsched._native`, the extension module under the Python package `kvsched`
+//! (`python/kvsched/`): the recovery rules on a replay scenario (`recover`), and the native
+//! half of the vLLM secondary tier (`tier`). The Python modules around it hold what needs no
+//! Rust: the dict in and out of `recover`, the vLLM scheduler adapter, the tier's vLLM-facing
+//! class.
+
+use pyo3::prelude::*;
+
+mod recover;
+mod tier;
+mod tier_index;
+mod tier_jobs;
+mod tier_region;
+mod tier_store;
+
+/// The module: `recover_json`, `NativeTier`, and `HAS_REDIS` (whether this build has the Redis
+/// tier).
+#[pymodule(name = "_native")]
+fn native_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(recover::recover_json, m)?)?;
+    m.add_class::<tier::NativeTier>()?;
+    m.add("HAS_REDIS", cfg!(feature = "redis"))?;
+    Ok(())
+}

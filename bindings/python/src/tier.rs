@@ -1,0 +1,235 @@
+//! `NativeTier`: the native half of `kvsched.tier.KvschedTierManager` — a kvsched tier
+//! (memory, disk, Redis) behind vLLM's secondary-tier calls on a host KV buffer. Every method
+//! returns at once; the jobs run on the tier's threads ([`Jobs`]). Keys are vLLM's
+//! `OffloadKey` bytes, hashed with the layout tag into a [`ChunkKey`]; every value the tier
+//! stores is a chunk of the chunk format (`docs/kv-format.md`: header, checksum, and the keyed
+//! MAC when a key is given), checked on every load, so a damaged, forged or evicted chunk is a
+//! failed job, never wrong KV.
+
+use std::time::Duration;
+
+use pyo3::buffer::PyUntypedBuffer;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use kvsched::kv::{ChunkCodec, ChunkKey};
+use kvsched::sync::Ordering;
+
+use crate::tier_jobs::Jobs;
+use crate::tier_region::Region;
+use crate::tier_store::{Store, StoreArgs};
+
+fn bad(field: &str, problem: impl std::fmt::Display) -> PyErr {
+    PyValueError::new_err(format!("{field}: {problem}"))
+}
+
+/// A kvsched tier serving vLLM's secondary-tier calls on a host KV buffer.
+#[pyclass(module = "kvsched._native")]
+pub struct NativeTier {
+    // Field order matters: `jobs` (the threads using the buffer) drops, and joins, first.
+    jobs: Jobs,
+    store: Store,
+    tag: u64,
+    num_blocks: u64,
+    _buffer: PyUntypedBuffer,
+}
+
+impl NativeTier {
+    fn key(&self, key: &[u8]) -> ChunkKey {
+        ChunkKey(xxhash_rust::xxh3::xxh3_128_with_seed(key, self.tag))
+    }
+
+    fn job(&self, keys: &[Vec<u8>], block_ids: &[u64]) -> PyResult<(Vec<ChunkKey>, Vec<u64>)> {
+        if keys.len() != block_ids.len() {
+            return Err(bad(
+                "block_ids",
+                format!("{} block ids for {} keys", block_ids.len(), keys.len()),
+            ));
+        }
+        if let Some((i, b)) = block_ids
+            .iter()
+            .enumerate()
+            .find(|(_, &b)| b >= self.num_blocks)
+        {
+            return Err(bad(
+                &format!("block_ids[{i}]"),
+                format!("{b} is not below the buffer's {} blocks", self.num_blocks),
+            ));
+        }
+        Ok((
+            keys.iter().map(|k| self.key(k)).collect(),
+            block_ids.to_vec(),
+        ))
+    }
+}
+
+#[pymethods]
+impl NativeTier {
+    /// `NativeTier(buffer, num_blocks, store="memory", *, capacity_bytes=1 GiB, path=None,
+    /// url=None, mac_key=None, threads=4, tag=0, probe=None)`: `buffer` a writable,
+    /// C-contiguous buffer of `num_blocks` equal slots.
+    #[new]
+    #[pyo3(signature = (buffer, num_blocks, store = "memory", *, capacity_bytes = 1 << 30,
+        path = None, url = None, mac_key = None, threads = 4, tag = 0, probe = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        buffer: &Bound<'_, PyAny>,
+        num_blocks: u64,
+        store: &str,
+        capacity_bytes: u64,
+        path: Option<&str>,
+        url: Option<&str>,
+        mac_key: Option<Vec<u8>>,
+        threads: usize,
+        tag: u64,
+        probe: Option<bool>,
+    ) -> PyResult<NativeTier> {
+        let export = PyUntypedBuffer::get(buffer).map_err(|e| bad("primary_kv_view", e))?;
+        if export.readonly() {
+            return Err(bad("primary_kv_view", "is read-only; loads write into it"));
+        }
+        if !export.is_c_contiguous() {
+            return Err(bad("primary_kv_view", "must be C-contiguous"));
+        }
+        let len = export.len_bytes();
+        let n = usize::try_from(num_blocks).unwrap_or(usize::MAX);
+        if n == 0 || len % n != 0 || len == 0 {
+            return Err(bad(
+                "num_blocks",
+                format!("{num_blocks} does not divide the buffer's {len} bytes into equal blocks"),
+            ));
+        }
+        let block_bytes = len / n;
+        let mac_key = match mac_key {
+            None => None,
+            Some(k) => Some(
+                <[u8; 32]>::try_from(k.as_slice())
+                    .map_err(|_| bad("mac_key", format!("must be 32 bytes, got {}", k.len())))?,
+            ),
+        };
+        if !(1..=256).contains(&threads) {
+            return Err(bad("threads", format!("must be 1 to 256, got {threads}")));
+        }
+        let opened = Store::open(&StoreArgs {
+            kind: store,
+            capacity_bytes,
+            max_value_bytes: ChunkCodec::new(mac_key).encoded_len(block_bytes) as u64,
+            path,
+            url,
+        })
+        .map_err(|(field, problem)| bad(field, problem))?;
+        // Safety: the export stays owned by this `NativeTier` until after `jobs` (every thread
+        // holding the region) has been stopped and joined: `jobs` is dropped first (field
+        // order) and `shutdown` joins it too. It was checked writable and contiguous.
+        let region = unsafe { Region::new(export.buf_ptr().cast::<u8>(), len, block_bytes) };
+        let jobs = Jobs::start(
+            opened.clone(),
+            region,
+            ChunkCodec::new(mac_key),
+            probe.unwrap_or_else(|| opened.shared()),
+            threads,
+        )
+        .map_err(|e| PyRuntimeError::new_err(format!("cannot start the tier's threads: {e}")))?;
+        Ok(NativeTier {
+            jobs,
+            store: opened,
+            tag,
+            num_blocks,
+            _buffer: export,
+        })
+    }
+
+    /// Bytes per block of the buffer.
+    #[getter]
+    fn block_bytes(&self) -> u64 {
+        self.jobs_block_bytes()
+    }
+
+    /// `True` present, `False` not here, `None` being transferred or probed (ask again).
+    fn lookup(&self, key: Vec<u8>) -> Option<bool> {
+        self.jobs.lookup(self.key(&key))
+    }
+
+    /// Enqueues a store of the slots `block_ids` under `keys`.
+    fn submit_store(&self, job_id: u64, keys: Vec<Vec<u8>>, block_ids: Vec<u64>) -> PyResult<()> {
+        let (keys, blocks) = self.job(&keys, &block_ids)?;
+        self.jobs.submit_store(job_id, keys, blocks);
+        Ok(())
+    }
+
+    /// Enqueues a load of `keys` into the slots `block_ids`.
+    fn submit_load(&self, job_id: u64, keys: Vec<Vec<u8>>, block_ids: Vec<u64>) -> PyResult<()> {
+        let (keys, blocks) = self.job(&keys, &block_ids)?;
+        self.jobs.submit_load(job_id, keys, blocks);
+        Ok(())
+    }
+
+    /// `[(job_id, success)]` of the jobs finished since the last call.
+    fn get_finished(&self) -> Vec<(u64, bool)> {
+        self.jobs.take_finished()
+    }
+
+    /// Waits (without the GIL) until no job is queued or running, at most `timeout` seconds;
+    /// whether that happened.
+    #[pyo3(signature = (timeout = 10.0))]
+    fn wait_idle(&self, py: Python<'_>, timeout: f64) -> bool {
+        let t = Duration::try_from_secs_f64(timeout.max(0.0)).unwrap_or(Duration::MAX);
+        py.detach(|| self.jobs.wait_idle(t))
+    }
+
+    /// Fault injection for tests: flips the bits of byte `offset` of the stored chunk of `key`
+    /// (the header is 48 bytes, then the MAC if any, then the payload). Whether it was held.
+    fn damage(&self, py: Python<'_>, key: Vec<u8>, offset: usize) -> PyResult<bool> {
+        let k = self.key(&key);
+        py.detach(|| {
+            self.store.edit(k, |v| match v.get_mut(offset) {
+                Some(b) => {
+                    *b ^= 0xFF;
+                    true
+                }
+                None => false,
+            })
+        })
+        .map_err(|e| PyRuntimeError::new_err(e.to_string()))
+    }
+
+    /// Fault injection for tests: removes the stored chunk of `key` behind the tier's back
+    /// (what an eviction by another engine, or a lost node, does). Whether it was held.
+    fn remove(&self, py: Python<'_>, key: Vec<u8>) -> PyResult<bool> {
+        let k = self.key(&key);
+        py.detach(|| self.store.remove(k))
+            .map_err(|e| PyRuntimeError::new_err(e.to_string()))
+    }
+
+    /// Counters: blocks stored and loaded, failed jobs, missing and bad chunks, probes, keys
+    /// answered present.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let c = self.jobs.counters();
+        let d = PyDict::new(py);
+        for (name, v) in [
+            ("stored_blocks", &c.stored_blocks),
+            ("loaded_blocks", &c.loaded_blocks),
+            ("failed_stores", &c.failed_stores),
+            ("failed_loads", &c.failed_loads),
+            ("missing_chunks", &c.missing_chunks),
+            ("bad_chunks", &c.bad_chunks),
+            ("probes", &c.probes),
+        ] {
+            d.set_item(name, v.load(Ordering::Relaxed))?;
+        }
+        d.set_item("present_keys", self.jobs.present_len())?;
+        Ok(d)
+    }
+
+    /// Stops the threads (queued jobs are dropped). Idempotent.
+    fn shutdown(&mut self, py: Python<'_>) {
+        py.detach(|| self.jobs.stop());
+    }
+}
+
+impl NativeTier {
+    fn jobs_block_bytes(&self) -> u64 {
+        self.jobs.block_bytes() as u64
+    }
+}

@@ -1,0 +1,136 @@
+//! [`Store`]: the kvsched tier under a `NativeTier` — memory, disk, or Redis / Redis Cluster —
+//! opened from the Python arguments, with each tier's in-place edit and removal for the tests'
+//! fault injection (damage at rest, eviction).
+
+use kvsched::sync::Arc;
+
+use kvsched::connector::CancelToken;
+use kvsched::kv::{ChunkKey, DiskConfig, DiskTier, MemoryTier, Tier, TierError};
+
+/// Which tier, and how it was opened.
+#[derive(Clone)]
+pub(crate) enum Store {
+    Memory(Arc<MemoryTier>),
+    Disk(Arc<DiskTier>),
+    #[cfg(feature = "redis")]
+    Redis(Arc<kvsched::kv::redis::RedisTier>),
+}
+
+/// What the Python arguments ask for.
+pub(crate) struct StoreArgs<'a> {
+    pub kind: &'a str,
+    pub capacity_bytes: u64,
+    pub max_value_bytes: u64,
+    pub path: Option<&'a str>,
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub url: Option<&'a str>,
+}
+
+/// A problem with the arguments: field and message.
+pub(crate) type ArgError = (&'static str, String);
+
+impl Store {
+    /// Opens the tier `args` names.
+    pub(crate) fn open(args: &StoreArgs<'_>) -> Result<Store, ArgError> {
+        match args.kind {
+            "memory" => Ok(Store::Memory(Arc::new(MemoryTier::new(
+                args.capacity_bytes,
+                1,
+            )))),
+            "disk" => {
+                let path = args
+                    .path
+                    .ok_or(("path", "required for store=\"disk\"".to_owned()))?;
+                let cfg = DiskConfig {
+                    capacity_bytes: args.capacity_bytes,
+                    max_value_bytes: args.max_value_bytes,
+                    fsync: false,
+                };
+                DiskTier::open(path, cfg)
+                    .map(|t| Store::Disk(Arc::new(t)))
+                    .map_err(|e| ("path", e.to_string()))
+            }
+            "redis" => Self::open_redis(args),
+            other => Err((
+                "store",
+                format!("unknown store {other:?}; expected \"memory\", \"disk\" or \"redis\""),
+            )),
+        }
+    }
+
+    #[cfg(feature = "redis")]
+    fn open_redis(args: &StoreArgs<'_>) -> Result<Store, ArgError> {
+        use kvsched::kv::redis::{RedisConfig, RedisTier};
+        let url = args
+            .url
+            .ok_or(("url", "required for store=\"redis\"".to_owned()))?;
+        let cfg = RedisConfig::from_url(url)
+            .map_err(|e| ("url", e.to_string()))?
+            .max_value_bytes(usize::try_from(args.max_value_bytes).unwrap_or(usize::MAX));
+        RedisTier::new(cfg)
+            .map(|t| Store::Redis(Arc::new(t)))
+            .map_err(|e| ("url", e.to_string()))
+    }
+
+    #[cfg(not(feature = "redis"))]
+    fn open_redis(_: &StoreArgs<'_>) -> Result<Store, ArgError> {
+        Err((
+            "store",
+            "this build of kvsched has no Redis tier (feature \"redis\")".to_owned(),
+        ))
+    }
+
+    /// The tier as the jobs call it.
+    pub(crate) fn tier(&self) -> Arc<dyn Tier> {
+        match self {
+            Store::Memory(t) => t.clone(),
+            Store::Disk(t) => t.clone(),
+            #[cfg(feature = "redis")]
+            Store::Redis(t) => t.clone(),
+        }
+    }
+
+    /// Whether other engines may write the same store (disk, Redis): then keys this tier did
+    /// not store are worth probing for.
+    pub(crate) fn shared(&self) -> bool {
+        !matches!(self, Store::Memory(_))
+    }
+
+    /// Whether the store holds each key, as a probe for keys this tier did not write. A disk
+    /// tier's own `exists` answers from the index it built at open, which does not see files
+    /// other engines wrote since; the probe looks at the file instead.
+    pub(crate) fn probe(
+        &self,
+        keys: &[ChunkKey],
+        cancel: &CancelToken,
+    ) -> Result<Vec<bool>, TierError> {
+        match self {
+            Store::Disk(t) => Ok(keys.iter().map(|&k| t.chunk_path(k).is_file()).collect()),
+            other => other.tier().exists(keys, cancel),
+        }
+    }
+
+    /// Rewrites the stored value of `key` in place with `edit` (false: not held).
+    pub(crate) fn edit(
+        &self,
+        key: ChunkKey,
+        edit: impl FnOnce(&mut Vec<u8>) -> bool,
+    ) -> Result<bool, TierError> {
+        match self {
+            Store::Memory(t) => Ok(t.edit_stored(key, edit)),
+            Store::Disk(t) => t.edit_stored(key, edit),
+            #[cfg(feature = "redis")]
+            Store::Redis(t) => t.edit_stored(key, edit),
+        }
+    }
+
+    /// Removes the stored value of `key` (false: not held).
+    pub(crate) fn remove(&self, key: ChunkKey) -> Result<bool, TierError> {
+        match self {
+            Store::Memory(t) => Ok(t.remove(key)),
+            Store::Disk(t) => t.remove(key),
+            #[cfg(feature = "redis")]
+            Store::Redis(t) => t.remove(key),
+        }
+    }
+}

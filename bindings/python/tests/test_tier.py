@@ -1,0 +1,348 @@
+"""`kvsched.tier.KvschedTierManager` through a stand-in of vLLM's caller: round trips on the
+memory, disk, Redis and Redis Cluster tiers, damage at rest, forgery by a writer without the MAC key,
+eviction, a failed load after a positive lookup (vLLM #49328), a store shared by two engines,
+and bad arguments."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from array import array
+
+import pytest
+
+import kvsched
+from kvsched.tier import KvschedTierManager
+from tier_caller import Caller, key, kv_buffer, random_block
+
+BS = 256  # bytes per block
+N = 8  # blocks in the primary buffer
+MAC = bytes(range(32))
+HEADER = 48  # chunk header; then the 32-byte MAC when keyed, then the payload
+
+
+def make(store="memory", mac_key=MAC, n=N, bs=BS, **kw):
+    raw, view = kv_buffer(n, bs)
+    tier = KvschedTierManager(None, view, "kvsched", store=store, mac_key=mac_key, **kw)
+    return tier, Caller(tier, view)
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("redis")
+    exe = shutil.which("redis-server")
+    if exe is None:
+        if os.environ.get("CI"):
+            pytest.fail("redis-server is not installed (CI installs it)")
+        pytest.skip("redis-server not installed")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    _wait_port(port, [proc])
+    yield f"redis://127.0.0.1:{port}"
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def _free_port_pair() -> int:
+    """A port p with p and its cluster bus port p + 10000 both free."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            p = s.getsockname()[1]
+        if p > 55000:
+            continue
+        try:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", p + 10000))
+            return p
+        except OSError:
+            continue
+    raise RuntimeError("no free port pair")
+
+
+@pytest.fixture(scope="module")
+def redis_cluster_url(tmp_path_factory):
+    """Three cluster nodes made into one Redis Cluster (redis-cli --cluster create)."""
+    tmp_path = tmp_path_factory.mktemp("cluster")
+    exe, cli = shutil.which("redis-server"), shutil.which("redis-cli")
+    if exe is None or cli is None:
+        if os.environ.get("CI"):
+            pytest.fail("redis-server / redis-cli not installed (CI installs them)")
+        pytest.skip("redis-server / redis-cli not installed")
+    ports, procs = [], []
+    try:
+        for i in range(3):
+            port = _free_port_pair()
+            d = tmp_path / f"node{i}"
+            d.mkdir()
+            procs.append(subprocess.Popen(
+                [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                 "--cluster-enabled", "yes", "--cluster-config-file", str(d / "nodes.conf"),
+                 "--dir", str(d)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            ))
+            ports.append(port)
+        for port in ports:
+            _wait_port(port, procs)
+        subprocess.run(
+            [cli, "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports), "--cluster-yes"],
+            check=True, capture_output=True, timeout=60,
+        )
+        deadline = time.monotonic() + 30
+        # Every node agrees: state ok and all 16384 slots assigned, as each node sees it.
+        while not all(
+            b"cluster_state:ok" in out and b"cluster_slots_ok:16384" in out
+            for out in (
+                subprocess.run([cli, "-p", str(p), "cluster", "info"], capture_output=True,
+                               timeout=10).stdout
+                for p in ports
+            )
+        ):
+            assert time.monotonic() < deadline, "the cluster never reached cluster_state:ok"
+            time.sleep(0.1)
+        yield "redis://" + ",".join(f"127.0.0.1:{p}" for p in ports)
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(timeout=10)
+
+
+def _wait_port(port, procs):
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            assert all(p.poll() is None for p in procs) and time.monotonic() < deadline, (
+                "redis-server did not start"
+            )
+            time.sleep(0.05)
+
+
+@pytest.fixture(params=["memory", "disk", "redis", "redis-cluster"])
+def tier_args(request, tmp_path):
+    return _args(request, tmp_path)
+
+
+@pytest.fixture(params=["disk", "redis", "redis-cluster"])
+def shared_tier_args(request, tmp_path):
+    """The stores several engines can share (a memory tier is private to its process)."""
+    return _args(request, tmp_path)
+
+
+def _args(request, tmp_path):
+    # The servers serve the whole module: each test's keys live under a tag of its own.
+    tag = int.from_bytes(os.urandom(8), "little")
+    if request.param == "redis":
+        return {"store": "redis", "url": request.getfixturevalue("redis_url"), "tag": tag}
+    if request.param == "redis-cluster":
+        return {"store": "redis", "url": request.getfixturevalue("redis_cluster_url"), "tag": tag}
+    if request.param == "disk":
+        return {"store": "disk", "path": str(tmp_path / "chunks")}
+    return {"store": "memory"}
+
+
+def test_round_trip(tier_args):
+    tier, c = make(**tier_args)
+    blocks = [random_block(BS) for _ in range(4)]
+    for i, b in enumerate(blocks):
+        c.fill(i, b)
+    keys = [key(i) for i in range(4)]
+    assert c.store(keys, [0, 1, 2, 3])
+    assert all(c.lookup(k) for k in keys)
+    assert c.lookup(key(99)) is False
+    # Loaded into other slots, in another order: each slot gets its own key's bytes.
+    assert c.load([keys[2], keys[0]], [7, 5])
+    assert c.slot(7) == blocks[2] and c.slot(5) == blocks[0]
+    st = tier.stats()
+    assert st["stored_blocks"] == 4 and st["loaded_blocks"] == 2 and st["failed_loads"] == 0
+    # A store of keys already held writes nothing and succeeds.
+    assert c.store(keys[:2], [4, 6])
+    assert tier.stats()["stored_blocks"] == 4
+    tier.shutdown()
+    tier.shutdown()
+
+
+def test_non_byte_views_are_blocks_of_their_first_dimension():
+    floats = array("f", [float(i) for i in range(N * 16)])
+    view = memoryview(floats).cast("B").cast("f", [N, 16])
+    tier = KvschedTierManager(None, view, "kvsched")
+    assert tier.block_bytes == 64
+    c = Caller(tier, view)
+    assert c.store([key(1)], [3])
+    view_b = memoryview(floats).cast("B")
+    view_b[3 * 64 : 4 * 64] = bytes(64)
+    assert c.load([key(1)], [3])
+    assert list(floats[48:64]) == [float(i) for i in range(48, 64)]
+
+
+@pytest.mark.parametrize("where", [2, HEADER - 1, HEADER + 5, HEADER + 32 + 100])
+def test_damage_at_rest_fails_the_load_and_the_tier_stops_promising_the_block(tier_args, where):
+    tier, c = make(**tier_args)
+    good = random_block(BS)
+    c.fill(0, good)
+    assert c.store([key(1), key(2)], [0, 0])
+    assert tier._native.damage(key(1), where)
+    sentinel = b"\x5a" * BS
+    c.fill(4, sentinel)
+    c.fill(5, sentinel)
+    assert c.lookup(key(1)) is True  # the tier cannot know yet
+    assert not c.load([key(1), key(2)], [4, 5])
+    # Never wrong KV: the damaged block's slot is untouched (the good one may be written).
+    assert c.slot(4) == sentinel
+    assert tier.stats()["bad_chunks"] == 1
+    # vLLM #49328: no more "present" for the chunk it failed to load, however often asked.
+    for _ in range(3):
+        assert c.lookup(key(1)) is False
+    assert c.lookup(key(2)) is True
+    # Storing it again heals it.
+    assert c.store([key(1)], [0])
+    assert c.lookup(key(1)) is True
+    assert c.load([key(1)], [4]) and c.slot(4) == good
+
+
+def test_forgery_without_the_mac_key_is_refused(shared_tier_args):
+    shared = shared_tier_args
+    honest, hc = make(**shared)
+    real = random_block(BS)
+    hc.fill(0, real)
+    assert hc.store([key(1)], [0])
+    # A writer without the key (it can compute the checksum, not the MAC) overwrites the chunk.
+    forger, fc = make(mac_key=None, probe=False, **shared)
+    fake = b"\x66" * BS
+    fc.fill(0, fake)
+    assert fc.store([key(1)], [0])
+    hc.fill(3, bytes(BS))
+    assert not hc.load([key(1)], [3])
+    assert hc.slot(3) == bytes(BS)
+    assert hc.lookup(key(1)) is False
+    # A writer with another key is refused too.
+    other, oc = make(mac_key=bytes(32), probe=False, **shared)
+    oc.fill(0, fake)
+    assert oc.store([key(2)], [0])
+    assert not hc.load([key(2)], [3])
+    # Without a MAC key the forged chunk passes the checksum: the MAC is what stops it.
+    trusting, tc = make(mac_key=None, **shared)
+    assert tc.lookup(key(1)) is True
+    assert tc.load([key(1)], [2]) and tc.slot(2) == fake
+
+
+def test_eviction_by_capacity_fails_the_load_then_answers_absent():
+    # Room for three chunks of 256 + 80 bytes.
+    tier, c = make(capacity_bytes=3 * (BS + HEADER + 32) + 10)
+    for i in range(5):
+        c.fill(i, random_block(BS))
+        assert c.store([key(i)], [i])
+    # The oldest were evicted behind the index's back: the lookup still says present...
+    assert c.lookup(key(0)) is True
+    assert not c.load([key(0)], [7])
+    st = tier.stats()
+    assert st["missing_chunks"] == 1 and st["failed_loads"] == 1
+    # ...but never after the failed load.
+    assert c.lookup(key(0)) is False
+    assert c.load([key(4)], [7]) and c.slot(7) == c.slot(4)
+
+
+def test_a_chunk_removed_behind_the_tiers_back(tier_args):
+    tier, c = make(**tier_args)
+    assert c.store([key(1), key(2)], [0, 1])
+    assert tier._native.remove(key(2))
+    assert not c.load([key(1), key(2)], [3, 4])
+    assert c.lookup(key(2)) is False
+    assert c.lookup(key(1)) is True
+
+
+def test_engines_sharing_a_store_find_each_others_chunks(shared_tier_args):
+    a, ac = make(**shared_tier_args)
+    b, bc = make(**shared_tier_args)
+    block = random_block(BS)
+    ac.fill(0, block)
+    assert ac.store([key(9)], [0])
+    # B never stored it: the first lookup asks the store (None: retry), then answers.
+    assert b.lookup(key(9), None) is None
+    assert bc.lookup(key(9)) is True
+    assert bc.load([key(9)], [6]) and bc.slot(6) == block
+    assert bc.lookup(key(10)) is False
+    assert b.stats()["probes"] >= 2
+
+
+def test_different_tags_never_share_keys(tmp_path):
+    shared = {"store": "disk", "path": str(tmp_path / "shared")}
+    a, ac = make(tag=1, **shared)
+    b, bc = make(tag=2, **shared)
+    assert ac.store([key(1)], [0])
+    assert bc.lookup(key(1)) is False
+
+
+def test_jobs_after_shutdown_fail_at_once():
+    tier, c = make()
+    assert c.store([key(1)], [0])
+    tier.shutdown()
+    assert not c.load([key(1)], [1])
+    assert not c.store([key(2)], [1])
+
+
+def test_lookups_and_submits_do_not_wait_for_a_slow_store(redis_url):
+    tier, c = make(store="redis", url=redis_url)
+    keys = [key(i) for i in range(N)]
+    jobs = [c._submit("store", [k], [i]) for i, k in enumerate(keys)]
+    assert all(c.wait(j) for j in jobs)
+    assert tier.drain_jobs(10.0)
+
+
+BAD = [
+    ({"mac_key": b"short"}, "mac_key"),
+    ({"mac_key": "zz"}, "mac_key"),
+    ({"threads": 0}, "threads"),
+    ({"store": "tape"}, "store"),
+    ({"store": "disk"}, "path"),
+    ({"store": "redis"}, "url"),
+    ({"store": "redis", "url": "http://x"}, "url"),
+]
+
+
+@pytest.mark.parametrize("kw,field", BAD, ids=[f for _, f in BAD])
+def test_bad_arguments_are_value_errors_naming_the_field(kw, field):
+    _, view = kv_buffer(N, BS)
+    with pytest.raises(ValueError) as e:
+        KvschedTierManager(None, view, "kvsched", **kw)
+    assert str(e.value).startswith(f"{field}:"), e.value
+
+
+def test_bad_buffers_and_jobs():
+    with pytest.raises(ValueError, match="^primary_kv_view:"):
+        KvschedTierManager(None, memoryview(bytes(N * BS)).cast("B", [N, BS]), "kvsched")
+    with pytest.raises(ValueError, match="^num_blocks:"):
+        KvschedTierManager(None, memoryview(bytearray(100)), "kvsched", num_blocks=3)
+    with pytest.raises(ValueError, match="^num_blocks:"):
+        KvschedTierManager(None, memoryview(bytearray(100)), "kvsched")
+    tier, c = make()
+    from tier_caller import JobMetadata
+
+    with pytest.raises(ValueError, match=r"^block_ids\[1\]: 8 is not below"):
+        tier.submit_load(JobMetadata(1, [key(1), key(2)], [0, N]))
+    with pytest.raises(ValueError, match="^block_ids: 1 block ids for 2 keys"):
+        tier.submit_store(JobMetadata(1, [key(1), key(2)], [0]))
+    with pytest.raises(TypeError):
+        tier.lookup(1.5)
+
+
+def test_importable_without_vllm():
+    import sys
+
+    import kvsched.tier
+    import kvsched.vllm
+
+    assert "vllm" not in sys.modules
+    assert kvsched.tier.JobResult(1, True).success

@@ -1,0 +1,171 @@
+"""`kvsched.vllm` on stand-ins of vLLM's scheduler: every repository scenario vLLM can express
+(a flat report, the default scheduler block size) applied through `_handle_invalid_blocks`
+gives the committed outcome; the single-group vectors of vLLM's own tests that docs/rules.md
+reproduces; mode safe's waiting sharers held by `schedule` and handed over when an owner ends."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from types import SimpleNamespace
+
+import pytest
+
+import kvsched
+from conftest import scenario_files
+from kvsched.vllm import CacheGroup, RequestState, plan_recovery
+from vllm_standins import FINISHED, Scheduler
+
+def expressible(scenario: dict) -> bool:
+    """vLLM reports flat block ids and has no scheduler block size of its own (it is the lcm
+    of the groups' block sizes)."""
+    lcm = math.lcm(*(g["block_size"] for g in scenario["groups"]))
+    return "invalid_blocks_by_group" not in scenario and scenario.get("scheduler_block_size", lcm) == lcm
+
+
+EXPRESSIBLE = [p for p in scenario_files() if expressible(json.loads(p.read_text()))]
+
+
+def test_most_scenarios_are_expressible_in_vllms_terms():
+    assert len(EXPRESSIBLE) >= 30, len(EXPRESSIBLE)
+
+
+@pytest.mark.parametrize("path", EXPRESSIBLE, ids=lambda p: p.stem)
+def test_handle_invalid_blocks_applies_the_committed_outcome(path):
+    scenario = json.loads(path.read_text())
+    expected = json.loads(path.with_name(path.stem + ".expected.json").read_text())
+    s = Scheduler(scenario)
+    returned = s._handle_invalid_blocks(set(scenario["invalid_blocks"]), s.num_scheduled)
+    for r in expected["requests"]:
+        assert s.requests[r["id"]].num_computed_tokens == r["num_computed_tokens"], r["id"]
+        assert s.kvsched_held(r["id"]) == bool(r["waits_for"]), r["id"]
+    assert returned == set(expected["skip"]) | set(expected["failed"])
+    assert s.failed_recving_kv_req_ids == set(expected["failed_recving"])
+    assert s.kv_cache_manager.evicted == set(expected["evicted_blocks"])
+    # The held sharers are not offered to vLLM's schedule; the rest are, in order.
+    s.schedule()
+    held = {r["id"] for r in expected["requests"] if r["waits_for"]}
+    assert s.offered[-1] == [r.request_id for r in s.running if r.request_id not in held]
+
+
+# --- vLLM's own single-group vectors (docs/rules.md, "Worked examples") ---------------------
+
+FA16 = [CacheGroup("full_attention", 16)]
+
+
+def three_requests(is_async: bool, invalid_idx: list[int]):
+    """R1, R2, R3 with 99 loaded blocks each (ids 100r + i); async: P = 1584; sync: 16
+    tokens scheduled and a 100th entry for them."""
+    scheduled = 0 if is_async else 16
+    reqs = [
+        RequestState(
+            f"R{r}", is_async, [[100 * r + i for i in range(99 + (0 if is_async else 1))]],
+            1584 + scheduled, scheduled,
+        )
+        for r in (1, 2, 3)
+    ]
+    return reqs, [200 + i for i in invalid_idx]
+
+
+@pytest.mark.parametrize("is_async", [True, False], ids=["async", "sync"])
+@pytest.mark.parametrize(
+    "idx,to,tokens", [([0, 98], 0, 1584), ([50, 98], 800, 784), ([98], 1568, 16)]
+)
+def test_vllm_vectors_99_loaded_blocks(is_async, idx, to, tokens):
+    reqs, invalid = three_requests(is_async, idx)
+    plan = plan_recovery(reqs, FA16, invalid, mode="vllm")
+    assert plan.num_computed_tokens == {"R2": to}
+    assert plan.affected_tokens == {"R2": tokens}
+    assert (plan.failed_recving, plan.skip) == (({"R2"}, set()) if is_async else (set(), {"R2"}))
+    assert plan.evict_blocks == []
+    failed = plan_recovery(reqs, FA16, invalid, mode="vllm", policy="fail")
+    assert failed.failed == {"R2"} and failed.num_computed_tokens == {"R2": to}
+    if not is_async:
+        # Under fail the sync request's entries from the boundary on are evicted.
+        assert failed.evict_blocks == [200 + i for i in range(to // 16, 100)]
+
+
+@pytest.mark.parametrize("s2", [1, 16])
+@pytest.mark.parametrize(
+    "invalid,r1_to,r1_tokens", [([0, 49], 0, 1584), ([25, 49], 400, 1184), ([49], 784, 800)]
+)
+def test_vllm_vectors_shared_prefix_sync(invalid, r1_to, r1_tokens, s2):
+    c = list(range(1000, 1099))
+    r1 = RequestState("R1", False, [c + [2000]], 1600, 16)
+    r2 = RequestState("R2", False, [c[:50] + [3000]], 800 + s2, s2)
+    ids = [c[i] for i in invalid]
+    for mode in ("vllm", "safe"):
+        plan = plan_recovery([r1, r2], FA16, ids, mode=mode)
+        assert plan.num_computed_tokens == {"R1": r1_to, "R2": 800}
+        assert plan.affected_tokens == {"R1": r1_tokens, "R2": s2}
+        assert plan.skip == {"R1", "R2"}
+        if mode == "vllm":
+            assert plan.waits == {}
+        else:
+            # R2 waits for R1 on each reported block, until R1 has recomputed past it.
+            assert [(w.block, w.owner, w.ready_at) for w in plan.waits["R2"]] == [
+                (c[i], "R1", 16 * (i + 1)) for i in invalid
+            ]
+
+
+# --- mode safe's sharers across steps -----------------------------------------------------
+
+
+def shared_prefix_scheduler():
+    c = list(range(1000, 1099))
+    return Scheduler({
+        "mode": "safe",
+        "groups": [{"kind": "full_attention", "block_size": 16}],
+        "requests": [
+            {"id": "R1", "class": "sync", "num_computed_tokens": 1600, "num_scheduled_tokens": 16,
+             "block_tables": [c + [2000]]},
+            {"id": "R2", "class": "sync", "num_computed_tokens": 816, "num_scheduled_tokens": 16,
+             "block_tables": [c[:50] + [3000]]},
+        ],
+        "invalid_blocks": [],
+    }), c
+
+
+def test_a_sharer_is_held_until_its_owner_recomputed_the_block():
+    s, c = shared_prefix_scheduler()
+    s._handle_invalid_blocks({c[25]}, s.num_scheduled)
+    assert s.requests["R1"].num_computed_tokens == 400
+    assert s.schedule() == ["R1"]
+    s.requests["R1"].num_computed_tokens = 415  # mid-block: not rewritten yet
+    assert s.schedule() == ["R1"]
+    s.requests["R1"].num_computed_tokens = 416  # block 25 (tokens 400..416) rewritten
+    assert s.schedule() == ["R1", "R2"]
+    assert not s.kvsched_held("R2")
+    assert [r.request_id for r in s.running] == ["R1", "R2"]
+
+
+def test_an_owner_that_ends_first_hands_the_block_to_the_waiter():
+    s, c = shared_prefix_scheduler()
+    s._handle_invalid_blocks({c[25], c[40]}, s.num_scheduled)
+    assert s.requests["R2"].num_computed_tokens == 800 and s.kvsched_held("R2")
+    # R1 recomputed past block 25 but not 40, then finished.
+    s.requests["R1"].num_computed_tokens = 500
+    s.requests["R1"].status = FINISHED
+    s.running.remove(s.requests["R1"])
+    offered = s.schedule()
+    # R2 now owns block 40: it rolled back to its boundary at or below 640 and runs.
+    assert s.requests["R2"].num_computed_tokens == 640
+    assert offered == ["R2"] and not s.kvsched_held("R2")
+
+
+def test_the_one_argument_signature_takes_the_scheduled_tokens_from_the_output():
+    s, c = shared_prefix_scheduler()
+    out = SimpleNamespace(num_scheduled_tokens=dict(s.num_scheduled))
+    assert s.update_from_output(out, {c[25]}) == {"R1", "R2"}
+    assert s.requests["R1"].num_computed_tokens == 400
+    assert s.requests["R2"].num_computed_tokens == 800  # P = 816 - 16
+
+
+def test_plan_errors_name_the_field():
+    with pytest.raises(kvsched.ScenarioError) as e:
+        plan_recovery([RequestState("a", False, [[1], [2]], 16)], FA16, [1])
+    assert e.value.field == "requests[0].block_tables"
+    with pytest.raises(ValueError) as e:
+        plan_recovery([], FA16, [1], mode="fast")
+    assert str(e.value).startswith("mode:")
