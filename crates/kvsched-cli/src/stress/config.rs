@@ -54,7 +54,8 @@ pub struct StressConfig {
     /// seconds).
     #[arg(long, default_value = "sim", value_parser = EngineKind::from_str, long_help = super::model::ENGINE_HELP)]
     pub engine: EngineKind,
-    /// Cache-group geometry: dense, hybrid-swa, hybrid-mamba, mixed-16-32-64 or hybrid-all.
+    /// Cache-group geometry: dense, hybrid-swa, hybrid-mamba, mixed-16-32-64,
+    /// hybrid-swa-mamba or hybrid-swa-mamba-all.
     #[arg(long, default_value = "dense", value_parser = Preset::from_str)]
     pub groups: Preset,
     /// Pool size in blocks, the null block included (2 to 2^24 = 16777216).

@@ -48,7 +48,9 @@ pub enum Preset {
     Mixed16_32_64,
     /// Full attention 16 + sliding window 16 (window 64) + Mamba `align` 16: every kind of
     /// group at once.
-    HybridAll,
+    HybridSwaMamba,
+    /// The same with Mamba `all` (a state cached at every block end).
+    HybridSwaMambaAll,
 }
 
 impl Preset {
@@ -59,7 +61,8 @@ impl Preset {
             Preset::HybridSwa => "hybrid-swa",
             Preset::HybridMamba => "hybrid-mamba",
             Preset::Mixed16_32_64 => "mixed-16-32-64",
-            Preset::HybridAll => "hybrid-all",
+            Preset::HybridSwaMamba => "hybrid-swa-mamba",
+            Preset::HybridSwaMambaAll => "hybrid-swa-mamba-all",
         }
     }
     /// The cache groups.
@@ -79,10 +82,15 @@ impl Preset {
                 CacheGroup::full_attention(32),
                 CacheGroup::mamba(64, MambaMode::All),
             ],
-            Preset::HybridAll => vec![
+            Preset::HybridSwaMamba => vec![
                 CacheGroup::full_attention(16),
                 CacheGroup::sliding_window(16, 64),
                 CacheGroup::mamba(16, MambaMode::Align),
+            ],
+            Preset::HybridSwaMambaAll => vec![
+                CacheGroup::full_attention(16),
+                CacheGroup::sliding_window(16, 64),
+                CacheGroup::mamba(16, MambaMode::All),
             ],
         }
     }
@@ -96,13 +104,14 @@ impl FromStr for Preset {
             Preset::HybridSwa,
             Preset::HybridMamba,
             Preset::Mixed16_32_64,
-            Preset::HybridAll,
+            Preset::HybridSwaMamba,
+            Preset::HybridSwaMambaAll,
         ]
         .into_iter()
         .find(|p| p.name() == s)
         .ok_or_else(|| {
             format!(
-                "unknown preset `{s}` (expected dense, hybrid-swa, hybrid-mamba, mixed-16-32-64 or hybrid-all)"
+                "unknown preset `{s}` (expected dense, hybrid-swa, hybrid-mamba, mixed-16-32-64, hybrid-swa-mamba or hybrid-swa-mamba-all)"
             )
         })
     }

@@ -4,7 +4,7 @@
 //! [`json`] (the JSON and what its keys mean); [`human`] (the table's sections of figures)
 //! over [`header`] (the settings and the legend), [`notes`] (the notes under the sections)
 //! with [`decisions`] (whether kvsched and the baseline decided alike, and why not),
-//! [`faults_caused`] (what each injected fault caused), [`invariants`] (the verdicts), with
+//! [`faults_caused`] (what each injected fault caused), [`invariants`] (the verdicts), [`model`] (`--engine model`'s judge), with
 //! [`table`] (the column layout and the wrapping) and [`cells`] (how numbers are written).
 
 mod cells;
@@ -14,6 +14,7 @@ mod header;
 mod human;
 mod invariants;
 mod json;
+mod model;
 mod notes;
 mod table;
 
