@@ -52,11 +52,24 @@ declare -A TESTS=(
   # connector/cancel.rs: a load no worker started is never dropped; its blocks are parked
   # for a completion that never comes (a hung worker), and the pool drains.
   [park-unstarted]="kvsched --test kv_lifecycle"
+  # rules/recovery/scan.rs: the last of several cache groups is never scanned, so a request
+  # whose failed load hit only that group (a window or Mamba block) is not rolled back: the
+  # tiny model reads what the load never wrote and its tokens differ.
+  [scan-one-group-less]="kvsched-cli --test cli_stress_model;kvsched-testkit --test model_exact"
+)
+# Plant groups by the task that added them (`scripts/plants.sh model25`).
+declare -A PLANT_GROUPS=(
+  [model25]="scan-one-group-less"
 )
 ORDER=(decide-early claim-store late-leak panic-ok trust-stale end-while-loading no-cross-shard-preempt lookup-uncaught shard-panic-escapes mamba-align-cache-unwritten
-  saver-flush-early register-unwritten reoffer-unwritten park-unstarted)
+  saver-flush-early register-unwritten reoffer-unwritten park-unstarted scan-one-group-less)
 
-if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi
+if [ "$#" -gt 0 ]; then
+  plants=()
+  for p in "$@"; do
+    if [ -n "${PLANT_GROUPS[$p]:-}" ]; then read -ra g <<<"${PLANT_GROUPS[$p]}"; plants+=("${g[@]}"); else plants+=("$p"); fi
+  done
+else plants=("${ORDER[@]}"); fi
 
 rows=()
 bad=0

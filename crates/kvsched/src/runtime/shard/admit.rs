@@ -9,6 +9,7 @@ use std::time::Instant;
 use crate::connector::{CancelToken, LoadJob, LoadOwner, LookupQuery, LookupResult};
 use crate::pool::{BlockHash, BlockPool, BlockRef, Generation};
 use crate::rules::geometry::BlockId;
+use crate::rules::recovery::Mode;
 use crate::runtime::policy::admission::external_end;
 use crate::runtime::policy::growth::blocks_needed;
 use crate::runtime::policy::prefix::{prefix_candidates, prefix_cap, prefix_entries};
@@ -127,9 +128,14 @@ impl Shard {
                     loads_out.push(job);
                     self.set_phase(seq, Phase::Loading);
                 } else {
-                    // Mode vllm hashes its destinations when a step carries the load
-                    // (`schedule`), as vLLM allocates and hashes at schedule time.
                     r.sync_job = Some(job);
+                    if settings.mode == Mode::Vllm {
+                        // vLLM's design: a sync load's destinations are hashed at allocation,
+                        // so a request admitted later finds them in the prefix cache before
+                        // the load has run (and keeps them if it fails: vLLM #49250). Nothing is
+                        // trimmed: the load still writes every destination.
+                        Self::register_upto(env, r, ext_end);
+                    }
                     self.set_phase(seq, Phase::Running);
                 }
             } else {

@@ -7,7 +7,6 @@ use std::time::Instant;
 use super::{
     next_key, EndState, Env, HolderIndex, Phase, Req, ScheduledRequest, Shard, StepSettings,
 };
-use crate::rules::recovery::Mode;
 use crate::runtime::claim::RequestKey;
 use crate::runtime::policy::growth::blocks_needed;
 use crate::runtime::policy::scheduling::{length_capped, preemption_victim, StepBudget};
@@ -111,17 +110,6 @@ impl Shard {
                     .and_then(|d| now.checked_add(d));
                 job
             });
-            if sync_load.is_some() && settings.mode == Mode::Vllm {
-                // vLLM's design: a sync load's destinations are hashed when they are
-                // allocated, and vLLM allocates them in the step that runs the load, so a
-                // request admitted later in this step or after finds them in the prefix cache
-                // (and keeps them if the load fails: vLLM #49250). Hashed here, not at
-                // admission: a request admitted but left out of the step by the token budget
-                // (or preempted first) has not run its load, which vLLM never shows anyone.
-                // Nothing is trimmed: the load still writes every destination.
-                let loaded = r.num_computed_tokens;
-                Self::register_upto(env, r, loaded);
-            }
             let block_tables = r.block_tables();
             self.result.scheduled.push(ScheduledRequest {
                 id: r.id.clone(),
