@@ -18,8 +18,8 @@ use crate::replay::{
     DEFAULT_MAX_INPUT_BYTES, MAX_BENCH_RUNS,
 };
 use crate::stress::{
-    apply_engine_defaults, progress_sink, render_human, render_json, render_svg, run_engines, run_stress_with_progress,
-    StressConfig,
+    apply_engine_defaults, progress_sink, render_human, render_json, render_svg, run_engines,
+    run_stress_with_progress, StressConfig,
 };
 use clap::parser::ValueSource;
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};

@@ -17,7 +17,7 @@ pub(super) enum Answerer {
     /// `--engine sim`.
     Sim(SimEngine<'static>),
     /// `--engine model`.
-    Model(Box<ModelDriver>),
+    Model(ModelDriver),
 }
 
 impl Answerer {

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
+use super::answerer::Answerer;
 use super::checks::{check_plan, reconcile, EngineCounts, MAX_VIOLATIONS};
 use super::config::{StressConfig, StressError};
 use super::cpu::CpuStart;
@@ -26,7 +27,6 @@ use super::workload::Workload;
 use kvsched::kv::TierConnector;
 use kvsched::pool::BlockRef;
 use kvsched::rules::recovery::Mode;
-use super::answerer::Answerer;
 use kvsched::runtime::{EndState, RuntimeError, StepOutput, StepPlan};
 use kvsched_testkit::SplitMix64;
 

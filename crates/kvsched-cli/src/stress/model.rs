@@ -22,7 +22,9 @@ use super::drive::Plane;
 use super::report::Percentiles;
 use super::store::Stores;
 use super::values::{EngineKind, Rate};
-use kvsched::kv::{HostKvMemory, KvLayout, KvMemory, TierConnector, TierConnectorConfig, TierError};
+use kvsched::kv::{
+    HostKvMemory, KvLayout, KvMemory, TierConnector, TierConnectorConfig, TierError,
+};
 use kvsched::runtime::{StepOutput, StepPlan};
 use kvsched_testkit::{ModelEngine, ModelShape, ModelStep, SimCounts, TinyModel};
 
@@ -110,10 +112,7 @@ pub(super) fn plane(cfg: &StressConfig, stores: &Stores, who: &str) -> Result<Pl
     );
     let engine = ModelEngine::new(model, groups, memory);
     Ok(Plane {
-        engine: super::answerer::Answerer::Model(Box::new(ModelDriver::new(
-            engine,
-            Arc::clone(&connector),
-        ))),
+        engine: super::answerer::Answerer::Model(ModelDriver::new(engine, Arc::clone(&connector))),
         connector,
         store,
     })

@@ -1,9 +1,11 @@
 //! The end of a stress run: its KV counters ([`kv_counts`]) and what a finished run hands
 //! back ([`Finished`]).
 
+use super::answerer::Answerer;
 use super::config::StressConfig;
 use super::cpu::CpuReport;
 use super::histograms::{Curves, Hists};
+use super::model::ModelReport;
 use super::report::{
     EngineEvents, Events, FaultCounts, Invariants, KvCounts, LoadCounts, RequestCounts, RunReport,
 };
@@ -11,8 +13,6 @@ use super::scheduler::Mechanisms;
 use super::store::Opened;
 use kvsched::kv::TierConnector;
 use kvsched::runtime::{Metrics, Report};
-use super::answerer::Answerer;
-use super::model::ModelReport;
 use std::time::Duration;
 
 /// The KV counters of a run: the engine's checks, the connector's traffic and integrity
