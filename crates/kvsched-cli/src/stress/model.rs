@@ -7,9 +7,11 @@
 //! the request decoded alone: a wrong token in mode `safe` is an invariant violation.
 //!
 //! The default workload of `--engine model` ([`apply_defaults`]) is sized for seconds on two
-//! cores and holds the case users hit in vLLM (#49250): requests sharing a prefix admitted
-//! while another loads it synchronously, loads failing (`--failure-rate`), and a recompute
-//! spanning several steps (a token budget below the rolled-back range).
+//! cores and holds the case of vLLM #49250: requests sharing a prefix admitted while another
+//! loads it synchronously, loads failing (`--failure-rate`), and a recompute spanning several
+//! steps (a token budget below the rolled-back range). docs/model.md says which of mode
+//! vllm's wrong tokens on it are vLLM's and which come from kvsched's emulation of vLLM's
+//! caching.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -37,8 +39,8 @@ alone, and a difference in mode safe is an invariant violation, exit 1).
 
 With `model`, the flags left out take a workload sized for a run of a few seconds on two \
 cores: --requests 400 --rate 400 --prompt-tokens 256 --output-tokens 8 --prefix-share 0.75 \
---token-budget 64 --async-ratio 0.5 --pool-blocks 4096 --model-us 0. It holds vLLM's failure \
-(#49250): requests sharing a prefix admitted while another loads it synchronously, loads \
+--token-budget 64 --async-ratio 0.5 --pool-blocks 4096 --model-us 0. It holds the case of \
+vLLM #49250: requests sharing a prefix admitted while another loads it synchronously, loads \
 failing (--failure-rate), recomputes spanning several steps. Given flags are kept.";
 
 /// The flags `--engine model` sets when they are left out (`given` says whether a flag, by

@@ -67,7 +67,7 @@ fn verdict(r: &RunReport, report: &StressReport, o: &mut String) {
         (kvsched::rules::recovery::Mode::Safe, _) => {
             "wrong outputs in mode safe: an invariant violation"
         }
-        _ => "wrong outputs, as vLLM's design gives them: sharers of a failed sync load resume inside blocks the loader is still recomputing (vLLM #49250; docs/model.md)",
+        _ => "wrong outputs in mode vllm (sync-load destinations cached before the load has run; docs/model.md says which are vLLM's and which kvsched's emulation of it)",
     };
     wrap(text, "    ", "      ", o);
 }
