@@ -314,3 +314,32 @@ fn percentiles(ns: &[u64]) -> Percentiles {
         count: v.len() as u64,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--engine model` sizes only the flags left out, and the simulated engine keeps its own.
+    #[test]
+    fn model_defaults_apply_to_the_flags_left_out() {
+        let mut cfg = StressConfig {
+            engine: EngineKind::Model,
+            requests: 7,
+            ..StressConfig::default()
+        };
+        apply_defaults(&mut cfg, &|id| id == "requests");
+        assert_eq!((cfg.requests, cfg.token_budget, cfg.model_us), (7, 64, 0));
+        assert_eq!(cfg.rate, Rate::PerSecond(400.0));
+        let mut sim = StressConfig::default();
+        apply_defaults(&mut sim, &|_| false);
+        assert_eq!(sim.requests, StressConfig::default().requests);
+        assert_eq!(sim.token_budget, StressConfig::default().token_budget);
+    }
+
+    #[test]
+    fn percentiles_take_the_nearest_rank() {
+        let p = percentiles(&(1..=100).map(|i| i * 1000).collect::<Vec<_>>());
+        assert_eq!((p.p50, p.p99, p.max, p.count), (50.0, 99.0, 100.0, 100));
+        assert_eq!(percentiles(&[]).count, 0);
+    }
+}
