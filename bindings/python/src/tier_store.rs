@@ -41,11 +41,10 @@ impl Store {
                 let path = args
                     .path
                     .ok_or(("path", "required for store=\"disk\"".to_owned()))?;
-                let cfg = DiskConfig {
-                    capacity_bytes: args.capacity_bytes,
-                    max_value_bytes: args.max_value_bytes,
-                    fsync: false,
-                };
+                let cfg = DiskConfig::default()
+                    .with_capacity_bytes(args.capacity_bytes)
+                    .with_max_value_bytes(args.max_value_bytes)
+                    .with_fsync(false);
                 DiskTier::open(path, cfg)
                     .map(|t| Store::Disk(Arc::new(t)))
                     .map_err(|e| ("path", e.to_string()))

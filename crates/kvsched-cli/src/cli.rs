@@ -18,10 +18,11 @@ use crate::replay::{
     DEFAULT_MAX_INPUT_BYTES, MAX_BENCH_RUNS,
 };
 use crate::stress::{
-    progress_sink, render_human, render_json, render_svg, run_engines, run_stress_with_progress,
-    StressConfig,
+    apply_engine_defaults, progress_sink, render_human, render_json, render_svg, run_engines,
+    run_stress_with_progress, StressConfig,
 };
-use clap::{Args, Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// Scheduler core for asynchronous KV-cache loads and their failure recovery.
 #[derive(Parser)]
@@ -97,8 +98,11 @@ const EXIT_BAD_INPUT: u8 = 2;
 
 /// Parses the command line, runs the command and returns its exit code.
 pub fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
+    let parsed = Cli::command()
+        .try_get_matches()
+        .and_then(|m| Cli::from_arg_matches(&m).map(|cli| (cli, m)));
+    let (cli, matches) = match parsed {
+        Ok(parsed) => parsed,
         Err(e) if !e.use_stderr() => {
             // --help / --version.
             let _ = e.print();
@@ -108,7 +112,16 @@ pub fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Replay(args) => return replay(&args),
-        Command::Stress(args) => stress(&args),
+        Command::Stress(mut args) => {
+            // `--engine model` sizes the flags left out for its own workload.
+            let sub = matches.subcommand_matches("stress");
+            let given = |id: &str| {
+                sub.and_then(|m| m.value_source(id))
+                    .is_some_and(|s| s != ValueSource::DefaultValue)
+            };
+            apply_engine_defaults(&mut args.config, &given);
+            stress(&args)
+        }
     };
     match result {
         Ok(code) => code,

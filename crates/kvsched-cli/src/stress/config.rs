@@ -14,7 +14,7 @@ use super::trace::TraceArgs;
 use super::values::{
     parse_live, parse_max_seqs, parse_mode, parse_policy, parse_pool, parse_seconds, parse_shards,
     parse_size, parse_unit, parse_workers, saturating_secs, ser_mode, ser_policy, BaselineKind,
-    LatencyRange, Preset, Rate, Verify, MAX_DURATION_S, MAX_KV_BYTES_PER_TOKEN,
+    EngineKind, LatencyRange, Preset, Rate, Verify, MAX_DURATION_S, MAX_KV_BYTES_PER_TOKEN,
     MAX_KV_MEMORY_BYTES, MAX_LIVE, MAX_MAMBA_STATE_BYTES, MAX_MAX_SEQS, MAX_POOL_BLOCKS,
     MAX_REPEAT, MAX_SHARDS, MAX_STORE_BYTES, MAX_WORKERS, MIN_STORE_BYTES,
 };
@@ -49,7 +49,13 @@ pub struct StressConfig {
     /// Worker threads running loads (1–256).
     #[arg(long, default_value_t = 2, allow_negative_numbers = true, value_parser = parse_workers)]
     pub workers: usize,
-    /// Cache-group geometry: dense, hybrid-swa, hybrid-mamba or mixed-16-32-64.
+    /// What answers the plans: `sim` (the simulated engine) or `model` (the tiny hybrid model,
+    /// its tokens judged against each request decoded alone; flags left out size a run of
+    /// seconds).
+    #[arg(long, default_value = "sim", value_parser = EngineKind::from_str, long_help = super::model::ENGINE_HELP)]
+    pub engine: EngineKind,
+    /// Cache-group geometry: dense, hybrid-swa, hybrid-mamba, mixed-16-32-64,
+    /// hybrid-swa-mamba or hybrid-swa-mamba-all.
     #[arg(long, default_value = "dense", value_parser = Preset::from_str)]
     pub groups: Preset,
     /// Pool size in blocks, the null block included (2 to 2^24 = 16777216).
@@ -201,6 +207,7 @@ impl Default for StressConfig {
             duration_s: DEFAULT_DURATION_S,
             shards: 2,
             workers: 2,
+            engine: EngineKind::Sim,
             groups: Preset::Dense,
             pool_blocks: DEFAULT_POOL_BLOCKS,
             prefix_share: 0.5,
@@ -284,6 +291,7 @@ impl StressConfig {
         self.check_shares()?;
         self.check_ranges()?;
         self.check_rate_and_duration()?;
+        super::model::check(self)?;
         self.check_across()
     }
 

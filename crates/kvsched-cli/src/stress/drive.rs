@@ -1,6 +1,6 @@
 //! The stress loop: the steps that drive a [`Scheduler`] through the workload — arrivals (the
 //! sim store warmed first), due cancels, one step (the last output in, its KV reads settled,
-//! the plan out), the model's time and the [`SimEngine`] answering the plan on real KV bytes
+//! the plan out), the model's time and the engine ([`Answerer`]) answering the plan on real KV bytes
 //! (its synchronous loads through the connector, every read checked, its samples), the
 //! engine-side faults on that output, periodic checks and progress — and the end of the run
 //! (final checks, shutdown, reconciliation and the run's report).
@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
+use super::answerer::Answerer;
 use super::checks::{check_plan, reconcile, EngineCounts, MAX_VIOLATIONS};
 use super::config::{StressConfig, StressError};
 use super::cpu::CpuStart;
@@ -29,15 +30,12 @@ use super::workload::Workload;
 use kvsched::kv::TierConnector;
 use kvsched::pool::BlockRef;
 use kvsched::rules::recovery::Mode;
-use kvsched::runtime::RuntimeError;
-use kvsched::runtime::{EndState, StepOutput, StepPlan};
-use kvsched_testkit::SimEngine;
+use kvsched::runtime::{EndState, RuntimeError, StepOutput, StepPlan};
 use kvsched_testkit::SplitMix64;
 
-/// The data plane of one run: the store it opened, the connector over it and the engine
-/// (host KV memory and the verifying checker inside).
+/// The data plane of one run: the store it opened, the connector over it and the engine.
 pub(super) struct Plane {
-    pub(super) engine: SimEngine<'static>,
+    pub(super) engine: Answerer,
     pub(super) connector: Arc<TierConnector>,
     pub(super) store: Opened,
 }
@@ -64,7 +62,7 @@ pub(super) fn drive<S: Scheduler>(
 struct Engine<'a, S> {
     sched: S,
     /// Answers each plan on real KV bytes: sync loads through the connector, reads checked.
-    sim: SimEngine<'static>,
+    sim: Answerer,
     /// The store this run opened (its fault counts are read at the end).
     store: Opened,
     /// The plan the last output answers, settled once `update` says what to discard.
@@ -260,7 +258,7 @@ impl<'a, S: Scheduler> Engine<'a, S> {
         if self.warm_share > 0.0 {
             self.warm(&g.req.prompt);
         }
-        self.sim.add_request(&id, &g.req.prompt);
+        self.sim.add_request(&id, &g.req.prompt, arrival);
         self.sources.add(&id, g.req.prompt.len());
         match self.sched.submit(g.req) {
             Ok(()) => {
@@ -422,7 +420,7 @@ impl<'a, S: Scheduler> Engine<'a, S> {
         }
     }
 
-    /// The simulated model: the model time if anything is scheduled, then the [`SimEngine`]'s
+    /// The simulated model: the model time if anything is scheduled, then the [`Answerer`]'s
     /// answer to the plan (its synchronous loads run and their failed blocks, every read
     /// checked, the computed tokens written, a sample for every request scheduled with
     /// `samples`), with the samples sent counted per request.
@@ -570,6 +568,7 @@ impl<'a, S: Scheduler> Engine<'a, S> {
         };
         let mut violations = self.violations;
         let reconciled = reconcile(self.name, &report, &counts, &self.injected, &mut violations);
+        violations.extend(self.sim.violations(self.cfg.mode));
         if let Some(g) = kv
             .garbage_reads
             .filter(|&g| g > 0 && self.cfg.mode == Mode::Safe)
@@ -585,6 +584,7 @@ impl<'a, S: Scheduler> Engine<'a, S> {
             metrics,
             cpu,
             kv,
+            model: self.sim.model_report(elapsed),
             engine_events: self.engine_events,
             prompt_tokens: self.sources.totals(),
             output_tokens: self.output_tokens,

@@ -16,11 +16,11 @@
 
 use super::cpu::CpuReport;
 use super::prompt_sources::PromptTokens;
-use super::step_cost::StepCost;
 use super::report::{
     EngineEvents, Events, FaultCounts, Invariants, KvCounts, LoadCounts, Percentiles,
     RequestCounts, RunReport,
 };
+use super::step_cost::StepCost;
 
 /// Sums with saturation.
 fn add(a: u64, b: u64) -> u64 {
@@ -303,7 +303,9 @@ impl RunReport {
             step_overhead_us: self.step_overhead_us.merge(&o.step_overhead_us),
             submit_to_schedule_us: self.submit_to_schedule_us.merge(&o.submit_to_schedule_us),
             step_cpu_us: self.step_cpu_us.merge(&o.step_cpu_us),
-            cost: self.cost.merge(&o.cost, add(self.requests.finished, o.requests.finished)),
+            cost: self
+                .cost
+                .merge(&o.cost, add(self.requests.finished, o.requests.finished)),
             completion_to_runnable_us: self
                 .completion_to_runnable_us
                 .merge(&o.completion_to_runnable_us),
@@ -316,6 +318,8 @@ impl RunReport {
             kv: self.kv.merge(&o.kv),
             invariants: self.invariants.merge(&o.invariants),
             prompt_tokens: self.prompt_tokens.merge(&o.prompt_tokens),
+            // `--engine model` runs one engine process (`--engines` is refused with it).
+            model: self.model.clone().or_else(|| o.model.clone()),
             curves: self.curves.clone(),
             has: self.has,
         }

@@ -108,6 +108,7 @@
 //! [`StepPlan::runnable_latency_ns`]: kvsched::runtime::StepPlan::runnable_latency_ns
 //! [`Report::violations`]: kvsched::runtime::Report::violations
 
+mod answerer;
 mod checks;
 mod config;
 mod cpu;
@@ -119,6 +120,7 @@ mod figures_prompt;
 mod histograms;
 mod limits;
 mod merge;
+mod model;
 mod model_time;
 mod plot;
 mod processes;
@@ -138,6 +140,7 @@ mod workload;
 use std::sync::Arc;
 
 pub use config::{StressConfig, StressError};
+pub use model::apply_defaults as apply_engine_defaults;
 pub use plot::render_svg;
 pub use processes::{progress_sink, run_engines};
 pub use progress::{terminal_progress, Progress};
@@ -160,7 +163,7 @@ use kvsched_testkit::{KvChecker, SimEngine};
 use progress::Nth;
 use report::RunReport;
 use store::Stores;
-use values::Verify;
+use values::{EngineKind, Verify};
 
 /// Runs the stress test of `cfg` (and its baseline, if any) without a progress display.
 #[cfg(test)]
@@ -207,6 +210,9 @@ pub fn run_stress_with_progress(
 /// The data plane of one run of scheduler `who`: the store opened for it, host KV memory
 /// sized to the pool, the connector joining them and the verifying engine.
 fn plane(cfg: &StressConfig, stores: &Stores, who: &str) -> Result<Plane, StressError> {
+    if cfg.engine == EngineKind::Model {
+        return model::plane(cfg, stores, who);
+    }
     let kv = |e: &dyn std::fmt::Display| StressError::Kv(e.to_string());
     let groups = cfg.groups.groups();
     // Both fit: validate() caps them far below usize::MAX.
@@ -236,7 +242,7 @@ fn plane(cfg: &StressConfig, stores: &Stores, who: &str) -> Result<Plane, Stress
     let mut checker = KvChecker::new(groups, cfg.kv_tag(), bpt, state, memory);
     checker.set_verify(cfg.verify == Verify::On);
     Ok(Plane {
-        engine: SimEngine::with_kv(Arc::clone(&connector), checker),
+        engine: answerer::Answerer::Sim(SimEngine::with_kv(Arc::clone(&connector), checker)),
         connector,
         store,
     })

@@ -336,6 +336,10 @@ pub struct RunReport {
     pub prompt_tokens: PromptTokens,
     /// The KV bytes moved and verified, and the integrity counters.
     pub kv: KvCounts,
+    /// `--engine model`: tokens checked against the requests decoded alone, mismatches,
+    /// time to first token and the model's time (absent for the simulated engine).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<super::model::ModelReport>,
     /// Invariants.
     pub invariants: Invariants,
     /// The latency distributions, for `--plot`.

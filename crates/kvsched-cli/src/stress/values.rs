@@ -46,6 +46,11 @@ pub enum Preset {
     HybridMamba,
     /// Full attention 16 + full attention 32 + Mamba `all` 64.
     Mixed16_32_64,
+    /// Full attention 16 + sliding window 16 (window 64) + Mamba `align` 16: every kind of
+    /// group at once.
+    HybridSwaMamba,
+    /// The same with Mamba `all` (a state cached at every block end).
+    HybridSwaMambaAll,
 }
 
 impl Preset {
@@ -56,6 +61,8 @@ impl Preset {
             Preset::HybridSwa => "hybrid-swa",
             Preset::HybridMamba => "hybrid-mamba",
             Preset::Mixed16_32_64 => "mixed-16-32-64",
+            Preset::HybridSwaMamba => "hybrid-swa-mamba",
+            Preset::HybridSwaMambaAll => "hybrid-swa-mamba-all",
         }
     }
     /// The cache groups.
@@ -75,6 +82,16 @@ impl Preset {
                 CacheGroup::full_attention(32),
                 CacheGroup::mamba(64, MambaMode::All),
             ],
+            Preset::HybridSwaMamba => vec![
+                CacheGroup::full_attention(16),
+                CacheGroup::sliding_window(16, 64),
+                CacheGroup::mamba(16, MambaMode::Align),
+            ],
+            Preset::HybridSwaMambaAll => vec![
+                CacheGroup::full_attention(16),
+                CacheGroup::sliding_window(16, 64),
+                CacheGroup::mamba(16, MambaMode::All),
+            ],
         }
     }
 }
@@ -87,12 +104,14 @@ impl FromStr for Preset {
             Preset::HybridSwa,
             Preset::HybridMamba,
             Preset::Mixed16_32_64,
+            Preset::HybridSwaMamba,
+            Preset::HybridSwaMambaAll,
         ]
         .into_iter()
         .find(|p| p.name() == s)
         .ok_or_else(|| {
             format!(
-                "unknown preset `{s}` (expected dense, hybrid-swa, hybrid-mamba or mixed-16-32-64)"
+                "unknown preset `{s}` (expected dense, hybrid-swa, hybrid-mamba, mixed-16-32-64, hybrid-swa-mamba or hybrid-swa-mamba-all)"
             )
         })
     }
@@ -101,6 +120,37 @@ impl FromStr for Preset {
 impl Serialize for Preset {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(self.name())
+    }
+}
+
+/// What answers the plans (`--engine`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum EngineKind {
+    /// The simulated engine: reference bytes per block, checked by the `KvChecker`.
+    #[default]
+    Sim,
+    /// The tiny hand-written hybrid model, every kept token judged against the request
+    /// decoded alone.
+    Model,
+}
+
+impl FromStr for EngineKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "sim" => Ok(EngineKind::Sim),
+            "model" => Ok(EngineKind::Model),
+            _ => Err(format!("expected sim or model, got `{s}`")),
+        }
+    }
+}
+
+impl Serialize for EngineKind {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(match self {
+            EngineKind::Sim => "sim",
+            EngineKind::Model => "model",
+        })
     }
 }
 

@@ -37,6 +37,7 @@ pub fn render_human(report: &StressReport) -> String {
         );
     }
     timed_out(report, &mut o);
+    super::model::model(report, &mut o);
     if c.faults.is_some() {
         faults_caused(report, &mut o);
     }

@@ -3,9 +3,10 @@
 //!
 //! [`json`] (the JSON and what its keys mean); [`human`] (the table's sections of figures)
 //! over [`header`] (the settings and the legend), [`notes`] (the notes under the sections)
-//! with [`decisions`] and [`prompt_notes`] (where the prompt tokens came from, against the
-//! trace's reference) (whether kvsched and the baseline decided alike, and why not),
-//! [`faults_caused`] (what each injected fault caused), [`invariants`] (the verdicts), with
+//! with [`decisions`] (whether kvsched and the baseline decided alike, and why not),
+//! [`prompt_notes`] (where the prompt tokens came from, against the trace's reference),
+//! [`faults_caused`] (what each injected fault caused), [`invariants`] (the verdicts),
+//! [`model`] (`--engine model`'s judge), with
 //! [`table`] (the column layout and the wrapping) and [`cells`] (how numbers are written).
 
 mod cells;
@@ -15,6 +16,7 @@ mod header;
 mod human;
 mod invariants;
 mod json;
+mod model;
 mod notes;
 mod prompt_notes;
 mod table;

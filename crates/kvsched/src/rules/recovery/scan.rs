@@ -50,6 +50,11 @@ pub fn scan_request_traced<O, T: Trace<O>>(
         if invalid.group_is_empty(g) {
             continue;
         }
+        if planted!("scan-one-group-less") && g > 0 && g + 1 == geo.num_groups() {
+            // Planted (scripts/plants.sh): the last of several groups is never scanned, so a
+            // failed block there rolls nothing back.
+            continue;
+        }
         let b = group.block_size;
         invalid.scan_group(g, &table[..n], |i, block| {
             hits.push(Hit {

@@ -103,8 +103,16 @@ mod tests {
     #[test]
     fn the_prompt_end_decode_and_short_chunks_keep_their_tokens() {
         let a = Some(64);
-        assert_eq!(aligned_chunk(0, 1000, 1000, a), 1000, "reaches the prompt end");
-        assert_eq!(aligned_chunk(960, 50, 1000, a), 50, "reaches it past the end");
+        assert_eq!(
+            aligned_chunk(0, 1000, 1000, a),
+            1000,
+            "reaches the prompt end"
+        );
+        assert_eq!(
+            aligned_chunk(960, 50, 1000, a),
+            50,
+            "reaches it past the end"
+        );
         assert_eq!(aligned_chunk(1000, 1, 1000, a), 1, "decode");
         assert_eq!(aligned_chunk(70, 20, 1000, a), 20, "stays inside one block");
         assert_eq!(aligned_chunk(0, 0, 1000, a), 0);

@@ -1,0 +1,73 @@
+//! The model's section of the human report (`--engine model`): what the judge checked and
+//! found, what recovery cost (tokens recomputed, time to first token) and the model's share
+//! of the run, per scheduler (with `--repeat`, the median run's).
+
+use std::fmt::Write;
+
+use super::cells::count;
+use super::table::wrap;
+use crate::stress::report::{RunReport, StressReport};
+
+/// The section, after the table; nothing for the simulated engine.
+pub(super) fn model(report: &StressReport, o: &mut String) {
+    let runs = std::iter::once(&report.run).chain(report.baseline.as_ref());
+    let mut title = false;
+    for r in runs {
+        let Some(m) = &r.model else {
+            continue;
+        };
+        if !std::mem::replace(&mut title, true) {
+            let _ = writeln!(
+                o,
+                "\nmodel (every kept token judged against its request decoded alone)"
+            );
+        }
+        let ms = |us: f64| format!("{:.1} ms", us / 1e3);
+        let lines = [
+            format!(
+                "tokens checked {}, wrong tokens {}, wrong logits {}, requests affected {}",
+                count(m.tokens_checked),
+                count(m.token_mismatches),
+                count(m.logit_mismatches),
+                count(m.requests_affected)
+            ),
+            format!(
+                "tokens recomputed {}, sync loads {} ({} failed), time to first token p50 {}, p99 {} ({} requests)",
+                count(r.tokens_recomputed),
+                count(m.sync_loads),
+                count(m.sync_loads_failed),
+                ms(m.time_to_first_token_us.p50),
+                ms(m.time_to_first_token_us.p99),
+                count(m.time_to_first_token_us.count)
+            ),
+            format!(
+                "model {:.3} s ({:.1} % of the run, {} tokens computed, {} tokens/s), judge {:.3} s",
+                m.model_s,
+                m.model_share * 100.0,
+                count(m.tokens_computed),
+                count(m.tokens_per_s as u64),
+                m.judge_s
+            ),
+        ];
+        let _ = writeln!(o, "  {}:", r.scheduler);
+        for line in lines {
+            wrap(&line, "    ", "      ", o);
+        }
+        verdict(r, report, o);
+    }
+}
+
+/// What the mismatches mean in the run's mode.
+fn verdict(r: &RunReport, report: &StressReport, o: &mut String) {
+    let Some(m) = &r.model else {
+        return;
+    };
+    let text = match (report.config.mode, m.logit_mismatches) {
+        (_, 0) => "token-exact: every kept token and logit equals the request decoded alone",
+        (kvsched::rules::recovery::Mode::Safe, _) => {
+            "wrong outputs in mode safe: an invariant violation"
+        }
+        _ => "wrong outputs in mode vllm (sync-load destinations cached before the load has run; docs/model.md says which are vLLM's and which kvsched's emulation of it)",
+    };
+    wrap(text, "    ", "      ", o);
+}
