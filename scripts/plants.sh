@@ -52,9 +52,15 @@ declare -A TESTS=(
   # connector/cancel.rs: a load no worker started is never dropped; its blocks are parked
   # for a completion that never comes (a hung worker), and the pool drains.
   [park-unstarted]="kvsched --test kv_lifecycle"
+  # kv/tier_load.rs: a loaded chunk's payload is taken from after its header unverified
+  # (no checksum, MAC, key or length check) and written into KV memory.
+  [load-unverified]="kvsched --test kv_zero_copy"
+  # kv/tier_connector.rs: a save copies the block's bytes 32 bytes early in its reused buffer
+  # (under the MAC's room), so the sealed chunk holds the wrong payload.
+  [save-payload-offset]="kvsched --test kv_zero_copy"
 )
 ORDER=(decide-early claim-store late-leak panic-ok trust-stale end-while-loading no-cross-shard-preempt lookup-uncaught shard-panic-escapes mamba-align-cache-unwritten
-  saver-flush-early register-unwritten reoffer-unwritten park-unstarted)
+  saver-flush-early register-unwritten reoffer-unwritten park-unstarted load-unverified save-payload-offset)
 
 if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi
 

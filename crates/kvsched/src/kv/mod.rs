@@ -26,6 +26,8 @@
 
 #[cfg(not(kvsched_loom))]
 mod bounded;
+#[cfg(not(kvsched_loom))]
+mod buffers;
 mod chunk;
 #[cfg(not(kvsched_loom))]
 mod completed;

@@ -6,6 +6,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use super::buffers::Buffers;
 use super::key_index::KeyIndex;
 use super::{ChunkCodec, ChunkKey, Tier};
 use crate::connector::CancelToken;
@@ -14,12 +15,14 @@ use crate::sync::{thread, Arc, AtomicU64, AtomicUsize, Mutex, Ordering};
 
 /// One unit of background work.
 pub(crate) enum Work {
-    /// Store this block's bytes under `key`.
+    /// Store this block's bytes under `key`: `chunk` is a buffer of the saver's
+    /// [`Buffers`] holding [`ChunkCodec::payload_offset`] bytes of room, then the payload
+    /// (sealed in place on a saver thread, given back after the put).
     Save {
         key: ChunkKey,
         group: u32,
         tokens: u32,
-        payload: Vec<u8>,
+        chunk: Vec<u8>,
     },
     /// Ask the tier which of these keys it holds and remember those it does.
     Probe(Vec<ChunkKey>),
@@ -62,6 +65,8 @@ pub(crate) struct SaverSettings {
     pub drop_timeout: Duration,
     /// When failing saves pause saving.
     pub backoff: SaveBackoff,
+    /// The encoded size of the largest chunk (what its reused buffers are made for).
+    pub chunk_bytes: usize,
 }
 
 /// Counters of the write-behind.
@@ -111,6 +116,8 @@ struct Shared {
     busy: AtomicUsize,
     backoff: SaveBackoff,
     pause: Mutex<Pause>,
+    /// The chunk buffers saves are copied into and sealed in, reused.
+    buffers: Buffers,
 }
 
 /// The write-behind queue and its threads. Dropping it stops the threads after the work
@@ -146,6 +153,7 @@ impl Saver {
             threads,
             drop_timeout,
             backoff,
+            chunk_bytes,
         } = settings;
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue {
@@ -158,6 +166,7 @@ impl Saver {
             busy: AtomicUsize::new(0),
             backoff,
             pause: Mutex::new(Pause::default()),
+            buffers: Buffers::new(chunk_bytes),
         });
         let mut handles = Vec::new();
         for i in 0..threads.max(1) {
@@ -196,12 +205,21 @@ impl Saver {
         if q.stop || q.work.len() >= self.shared.capacity {
             drop(q);
             self.shared.counters.dropped.fetch_add(1, Ordering::Relaxed);
+            if let Work::Save { chunk, .. } = work {
+                self.shared.buffers.give([chunk]);
+            }
             return false;
         }
         q.work.push_back(work);
         drop(q);
         self.shared.ready.notify_one();
         true
+    }
+
+    /// The reused chunk buffers: a save takes one, fills it (room, then payload) and offers
+    /// it; the saver gives it back after the put.
+    pub(crate) fn buffers(&self) -> &Buffers {
+        &self.shared.buffers
     }
 
     /// Work waiting.
@@ -382,23 +400,29 @@ fn run(shared: &Shared, tier: &dyn Tier, codec: &ChunkCodec, index: &KeyIndex, o
         }
         let c = &shared.counters;
         if !saves.is_empty() {
-            let chunks: Vec<(ChunkKey, Vec<u8>)> = saves
-                .into_iter()
-                .filter_map(|w| match w {
-                    Work::Save {
-                        key,
-                        group,
-                        tokens,
-                        payload,
-                    } => Some((key, codec.encode(key, group, tokens, &payload))),
-                    Work::Probe(_) => None,
-                })
-                .collect();
+            let mut chunks: Vec<(ChunkKey, Vec<u8>)> = Vec::with_capacity(saves.len());
+            for w in saves {
+                if let Work::Save {
+                    key,
+                    group,
+                    tokens,
+                    mut chunk,
+                } = w
+                {
+                    // The connector always leaves the room; a chunk without it is not stored.
+                    if codec.seal(&mut chunk, key, group, tokens).is_ok() {
+                        chunks.push((key, chunk));
+                    } else {
+                        c.failed_chunks.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
             if shared.paused() {
                 c.skipped.fetch_add(chunks.len() as u64, Ordering::Relaxed);
             } else {
                 store(shared, tier, &chunks, index, own, &never);
             }
+            shared.buffers.give(chunks.into_iter().map(|(_, b)| b));
         }
         if let Some(keys) = probe {
             c.probes.fetch_add(1, Ordering::Relaxed);
