@@ -42,7 +42,10 @@ fn connector(tier: Arc<dyn Tier>, mac: Option<[u8; 32]>) -> (TierConnector, Arc<
         ..TierConnectorConfig::default()
     };
     let kv: Arc<dyn KvMemory> = memory.clone();
-    (TierConnector::new(tier, kv, cfg).expect("connector"), memory)
+    (
+        TierConnector::new(tier, kv, cfg).expect("connector"),
+        memory,
+    )
 }
 
 fn table(base: u64) -> Vec<BlockRef> {
@@ -149,7 +152,10 @@ fn saved_blocks_load_back_byte_for_byte_through_every_path() {
         for base in [20, 40] {
             assert_eq!(load(&c, base, deadline), Vec::<u64>::new(), "{name}");
             for i in 0..BLOCKS as u64 {
-                assert!(read(&m, base + i) == pattern(i + 1), "{name}: block {i} differs");
+                assert!(
+                    read(&m, base + i) == pattern(i + 1),
+                    "{name}: block {i} differs"
+                );
             }
         }
         assert_eq!(c.stats().chunks_loaded, 2 * BLOCKS as u64, "{name}");
@@ -171,15 +177,23 @@ fn a_chunk_damaged_at_rest_is_a_poisoned_block_and_its_neighbours_still_load() {
         let (c, _m) = connector(Arc::clone(&tier), mac);
         let (c2, m2) = connector(Arc::clone(&tier), mac);
         for i in 0..BLOCKS {
-            assert!(c.store_now(&prompt(), 0, i, &pattern(i as u64 + 1)).expect("store"));
+            assert!(c
+                .store_now(&prompt(), 0, i, &pattern(i as u64 + 1))
+                .expect("store"));
         }
         // One payload byte of chunk 2 flipped at rest, the value's length unchanged.
         let edited = damage(keys[2]);
         assert!(edited, "{name}");
         assert_eq!(load(&c2, 30, deadline), vec![32], "{name}");
-        assert!(read(&m2, 32).iter().all(|&b| b == POISON_BYTE), "{name}: not poisoned");
+        assert!(
+            read(&m2, 32).iter().all(|&b| b == POISON_BYTE),
+            "{name}: not poisoned"
+        );
         for i in [0u64, 1, 3, 4, 5] {
-            assert!(read(&m2, 30 + i) == pattern(i + 1), "{name}: block {i} differs");
+            assert!(
+                read(&m2, 30 + i) == pattern(i + 1),
+                "{name}: block {i} differs"
+            );
         }
         let s = c2.stats();
         assert_eq!((s.checksum_failures, s.chunks_loaded), (1, 5), "{name}");

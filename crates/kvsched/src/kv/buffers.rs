@@ -4,7 +4,7 @@
 //!
 //! # Limits
 //!
-//! At most `keep` idle buffers are kept (about 128 MiB of them, at least 8); more are dropped
+//! At most `keep` idle buffers are kept (about 64 MiB of them, at least 8); more are dropped
 //! when given back, as is any buffer that grew past twice the chunk size (a value that large
 //! fails its decode anyway, and its memory is not worth keeping). A load or a save in flight
 //! holds its own buffers; a tier call that never returns keeps those of its load.
@@ -12,7 +12,7 @@
 use crate::sync::Mutex;
 
 /// Idle bytes kept at most (rounded to whole buffers, at least 8 of them).
-const KEEP_BYTES: usize = 128 << 20;
+const KEEP_BYTES: usize = 64 << 20;
 
 /// A bounded stack of reusable buffers of one chunk size.
 pub(crate) struct Buffers {
@@ -82,7 +82,7 @@ mod tests {
     #[test]
     fn reuses_within_bounds_and_drops_grown_buffers() {
         let b = Buffers::new(1 << 20);
-        assert_eq!(b.keep, 128);
+        assert_eq!(b.keep, 64);
         let mut v = b.take_n(3);
         assert!(v.iter().all(|x| x.len() == 1 << 20));
         let ptr = v[0].as_ptr();
@@ -90,9 +90,12 @@ mod tests {
         b.give(v);
         assert_eq!(b.idle(), 2);
         let again = b.take_n(2);
-        assert!(again.iter().any(|x| x.as_ptr() == ptr), "a buffer given back is reused");
+        assert!(
+            again.iter().any(|x| x.as_ptr() == ptr),
+            "a buffer given back is reused"
+        );
         b.give((0..1000).map(|_| vec![0u8; 1 << 20]));
-        assert_eq!(b.idle(), 128);
-        assert_eq!(Buffers::new(64 << 20).keep, 8);
+        assert_eq!(b.idle(), 64);
+        assert_eq!(Buffers::new(32 << 20).keep, 8);
     }
 }

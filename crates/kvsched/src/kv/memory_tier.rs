@@ -238,6 +238,40 @@ impl Tier for MemoryTier {
         Ok(())
     }
 
+    /// Runs `f` on the stored value under its shard's lock (no copy out: the connector
+    /// verifies it and copies its payload into KV memory from where it lies). A hit counts as
+    /// a use, as in `get`.
+    fn read_with(
+        &self,
+        key: ChunkKey,
+        cancel: &CancelToken,
+        f: &mut dyn FnMut(&[u8]),
+    ) -> Result<bool, TierError> {
+        if cancel.is_cancelled() {
+            return Err(TierError::Cancelled);
+        }
+        let mut s = self.shard(key).lock();
+        let tick = s.tick();
+        let held = match s.map.get_mut(&key) {
+            Some((t, v)) => {
+                let old = std::mem::replace(t, tick);
+                f(v);
+                s.order.remove(&old);
+                s.order.insert(tick, key);
+                true
+            }
+            None => false,
+        };
+        drop(s);
+        // Relaxed: statistics only.
+        if held {
+            self.hits.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.misses.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(held)
+    }
+
     /// Stores every value that fits a shard, evicting least recently used values of its shard
     /// as needed. If any value is larger than [`max_value_bytes`](MemoryTier::max_value_bytes)
     /// the others are still stored and the call returns [`TierError::Refused`] naming the

@@ -231,9 +231,28 @@ impl Saver {
         &self.shared.counters
     }
 
+    /// Whether an offer now would be dropped (a hint, read under the queue's lock): a save
+    /// that would be dropped is counted ([`note_dropped`](Self::note_dropped)) without its
+    /// bytes being copied first.
+    pub(crate) fn full(&self) -> bool {
+        let q = self.shared.queue.lock();
+        q.stop || q.work.len() >= self.shared.capacity
+    }
+
+    /// Counts an offer dropped before it was made (see [`full`](Self::full)).
+    pub(crate) fn note_dropped(&self) {
+        self.shared.counters.dropped.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Waits until the queue is empty and no thread holds work (tests and tools that want
     /// every offered chunk stored before they look).
     pub(crate) fn flush(&self) {
+        self.flush_until(None);
+    }
+
+    /// As [`flush`](Self::flush), but waits at most until `deadline` (`None`: for good);
+    /// whether everything offered was stored by then.
+    pub(crate) fn flush_until(&self, deadline: Option<Instant>) -> bool {
         loop {
             let q = self.shared.queue.lock();
             // Acquire: pairs with the Release decrement in `run` after a batch is stored.
@@ -242,9 +261,12 @@ impl Saver {
             let idle =
                 planted!("saver-flush-early") || self.shared.busy.load(Ordering::Acquire) == 0;
             if q.work.is_empty() && idle {
-                return;
+                return true;
             }
             drop(q);
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return false;
+            }
             thread::sleep(std::time::Duration::from_micros(200));
         }
     }

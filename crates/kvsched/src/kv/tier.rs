@@ -80,6 +80,40 @@ pub trait Tier: Send + Sync + 'static {
         }
         Ok(())
     }
+    /// Calls `f` with the value of `key`, if held, and says whether it was: the load path of
+    /// a tier that never blocks, which can let the reader verify and copy a value where it
+    /// lies instead of copying it out first. `f` may run while the tier holds a lock: it must
+    /// not call into the tier.
+    ///
+    /// The default calls [`get`](Self::get) for the one key (an allocation per value); the
+    /// memory tier overrides it to run `f` on its stored value under its shard's lock.
+    ///
+    /// # Errors
+    ///
+    /// As `get`.
+    fn read_with(
+        &self,
+        key: ChunkKey,
+        cancel: &CancelToken,
+        f: &mut dyn FnMut(&[u8]),
+    ) -> Result<bool, TierError> {
+        let mut values = self.get(&[key], cancel)?;
+        if values.len() != 1 {
+            return Err(TierError::Unavailable(format!(
+                "{}: get answered {} values for 1 key",
+                self.name(),
+                values.len()
+            )));
+        }
+        match values.pop().flatten() {
+            Some(v) => {
+                f(&v);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
     /// Stores each value under its key, replacing what was there. A tier may refuse or drop
     /// values to stay within its capacity.
     fn put(&self, chunks: &[(ChunkKey, Vec<u8>)]) -> Result<(), TierError>;

@@ -105,6 +105,7 @@ struct Counters {
     chunks_loaded: AtomicU64,
     chunks_loaded_from_others: AtomicU64,
     kv_bytes_loaded: AtomicU64,
+    load_ns: AtomicU64,
     missing_chunks: AtomicU64,
     checksum_failures: AtomicU64,
     key_mismatches: AtomicU64,
@@ -273,6 +274,12 @@ impl TierConnector {
                 if self.index.contains(key) {
                     continue;
                 }
+                if self.saver.full() {
+                    // Dropped (and counted) before its bytes are copied: a step pays nothing
+                    // for a save the queue has no room for.
+                    self.saver.note_dropped();
+                    continue;
+                }
                 // The block's bytes go straight to their place in a reused chunk buffer,
                 // after room for the header that a saver thread seals in place.
                 // (Planted bug `save-payload-offset`, scripts/plants.sh: with a MAC the
@@ -352,6 +359,14 @@ impl TierConnector {
         self.saver.flush();
     }
 
+    /// Waits until every queued save and probe is done, or `timeout` has passed: whether
+    /// they were all done. What is still queued then stays queued (the save threads go on
+    /// storing it; dropping the connector waits for them at most its `drop_timeout`).
+    pub fn flush_for(&self, timeout: std::time::Duration) -> bool {
+        self.saver
+            .flush_until(std::time::Instant::now().checked_add(timeout))
+    }
+
     /// Saves waiting in the write-behind queue.
     pub fn saves_queued(&self) -> usize {
         self.saver.queued()
@@ -369,6 +384,7 @@ impl TierConnector {
             chunks_loaded: r(&c.chunks_loaded),
             chunks_loaded_from_others: r(&c.chunks_loaded_from_others),
             kv_bytes_loaded: r(&c.kv_bytes_loaded),
+            load_ns: r(&c.load_ns),
             missing_chunks: r(&c.missing_chunks),
             checksum_failures: r(&c.checksum_failures),
             key_mismatches: r(&c.key_mismatches),
@@ -468,7 +484,10 @@ impl KvConnector for TierConnector {
                 }
             }
         }
+        let started = std::time::Instant::now();
         self.fetch(job, &wanted, &mut bad);
+        let took = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        bump(&self.counters.load_ns, took);
         if job.cancel.is_cancelled() {
             bump(&self.counters.loads_cancelled, 1);
         }

@@ -4,14 +4,16 @@
 //! the tier (a memcpy out of the memory tier, the kernel's copy out of the page cache), one
 //! pass of checksum (and MAC), one copy into KV memory, and no allocation per chunk.
 //!
-//! A tier that never blocks (the memory tier) is read one chunk at a time into one buffer,
-//! so the buffer stays in cache from the tier's copy to the copy into KV memory. A tier that
+//! A tier that never blocks (the memory tier) is read one chunk at a time where it lies
+//! ([`Tier::read_with`]: verified and copied into KV memory under the tier's shard lock, so
+//! the memory tier's loads make one copy and one hash pass, no buffer at all). A tier that
 //! may block is read in one batched call (one round trip per node for a remote tier) into
 //! one buffer per chunk, on the connector's get threads when the load has a deadline
 //! ([`BoundedGets`](super::bounded::BoundedGets)): what those threads fill is looked at only
 //! if it came in time, so a late answer never writes KV memory.
 //!
 //! [`Tier::get_into`]: super::Tier::get_into
+//! [`Tier::read_with`]: super::Tier::read_with
 
 use std::time::Instant;
 
@@ -42,27 +44,30 @@ impl TierConnector {
         }
     }
 
-    /// A tier that never blocks: one chunk at a time into one buffer. The load's deadline
-    /// is checked before each chunk; once it has passed the rest fail (`loads_late`).
+    /// A tier that never blocks: one chunk at a time, verified and copied where the tier
+    /// holds it ([`Tier::read_with`](super::Tier::read_with): for the memory tier, under its
+    /// shard's lock, with no copy out). The load's deadline is checked before each chunk;
+    /// once it has passed the rest fail (`loads_late`).
     fn fetch_each(&self, job: &LoadJob, wanted: &[Wanted], bad: &mut [Vec<BlockRef>]) {
-        let mut buf = [self.buffers.take()];
-        let mut held = [false];
         for (n, &w) in wanted.iter().enumerate() {
             if job.deadline.is_some_and(|d| Instant::now() >= d) {
                 bump(&self.counters.loads_late, 1);
                 self.fail_all(job, &wanted[n..], bad);
-                break;
+                return;
             }
-            match self.tier.get_into(&[w.2], &job.cancel, &mut buf, &mut held) {
-                Ok(()) => self.land(job, w, held[0].then_some(&buf[0][..]), bad),
+            let read = self
+                .tier
+                .read_with(w.2, &job.cancel, &mut |v| self.land(job, w, Some(v), bad));
+            match read {
+                Ok(true) => {}
+                Ok(false) => self.land(job, w, None, bad),
                 Err(_) => {
                     bump(&self.counters.tier_errors, 1);
                     self.fail_all(job, &wanted[n..], bad);
-                    break;
+                    return;
                 }
             }
         }
-        self.buffers.give(buf);
     }
 
     /// A tier that may block: one batched read into one buffer per chunk, bounded by the

@@ -83,9 +83,11 @@ pub struct DiskStats {
     pub capacity_bytes: u64,
 }
 
-/// Chunks as files under a root directory: `ROOT/ab/cd/<32 hex digits of the key>.chunk`,
-/// where `ab` and `cd` are the key's first two hex-digit pairs, so 65,536 subdirectories
-/// (made as needed) share the files and none holds more than 1/65,536 of them on average.
+/// Chunks as files under a root directory: `ROOT/ab/<32 hex digits of the key>.chunk`, where
+/// `ab` is the key's first pair of hex digits, so 256 subdirectories (made as needed) share
+/// the files, 1/256 of them each on average. (One level, not two: a second level of 65,536
+/// directories made one directory per chunk for the first tens of thousands of chunks, and
+/// on ext4 a `mkdir` costs as much as the chunk's own file.)
 ///
 /// **Crash safety.** A put writes `…/<key>.<pid>.<n>.tmp` in the chunk's own directory, then
 /// renames it over `<key>.chunk`: a reader sees the old file or the new one, whole. A
@@ -225,7 +227,6 @@ impl DiskTier {
         let hex = key.to_string();
         let mut p = self.root.clone();
         p.push(&hex[0..2]);
-        p.push(&hex[2..4]);
         p
     }
 
@@ -304,10 +305,7 @@ impl DiskTier {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 fs::create_dir_all(dir).map_err(|e| failed("create directory", dir, e))?;
                 if self.cfg.fsync {
-                    let parent = dir.parent().unwrap_or(&self.root);
-                    let not_full = |err| WriteFailed { full: false, err };
-                    sync_dir(parent).map_err(not_full)?;
-                    sync_dir(&self.root).map_err(not_full)?;
+                    sync_dir(&self.root).map_err(|err| WriteFailed { full: false, err })?;
                 }
                 OpenOptions::new()
                     .write(true)
@@ -394,7 +392,6 @@ impl DiskTier {
     fn limit(&self) -> u64 {
         self.cfg.max_value_bytes.min(self.cfg.capacity_bytes)
     }
-
 }
 
 impl Tier for DiskTier {

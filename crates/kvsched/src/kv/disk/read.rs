@@ -88,7 +88,10 @@ impl DiskTier {
     }
 
     /// Opens the file of `key` for an edit; `None` if absent.
-    pub(super) fn open_stored(&self, key: ChunkKey) -> Result<Option<(File, u64, PathBuf)>, TierError> {
+    pub(super) fn open_stored(
+        &self,
+        key: ChunkKey,
+    ) -> Result<Option<(File, u64, PathBuf)>, TierError> {
         let path = self.chunk_path(key);
         match safe_open(&path, true, self.limit())? {
             Opened::File(f, len) => Ok(Some((f, len, path))),
@@ -135,4 +138,3 @@ fn safe_open(path: &Path, write: bool, limit: u64) -> Result<Opened, TierError> 
     }
     Ok(Opened::File(f, meta.len()))
 }
-
