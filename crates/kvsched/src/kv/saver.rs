@@ -67,6 +67,8 @@ pub(crate) struct SaverSettings {
     pub backoff: SaveBackoff,
     /// The encoded size of the largest chunk (what its reused buffers are made for).
     pub chunk_bytes: usize,
+    /// The share of its time each save thread may spend storing (0–1]: see [`Duty`].
+    pub cpu_share: f64,
 }
 
 /// Counters of the write-behind.
@@ -118,11 +120,13 @@ struct Shared {
     pause: Mutex<Pause>,
     /// The chunk buffers saves are copied into and sealed in, reused.
     buffers: Buffers,
+    cpu_share: f64,
 }
 
-/// The write-behind queue and its threads. Dropping it stops the threads after the work
-/// already queued (bounded by the capacity), waiting at most `drop_timeout` for them: a
-/// thread still inside a hung tier call then is left to finish on its own.
+/// The write-behind queue and its threads. Dropping it stops the threads: the work still
+/// queued is dropped (and counted), a batch a thread holds is finished, and the drop waits at
+/// most `drop_timeout` for that — a thread still inside a hung tier call then is left to
+/// finish on its own. Flush first to have everything offered stored.
 pub(crate) struct Saver {
     shared: Arc<Shared>,
     threads: Vec<thread::JoinHandle<()>>,
@@ -154,6 +158,7 @@ impl Saver {
             drop_timeout,
             backoff,
             chunk_bytes,
+            cpu_share,
         } = settings;
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue {
@@ -167,6 +172,7 @@ impl Saver {
             backoff,
             pause: Mutex::new(Pause::default()),
             buffers: Buffers::new(chunk_bytes),
+            cpu_share,
         });
         let mut handles = Vec::new();
         for i in 0..threads.max(1) {
@@ -272,9 +278,23 @@ impl Saver {
     }
 }
 
+/// Stops the threads: the work still queued is dropped (saves counted in `dropped`), a batch
+/// a thread holds is finished. Whoever wants every offered save stored flushes first.
 fn stop(shared: &Shared) {
-    shared.queue.lock().stop = true;
+    let left = {
+        let mut q = shared.queue.lock();
+        q.stop = true;
+        std::mem::take(&mut q.work)
+    };
     shared.ready.notify_all();
+    let saves = left
+        .into_iter()
+        .filter(|w| matches!(w, Work::Save { .. }))
+        .count();
+    shared
+        .counters
+        .dropped
+        .fetch_add(saves as u64, Ordering::Relaxed);
 }
 
 impl Drop for Saver {
@@ -392,6 +412,7 @@ fn store(
 
 fn run(shared: &Shared, tier: &dyn Tier, codec: &ChunkCodec, index: &KeyIndex, own: &KeyIndex) {
     let never = CancelToken::new();
+    let mut duty = Duty::new(shared.cpu_share);
     loop {
         let mut saves = Vec::new();
         let mut probe = None;
@@ -442,7 +463,9 @@ fn run(shared: &Shared, tier: &dyn Tier, codec: &ChunkCodec, index: &KeyIndex, o
             if shared.paused() {
                 c.skipped.fetch_add(chunks.len() as u64, Ordering::Relaxed);
             } else {
+                let started = Instant::now();
                 store(shared, tier, &chunks, index, own, &never);
+                duty.worked(started.elapsed(), shared);
             }
             shared.buffers.give(chunks.into_iter().map(|(_, b)| b));
         }
@@ -460,6 +483,44 @@ fn run(shared: &Shared, tier: &dyn Tier, codec: &ChunkCodec, index: &KeyIndex, o
         // Release: pairs with the Acquire load in `flush`, so a flush that sees 0 sees the
         // batch stored and indexed.
         shared.busy.fetch_sub(1, Ordering::Release);
+    }
+}
+
+/// A save thread's duty cycle: after storing for `t` it owes `t · (1/share − 1)` of rest,
+/// paid in sleeps of at least 1 ms, so that a store whose writes cost CPU (a disk tier's file
+/// creations are kernel work) takes at most `share` of a core per save thread and the
+/// engine's threads keep theirs — the write-behind falls behind and drops (counted) instead
+/// of the step waiting for a core. A share of 1 never sleeps.
+struct Duty {
+    rest_per_work: f64,
+    owed: Duration,
+}
+
+impl Duty {
+    fn new(share: f64) -> Duty {
+        let share = if share.is_finite() {
+            share.clamp(0.01, 1.0)
+        } else {
+            1.0
+        };
+        Duty {
+            rest_per_work: 1.0 / share - 1.0,
+            owed: Duration::ZERO,
+        }
+    }
+
+    /// Counts `t` of work and rests what is owed once it reaches 1 ms (cut short when the
+    /// saver stops).
+    fn worked(&mut self, t: Duration, shared: &Shared) {
+        self.owed += t.mul_f64(self.rest_per_work);
+        if self.owed < Duration::from_millis(1) {
+            return;
+        }
+        let until = Instant::now() + std::mem::take(&mut self.owed);
+        let mut q = shared.queue.lock();
+        while !q.stop && Instant::now() < until {
+            q = shared.ready.wait_until(q, Some(until)).0;
+        }
     }
 }
 

@@ -47,6 +47,7 @@ fn flush_waits_for_a_batch_a_thread_has_taken() {
             drop_timeout: std::time::Duration::from_secs(10),
             backoff: SaveBackoff::default(),
             chunk_bytes: 56,
+            cpu_share: 1.0,
         },
     )
     .unwrap_or_else(|e| panic!("{e}"));
@@ -122,6 +123,7 @@ fn saver(tier: &Arc<Filling>, backoff: SaveBackoff) -> Saver {
             drop_timeout: std::time::Duration::from_secs(10),
             backoff,
             chunk_bytes: 56,
+            cpu_share: 1.0,
         },
     )
     .unwrap_or_else(|e| panic!("{e}"))

@@ -63,6 +63,11 @@ pub struct TierConnectorConfig {
     pub drop_timeout: std::time::Duration,
     /// When saves that keep failing pause saving (see [`SaveBackoff`]).
     pub save_backoff: SaveBackoff,
+    /// The share of its time each save thread may spend in the tier's `put` (0–1; default
+    /// 0.25): after storing a batch a thread rests in proportion, so a store whose writes
+    /// cost CPU (the disk tier's file creations) never takes more than that of a core from
+    /// the engine; saves past what fits are dropped and counted. 1 never rests.
+    pub save_cpu_share: f64,
 }
 
 impl Default for TierConnectorConfig {
@@ -81,6 +86,7 @@ impl Default for TierConnectorConfig {
             get_threads: 64,
             drop_timeout: std::time::Duration::from_secs(10),
             save_backoff: SaveBackoff::default(),
+            save_cpu_share: 0.25,
         }
     }
 }
@@ -181,7 +187,8 @@ impl TierConnector {
     ///
     /// [`TierConnectorError::Config`] when the memory's layout has another number of groups,
     /// the groups are not a valid geometry, `S` is not a positive multiple of every group's
-    /// block size, or `async_ratio` is outside `[0, 1]`; [`TierConnectorError::Spawn`].
+    /// block size, `async_ratio` is outside `[0, 1]` or `save_cpu_share` outside `(0, 1]`;
+    /// [`TierConnectorError::Spawn`].
     pub fn new(
         tier: Arc<dyn Tier>,
         memory: Arc<dyn KvMemory>,
@@ -197,6 +204,12 @@ impl TierConnector {
         let s = Geometry::new(cfg.groups.clone(), cfg.scheduler_block_size, 0)
             .map_err(|e| TierConnectorError::Config(format!("groups: {e}")))?
             .scheduler_block_size();
+        if !(cfg.save_cpu_share > 0.0 && cfg.save_cpu_share <= 1.0) {
+            return Err(TierConnectorError::Config(format!(
+                "save_cpu_share: {} is outside (0, 1]",
+                cfg.save_cpu_share
+            )));
+        }
         if !(0.0..=1.0).contains(&cfg.async_ratio) {
             return Err(TierConnectorError::Config(format!(
                 "async_ratio: {} is outside [0, 1]",
@@ -218,6 +231,7 @@ impl TierConnector {
                 drop_timeout: cfg.drop_timeout,
                 backoff: cfg.save_backoff,
                 chunk_bytes,
+                cpu_share: cfg.save_cpu_share,
             },
         )?;
         let gets = if tier.may_block() {
