@@ -448,13 +448,12 @@ fn print_ratios(_: &mut Criterion) {
     table_hashes();
     eprintln!("\ndisk put, µs per chunk (replacing one of 64 files)");
     for (payload, name) in SIZES.into_iter().take(2) {
-        let (Some(mut plain), Some(mut synced)) =
-            (disk_putter(payload, false), disk_putter(payload, true))
+        let (Some(plain), Some(synced)) = (disk_putter(payload, false), disk_putter(payload, true))
         else {
             continue;
         };
         let r = {
-            let mut cs: Vec<Run<'_>> = vec![Box::new(|| plain()), Box::new(|| synced())];
+            let mut cs: Vec<Run<'_>> = vec![Box::new(plain), Box::new(synced)];
             rounds(&mut cs, 3, Duration::from_millis(300))
         };
         let us = |i: usize| (payload + 48) as f64 / median(r[i].clone()) * 1e6;

@@ -86,7 +86,7 @@ fn load(c: &TierConnector, base: u64, deadline: bool) -> Vec<u64> {
 /// Flips one payload byte of the value stored under a key, its length unchanged.
 type Damage = Box<dyn Fn(ChunkKey) -> bool>;
 
-fn flip(v: &mut Vec<u8>) -> bool {
+fn flip(v: &mut [u8]) -> bool {
     let at = v.len() - 100;
     v[at] ^= 0x10;
     true
@@ -110,7 +110,7 @@ fn cases(dir: &std::path::Path) -> Vec<Case> {
             out.push(Case {
                 name: format!("memory mac={} deadline={deadline}", mac.is_some()),
                 tier: m,
-                damage: Box::new(move |k| mm.edit_stored(k, flip)),
+                damage: Box::new(move |k| mm.edit_stored(k, |v| flip(v))),
                 mac,
                 deadline,
             });
@@ -120,7 +120,7 @@ fn cases(dir: &std::path::Path) -> Vec<Case> {
             out.push(Case {
                 name: format!("disk mac={} deadline={deadline}", mac.is_some()),
                 tier: d,
-                damage: Box::new(move |k| dd.edit_stored(k, flip).unwrap_or(false)),
+                damage: Box::new(move |k| dd.edit_stored(k, |v| flip(v)).unwrap_or(false)),
                 mac,
                 deadline,
             });
