@@ -1,8 +1,8 @@
-//! The load path of a [`TierConnector`]: the chunks of a load read into the connector's
-//! reused buffers ([`Buffers`](super::buffers::Buffers), through [`Tier::get_into`]), each
-//! verified in its buffer and only then copied into its destination block — one copy from
-//! the tier (a memcpy out of the memory tier, the kernel's copy out of the page cache), one
-//! pass of checksum (and MAC), one copy into KV memory, and no allocation per chunk.
+//! The load path of a [`TierConnector`]: each chunk of a load is verified (key, group,
+//! length, checksum, MAC) before its payload is copied, once, into its destination block,
+//! with no allocation per chunk — from where the memory tier holds it, or from one of the
+//! connector's reused buffers ([`Buffers`](super::buffers::Buffers), filled by
+//! [`Tier::get_into`]: a memcpy out of a store, the kernel's copy out of the page cache).
 //!
 //! A tier that never blocks (the memory tier) is read one chunk at a time where it lies
 //! ([`Tier::read_with`]: verified and copied into KV memory under the tier's shard lock, so
