@@ -224,6 +224,12 @@ fn plane(cfg: &StressConfig, stores: &Stores, who: &str) -> Result<Plane, Stress
                 tag: cfg.kv_tag(),
                 async_ratio: cfg.async_ratio,
                 seed: cfg.seed ^ 0x5eed_c0de,
+                // A disk store's saves are kernel work: a quarter of a core at most.
+                save_cpu_share: if matches!(cfg.store, store::StoreSpec::Disk(_)) {
+                    0.25
+                } else {
+                    1.0
+                },
                 ..TierConnectorConfig::default()
             },
         )

@@ -63,10 +63,12 @@ pub struct TierConnectorConfig {
     pub drop_timeout: std::time::Duration,
     /// When saves that keep failing pause saving (see [`SaveBackoff`]).
     pub save_backoff: SaveBackoff,
-    /// The share of its time each save thread may spend in the tier's `put` (0–1; default
-    /// 0.25): after storing a batch a thread rests in proportion, so a store whose writes
-    /// cost CPU (the disk tier's file creations) never takes more than that of a core from
-    /// the engine; saves past what fits are dropped and counted. 1 never rests.
+    /// The share of its time each save thread may spend in the tier's `put` (0–1; default 1,
+    /// never resting): below 1, after storing a batch a thread rests in proportion, so a
+    /// store whose writes cost CPU (the disk tier's file creations are kernel work) takes at
+    /// most that share of a core from the engine; saves past what fits are dropped and
+    /// counted. The share is of wall time in `put`: for a store whose puts mostly wait (a
+    /// network), a share below 1 only slows saving.
     pub save_cpu_share: f64,
 }
 
@@ -86,7 +88,7 @@ impl Default for TierConnectorConfig {
             get_threads: 64,
             drop_timeout: std::time::Duration::from_secs(10),
             save_backoff: SaveBackoff::default(),
-            save_cpu_share: 0.25,
+            save_cpu_share: 1.0,
         }
     }
 }
