@@ -70,9 +70,15 @@ declare -A TESTS=(
   # whose failed load hit only that group (a window or Mamba block) is not rolled back: the
   # tiny model reads what the load never wrote and its tokens differ.
   [scan-one-group-less]="kvsched-cli --test cli_stress_model;kvsched-testkit --test model_exact"
+  # kv/tier_load.rs: a loaded chunk's payload is taken from after its header unverified
+  # (no checksum, MAC, key or length check) and written into KV memory.
+  [load-unverified]="kvsched --test kv_zero_copy"
+  # kv/tier_connector.rs: a save copies the block's bytes 32 bytes early in its reused buffer
+  # (under the MAC's room), so the sealed chunk holds the wrong payload.
+  [save-payload-offset]="kvsched --test kv_zero_copy"
 )
 ORDER=(decide-early claim-store late-leak panic-ok trust-stale end-while-loading no-cross-shard-preempt lookup-uncaught shard-panic-escapes mamba-align-cache-unwritten
-  saver-flush-early register-unwritten reoffer-unwritten park-unstarted baseline-no-second-chance holder-release-unrecorded unaligned-chunks tier-present-after-failed-load scan-one-group-less)
+  saver-flush-early register-unwritten reoffer-unwritten park-unstarted baseline-no-second-chance holder-release-unrecorded unaligned-chunks tier-present-after-failed-load scan-one-group-less load-unverified save-payload-offset)
 
 if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi
 

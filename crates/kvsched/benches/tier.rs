@@ -1,119 +1,198 @@
-//! Load bandwidth of the memory and disk tiers for chunk-sized values (16 KiB and 256 KiB
-//! payloads), next to the machine's limits measured in the same run: memcpy of the same
-//! sizes (into preallocated buffers, and into a fresh allocation per value as a `get` must),
-//! and `std::fs::read` of the disk tier's own files (from the page cache: they were just
-//! written). Each load is a batch `get` of 64 chunks, so the working set is 1 MiB or
-//! 16 MiB for every contender. Also the cost of one disk put with and without fsync, in
-//! the target directory's file system (not tmpfs).
+//! Load bandwidth of the memory and disk tiers at 16 KiB, 256 KiB and 2 MiB payloads, against
+//! the physical limit measured in the same run — memcpy of the same chunks into preallocated
+//! destinations — and against the old load path (a `get` returning a fresh `Vec` per chunk,
+//! then decode, then the copy into KV memory). A *load* is what `TierConnector::load` does
+//! for a batch of chunks: read each from the tier, verify it (key, group, length, xxh3
+//! checksum), copy its payload into its destination block of a `HostKvMemory`. The disk tier
+//! is read from the page cache (its files were just written) and compared with `fs::read`
+//! into one reused buffer. Also the checksum's and the keyed BLAKE3 MAC's own speed, and the
+//! cost of one disk put with and without fsync.
 //!
-//! Under `cargo bench` it prints a table of MB/s and ratios to stderr after the criterion
-//! runs (its own timing: the median of 5 rounds of about 0.3 s each).
+//! Batches hold 64 chunks (16 at 2 MiB, so a batch is at most 32 MiB for every contender).
+//! "×2 threads" runs the contender on two threads at once, each on its own batch and
+//! destinations (the connector's two default workers), and counts the bytes of both.
+//!
+//! Under `cargo bench` it prints a table of GB/s and ratios to stderr after the criterion
+//! runs. Its own timing interleaves the contenders: 7 rounds, each timing every contender for
+//! about 0.2 s one after the other; a ratio is taken inside each round and the table gives
+//! medians, so a machine shared with other work shifts both sides of a ratio alike.
 //!
 //! Run: `cargo bench --bench tier -- --warm-up-time 1 --measurement-time 2`
 
 use std::hint::black_box;
+use std::io::Read;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use kvsched::connector::CancelToken;
-use kvsched::kv::{ChunkCodec, ChunkKey, DiskConfig, DiskTier, MemoryTier, Tier};
+use kvsched::connector::{CancelToken, KvConnector, LoadJob, LoadResult};
+use kvsched::kv::{
+    ChunkCodec, ChunkKey, DiskConfig, DiskTier, HostKvMemory, KvLayout, KvMemory, MemoryTier, Tier,
+    TierConnector, TierConnectorConfig,
+};
+use kvsched::{BlockRef, CacheGroup};
 
-const BATCH: usize = 64;
-const SIZES: [(usize, &str); 2] = [(16 << 10, "16KiB"), (256 << 10, "256KiB")];
+const SIZES: [(usize, &str); 3] = [
+    (16 << 10, "16KiB"),
+    (256 << 10, "256KiB"),
+    (2 << 20, "2MiB"),
+];
+const BLOCK_TOKENS: u64 = 16;
 
-/// The chunks of one size, a memory tier and a disk tier holding them, and the disk files.
-struct Fixture {
+fn batch(payload: usize) -> usize {
+    (32usize << 20).div_ceil(payload).min(64)
+}
+
+/// One tier holding one batch of chunks, a connector over it, and the chunks as values.
+struct Loader {
+    tier: Arc<dyn Tier>,
+    conn: TierConnector,
+    memory: Arc<HostKvMemory>,
+    prompt: Vec<u32>,
     keys: Vec<ChunkKey>,
-    values: Vec<Vec<u8>>,
-    memory: MemoryTier,
-    disk: DiskTier,
-    paths: Vec<PathBuf>,
-    _dir: tempfile::TempDir,
+    payload: usize,
+    /// Destination blocks of thread `t`: `1 + t * n ..`.
+    n: usize,
 }
 
-fn key(i: usize) -> ChunkKey {
-    ChunkKey::chain(ChunkKey::ROOT, 1, 0, &[i as u32])
-}
-
-fn fixture(payload: usize) -> Option<Fixture> {
-    let codec = ChunkCodec::new(None);
-    let keys: Vec<_> = (0..BATCH).map(key).collect();
-    let values: Vec<_> = keys
-        .iter()
-        .enumerate()
-        .map(|(i, &k)| {
+impl Loader {
+    fn new(tier: Arc<dyn Tier>, payload: usize) -> Option<Loader> {
+        let n = batch(payload);
+        let groups = vec![CacheGroup::full_attention(BLOCK_TOKENS)];
+        let layout = KvLayout::for_groups(&groups, payload / BLOCK_TOKENS as usize, 8).ok()?;
+        let memory = Arc::new(HostKvMemory::new(layout, 2 * n + 1).ok()?);
+        let kv: Arc<dyn KvMemory> = memory.clone();
+        let cfg = TierConnectorConfig::default()
+            .with_groups(groups)
+            .with_probe_on_miss(false);
+        let conn = TierConnector::new(Arc::clone(&tier), kv, cfg).ok()?;
+        let prompt: Vec<u32> = (0..n as u32 * BLOCK_TOKENS as u32 + 1).collect();
+        for i in 0..n {
             let p: Vec<u8> = (0..payload).map(|j| (i * 7 + j) as u8).collect();
-            codec.encode(k, 0, 16, &p)
-        })
-        .collect();
-    let chunks: Vec<_> = keys.iter().copied().zip(values.iter().cloned()).collect();
-    let memory = MemoryTier::new(1 << 30, 16);
-    memory.put(&chunks).ok()?;
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).ok()?;
-    let disk = DiskTier::open(dir.path(), DiskConfig::default()).ok()?;
-    disk.put(&chunks).ok()?;
-    let paths = keys.iter().map(|&k| disk.chunk_path(k)).collect();
-    Some(Fixture {
-        keys,
-        values,
-        memory,
-        disk,
-        paths,
-        _dir: dir,
-    })
+            conn.store_now(&prompt, 0, i, &p).ok()?;
+        }
+        let keys = ChunkKey::chain_blocks(0, 0, BLOCK_TOKENS, &prompt, n);
+        let l = Loader {
+            tier,
+            conn,
+            memory,
+            prompt,
+            keys,
+            payload,
+            n,
+        };
+        // Every destination page touched once, as a running engine's KV memory is.
+        l.load_old(0);
+        l.load_old(1);
+        Some(l).filter(|l| l.load(0) == l.bytes())
+    }
+
+    fn bytes(&self) -> usize {
+        self.n * self.payload
+    }
+
+    fn dest(&self, thread: usize, i: usize) -> u64 {
+        (1 + thread * self.n + i) as u64
+    }
+
+    /// The load path: `TierConnector::load` of the whole batch.
+    fn load(&self, thread: usize) -> usize {
+        let table: Vec<BlockRef> = (0..self.n)
+            .map(|i| BlockRef {
+                id: self.dest(thread, i),
+                generation: 1,
+            })
+            .collect();
+        let end = self.n as u64 * BLOCK_TOKENS;
+        let job = LoadJob::new("b", &self.prompt, 0, end, vec![table], vec![BLOCK_TOKENS]);
+        match self.conn.load(&job) {
+            LoadResult::Ok => self.bytes(),
+            _ => 0,
+        }
+    }
+
+    /// The old path: a fresh `Vec` per chunk from `get`, decode, copy into KV memory.
+    fn load_old(&self, thread: usize) -> usize {
+        let codec = ChunkCodec::new(None);
+        let got = self
+            .tier
+            .get(&self.keys, &CancelToken::new())
+            .unwrap_or_default();
+        let mut n = 0;
+        for (i, (k, v)) in self.keys.iter().zip(got).enumerate() {
+            let Some(v) = v else { continue };
+            if let Ok(p) = codec.decode(&v, *k, 0, self.payload as u64) {
+                if self.memory.write(0, self.dest(thread, i), 0, p).is_ok() {
+                    n += p.len();
+                }
+            }
+        }
+        n
+    }
 }
 
-/// One batch of each contender; every one returns the bytes it moved. memcpy copies each
-/// value into its own destination buffer, as a batch `get` fills one buffer per value.
-fn memcpy(f: &Fixture, dst: &mut [Vec<u8>]) -> usize {
+/// The chunks of one size as values, with preallocated destinations (memcpy, the limit).
+struct Copier {
+    values: Vec<Vec<u8>>,
+    dst: Vec<Vec<u8>>,
+}
+
+impl Copier {
+    fn new(payload: usize) -> Copier {
+        let codec = ChunkCodec::new(None);
+        let values: Vec<Vec<u8>> = (0..batch(payload))
+            .map(|i| codec.encode(ChunkKey(i as u128), 0, 16, &vec![i as u8; payload]))
+            .collect();
+        let dst = values.clone();
+        Copier { values, dst }
+    }
+
+    fn run(&mut self) -> usize {
+        let mut n = 0;
+        for (v, d) in self.values.iter().zip(self.dst.iter_mut()) {
+            d.copy_from_slice(v);
+            n += black_box(&d[..]).len() - 48;
+        }
+        n
+    }
+}
+
+/// `fs::read`'s work on the disk tier's own files, into one reused buffer.
+fn fs_read_reused(paths: &[PathBuf], buf: &mut Vec<u8>) -> usize {
     let mut n = 0;
-    for (v, d) in f.values.iter().zip(dst.iter_mut()) {
-        d.copy_from_slice(v);
-        n += black_box(&d[..]).len();
+    for p in paths {
+        buf.clear();
+        if let Ok(mut f) = std::fs::File::open(p) {
+            if f.read_to_end(buf).is_ok() {
+                n += black_box(&buf[..]).len() - 48;
+            }
+        }
     }
     n
 }
 
-/// What any `get` returning owned buffers pays at least: a fresh allocation per value, plus
-/// the copy (at 256 KiB glibc's malloc may hand out fresh pages, each a page fault).
-fn alloc_copy(f: &Fixture) -> usize {
-    let got: Vec<Vec<u8>> = f.values.iter().map(|v| v.to_vec()).collect();
-    black_box(&got).iter().map(Vec::len).sum()
+/// The disk tier's `get_into` alone (into reused buffers), no decode.
+fn disk_get_into(disk: &DiskTier, keys: &[ChunkKey], bufs: &mut [Vec<u8>]) -> usize {
+    let mut held = vec![false; keys.len()];
+    if disk
+        .get_into(keys, &CancelToken::new(), bufs, &mut held)
+        .is_err()
+    {
+        return 0;
+    }
+    bufs.iter().map(|b| b.len().saturating_sub(48)).sum()
 }
 
-fn memory_get(f: &Fixture) -> usize {
-    let got = f
-        .memory
-        .get(&f.keys, &CancelToken::new())
-        .unwrap_or_default();
-    got.iter().flatten().map(Vec::len).sum()
+fn memory_loader(payload: usize) -> Option<Loader> {
+    Loader::new(Arc::new(MemoryTier::new(1 << 30, 16)), payload)
 }
 
-fn disk_get(f: &Fixture) -> usize {
-    let got = f.disk.get(&f.keys, &CancelToken::new()).unwrap_or_default();
-    got.iter().flatten().map(Vec::len).sum()
-}
-
-/// Holds the whole batch, as a `get` does (dropping each buffer at once would let the
-/// allocator reuse one hot buffer, a saving no batch load gets).
-fn fs_read(f: &Fixture) -> usize {
-    let got: Vec<Vec<u8>> = f
-        .paths
-        .iter()
-        .map(|p| std::fs::read(p).unwrap_or_default())
-        .collect();
-    black_box(&got).iter().map(Vec::len).sum()
-}
-
-fn decode_all(f: &Fixture, got: Vec<Option<Vec<u8>>>, payload: usize) -> usize {
-    let codec = ChunkCodec::new(None);
-    f.keys
-        .iter()
-        .zip(got.iter())
-        .filter_map(|(k, v)| codec.decode(v.as_ref()?, *k, 0, payload as u64).ok())
-        .map(<[u8]>::len)
-        .sum()
+fn disk_loader(payload: usize) -> Option<(Loader, Arc<DiskTier>, tempfile::TempDir)> {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).ok()?;
+    let disk = Arc::new(DiskTier::open(dir.path(), DiskConfig::default()).ok()?);
+    let l = Loader::new(disk.clone(), payload)?;
+    Some((l, disk, dir))
 }
 
 fn bench_load(c: &mut Criterion) {
@@ -123,33 +202,26 @@ fn bench_load(c: &mut Criterion) {
         .measurement_time(Duration::from_secs(2))
         .warm_up_time(Duration::from_secs(1));
     for (payload, name) in SIZES {
-        let Some(f) = fixture(payload) else { continue };
-        let bytes: usize = f.values.iter().map(Vec::len).sum();
-        group.throughput(Throughput::Bytes(bytes as u64));
-        let mut dst = f.values.clone();
-        group.bench_function(BenchmarkId::new("memcpy", name), |b| {
-            b.iter(|| memcpy(&f, &mut dst))
+        let Some(m) = memory_loader(payload) else {
+            continue;
+        };
+        group.throughput(Throughput::Bytes(m.bytes() as u64));
+        let mut cp = Copier::new(payload);
+        group.bench_function(BenchmarkId::new("memcpy", name), |b| b.iter(|| cp.run()));
+        group.bench_function(BenchmarkId::new("memory_load", name), |b| {
+            b.iter(|| m.load(0))
         });
-        group.bench_function(BenchmarkId::new("alloc_copy", name), |b| {
-            b.iter(|| alloc_copy(&f))
+        group.bench_function(BenchmarkId::new("memory_load_old", name), |b| {
+            b.iter(|| m.load_old(0))
         });
-        group.bench_function(BenchmarkId::new("memory_get", name), |b| {
-            b.iter(|| memory_get(&f))
+        let Some((d, _, _dir)) = disk_loader(payload) else {
+            continue;
+        };
+        group.bench_function(BenchmarkId::new("disk_load", name), |b| {
+            b.iter(|| d.load(0))
         });
-        group.bench_function(BenchmarkId::new("memory_get_decode", name), |b| {
-            b.iter(|| {
-                let got = f
-                    .memory
-                    .get(&f.keys, &CancelToken::new())
-                    .unwrap_or_default();
-                decode_all(&f, got, payload)
-            })
-        });
-        group.bench_function(BenchmarkId::new("fs_read", name), |b| {
-            b.iter(|| fs_read(&f))
-        });
-        group.bench_function(BenchmarkId::new("disk_get", name), |b| {
-            b.iter(|| disk_get(&f))
+        group.bench_function(BenchmarkId::new("disk_load_old", name), |b| {
+            b.iter(|| d.load_old(0))
         });
     }
     group.finish();
@@ -166,12 +238,12 @@ fn disk_putter(payload: usize, fsync: bool) -> Option<impl FnMut() -> usize> {
     )
     .ok()?;
     let codec = ChunkCodec::new(None);
-    let value = codec.encode(key(0), 0, 16, &vec![7u8; payload]);
-    let mut i = 0usize;
+    let value = codec.encode(ChunkKey(0), 0, 16, &vec![7u8; payload]);
+    let mut i = 0u128;
     Some(move || {
         let _keep = &dir;
-        i = (i + 1) % BATCH;
-        let chunk = [(key(i), value.clone())];
+        i = (i + 1) % 64;
+        let chunk = [(ChunkKey(i << 64), value.clone())];
         disk.put(&chunk).map(|()| chunk[0].1.len()).unwrap_or(0)
     })
 }
@@ -182,7 +254,7 @@ fn bench_put(c: &mut Criterion) {
         .sample_size(10)
         .measurement_time(Duration::from_secs(2))
         .warm_up_time(Duration::from_secs(1));
-    for (payload, name) in SIZES {
+    for (payload, name) in SIZES.into_iter().take(2) {
         for fsync in [false, true] {
             let Some(mut put) = disk_putter(payload, fsync) else {
                 continue;
@@ -195,76 +267,197 @@ fn bench_put(c: &mut Criterion) {
     group.finish();
 }
 
-/// Seconds per call of `f`: the median of 5 rounds of about 0.3 s.
-fn time(mut f: impl FnMut() -> usize) -> f64 {
-    let mut calls = 1u64;
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_millis(300) {
-        black_box(f());
-        calls += 1;
-    }
-    let mut rounds: Vec<f64> = (0..5)
-        .map(|_| {
-            let t = Instant::now();
-            for _ in 0..calls {
-                black_box(f());
+/// A contender: runs one batch, returns the payload bytes it moved.
+type Run<'a> = Box<dyn FnMut() -> usize + 'a>;
+
+/// Bytes per second of each contender, per round: `rounds` rounds, each timing every
+/// contender in turn for about `slice`.
+fn rounds(contenders: &mut [Run<'_>], rounds: usize, slice: Duration) -> Vec<Vec<f64>> {
+    let mut out = vec![Vec::new(); contenders.len()];
+    for _ in 0..rounds {
+        for (c, o) in contenders.iter_mut().zip(out.iter_mut()) {
+            let start = Instant::now();
+            let mut bytes = 0usize;
+            while start.elapsed() < slice {
+                bytes += black_box(c());
             }
-            t.elapsed().as_secs_f64() / calls as f64
-        })
-        .collect();
-    rounds.sort_by(f64::total_cmp);
-    rounds[2]
+            o.push(bytes as f64 / start.elapsed().as_secs_f64());
+        }
+    }
+    out
 }
 
-/// The table of bandwidths and ratios, only under `cargo bench` (not `cargo test --benches`).
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// The median over rounds of `a / b`.
+fn ratio(a: &[f64], b: &[f64]) -> f64 {
+    median(a.iter().zip(b).map(|(x, y)| x / y).collect())
+}
+
+/// Runs `f(0)` and `f(1)` on two threads at once; the bytes of both.
+fn two<F: Fn(usize) -> usize + Sync>(f: &F) -> usize {
+    std::thread::scope(|s| {
+        let h = s.spawn(|| f(1));
+        let a = f(0);
+        a + h.join().unwrap_or(0)
+    })
+}
+
+fn table_loads() {
+    eprintln!("\nload bandwidth, GB/s (median of 7 interleaved rounds); ratios are medians of per-round ratios");
+    eprintln!(
+        "{:>7} {:>7} {:>8} {:>15} {:>9} {:>8} {:>15} {:>9} {:>9}",
+        "payload",
+        "memcpy",
+        "mem load",
+        "(of memcpy/old)",
+        "old load",
+        "fs_read",
+        "disk get_into",
+        "disk load",
+        "old disk"
+    );
+    for (payload, name) in SIZES {
+        let (Some(mem), Some((dl, disk, _dir))) = (memory_loader(payload), disk_loader(payload))
+        else {
+            continue;
+        };
+        let mut cp = Copier::new(payload);
+        let paths: Vec<PathBuf> = dl.keys.iter().map(|&k| disk.chunk_path(k)).collect();
+        let mut rbuf = Vec::new();
+        let mut gbufs = vec![Vec::new(); dl.keys.len()];
+        let keys = dl.keys.clone();
+        let r = {
+            let mut cs: Vec<Run<'_>> = vec![
+                Box::new(|| cp.run()),
+                Box::new(|| mem.load(0)),
+                Box::new(|| mem.load_old(0)),
+                Box::new(|| fs_read_reused(&paths, &mut rbuf)),
+                Box::new(|| disk_get_into(&disk, &keys, &mut gbufs)),
+                Box::new(|| dl.load(0)),
+                Box::new(|| dl.load_old(0)),
+            ];
+            rounds(&mut cs, 7, Duration::from_millis(200))
+        };
+        let g = |i: usize| median(r[i].clone()) / 1e9;
+        eprintln!(
+            "{name:>7} {:>7.2} {:>8.2} {:>7.2} / {:>5.2} {:>9.2} {:>8.2} {:>8.2} ({:.2}) {:>4.2} ({:.2}) {:>9.2}",
+            g(0),
+            g(1),
+            ratio(&r[1], &r[0]),
+            ratio(&r[1], &r[2]),
+            g(2),
+            g(3),
+            g(4),
+            ratio(&r[4], &r[3]),
+            g(5),
+            ratio(&r[5], &r[3]),
+            g(6),
+        );
+    }
+    eprintln!("\n× 2 threads (each its own batch and destinations), GB/s of both");
+    eprintln!(
+        "{:>7} {:>7} {:>8} {:>15} {:>9}",
+        "payload", "memcpy", "mem load", "(of memcpy/old)", "disk load"
+    );
+    for (payload, name) in SIZES {
+        let (Some(mem), Some((dl, _, _dir))) = (memory_loader(payload), disk_loader(payload))
+        else {
+            continue;
+        };
+        let cps = [
+            std::sync::Mutex::new(Copier::new(payload)),
+            std::sync::Mutex::new(Copier::new(payload)),
+        ];
+        let copy = |t: usize| cps[t].lock().map(|mut c| c.run()).unwrap_or(0);
+        let memn = |t: usize| mem.load(t);
+        let memo = |t: usize| mem.load_old(t);
+        let disk = |t: usize| dl.load(t);
+        let r = {
+            let mut cs: Vec<Run<'_>> = vec![
+                Box::new(|| two(&copy)),
+                Box::new(|| two(&memn)),
+                Box::new(|| two(&memo)),
+                Box::new(|| two(&disk)),
+            ];
+            rounds(&mut cs, 5, Duration::from_millis(200))
+        };
+        let g = |i: usize| median(r[i].clone()) / 1e9;
+        eprintln!(
+            "{name:>7} {:>7.2} {:>8.2} {:>7.2} / {:>5.2} {:>9.2}",
+            g(0),
+            g(1),
+            ratio(&r[1], &r[0]),
+            ratio(&r[1], &r[2]),
+            g(3),
+        );
+    }
+}
+
+fn table_hashes() {
+    eprintln!("\nchunk checks, GB/s (median of 7 interleaved rounds): xxh3-64 (always on), keyed BLAKE3 (with a MAC key)");
+    eprintln!(
+        "{:>7} {:>7} {:>8} {:>8} {:>12}",
+        "payload", "memcpy", "xxh3", "blake3", "blake3 s/GB"
+    );
+    for (payload, name) in SIZES {
+        let data = vec![0x5au8; payload];
+        let mut dst = vec![0u8; payload];
+        let key = [7u8; 32];
+        let r = {
+            let mut cs: Vec<Run<'_>> = vec![
+                Box::new(|| {
+                    dst.copy_from_slice(&data);
+                    black_box(&dst).len()
+                }),
+                Box::new(|| {
+                    black_box(xxhash_rust::xxh3::xxh3_64(black_box(&data)));
+                    payload
+                }),
+                Box::new(|| {
+                    black_box(blake3::keyed_hash(&key, black_box(&data)));
+                    payload
+                }),
+            ];
+            rounds(&mut cs, 7, Duration::from_millis(150))
+        };
+        let g = |i: usize| median(r[i].clone()) / 1e9;
+        eprintln!(
+            "{name:>7} {:>7.2} {:>8.2} {:>8.2} {:>12.3}",
+            g(0),
+            g(1),
+            g(2),
+            1.0 / g(2)
+        );
+    }
+}
+
+/// The tables, only under `cargo bench` (not `cargo test --benches`).
 fn print_ratios(_: &mut Criterion) {
     if !std::env::args().any(|a| a == "--bench") {
         return;
     }
-    eprintln!("\nload bandwidth, MB/s (batches of {BATCH} chunks; in parentheses the ratio to the");
-    eprintln!(
-        "limit: memory to alloc+copy (the least a get returning owned buffers costs), disk to"
-    );
-    eprintln!("fs::read of the same files)");
-    eprintln!(
-        "{:>7} {:>8} {:>10} {:>15} {:>15} {:>8} {:>15}",
-        "payload", "memcpy", "alloc+copy", "memory_get", "mem_get+decode", "fs_read", "disk_get"
-    );
-    for (payload, name) in SIZES {
-        let Some(f) = fixture(payload) else { continue };
-        let bytes = f.values.iter().map(Vec::len).sum::<usize>() as f64;
-        let mbps = |s: f64| bytes / s / 1e6;
-        let mut dst = f.values.clone();
-        let cpy = mbps(time(|| memcpy(&f, &mut dst)));
-        let alc = mbps(time(|| alloc_copy(&f)));
-        let mem = mbps(time(|| memory_get(&f)));
-        let memd = mbps(time(|| {
-            let got = f
-                .memory
-                .get(&f.keys, &CancelToken::new())
-                .unwrap_or_default();
-            decode_all(&f, got, payload)
-        }));
-        let rd = mbps(time(|| fs_read(&f)));
-        let dsk = mbps(time(|| disk_get(&f)));
-        eprintln!(
-            "{name:>7} {cpy:>8.0} {alc:>10.0} {mem:>8.0} ({:.2}) {memd:>8.0} ({:.2}) {rd:>8.0} {dsk:>8.0} ({:.2})",
-            mem / alc,
-            memd / alc,
-            dsk / rd,
-        );
-    }
-    eprintln!("\ndisk put, µs per chunk (replacing one of {BATCH} files)");
-    for (payload, name) in SIZES {
+    table_loads();
+    table_hashes();
+    eprintln!("\ndisk put, µs per chunk (replacing one of 64 files)");
+    for (payload, name) in SIZES.into_iter().take(2) {
         let (Some(plain), Some(synced)) = (disk_putter(payload, false), disk_putter(payload, true))
         else {
             continue;
         };
-        let a = time(plain) * 1e6;
-        let b = time(synced) * 1e6;
+        let r = {
+            let mut cs: Vec<Run<'_>> = vec![Box::new(plain), Box::new(synced)];
+            rounds(&mut cs, 3, Duration::from_millis(300))
+        };
+        let us = |i: usize| (payload + 48) as f64 / median(r[i].clone()) * 1e6;
         eprintln!(
-            "{name:>7}  no fsync {a:>9.1}   fsync {b:>9.1}   ({:.0}× the cost)",
-            b / a
+            "{name:>7}  no fsync {:>9.1}   fsync {:>9.1}   ({:.0}× the cost)",
+            us(0),
+            us(1),
+            us(1) / us(0)
         );
     }
 }

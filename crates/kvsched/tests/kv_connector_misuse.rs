@@ -1,6 +1,7 @@
 //! `TierConnector` misuse: a group index past the configured groups is an error, a job with
 //! more groups than the configuration fails their blocks, and dropping a connector over a
-//! hung tier returns within its drop timeout.
+//! hung tier returns within its drop timeout; a save CPU share outside (0, 1] is refused,
+//! naming the field.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -113,4 +114,17 @@ fn dropping_a_connector_over_a_hung_put_returns_within_its_drop_timeout() {
     let took = t0.elapsed();
     assert!(took < Duration::from_secs(2), "drop took {took:?}");
     hung.release.store(true, Ordering::SeqCst);
+}
+
+#[test]
+fn a_save_cpu_share_outside_its_range_is_a_config_error_naming_it() {
+    for share in [0.0, -1.0, 1.5, f64::NAN] {
+        let layout = KvLayout::for_groups(&one_group().groups, 8, 8).expect("layout");
+        let memory: Arc<dyn KvMemory> = Arc::new(HostKvMemory::new(layout, 4).expect("memory"));
+        let cfg = one_group().with_save_cpu_share(share);
+        match TierConnector::new(Arc::new(MemoryTier::new(1 << 20, 1)), memory, cfg) {
+            Err(e) => assert!(e.to_string().contains("save_cpu_share"), "{share}: {e}"),
+            Ok(_) => panic!("{share}: accepted"),
+        }
+    }
 }

@@ -548,8 +548,8 @@ impl<'a, S: Scheduler> Engine<'a, S> {
         for (id, state) in &report.ended_at_shutdown {
             self.sources.ended(id, *state);
         }
-        // Every save offered is stored before the counters are read.
-        self.conn.inner.flush();
+        // Saves offered are stored before the counters are read: for 250 ms at most.
+        self.conn.inner.flush_for(Duration::from_millis(250));
         let kv = kv_counts(
             self.cfg,
             &self.sim,

@@ -235,7 +235,13 @@ fn plane(cfg: &StressConfig, stores: &Stores, who: &str) -> Result<Plane, Stress
                 .with_scheduler_block_size(Some(cfg.scheduler_block_size()))
                 .with_tag(cfg.kv_tag())
                 .with_async_ratio(cfg.async_ratio)
-                .with_seed(cfg.seed ^ 0x5eed_c0de),
+                .with_seed(cfg.seed ^ 0x5eed_c0de)
+                // A disk store's saves are kernel work: a quarter of a core at most.
+                .with_save_cpu_share(if matches!(cfg.store, store::StoreSpec::Disk(_)) {
+                    0.25
+                } else {
+                    1.0
+                }),
         )
         .map_err(|e| kv(&e))?,
     );

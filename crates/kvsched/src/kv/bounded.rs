@@ -25,11 +25,14 @@ use crate::connector::CancelToken;
 use crate::sync::condvar::Condvar;
 use crate::sync::{thread, Arc, AtomicBool, AtomicUsize, Mutex, Ordering};
 
-type Answer = Result<Vec<Option<Vec<u8>>>, TierError>;
+/// The buffers of a get, filled, and which keys were held.
+pub(crate) type Filled = (Vec<Vec<u8>>, Vec<bool>);
+type Answer = Result<Filled, TierError>;
 
-/// One get handed to a thread, and where its answer goes.
+/// One get handed to a thread (with the buffers it reads into), and where its answer goes.
 struct Call {
     keys: Vec<ChunkKey>,
+    bufs: Vec<Vec<u8>>,
     cancel: CancelToken,
     slot: Arc<Slot>,
 }
@@ -103,12 +106,20 @@ impl BoundedGets {
         }
     }
 
-    /// The tier's answer to `get(keys)`, or [`TierError::Timeout`] once `deadline` passes
-    /// (or [`TierError::Cancelled`] once `cancel` fires) without one.
-    pub(crate) fn get(&self, keys: &[ChunkKey], cancel: &CancelToken, deadline: Instant) -> Answer {
+    /// The tier's answer to `get_into(keys, bufs)` (the buffers back, filled), or
+    /// [`TierError::Timeout`] once `deadline` passes (or [`TierError::Cancelled`] once
+    /// `cancel` fires) without one; the buffers then stay with the call.
+    pub(crate) fn get_into(
+        &self,
+        keys: &[ChunkKey],
+        bufs: Vec<Vec<u8>>,
+        cancel: &CancelToken,
+        deadline: Instant,
+    ) -> Answer {
         let slot = Arc::new(Slot::default());
         self.shared.queue.lock().push_back(Call {
             keys: keys.to_vec(),
+            bufs,
             cancel: cancel.clone(),
             slot: Arc::clone(&slot),
         });
@@ -188,9 +199,19 @@ fn run(s: &Shared) {
             continue;
         }
         s.busy.fetch_add(1, Ordering::Relaxed);
-        let answer = s.tier.get(&call.keys, &call.cancel);
+        let Call {
+            keys,
+            mut bufs,
+            cancel,
+            slot,
+        } = call;
+        let mut held = vec![false; keys.len()];
+        let answer = s
+            .tier
+            .get_into(&keys, &cancel, &mut bufs, &mut held)
+            .map(|()| (bufs, held));
         s.busy.fetch_sub(1, Ordering::Relaxed);
-        *call.slot.answer.lock() = Some(answer);
-        call.slot.ready.notify_one();
+        *slot.answer.lock() = Some(answer);
+        slot.ready.notify_one();
     }
 }

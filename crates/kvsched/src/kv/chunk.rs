@@ -273,6 +273,60 @@ impl ChunkCodec {
         HEADER_LEN + mac + payload_len
     }
 
+    /// Bytes before the payload in the chunks this codec writes: [`HEADER_LEN`], plus
+    /// [`MAC_LEN`] with a MAC key.
+    pub fn payload_offset(&self) -> usize {
+        self.encoded_len(0)
+    }
+
+    /// Makes `chunk` the chunk of the payload it holds, in place: `chunk` is
+    /// [`payload_offset`](Self::payload_offset) bytes of room followed by the payload (a save
+    /// copies a block's bytes from KV memory straight to that offset of a reused buffer), and
+    /// the header and MAC are written into the room. The result is byte for byte what
+    /// [`encode`](Self::encode) makes of the payload.
+    ///
+    /// # Errors
+    ///
+    /// [`ChunkError::Truncated`] when `chunk` is shorter than the room; nothing is written.
+    pub fn seal(
+        &self,
+        chunk: &mut [u8],
+        key: ChunkKey,
+        group: u32,
+        tokens: u32,
+    ) -> Result<(), ChunkError> {
+        let off = self.payload_offset();
+        if chunk.len() < off {
+            return Err(ChunkError::Truncated {
+                have: chunk.len() as u64,
+                need: off as u64,
+            });
+        }
+        let (room, payload) = chunk.split_at_mut(off);
+        let head = self.header(key, group, tokens, payload);
+        room[..HEADER_LEN].copy_from_slice(&head);
+        if let Some(k) = &self.mac_key {
+            room[HEADER_LEN..].copy_from_slice(mac(k, &head, payload).as_bytes());
+        }
+        Ok(())
+    }
+
+    /// The 48-byte header of `payload`, checksum included.
+    fn header(&self, key: ChunkKey, group: u32, tokens: u32, payload: &[u8]) -> [u8; HEADER_LEN] {
+        let flags = if self.mac_key.is_some() { FLAG_MAC } else { 0 };
+        let mut head = [0u8; HEADER_LEN];
+        head[..4].copy_from_slice(&CHUNK_MAGIC);
+        head[OFF_VERSION..OFF_VERSION + 2].copy_from_slice(&CHUNK_VERSION.to_le_bytes());
+        head[OFF_FLAGS..OFF_FLAGS + 2].copy_from_slice(&flags.to_le_bytes());
+        head[OFF_KEY..OFF_KEY + 16].copy_from_slice(&key.to_bytes());
+        head[OFF_GROUP..OFF_GROUP + 4].copy_from_slice(&group.to_le_bytes());
+        head[OFF_TOKENS..OFF_TOKENS + 4].copy_from_slice(&tokens.to_le_bytes());
+        head[OFF_LEN..OFF_LEN + 8].copy_from_slice(&(payload.len() as u64).to_le_bytes());
+        let sum = checksum(&head, payload);
+        head[OFF_CHECKSUM..OFF_CHECKSUM + 8].copy_from_slice(&sum.to_le_bytes());
+        head
+    }
+
     /// The chunk of `payload`: block `key` of cache group `group`, holding `tokens` tokens.
     pub fn encode(&self, key: ChunkKey, group: u32, tokens: u32, payload: &[u8]) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.encoded_len(payload.len()));
@@ -289,17 +343,7 @@ impl ChunkCodec {
         tokens: u32,
         payload: &[u8],
     ) {
-        let flags = if self.mac_key.is_some() { FLAG_MAC } else { 0 };
-        let mut head = [0u8; HEADER_LEN];
-        head[..4].copy_from_slice(&CHUNK_MAGIC);
-        head[OFF_VERSION..OFF_VERSION + 2].copy_from_slice(&CHUNK_VERSION.to_le_bytes());
-        head[OFF_FLAGS..OFF_FLAGS + 2].copy_from_slice(&flags.to_le_bytes());
-        head[OFF_KEY..OFF_KEY + 16].copy_from_slice(&key.to_bytes());
-        head[OFF_GROUP..OFF_GROUP + 4].copy_from_slice(&group.to_le_bytes());
-        head[OFF_TOKENS..OFF_TOKENS + 4].copy_from_slice(&tokens.to_le_bytes());
-        head[OFF_LEN..OFF_LEN + 8].copy_from_slice(&(payload.len() as u64).to_le_bytes());
-        let sum = checksum(&head, payload);
-        head[OFF_CHECKSUM..OFF_CHECKSUM + 8].copy_from_slice(&sum.to_le_bytes());
+        let head = self.header(key, group, tokens, payload);
         out.reserve(self.encoded_len(payload.len()));
         out.extend_from_slice(&head);
         if let Some(k) = &self.mac_key {
@@ -416,6 +460,23 @@ mod tests {
         assert_eq!(&v[48..80], want.as_bytes());
         assert_eq!(codec.decode(&v, ChunkKey(5), 1, 7), Ok(&b"payload"[..]));
         assert_eq!(v.len(), codec.encoded_len(7));
+    }
+
+    #[test]
+    fn seal_in_place_is_encode() {
+        for codec in [ChunkCodec::new(None), ChunkCodec::new(Some([9; 32]))] {
+            let payload: Vec<u8> = (0..1000u32).map(|i| (i * 31) as u8).collect();
+            let off = codec.payload_offset();
+            let mut buf = vec![0xEE; off + payload.len()];
+            buf[off..].copy_from_slice(&payload);
+            assert_eq!(codec.seal(&mut buf, ChunkKey(77), 2, 16), Ok(()));
+            assert_eq!(buf, codec.encode(ChunkKey(77), 2, 16, &payload));
+            let mut short = vec![0; off - 1];
+            assert!(matches!(
+                codec.seal(&mut short, ChunkKey(77), 2, 16),
+                Err(ChunkError::Truncated { .. })
+            ));
+        }
     }
 
     #[test]

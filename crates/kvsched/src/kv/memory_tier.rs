@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use rustc_hash::FxHashMap;
 
+use super::tier::check_into_lens;
 use super::{ChunkKey, Tier, TierError};
 use crate::connector::CancelToken;
 use crate::sync::{AtomicU64, Mutex, Ordering};
@@ -196,6 +197,79 @@ impl Tier for MemoryTier {
             out.push(got);
         }
         Ok(out)
+    }
+
+    /// Copies each held value into its buffer under its shard's lock (one memcpy into
+    /// memory the caller already owns: no allocation once a buffer has held a value of the
+    /// size). A hit counts as a use, as in `get`.
+    fn get_into(
+        &self,
+        keys: &[ChunkKey],
+        cancel: &CancelToken,
+        bufs: &mut [Vec<u8>],
+        held: &mut [bool],
+    ) -> Result<(), TierError> {
+        check_into_lens(keys.len(), bufs.len(), held.len())?;
+        for ((&k, buf), h) in keys.iter().zip(bufs.iter_mut()).zip(held.iter_mut()) {
+            if cancel.is_cancelled() {
+                return Err(TierError::Cancelled);
+            }
+            buf.clear();
+            let mut s = self.shard(k).lock();
+            let tick = s.tick();
+            *h = match s.map.get_mut(&k) {
+                Some((t, v)) => {
+                    let old = std::mem::replace(t, tick);
+                    buf.extend_from_slice(v);
+                    s.order.remove(&old);
+                    s.order.insert(tick, k);
+                    true
+                }
+                None => false,
+            };
+            drop(s);
+            // Relaxed: statistics only.
+            if *h {
+                self.hits.fetch_add(1, Ordering::Relaxed);
+            } else {
+                self.misses.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs `f` on the stored value under its shard's lock (no copy out: the connector
+    /// verifies it and copies its payload into KV memory from where it lies). A hit counts as
+    /// a use, as in `get`.
+    fn read_with(
+        &self,
+        key: ChunkKey,
+        cancel: &CancelToken,
+        f: &mut dyn FnMut(&[u8]),
+    ) -> Result<bool, TierError> {
+        if cancel.is_cancelled() {
+            return Err(TierError::Cancelled);
+        }
+        let mut s = self.shard(key).lock();
+        let tick = s.tick();
+        let held = match s.map.get_mut(&key) {
+            Some((t, v)) => {
+                let old = std::mem::replace(t, tick);
+                f(v);
+                s.order.remove(&old);
+                s.order.insert(tick, key);
+                true
+            }
+            None => false,
+        };
+        drop(s);
+        // Relaxed: statistics only.
+        if held {
+            self.hits.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.misses.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(held)
     }
 
     /// Stores every value that fits a shard, evicting least recently used values of its shard

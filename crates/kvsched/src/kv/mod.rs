@@ -13,8 +13,8 @@
 //! * `memory_tier` — [`MemoryTier`], in-process, bounded, sharded, LRU per shard;
 //! * `disk` — [`DiskTier`], one file per chunk, bounded, crash-safe for a killed process;
 //! * `tier_connector` — [`TierConnector`], the connector joining a tier to KV memory:
-//!   lookups from a local index (`key_index`), verified batched loads, write-behind saves
-//!   (`saver`);
+//!   lookups from a local index (`key_index`), verified loads (`tier_load`) through reused
+//!   chunk buffers (`buffers`), write-behind saves (`saver`);
 //! * `redis` (feature `redis`) — a tier on a Redis server or Redis Cluster.
 //!
 //! Each tier can rewrite or remove one stored value in place (`edit_stored`, `remove`): what
@@ -26,6 +26,8 @@
 
 #[cfg(not(kvsched_loom))]
 mod bounded;
+#[cfg(not(kvsched_loom))]
+mod buffers;
 mod chunk;
 #[cfg(not(kvsched_loom))]
 mod completed;

@@ -6,6 +6,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use super::buffers::Buffers;
 use super::key_index::KeyIndex;
 use super::{ChunkCodec, ChunkKey, Tier};
 use crate::connector::CancelToken;
@@ -14,12 +15,14 @@ use crate::sync::{thread, Arc, AtomicU64, AtomicUsize, Mutex, Ordering};
 
 /// One unit of background work.
 pub(crate) enum Work {
-    /// Store this block's bytes under `key`.
+    /// Store this block's bytes under `key`: `chunk` is a buffer of the saver's
+    /// [`Buffers`] holding [`ChunkCodec::payload_offset`] bytes of room, then the payload
+    /// (sealed in place on a saver thread, given back after the put).
     Save {
         key: ChunkKey,
         group: u32,
         tokens: u32,
-        payload: Vec<u8>,
+        chunk: Vec<u8>,
     },
     /// Ask the tier which of these keys it holds and remember those it does.
     Probe(Vec<ChunkKey>),
@@ -62,6 +65,10 @@ pub(crate) struct SaverSettings {
     pub drop_timeout: Duration,
     /// When failing saves pause saving.
     pub backoff: SaveBackoff,
+    /// The encoded size of the largest chunk (what its reused buffers are made for).
+    pub chunk_bytes: usize,
+    /// The share of its time each save thread may spend storing (0–1]: see [`Duty`].
+    pub cpu_share: f64,
 }
 
 /// Counters of the write-behind.
@@ -111,11 +118,15 @@ struct Shared {
     busy: AtomicUsize,
     backoff: SaveBackoff,
     pause: Mutex<Pause>,
+    /// The chunk buffers saves are copied into and sealed in, reused.
+    buffers: Buffers,
+    cpu_share: f64,
 }
 
-/// The write-behind queue and its threads. Dropping it stops the threads after the work
-/// already queued (bounded by the capacity), waiting at most `drop_timeout` for them: a
-/// thread still inside a hung tier call then is left to finish on its own.
+/// The write-behind queue and its threads. Dropping it stops the threads: the work still
+/// queued is dropped (and counted), a batch a thread holds is finished, and the drop waits at
+/// most `drop_timeout` for that — a thread still inside a hung tier call then is left to
+/// finish on its own. Flush first to have everything offered stored.
 pub(crate) struct Saver {
     shared: Arc<Shared>,
     threads: Vec<thread::JoinHandle<()>>,
@@ -146,6 +157,8 @@ impl Saver {
             threads,
             drop_timeout,
             backoff,
+            chunk_bytes,
+            cpu_share,
         } = settings;
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue {
@@ -158,6 +171,8 @@ impl Saver {
             busy: AtomicUsize::new(0),
             backoff,
             pause: Mutex::new(Pause::default()),
+            buffers: Buffers::new(chunk_bytes),
+            cpu_share,
         });
         let mut handles = Vec::new();
         for i in 0..threads.max(1) {
@@ -196,12 +211,21 @@ impl Saver {
         if q.stop || q.work.len() >= self.shared.capacity {
             drop(q);
             self.shared.counters.dropped.fetch_add(1, Ordering::Relaxed);
+            if let Work::Save { chunk, .. } = work {
+                self.shared.buffers.give([chunk]);
+            }
             return false;
         }
         q.work.push_back(work);
         drop(q);
         self.shared.ready.notify_one();
         true
+    }
+
+    /// The reused chunk buffers: a save takes one, fills it (room, then payload) and offers
+    /// it; the saver gives it back after the put.
+    pub(crate) fn buffers(&self) -> &Buffers {
+        &self.shared.buffers
     }
 
     /// Work waiting.
@@ -213,9 +237,28 @@ impl Saver {
         &self.shared.counters
     }
 
+    /// Whether an offer now would be dropped (a hint, read under the queue's lock): a save
+    /// that would be dropped is counted ([`note_dropped`](Self::note_dropped)) without its
+    /// bytes being copied first.
+    pub(crate) fn full(&self) -> bool {
+        let q = self.shared.queue.lock();
+        q.stop || q.work.len() >= self.shared.capacity
+    }
+
+    /// Counts an offer dropped before it was made (see [`full`](Self::full)).
+    pub(crate) fn note_dropped(&self) {
+        self.shared.counters.dropped.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Waits until the queue is empty and no thread holds work (tests and tools that want
     /// every offered chunk stored before they look).
     pub(crate) fn flush(&self) {
+        self.flush_until(None);
+    }
+
+    /// As [`flush`](Self::flush), but waits at most until `deadline` (`None`: for good);
+    /// whether everything offered was stored by then.
+    pub(crate) fn flush_until(&self, deadline: Option<Instant>) -> bool {
         loop {
             let q = self.shared.queue.lock();
             // Acquire: pairs with the Release decrement in `run` after a batch is stored.
@@ -224,17 +267,34 @@ impl Saver {
             let idle =
                 planted!("saver-flush-early") || self.shared.busy.load(Ordering::Acquire) == 0;
             if q.work.is_empty() && idle {
-                return;
+                return true;
             }
             drop(q);
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return false;
+            }
             thread::sleep(std::time::Duration::from_micros(200));
         }
     }
 }
 
+/// Stops the threads: the work still queued is dropped (saves counted in `dropped`), a batch
+/// a thread holds is finished. Whoever wants every offered save stored flushes first.
 fn stop(shared: &Shared) {
-    shared.queue.lock().stop = true;
+    let left = {
+        let mut q = shared.queue.lock();
+        q.stop = true;
+        std::mem::take(&mut q.work)
+    };
     shared.ready.notify_all();
+    let saves = left
+        .into_iter()
+        .filter(|w| matches!(w, Work::Save { .. }))
+        .count();
+    shared
+        .counters
+        .dropped
+        .fetch_add(saves as u64, Ordering::Relaxed);
 }
 
 impl Drop for Saver {
@@ -352,6 +412,7 @@ fn store(
 
 fn run(shared: &Shared, tier: &dyn Tier, codec: &ChunkCodec, index: &KeyIndex, own: &KeyIndex) {
     let never = CancelToken::new();
+    let mut duty = Duty::new(shared.cpu_share);
     loop {
         let mut saves = Vec::new();
         let mut probe = None;
@@ -382,23 +443,31 @@ fn run(shared: &Shared, tier: &dyn Tier, codec: &ChunkCodec, index: &KeyIndex, o
         }
         let c = &shared.counters;
         if !saves.is_empty() {
-            let chunks: Vec<(ChunkKey, Vec<u8>)> = saves
-                .into_iter()
-                .filter_map(|w| match w {
-                    Work::Save {
-                        key,
-                        group,
-                        tokens,
-                        payload,
-                    } => Some((key, codec.encode(key, group, tokens, &payload))),
-                    Work::Probe(_) => None,
-                })
-                .collect();
+            let mut chunks: Vec<(ChunkKey, Vec<u8>)> = Vec::with_capacity(saves.len());
+            for w in saves {
+                if let Work::Save {
+                    key,
+                    group,
+                    tokens,
+                    mut chunk,
+                } = w
+                {
+                    // The connector always leaves the room; a chunk without it is not stored.
+                    if codec.seal(&mut chunk, key, group, tokens).is_ok() {
+                        chunks.push((key, chunk));
+                    } else {
+                        c.failed_chunks.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
             if shared.paused() {
                 c.skipped.fetch_add(chunks.len() as u64, Ordering::Relaxed);
             } else {
+                let started = Instant::now();
                 store(shared, tier, &chunks, index, own, &never);
+                duty.worked(started.elapsed(), shared);
             }
+            shared.buffers.give(chunks.into_iter().map(|(_, b)| b));
         }
         if let Some(keys) = probe {
             c.probes.fetch_add(1, Ordering::Relaxed);
@@ -414,6 +483,44 @@ fn run(shared: &Shared, tier: &dyn Tier, codec: &ChunkCodec, index: &KeyIndex, o
         // Release: pairs with the Acquire load in `flush`, so a flush that sees 0 sees the
         // batch stored and indexed.
         shared.busy.fetch_sub(1, Ordering::Release);
+    }
+}
+
+/// A save thread's duty cycle: after storing for `t` it owes `t · (1/share − 1)` of rest,
+/// paid in sleeps of at least 1 ms, so that a store whose writes cost CPU (a disk tier's file
+/// creations are kernel work) takes at most `share` of a core per save thread and the
+/// engine's threads keep theirs — the write-behind falls behind and drops (counted) instead
+/// of the step waiting for a core. A share of 1 never sleeps.
+struct Duty {
+    rest_per_work: f64,
+    owed: Duration,
+}
+
+impl Duty {
+    fn new(share: f64) -> Duty {
+        let share = if share.is_finite() {
+            share.clamp(0.01, 1.0)
+        } else {
+            1.0
+        };
+        Duty {
+            rest_per_work: 1.0 / share - 1.0,
+            owed: Duration::ZERO,
+        }
+    }
+
+    /// Counts `t` of work and rests what is owed once it reaches 1 ms (cut short when the
+    /// saver stops).
+    fn worked(&mut self, t: Duration, shared: &Shared) {
+        self.owed += t.mul_f64(self.rest_per_work);
+        if self.owed < Duration::from_millis(1) {
+            return;
+        }
+        let until = Instant::now() + std::mem::take(&mut self.owed);
+        let mut q = shared.queue.lock();
+        while !q.stop && Instant::now() < until {
+            q = shared.ready.wait_until(q, Some(until)).0;
+        }
     }
 }
 

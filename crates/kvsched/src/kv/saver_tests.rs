@@ -46,6 +46,8 @@ fn flush_waits_for_a_batch_a_thread_has_taken() {
             threads: 1,
             drop_timeout: std::time::Duration::from_secs(10),
             backoff: SaveBackoff::default(),
+            chunk_bytes: 56,
+            cpu_share: 1.0,
         },
     )
     .unwrap_or_else(|e| panic!("{e}"));
@@ -53,7 +55,7 @@ fn flush_waits_for_a_batch_a_thread_has_taken() {
         key: ChunkKey(1),
         group: 0,
         tokens: 16,
-        payload: vec![1; 8],
+        chunk: vec![1; 56],
     }));
     // The thread has taken the batch: the queue is empty, the put is in progress.
     while !gate.started.load(Ordering::SeqCst) {
@@ -120,6 +122,8 @@ fn saver(tier: &Arc<Filling>, backoff: SaveBackoff) -> Saver {
             threads: 1,
             drop_timeout: std::time::Duration::from_secs(10),
             backoff,
+            chunk_bytes: 56,
+            cpu_share: 1.0,
         },
     )
     .unwrap_or_else(|e| panic!("{e}"))
@@ -131,7 +135,7 @@ fn offer(s: &Saver, keys: std::ops::Range<u128>) {
             key: ChunkKey(k),
             group: 0,
             tokens: 16,
-            payload: vec![1; 8],
+            chunk: vec![1; 56],
         }));
     }
     s.flush();

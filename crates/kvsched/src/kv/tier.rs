@@ -40,6 +40,80 @@ pub trait Tier: Send + Sync + 'static {
         keys: &[ChunkKey],
         cancel: &CancelToken,
     ) -> Result<Vec<Option<Vec<u8>>>, TierError>;
+    /// Reads each key's value into the caller's buffer `bufs[i]` and sets `held[i]` (`false`:
+    /// not held, the buffer left empty), in order: the load path's get, which reuses the
+    /// connector's buffers instead of returning a fresh allocation per value. Each buffer is
+    /// cleared first and keeps its capacity, so a buffer that held a value of this size
+    /// before takes the next one without allocating or touching new pages.
+    ///
+    /// The default calls [`get`](Self::get) and moves each value into its buffer (an
+    /// allocation per value, as `get` makes; the buffers' old capacity is dropped): an
+    /// out-of-tree tier stays correct without it and may override it to read in place. The
+    /// memory and disk tiers do.
+    ///
+    /// # Errors
+    ///
+    /// As `get`; [`TierError::Refused`] when `bufs` or `held` is not as long as `keys`.
+    fn get_into(
+        &self,
+        keys: &[ChunkKey],
+        cancel: &CancelToken,
+        bufs: &mut [Vec<u8>],
+        held: &mut [bool],
+    ) -> Result<(), TierError> {
+        check_into_lens(keys.len(), bufs.len(), held.len())?;
+        let values = self.get(keys, cancel)?;
+        if values.len() != keys.len() {
+            return Err(TierError::Unavailable(format!(
+                "{}: get answered {} values for {} keys",
+                self.name(),
+                values.len(),
+                keys.len()
+            )));
+        }
+        for ((v, buf), h) in values.into_iter().zip(bufs.iter_mut()).zip(held.iter_mut()) {
+            *h = v.is_some();
+            match v {
+                Some(v) => *buf = v,
+                None => buf.clear(),
+            }
+        }
+        Ok(())
+    }
+    /// Calls `f` with the value of `key`, if held, and says whether it was: the load path of
+    /// a tier that never blocks, which can let the reader verify and copy a value where it
+    /// lies instead of copying it out first. `f` may run while the tier holds a lock: it must
+    /// not call into the tier.
+    ///
+    /// The default calls [`get`](Self::get) for the one key (an allocation per value); the
+    /// memory tier overrides it to run `f` on its stored value under its shard's lock.
+    ///
+    /// # Errors
+    ///
+    /// As `get`.
+    fn read_with(
+        &self,
+        key: ChunkKey,
+        cancel: &CancelToken,
+        f: &mut dyn FnMut(&[u8]),
+    ) -> Result<bool, TierError> {
+        let mut values = self.get(&[key], cancel)?;
+        if values.len() != 1 {
+            return Err(TierError::Unavailable(format!(
+                "{}: get answered {} values for 1 key",
+                self.name(),
+                values.len()
+            )));
+        }
+        match values.pop().flatten() {
+            Some(v) => {
+                f(&v);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
     /// Stores each value under its key, replacing what was there. A tier may refuse or drop
     /// values to stay within its capacity.
     fn put(&self, chunks: &[(ChunkKey, Vec<u8>)]) -> Result<(), TierError>;
@@ -50,4 +124,23 @@ pub trait Tier: Send + Sync + 'static {
     fn may_block(&self) -> bool {
         true
     }
+}
+
+/// The length check of [`Tier::get_into`]: one buffer and one flag per key.
+///
+/// # Errors
+///
+/// [`TierError::Refused`] naming the argument that is not as long as `keys`.
+pub(crate) fn check_into_lens(keys: usize, bufs: usize, held: usize) -> Result<(), TierError> {
+    if bufs != keys {
+        return Err(TierError::Refused(format!(
+            "get_into: bufs has {bufs} buffers for {keys} keys"
+        )));
+    }
+    if held != keys {
+        return Err(TierError::Refused(format!(
+            "get_into: held has {held} flags for {keys} keys"
+        )));
+    }
+    Ok(())
 }

@@ -17,6 +17,10 @@ pub struct TierCounts {
     pub chunks_loaded_from_others: u64,
     /// Payload bytes written into KV memory by loads.
     pub kv_bytes_loaded: u64,
+    /// Wall time inside loads, summed over loads (ns; loads running at once each count
+    /// theirs): `kv_bytes_loaded / load_ns` is the load bandwidth one load sees, failed
+    /// chunks' time included.
+    pub load_ns: u64,
     /// Chunks the tier did not have at load time.
     pub missing_chunks: u64,
     /// Chunks whose bytes changed after they were written (checksum).

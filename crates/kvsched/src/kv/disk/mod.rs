@@ -6,12 +6,14 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
+use super::tier::check_into_lens;
 use super::{ChunkKey, Tier, TierError};
 use crate::connector::CancelToken;
 use crate::sync::{AtomicU64, Mutex, Ordering};
 
 mod config;
 mod index;
+mod read;
 mod scan;
 
 pub use config::DiskConfig;
@@ -54,9 +56,11 @@ pub struct DiskCounts {
     pub capacity_bytes: u64,
 }
 
-/// Chunks as files under a root directory: `ROOT/ab/cd/<32 hex digits of the key>.chunk`,
-/// where `ab` and `cd` are the key's first two hex-digit pairs, so 65,536 subdirectories
-/// (made as needed) share the files and none holds more than 1/65,536 of them on average.
+/// Chunks as files under a root directory: `ROOT/ab/<32 hex digits of the key>.chunk`, where
+/// `ab` is the key's first pair of hex digits, so 256 subdirectories (made as needed) share
+/// the files, 1/256 of them each on average. (One level, not two: a second level of 65,536
+/// directories made one directory per chunk for the first tens of thousands of chunks, and
+/// on ext4 a `mkdir` costs as much as the chunk's own file.)
 ///
 /// **Crash safety.** A put writes `…/<key>.<pid>.<n>.tmp` in the chunk's own directory, then
 /// renames it over `<key>.chunk`: a reader sees the old file or the new one, whole. A
@@ -196,7 +200,6 @@ impl DiskTier {
         let hex = key.to_string();
         let mut p = self.root.clone();
         p.push(&hex[0..2]);
-        p.push(&hex[2..4]);
         p
     }
 
@@ -275,10 +278,7 @@ impl DiskTier {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 fs::create_dir_all(dir).map_err(|e| failed("create directory", dir, e))?;
                 if self.cfg.fsync {
-                    let parent = dir.parent().unwrap_or(&self.root);
-                    let not_full = |err| WriteFailed { full: false, err };
-                    sync_dir(parent).map_err(not_full)?;
-                    sync_dir(&self.root).map_err(not_full)?;
+                    sync_dir(&self.root).map_err(|err| WriteFailed { full: false, err })?;
                 }
                 OpenOptions::new()
                     .write(true)
@@ -365,95 +365,6 @@ impl DiskTier {
     fn limit(&self) -> u64 {
         self.cfg.max_value_bytes.min(self.cfg.capacity_bytes)
     }
-
-    /// Reads the file of `key`. `None` if there is no such file, or if what sits at its path
-    /// is not a regular file of at most [`limit`](Self::limit) bytes (see [`safe_open`]):
-    /// such a file is not one the tier wrote. Read in slices of at most 4 MiB, `cancel`
-    /// checked before each; a file that grows past the limit while read is refused too.
-    fn read_one(&self, key: ChunkKey, cancel: &CancelToken) -> Result<Option<Vec<u8>>, TierError> {
-        let path = self.chunk_path(key);
-        let limit = self.limit();
-        let (mut f, len) = match safe_open(&path, false, limit)? {
-            Opened::File(f, len) => (f, len),
-            Opened::Absent => return Ok(None),
-            Opened::Refused => {
-                // Relaxed: statistics only.
-                self.refused_reads.fetch_add(1, Ordering::Relaxed);
-                return Ok(None);
-            }
-        };
-        let mut buf = Vec::new();
-        buf.try_reserve_exact(len as usize).map_err(|e| {
-            TierError::Unavailable(format!("disk tier: read {}: {e}", path.display()))
-        })?;
-        const SLICE: u64 = 4 << 20;
-        loop {
-            if cancel.is_cancelled() {
-                return Err(TierError::Cancelled);
-            }
-            let want = (limit + 1 - buf.len() as u64).min(SLICE);
-            let n = (&mut f)
-                .take(want)
-                .read_to_end(&mut buf)
-                .map_err(|e| io_err("read", &path, e))?;
-            if buf.len() as u64 > limit {
-                // Relaxed: statistics only.
-                self.refused_reads.fetch_add(1, Ordering::Relaxed);
-                return Ok(None);
-            }
-            if (n as u64) < want {
-                return Ok(Some(buf));
-            }
-        }
-    }
-
-    /// Opens the file of `key` for an edit; `None` if absent.
-    fn open_stored(&self, key: ChunkKey) -> Result<Option<(File, u64, PathBuf)>, TierError> {
-        let path = self.chunk_path(key);
-        match safe_open(&path, true, self.limit())? {
-            Opened::File(f, len) => Ok(Some((f, len, path))),
-            Opened::Absent | Opened::Refused => Ok(None),
-        }
-    }
-}
-
-/// What [`safe_open`] found at a chunk's path.
-enum Opened {
-    /// A regular file and its length.
-    File(File, u64),
-    /// Nothing.
-    Absent,
-    /// Something the tier never writes: a symbolic link, a FIFO, a device, a directory, a
-    /// file longer than the limit.
-    Refused,
-}
-
-/// Opens the chunk file at `path` without following a symbolic link and without blocking
-/// (a FIFO opens at once instead of waiting for a writer), then checks on the open file
-/// itself (no race with a rename) that it is a regular file of at most `limit` bytes.
-fn safe_open(path: &Path, write: bool, limit: u64) -> Result<Opened, TierError> {
-    let mut open = OpenOptions::new();
-    open.read(true).write(write);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        open.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
-    }
-    let f = match open.open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Opened::Absent),
-        // ELOOP: a symbolic link; ENXIO: a FIFO without a reader opened for writing.
-        #[cfg(unix)]
-        Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP | libc::ENXIO)) => {
-            return Ok(Opened::Refused)
-        }
-        Err(e) => return Err(io_err("open", path, e)),
-    };
-    let meta = f.metadata().map_err(|e| io_err("stat", path, e))?;
-    if !meta.is_file() || meta.len() > limit {
-        return Ok(Opened::Refused);
-    }
-    Ok(Opened::File(f, meta.len()))
 }
 
 impl Tier for DiskTier {
@@ -481,24 +392,31 @@ impl Tier for DiskTier {
             if cancel.is_cancelled() {
                 return Err(TierError::Cancelled);
             }
-            let got = self.read_one(k, cancel)?;
-            if got.is_some() {
-                self.index.lock().touch(k);
-                // Relaxed: statistics only.
-                self.hits.fetch_add(1, Ordering::Relaxed);
-            } else {
-                let mut index = self.index.lock();
-                // Deleted behind the tier's back: forget it (unless a put just re-created it).
-                if index.map.contains_key(&k) && !self.chunk_path(k).exists() {
-                    index.remove(k);
-                }
-                drop(index);
-                // Relaxed: statistics only.
-                self.misses.fetch_add(1, Ordering::Relaxed);
-            }
-            out.push(got);
+            let mut buf = Vec::new();
+            let got = self.get_one(k, cancel, &mut buf)?;
+            out.push(got.then_some(buf));
         }
         Ok(out)
+    }
+
+    /// Reads each key's file into its buffer on the calling thread (the buffer's capacity
+    /// reused: the kernel copies from the page cache straight into it), checking `cancel`
+    /// before each.
+    fn get_into(
+        &self,
+        keys: &[ChunkKey],
+        cancel: &CancelToken,
+        bufs: &mut [Vec<u8>],
+        held: &mut [bool],
+    ) -> Result<(), TierError> {
+        check_into_lens(keys.len(), bufs.len(), held.len())?;
+        for ((&k, buf), h) in keys.iter().zip(bufs.iter_mut()).zip(held.iter_mut()) {
+            if cancel.is_cancelled() {
+                return Err(TierError::Cancelled);
+            }
+            *h = self.get_one(k, cancel, buf)?;
+        }
+        Ok(())
     }
 
     /// Writes each value (temporary file, then rename), evicting as needed. Stops at the

@@ -19,10 +19,10 @@ pub(super) struct Scan {
     pub oversized: u64,
 }
 
-/// Walks `ROOT/ab/cd/`: deletes every `*.tmp` file, lists every `<key>.chunk` regular file
+/// Walks `ROOT/ab/`: deletes every `*.tmp` file, lists every `<key>.chunk` regular file
 /// whose directory matches its key (only those can be found by `get`) and whose length is at
 /// most `limit` (a longer one the tier never wrote: counted in `oversized`), skips anything
-/// else.
+/// else (the `ROOT/ab/cd/` subdirectories of the earlier two-level layout among them).
 pub(super) fn scan(root: &Path, limit: u64) -> Result<Scan, TierError> {
     let mut found = Vec::new();
     let mut stale = 0u64;
@@ -33,50 +33,40 @@ pub(super) fn scan(root: &Path, limit: u64) -> Result<Scan, TierError> {
         let Some(hi) = an.to_str().and_then(hex_pair) else {
             continue;
         };
-        if !a.path().is_dir() {
+        let dir = a.path();
+        if !dir.is_dir() {
             continue;
         }
-        for b in read_dir(&a.path())? {
-            let b = b.map_err(|e| io_err("read directory", &a.path(), e))?;
-            let bn = b.file_name();
-            let Some(lo) = bn.to_str().and_then(hex_pair) else {
+        for f in read_dir(&dir)? {
+            let f = f.map_err(|e| io_err("read directory", &dir, e))?;
+            let path = f.path();
+            let name = f.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if name.ends_with(".tmp") {
+                match fs::remove_file(&path) {
+                    Ok(()) => stale += 1,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(io_err("remove stale temporary", &path, e)),
+                }
+                continue;
+            }
+            // Only a chunk in its own directory can be found by `get`.
+            let Some(key) = chunk_name_key(name) else {
                 continue;
             };
-            let dir = b.path();
-            if !dir.is_dir() {
+            if (key.0 >> 120) as u8 != hi {
                 continue;
             }
-            for f in read_dir(&dir)? {
-                let f = f.map_err(|e| io_err("read directory", &dir, e))?;
-                let path = f.path();
-                let name = f.file_name();
-                let Some(name) = name.to_str() else { continue };
-                if name.ends_with(".tmp") {
-                    match fs::remove_file(&path) {
-                        Ok(()) => stale += 1,
-                        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                        Err(e) => return Err(io_err("remove stale temporary", &path, e)),
-                    }
-                    continue;
-                }
-                // Only a chunk in its own directory can be found by `get`.
-                let Some(key) = chunk_name_key(name) else {
-                    continue;
-                };
-                if (key.0 >> 120) as u8 != hi || (key.0 >> 112) as u8 != lo {
-                    continue;
-                }
-                let meta = f.metadata().map_err(|e| io_err("stat", &path, e))?;
-                if !meta.is_file() {
-                    continue;
-                }
-                if meta.len() > limit {
-                    oversized += 1;
-                    continue;
-                }
-                let mtime = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
-                found.push((mtime, key, meta.len()));
+            let meta = f.metadata().map_err(|e| io_err("stat", &path, e))?;
+            if !meta.is_file() {
+                continue;
             }
+            if meta.len() > limit {
+                oversized += 1;
+                continue;
+            }
+            let mtime = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+            found.push((mtime, key, meta.len()));
         }
     }
     Ok(Scan {

@@ -2,13 +2,10 @@
 use super::*;
 
 #[test]
-fn chunk_path_fans_out_by_the_first_two_hex_pairs() {
+fn chunk_path_fans_out_by_the_first_hex_pair() {
     let t = DiskTier::unscanned(PathBuf::from("/r"), DiskConfig::default(), 0, 0);
     let k = ChunkKey(0x12ab_0000_0000_0000_0000_0000_0000_00ff);
-    assert_eq!(
-        t.chunk_path(k),
-        PathBuf::from(format!("/r/12/ab/{k}.chunk"))
-    );
+    assert_eq!(t.chunk_path(k), PathBuf::from(format!("/r/12/{k}.chunk")));
 }
 
 fn tier(dir: &tempfile::TempDir) -> DiskTier {

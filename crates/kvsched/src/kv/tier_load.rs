@@ -1,0 +1,177 @@
+//! The load path of a [`TierConnector`]: each chunk of a load is verified (key, group,
+//! length, checksum, MAC) before its payload is copied, once, into its destination block,
+//! with no allocation per chunk — from where the memory tier holds it, or from one of the
+//! connector's reused buffers ([`Buffers`](super::buffers::Buffers), filled by
+//! [`Tier::get_into`]: a memcpy out of a store, the kernel's copy out of the page cache).
+//!
+//! A tier that never blocks (the memory tier) is read one chunk at a time where it lies
+//! ([`Tier::read_with`]: verified and copied into KV memory under the tier's shard lock, so
+//! the memory tier's loads make one copy and one hash pass, no buffer at all). A tier that
+//! may block is read in one batched call (one round trip per node for a remote tier) into
+//! one buffer per chunk, on the connector's get threads when the load has a deadline
+//! ([`BoundedGets`](super::bounded::BoundedGets)): what those threads fill is looked at only
+//! if it came in time, so a late answer never writes KV memory.
+//!
+//! [`Tier::get_into`]: super::Tier::get_into
+//! [`Tier::read_with`]: super::Tier::read_with
+
+use std::time::Instant;
+
+use super::{bump, TierConnector};
+use crate::connector::LoadJob;
+use crate::kv::{ChunkErrorClass, ChunkHeader, ChunkKey};
+use crate::pool::BlockRef;
+
+/// One chunk a load wants: its group, its index in the group's table, its key.
+pub(super) type Wanted = (usize, usize, ChunkKey);
+
+impl TierConnector {
+    /// Reads, verifies and writes every chunk in `wanted`; each one that cannot be loaded is
+    /// poisoned (where the load may still write it) and named in `bad`.
+    pub(super) fn fetch(&self, job: &LoadJob, wanted: &[Wanted], bad: &mut [Vec<BlockRef>]) {
+        if job.cancel.is_cancelled() {
+            self.fail_all(job, wanted, bad);
+        } else if self.gets.is_some() {
+            self.fetch_batched(job, wanted, bad);
+        } else {
+            self.fetch_each(job, wanted, bad);
+        }
+    }
+
+    fn fail_all(&self, job: &LoadJob, wanted: &[Wanted], bad: &mut [Vec<BlockRef>]) {
+        for &(g, i, _) in wanted {
+            self.fail(job, g, i, bad);
+        }
+    }
+
+    /// A tier that never blocks: one chunk at a time, verified and copied where the tier
+    /// holds it ([`Tier::read_with`](super::Tier::read_with): for the memory tier, under its
+    /// shard's lock, with no copy out). The load's deadline is checked before each chunk;
+    /// once it has passed the rest fail (`loads_late`).
+    fn fetch_each(&self, job: &LoadJob, wanted: &[Wanted], bad: &mut [Vec<BlockRef>]) {
+        for (n, &w) in wanted.iter().enumerate() {
+            if job.deadline.is_some_and(|d| Instant::now() >= d) {
+                bump(&self.counters.loads_late, 1);
+                self.fail_all(job, &wanted[n..], bad);
+                return;
+            }
+            let read = self
+                .tier
+                .read_with(w.2, &job.cancel, &mut |v| self.land(job, w, Some(v), bad));
+            match read {
+                Ok(true) => {}
+                Ok(false) => self.land(job, w, None, bad),
+                Err(_) => {
+                    bump(&self.counters.tier_errors, 1);
+                    self.fail_all(job, &wanted[n..], bad);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// A tier that may block: one batched read into one buffer per chunk, bounded by the
+    /// load's deadline when it has one; an answer after the deadline fails the load whole.
+    fn fetch_batched(&self, job: &LoadJob, wanted: &[Wanted], bad: &mut [Vec<BlockRef>]) {
+        let keys: Vec<ChunkKey> = wanted.iter().map(|w| w.2).collect();
+        let n = keys.len();
+        let bufs = self.buffers.take_n(n);
+        let got = match (&self.gets, job.deadline) {
+            (Some(gets), Some(deadline)) => gets.get_into(&keys, bufs, &job.cancel, deadline),
+            _ => {
+                let (mut bufs, mut held) = (bufs, vec![false; n]);
+                self.tier
+                    .get_into(&keys, &job.cancel, &mut bufs, &mut held)
+                    .map(|()| (bufs, held))
+            }
+        };
+        let got = match got {
+            Ok((bufs, held)) if bufs.len() == n && held.len() == n => Some((bufs, held)),
+            Ok(_) | Err(_) => {
+                bump(&self.counters.tier_errors, 1);
+                None
+            }
+        };
+        // An answer past the load's deadline is a failed load: the runtime has stopped
+        // waiting (an async load's blocks are parked; a sync load's step must not read it).
+        let got = match got {
+            Some((bufs, _)) if job.deadline.is_some_and(|d| Instant::now() >= d) => {
+                bump(&self.counters.loads_late, 1);
+                self.buffers.give(bufs);
+                None
+            }
+            v => v,
+        };
+        match got {
+            None => self.fail_all(job, wanted, bad),
+            Some((bufs, held)) => {
+                for ((&w, buf), h) in wanted.iter().zip(&bufs).zip(held) {
+                    self.land(job, w, h.then_some(&buf[..]), bad);
+                }
+                self.buffers.give(bufs);
+            }
+        }
+    }
+
+    /// Verifies one chunk's value (`None`: the tier did not hold it) and writes its payload
+    /// into the destination block if the load may still write it.
+    fn land(
+        &self,
+        job: &LoadJob,
+        (g, i, key): Wanted,
+        value: Option<&[u8]>,
+        bad: &mut [Vec<BlockRef>],
+    ) {
+        let c = &self.counters;
+        let Some(value) = value else {
+            bump(&c.missing_chunks, 1);
+            self.index.remove(key);
+            self.fail(job, g, i, bad);
+            return;
+        };
+        let bytes = self.memory.layout().bytes_per_block(g).unwrap_or(0);
+        // (Planted bug `load-unverified`, scripts/plants.sh: the payload is taken from after
+        // the header without checking checksum, MAC, key or length.)
+        let payload = if planted!("load-unverified") {
+            ChunkHeader::parse(value)
+                .map(|h| value.get(h.payload_offset()..).unwrap_or_default())
+                .map_err(|e| e.class())
+        } else {
+            self.codec
+                .decode(value, key, g as u32, bytes as u64)
+                .map_err(|e| e.class())
+        };
+        let p = match payload {
+            Ok(p) => p,
+            Err(class) => {
+                bump(
+                    match class {
+                        ChunkErrorClass::Checksum => &c.checksum_failures,
+                        ChunkErrorClass::KeyMismatch => &c.key_mismatches,
+                        ChunkErrorClass::Mac => &c.mac_failures,
+                        ChunkErrorClass::Format => &c.format_errors,
+                    },
+                    1,
+                );
+                self.index.remove(key);
+                self.fail(job, g, i, bad);
+                return;
+            }
+        };
+        let Some(dest) = job.may_write(g, i) else {
+            bump(&c.writes_refused, 1);
+            self.fail(job, g, i, bad);
+            return;
+        };
+        if self.memory.write(g, dest.id, 0, p).is_ok() {
+            bump(&c.chunks_loaded, 1);
+            if !self.own.contains(key) {
+                bump(&c.chunks_loaded_from_others, 1);
+            }
+            bump(&c.kv_bytes_loaded, p.len() as u64);
+            self.index.insert(key);
+        } else {
+            self.fail(job, g, i, bad);
+        }
+    }
+}
