@@ -549,8 +549,7 @@ impl<'a, S: Scheduler> Engine<'a, S> {
             self.sources.ended(id, *state);
         }
         // Saves offered are stored before the counters are read, for 2 s at most (a disk
-        // store's saver takes a quarter of a core: a few thousand chunks take that long);
-        // what is still queued then is dropped and counted.
+        // saver takes a quarter of a core); what is still queued then is dropped and counted.
         self.conn.inner.flush_for(Duration::from_secs(2));
         let kv = kv_counts(
             self.cfg,
