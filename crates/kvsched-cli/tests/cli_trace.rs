@@ -115,6 +115,10 @@ fn prompt_tokens_split_by_source_and_the_tier_serves_what_the_pool_let_go() {
         "0",
         "--verify",
         "off",
+        // Every request must finish for the split to cover the whole trace: a debug build on
+        // a loaded machine takes longer than the default 20 s.
+        "--duration",
+        "600",
         "--json",
     ]);
     let err = String::from_utf8_lossy(&out.stderr);
