@@ -220,6 +220,14 @@ pub struct Events {
     /// Steps that found no progress possible and nothing to preempt (an invariant
     /// violation in a stress run).
     pub no_progress_steps: u64,
+    /// Prompt tokens prefill chunks gave back to the budget to end on a block end (a Mamba
+    /// `align` group: `runtime::policy::alignment`).
+    #[serde(default)]
+    pub aligned_chunk_tokens: u64,
+    /// Steps run in parallel on the shard threads (the others ran inline on the engine
+    /// thread).
+    #[serde(default)]
+    pub parallel_steps: u64,
 }
 
 impl Events {
@@ -245,6 +253,8 @@ impl Events {
             loads_dropped_unstarted: m.loads_dropped_unstarted,
             cross_shard_preemptions: m.cross_shard_preemptions,
             no_progress_steps: m.no_progress_steps,
+            aligned_chunk_tokens: m.aligned_chunk_tokens,
+            parallel_steps: m.parallel_steps,
         }
     }
 }
