@@ -158,6 +158,7 @@ use crate::baseline::{BaselineConfig, MutexScheduler};
 use drive::{drive, Plane};
 use faults::{silence_simulated_panics, FaultConnector};
 use kvsched::kv::{HostKvMemory, KvLayout, KvMemory, TierConnector, TierConnectorConfig};
+use kvsched::rules::geometry::CacheGroup;
 use kvsched::runtime::Runtime;
 use kvsched_testkit::{KvChecker, SimEngine};
 use progress::Nth;
@@ -219,29 +220,14 @@ fn plane(cfg: &StressConfig, stores: &Stores, who: &str) -> Result<Plane, Stress
     let bpt = usize::try_from(cfg.kv_bytes_per_token).map_err(|e| kv(&e))?;
     let state = usize::try_from(cfg.mamba_state_bytes).map_err(|e| kv(&e))?;
     let layout = KvLayout::for_groups(&groups, bpt, state).map_err(|e| kv(&e))?;
-    // A chunk is one block of one group, behind its header and (with a key) its MAC.
-    let max_chunk = kvsched::kv::HEADER_LEN
-        .saturating_add(layout.max_block_bytes())
-        .saturating_add(kvsched::kv::MAC_LEN);
-    let store = stores.open(cfg, who, max_chunk)?;
+    let store = stores.open(cfg, who, max_chunk_bytes(&layout))?;
     let memory: Arc<dyn KvMemory> =
         Arc::new(HostKvMemory::new(layout, cfg.pool_blocks).map_err(|e| kv(&e))?);
     let connector = Arc::new(
         TierConnector::new(
             Arc::clone(&store.tier),
             Arc::clone(&memory),
-            TierConnectorConfig::default()
-                .with_groups(groups.clone())
-                .with_scheduler_block_size(Some(cfg.scheduler_block_size()))
-                .with_tag(cfg.kv_tag())
-                .with_async_ratio(cfg.async_ratio)
-                .with_seed(cfg.seed ^ 0x5eed_c0de)
-                // A disk store's saves are kernel work: a quarter of a core at most.
-                .with_save_cpu_share(if matches!(cfg.store, store::StoreSpec::Disk(_)) {
-                    0.25
-                } else {
-                    1.0
-                }),
+            connector_config(cfg, &groups),
         )
         .map_err(|e| kv(&e))?,
     );
@@ -297,6 +283,30 @@ fn run_mutex(
         connector: conn.clone(),
     })?;
     drive(b, "mutex", nth, cfg, &conn, plane, progress)
+}
+
+/// The largest chunk of `layout`: one block of one group, behind its header and (with a key)
+/// its MAC.
+fn max_chunk_bytes(layout: &KvLayout) -> usize {
+    kvsched::kv::HEADER_LEN
+        .saturating_add(layout.max_block_bytes())
+        .saturating_add(kvsched::kv::MAC_LEN)
+}
+
+/// The connector of a run over `groups`: the run's tag, async share and seed; a disk store's
+/// saves (kernel work) take a quarter of a core at most.
+fn connector_config(cfg: &StressConfig, groups: &[CacheGroup]) -> TierConnectorConfig {
+    TierConnectorConfig::default()
+        .with_groups(groups.to_vec())
+        .with_scheduler_block_size(Some(cfg.scheduler_block_size()))
+        .with_tag(cfg.kv_tag())
+        .with_async_ratio(cfg.async_ratio)
+        .with_seed(cfg.seed ^ 0x5eed_c0de)
+        .with_save_cpu_share(if matches!(cfg.store, store::StoreSpec::Disk(_)) {
+            0.25
+        } else {
+            1.0
+        })
 }
 
 #[cfg(test)]

@@ -24,9 +24,7 @@ use super::drive::Plane;
 use super::report::Percentiles;
 use super::store::Stores;
 use super::values::{EngineKind, Rate};
-use kvsched::kv::{
-    HostKvMemory, KvLayout, KvMemory, TierConnector, TierConnectorConfig, TierError,
-};
+use kvsched::kv::{HostKvMemory, KvLayout, KvMemory, TierConnector, TierError};
 use kvsched::runtime::{StepOutput, StepPlan};
 use kvsched_testkit::{ModelEngine, ModelShape, ModelStep, SimCounts, TinyModel};
 
@@ -89,24 +87,17 @@ pub(super) fn plane(cfg: &StressConfig, stores: &Stores, who: &str) -> Result<Pl
     ));
     let layout = KvLayout::for_groups(&groups, model.bytes_per_token(), model.state_bytes())
         .map_err(|e| kv(&e))?;
-    let max_chunk = kvsched::kv::HEADER_LEN
-        .saturating_add(layout.max_block_bytes())
-        .saturating_add(kvsched::kv::MAC_LEN);
-    let store = stores.open(cfg, who, max_chunk)?;
+    let store = stores.open(cfg, who, super::max_chunk_bytes(&layout))?;
     let memory: Arc<dyn KvMemory> =
         Arc::new(HostKvMemory::new(layout, cfg.pool_blocks).map_err(|e| kv(&e))?);
     let connector = Arc::new(
         TierConnector::new(
             Arc::clone(&store.tier),
             Arc::clone(&memory),
-            TierConnectorConfig::default()
-                .with_groups(groups.clone())
-                .with_scheduler_block_size(Some(cfg.scheduler_block_size()))
-                // The model's weights follow the seed: a store holding another model's
-                // chunks (a disk directory reused) never offers them.
-                .with_tag(cfg.kv_tag() ^ kvsched_testkit::hash_str(&format!("model:{}", cfg.seed)))
-                .with_async_ratio(cfg.async_ratio)
-                .with_seed(cfg.seed ^ 0x5eed_c0de),
+            // The model's weights follow the seed: a store holding another model's chunks
+            // (a disk directory reused) never offers them.
+            super::connector_config(cfg, &groups)
+                .with_tag(cfg.kv_tag() ^ kvsched_testkit::hash_str(&format!("model:{}", cfg.seed))),
         )
         .map_err(|e| kv(&e))?,
     );
