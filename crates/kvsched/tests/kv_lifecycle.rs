@@ -124,7 +124,7 @@ fn a_tier_that_never_answers_does_not_drain_the_pool() {
             b.shards(2)
                 .workers(2)
                 .pool_blocks(400)
-                .settings(Settings::default().with_load_deadline(Some(Duration::from_millis(20))))
+                .settings(Settings::default().with_load_deadline(Some(Duration::from_millis(200))))
         });
         let prompts: Vec<Vec<u32>> = (0..40u32)
             .map(|p| (0..70).map(|t| p * 1000 + t + 1).collect())
@@ -135,9 +135,10 @@ fn a_tier_that_never_answers_does_not_drain_the_pool() {
         for (i, p) in prompts.iter().enumerate() {
             e.submit(&format!("r{i}"), p, 4);
         }
-        e.run_to_end(20_000);
+        // Bounded by wall time, not steps: the run's end waits on load deadlines.
+        e.run_until_idle(Duration::from_secs(60));
         assert_eq!(e.rt.live(), 0, "async {async_ratio}: requests left");
-        assert!(hang.hung() > 0, "the tier hung some gets");
+        assert!(hang.hung() > 0, "async {async_ratio}: the tier hung no get");
         let k = e.checker.counts();
         assert_eq!(k.garbage_reads, 0, "{k:?}");
         hang.release();

@@ -187,6 +187,18 @@ impl Bench {
         }
     }
 
+    /// Steps until nothing is live or `limit` of wall time has passed: for runs whose end
+    /// waits on load deadlines (wall time), which a step count cannot bound on a loaded
+    /// machine. A step that schedules nothing sleeps a millisecond before the next.
+    pub fn run_until_idle(&mut self, limit: std::time::Duration) {
+        let start = std::time::Instant::now();
+        while self.rt.live() > 0 && start.elapsed() < limit {
+            if self.step().scheduled.is_empty() {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+    }
+
     /// Shuts the runtime down; flushes the connector.
     pub fn finish(self) -> Report {
         let report = self.rt.shutdown();
