@@ -114,7 +114,7 @@ mod tests {
         s.checked(0, 3, 7, Some(1), (48, 60), true);
         // Same block, same epoch: only what grew is left.
         assert_eq!(s.unchecked(0, 3, 7, Some(1), (48, 62), true), [(48, 48), (60, 62)]);
-        assert_eq!(s.unchecked(0, 3, 7, Some(1), (50, 58), true), [(50, 50), (60, 58)]);
+        assert_eq!(s.unchecked(0, 3, 7, Some(1), (50, 58), true), [(50, 48), (60, 58)]);
         // A write since, another block, no epochs, another entry or group: all of it.
         assert_eq!(s.unchecked(0, 3, 7, Some(2), (48, 60), true), [(48, 60), (60, 60)]);
         assert_eq!(s.unchecked(0, 3, 8, Some(1), (48, 60), true), [(48, 60), (60, 60)]);
