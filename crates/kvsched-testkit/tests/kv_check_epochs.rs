@@ -55,14 +55,19 @@ impl Pair {
     }
 
     fn add(&mut self, id: &str, prompt: &[u32]) {
-        self.checker.iter_mut().for_each(|c| c.add_request(id, prompt));
+        self.checker
+            .iter_mut()
+            .for_each(|c| c.add_request(id, prompt));
     }
 
     /// One step of `id` on both; asserts they found the same garbage and returns it.
     fn compute(&mut self, id: &str, n: u64, k: u64, tables: &[BlockTable]) -> u64 {
         let [a, b] = &mut self.checker;
         let (fast, full) = (a.compute(id, n, k, tables), b.compute(id, n, k, tables));
-        assert_eq!(fast, full, "{id} at {n}+{k}: garbage with epochs vs without");
+        assert_eq!(
+            fast, full,
+            "{id} at {n}+{k}: garbage with epochs vs without"
+        );
         fast
     }
 
@@ -90,7 +95,10 @@ impl Pair {
         assert_eq!(a.units_read, b.units_read);
         assert_eq!(a.garbage_reads, b.garbage_reads);
         assert_eq!(a.null_reads, b.null_reads);
-        assert_eq!(b.units_skipped, 0, "memory without epochs: every unit compared");
+        assert_eq!(
+            b.units_skipped, 0,
+            "memory without epochs: every unit compared"
+        );
         (a.units_skipped, a.kv_bytes_verified, b.kv_bytes_verified)
     }
 }
@@ -120,7 +128,11 @@ fn a_checked_block_is_read_again_only_after_a_write_reaches_it() {
     assert_eq!(p.compute("a", 65, 1, &t), 0);
     let (skipped, fast, _) = p.totals();
     assert_eq!(skipped, 64, "blocks 1-4 unchanged since checked");
-    assert_eq!(fast, (64 + 1) * BPT as u64, "only the token written since is compared");
+    assert_eq!(
+        fast,
+        (64 + 1) * BPT as u64,
+        "only the token written since is compared"
+    );
 
     // A sharer's recompute of other tokens into block 2 (token-sized writes at offsets).
     let mut other = prompt.clone();
@@ -136,7 +148,11 @@ fn a_checked_block_is_read_again_only_after_a_write_reaches_it() {
     // A poison of block 4, then a read that finds the same garbage again, unchanged.
     p.poison(0, 4);
     assert_eq!(p.compute("a", 68, 1, &t), 12 + 16 + 16 + 2);
-    assert_eq!(p.compute("a", 69, 1, &t), 12 + 16 + 16 + 3, "garbage counted at every read");
+    assert_eq!(
+        p.compute("a", 69, 1, &t),
+        12 + 16 + 16 + 3,
+        "garbage counted at every read"
+    );
     // Back to the right bytes: a recomputes 16..70 (66..70 were written as garbage by the
     // steps that read garbage), then reads nothing wrong.
     assert_eq!(p.compute("a", 16, 54, &t), 0, "block 1 intact");
@@ -213,7 +229,11 @@ fn random_rewrites_find_the_same_garbage_with_and_without_epochs() {
                     // or a freed entry (null).
                     let g = rng.below(groups.len() as u64) as usize;
                     let i = rng.below(6) as usize;
-                    let id = if rng.below(4) == 0 { 0 } else { 1 + rng.below(BLOCKS as u64 - 1) };
+                    let id = if rng.below(4) == 0 {
+                        0
+                    } else {
+                        1 + rng.below(BLOCKS as u64 - 1)
+                    };
                     let mut t = reqs[r].2[g].to_vec();
                     t[i] = BlockRef { id, generation: 0 };
                     reqs[r].2[g] = t.into();

@@ -242,7 +242,10 @@ impl KvChecker {
     /// The reference payloads of every full block of group `g` of `prompt`, in order (what
     /// [`reference_block`](Self::reference_block) gives for each, hashing the prompt once).
     pub(crate) fn reference_blocks(&self, prompt: &[u32], g: usize) -> Vec<Vec<u8>> {
-        let Some(b) = self.groups.get(g).and_then(|grp| usize::try_from(grp.block_size).ok())
+        let Some(b) = self
+            .groups
+            .get(g)
+            .and_then(|grp| usize::try_from(grp.block_size).ok())
         else {
             return Vec::new();
         };
@@ -402,7 +405,13 @@ impl KvChecker {
                 let got = scratch(&mut self.scratch, sb);
                 let ok = memory.read(g, r.id, 0, got).is_ok();
                 let exp = &mut want[..sb];
-                reference(tag, g, n, t.chain.get(n as usize).copied().unwrap_or(0), exp);
+                reference(
+                    tag,
+                    g,
+                    n,
+                    t.chain.get(n as usize).copied().unwrap_or(0),
+                    exp,
+                );
                 bytes += sb as u64;
                 if ok && got == exp {
                     t.seen.checked(g, i, r.id, epoch, (n, n + 1), false);
@@ -487,7 +496,9 @@ impl KvChecker {
                         }
                     }
                     ends.push(end);
-                    for m in ends.into_iter().filter(|&m| m > 0 && m as usize <= t.tokens.len())
+                    for m in ends
+                        .into_iter()
+                        .filter(|&m| m > 0 && m as usize <= t.tokens.len())
                     {
                         writes.push(((m.div_ceil(b) - 1) as usize, 0, m, 0));
                     }

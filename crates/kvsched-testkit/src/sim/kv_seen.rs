@@ -110,27 +110,66 @@ mod tests {
     #[test]
     fn only_ranges_checked_at_the_current_epoch_of_the_same_block_are_skipped() {
         let mut s = Seen::default();
-        assert_eq!(s.unchecked(0, 3, 7, Some(1), (48, 60), true), [(48, 60), (60, 60)]);
+        assert_eq!(
+            s.unchecked(0, 3, 7, Some(1), (48, 60), true),
+            [(48, 60), (60, 60)]
+        );
         s.checked(0, 3, 7, Some(1), (48, 60), true);
         // Same block, same epoch: only what grew is left.
-        assert_eq!(s.unchecked(0, 3, 7, Some(1), (48, 62), true), [(48, 48), (60, 62)]);
-        assert_eq!(s.unchecked(0, 3, 7, Some(1), (50, 58), true), [(50, 48), (60, 58)]);
+        assert_eq!(
+            s.unchecked(0, 3, 7, Some(1), (48, 62), true),
+            [(48, 48), (60, 62)]
+        );
+        assert_eq!(
+            s.unchecked(0, 3, 7, Some(1), (50, 58), true),
+            [(50, 48), (60, 58)]
+        );
         // A write since, another block, no epochs, another entry or group: all of it.
-        assert_eq!(s.unchecked(0, 3, 7, Some(2), (48, 60), true), [(48, 60), (60, 60)]);
-        assert_eq!(s.unchecked(0, 3, 8, Some(1), (48, 60), true), [(48, 60), (60, 60)]);
-        assert_eq!(s.unchecked(0, 3, 7, None, (48, 60), true), [(48, 60), (60, 60)]);
-        assert_eq!(s.unchecked(0, 2, 7, Some(1), (48, 60), true), [(48, 60), (60, 60)]);
-        assert_eq!(s.unchecked(1, 3, 7, Some(1), (48, 60), true), [(48, 60), (60, 60)]);
+        assert_eq!(
+            s.unchecked(0, 3, 7, Some(2), (48, 60), true),
+            [(48, 60), (60, 60)]
+        );
+        assert_eq!(
+            s.unchecked(0, 3, 8, Some(1), (48, 60), true),
+            [(48, 60), (60, 60)]
+        );
+        assert_eq!(
+            s.unchecked(0, 3, 7, None, (48, 60), true),
+            [(48, 60), (60, 60)]
+        );
+        assert_eq!(
+            s.unchecked(0, 2, 7, Some(1), (48, 60), true),
+            [(48, 60), (60, 60)]
+        );
+        assert_eq!(
+            s.unchecked(1, 3, 7, Some(1), (48, 60), true),
+            [(48, 60), (60, 60)]
+        );
         // Merged ranges grow; a Mamba state (no merge) is skipped only at the same position.
         s.checked(0, 3, 7, Some(1), (60, 64), true);
-        assert_eq!(s.unchecked(0, 3, 7, Some(1), (48, 64), true), [(48, 48), (64, 64)]);
+        assert_eq!(
+            s.unchecked(0, 3, 7, Some(1), (48, 64), true),
+            [(48, 48), (64, 64)]
+        );
         s.checked(1, 0, 9, Some(4), (5, 6), false);
-        assert_eq!(s.unchecked(1, 0, 9, Some(4), (5, 6), false), [(5, 5), (6, 6)]);
-        assert_eq!(s.unchecked(1, 0, 9, Some(4), (6, 7), false), [(6, 7), (7, 7)]);
+        assert_eq!(
+            s.unchecked(1, 0, 9, Some(4), (5, 6), false),
+            [(5, 5), (6, 6)]
+        );
+        assert_eq!(
+            s.unchecked(1, 0, 9, Some(4), (6, 7), false),
+            [(6, 7), (7, 7)]
+        );
         // Nothing is recorded without an epoch or for the null block.
         s.checked(2, 0, 0, Some(1), (0, 4), true);
         s.checked(2, 1, 5, None, (0, 4), true);
-        assert_eq!(s.unchecked(2, 0, 0, Some(1), (0, 4), true), [(0, 4), (4, 4)]);
-        assert_eq!(s.unchecked(2, 1, 5, Some(0), (0, 4), true), [(0, 4), (4, 4)]);
+        assert_eq!(
+            s.unchecked(2, 0, 0, Some(1), (0, 4), true),
+            [(0, 4), (4, 4)]
+        );
+        assert_eq!(
+            s.unchecked(2, 1, 5, Some(0), (0, 4), true),
+            [(0, 4), (4, 4)]
+        );
     }
 }
