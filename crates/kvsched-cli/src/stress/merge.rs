@@ -186,6 +186,7 @@ impl KvCounts {
             garbage_reads_discarded: opt(self.garbage_reads_discarded, o.garbage_reads_discarded),
             null_reads: opt(self.null_reads, o.null_reads),
             units_read: add(self.units_read, o.units_read),
+            units_skipped: add(self.units_skipped, o.units_skipped),
             chunks_loaded: add(self.chunks_loaded, o.chunks_loaded),
             chunks_loaded_from_others: add(
                 self.chunks_loaded_from_others,

@@ -117,8 +117,12 @@ pub struct KvCounts {
     pub garbage_reads_discarded: Option<u64>,
     /// Of all garbage units, those read through a null entry.
     pub null_reads: Option<u64>,
-    /// Read units checked.
+    /// Read units the engine's steps made (checked now, or unchanged since checked).
     pub units_read: u64,
+    /// Of `units_read`, those not compared again: they matched at an earlier read of the
+    /// same request and no write has reached their block since (see the `KvChecker`).
+    #[serde(default)]
+    pub units_skipped: u64,
     /// Chunks verified and written into KV memory.
     pub chunks_loaded: u64,
     /// Of those, chunks this run's connector had not saved itself (an earlier run's).

@@ -46,6 +46,7 @@ pub(super) fn kv_counts(
             garbage_reads_discarded: verified(c.garbage_reads_discarded),
             null_reads: verified(c.null_reads),
             units_read: c.units_read,
+            units_skipped: c.units_skipped,
             chunks_loaded: t.chunks_loaded,
             chunks_loaded_from_others: t.chunks_loaded_from_others,
             chunks_saved: t.chunks_saved,

@@ -118,7 +118,7 @@ pub const FAULTS: [&str; 6] = ["deadline", "panic", "late", "duplicate", "stale"
 pub const STORE_FAULTS: [&str; 4] = ["corrupt", "truncate", "evict", "slow"];
 
 /// The KV counters of every run (`kv.*`), all counts.
-pub const KV_COUNTS: [&str; 16] = [
+pub const KV_COUNTS: [&str; 17] = [
     "kv_bytes_loaded",
     "kv_bytes_saved",
     "kv_bytes_verified",
@@ -135,6 +135,7 @@ pub const KV_COUNTS: [&str; 16] = [
     "tier_errors",
     "saves_dropped",
     "units_read",
+    "units_skipped",
 ];
 
 /// The garbage counters (`kv.*`): counts with `--verify on`, `null` with `--verify off`.

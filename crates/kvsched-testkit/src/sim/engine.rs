@@ -253,12 +253,10 @@ impl<'a> SimEngine<'a> {
         let prefix = &prompt[..tokens];
         let mut stored = 0;
         for g in 0..kv.connector.memory().layout().num_groups() {
-            let mut i = 0;
-            while let Some(bytes) = kv.checker.reference_block(prefix, g, i) {
-                if kv.connector.store_now(prefix, g, i, &bytes)? {
+            for (i, bytes) in kv.checker.reference_blocks(prefix, g).iter().enumerate() {
+                if kv.connector.store_now(prefix, g, i, bytes)? {
                     stored += 1;
                 }
-                i += 1;
             }
         }
         self.counts.chunks_warmed += stored;

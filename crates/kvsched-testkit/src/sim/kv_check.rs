@@ -20,11 +20,40 @@
 //! 7. Garbage units of steps whose output the engine keeps are `garbage_reads`; those of
 //!    steps [`Runtime::update`](kvsched::Runtime::update) says to discard are
 //!    `garbage_reads_discarded`.
+//!
+//! # What is checked when
+//!
+//! Every read unit of every step is accounted for (`units_read`), but its bytes are compared
+//! only when they may have changed, so verifying costs in proportion to the bytes written
+//! and loaded, not to context × steps. The memory keeps a write epoch per block
+//! ([`KvMemory::write_epoch`]) that every write changes — the engine's computed tokens, a
+//! load's payload, a poisoned block — and each request remembers, per entry of its tables,
+//! the block, its epoch and the positions that matched there. A unit is compared:
+//!
+//! * the first time the request reads it (after the load or the write that filled it);
+//! * whenever its entry names another block than at the last match (a table changed: a
+//!   preempted request back on new blocks, a block reused);
+//! * whenever its block's epoch moved since the last match: any write into the block by
+//!   anyone (a sharer's recompute, a late load landing in a reused block, a poison) makes
+//!   every unit of the block compared again at the next read — so a request's last, still
+//!   growing block is compared at every step it is written;
+//! * always, when the memory keeps no epochs (`write_epoch` is `None`);
+//! * and a unit found garbage is never recorded as matched, so it is compared and counted
+//!   again at every read, exactly as if everything were compared every step.
+//!
+//! A unit through a null entry is garbage at every read (nothing is recorded for it). The
+//! rest, bytes that matched at the block's current epoch, are `units_skipped`: they still
+//! match, since a reference depends only on the request's tokens and no write reached them.
+//! The epoch is loaded before the bytes (Acquire, against the writer's Release after its
+//! bytes), so a write racing a read either shows in the bytes read or leaves the epoch past
+//! the one recorded. The counts of garbage are therefore those of comparing every unit at
+//! every step; `kv_bytes_verified` counts the bytes actually compared.
 
 use std::sync::Arc as StdArc;
 
 use rustc_hash::FxHashMap;
 
+use super::kv_seen::Seen;
 use kvsched::connector::{KvConnector, LoadResult};
 use kvsched::kv::KvMemory;
 use kvsched::rules::geometry::{CacheGroup, GroupKind, MambaMode};
@@ -39,8 +68,11 @@ pub struct KvCheckCounts {
     pub garbage_reads_discarded: u64,
     /// Of all garbage units, those read through a null entry.
     pub null_reads: u64,
-    /// Read units checked.
+    /// Read units the steps made (contract rule 5), checked now or skipped.
     pub units_read: u64,
+    /// Of `units_read`, those whose bytes were not read again: they matched their reference
+    /// at an earlier read of the same request, and no write has reached their block since.
+    pub units_skipped: u64,
     /// Bytes compared against their reference.
     pub kv_bytes_verified: u64,
     /// Bytes the engine wrote for computed tokens.
@@ -58,6 +90,8 @@ struct Tokens {
     /// `chain[t]` = hash of `x[0..t]` (so `chain[0]` is the empty prefix).
     chain: Vec<u64>,
     prompt_len: usize,
+    /// What this request already checked (see `kv_seen`).
+    seen: Seen,
 }
 
 impl Tokens {
@@ -66,6 +100,7 @@ impl Tokens {
             tokens: Vec::with_capacity(prompt.len() + 16),
             chain: vec![0x9e37_79b9_7f4a_7c15],
             prompt_len: prompt.len(),
+            seen: Seen::default(),
         };
         for &x in prompt {
             t.push(x);
@@ -84,6 +119,25 @@ fn mix(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)
+}
+
+/// The reference bytes of position `pos` (a Mamba state: after `pos` tokens) of group `g`
+/// whose prefix hashes to `chain`, for tag `tag` (contract rule 1).
+fn reference(tag: u64, g: usize, pos: u64, chain: u64, out: &mut [u8]) {
+    let mut h = mix(tag ^ mix(g as u64 ^ mix(pos ^ chain)));
+    for c in out.chunks_mut(8) {
+        let b = h.to_le_bytes();
+        c.copy_from_slice(&b[..c.len()]);
+        h = mix(h);
+    }
+}
+
+/// The first `len` bytes of `buf`, grown as needed.
+fn scratch(buf: &mut Vec<u8>, len: usize) -> &mut [u8] {
+    if buf.len() < len {
+        buf.resize(len, 0);
+    }
+    &mut buf[..len]
 }
 
 /// The per-step result of [`KvChecker::run_step`], settled by [`KvChecker::settle`].
@@ -106,6 +160,8 @@ pub struct KvChecker {
     reqs: FxHashMap<StdArc<str>, Tokens>,
     counters: KvCheckCounts,
     verify: bool,
+    /// Bytes read or written by one access (reused).
+    scratch: Vec<u8>,
 }
 
 impl std::fmt::Debug for KvChecker {
@@ -136,6 +192,7 @@ impl KvChecker {
             reqs: FxHashMap::default(),
             counters: KvCheckCounts::default(),
             verify: true,
+            scratch: Vec::new(),
         }
     }
 
@@ -167,12 +224,7 @@ impl KvChecker {
     }
 
     fn reference(&self, g: usize, pos: u64, chain: u64, out: &mut [u8]) {
-        let mut h = mix(self.tag ^ mix(g as u64 ^ mix(pos ^ chain)));
-        for c in out.chunks_mut(8) {
-            let b = h.to_le_bytes();
-            c.copy_from_slice(&b[..c.len()]);
-            h = mix(h);
-        }
+        reference(self.tag, g, pos, chain, out);
     }
 
     /// The reference payload of entry `i` of group `g` for a prompt (what a warm tier holds):
@@ -185,6 +237,23 @@ impl KvChecker {
         }
         let t = Tokens::new(&prompt[..(i + 1) * b]);
         Some(self.block_bytes(g, &t, i, ((i + 1) * b) as u64))
+    }
+
+    /// The reference payloads of every full block of group `g` of `prompt`, in order (what
+    /// [`reference_block`](Self::reference_block) gives for each, hashing the prompt once).
+    pub(crate) fn reference_blocks(&self, prompt: &[u32], g: usize) -> Vec<Vec<u8>> {
+        let Some(b) = self
+            .groups
+            .get(g)
+            .and_then(|grp| usize::try_from(grp.block_size).ok())
+        else {
+            return Vec::new();
+        };
+        let full = prompt.len() / b.max(1);
+        let t = Tokens::new(&prompt[..full * b]);
+        (0..full)
+            .map(|i| self.block_bytes(g, &t, i, ((i + 1) * b) as u64))
+            .collect()
     }
 
     /// The bytes entry `i` of group `g` holds after `computed` tokens of `t`.
@@ -302,14 +371,17 @@ impl KvChecker {
     }
 
     /// Phase (b) for one request at `n` computed tokens: (garbage units, of which through
-    /// null entries).
+    /// null entries). Reads, per entry, only the positions not checked at the block's current
+    /// write epoch (`kv_seen`); every garbage unit is counted again at every read, as a
+    /// position found wrong is never recorded as checked.
     fn read_at(&mut self, id: &str, n: u64, tables: &[BlockTable]) -> (u64, u64) {
-        let Some(t) = self.reqs.get(id).filter(|_| self.verify) else {
+        let Some(t) = self.reqs.get_mut(id).filter(|_| self.verify) else {
             return (0, 0);
         };
-        let (mut garbage, mut nulls, mut units, mut bytes) = (0u64, 0u64, 0u64, 0u64);
-        let mut buf = vec![0u8; self.bytes_per_token.max(self.state_bytes)];
-        let mut want = buf.clone();
+        let (tag, bpt, sb) = (self.tag, self.bytes_per_token, self.state_bytes);
+        let memory = &*self.memory;
+        let (mut garbage, mut nulls, mut units, mut skipped, mut bytes) = (0u64, 0, 0, 0, 0);
+        let mut want = vec![0u8; bpt.max(sb)];
         for (g, grp) in self.groups.iter().enumerate() {
             let table = tables.get(g).map_or(&[][..], |t| &t[..]);
             let b = grp.block_size;
@@ -324,42 +396,76 @@ impl KvChecker {
                     nulls += 1;
                     continue;
                 };
-                let (got, exp) = (&mut buf[..self.state_bytes], &mut want[..self.state_bytes]);
-                let ok = self.memory.read(g, r.id, 0, got).is_ok();
-                self.reference(g, n, t.chain.get(n as usize).copied().unwrap_or(0), exp);
-                bytes += self.state_bytes as u64;
-                if !ok || got != exp {
+                let epoch = memory.write_epoch(r.id);
+                let [todo, _] = t.seen.unchecked(g, i, r.id, epoch, (n, n + 1), false);
+                if todo.0 >= todo.1 {
+                    skipped += 1;
+                    continue;
+                }
+                let got = scratch(&mut self.scratch, sb);
+                let ok = memory.read(g, r.id, 0, got).is_ok();
+                let exp = &mut want[..sb];
+                reference(
+                    tag,
+                    g,
+                    n,
+                    t.chain.get(n as usize).copied().unwrap_or(0),
+                    exp,
+                );
+                bytes += sb as u64;
+                if ok && got == exp {
+                    t.seen.checked(g, i, r.id, epoch, (n, n + 1), false);
+                } else {
                     garbage += 1;
                 }
                 continue;
             }
             let (lo, hi) = Self::read_range(grp, n);
-            let bpt = self.bytes_per_token;
-            for pos in lo..hi {
-                units += 1;
-                let i = (pos / b) as usize;
+            let mut e = lo / b;
+            while e * b < hi {
+                let (plo, phi) = (lo.max(e * b), hi.min((e + 1) * b));
+                let i = e as usize;
+                e += 1;
+                units += phi - plo;
                 let Some(r) = table.get(i).filter(|r| r.id != 0) else {
-                    garbage += 1;
-                    nulls += 1;
+                    garbage += phi - plo;
+                    nulls += phi - plo;
                     continue;
                 };
-                let off = (pos % b) as usize * bpt;
-                let (got, exp) = (&mut buf[..bpt], &mut want[..bpt]);
-                let ok = self.memory.read(g, r.id, off, got).is_ok();
-                let chain = t.chain.get(pos as usize + 1).copied().unwrap_or(0);
-                self.reference(g, pos, chain, exp);
-                bytes += bpt as u64;
-                if !ok || got != exp {
-                    garbage += 1;
+                let epoch = memory.write_epoch(r.id);
+                let mut right = true;
+                let mut read = 0;
+                for (slo, shi) in t.seen.unchecked(g, i, r.id, epoch, (plo, phi), true) {
+                    if slo >= shi {
+                        continue;
+                    }
+                    let got = scratch(&mut self.scratch, (shi - slo) as usize * bpt);
+                    let ok = memory.read(g, r.id, (slo % b) as usize * bpt, got).is_ok();
+                    for (pos, c) in (slo..shi).zip(got.chunks(bpt)) {
+                        let chain = t.chain.get(pos as usize + 1).copied().unwrap_or(0);
+                        reference(tag, g, pos, chain, &mut want[..bpt]);
+                        if !ok || c != &want[..bpt] {
+                            garbage += 1;
+                            right = false;
+                        }
+                    }
+                    read += shi - slo;
+                }
+                bytes += read * bpt as u64;
+                skipped += phi - plo - read;
+                if right {
+                    t.seen.checked(g, i, r.id, epoch, (plo, phi), true);
                 }
             }
         }
         self.counters.units_read += units;
+        self.counters.units_skipped += skipped;
         self.counters.kv_bytes_verified += bytes;
         (garbage, nulls)
     }
 
-    /// Phase (c) for one request: the bytes of `[n, n+k)` (garbage when `tainted`).
+    /// Phase (c) for one request: the bytes of `[n, n+k)` (garbage when `tainted`), one
+    /// write per entry.
     fn write_at(&mut self, id: &str, n: u64, k: u64, tables: &[BlockTable], tainted: bool) {
         let Some(t) = self.reqs.get(id) else {
             return;
@@ -369,13 +475,15 @@ impl KvChecker {
         if end as usize > t.tokens.len() + 1 {
             return;
         }
-        let mut buf = vec![0u8; self.bytes_per_token.max(self.state_bytes)];
+        let (tag, bpt, sb) = (self.tag, self.bytes_per_token, self.state_bytes);
+        let memory = &*self.memory;
         let mut written = 0u64;
         for (g, grp) in self.groups.iter().enumerate() {
             let table = tables.get(g).map_or(&[][..], |t| &t[..]);
             let b = grp.block_size;
-            // (entry, byte offset, reference position, chain hash, bytes)
-            let mut units: Vec<(usize, usize, u64, u64, usize)> = Vec::new();
+            // (entry, byte offset, first position, positions): one write each; 0 positions
+            // is a Mamba state after `first` tokens.
+            let mut writes: Vec<(usize, usize, u64, u64)> = Vec::new();
             match grp.kind {
                 GroupKind::Mamba { mode } => {
                     // The state at the end of the step, and (mode `all`) at each block end.
@@ -388,31 +496,41 @@ impl KvChecker {
                         }
                     }
                     ends.push(end);
-                    for m in ends {
-                        if let Some(&chain) = t.chain.get(m as usize).filter(|_| m > 0) {
-                            let i = (m.div_ceil(b) - 1) as usize;
-                            units.push((i, 0, m, chain, self.state_bytes));
-                        }
+                    for m in ends
+                        .into_iter()
+                        .filter(|&m| m > 0 && m as usize <= t.tokens.len())
+                    {
+                        writes.push(((m.div_ceil(b) - 1) as usize, 0, m, 0));
                     }
                 }
                 _ => {
-                    for pos in n..end.min(t.tokens.len() as u64) {
-                        let off = (pos % b) as usize * self.bytes_per_token;
-                        let chain = t.chain[pos as usize + 1];
-                        units.push(((pos / b) as usize, off, pos, chain, self.bytes_per_token));
+                    let stop = end.min(t.tokens.len() as u64);
+                    let mut pos = n;
+                    while pos < stop {
+                        let next = stop.min((pos / b + 1) * b);
+                        let off = (pos % b) as usize * bpt;
+                        writes.push(((pos / b) as usize, off, pos, next - pos));
+                        pos = next;
                     }
                 }
             }
-            for (i, off, pos, chain, len) in units {
+            for (i, off, first, count) in writes {
                 let Some(r) = table.get(i).filter(|r| r.id != 0) else {
                     continue;
                 };
-                let out = &mut buf[..len];
-                self.reference(g, pos, chain, out);
+                let len = if count == 0 { sb } else { count as usize * bpt };
+                let out = scratch(&mut self.scratch, len);
+                if count == 0 {
+                    reference(tag, g, first, t.chain[first as usize], out);
+                } else {
+                    for (pos, c) in (first..first + count).zip(out.chunks_mut(bpt)) {
+                        reference(tag, g, pos, t.chain[pos as usize + 1], c);
+                    }
+                }
                 if tainted {
                     out.iter_mut().for_each(|x| *x ^= 0xFF);
                 }
-                if self.memory.write(g, r.id, off, out).is_ok() {
+                if memory.write(g, r.id, off, out).is_ok() {
                     written += len as u64;
                 }
             }

@@ -7,7 +7,9 @@
 //!
 //! * `engine` — [`SimEngine`], the loop's decisions (samples, finishes, sync loads);
 //! * `kv_check` — [`KvChecker`], the verifying memory model: runs a step's reads and writes
-//!   on real KV bytes and counts every byte read that differs from its reference.
+//!   on real KV bytes and counts every byte read that differs from its reference;
+//! * `kv_seen` — what each request already checked, at which write epoch of each block, so
+//!   bytes no write touched since are not read again.
 //!
 //! * `model` — [`TinyModel`] and [`ModelEngine`]: a tiny hand-written hybrid model run on
 //!   the plan, whose every kept sample is judged against the request decoded alone.
@@ -16,6 +18,7 @@
 
 mod engine;
 mod kv_check;
+mod kv_seen;
 mod model;
 
 pub use engine::{SimCounts, SimEngine};

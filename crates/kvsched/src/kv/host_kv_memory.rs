@@ -16,10 +16,16 @@ use crate::sync::{AtomicU64, Ordering};
 ///
 /// Accesses are Relaxed word copies: ordering between a writer and a reader comes from the
 /// runtime's hand-offs (the completion queue, the step), not from the memory.
+///
+/// **Write epochs.** Each block has a counter ([`KvMemory::write_epoch`]) that every write
+/// bumps once its words are stored (Release; the epoch is read with Acquire), so a reader
+/// that loads epoch `e`, then reads the bytes, and later loads `e` again, saw every write
+/// that landed before its first load and knows none landed since. One more word per block.
 pub struct HostKvMemory {
     layout: KvLayout,
     words_per_block: usize,
     words: Box<[AtomicU64]>,
+    epochs: Box<[AtomicU64]>,
 }
 
 impl std::fmt::Debug for HostKvMemory {
@@ -91,10 +97,14 @@ impl HostKvMemory {
                 KvMemoryError::Alloc { bytes: total * 8 }
             }
         })?;
+        let epochs = zeroed_words(num_blocks).ok_or(KvMemoryError::Alloc {
+            bytes: num_blocks.saturating_mul(8),
+        })?;
         Ok(HostKvMemory {
             layout,
             words_per_block,
             words,
+            epochs,
         })
     }
 
@@ -156,55 +166,24 @@ impl KvMemory for HostKvMemory {
         data: &[u8],
     ) -> Result<(), KvMemoryError> {
         let (words, skew) = self.span(group, block, offset, data.len(), true)?;
-        if skew == 0 {
-            // Word-aligned (every whole-block write): four words per round (independent
-            // loads, XORs and stores the core can overlap), then one at a time.
-            let whole = data.len() / 8;
-            let (quads, rest) = words[..whole].split_at(whole / 4 * 4);
-            let word = |c: &[u8]| {
-                let mut b = [0u8; 8];
-                b.copy_from_slice(c);
-                u64::from_ne_bytes(b) ^ POISON_WORD
-            };
-            let mut src = data.chunks_exact(32);
-            for (w, c) in quads.chunks_exact(4).zip(&mut src) {
-                // Relaxed: see the type's docs; the runtime orders writers and readers.
-                w[0].store(word(&c[0..8]), Ordering::Relaxed);
-                w[1].store(word(&c[8..16]), Ordering::Relaxed);
-                w[2].store(word(&c[16..24]), Ordering::Relaxed);
-                w[3].store(word(&c[24..32]), Ordering::Relaxed);
+        Self::store(words, skew, data);
+        // Planted bug: a whole-block write (what a load and a poison do) leaves the epoch as
+        // it was, so a reader that checked the block before takes the new bytes as checked.
+        let whole = offset == 0 && Some(data.len()) == self.layout.bytes_per_block(group);
+        if !(planted!("epoch-not-bumped-on-whole-block-write") && whole) {
+            if let Some(e) = usize::try_from(block).ok().and_then(|b| self.epochs.get(b)) {
+                // Release: after the words above, so an Acquire load that sees this epoch
+                // sees the bytes (see the type's docs).
+                e.fetch_add(1, Ordering::Release);
             }
-            let mut chunks = src.remainder().chunks_exact(8);
-            for (w, c) in rest.iter().zip(&mut chunks) {
-                w.store(word(c), Ordering::Relaxed);
-            }
-            let tail = chunks.remainder();
-            if let (Some(w), false) = (words.get(data.len() / 8), tail.is_empty()) {
-                // A partial last word: merge with what is there (only this writer owns it).
-                let mut b = (w.load(Ordering::Relaxed) ^ POISON_WORD).to_ne_bytes();
-                b[..tail.len()].copy_from_slice(tail);
-                w.store(u64::from_ne_bytes(b) ^ POISON_WORD, Ordering::Relaxed);
-            }
-            return Ok(());
-        }
-        let mut pos = 0usize;
-        for (i, w) in words.iter().enumerate() {
-            let lo = if i == 0 { skew } else { 0 };
-            let take = (8 - lo).min(data.len() - pos);
-            if lo == 0 && take == 8 {
-                let mut b = [0u8; 8];
-                b.copy_from_slice(&data[pos..pos + 8]);
-                // Relaxed: see the type's docs; the runtime orders writers and readers.
-                w.store(u64::from_ne_bytes(b) ^ POISON_WORD, Ordering::Relaxed);
-            } else {
-                // A partial word: merge with what is there (only this writer owns the block).
-                let mut b = (w.load(Ordering::Relaxed) ^ POISON_WORD).to_ne_bytes();
-                b[lo..lo + take].copy_from_slice(&data[pos..pos + take]);
-                w.store(u64::from_ne_bytes(b) ^ POISON_WORD, Ordering::Relaxed);
-            }
-            pos += take;
         }
         Ok(())
+    }
+
+    fn write_epoch(&self, block: BlockId) -> Option<u64> {
+        let b = usize::try_from(block).ok().filter(|&b| b > 0)?;
+        // Acquire: pairs with the Release bump in `write`.
+        self.epochs.get(b).map(|e| e.load(Ordering::Acquire))
     }
 
     fn read(
@@ -239,6 +218,60 @@ impl KvMemory for HostKvMemory {
     }
 }
 
+impl HostKvMemory {
+    /// Stores `data` into `words`, starting `skew` bytes into the first.
+    fn store(words: &[AtomicU64], skew: usize, data: &[u8]) {
+        if skew == 0 {
+            // Word-aligned (every whole-block write): four words per round (independent
+            // loads, XORs and stores the core can overlap), then one at a time.
+            let whole = data.len() / 8;
+            let (quads, rest) = words[..whole].split_at(whole / 4 * 4);
+            let word = |c: &[u8]| {
+                let mut b = [0u8; 8];
+                b.copy_from_slice(c);
+                u64::from_ne_bytes(b) ^ POISON_WORD
+            };
+            let mut src = data.chunks_exact(32);
+            for (w, c) in quads.chunks_exact(4).zip(&mut src) {
+                // Relaxed: see the type's docs; the runtime orders writers and readers.
+                w[0].store(word(&c[0..8]), Ordering::Relaxed);
+                w[1].store(word(&c[8..16]), Ordering::Relaxed);
+                w[2].store(word(&c[16..24]), Ordering::Relaxed);
+                w[3].store(word(&c[24..32]), Ordering::Relaxed);
+            }
+            let mut chunks = src.remainder().chunks_exact(8);
+            for (w, c) in rest.iter().zip(&mut chunks) {
+                w.store(word(c), Ordering::Relaxed);
+            }
+            let tail = chunks.remainder();
+            if let (Some(w), false) = (words.get(data.len() / 8), tail.is_empty()) {
+                // A partial last word: merge with what is there (only this writer owns it).
+                let mut b = (w.load(Ordering::Relaxed) ^ POISON_WORD).to_ne_bytes();
+                b[..tail.len()].copy_from_slice(tail);
+                w.store(u64::from_ne_bytes(b) ^ POISON_WORD, Ordering::Relaxed);
+            }
+            return;
+        }
+        let mut pos = 0usize;
+        for (i, w) in words.iter().enumerate() {
+            let lo = if i == 0 { skew } else { 0 };
+            let take = (8 - lo).min(data.len() - pos);
+            if lo == 0 && take == 8 {
+                let mut b = [0u8; 8];
+                b.copy_from_slice(&data[pos..pos + 8]);
+                // Relaxed: see the type's docs; the runtime orders writers and readers.
+                w.store(u64::from_ne_bytes(b) ^ POISON_WORD, Ordering::Relaxed);
+            } else {
+                // A partial word: merge with what is there (only this writer owns the block).
+                let mut b = (w.load(Ordering::Relaxed) ^ POISON_WORD).to_ne_bytes();
+                b[lo..lo + take].copy_from_slice(&data[pos..pos + take]);
+                w.store(u64::from_ne_bytes(b) ^ POISON_WORD, Ordering::Relaxed);
+            }
+            pos += take;
+        }
+    }
+}
+
 #[cfg(all(test, not(kvsched_loom)))]
 mod tests {
     use super::*;
@@ -266,6 +299,32 @@ mod tests {
         let mut other = vec![0; 64];
         assert_eq!(m.read(0, 3, 0, &mut other), Ok(()));
         assert!(other.iter().all(|&b| b == POISON_BYTE));
+    }
+
+    #[test]
+    fn every_write_changes_the_epoch_and_reads_do_not() {
+        let m = mem();
+        assert_eq!(m.write_epoch(0), None, "the null block is not tracked");
+        assert_eq!(m.write_epoch(4), None, "out of range");
+        let mut seen = vec![m.write_epoch(2)];
+        let mut back = [0u8; 13];
+        assert_eq!(m.read(1, 2, 0, &mut back), Ok(()));
+        assert_eq!(m.write_epoch(2), seen[0], "a read leaves the epoch");
+        // A token-sized write, a whole-block write in each group (what a load does), a poison.
+        assert_eq!(m.write(0, 2, 8, &[1; 8]), Ok(()));
+        seen.push(m.write_epoch(2));
+        assert_eq!(m.write(0, 2, 0, &[2; 64]), Ok(()));
+        seen.push(m.write_epoch(2));
+        assert_eq!(m.write(1, 2, 0, &[3; 13]), Ok(()));
+        seen.push(m.write_epoch(2));
+        assert_eq!(m.poison(1, 2), Ok(()));
+        seen.push(m.write_epoch(2));
+        for w in seen.windows(2) {
+            assert!(w[0].is_some() && w[0] != w[1], "{seen:?}");
+        }
+        assert_eq!(m.write_epoch(3), Some(0), "other blocks untouched");
+        assert!(m.write(0, 0, 0, &[1]).is_err());
+        assert_eq!(m.write_epoch(1), Some(0), "a refused write changes nothing");
     }
 
     #[test]

@@ -156,6 +156,16 @@ pub trait KvMemory: Send + Sync + 'static {
         offset: usize,
         out: &mut [u8],
     ) -> Result<(), KvMemoryError>;
+    /// The block's write epoch: a counter that every [`write`](Self::write) (and so every
+    /// [`poison`](Self::poison) and every load) into `block`, in any group, changes after
+    /// its bytes are stored. A reader that saw epoch `e` before reading the block's bytes,
+    /// and sees `e` again later, knows no write landed in between, so bytes it checked then
+    /// need no second check. `None` (the default, and for the null block or a block out of
+    /// range): not tracked, a reader must check the bytes every time.
+    fn write_epoch(&self, block: BlockId) -> Option<u64> {
+        let _ = block;
+        None
+    }
     /// Fills the whole block with [`POISON_BYTE`]s (a load marks a block it could not fill).
     ///
     /// # Errors
