@@ -27,6 +27,18 @@ declare -A TESTS=(
   # runtime/policy/alignment.rs: prefill chunks of a Mamba align geometry end where the
   # budget says, so the prefix a request computed is not reusable.
   [unaligned-chunks]="kvsched --test runtime_alignment"
+  # runtime/policy/alignment.rs: a chunk reaching the prompt's end passes its last block
+  # end, so a request continuing the prompt finds no state to resume from.
+  [prompt-end-state-uncached]="kvsched --test kv_mamba_reuse;kvsched --lib runtime::policy::alignment"
+  # runtime/policy/alignment.rs: no branch point, so the end of a prefix shared with an
+  # earlier prompt never gets its Mamba state cached.
+  [branch-state-uncached]="kvsched --test runtime_alignment;kvsched --lib runtime::policy::alignment"
+  # runtime/policy/state_ends.rs: a Mamba align state is looked for one block past the
+  # prefix's end, so a tier offers a prefix whose state it does not hold.
+  [mamba-state-one-block-late]="kvsched --test kv_mamba_reuse;kvsched --lib runtime::policy::state_ends"
+  # runtime/shard/schedule.rs: a step's Mamba align state goes into an entry a failed load
+  # left null, and is lost.
+  [mamba-state-into-null]="kvsched --test kv_mamba_reuse"
   [late-leak]="kvsched --test runtime_faults"
   # shard: a connector panic counts as a successful load.
   [panic-ok]="kvsched --test runtime_faults"
@@ -81,8 +93,8 @@ declare -A TESTS=(
   [epoch-not-bumped-on-whole-block-write]="kvsched-testkit --test kv_check_epochs;kvsched --lib kv::host_kv_memory"
 )
 ORDER=(decide-early claim-store late-leak panic-ok trust-stale end-while-loading no-cross-shard-preempt lookup-uncaught shard-panic-escapes mamba-align-cache-unwritten
-  saver-flush-early register-unwritten reoffer-unwritten park-unstarted baseline-no-second-chance holder-release-unrecorded unaligned-chunks tier-present-after-failed-load scan-one-group-less load-unverified save-payload-offset
-  epoch-not-bumped-on-whole-block-write)
+  saver-flush-early register-unwritten reoffer-unwritten park-unstarted baseline-no-second-chance holder-release-unrecorded unaligned-chunks prompt-end-state-uncached branch-state-uncached mamba-state-one-block-late
+  mamba-state-into-null tier-present-after-failed-load scan-one-group-less load-unverified save-payload-offset epoch-not-bumped-on-whole-block-write)
 
 if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi
 

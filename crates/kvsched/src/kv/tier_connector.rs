@@ -22,6 +22,7 @@ use crate::connector::{
 use crate::pool::BlockRef;
 use crate::rng::{hash_str, unit_of};
 use crate::rules::geometry::{BlockId, CacheGroup, Geometry};
+use crate::runtime::policy::state_ends::{state_ends, state_only};
 use crate::sync::{Arc, AtomicU64, Ordering};
 
 /// Settings of a [`TierConnector`]: [`TierConnectorConfig::default`] and the `with_*`
@@ -466,10 +467,16 @@ impl KvConnector for TierConnector {
         }
         let mut reach = limit;
         let mut probe = Vec::new();
+        let mut state_keys = vec![Vec::new(); self.cfg.groups.len()];
         for (g, grp) in self.cfg.groups.iter().enumerate() {
             let b = grp.block_size.max(1);
             let first = (q.local_tokens / b) as usize;
             let keys = self.keys(g, q.prompt, (limit / b) as usize);
+            if state_only(grp) {
+                // Mamba `align`: only the state at the offer's end is loaded (below).
+                state_keys[g] = keys;
+                continue;
+            }
             let held = keys
                 .iter()
                 .skip(first)
@@ -480,7 +487,24 @@ impl KvConnector for TierConnector {
                 probe.extend(keys.iter().skip(first + held).copied());
             }
         }
-        let offer = reach / s * s;
+        // The longest offer at which every Mamba `align` group's state is held.
+        let held = |g: usize, i: usize| {
+            let key = state_keys.get(g).and_then(|k| k.get(i));
+            key.is_some_and(|&k| self.index.contains(k))
+        };
+        let offer = state_ends(&self.cfg.groups, s, reach, held)
+            .take_while(|&l| l > q.local_tokens)
+            .next()
+            .unwrap_or(0);
+        if self.cfg.probe_on_miss {
+            for (g, grp) in self.cfg.groups.iter().enumerate() {
+                let b = grp.block_size.max(1);
+                let from = (offer.max(q.local_tokens) / b) as usize;
+                let upto = (reach / b) as usize;
+                let keys = state_keys[g].iter().take(upto).skip(from);
+                probe.extend(keys.filter(|&&k| !self.index.contains(k)).copied());
+            }
+        }
         if offer <= q.local_tokens {
             if !probe.is_empty() {
                 let _ = self.saver.offer(Work::Probe(probe));

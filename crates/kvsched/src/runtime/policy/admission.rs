@@ -1,7 +1,9 @@
 //! How far an admitted request's computed prefix reaches: its local prefix, extended by what
-//! the connector offers to load past it.
+//! the connector offers to load past it; and which entries of that external range hold
+//! nothing, so nothing is loaded into them.
 
-use crate::rules::geometry::Geometry;
+use super::state_ends::state_only;
+use crate::rules::geometry::{CacheGroup, Geometry};
 
 /// Where an admitted request's computed prefix ends, for a prompt of `prompt_len` tokens with
 /// a local prefix of `local` tokens and `offered` external tokens past it: the offer rounded
@@ -14,10 +16,40 @@ pub fn external_end(geo: &Geometry, prompt_len: u64, local: u64, offered: u64) -
         .clamp(local, limit.max(local))
 }
 
+/// The entries of group `grp` below which an admitted request's table holds the null block
+/// when its computed prefix ends at `end` (local prefix and external range): a Mamba `align`
+/// group's states before the one at `end`, which no step of its wrote and no tier needs to
+/// hold (`policy::state_ends`); none for other groups, whose fresh blocks the load fills.
+pub fn external_nulls(grp: &CacheGroup, end: u64) -> usize {
+    if state_only(grp) {
+        grp.nullable_below(end) as usize
+    } else {
+        0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rules::geometry::{CacheGroup, DEFAULT_NULL_BLOCK};
+    use crate::rules::geometry::{MambaMode, DEFAULT_NULL_BLOCK};
+
+    #[test]
+    fn only_the_mamba_align_state_at_the_end_is_loaded() {
+        let align = CacheGroup::mamba(64, MambaMode::Align);
+        assert_eq!(
+            external_nulls(&align, 640),
+            9,
+            "entry 9, the state after 640, is loaded"
+        );
+        assert_eq!(external_nulls(&align, 64), 0);
+        assert_eq!(external_nulls(&align, 0), 0);
+        assert_eq!(
+            external_nulls(&CacheGroup::mamba(64, MambaMode::All), 640),
+            0
+        );
+        assert_eq!(external_nulls(&CacheGroup::full_attention(16), 640), 0);
+        assert_eq!(external_nulls(&CacheGroup::sliding_window(16, 32), 640), 0);
+    }
 
     #[test]
     fn the_offer_is_rounded_down_and_stops_before_the_last_token() {

@@ -8,7 +8,8 @@
 //! whether a request can ever get them), `scheduling` (the step's budget, the tokens a running
 //! request gets, the length cap, the preemption victim), `alignment` (where a prefill chunk
 //! ends when a Mamba group keeps its state in mode `align`), `caching` (which full blocks may enter
-//! the prefix cache), `lost` (where a lost step is offered again) and `trust` (which blocks a
+//! the prefix cache), `state_ends` (the lengths a Mamba `align` group can resume at: where its
+//! state is held), `lost` (where a lost step is offered again) and `trust` (which blocks a
 //! failure report may roll back).
 //!
 //! What is not here is how a step holds its state: the shard keeps its requests in per-shard
@@ -23,4 +24,5 @@ pub mod growth;
 pub mod lost;
 pub mod prefix;
 pub mod scheduling;
+pub mod state_ends;
 pub mod trust;

@@ -4,10 +4,12 @@
 //!
 //! The search is bounded: [`prefix_cap`] caps it by the leading run of cached blocks of every
 //! group that needs every entry, and [`prefix_candidates`] tries at most
-//! [`MAX_PREFIX_PROBES`] lengths below that, longest first. A caller checks each candidate's
+//! [`MAX_PREFIX_PROBES`] lengths below that, longest first, at which every Mamba `align` group
+//! has its state cached (`policy::state_ends`). A caller checks each candidate's
 //! entries ([`prefix_entries`]) against the prefix cache and takes the first that is whole;
 //! none means no local prefix (0).
 
+use super::state_ends::state_ends;
 use crate::pool::BlockHash;
 use crate::rules::geometry::{CacheGroup, Geometry, GroupKind, MambaMode};
 
@@ -37,13 +39,23 @@ pub fn prefix_cap(
 }
 
 /// The prefix lengths to try for a prefix of at most `cap` tokens, longest first: the
-/// multiples of `S` at or below `cap`, at most [`MAX_PREFIX_PROBES`] of them, never 0.
-pub fn prefix_candidates(geo: &Geometry, cap: u64) -> impl Iterator<Item = u64> {
+/// multiples of `S` at or below `cap` at which every Mamba `align` group finds its state in
+/// the prefix cache (`cached`; `policy::state_ends`), at most [`MAX_PREFIX_PROBES`] of them,
+/// never 0. Without a Mamba `align` group, the multiples of `S` just below `cap`.
+pub fn prefix_candidates<'a>(
+    geo: &'a Geometry,
+    cap: u64,
+    hashes: &'a [Vec<BlockHash>],
+    mut cached: impl FnMut(BlockHash) -> bool + 'a,
+) -> impl Iterator<Item = u64> + 'a {
     let s = geo.scheduler_block_size();
-    let top = geo.round_down_to_s(cap);
-    (0..MAX_PREFIX_PROBES as u64)
-        .map(move |i| top.saturating_sub(i.saturating_mul(s)))
-        .take_while(|&l| l > 0)
+    let held = move |g: usize, i: usize| {
+        hashes
+            .get(g)
+            .and_then(|h| h.get(i))
+            .is_some_and(|&h| cached(h))
+    };
+    state_ends(geo.groups(), s, geo.round_down_to_s(cap), held).take(MAX_PREFIX_PROBES)
 }
 
 /// What a prefix of `len` tokens needs from group `grp`, as `(nullable, n)`: its first `n`
@@ -97,13 +109,20 @@ mod tests {
             CacheGroup::mamba(32, MambaMode::Align),
         ]);
         assert_eq!(g.scheduler_block_size(), 32);
-        let c: Vec<u64> = prefix_candidates(&g, 100).collect();
+        // Group 1's hashes are 100 + its entry's index; every state cached.
+        let hashes = vec![(0..40).collect::<Vec<BlockHash>>(), (100..120).collect()];
+        let c: Vec<u64> = prefix_candidates(&g, 100, &hashes, |_| true).collect();
         assert_eq!(c, [96, 64, 32]);
-        let long: Vec<u64> = prefix_candidates(&g, 32 * 20).collect();
+        let long: Vec<u64> = prefix_candidates(&g, 32 * 20, &hashes, |_| true).collect();
         assert_eq!(long.len(), MAX_PREFIX_PROBES);
         assert_eq!(long.first(), Some(&640));
         assert_eq!(long.last(), Some(&(640 - 7 * 32)));
-        assert_eq!(prefix_candidates(&g, 31).count(), 0);
+        assert_eq!(prefix_candidates(&g, 31, &hashes, |_| true).count(), 0);
+        // Only the states after 64 and 512 tokens cached (entries 1 and 15): the probes go
+        // to those lengths, however far below the cap.
+        let some: Vec<u64> =
+            prefix_candidates(&g, 32 * 20, &hashes, |h| h == 101 || h == 115).collect();
+        assert_eq!(some, [512, 64]);
     }
 
     #[test]

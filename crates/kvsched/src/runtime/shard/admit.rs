@@ -10,7 +10,8 @@ use crate::connector::{CancelToken, LoadJob, LoadOwner, LookupQuery, LookupResul
 use crate::pool::{BlockRef, Generation};
 use crate::rules::geometry::BlockId;
 use crate::rules::recovery::Mode;
-use crate::runtime::policy::admission::external_end;
+use crate::runtime::policy::admission::{external_end, external_nulls};
+use crate::runtime::policy::alignment::branch_point;
 use crate::runtime::policy::growth::blocks_needed;
 use crate::runtime::policy::prefix::{prefix_candidates, prefix_cap, prefix_entries};
 
@@ -19,14 +20,16 @@ use super::{next_key, Env, HolderIndex, Metrics, Phase, Req, Shard, StepSettings
 
 impl<S: Strategy> Shard<S> {
     /// Longest usable local prefix (a multiple of the scheduler block size, below the
-    /// prompt's end), retained.
-    fn local_prefix(env: &Env<'_, S>, r: &Req) -> (u64, Vec<Vec<(BlockId, Generation)>>) {
+    /// prompt's end), retained, and the cap the search started from (the leading run of
+    /// cached blocks of the groups that need every entry).
+    fn local_prefix(env: &Env<'_, S>, r: &Req) -> (u64, Vec<Vec<(BlockId, Generation)>>, u64) {
         let geo = env.geo;
         let groups = geo.groups();
         let prompt_len = r.prompt.len() as u64;
         // Full-attention-like groups need every entry below L.
         let cap = prefix_cap(geo, prompt_len, &r.hashes, |h| env.pool.contains_hash(h));
-        for l in prefix_candidates(geo, cap) {
+        let cached = |h| env.pool.contains_hash(h);
+        for l in prefix_candidates(geo, cap, &r.hashes, cached) {
             let mut got: Vec<Vec<(BlockId, Generation)>> = vec![Vec::new(); groups.len()];
             let mut ok = true;
             'groups: for (g, grp) in groups.iter().enumerate() {
@@ -46,7 +49,7 @@ impl<S: Strategy> Shard<S> {
                 }
             }
             if ok {
-                return (l, got);
+                return (l, got, cap);
             }
             for t in got {
                 for (id, gen) in t {
@@ -54,7 +57,7 @@ impl<S: Strategy> Shard<S> {
                 }
             }
         }
-        (0, vec![Vec::new(); groups.len()])
+        (0, vec![Vec::new(); groups.len()], cap)
     }
 
     /// Admits waiting requests in canonical order, at most `max_seqs` per step: each gets its
@@ -84,7 +87,7 @@ impl<S: Strategy> Shard<S> {
                 r.tables.iter().all(Vec::is_empty),
                 "a waiting request holds blocks"
             );
-            let (local, got) = Self::local_prefix(env, r);
+            let (local, got, cached) = Self::local_prefix(env, r);
             // The prefix the connector would load from: the chained hash of group 0's first
             // block past the local hit (the same for every request sharing that prefix).
             let b0 = geo.groups()[0].block_size;
@@ -92,9 +95,10 @@ impl<S: Strategy> Shard<S> {
             let look =
                 Self::lookup_external(env, settings, now, r, local, &mut self.result.counters);
             let ext_end = external_end(geo, r.prompt.len() as u64, local, look.external_tokens);
-            if !Self::allocate_prompt(env, r, seq, local, got, &mut self.index) {
+            if !Self::allocate_prompt(env, r, seq, (local, ext_end), got, &mut self.index) {
                 break; // pool exhausted: admit again next step
             }
+            r.branch = branch_point(geo, ext_end, cached);
             // The local prefix is written (it is in the prefix cache); the external range is
             // not until its load lands or the step that carries it is answered.
             r.written = local;
@@ -188,18 +192,25 @@ impl<S: Strategy> Shard<S> {
         }
     }
 
-    /// Fills the tables of `r` for its whole prompt: the local prefix `got` first, fresh
+    /// Fills the tables of `r` for its whole prompt: the local prefix `got` first, the null
+    /// block for the entries of the external range `local..ext_end` that hold nothing (a
+    /// Mamba `align` group's states before the one at `ext_end`: `policy::admission`), fresh
     /// blocks after it, entries below `local` counted as registered. Returns `false`, with the
     /// prefix released, when the pool cannot supply the fresh blocks.
     fn allocate_prompt(
         env: &Env<'_, S>,
         r: &mut Req,
         seq: u64,
-        local: u64,
+        (local, ext_end): (u64, u64),
         mut got: Vec<Vec<(BlockId, Generation)>>,
         index: &mut HolderIndex,
     ) -> bool {
         let geo = env.geo;
+        for (g, grp) in geo.groups().iter().enumerate() {
+            while got[g].len() < external_nulls(grp, ext_end) {
+                got[g].push((geo.null_block(), 0));
+            }
+        }
         // Allocate the rest of the prompt in every group.
         let mut fresh: Vec<BlockRef> = Vec::new();
         let need = blocks_needed(

@@ -169,6 +169,9 @@ pub(super) struct Req {
     pub(super) load_failures: u32,
     /// Prefix key of the external range, for quarantine.
     pub(super) prefix_key: Option<u64>,
+    /// Where a prefill chunk stops to leave a Mamba `align` state (0: nowhere;
+    /// `policy::alignment::branch_point`).
+    pub(super) branch: u64,
     /// Per-request load deadline (overrides the settings').
     pub(super) load_deadline: Option<Duration>,
     /// Recovery's cap on the computed length when the in-flight load lands.
@@ -221,6 +224,7 @@ impl Req {
             timed_out: false,
             load_failures: 0,
             prefix_key: None,
+            branch: 0,
             load_deadline: n.load_deadline,
             load_cap: u64::MAX,
             load_done: None,

@@ -12,11 +12,15 @@ use crate::runtime::claim::RequestKey;
 use crate::runtime::policy::alignment::{aligned_chunk, chunk_alignment};
 use crate::runtime::policy::growth::blocks_needed;
 use crate::runtime::policy::scheduling::{length_capped, preemption_victim, StepBudget};
+use crate::runtime::policy::state_ends::written_state;
 
 impl<S: Strategy> Shard<S> {
     /// Makes room in the tables of `r` for `upto` computed tokens.
     fn grow(env: &Env<'_, S>, r: &mut Req, upto: u64, index: &mut HolderIndex) -> bool {
         let groups = env.geo.groups();
+        if !Self::fill_state_entry(env, r, upto, index) {
+            return false;
+        }
         let need = blocks_needed(groups, r.tables.iter().map(Vec::len), upto);
         if need == 0 {
             return true;
@@ -34,6 +38,36 @@ impl<S: Strategy> Shard<S> {
                     index.add(b.id, r.key.seq());
                     r.gens[g].push(b.generation);
                 }
+            }
+        }
+        true
+    }
+
+    /// Gives a fresh block to the entry a step computing up to `upto` writes a Mamba `align`
+    /// state into when it is the null block: an entry of an external range that was not loaded
+    /// (`policy::admission::external_nulls`), reached again after a failed load rolled the
+    /// request back below it.
+    fn fill_state_entry(env: &Env<'_, S>, r: &mut Req, upto: u64, index: &mut HolderIndex) -> bool {
+        let null = env.geo.null_block();
+        if planted!("mamba-state-into-null") {
+            return true; // the step writes its state into the null block: it is lost
+        }
+        for (g, grp) in env.geo.groups().iter().enumerate() {
+            let Some(i) = written_state(grp, upto) else {
+                continue;
+            };
+            if r.tables[g].get(i) != Some(&null) {
+                continue;
+            }
+            let mut one = Vec::with_capacity(1);
+            if !env.pool.allocate_n(1, &mut one) {
+                return false;
+            }
+            if let Some(b) = one.pop() {
+                r.tables[g][i] = b.id;
+                r.gens[g][i] = b.generation;
+                r.snapshot = None;
+                index.add(b.id, r.key.seq());
             }
         }
         true
@@ -68,7 +102,8 @@ impl<S: Strategy> Shard<S> {
                 continue;
             }
             let granted = budget.grant(r.num_computed_tokens, r.seq_len());
-            let n = aligned_chunk(r.num_computed_tokens, granted, r.prompt.len() as u64, align);
+            let prompt_len = r.prompt.len() as u64;
+            let n = aligned_chunk(r.num_computed_tokens, granted, prompt_len, align, r.branch);
             self.result.counters.aligned_chunk_tokens += granted - n;
             if n == 0 {
                 continue;
