@@ -114,7 +114,12 @@ impl TierConnector {
     }
 
     /// Verifies one chunk's value (`None`: the tier did not hold it) and writes its payload
-    /// into the destination block if the load may still write it.
+    /// into the destination block if the load may still write it: in one pass, each block of
+    /// the payload copied right after the checksum has read it
+    /// ([`ChunkCodec::decode_to`](crate::kv::ChunkCodec)), so the copy reads it from cache.
+    /// A chunk whose header names another block or length reaches no destination; one that
+    /// fails its checksum or MAC has been copied by then, and its destination is poisoned
+    /// before the load reports it (the block is the load's alone until its completion).
     fn land(
         &self,
         job: &LoadJob,
@@ -129,17 +134,29 @@ impl TierConnector {
             self.fail(job, g, i, bad);
             return;
         };
-        let bytes = self.memory.layout().bytes_per_block(g).unwrap_or(0);
+        let bytes = self.memory.layout().bytes_per_block(g).unwrap_or(0) as u64;
+        let dest = job.may_write(g, i);
+        let mut wrote = None;
         // (Planted bug `load-unverified`, scripts/plants.sh: the payload is taken from after
         // the header without checking checksum, MAC, key or length.)
-        let payload = if planted!("load-unverified") {
-            ChunkHeader::parse(value)
+        let payload = match dest {
+            _ if planted!("load-unverified") => ChunkHeader::parse(value)
                 .map(|h| value.get(h.payload_offset()..).unwrap_or_default())
-                .map_err(|e| e.class())
-        } else {
-            self.codec
-                .decode(value, key, g as u32, bytes as u64)
-                .map_err(|e| e.class())
+                .map_err(|e| e.class()),
+            Some(d) => {
+                let ok = wrote.insert(true);
+                let mut write = |at: usize, b: &[u8]| {
+                    *ok &= self.memory.write(g, d.id, at, b).is_ok();
+                };
+                self.codec
+                    .decode_to(value, key, g as u32, bytes, &mut write)
+                    .map_err(|e| e.class())
+            }
+            // Not to be written: checked all the same, so damage is counted as such.
+            None => self
+                .codec
+                .decode(value, key, g as u32, bytes)
+                .map_err(|e| e.class()),
         };
         let p = match payload {
             Ok(p) => p,
@@ -158,12 +175,16 @@ impl TierConnector {
                 return;
             }
         };
-        let Some(dest) = job.may_write(g, i) else {
+        let Some(dest) = dest else {
             bump(&c.writes_refused, 1);
             self.fail(job, g, i, bad);
             return;
         };
-        if self.memory.write(g, dest.id, 0, p).is_ok() {
+        let wrote = match wrote {
+            Some(w) => w,
+            None => self.memory.write(g, dest.id, 0, p).is_ok(),
+        };
+        if wrote {
             bump(&c.chunks_loaded, 1);
             if !self.own.contains(key) {
                 bump(&c.chunks_loaded_from_others, 1);
