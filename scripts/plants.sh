@@ -73,12 +73,15 @@ declare -A TESTS=(
   # kv/tier_load.rs: a loaded chunk's payload is taken from after its header unverified
   # (no checksum, MAC, key or length check) and written into KV memory.
   [load-unverified]="kvsched --test kv_zero_copy"
+  # kv/tier_load.rs: a chunk that fails its checksum after the one-pass verify-and-copy wrote
+  # its payload is reported invalid but left unpoisoned (its destination keeps damaged bytes).
+  [failed-copy-left-unpoisoned]="kvsched --test kv_zero_copy;kvsched --test kv_fault_paths"
   # kv/tier_connector.rs: a save copies the block's bytes 32 bytes early in its reused buffer
   # (under the MAC's room), so the sealed chunk holds the wrong payload.
   [save-payload-offset]="kvsched --test kv_zero_copy"
 )
 ORDER=(decide-early claim-store late-leak panic-ok trust-stale end-while-loading no-cross-shard-preempt lookup-uncaught shard-panic-escapes mamba-align-cache-unwritten
-  saver-flush-early register-unwritten reoffer-unwritten park-unstarted baseline-no-second-chance holder-release-unrecorded unaligned-chunks tier-present-after-failed-load scan-one-group-less load-unverified save-payload-offset)
+  saver-flush-early register-unwritten reoffer-unwritten park-unstarted baseline-no-second-chance holder-release-unrecorded unaligned-chunks tier-present-after-failed-load scan-one-group-less load-unverified save-payload-offset failed-copy-left-unpoisoned)
 
 if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi
 

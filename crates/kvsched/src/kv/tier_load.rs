@@ -171,6 +171,15 @@ impl TierConnector {
                     1,
                 );
                 self.index.remove(key);
+                // (Planted bug `failed-copy-left-unpoisoned`, scripts/plants.sh: a chunk that
+                // fails its checksum or MAC after its payload was copied is reported invalid,
+                // but its destination keeps the copied bytes instead of poison.)
+                if let (true, Some(_), Some(d)) =
+                    (planted!("failed-copy-left-unpoisoned"), wrote, dest)
+                {
+                    bad[g].push(d);
+                    return;
+                }
                 self.fail(job, g, i, bad);
                 return;
             }
