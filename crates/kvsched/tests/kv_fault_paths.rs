@@ -103,7 +103,10 @@ fn check<T: kvsched_testkit::FaultTarget>(name: &str, inner: T, mac: Option<[u8;
                     "{name} round {round}: failed block {id} is not poison"
                 );
             } else {
-                assert!(got == pattern(id), "{name} round {round}: block {id} differs");
+                assert!(
+                    got == pattern(id),
+                    "{name} round {round}: block {id} differs"
+                );
             }
         }
         let s = reader.counts();
@@ -141,8 +144,8 @@ fn faulted_disk_tier_loads_through_reused_buffers_and_poison_every_damaged_chunk
 
 #[test]
 fn forwarded_reads_give_the_inner_tiers_bytes() {
-    let faulty = FaultyTier::new(MemoryTier::new(1 << 20, 2), FaultConfig::default())
-        .expect("faults");
+    let faulty =
+        FaultyTier::new(MemoryTier::new(1 << 20, 2), FaultConfig::default()).expect("faults");
     let keys = [ChunkKey(1 << 64), ChunkKey(2 << 64), ChunkKey(3 << 64)];
     faulty
         .put(&[(keys[0], vec![1; 300]), (keys[1], vec![2; 70_000])])
@@ -170,5 +173,8 @@ fn forwarded_reads_give_the_inner_tiers_bytes() {
         },
     )
     .expect("faults");
-    assert!(slow.may_block(), "slow gets are bounded by the load's deadline");
+    assert!(
+        slow.may_block(),
+        "slow gets are bounded by the load's deadline"
+    );
 }

@@ -92,7 +92,10 @@ mod tests {
         let m = a.merge(&b, 3_000_000 + 1_000_000);
         assert_eq!((m.tier.as_str(), m.load_ns), ("disk", 3_000_000));
         assert_eq!(m.gb_per_s, Some(1.333));
-        assert_eq!(LoadBandwidth::of("memory", &TierCounts::default()).gb_per_s, None);
+        assert_eq!(
+            LoadBandwidth::of("memory", &TierCounts::default()).gb_per_s,
+            None
+        );
         let other = LoadBandwidth {
             tier: "redis".into(),
             ..b

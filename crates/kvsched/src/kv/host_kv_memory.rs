@@ -176,8 +176,7 @@ impl KvMemory for HostKvMemory {
             let (octs, rest) = words[..whole].split_at(whole / 8 * 8);
             let mut src = data.chunks_exact(64);
             for (w, c) in octs.chunks_exact(8).zip(&mut src) {
-                if let (Ok(w), Ok(c)) = (<&[AtomicU64; 8]>::try_from(w), <&[u8; 64]>::try_from(c))
-                {
+                if let (Ok(w), Ok(c)) = (<&[AtomicU64; 8]>::try_from(w), <&[u8; 64]>::try_from(c)) {
                     store8(w, c);
                 }
             }

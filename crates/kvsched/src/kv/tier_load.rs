@@ -1,8 +1,19 @@
 //! The load path of a [`TierConnector`]: each chunk of a load is verified (key, group,
-//! length, checksum, MAC) before its payload is copied, once, into its destination block,
-//! with no allocation per chunk — from where the memory tier holds it, or from one of the
-//! connector's reused buffers ([`Buffers`](super::buffers::Buffers), filled by
-//! [`Tier::get_into`]: a memcpy out of a store, the kernel's copy out of the page cache).
+//! length, checksum, MAC) and its payload copied, once, into its destination block, in one
+//! pass over its bytes and with no allocation per chunk — from where the memory tier holds
+//! it, or from one of the connector's reused buffers ([`Buffers`](super::buffers::Buffers),
+//! filled by [`Tier::get_into`]: a memcpy out of a store, the kernel's copy out of the page
+//! cache).
+//!
+//! **One pass.** The header is checked first (format, length, key, group, a MAC present when
+//! the connector has a key): a chunk naming another block never reaches KV memory. Then the
+//! payload goes 16 KiB at a time through the checksum (and the MAC) and straight on into the
+//! destination while it is still in the core's cache, so a large chunk is read from memory
+//! once instead of twice. The checksum is known only at the end: a chunk that fails it has
+//! been copied, and its destination is poisoned before the load reports it invalid — the
+//! block is the load's alone until its completion (`FILLING`, docs/kv.md), so nobody reads
+//! the bytes in between. A destination the load may no longer write is never touched; its
+//! chunk is still checked, so damage counts as damage.
 //!
 //! A tier that never blocks (the memory tier) is read one chunk at a time where it lies
 //! ([`Tier::read_with`]: verified and copied into KV memory under the tier's shard lock, so

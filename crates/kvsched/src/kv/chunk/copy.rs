@@ -148,7 +148,12 @@ mod tests {
                     (good.clone(), key, 2, n as u64 + 1),
                     (good[..good.len() - 1].to_vec(), key, 2, n as u64),
                     ([&good[..], b"x"].concat(), key, 2, n as u64),
-                    (ChunkCodec::new(None).encode(key, 2, 16, &p), key, 2, n as u64),
+                    (
+                        ChunkCodec::new(None).encode(key, 2, 16, &p),
+                        key,
+                        2,
+                        n as u64,
+                    ),
                 ];
                 for at in [0, 5, 7, 9, 30, 35, 41, 50, good.len() - 1] {
                     let mut bad = good.clone();
