@@ -1,5 +1,6 @@
 //! [`ChunkCodec::decode_to`]: a chunk's decode and the copy of its payload in one pass over
-//! its bytes. The payload is handed to the caller's sink in blocks of [`COPY_BLOCK`] bytes,
+//! its bytes. The payload is handed to the caller's sink in blocks of [`COPY_BLOCK`] bytes (the
+//! first short by the header, so the MAC hashes aligned blocks),
 //! each right after the checksum (and the MAC, with a key) has read it, so the copy reads it
 //! again from the core's cache instead of from memory: a load of a large chunk reads it from
 //! memory once, not twice. The header checks (format, length, key, group, MAC present) come
@@ -50,12 +51,18 @@ impl ChunkCodec {
         let (head, payload) = value.split_at(h.payload_offset());
         let mut sum = checksum_head(head);
         let mut mac = self.mac_key.as_ref().map(|k| mac_hasher(k, head));
-        for (n, block) in payload.chunks(COPY_BLOCK).enumerate() {
+        // The first block is short by the header, so the MAC's input (header, then payload)
+        // reaches BLAKE3 in whole aligned 16 KiB subtrees, which it hashes 16 chunks wide; a
+        // misaligned one it would hash in ever smaller pieces.
+        let (mut at, mut rest, mut take) = (0, payload, COPY_BLOCK - HEADER_LEN);
+        while !rest.is_empty() {
+            let (block, tail) = rest.split_at(take.min(rest.len()));
             sum.write(block);
             if let Some(m) = &mut mac {
                 m.update(block);
             }
-            sink(n * COPY_BLOCK, block);
+            sink(at, block);
+            (at, rest, take) = (at + block.len(), tail, COPY_BLOCK);
         }
         let stored = h.checksum;
         let computed = sum.finish();
