@@ -5,8 +5,10 @@
 //! for a batch of chunks: read each from the tier, verify it (key, group, length, xxh3
 //! checksum), copy its payload into its destination block of a `HostKvMemory`. The disk tier
 //! is read from the page cache (its files were just written) and compared with `fs::read`
-//! into one reused buffer. Also the checksum's and the keyed BLAKE3 MAC's own speed, and the
-//! cost of one disk put with and without fsync.
+//! into one reused buffer, and into as many reused buffers as the batch (`fs×n`: the same
+//! memory traffic as the tier's). The memory load also runs with a keyed BLAKE3 MAC on every
+//! chunk (`mem+MAC`). Also the checksum's (xxh3-64 streamed, as the codec computes it) and
+//! the keyed BLAKE3 MAC's own speed, and the cost of one disk put with and without fsync.
 //!
 //! Batches hold 64 chunks (16 at 2 MiB, so a batch is at most 32 MiB for every contender).
 //! "×2 threads" runs the contender on two threads at once, each on its own batch and
