@@ -85,6 +85,9 @@ declare -A TESTS=(
   # kv/tier_load.rs: a loaded chunk's payload is taken from after its header unverified
   # (no checksum, MAC, key or length check) and written into KV memory.
   [load-unverified]="kvsched --test kv_zero_copy"
+  # kv/tier_load.rs: a chunk that fails its checksum after the one-pass verify-and-copy wrote
+  # its payload is reported invalid but left unpoisoned (its destination keeps damaged bytes).
+  [failed-copy-left-unpoisoned]="kvsched --test kv_zero_copy;kvsched --test kv_fault_paths"
   # kv/tier_connector.rs: a save copies the block's bytes 32 bytes early in its reused buffer
   # (under the MAC's room), so the sealed chunk holds the wrong payload.
   [save-payload-offset]="kvsched --test kv_zero_copy"
@@ -93,8 +96,8 @@ declare -A TESTS=(
   [epoch-not-bumped-on-whole-block-write]="kvsched-testkit --test kv_check_epochs;kvsched --lib kv::host_kv_memory"
 )
 ORDER=(decide-early claim-store late-leak panic-ok trust-stale end-while-loading no-cross-shard-preempt lookup-uncaught shard-panic-escapes mamba-align-cache-unwritten
-  saver-flush-early register-unwritten reoffer-unwritten park-unstarted baseline-no-second-chance holder-release-unrecorded unaligned-chunks prompt-end-state-uncached branch-state-uncached mamba-state-one-block-late
-  mamba-state-into-null tier-present-after-failed-load scan-one-group-less load-unverified save-payload-offset epoch-not-bumped-on-whole-block-write)
+  saver-flush-early register-unwritten reoffer-unwritten park-unstarted baseline-no-second-chance holder-release-unrecorded unaligned-chunks prompt-end-state-uncached branch-state-uncached mamba-state-one-block-late mamba-state-into-null tier-present-after-failed-load
+  scan-one-group-less load-unverified save-payload-offset epoch-not-bumped-on-whole-block-write failed-copy-left-unpoisoned)
 
 if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi
 

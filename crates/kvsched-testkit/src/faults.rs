@@ -257,6 +257,23 @@ impl<T: FaultTarget> FaultyTier<T> {
         rate > 0.0 && ((self.draw(kind, key, 0) >> 11) as f64 / (1u64 << 53) as f64) < rate
     }
 
+    /// The read faults of every get path (`get`, `get_into`, `read_with`): one delay if any
+    /// key is slow, then the deletion of each key that meets `evict`.
+    fn before_read(&self, keys: &[ChunkKey], cancel: &CancelToken) -> Result<(), TierError> {
+        if keys.iter().any(|&k| self.meets(Kind::Slow, k)) {
+            // Relaxed: statistics only.
+            self.slowed.fetch_add(1, Ordering::Relaxed);
+            self.stall(cancel)?;
+        }
+        for &k in keys {
+            if self.meets(Kind::Evict, k) && self.inner.remove(k)? {
+                // Relaxed: statistics only.
+                self.evicted.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    }
+
     /// Waits `slow_for`, checking `cancel` at least every millisecond.
     fn stall(&self, cancel: &CancelToken) -> Result<(), TierError> {
         let end = Instant::now() + self.cfg.slow_for;
@@ -287,18 +304,40 @@ impl<T: FaultTarget> Tier for FaultyTier<T> {
         keys: &[ChunkKey],
         cancel: &CancelToken,
     ) -> Result<Vec<Option<Vec<u8>>>, TierError> {
-        if keys.iter().any(|&k| self.meets(Kind::Slow, k)) {
-            // Relaxed: statistics only.
-            self.slowed.fetch_add(1, Ordering::Relaxed);
-            self.stall(cancel)?;
-        }
-        for &k in keys {
-            if self.meets(Kind::Evict, k) && self.inner.remove(k)? {
-                // Relaxed: statistics only.
-                self.evicted.fetch_add(1, Ordering::Relaxed);
-            }
-        }
+        self.before_read(keys, cancel)?;
         self.inner.get(keys, cancel)
+    }
+
+    /// As [`get`](Tier::get), read into the caller's buffers through the inner tier's own
+    /// `get_into`: a faulted load takes the path a clean one takes.
+    fn get_into(
+        &self,
+        keys: &[ChunkKey],
+        cancel: &CancelToken,
+        bufs: &mut [Vec<u8>],
+        held: &mut [bool],
+    ) -> Result<(), TierError> {
+        self.before_read(keys, cancel)?;
+        self.inner.get_into(keys, cancel, bufs, held)
+    }
+
+    /// As [`get`](Tier::get) for one key, through the inner tier's own `read_with` (the
+    /// memory tier's verify-and-copy where the value lies).
+    fn read_with(
+        &self,
+        key: ChunkKey,
+        cancel: &CancelToken,
+        f: &mut dyn FnMut(&[u8]),
+    ) -> Result<bool, TierError> {
+        self.before_read(&[key], cancel)?;
+        self.inner.read_with(key, cancel, f)
+    }
+
+    /// The inner tier's answer unless gets may be slowed (`slow` > 0): then `true`, so the
+    /// connector bounds them by the load's deadline. Without slow gets a faulted memory tier
+    /// is read on the loading thread, as a clean one is.
+    fn may_block(&self) -> bool {
+        self.cfg.slow > 0.0 || self.inner.may_block()
     }
 
     /// Stores through the inner tier, then damages the chosen values at rest (also when the

@@ -5,8 +5,10 @@
 //! for a batch of chunks: read each from the tier, verify it (key, group, length, xxh3
 //! checksum), copy its payload into its destination block of a `HostKvMemory`. The disk tier
 //! is read from the page cache (its files were just written) and compared with `fs::read`
-//! into one reused buffer. Also the checksum's and the keyed BLAKE3 MAC's own speed, and the
-//! cost of one disk put with and without fsync.
+//! into one reused buffer, and into as many reused buffers as the batch (`fs×n`: the same
+//! memory traffic as the tier's). The memory load also runs with a keyed BLAKE3 MAC on every
+//! chunk (`mem+MAC`). Also the checksum's (xxh3-64 streamed, as the codec computes it) and
+//! the keyed BLAKE3 MAC's own speed, and the cost of one disk put with and without fsync.
 //!
 //! Batches hold 64 chunks (16 at 2 MiB, so a batch is at most 32 MiB for every contender).
 //! "×2 threads" runs the contender on two threads at once, each on its own batch and
@@ -19,6 +21,7 @@
 //!
 //! Run: `cargo bench --bench tier -- --warm-up-time 1 --measurement-time 2`
 
+use std::hash::Hasher as _;
 use std::hint::black_box;
 use std::io::Read;
 use std::path::PathBuf;
@@ -54,10 +57,16 @@ struct Loader {
     payload: usize,
     /// Destination blocks of thread `t`: `1 + t * n ..`.
     n: usize,
+    mac: Option<[u8; 32]>,
 }
 
 impl Loader {
     fn new(tier: Arc<dyn Tier>, payload: usize) -> Option<Loader> {
+        Loader::with_mac(tier, payload, None)
+    }
+
+    /// A loader whose connector writes and checks a keyed BLAKE3 MAC on every chunk.
+    fn with_mac(tier: Arc<dyn Tier>, payload: usize, mac: Option<[u8; 32]>) -> Option<Loader> {
         let n = batch(payload);
         let groups = vec![CacheGroup::full_attention(BLOCK_TOKENS)];
         let layout = KvLayout::for_groups(&groups, payload / BLOCK_TOKENS as usize, 8).ok()?;
@@ -65,6 +74,7 @@ impl Loader {
         let kv: Arc<dyn KvMemory> = memory.clone();
         let cfg = TierConnectorConfig::default()
             .with_groups(groups)
+            .with_mac_key(mac)
             .with_probe_on_miss(false);
         let conn = TierConnector::new(Arc::clone(&tier), kv, cfg).ok()?;
         let prompt: Vec<u32> = (0..n as u32 * BLOCK_TOKENS as u32 + 1).collect();
@@ -81,6 +91,7 @@ impl Loader {
             keys,
             payload,
             n,
+            mac,
         };
         // Every destination page touched once, as a running engine's KV memory is.
         l.load_old(0);
@@ -114,7 +125,7 @@ impl Loader {
 
     /// The old path: a fresh `Vec` per chunk from `get`, decode, copy into KV memory.
     fn load_old(&self, thread: usize) -> usize {
-        let codec = ChunkCodec::new(None);
+        let codec = ChunkCodec::new(self.mac);
         let got = self
             .tier
             .get(&self.keys, &CancelToken::new())
@@ -172,6 +183,21 @@ fn fs_read_reused(paths: &[PathBuf], buf: &mut Vec<u8>) -> usize {
     n
 }
 
+/// `fs::read`'s work into one reused buffer per file, as many as the connector's batch uses
+/// (the same memory traffic as `get_into`'s: the buffers do not all stay in cache).
+fn fs_read_reused_n(paths: &[PathBuf], bufs: &mut [Vec<u8>]) -> usize {
+    let mut n = 0;
+    for (p, buf) in paths.iter().zip(bufs.iter_mut()) {
+        buf.clear();
+        if let Ok(mut f) = std::fs::File::open(p) {
+            if f.read_to_end(buf).is_ok() {
+                n += black_box(&buf[..]).len() - 48;
+            }
+        }
+    }
+    n
+}
+
 /// The disk tier's `get_into` alone (into reused buffers), no decode.
 fn disk_get_into(disk: &DiskTier, keys: &[ChunkKey], bufs: &mut [Vec<u8>]) -> usize {
     let mut held = vec![false; keys.len()];
@@ -186,6 +212,14 @@ fn disk_get_into(disk: &DiskTier, keys: &[ChunkKey], bufs: &mut [Vec<u8>]) -> us
 
 fn memory_loader(payload: usize) -> Option<Loader> {
     Loader::new(Arc::new(MemoryTier::new(1 << 30, 16)), payload)
+}
+
+fn memory_loader_mac(payload: usize) -> Option<Loader> {
+    Loader::with_mac(
+        Arc::new(MemoryTier::new(1 << 30, 16)),
+        payload,
+        Some([0x28; 32]),
+    )
 }
 
 fn disk_loader(payload: usize) -> Option<(Loader, Arc<DiskTier>, tempfile::TempDir)> {
@@ -309,25 +343,31 @@ fn two<F: Fn(usize) -> usize + Sync>(f: &F) -> usize {
 fn table_loads() {
     eprintln!("\nload bandwidth, GB/s (median of 7 interleaved rounds); ratios are medians of per-round ratios");
     eprintln!(
-        "{:>7} {:>7} {:>8} {:>15} {:>9} {:>8} {:>15} {:>9} {:>9}",
+        "{:>7} {:>7} {:>8} {:>15} {:>8} {:>15} {:>7} {:>7} {:>20} {:>15} {:>8}",
         "payload",
         "memcpy",
         "mem load",
         "(of memcpy/old)",
         "old load",
+        "mem+MAC (of cp)",
         "fs_read",
-        "disk get_into",
-        "disk load",
+        "fs×n",
+        "get_into (of fs/×n)",
+        "disk load (fs)",
         "old disk"
     );
     for (payload, name) in SIZES {
-        let (Some(mem), Some((dl, disk, _dir))) = (memory_loader(payload), disk_loader(payload))
-        else {
+        let (Some(mem), Some(mac), Some((dl, disk, _dir))) = (
+            memory_loader(payload),
+            memory_loader_mac(payload),
+            disk_loader(payload),
+        ) else {
             continue;
         };
         let mut cp = Copier::new(payload);
         let paths: Vec<PathBuf> = dl.keys.iter().map(|&k| disk.chunk_path(k)).collect();
         let mut rbuf = Vec::new();
+        let mut rbufs = vec![Vec::new(); dl.keys.len()];
         let mut gbufs = vec![Vec::new(); dl.keys.len()];
         let keys = dl.keys.clone();
         let r = {
@@ -335,7 +375,9 @@ fn table_loads() {
                 Box::new(|| cp.run()),
                 Box::new(|| mem.load(0)),
                 Box::new(|| mem.load_old(0)),
+                Box::new(|| mac.load(0)),
                 Box::new(|| fs_read_reused(&paths, &mut rbuf)),
+                Box::new(|| fs_read_reused_n(&paths, &mut rbufs)),
                 Box::new(|| disk_get_into(&disk, &keys, &mut gbufs)),
                 Box::new(|| dl.load(0)),
                 Box::new(|| dl.load_old(0)),
@@ -344,18 +386,22 @@ fn table_loads() {
         };
         let g = |i: usize| median(r[i].clone()) / 1e9;
         eprintln!(
-            "{name:>7} {:>7.2} {:>8.2} {:>7.2} / {:>5.2} {:>9.2} {:>8.2} {:>8.2} ({:.2}) {:>4.2} ({:.2}) {:>9.2}",
+            "{name:>7} {:>7.2} {:>8.2} {:>7.2} / {:>5.2} {:>8.2} {:>7.2} ({:>5.2}) {:>7.2} {:>7.2} {:>7.2} ({:.2}/{:.2}) {:>6.2} ({:.2}) {:>8.2}",
             g(0),
             g(1),
             ratio(&r[1], &r[0]),
             ratio(&r[1], &r[2]),
             g(2),
             g(3),
+            ratio(&r[3], &r[0]),
             g(4),
-            ratio(&r[4], &r[3]),
             g(5),
-            ratio(&r[5], &r[3]),
             g(6),
+            ratio(&r[6], &r[4]),
+            ratio(&r[6], &r[5]),
+            g(7),
+            ratio(&r[7], &r[4]),
+            g(8),
         );
     }
     eprintln!("\n× 2 threads (each its own batch and destinations), GB/s of both");
@@ -398,7 +444,7 @@ fn table_loads() {
 }
 
 fn table_hashes() {
-    eprintln!("\nchunk checks, GB/s (median of 7 interleaved rounds): xxh3-64 (always on), keyed BLAKE3 (with a MAC key)");
+    eprintln!("\nchunk checks, GB/s (median of 7 interleaved rounds): xxh3-64 streamed as the codec does (always on), keyed BLAKE3 (with a MAC key)");
     eprintln!(
         "{:>7} {:>7} {:>8} {:>8} {:>12}",
         "payload", "memcpy", "xxh3", "blake3", "blake3 s/GB"
@@ -414,7 +460,11 @@ fn table_hashes() {
                     black_box(&dst).len()
                 }),
                 Box::new(|| {
-                    black_box(xxhash_rust::xxh3::xxh3_64(black_box(&data)));
+                    // As the codec checksums: the header's 40 bytes, then the payload.
+                    let mut h = twox_hash::XxHash3_64::new();
+                    h.write(black_box(&data[..40]));
+                    h.write(black_box(&data));
+                    black_box(h.finish());
                     payload
                 }),
                 Box::new(|| {

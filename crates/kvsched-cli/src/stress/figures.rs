@@ -252,7 +252,10 @@ pub(super) fn sections() -> Vec<Section> {
                     None,
                     |r| c(r.kv.saves_dropped)
                 ),
-            ],
+            ]
+            .into_iter()
+            .chain(super::load_bandwidth::rows())
+            .collect(),
         },
         super::figures_prompt::prompt_section(),
         Section {

@@ -213,6 +213,10 @@ impl KvCounts {
             transfer_damage: add(self.transfer_damage, o.transfer_damage),
             reconnects: opt(self.reconnects, o.reconnects),
             connect_failures: opt(self.connect_failures, o.connect_failures),
+            load_bandwidth: self.load_bandwidth.merge(
+                &o.load_bandwidth,
+                add(self.kv_bytes_loaded, o.kv_bytes_loaded),
+            ),
         }
     }
 }

@@ -119,6 +119,7 @@ mod figures;
 mod figures_prompt;
 mod histograms;
 mod limits;
+mod load_bandwidth;
 mod merge;
 mod model;
 mod model_time;

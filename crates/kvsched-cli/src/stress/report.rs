@@ -173,6 +173,9 @@ pub struct KvCounts {
     /// Redis: connection attempts that failed (a server down or restarting); `null` for
     /// other stores.
     pub connect_failures: Option<u64>,
+    /// How fast loads moved bytes out of the store (`kv_bytes_loaded` over the time in loads).
+    #[serde(default)]
+    pub load_bandwidth: super::load_bandwidth::LoadBandwidth,
 }
 
 /// What the scheduler did about faults (its counters at the end of the run).

@@ -5,6 +5,7 @@ use super::answerer::Answerer;
 use super::config::StressConfig;
 use super::cpu::CpuReport;
 use super::histograms::{Curves, Hists};
+use super::load_bandwidth::LoadBandwidth;
 use super::model::ModelReport;
 use super::prompt_sources::PromptTokens;
 use super::report::{
@@ -70,6 +71,7 @@ pub(super) fn kv_counts(
             transfer_damage: store.sim.as_ref().map_or(0, |s| s.counts().damaged),
             reconnects: store.connections().map(|c| c.0),
             connect_failures: store.connections().map(|c| c.1),
+            load_bandwidth: LoadBandwidth::of(connector.tier().name(), &t),
         }
     }
 }

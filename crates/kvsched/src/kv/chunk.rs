@@ -6,7 +6,11 @@
 //! reader decodes with what it expects (key, group, payload length), so a torn, truncated,
 //! flipped, misplaced or forged value is refused before its payload is used.
 
+use std::hash::Hasher as _;
+
 use super::ChunkKey;
+
+mod copy;
 
 /// The first four bytes of every chunk.
 pub const CHUNK_MAGIC: [u8; 4] = *b"KVCH";
@@ -222,18 +226,31 @@ fn u64_at(h: &[u8; HEADER_LEN], at: usize) -> u64 {
 
 /// xxh3-64 over the header's first 40 bytes (everything before the checksum) and the payload.
 fn checksum(head: &[u8], payload: &[u8]) -> u64 {
-    let mut h = xxhash_rust::xxh3::Xxh3Default::new();
-    h.update(&head[..OFF_CHECKSUM]);
-    h.update(payload);
-    h.digest()
+    let mut h = checksum_head(head);
+    h.write(payload);
+    h.finish()
+}
+
+/// The checksum's state after the header's first 40 bytes; the payload comes next (`write`,
+/// then `finish`).
+fn checksum_head(head: &[u8]) -> twox_hash::XxHash3_64 {
+    let mut h = twox_hash::XxHash3_64::new();
+    h.write(&head[..OFF_CHECKSUM]);
+    h
 }
 
 /// Keyed BLAKE3 over the 48-byte header (checksum included) and the payload.
 fn mac(key: &[u8; 32], head: &[u8], payload: &[u8]) -> blake3::Hash {
-    let mut h = blake3::Hasher::new_keyed(key);
-    h.update(&head[..HEADER_LEN]);
+    let mut h = mac_hasher(key, head);
     h.update(payload);
     h.finalize()
+}
+
+/// The MAC's state after the 48-byte header; the payload comes next.
+fn mac_hasher(key: &[u8; 32], head: &[u8]) -> blake3::Hasher {
+    let mut h = blake3::Hasher::new_keyed(key);
+    h.update(&head[..HEADER_LEN]);
+    h
 }
 
 /// Encodes and decodes chunks. With a MAC key (shared by every engine that reads and writes

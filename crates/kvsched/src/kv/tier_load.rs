@@ -1,8 +1,19 @@
 //! The load path of a [`TierConnector`]: each chunk of a load is verified (key, group,
-//! length, checksum, MAC) before its payload is copied, once, into its destination block,
-//! with no allocation per chunk — from where the memory tier holds it, or from one of the
-//! connector's reused buffers ([`Buffers`](super::buffers::Buffers), filled by
-//! [`Tier::get_into`]: a memcpy out of a store, the kernel's copy out of the page cache).
+//! length, checksum, MAC) and its payload copied, once, into its destination block, in one
+//! pass over its bytes and with no allocation per chunk — from where the memory tier holds
+//! it, or from one of the connector's reused buffers ([`Buffers`](super::buffers::Buffers),
+//! filled by [`Tier::get_into`]: a memcpy out of a store, the kernel's copy out of the page
+//! cache).
+//!
+//! **One pass.** The header is checked first (format, length, key, group, a MAC present when
+//! the connector has a key): a chunk naming another block never reaches KV memory. Then the
+//! payload goes 16 KiB at a time through the checksum (and the MAC) and straight on into the
+//! destination while it is still in the core's cache, so a large chunk is read from memory
+//! once instead of twice. The checksum is known only at the end: a chunk that fails it has
+//! been copied, and its destination is poisoned before the load reports it invalid — the
+//! block is the load's alone until its completion (`FILLING`, docs/kv.md), so nobody reads
+//! the bytes in between. A destination the load may no longer write is never touched; its
+//! chunk is still checked, so damage counts as damage.
 //!
 //! A tier that never blocks (the memory tier) is read one chunk at a time where it lies
 //! ([`Tier::read_with`]: verified and copied into KV memory under the tier's shard lock, so
@@ -114,7 +125,12 @@ impl TierConnector {
     }
 
     /// Verifies one chunk's value (`None`: the tier did not hold it) and writes its payload
-    /// into the destination block if the load may still write it.
+    /// into the destination block if the load may still write it: in one pass, each block of
+    /// the payload copied right after the checksum has read it
+    /// ([`ChunkCodec::decode_to`](crate::kv::ChunkCodec)), so the copy reads it from cache.
+    /// A chunk whose header names another block or length reaches no destination; one that
+    /// fails its checksum or MAC has been copied by then, and its destination is poisoned
+    /// before the load reports it (the block is the load's alone until its completion).
     fn land(
         &self,
         job: &LoadJob,
@@ -129,17 +145,29 @@ impl TierConnector {
             self.fail(job, g, i, bad);
             return;
         };
-        let bytes = self.memory.layout().bytes_per_block(g).unwrap_or(0);
+        let bytes = self.memory.layout().bytes_per_block(g).unwrap_or(0) as u64;
+        let dest = job.may_write(g, i);
+        let mut wrote = None;
         // (Planted bug `load-unverified`, scripts/plants.sh: the payload is taken from after
         // the header without checking checksum, MAC, key or length.)
-        let payload = if planted!("load-unverified") {
-            ChunkHeader::parse(value)
+        let payload = match dest {
+            _ if planted!("load-unverified") => ChunkHeader::parse(value)
                 .map(|h| value.get(h.payload_offset()..).unwrap_or_default())
-                .map_err(|e| e.class())
-        } else {
-            self.codec
-                .decode(value, key, g as u32, bytes as u64)
-                .map_err(|e| e.class())
+                .map_err(|e| e.class()),
+            Some(d) => {
+                let ok = wrote.insert(true);
+                let mut write = |at: usize, b: &[u8]| {
+                    *ok &= self.memory.write(g, d.id, at, b).is_ok();
+                };
+                self.codec
+                    .decode_to(value, key, g as u32, bytes, &mut write)
+                    .map_err(|e| e.class())
+            }
+            // Not to be written: checked all the same, so damage is counted as such.
+            None => self
+                .codec
+                .decode(value, key, g as u32, bytes)
+                .map_err(|e| e.class()),
         };
         let p = match payload {
             Ok(p) => p,
@@ -154,16 +182,29 @@ impl TierConnector {
                     1,
                 );
                 self.index.remove(key);
+                // (Planted bug `failed-copy-left-unpoisoned`, scripts/plants.sh: a chunk that
+                // fails its checksum or MAC after its payload was copied is reported invalid,
+                // but its destination keeps the copied bytes instead of poison.)
+                if let (true, Some(_), Some(d)) =
+                    (planted!("failed-copy-left-unpoisoned"), wrote, dest)
+                {
+                    bad[g].push(d);
+                    return;
+                }
                 self.fail(job, g, i, bad);
                 return;
             }
         };
-        let Some(dest) = job.may_write(g, i) else {
+        let Some(dest) = dest else {
             bump(&c.writes_refused, 1);
             self.fail(job, g, i, bad);
             return;
         };
-        if self.memory.write(g, dest.id, 0, p).is_ok() {
+        let wrote = match wrote {
+            Some(w) => w,
+            None => self.memory.write(g, dest.id, 0, p).is_ok(),
+        };
+        if wrote {
             bump(&c.chunks_loaded, 1);
             if !self.own.contains(key) {
                 bump(&c.chunks_loaded_from_others, 1);

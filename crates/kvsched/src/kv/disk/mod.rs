@@ -190,9 +190,18 @@ impl DiskTier {
 
     /// The file that holds (or would hold) the chunk of `key`.
     pub fn chunk_path(&self, key: ChunkKey) -> PathBuf {
+        // One formatting of the key and one allocation of the path (a load makes one per
+        // chunk).
         let hex = key.to_string();
-        let mut p = self.chunk_dir(key);
-        p.push(format!("{hex}.{CHUNK_EXT}"));
+        let mut s = std::ffi::OsString::with_capacity(
+            self.root.as_os_str().len() + hex.len() + CHUNK_EXT.len() + 5,
+        );
+        s.push(self.root.as_os_str());
+        let mut p = PathBuf::from(s);
+        p.push(&hex[0..2]);
+        p.push(&hex);
+        // The name is hex digits: no dot for `set_extension` to replace.
+        p.set_extension(CHUNK_EXT);
         p
     }
 

@@ -11,54 +11,69 @@ use crate::kv::{ChunkKey, TierError};
 use crate::sync::Ordering;
 
 impl DiskTier {
-    /// Reads the file of `key` into `buf` (cleared first; its capacity reused, so a buffer
-    /// that held a chunk of this size takes the next without allocating). `false`, the
-    /// buffer empty, if there is no such file, or if what sits at its path is not a regular
-    /// file of at most [`limit`](Self::limit) bytes (see [`safe_open`]): such a file is not
-    /// one the tier wrote. Read in slices of at most 4 MiB, `cancel` checked before each; a
-    /// file that grows past the limit while read is refused too.
+    /// Reads the file of `key` into `buf`: its length set to the file's (its capacity and
+    /// bytes reused, so a buffer that held a chunk of this size takes the next without
+    /// allocating or zeroing), then filled by reads of exactly the bytes `fstat` gave, at
+    /// most 4 MiB each with `cancel` checked before each — an open, a `statx` and one read
+    /// per chunk of up to 4 MiB, no read past the end to find it. `false`, the buffer empty,
+    /// if there is no such file, or if what sits at its path is not a regular file of at
+    /// most [`limit`](Self::limit) bytes (see [`safe_open`]): such a file is not one the tier
+    /// wrote. A file cut while it is read gives the bytes read (its decode then fails); one
+    /// that grows gives its first `fstat` length of bytes, never more than the limit.
     pub(super) fn read_into(
         &self,
         key: ChunkKey,
         cancel: &CancelToken,
         buf: &mut Vec<u8>,
     ) -> Result<bool, TierError> {
-        buf.clear();
         let path = self.chunk_path(key);
-        let limit = self.limit();
-        let (mut f, len) = match safe_open(&path, false, limit)? {
+        let (mut f, len) = match safe_open(&path, false, self.limit())? {
             Opened::File(f, len) => (f, len),
-            Opened::Absent => return Ok(false),
+            Opened::Absent => {
+                buf.clear();
+                return Ok(false);
+            }
             Opened::Refused => {
+                buf.clear();
                 // Relaxed: statistics only.
                 self.refused_reads.fetch_add(1, Ordering::Relaxed);
                 return Ok(false);
             }
         };
-        buf.try_reserve_exact(len as usize).map_err(|e| {
-            TierError::Unavailable(format!("disk tier: read {}: {e}", path.display()))
+        // `len` ≤ the limit, a `u64` the tier could allocate when it wrote the file.
+        let len = usize::try_from(len).map_err(|_| {
+            TierError::Unavailable(format!("disk tier: read {}: too large", path.display()))
         })?;
-        const SLICE: u64 = 4 << 20;
-        loop {
+        if buf.len() >= len {
+            buf.truncate(len);
+        } else {
+            buf.try_reserve_exact(len - buf.len()).map_err(|e| {
+                buf.clear();
+                TierError::Unavailable(format!("disk tier: read {}: {e}", path.display()))
+            })?;
+            // Zeroes only the bytes past the old length: once per buffer, not per chunk.
+            buf.resize(len, 0);
+        }
+        const SLICE: usize = 4 << 20;
+        let mut at = 0;
+        while at < len {
             if cancel.is_cancelled() {
                 buf.clear();
                 return Err(TierError::Cancelled);
             }
-            let want = (limit + 1 - buf.len() as u64).min(SLICE);
-            let n = (&mut f)
-                .take(want)
-                .read_to_end(buf)
-                .map_err(|e| io_err("read", &path, e))?;
-            if buf.len() as u64 > limit {
-                buf.clear();
-                // Relaxed: statistics only.
-                self.refused_reads.fetch_add(1, Ordering::Relaxed);
-                return Ok(false);
-            }
-            if (n as u64) < want {
-                return Ok(true);
+            let end = len.min(at + SLICE);
+            match f.read(&mut buf[at..end]) {
+                Ok(0) => break,
+                Ok(n) => at += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    buf.clear();
+                    return Err(io_err("read", &path, e));
+                }
             }
         }
+        buf.truncate(at);
+        Ok(true)
     }
 
     /// Reads `key` into `buf` and keeps the index and counters: a hit is a use; a miss of an
