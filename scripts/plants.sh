@@ -76,9 +76,12 @@ declare -A TESTS=(
   # kv/tier_connector.rs: a save copies the block's bytes 32 bytes early in its reused buffer
   # (under the MAC's room), so the sealed chunk holds the wrong payload.
   [save-payload-offset]="kvsched --test kv_zero_copy"
+  # kv/prober.rs: what a background probe finds never reaches the index, so a connector never
+  # offers the chunks another engine sharing its tier saved.
+  [probe-hits-unindexed]="kvsched --test kv_shared_tier"
 )
 ORDER=(decide-early claim-store late-leak panic-ok trust-stale end-while-loading no-cross-shard-preempt lookup-uncaught shard-panic-escapes mamba-align-cache-unwritten
-  saver-flush-early register-unwritten reoffer-unwritten park-unstarted baseline-no-second-chance holder-release-unrecorded unaligned-chunks tier-present-after-failed-load scan-one-group-less load-unverified save-payload-offset)
+  saver-flush-early register-unwritten reoffer-unwritten park-unstarted baseline-no-second-chance holder-release-unrecorded unaligned-chunks tier-present-after-failed-load scan-one-group-less load-unverified save-payload-offset probe-hits-unindexed)
 
 if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi
 
