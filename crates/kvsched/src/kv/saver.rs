@@ -374,8 +374,13 @@ fn store(
         c.saved_chunks.fetch_add(1, Ordering::Relaxed);
         c.saved_bytes.fetch_add(len as u64, Ordering::Relaxed);
         index.insert(k);
-        own.insert(k);
     };
+    // Ours before the put: once it is in the tier the prober may find it and a load take it,
+    // and a chunk this connector stored is never another writer's (a failed put's chunks the
+    // tier does not hold are taken back below).
+    for (k, _) in chunks {
+        own.insert(*k);
+    }
     match tier.put(chunks) {
         Ok(()) => {
             shared.put_ok();
@@ -394,6 +399,7 @@ fn store(
                 if h {
                     saved(*k, v.len());
                 } else {
+                    own.remove(*k);
                     c.failed_chunks.fetch_add(1, Ordering::Relaxed);
                 }
             }

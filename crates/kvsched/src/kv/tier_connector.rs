@@ -402,9 +402,13 @@ impl TierConnector {
         let value = self
             .codec
             .encode(key, group as u32, tokens_in_block, payload);
-        self.tier.put(&[(key, value)])?;
-        self.index.insert(key);
+        // Ours before the put (a probe may find it at once: see the saver's `store`).
         self.own.insert(key);
+        if let Err(e) = self.tier.put(&[(key, value)]) {
+            self.own.remove(key);
+            return Err(e);
+        }
+        self.index.insert(key);
         Ok(true)
     }
 
