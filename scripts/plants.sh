@@ -94,10 +94,13 @@ declare -A TESTS=(
   # kv/host_kv_memory.rs: a whole-block write (a load, a poison) leaves the block's write
   # epoch as it was, so the checker skips rereading bytes a late load or a poison replaced.
   [epoch-not-bumped-on-whole-block-write]="kvsched-testkit --test kv_check_epochs;kvsched --lib kv::host_kv_memory"
+  # kv/prober.rs: what a background probe finds never reaches the index, so a connector never
+  # offers the chunks another engine sharing its tier saved.
+  [probe-hits-unindexed]="kvsched --test kv_shared_tier"
 )
 ORDER=(decide-early claim-store late-leak panic-ok trust-stale end-while-loading no-cross-shard-preempt lookup-uncaught shard-panic-escapes mamba-align-cache-unwritten
-  saver-flush-early register-unwritten reoffer-unwritten park-unstarted baseline-no-second-chance holder-release-unrecorded unaligned-chunks prompt-end-state-uncached branch-state-uncached mamba-state-one-block-late mamba-state-into-null tier-present-after-failed-load
-  scan-one-group-less load-unverified save-payload-offset epoch-not-bumped-on-whole-block-write failed-copy-left-unpoisoned)
+  saver-flush-early register-unwritten reoffer-unwritten park-unstarted baseline-no-second-chance holder-release-unrecorded unaligned-chunks prompt-end-state-uncached branch-state-uncached mamba-state-one-block-late
+  mamba-state-into-null tier-present-after-failed-load scan-one-group-less load-unverified save-payload-offset epoch-not-bumped-on-whole-block-write failed-copy-left-unpoisoned probe-hits-unindexed)
 
 if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi
 

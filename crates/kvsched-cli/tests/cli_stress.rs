@@ -92,6 +92,14 @@ fn baseline_mutex_adds_baseline_and_ratios() {
         "64",
         "--policy",
         "fail",
+        // The small runs' workload (stress_common::SMALL_WORKLOAD): cheap enough per request
+        // that a loaded debug build submits all 300 within --duration.
+        "--hit-ratio",
+        "0.75",
+        "--prefixes",
+        "16",
+        "--pool-blocks",
+        "131072",
     ]);
     let v = json_of(&out);
     assert_run_keys(&v);
@@ -196,6 +204,12 @@ fn repeat_interleaves_runs_and_reports_median_and_range() {
             "--repeat",
             "3",
             "--json",
+            "--hit-ratio",
+            "0.75",
+            "--prefixes",
+            "16",
+            "--pool-blocks",
+            "131072",
         ],
         Duration::from_secs(300),
     );

@@ -29,6 +29,12 @@ fn faults_are_injected_counted_and_absorbed() {
         "--faults",
         ALL_FAULTS,
         "--json",
+        // The warmed sim store of the small runs (stress_common::SMALL_WORKLOAD), so that
+        // most requests load and their loads meet the faults.
+        "--hit-ratio",
+        "0.75",
+        "--prefixes",
+        "16",
     ]);
     let v = json_of(&out);
     let n = |path: &str| {

@@ -164,6 +164,7 @@ fn hostile_sizes_are_refused_against_the_caps() {
         (vec!["--live", "16777217"], "--live", "16777216"),
         (vec!["--max-seqs", "1048577"], "--max-seqs", "1048576"),
         (vec!["--requests", "100000001"], "--requests", "100000000"),
+        (vec!["--prefixes", "0"], "--prefixes", "16777216"),
         (vec!["--seed", "-1"], "--seed", "invalid digit"),
     ] {
         assert_refused(&args, flag, needle);

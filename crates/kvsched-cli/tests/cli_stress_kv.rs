@@ -47,6 +47,35 @@ fn the_default_run_moves_and_verifies_real_bytes() {
 }
 
 #[test]
+fn the_default_workload_loads_its_own_prefixes_back_from_the_tier() {
+    // The default workload, scaled down for a debug build: more shared prefixes than the
+    // device pool holds and nothing warmed, so every chunk loaded is one this run saved
+    // before the pool let its prefix go.
+    let out = stress(&[
+        "--json",
+        "--requests",
+        "1500",
+        "--rate",
+        "3000",
+        "--model-us",
+        "50",
+        "--duration",
+        "60",
+        "--prefixes",
+        "64",
+        "--pool-blocks",
+        "600",
+    ]);
+    let v = json_of(&out);
+    assert_eq!(count(&v, "kv.chunks_warmed"), 0, "{v}");
+    assert!(count(&v, "kv.chunks_loaded") > 0, "{v}");
+    assert!(count(&v, "prompt_tokens.tier_hit") > 0, "{v}");
+    assert_eq!(count(&v, "kv.garbage_reads"), 0, "{v}");
+    assert_eq!(get(&v, "config.hit_ratio"), 0.0);
+    assert_eq!(get(&v, "config.prefixes"), 64);
+}
+
+#[test]
 fn the_human_report_has_a_kv_bytes_section() {
     let out = small(&["--failure-rate", "0.2"]);
     let text = String::from_utf8_lossy(&out.stdout);
@@ -140,6 +169,8 @@ fn disk_run(dir: &std::path::Path) -> Value {
             "512",
             "--prefix-share",
             "0.9",
+            "--prefixes",
+            "16",
             "--output-tokens",
             "4",
             "--model-us",

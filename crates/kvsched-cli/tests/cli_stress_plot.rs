@@ -24,6 +24,12 @@ fn plot_writes_an_svg_of_both_distributions_per_run() {
         "2",
         "--plot",
         p,
+        // The warmed sim store of the small runs, so that every run loads (a completion →
+        // runnable line per run).
+        "--hit-ratio",
+        "0.75",
+        "--prefixes",
+        "16",
     ]);
     assert_eq!(
         out.status.code(),

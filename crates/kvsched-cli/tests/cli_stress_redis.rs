@@ -27,6 +27,8 @@ fn stress_json(extra: &[&str]) -> Value {
             "300",
             "--prefix-share",
             "0.9",
+            "--prefixes",
+            "16",
             "--seed",
             "7",
             "--duration",

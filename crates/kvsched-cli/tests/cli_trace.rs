@@ -177,6 +177,9 @@ fn tokens_a_failed_load_would_have_served_are_counted_apart() {
         "evict=0.3",
         "--verify",
         "off",
+        // To its last request, not to the default 20 s a loaded debug build can reach first.
+        "--duration",
+        "600",
         "--json",
     ]);
     let err = String::from_utf8_lossy(&out.stderr);

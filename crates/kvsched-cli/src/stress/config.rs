@@ -8,15 +8,16 @@ use serde::Serialize;
 use thiserror::Error;
 
 use super::faults::{Faults, FAULT_NAMES};
+use super::prefixes::PrefixArgs;
 use super::processes::EnginesArgs;
 use super::store::{StoreParser, StoreSpec};
 use super::trace::TraceArgs;
 use super::values::{
-    parse_live, parse_max_seqs, parse_mode, parse_policy, parse_pool, parse_seconds, parse_shards,
-    parse_size, parse_unit, parse_workers, saturating_secs, ser_mode, ser_policy, BaselineKind,
-    EngineKind, LatencyRange, Preset, Rate, Verify, MAX_DURATION_S, MAX_KV_BYTES_PER_TOKEN,
-    MAX_KV_MEMORY_BYTES, MAX_LIVE, MAX_MAMBA_STATE_BYTES, MAX_MAX_SEQS, MAX_POOL_BLOCKS,
-    MAX_REPEAT, MAX_SHARDS, MAX_STORE_BYTES, MAX_WORKERS, MIN_STORE_BYTES,
+    parse_cluster, parse_live, parse_max_seqs, parse_mode, parse_policy, parse_pool, parse_seconds,
+    parse_shards, parse_size, parse_unit, parse_workers, saturating_secs, ser_mode, ser_policy,
+    BaselineKind, EngineKind, LatencyRange, Preset, Rate, Verify, MAX_DURATION_S,
+    MAX_KV_BYTES_PER_TOKEN, MAX_KV_MEMORY_BYTES, MAX_LIVE, MAX_MAMBA_STATE_BYTES, MAX_MAX_SEQS,
+    MAX_POOL_BLOCKS, MAX_REPEAT, MAX_SHARDS, MAX_STORE_BYTES, MAX_WORKERS, MIN_STORE_BYTES,
 };
 use kvsched::rules::geometry::GroupKind;
 use kvsched::rules::recovery::{Mode, Policy};
@@ -61,7 +62,7 @@ pub struct StressConfig {
     /// Pool size in blocks, the null block included (2 to 2^24 = 16777216).
     #[arg(long, default_value_t = DEFAULT_POOL_BLOCKS, allow_negative_numbers = true, value_parser = parse_pool)]
     pub pool_blocks: usize,
-    /// Share of each prompt taken from one of a few shared base prefixes (0–1).
+    /// Share of each prompt taken from one of the `--prefixes` shared base prefixes (0–1).
     #[arg(long, default_value_t = 0.5, allow_negative_numbers = true, value_parser = parse_unit)]
     pub prefix_share: f64,
     /// Share of loads from the sim store whose transfer damages one or two chunks (a flipped
@@ -94,10 +95,10 @@ pub struct StressConfig {
     /// Mean tokens generated per request (geometric-like, capped at 8× the mean).
     #[arg(long, default_value_t = 16, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=MAX_OUTPUT_TOKENS))]
     pub output_tokens: u32,
-    /// Share of each prompt the sim store holds when the request arrives (0–1): the reference
-    /// chunks of that share, rounded down to the scheduler block size, are stored before the
-    /// request is submitted. Real stores are not warmed: they hold what the engine saved.
-    #[arg(long, default_value_t = 0.75, allow_negative_numbers = true, value_parser = parse_unit)]
+    /// Share of each prompt warmed into the sim store before the request is submitted (0–1,
+    /// rounded down to the scheduler block size; default 0: every store, the sim store too,
+    /// holds only what the run saved).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true, value_parser = parse_unit)]
     pub hit_ratio: f64,
     /// Share of loads that are asynchronous (0–1); the rest run inside the engine's step.
     #[arg(long, default_value_t = 0.8, allow_negative_numbers = true, value_parser = parse_unit)]
@@ -196,6 +197,10 @@ pub struct StressConfig {
     #[command(flatten)]
     #[serde(flatten)]
     pub trace: TraceArgs,
+    /// The synthetic workload's shared prefixes (`--prefixes`).
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub prefix: PrefixArgs,
 }
 
 impl Default for StressConfig {
@@ -220,7 +225,7 @@ impl Default for StressConfig {
             max_seqs: 256,
             prompt_tokens: 512,
             output_tokens: 16,
-            hit_ratio: 0.75,
+            hit_ratio: 0.0,
             async_ratio: 0.8,
             load_latency_us: LatencyRange {
                 min_us: 50,
@@ -242,17 +247,8 @@ impl Default for StressConfig {
             verify: Verify::On,
             engines: EnginesArgs::default(),
             trace: TraceArgs::default(),
+            prefix: PrefixArgs::default(),
         }
-    }
-}
-
-/// Parses `--redis-cluster`: 3 to 16 nodes.
-fn parse_cluster(s: &str) -> Result<usize, String> {
-    match s.parse::<usize>() {
-        Ok(n) if (3..=16).contains(&n) => Ok(n),
-        _ => Err(format!(
-            "expected a number of nodes from 3 to 16, got `{s}`"
-        )),
     }
 }
 
@@ -292,6 +288,7 @@ impl StressConfig {
         self.check_ranges()?;
         self.check_rate_and_duration()?;
         super::model::check(self)?;
+        super::prefixes::check(self)?;
         self.check_across()
     }
 

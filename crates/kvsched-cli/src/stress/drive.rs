@@ -17,6 +17,7 @@ use super::checks::{check_plan, reconcile, EngineCounts, MAX_VIOLATIONS};
 use super::config::{StressConfig, StressError};
 use super::cpu::CpuStart;
 use super::faults::{draw_for, FaultConnector, Faults};
+use super::held::Held;
 use super::histograms::{ns, Hists, Recorders};
 use super::model_time::simulate_model;
 use super::progress::{Nth, Progress};
@@ -27,6 +28,9 @@ use super::scheduler::Scheduler;
 use super::step_cost::StepTimer;
 use super::store::Opened;
 use super::workload::Workload;
+
+#[path = "arrivals.rs"]
+mod arrivals;
 use kvsched::kv::TierConnector;
 use kvsched::pool::BlockRef;
 use kvsched::rules::recovery::Mode;
@@ -91,6 +95,8 @@ struct Engine<'a, S> {
     rec: Recorders,
     timer: StepTimer,
     work: Workload,
+    /// Arrivals waiting for their probe of a shared store.
+    held: Held,
     model: Duration,
     duration: Duration,
     violations: Vec<String>,
@@ -159,6 +165,7 @@ impl<'a, S: Scheduler> Engine<'a, S> {
             rec,
             timer: StepTimer::default(),
             work,
+            held: Held::new(cfg),
             model: Duration::from_micros(cfg.model_us),
             duration: cfg.duration(),
             violations: Vec::new(),
@@ -186,10 +193,10 @@ impl<'a, S: Scheduler> Engine<'a, S> {
         loop {
             let now = Instant::now();
             if now.duration_since(self.start) >= self.duration {
-                return self.next < self.cfg.requests || self.submitted > self.ended;
+                return self.requests_left();
             }
             self.arrivals(now);
-            if self.next >= self.cfg.requests && self.submitted == self.ended {
+            if !self.requests_left() {
                 return false;
             }
             self.cancel_due();
@@ -198,7 +205,7 @@ impl<'a, S: Scheduler> Engine<'a, S> {
                 Err(e) => {
                     // The scheduler is poisoned: an invariant violation, and the run ends.
                     self.violations.push(format!("schedule failed: {e}"));
-                    return self.next < self.cfg.requests || self.submitted > self.ended;
+                    return self.requests_left();
                 }
             };
             // A sync load waits for the store at most until the run's end.
@@ -226,86 +233,6 @@ impl<'a, S: Scheduler> Engine<'a, S> {
             self.last_plan = Some(plan);
             self.periodic_check();
             self.report_progress(progress);
-        }
-    }
-
-    /// Submits the requests whose arrival time has come (open loop), or up to `--live` live
-    /// requests (closed loop).
-    fn arrivals(&mut self, now: Instant) {
-        // Offsets, not instants: an offset that saturated (a tiny --rate) is never reached,
-        // and `start + offset` is only formed for offsets already passed.
-        let elapsed = now.saturating_duration_since(self.start);
-        while self.next < self.cfg.requests {
-            let arrival = match self.next_at {
-                Some(at) if at > elapsed => break,
-                Some(at) => self.start + at,
-                None if self.submitted - self.ended >= self.cfg.live as u64 => break,
-                None => Instant::now(),
-            };
-            self.submit_next(arrival);
-            self.next += 1;
-            self.next_at = self.work.next_arrival();
-        }
-    }
-
-    /// Submits request `next`, arrived at `arrival`, and books its cancels. On the sim
-    /// store it first stores the reference chunks of the request's `--hit-ratio` share of its
-    /// prompt (rounded down to `S`, never the whole prompt), as a warm store holds them.
-    fn submit_next(&mut self, arrival: Instant) {
-        let g = self.work.request(self.next);
-        let id: Arc<str> = g.req.id.as_str().into();
-        let max_new_tokens = g.req.max_new_tokens;
-        if self.warm_share > 0.0 {
-            self.warm(&g.req.prompt);
-        }
-        self.sim.add_request(&id, &g.req.prompt, arrival);
-        self.sources.add(&id, g.req.prompt.len());
-        match self.sched.submit(g.req) {
-            Ok(()) => {
-                self.submitted += 1;
-                self.arrival_of.insert(id.clone(), arrival);
-                self.samples_sent.insert(id.clone(), (0, max_new_tokens));
-                if let Some(after) = g.cancel_after {
-                    self.cancels
-                        .entry(self.steps + after)
-                        .or_default()
-                        .push((id.to_string(), false));
-                }
-                if let Some(after) = g.fault_cancel_after {
-                    self.cancels
-                        .entry(self.steps + after)
-                        .or_default()
-                        .push((id.to_string(), true));
-                }
-            }
-            Err(e) => {
-                self.sim.end_request(&id);
-                self.rejected += 1;
-                if self.violations.len() < MAX_VIOLATIONS {
-                    self.violations.push(format!("submit refused: {e}"));
-                }
-            }
-        }
-    }
-
-    /// Warms the sim store for `prompt` (timed: it runs here, on the engine thread between
-    /// two steps, never inside `schedule()` or `update()`).
-    fn warm(&mut self, prompt: &[u32]) {
-        let len = prompt.len() as u64;
-        let s = self.block_size;
-        let held = ((len as f64 * self.warm_share) as u64).min(len.saturating_sub(1));
-        let held = held - held % s;
-        if held == 0 {
-            return;
-        }
-        let t = Instant::now();
-        let stored = self.sim.warm(prompt, held);
-        self.warm_ns += ns(t.elapsed());
-        if let Err(e) = stored {
-            if self.violations.len() < MAX_VIOLATIONS {
-                self.violations
-                    .push(format!("warming the sim store failed: {e}"));
-            }
         }
     }
 

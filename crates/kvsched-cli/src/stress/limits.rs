@@ -8,8 +8,10 @@ pub const DEFAULT_RATE: f64 = 2_000.0;
 pub const DEFAULT_LIVE: usize = 4096;
 /// Default of `--duration` (seconds).
 pub const DEFAULT_DURATION_S: f64 = 20.0;
-/// Default of `--pool-blocks`.
-pub const DEFAULT_POOL_BLOCKS: usize = 1 << 17;
+/// Default of `--pool-blocks`: 16,384 blocks (262,144 tokens of 16-token blocks), fewer than
+/// the default workload's prefixes in play (`--prefixes`), so that the tier serves what the
+/// pool lets go of.
+pub const DEFAULT_POOL_BLOCKS: usize = 1 << 14;
 /// Default of `--model-us`.
 pub const DEFAULT_MODEL_US: u64 = 200;
 /// Default of `--load-deadline-ms` with deadline faults.

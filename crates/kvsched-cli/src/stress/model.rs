@@ -37,7 +37,8 @@ alone, and a difference in mode safe is an invariant violation, exit 1).
 
 With `model`, the flags left out take a workload sized for a run of a few seconds on two \
 cores: --requests 400 --rate 400 --prompt-tokens 256 --output-tokens 8 --prefix-share 0.75 \
---token-budget 64 --async-ratio 0.5 --pool-blocks 4096 --model-us 0. It holds the case of \
+--token-budget 64 --async-ratio 0.5 --pool-blocks 4096 --model-us 0 --hit-ratio 0.75 \
+--prefixes 16. It holds the case of \
 vLLM #49250: requests sharing a prefix admitted while another loads it synchronously, loads \
 failing (--failure-rate), recomputes spanning several steps. Given flags are kept.";
 
@@ -61,6 +62,8 @@ pub fn apply_defaults(cfg: &mut StressConfig, given: &dyn Fn(&str) -> bool) {
     set("async_ratio", &mut |c| c.async_ratio = 0.5);
     set("pool_blocks", &mut |c| c.pool_blocks = 4096);
     set("model_us", &mut |c| c.model_us = 0);
+    set("hit_ratio", &mut |c| c.hit_ratio = 0.75);
+    set("prefixes", &mut |c| c.prefix.prefixes = 16);
 }
 
 /// The settings `--engine model` refuses.

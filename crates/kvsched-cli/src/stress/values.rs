@@ -400,3 +400,13 @@ pub const MAX_KV_BYTES_PER_TOKEN: u64 = 1 << 16;
 pub const MAX_MAMBA_STATE_BYTES: u64 = 1 << 20;
 /// The most host KV memory a run allocates (`--pool-blocks` × the largest block's bytes).
 pub const MAX_KV_MEMORY_BYTES: u64 = 4 << 30;
+
+/// Parses `--redis-cluster`: 3 to 16 nodes.
+pub(super) fn parse_cluster(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if (3..=16).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "expected a number of nodes from 3 to 16, got `{s}`"
+        )),
+    }
+}

@@ -1,5 +1,5 @@
-//! The seeded workload: prompts (partly from a few shared base prefixes), lengths to generate,
-//! client cancels, `cancel` faults and open-loop Poisson arrival times.
+//! The seeded workload: prompts (partly from one of `--prefixes` shared base prefixes),
+//! lengths to generate, client cancels, `cancel` faults and open-loop Poisson arrival times.
 
 use std::time::Duration;
 
@@ -9,15 +9,14 @@ use super::values::{saturating_secs, Rate};
 use kvsched::runtime::SubmitRequest;
 use kvsched_testkit::SplitMix64;
 
-const BASE_PREFIXES: u64 = 16;
-
 /// The seeded workload: request `i` and its arrival time depend on the seed and `i` only, so
 /// kvsched and the baseline see the same requests.
 pub(super) struct Workload {
     seed: u64,
     /// Request ids start with it (`e{i}-` for engine `i` of `--engines`).
     id_prefix: String,
-    bases: Vec<Vec<u32>>,
+    /// `--prefixes`: base `b`'s tokens are drawn from the seed and `b` alone, as needed.
+    bases: u64,
     min_prompt: u64,
     max_prompt: u64,
     share: f64,
@@ -44,15 +43,11 @@ pub(super) struct Generated {
 
 impl Workload {
     pub(super) fn new(cfg: &StressConfig) -> Self {
-        let mut rng = SplitMix64::new(cfg.seed ^ 0xBA5E);
         let max_prompt = u64::from(cfg.prompt_tokens);
-        let bases = (0..BASE_PREFIXES)
-            .map(|_| (0..max_prompt).map(|_| rng.next_u64() as u32).collect())
-            .collect();
         Workload {
             seed: cfg.seed,
             id_prefix: cfg.engines.id_prefix(),
-            bases,
+            bases: cfg.prefix.prefixes.max(1),
             min_prompt: (max_prompt / 4).max(2),
             max_prompt,
             share: cfg.prefix_share,
@@ -90,9 +85,12 @@ impl Workload {
         }
         let len = self.min_prompt + rng.below(self.max_prompt - self.min_prompt + 1);
         let shared = ((len as f64) * self.share) as usize;
-        let base = &self.bases[rng.below(BASE_PREFIXES) as usize];
+        let base = rng.below(self.bases);
         let mut prompt = Vec::with_capacity(len as usize);
-        prompt.extend_from_slice(&base[..shared.min(base.len())]);
+        // The base's first `shared` tokens: the same stream for every request drawing it.
+        let mut brng =
+            SplitMix64::new(self.seed ^ 0xBA5E ^ (base + 1).wrapping_mul(0xA076_1D64_78BD_642F));
+        prompt.extend((0..shared.min(self.max_prompt as usize)).map(|_| brng.next_u64() as u32));
         while (prompt.len() as u64) < len {
             prompt.push(rng.next_u64() as u32);
         }
@@ -150,6 +148,34 @@ mod tests {
             let (a, b) = (plain.request(i).req, e3.request(i).req);
             assert_eq!((a.id, b.id), (format!("r{i}"), format!("e3-r{i}")));
             assert_eq!(a.prompt, b.prompt);
+        }
+    }
+
+    /// Two requests drawing the same base share its start, as far as the shorter one takes;
+    /// requests of other bases do not.
+    #[test]
+    fn requests_of_one_base_share_its_prefix() {
+        let cfg = StressConfig {
+            prefix_share: 1.0,
+            ..StressConfig::default()
+        };
+        let w = Workload {
+            bases: 3,
+            ..Workload::new(&cfg)
+        };
+        let prompts: Vec<Vec<u32>> = (0..60).map(|i| w.request(i).req.prompt).collect();
+        let mut starts: Vec<[u32; 8]> = prompts
+            .iter()
+            .map(|p| std::array::from_fn(|k| p[k]))
+            .collect();
+        starts.sort_unstable();
+        starts.dedup();
+        assert_eq!(starts.len(), 3, "60 prompts over 3 bases");
+        for a in &prompts {
+            for b in &prompts {
+                let n = a.len().min(b.len());
+                assert!(a[..8] != b[..8] || a[..n] == b[..n]);
+            }
         }
     }
 }

@@ -96,8 +96,23 @@ pub const SMALL: &[&str] = &[
     "50",
 ];
 
+/// The workload the small runs keep unless a test sets it: 16 shared prefixes held by the
+/// device pool, the sim store warmed with three quarters of each prompt, so that 300 requests
+/// load (the default workload's tier hits come from its own saves coming back after the pool
+/// evicted them, which takes more requests than a debug run should).
+pub const SMALL_WORKLOAD: &[(&str, &str)] = &[
+    ("--hit-ratio", "0.75"),
+    ("--prefixes", "16"),
+    ("--pool-blocks", "131072"),
+];
+
 pub fn small(extra: &[&str]) -> Output {
     let mut args = SMALL.to_vec();
+    for &(flag, value) in SMALL_WORKLOAD {
+        if !extra.contains(&flag) {
+            args.extend([flag, value]);
+        }
+    }
     args.extend_from_slice(extra);
     stress(&args)
 }

@@ -14,7 +14,8 @@
 //! * `disk` — [`DiskTier`], one file per chunk, bounded, crash-safe for a killed process;
 //! * `tier_connector` — [`TierConnector`], the connector joining a tier to KV memory:
 //!   lookups from a local index (`key_index`), verified loads (`tier_load`) through reused
-//!   chunk buffers (`buffers`), write-behind saves (`saver`);
+//!   chunk buffers (`buffers`), write-behind saves (`saver`), background existence checks
+//!   of keys the index does not know (`prober`);
 //! * `redis` (feature `redis`) — a tier on a Redis server or Redis Cluster.
 //!
 //! Each tier can rewrite or remove one stored value in place (`edit_stored`, `remove`): what
@@ -38,6 +39,8 @@ mod key;
 mod key_index;
 mod kv_memory;
 mod memory_tier;
+#[cfg(not(kvsched_loom))]
+mod prober;
 #[cfg(all(feature = "redis", not(kvsched_loom)))]
 pub mod redis;
 #[cfg(not(kvsched_loom))]
@@ -63,4 +66,6 @@ pub use memory_tier::{MemoryCounts, MemoryTier};
 pub use saver::SaveBackoff;
 pub use tier::{Tier, TierError};
 #[cfg(not(kvsched_loom))]
-pub use tier_connector::{TierConnector, TierConnectorConfig, TierConnectorError, TierCounts};
+pub use tier_connector::{
+    Prefetch, TierConnector, TierConnectorConfig, TierConnectorError, TierCounts,
+};

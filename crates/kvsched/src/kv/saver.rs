@@ -1,5 +1,5 @@
-//! [`Saver`]: the connector's write-behind: a bounded queue of chunks to store and keys to
-//! probe, drained by its own threads, so a step never waits for a tier. Saves that keep
+//! [`Saver`]: the connector's write-behind: a bounded queue of chunks to store, drained by
+//! its own threads, so a step never waits for a tier. Saves that keep
 //! failing (a full or read-only disk, a store that is down) make it pause saving
 //! ([`SaveBackoff`]) instead of trying every chunk against the same error.
 
@@ -24,8 +24,6 @@ pub(crate) enum Work {
         tokens: u32,
         chunk: Vec<u8>,
     },
-    /// Ask the tier which of these keys it holds and remember those it does.
-    Probe(Vec<ChunkKey>),
 }
 
 /// When the write-behind of a [`TierConnector`](super::TierConnector) stops trying: after
@@ -87,8 +85,6 @@ pub(crate) struct SaverCounts {
     pub pauses: AtomicU64,
     /// The last put's error, for reports.
     pub last_error: Mutex<Option<String>>,
-    pub probes: AtomicU64,
-    pub probe_hits: AtomicU64,
 }
 
 /// The pause state of [`SaveBackoff`].
@@ -211,9 +207,8 @@ impl Saver {
         if q.stop || q.work.len() >= self.shared.capacity {
             drop(q);
             self.shared.counters.dropped.fetch_add(1, Ordering::Relaxed);
-            if let Work::Save { chunk, .. } = work {
-                self.shared.buffers.give([chunk]);
-            }
+            let Work::Save { chunk, .. } = work;
+            self.shared.buffers.give([chunk]);
             return false;
         }
         q.work.push_back(work);
@@ -287,10 +282,7 @@ fn stop(shared: &Shared) {
         std::mem::take(&mut q.work)
     };
     shared.ready.notify_all();
-    let saves = left
-        .into_iter()
-        .filter(|w| matches!(w, Work::Save { .. }))
-        .count();
+    let saves = left.len();
     shared
         .counters
         .dropped
@@ -382,8 +374,13 @@ fn store(
         c.saved_chunks.fetch_add(1, Ordering::Relaxed);
         c.saved_bytes.fetch_add(len as u64, Ordering::Relaxed);
         index.insert(k);
-        own.insert(k);
     };
+    // Ours before the put: once it is in the tier the prober may find it and a load take it,
+    // and a chunk this connector stored is never another writer's (a failed put's chunks the
+    // tier does not hold are taken back below).
+    for (k, _) in chunks {
+        own.insert(*k);
+    }
     match tier.put(chunks) {
         Ok(()) => {
             shared.put_ok();
@@ -402,6 +399,7 @@ fn store(
                 if h {
                     saved(*k, v.len());
                 } else {
+                    own.remove(*k);
                     c.failed_chunks.fetch_add(1, Ordering::Relaxed);
                 }
             }
@@ -415,7 +413,6 @@ fn run(shared: &Shared, tier: &dyn Tier, codec: &ChunkCodec, index: &KeyIndex, o
     let mut duty = Duty::new(shared.cpu_share);
     loop {
         let mut saves = Vec::new();
-        let mut probe = None;
         {
             let mut q = shared.queue.lock();
             while q.work.is_empty() && !q.stop {
@@ -426,38 +423,26 @@ fn run(shared: &Shared, tier: &dyn Tier, codec: &ChunkCodec, index: &KeyIndex, o
             }
             // Relaxed: taken under the queue lock, which `flush` holds while it reads.
             shared.busy.fetch_add(1, Ordering::Relaxed);
-            while let Some(w) = q.work.pop_front() {
-                match w {
-                    Work::Save { .. } => {
-                        saves.push(w);
-                        if saves.len() == BATCH {
-                            break;
-                        }
-                    }
-                    Work::Probe(keys) => {
-                        probe = Some(keys);
-                        break;
-                    }
-                }
+            while saves.len() < BATCH {
+                let Some(w) = q.work.pop_front() else { break };
+                saves.push(w);
             }
         }
         let c = &shared.counters;
         if !saves.is_empty() {
             let mut chunks: Vec<(ChunkKey, Vec<u8>)> = Vec::with_capacity(saves.len());
             for w in saves {
-                if let Work::Save {
+                let Work::Save {
                     key,
                     group,
                     tokens,
                     mut chunk,
-                } = w
-                {
-                    // The connector always leaves the room; a chunk without it is not stored.
-                    if codec.seal(&mut chunk, key, group, tokens).is_ok() {
-                        chunks.push((key, chunk));
-                    } else {
-                        c.failed_chunks.fetch_add(1, Ordering::Relaxed);
-                    }
+                } = w;
+                // The connector always leaves the room; a chunk without it is not stored.
+                if codec.seal(&mut chunk, key, group, tokens).is_ok() {
+                    chunks.push((key, chunk));
+                } else {
+                    c.failed_chunks.fetch_add(1, Ordering::Relaxed);
                 }
             }
             if shared.paused() {
@@ -468,17 +453,6 @@ fn run(shared: &Shared, tier: &dyn Tier, codec: &ChunkCodec, index: &KeyIndex, o
                 duty.worked(started.elapsed(), shared);
             }
             shared.buffers.give(chunks.into_iter().map(|(_, b)| b));
-        }
-        if let Some(keys) = probe {
-            c.probes.fetch_add(1, Ordering::Relaxed);
-            if let Ok(held) = tier.exists(&keys, &never) {
-                for (k, h) in keys.iter().zip(held) {
-                    if h {
-                        c.probe_hits.fetch_add(1, Ordering::Relaxed);
-                        index.insert(*k);
-                    }
-                }
-            }
         }
         // Release: pairs with the Acquire load in `flush`, so a flush that sees 0 sees the
         // batch stored and indexed.

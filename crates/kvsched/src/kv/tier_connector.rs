@@ -9,6 +9,8 @@ use std::fmt;
 use super::bounded::BoundedGets;
 use super::buffers::Buffers;
 use super::key_index::KeyIndex;
+pub use super::prober::Prefetch;
+use super::prober::Prober;
 use super::saver::{SaveBackoff, Saver, SaverSettings, Work};
 pub use super::tier_counts::TierCounts;
 use super::{ChunkCodec, ChunkKey, KvMemory, Tier};
@@ -52,9 +54,14 @@ pub struct TierConnectorConfig {
     pub save_threads: usize,
     /// Most keys the local index remembers.
     pub index_capacity: usize,
-    /// On a lookup the index cannot answer, ask the tier in the background (a later request
-    /// with the same prefix then hits).
+    /// On a lookup the index cannot answer, ask the tier in the background, on the
+    /// connector's probe thread (a later request with the same prefix then hits: how an
+    /// engine finds the chunks another engine sharing the tier saved).
     pub probe_on_miss: bool,
+    /// How long a prefix the tier was asked about is not asked again (default 1 s): many
+    /// requests sharing a prefix cost one probe, and a key found absent is asked again once
+    /// it has passed.
+    pub probe_miss_ttl: std::time::Duration,
     /// Most threads running the gets of a tier that may block ([`Tier::may_block`]), so that
     /// a load with a deadline waits for the tier only until then (see the guarantees of
     /// [`TierConnector`]); they start on demand, when gets queue behind busy ones (default
@@ -86,6 +93,7 @@ with_setters!(TierConnectorConfig {
     with_save_threads: save_threads: usize,
     with_index_capacity: index_capacity: usize,
     with_probe_on_miss: probe_on_miss: bool,
+    with_probe_miss_ttl: probe_miss_ttl: std::time::Duration,
     with_get_threads: get_threads: usize,
     with_drop_timeout: drop_timeout: std::time::Duration,
     with_save_backoff: save_backoff: SaveBackoff,
@@ -105,6 +113,7 @@ impl Default for TierConnectorConfig {
             save_threads: 1,
             index_capacity: 1 << 20,
             probe_on_miss: true,
+            probe_miss_ttl: std::time::Duration::from_secs(1),
             get_threads: 64,
             drop_timeout: std::time::Duration::from_secs(10),
             save_backoff: SaveBackoff::default(),
@@ -185,6 +194,8 @@ pub struct TierConnector {
     /// a chunk another writer made.
     own: Arc<KeyIndex>,
     saver: Saver,
+    /// The background existence checks of keys the index does not know.
+    prober: Prober,
     /// The gets of a tier that may block, bounded by each load's deadline.
     gets: Option<BoundedGets>,
     /// The buffers loads read chunks into, reused.
@@ -257,6 +268,12 @@ impl TierConnector {
                 cpu_share: cfg.save_cpu_share,
             },
         )?;
+        let prober = Prober::start(
+            Arc::clone(&tier),
+            Arc::clone(&index),
+            cfg.probe_miss_ttl,
+            cfg.drop_timeout,
+        )?;
         let gets = if tier.may_block() {
             Some(BoundedGets::start(Arc::clone(&tier), cfg.get_threads)?)
         } else {
@@ -270,6 +287,7 @@ impl TierConnector {
             index,
             own,
             saver,
+            prober,
             gets,
             buffers: Buffers::new(chunk_bytes),
             s,
@@ -385,23 +403,95 @@ impl TierConnector {
         let value = self
             .codec
             .encode(key, group as u32, tokens_in_block, payload);
-        self.tier.put(&[(key, value)])?;
-        self.index.insert(key);
+        // Ours before the put (a probe may find it at once: see the saver's `store`).
         self.own.insert(key);
+        if let Err(e) = self.tier.put(&[(key, value)]) {
+            self.own.remove(key);
+            return Err(e);
+        }
+        self.index.insert(key);
         Ok(true)
     }
 
     /// Waits until every queued save and probe is done.
     pub fn flush(&self) {
         self.saver.flush();
+        self.prober.flush_until(None);
     }
 
     /// Waits until every queued save and probe is done, or `timeout` has passed: whether
     /// they were all done. What is still queued then stays queued (the save threads go on
     /// storing it; dropping the connector waits for them at most its `drop_timeout`).
     pub fn flush_for(&self, timeout: std::time::Duration) -> bool {
-        self.saver
-            .flush_until(std::time::Instant::now().checked_add(timeout))
+        let until = std::time::Instant::now().checked_add(timeout);
+        self.saver.flush_until(until) && self.prober.flush_until(until)
+    }
+
+    /// Asks the tier in the background about the keys of `prompt` the index does not know
+    /// (what a lookup of it would miss), so that a lookup once the returned [`Prefetch`] is
+    /// ready offers what the tier held: what an engine sharing a tier with other engines
+    /// calls when a request arrives, submitting it once ready (or after a bound of its own).
+    /// Never waits for the tier; without `probe_on_miss` it asks nothing.
+    pub fn prefetch(&self, prompt: &[u32]) -> Prefetch {
+        let limit = (prompt.len() as u64).saturating_sub(1) / self.s * self.s;
+        let (_, runs) = self.held_prefix(prompt, 0, limit);
+        if !self.cfg.probe_on_miss || runs.is_empty() {
+            return Prefetch::default();
+        }
+        self.prober.offer(runs, true)
+    }
+
+    /// The longest offer from `local` (tokens) up to `limit`, a multiple of `S`, at which
+    /// every group's chunks are in the index — every chunk below it for the groups that need
+    /// them all, the state at its end for Mamba `align` groups — and the keys a probe should
+    /// ask about: per group the keys past its run, and the states the index lacks between
+    /// the offer and the other groups' reach.
+    fn held_prefix(&self, prompt: &[u32], local: u64, limit: u64) -> (u64, Vec<Vec<ChunkKey>>) {
+        let mut reach = limit;
+        let mut runs = Vec::new();
+        let mut state_keys = vec![Vec::new(); self.cfg.groups.len()];
+        for (g, grp) in self.cfg.groups.iter().enumerate() {
+            let b = grp.block_size.max(1);
+            let first = (local / b) as usize;
+            let keys = self.keys(g, prompt, (limit / b) as usize);
+            if state_only(grp) {
+                // Mamba `align`: only the state at the offer's end is loaded (below).
+                state_keys[g] = keys;
+                continue;
+            }
+            let held = keys
+                .iter()
+                .skip(first)
+                .take_while(|&&k| self.index.contains(k))
+                .count();
+            reach = reach.min((first + held) as u64 * b);
+            if first + held < keys.len() {
+                runs.push(keys[first + held..].to_vec());
+            }
+        }
+        // The longest offer at which every Mamba `align` group's state is held.
+        let held = |g: usize, i: usize| {
+            let key = state_keys.get(g).and_then(|k| k.get(i));
+            key.is_some_and(|&k| self.index.contains(k))
+        };
+        let offer = state_ends(&self.cfg.groups, self.s, reach, held)
+            .take_while(|&l| l > local)
+            .next()
+            .unwrap_or(0);
+        for (g, grp) in self.cfg.groups.iter().enumerate() {
+            if !state_only(grp) {
+                continue;
+            }
+            let b = grp.block_size.max(1);
+            let from = (offer.max(local) / b) as usize;
+            let upto = (reach / b) as usize;
+            let keys = state_keys[g].iter().take(upto).skip(from);
+            let missing: Vec<ChunkKey> = keys.filter(|&&k| !self.index.contains(k)).copied().collect();
+            if !missing.is_empty() {
+                runs.push(missing);
+            }
+        }
+        (offer, runs)
     }
 
     /// Saves waiting in the write-behind queue.
@@ -413,6 +503,7 @@ impl TierConnector {
     pub fn counts(&self) -> TierCounts {
         let c = &self.counters;
         let s = self.saver.counts();
+        let p = self.prober.counts();
         let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
         TierCounts {
             lookups: r(&c.lookups),
@@ -440,8 +531,11 @@ impl TierConnector {
             saves_skipped: r(&s.skipped),
             save_pauses: r(&s.pauses),
             last_save_error: s.last_error.lock().clone(),
-            probes: r(&s.probes),
-            probe_hits: r(&s.probe_hits),
+            probes: r(&p.probes),
+            probe_hits: r(&p.hits),
+            probe_keys: r(&p.keys),
+            probes_skipped: r(&p.skipped),
+            probes_dropped: r(&p.dropped),
         }
     }
 
@@ -465,49 +559,10 @@ impl KvConnector for TierConnector {
         if limit <= q.local_tokens {
             return LookupResult::default();
         }
-        let mut reach = limit;
-        let mut probe = Vec::new();
-        let mut state_keys = vec![Vec::new(); self.cfg.groups.len()];
-        for (g, grp) in self.cfg.groups.iter().enumerate() {
-            let b = grp.block_size.max(1);
-            let first = (q.local_tokens / b) as usize;
-            let keys = self.keys(g, q.prompt, (limit / b) as usize);
-            if state_only(grp) {
-                // Mamba `align`: only the state at the offer's end is loaded (below).
-                state_keys[g] = keys;
-                continue;
-            }
-            let held = keys
-                .iter()
-                .skip(first)
-                .take_while(|&&k| self.index.contains(k))
-                .count();
-            reach = reach.min((first + held) as u64 * b);
-            if self.cfg.probe_on_miss {
-                probe.extend(keys.iter().skip(first + held).copied());
-            }
-        }
-        // The longest offer at which every Mamba `align` group's state is held.
-        let held = |g: usize, i: usize| {
-            let key = state_keys.get(g).and_then(|k| k.get(i));
-            key.is_some_and(|&k| self.index.contains(k))
-        };
-        let offer = state_ends(&self.cfg.groups, s, reach, held)
-            .take_while(|&l| l > q.local_tokens)
-            .next()
-            .unwrap_or(0);
-        if self.cfg.probe_on_miss {
-            for (g, grp) in self.cfg.groups.iter().enumerate() {
-                let b = grp.block_size.max(1);
-                let from = (offer.max(q.local_tokens) / b) as usize;
-                let upto = (reach / b) as usize;
-                let keys = state_keys[g].iter().take(upto).skip(from);
-                probe.extend(keys.filter(|&&k| !self.index.contains(k)).copied());
-            }
-        }
+        let (offer, runs) = self.held_prefix(q.prompt, q.local_tokens, limit);
         if offer <= q.local_tokens {
-            if !probe.is_empty() {
-                let _ = self.saver.offer(Work::Probe(probe));
+            if self.cfg.probe_on_miss && !runs.is_empty() {
+                let _ = self.prober.offer(runs, false);
             }
             return LookupResult::default();
         }

@@ -60,8 +60,16 @@ pub struct TierCounts {
     pub save_pauses: u64,
     /// The last failed put's error (no credentials), if any failed.
     pub last_save_error: Option<String>,
-    /// Background existence probes run, and keys they found.
+    /// Background existence probes run (tier calls, each of up to 2,048 keys), and keys they
+    /// found held (put into the index, so a later lookup offers them).
     pub probes: u64,
     /// See `probes`.
     pub probe_hits: u64,
+    /// Keys the probes asked about.
+    pub probe_keys: u64,
+    /// Runs of a prompt's keys not asked about because their first key was asked within
+    /// `probe_miss_ttl`.
+    pub probes_skipped: u64,
+    /// Runs not asked about because the probe queue was full.
+    pub probes_dropped: u64,
 }

@@ -78,6 +78,8 @@ pub(super) fn settings(c: &StressConfig, o: &mut String) {
         .unwrap_or_default();
     let warm = if c.store.is_real() || c.trace.trace.is_some() {
         String::new()
+    } else if c.hit_ratio == 0.0 {
+        ", not warmed: it holds what the run saves".to_owned()
     } else {
         format!(", warmed to --hit-ratio {}", c.hit_ratio)
     };

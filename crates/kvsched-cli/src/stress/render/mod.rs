@@ -6,7 +6,8 @@
 //! with [`decisions`] (whether kvsched and the baseline decided alike, and why not),
 //! [`prompt_notes`] (where the prompt tokens came from, against the trace's reference),
 //! [`faults_caused`] (what each injected fault caused), [`invariants`] (the verdicts),
-//! [`model`] (`--engine model`'s judge), with
+//! [`model`] (`--engine model`'s judge), [`store_notes`] (an unwarmed sim store, a disk
+//! store's dropped saves), with
 //! [`table`] (the column layout and the wrapping) and [`cells`] (how numbers are written).
 
 mod cells;
@@ -19,6 +20,7 @@ mod json;
 mod model;
 mod notes;
 mod prompt_notes;
+mod store_notes;
 mod table;
 
 pub use human::render_human;

@@ -92,6 +92,7 @@ fn kv_notes(report: &StressReport, notes: &mut Vec<String>) {
             r.kv.warm_ms
         ));
     }
+    notes.extend(super::store_notes::sim_unwarmed_note(c, r));
     if !c.store.is_real() && runs.iter().any(|r| r.kv.transfer_damage > 0) {
         notes.push(format!(
             "sim store: --failure-rate {} damaged {} loaded chunks in transfer (a flipped byte each); a damaged chunk fails the chunk's checks (a checksum failure, or a format error when the byte is in the header) and becomes a failed block, never KV",
@@ -102,6 +103,12 @@ fn kv_notes(report: &StressReport, notes: &mut Vec<String>) {
     let several = runs.len() > 1;
     for r in &runs {
         save_notes(r, several, notes);
+        let who = if several {
+            format!("{}: ", r.scheduler)
+        } else {
+            String::new()
+        };
+        notes.extend(super::store_notes::disk_drop_note(c, r, &who));
     }
     if c.mode == Mode::Vllm {
         for r in &runs {

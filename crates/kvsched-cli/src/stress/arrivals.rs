@@ -1,0 +1,106 @@
+//! The simulated engine's arrivals: each request generated when its arrival time comes (open
+//! loop) or a live request ended (closed loop), held while the connector asks a shared store
+//! about its prompt (`held.rs`), warmed into the sim store (`--hit-ratio`) and submitted.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::super::histograms::ns;
+use super::super::scheduler::Scheduler;
+use super::super::workload::Generated;
+use super::{Engine, MAX_VIOLATIONS};
+
+impl<S: Scheduler> Engine<'_, S> {
+    /// Submits the requests whose arrival time has come (open loop), or up to `--live` live
+    /// requests (closed loop).
+    pub(super) fn arrivals(&mut self, now: Instant) {
+        // Offsets, not instants: an offset that saturated (a tiny --rate) is never reached,
+        // and `start + offset` is only formed for offsets already passed.
+        let elapsed = now.saturating_duration_since(self.start);
+        while self.next < self.cfg.requests {
+            let arrival = match self.next_at {
+                Some(at) if at > elapsed => break,
+                Some(at) => self.start + at,
+                None if self.live() >= self.cfg.live as u64 => break,
+                None => Instant::now(),
+            };
+            let g = self.work.request(self.next);
+            self.held.arrive(g, arrival, &self.conn.inner);
+            self.next += 1;
+            self.next_at = self.work.next_arrival();
+        }
+        while let Some((g, arrival)) = self.held.pop_ready(Instant::now()) {
+            self.submit_next(g, arrival);
+        }
+    }
+
+    /// Requests submitted or held for submission that have not ended.
+    fn live(&self) -> u64 {
+        (self.submitted + self.held.len() as u64).saturating_sub(self.ended)
+    }
+
+    /// Whether requests are left: not arrived yet, held, or live.
+    pub(super) fn requests_left(&self) -> bool {
+        self.next < self.cfg.requests || self.live() > 0
+    }
+
+    /// Submits request `g`, arrived at `arrival`, and books its cancels. On the sim
+    /// store it first stores the reference chunks of the request's `--hit-ratio` share of its
+    /// prompt (rounded down to `S`, never the whole prompt), as a warm store holds them.
+    fn submit_next(&mut self, g: Generated, arrival: Instant) {
+        let id: Arc<str> = g.req.id.as_str().into();
+        let max_new_tokens = g.req.max_new_tokens;
+        if self.warm_share > 0.0 {
+            self.warm(&g.req.prompt);
+        }
+        self.sim.add_request(&id, &g.req.prompt, arrival);
+        self.sources.add(&id, g.req.prompt.len());
+        match self.sched.submit(g.req) {
+            Ok(()) => {
+                self.submitted += 1;
+                self.arrival_of.insert(id.clone(), arrival);
+                self.samples_sent.insert(id.clone(), (0, max_new_tokens));
+                if let Some(after) = g.cancel_after {
+                    self.cancels
+                        .entry(self.steps + after)
+                        .or_default()
+                        .push((id.to_string(), false));
+                }
+                if let Some(after) = g.fault_cancel_after {
+                    self.cancels
+                        .entry(self.steps + after)
+                        .or_default()
+                        .push((id.to_string(), true));
+                }
+            }
+            Err(e) => {
+                self.sim.end_request(&id);
+                self.rejected += 1;
+                if self.violations.len() < MAX_VIOLATIONS {
+                    self.violations.push(format!("submit refused: {e}"));
+                }
+            }
+        }
+    }
+
+    /// Warms the sim store for `prompt` (timed: it runs here, on the engine thread between
+    /// two steps, never inside `schedule()` or `update()`).
+    fn warm(&mut self, prompt: &[u32]) {
+        let len = prompt.len() as u64;
+        let s = self.block_size;
+        let held = ((len as f64 * self.warm_share) as u64).min(len.saturating_sub(1));
+        let held = held - held % s;
+        if held == 0 {
+            return;
+        }
+        let t = Instant::now();
+        let stored = self.sim.warm(prompt, held);
+        self.warm_ns += ns(t.elapsed());
+        if let Err(e) = stored {
+            if self.violations.len() < MAX_VIOLATIONS {
+                self.violations
+                    .push(format!("warming the sim store failed: {e}"));
+            }
+        }
+    }
+}

@@ -1,0 +1,301 @@
+//! [`Prober`]: the connector's background existence checks. A lookup (or a
+//! [`TierConnector::prefetch`](super::TierConnector::prefetch)) that meets keys its local
+//! index does not know hands them here instead of asking the tier itself, so the step never
+//! waits for the store; the prober's own thread asks the tier in batches and puts the keys it
+//! holds into the index, where the next lookup of that prefix finds them. That is how one
+//! engine comes to load the chunks another engine sharing the store saved.
+//!
+//! # Guarantees
+//!
+//! * **Never in the caller's way.** [`Prober::offer`] takes one short lock; a full queue drops
+//!   the offer (counted in `dropped`).
+//! * **Bounded work.** Each run of a prompt's keys is probed from its first unknown key, at
+//!   most [`MAX_RUN`] keys of it; each tier call carries at most [`BATCH_KEYS`] keys. A run
+//!   whose first key was asked within `miss_ttl` is not asked again (counted in `skipped`):
+//!   many requests sharing a prefix cost one probe, and a key found absent is asked again
+//!   only once `miss_ttl` has passed — by then another engine may have saved it.
+//! * **Own queue, own thread.** Probes never wait behind the write-behind's saves.
+//!
+//! # Limits
+//!
+//! A probe answers after the lookup that asked: that lookup misses, a later one of the same
+//! prefix hits. An engine that wants the answer for the request itself calls `prefetch` when
+//! the request arrives and submits it once the [`Prefetch`] is ready (or a bound passed).
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use rustc_hash::{FxHashMap, FxHashSet};
+
+use super::key_index::KeyIndex;
+use super::{ChunkKey, Tier};
+use crate::connector::CancelToken;
+use crate::sync::condvar::Condvar;
+use crate::sync::{thread, Arc, AtomicBool, AtomicU64, Mutex, Ordering};
+
+/// Keys of one run probed at most (a prompt of 16,384 tokens of 16-token blocks).
+pub(crate) const MAX_RUN: usize = 1024;
+/// Keys one tier call carries at most.
+const BATCH_KEYS: usize = 2048;
+/// Keys waiting at most; offers past it are dropped.
+const QUEUE_KEYS: usize = 32 * 1024;
+/// Runs remembered as recently asked at most (the map is cleared past it).
+const ASKED_CAPACITY: usize = 1 << 16;
+
+/// Whether the probes of one [`prefetch`](super::TierConnector::prefetch) are answered (the
+/// default: nothing to wait for).
+#[derive(Clone, Debug, Default)]
+pub struct Prefetch {
+    done: Option<Arc<AtomicBool>>,
+}
+
+impl Prefetch {
+    /// Whether the tier's answer is in the connector's index (or there was nothing to ask,
+    /// or the probe was dropped): a lookup now sees what the tier held when it was asked.
+    pub fn is_ready(&self) -> bool {
+        // Acquire: pairs with the Release store after the probe's hits are indexed.
+        self.done.as_ref().is_none_or(|d| d.load(Ordering::Acquire))
+    }
+}
+
+/// Counters of the prober.
+#[derive(Debug, Default)]
+pub(crate) struct ProbeCounts {
+    /// Tier calls made.
+    pub probes: AtomicU64,
+    /// Keys asked, and found.
+    pub keys: AtomicU64,
+    pub hits: AtomicU64,
+    /// Runs not asked: asked within `miss_ttl` already.
+    pub skipped: AtomicU64,
+    /// Runs dropped on a full queue.
+    pub dropped: AtomicU64,
+}
+
+struct Job {
+    runs: Vec<Vec<ChunkKey>>,
+    done: Option<Arc<AtomicBool>>,
+}
+
+struct Queue {
+    jobs: VecDeque<Job>,
+    keys: usize,
+    busy: bool,
+    stop: bool,
+}
+
+struct Shared {
+    queue: Mutex<Queue>,
+    ready: Condvar,
+    /// The first key of each run asked recently, and when.
+    asked: Mutex<FxHashMap<u128, Instant>>,
+    miss_ttl: Duration,
+    counts: ProbeCounts,
+}
+
+/// The probe queue and its thread; dropping it stops the thread (work still queued is
+/// dropped; a tier call in progress is waited for at most `drop_timeout`).
+pub(crate) struct Prober {
+    shared: Arc<Shared>,
+    thread: Option<thread::JoinHandle<()>>,
+    drop_timeout: Duration,
+}
+
+impl Prober {
+    pub(crate) fn start(
+        tier: Arc<dyn Tier>,
+        index: Arc<KeyIndex>,
+        miss_ttl: Duration,
+        drop_timeout: Duration,
+    ) -> std::io::Result<Prober> {
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(Queue {
+                jobs: VecDeque::new(),
+                keys: 0,
+                busy: false,
+                stop: false,
+            }),
+            ready: Condvar::new(),
+            asked: Mutex::new(FxHashMap::default()),
+            miss_ttl,
+            counts: ProbeCounts::default(),
+        });
+        let s = Arc::clone(&shared);
+        let thread = thread::Builder::new()
+            .name("kvsched-prober".to_owned())
+            .spawn(move || run(&s, tier.as_ref(), &index))?;
+        Ok(Prober {
+            shared,
+            thread: Some(thread),
+            drop_timeout,
+        })
+    }
+
+    pub(crate) fn counts(&self) -> &ProbeCounts {
+        &self.shared.counts
+    }
+
+    /// Queues the runs (each a prompt's keys of one group, from its first key the index does
+    /// not know), each cut to [`MAX_RUN`] keys, but those whose first key was asked within
+    /// `miss_ttl`. With `want_answer`, the [`Prefetch`] turns ready once they are answered.
+    pub(crate) fn offer(&self, runs: Vec<Vec<ChunkKey>>, want_answer: bool) -> Prefetch {
+        let now = Instant::now();
+        let mut fresh = Vec::with_capacity(runs.len());
+        {
+            let mut asked = self.shared.asked.lock();
+            for mut run in runs {
+                let Some(first) = run.first() else { continue };
+                let recent = asked
+                    .get(&first.0)
+                    .is_some_and(|&t| now.saturating_duration_since(t) < self.shared.miss_ttl);
+                if recent {
+                    self.shared.counts.skipped.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                if asked.len() >= ASKED_CAPACITY {
+                    asked.clear();
+                }
+                asked.insert(first.0, now);
+                run.truncate(MAX_RUN);
+                fresh.push(run);
+            }
+        }
+        if fresh.is_empty() {
+            return Prefetch::default();
+        }
+        let n: usize = fresh.iter().map(Vec::len).sum();
+        let done = want_answer.then(|| Arc::new(AtomicBool::new(false)));
+        let mut q = self.shared.queue.lock();
+        if q.stop || q.keys + n > QUEUE_KEYS {
+            drop(q);
+            let mut asked = self.shared.asked.lock();
+            for run in &fresh {
+                asked.remove(&run[0].0);
+            }
+            self.shared
+                .counts
+                .dropped
+                .fetch_add(fresh.len() as u64, Ordering::Relaxed);
+            return Prefetch::default();
+        }
+        q.keys += n;
+        q.jobs.push_back(Job {
+            runs: fresh,
+            done: done.clone(),
+        });
+        drop(q);
+        self.shared.ready.notify_one();
+        Prefetch { done }
+    }
+
+    /// Waits until nothing is queued or being asked, or `deadline` passed: whether so.
+    pub(crate) fn flush_until(&self, deadline: Option<Instant>) -> bool {
+        loop {
+            let q = self.shared.queue.lock();
+            if q.jobs.is_empty() && !q.busy {
+                return true;
+            }
+            drop(q);
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return false;
+            }
+            thread::sleep(Duration::from_micros(200));
+        }
+    }
+}
+
+impl Drop for Prober {
+    fn drop(&mut self) {
+        self.shared.queue.lock().stop = true;
+        self.shared.ready.notify_all();
+        let Some(h) = self.thread.take() else { return };
+        let deadline = Instant::now() + self.drop_timeout;
+        while !h.is_finished() && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(1));
+        }
+        if h.is_finished() {
+            let _ = h.join();
+        }
+        // Else detached: it ends when its tier call returns (the queue is stopped).
+    }
+}
+
+fn run(shared: &Shared, tier: &dyn Tier, index: &KeyIndex) {
+    let never = CancelToken::new();
+    loop {
+        let mut jobs = Vec::new();
+        {
+            let mut q = shared.queue.lock();
+            while q.jobs.is_empty() && !q.stop {
+                q = shared.ready.wait(q);
+            }
+            if q.stop {
+                let left = std::mem::take(&mut q.jobs);
+                drop(q);
+                for j in left {
+                    finish(&j);
+                }
+                return;
+            }
+            let mut keys = 0;
+            while let Some(j) = q.jobs.front() {
+                let n: usize = j.runs.iter().map(Vec::len).sum();
+                if !jobs.is_empty() && keys + n > BATCH_KEYS {
+                    break;
+                }
+                keys += n;
+                q.keys -= n;
+                jobs.extend(q.jobs.pop_front());
+            }
+            q.busy = true;
+        }
+        probe(shared, tier, index, &jobs, &never);
+        for j in &jobs {
+            finish(j);
+        }
+        shared.queue.lock().busy = false;
+    }
+}
+
+/// Asks the tier for every key of `jobs` in one call (duplicates once) and indexes those it
+/// holds. A failed call indexes nothing: the runs are asked again after `miss_ttl`.
+fn probe(shared: &Shared, tier: &dyn Tier, index: &KeyIndex, jobs: &[Job], never: &CancelToken) {
+    let mut keys: Vec<ChunkKey> = jobs
+        .iter()
+        .flat_map(|j| j.runs.iter().flatten().copied())
+        .collect();
+    keys.sort_unstable_by_key(|k| k.0);
+    keys.dedup();
+    let c = &shared.counts;
+    c.probes.fetch_add(1, Ordering::Relaxed);
+    c.keys.fetch_add(keys.len() as u64, Ordering::Relaxed);
+    let Ok(held) = tier.exists(&keys, never) else {
+        return;
+    };
+    let mut found = FxHashSet::default();
+    for (k, h) in keys.iter().zip(held) {
+        // (Planted bug `probe-hits-unindexed`, scripts/plants.sh: what a probe finds never
+        // reaches the index, so another engine's chunks are never offered.)
+        if h && !planted!("probe-hits-unindexed") {
+            index.insert(*k);
+            found.insert(k.0);
+        }
+    }
+    c.hits.fetch_add(found.len() as u64, Ordering::Relaxed);
+    // The lookup after this one starts its run at each run's first absent key: it counts as
+    // asked now, so that lookup does not ask again within `miss_ttl`.
+    let now = Instant::now();
+    let mut asked = shared.asked.lock();
+    for run in jobs.iter().flat_map(|j| &j.runs) {
+        if let Some(k) = run.iter().find(|k| !found.contains(&k.0)) {
+            asked.insert(k.0, now);
+        }
+    }
+}
+
+fn finish(j: &Job) {
+    if let Some(d) = &j.done {
+        // Release: pairs with the Acquire load in `Prefetch::is_ready`.
+        d.store(true, Ordering::Release);
+    }
+}
