@@ -453,7 +453,8 @@ impl KvChecker {
                 }
                 bytes += read * bpt as u64;
                 skipped += phi - plo - read;
-                if right {
+                // Nothing read: the record already covers the range at this epoch.
+                if right && read > 0 {
                     t.seen.checked(g, i, r.id, epoch, (plo, phi), true);
                 }
             }
