@@ -500,8 +500,7 @@ impl KvConnector for TierConnector {
             for (g, grp) in self.cfg.groups.iter().enumerate() {
                 let b = grp.block_size.max(1);
                 let from = (offer.max(q.local_tokens) / b) as usize;
-                let upto = (reach / b) as usize;
-                let keys = state_keys[g].iter().take(upto).skip(from);
+                let keys = state_keys[g].iter().skip(from);
                 probe.extend(keys.filter(|&&k| !self.index.contains(k)).copied());
             }
         }
