@@ -163,7 +163,9 @@ fn attention_only() -> Vec<CacheGroup> {
 fn safe_mode_reads_no_garbage_and_moves_real_bytes() {
     for seed in 1..=3 {
         for async_ratio in [0.0, 0.5, 1.0] {
-            let r = run(hybrid(), Mode::Safe, async_ratio, 0.1, seed);
+            // A fifth of the chunks damaged: a load reads one Mamba `align` state, not every
+            // one below it, so at a tenth some seeds' loads met no damaged chunk.
+            let r = run(hybrid(), Mode::Safe, async_ratio, 0.2, seed);
             assert_eq!(
                 r.check.garbage_reads, 0,
                 "seed {seed} async {async_ratio}: {:?}",

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvsched::connector::KvConnector;
+use kvsched::connector::{KvConnector, LookupQuery};
 use kvsched::kv::{HostKvMemory, KvLayout, KvMemory, MemoryTier, Tier, TierConnector};
 use kvsched::kv::{TierConnectorConfig, TierCounts};
 use kvsched::{CacheGroup, MambaMode, Runtime, StepOutput, SubmitRequest};
@@ -109,6 +109,22 @@ impl Engine {
         panic!("{id} did not end in 200 steps: {chunks:?}");
     }
 
+    /// Looks `prompt` up once and waits for the probe its miss starts: a connector knows
+    /// only the chunks it saved, loaded or found by probing.
+    fn probe(&self, prompt: &[u32]) {
+        let query = LookupQuery {
+            request: "probe",
+            prompt,
+            local_tokens: 0,
+        };
+        assert_eq!(
+            self.conn.lookup(query).external_tokens,
+            0,
+            "nothing known yet"
+        );
+        self.conn.flush();
+    }
+
     fn finish(self) -> (KvCheckCounts, TierCounts) {
         let report = self.rt.shutdown();
         assert!(report.violations.is_empty(), "{:?}", report.violations);
@@ -138,6 +154,7 @@ fn the_next_turn_loads_the_prefix_up_to_the_last_saved_state() {
     assert_eq!(saved.chunks_saved, 62 + 1, "{saved:?}");
 
     let mut b = Engine::new(tier, 4096);
+    b.probe(&next);
     let chunks = b.run("b", &next);
     assert_eq!(chunks[0].0, 960, "the tier serves 960 tokens: {chunks:?}");
     let (check, loaded) = b.finish();
@@ -167,6 +184,7 @@ fn a_failed_load_recomputes_into_the_entries_it_left_null() {
     // Budget 256: from 512, steps end at 768 and 1,024; the state at 768 goes into an entry
     // the load left null.
     let mut b = Engine::new(tier, 256);
+    b.probe(&next);
     let mut head = first[..512].to_vec();
     head.extend(9000..9100);
     b.run("head", &head);

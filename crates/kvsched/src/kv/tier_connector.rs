@@ -445,7 +445,7 @@ impl TierConnector {
     /// every group's chunks are in the index — every chunk below it for the groups that need
     /// them all, the state at its end for Mamba `align` groups — and the keys a probe should
     /// ask about: per group the keys past its run, and the states the index lacks between
-    /// the offer and the other groups' reach.
+    /// past the offer.
     fn held_prefix(&self, prompt: &[u32], local: u64, limit: u64) -> (u64, Vec<Vec<ChunkKey>>) {
         let mut reach = limit;
         let mut runs = Vec::new();
@@ -483,9 +483,10 @@ impl TierConnector {
                 continue;
             }
             let b = grp.block_size.max(1);
+            // Every missing state past the offer, not only below the other groups' reach: a
+            // fresh index knows no attention run yet.
             let from = (offer.max(local) / b) as usize;
-            let upto = (reach / b) as usize;
-            let keys = state_keys[g].iter().take(upto).skip(from);
+            let keys = state_keys[g].iter().skip(from);
             let missing: Vec<ChunkKey> = keys.filter(|&&k| !self.index.contains(k)).copied().collect();
             if !missing.is_empty() {
                 runs.push(missing);
