@@ -80,8 +80,10 @@ impl<S: Strategy> Shard<S> {
                 Admitted::Into(phase) => {
                     admitted += 1;
                     if phase == Phase::Running {
-                        let ran = self.schedule_one(env, settings, now, key, budget, align);
-                        debug_assert!(ran, "a request admitted into the step was not scheduled");
+                        // Its prompt's blocks are allocated, so only a resumed request whose
+                        // first chunk runs past its prompt can find no blocks here: it then
+                        // waits for a later step, as in every mode.
+                        let _ = self.schedule_one(env, settings, now, key, budget, align);
                     }
                 }
             }
