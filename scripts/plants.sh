@@ -97,10 +97,15 @@ declare -A TESTS=(
   # kv/prober.rs: what a background probe finds never reaches the index, so a connector never
   # offers the chunks another engine sharing its tier saved.
   [probe-hits-unindexed]="kvsched --test kv_shared_tier"
+  # runtime/shard/step_order.rs: mode vllm admits every waiting request before it schedules,
+  # so a sync loader the budget leaves out keeps its destinations cached and a sharer on
+  # another shard reads them before the load ran.
+  [vllm-admits-before-schedule]="kvsched --test runtime_step_order"
 )
-ORDER=(decide-early claim-store late-leak panic-ok trust-stale end-while-loading no-cross-shard-preempt lookup-uncaught shard-panic-escapes mamba-align-cache-unwritten
-  saver-flush-early register-unwritten reoffer-unwritten park-unstarted baseline-no-second-chance holder-release-unrecorded unaligned-chunks prompt-end-state-uncached branch-state-uncached mamba-state-one-block-late
-  mamba-state-into-null tier-present-after-failed-load scan-one-group-less load-unverified save-payload-offset epoch-not-bumped-on-whole-block-write failed-copy-left-unpoisoned probe-hits-unindexed)
+ORDER=(decide-early claim-store late-leak panic-ok trust-stale end-while-loading no-cross-shard-preempt lookup-uncaught shard-panic-escapes
+  mamba-align-cache-unwritten saver-flush-early register-unwritten reoffer-unwritten park-unstarted baseline-no-second-chance holder-release-unrecorded unaligned-chunks prompt-end-state-uncached
+  branch-state-uncached mamba-state-one-block-late mamba-state-into-null tier-present-after-failed-load scan-one-group-less load-unverified save-payload-offset epoch-not-bumped-on-whole-block-write failed-copy-left-unpoisoned
+  probe-hits-unindexed vllm-admits-before-schedule)
 
 if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi
 

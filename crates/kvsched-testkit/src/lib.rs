@@ -38,7 +38,7 @@ pub use faults::{FaultConfig, FaultConfigError, FaultCounts, FaultTarget, Faulty
 pub use rng::{hash_str, SplitMix64};
 pub use sim::{
     KvCheckCounts, KvChecker, ModelCounts, ModelEngine, ModelShape, ModelStep, SimCounts,
-    SimEngine, StepCheck, TinyModel,
+    SimEngine, StepCheck, TinyModel, WrongTokenCauses,
 };
 pub use sim_connector::{SimConfig, SimConnector, SimulatedPanic};
 pub use sim_tier::{SimTier, SimTierConfig, SimTierCounts};

@@ -65,6 +65,11 @@ pub struct StressConfig {
     /// Share of each prompt taken from one of the `--prefixes` shared base prefixes (0–1).
     #[arg(long, default_value_t = 0.5, allow_negative_numbers = true, value_parser = parse_unit)]
     pub prefix_share: f64,
+    /// Requests arriving together on one base prefix: each run of N consecutive requests
+    /// shares its base and its arrival time (1: each request picks its base and arrives on
+    /// its own).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub prefix_burst: u32,
     /// Share of loads from the sim store whose transfer damages one or two chunks (a flipped
     /// byte, caught by the chunk checksum) (0–1).
     #[arg(long, default_value_t = 0.01, allow_negative_numbers = true, value_parser = parse_unit)]
@@ -216,6 +221,7 @@ impl Default for StressConfig {
             groups: Preset::Dense,
             pool_blocks: DEFAULT_POOL_BLOCKS,
             prefix_share: 0.5,
+            prefix_burst: 1,
             failure_rate: 0.01,
             policy: Policy::Recompute,
             mode: Mode::Safe,

@@ -7,11 +7,10 @@
 //! the request decoded alone: a wrong token in mode `safe` is an invariant violation.
 //!
 //! The default workload of `--engine model` ([`apply_defaults`]) is sized for seconds on two
-//! cores and holds the case of vLLM #49250: requests sharing a prefix admitted while another
-//! loads it synchronously, loads failing (`--failure-rate`), and a recompute spanning several
-//! steps (a token budget below the rolled-back range). docs/model.md says which of mode
-//! vllm's wrong tokens on it are vLLM's and which come from kvsched's emulation of vLLM's
-//! caching.
+//! cores and holds the case of vLLM #49250: bursts of requests sharing a prefix admitted in the
+//! step another loads it synchronously, loads failing (`--failure-rate`), and a recompute spanning several
+//! steps (a token budget below the rolled-back range). Each wrong token is counted by the vLLM
+//! behaviour it comes from ([`WrongTokensByCause`], docs/model.md).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -36,11 +35,12 @@ the blocks the plan names; every kept token and logit is compared with the reque
 alone, and a difference in mode safe is an invariant violation, exit 1).
 
 With `model`, the flags left out take a workload sized for a run of a few seconds on two \
-cores: --requests 400 --rate 400 --prompt-tokens 256 --output-tokens 8 --prefix-share 0.75 \
---token-budget 64 --async-ratio 0.5 --pool-blocks 4096 --model-us 0 --hit-ratio 0.75 \
---prefixes 16. It holds the case of \
-vLLM #49250: requests sharing a prefix admitted while another loads it synchronously, loads \
-failing (--failure-rate), recomputes spanning several steps. Given flags are kept.";
+cores: --requests 600 --rate 200 --prompt-tokens 256 --output-tokens 16 --prefix-share 0.95 \
+--prefix-burst 6 --hit-ratio 0.95 --token-budget 64 --async-ratio 0.5 --pool-blocks 400 \
+--model-us 0 --prefixes 16. It holds the case of vLLM #49250: bursts of requests sharing a prefix, admitted \
+in the step another loads it synchronously, loads failing (--failure-rate), recomputes \
+spanning several steps, and a pool small enough that prefixes are evicted and loaded again. \
+Given flags are kept.";
 
 /// The flags `--engine model` sets when they are left out (`given` says whether a flag, by
 /// its id, was given).
@@ -53,16 +53,21 @@ pub fn apply_defaults(cfg: &mut StressConfig, given: &dyn Fn(&str) -> bool) {
             f(cfg);
         }
     };
-    set("requests", &mut |c| c.requests = 400);
-    set("rate", &mut |c| c.rate = Rate::PerSecond(400.0));
+    set("requests", &mut |c| c.requests = 600);
+    set("rate", &mut |c| c.rate = Rate::PerSecond(200.0));
     set("prompt_tokens", &mut |c| c.prompt_tokens = 256);
-    set("output_tokens", &mut |c| c.output_tokens = 8);
-    set("prefix_share", &mut |c| c.prefix_share = 0.75);
+    set("output_tokens", &mut |c| c.output_tokens = 16);
+    // Bursts of six requests on one base prefix, 95 % of each prompt shared and held by the
+    // store: a loader computes a few tokens, so its sharers are admitted in its step.
+    set("prefix_share", &mut |c| c.prefix_share = 0.95);
+    set("prefix_burst", &mut |c| c.prefix_burst = 6);
+    set("hit_ratio", &mut |c| c.hit_ratio = 0.95);
+    // Below a rolled-back range: a recompute spans several steps.
     set("token_budget", &mut |c| c.token_budget = 64);
     set("async_ratio", &mut |c| c.async_ratio = 0.5);
-    set("pool_blocks", &mut |c| c.pool_blocks = 4096);
+    // Prefixes are evicted and loaded again: more loads, more of them failing.
+    set("pool_blocks", &mut |c| c.pool_blocks = 400);
     set("model_us", &mut |c| c.model_us = 0);
-    set("hit_ratio", &mut |c| c.hit_ratio = 0.75);
     set("prefixes", &mut |c| c.prefix.prefixes = 16);
 }
 
@@ -123,6 +128,18 @@ pub struct ModelReport {
     pub logit_mismatches: u64,
     /// Requests with at least one logit mismatch.
     pub requests_affected: u64,
+    /// `token_mismatches` by the vLLM behaviour each comes from, from what the mismatching
+    /// request actually read (docs/model.md, "Which vLLM behaviour each wrong token is").
+    #[serde(default)]
+    pub wrong_tokens_by_cause: WrongTokensByCause,
+    /// Requests scheduled in the step a sync load failed in holding its blocks (its sharers),
+    /// over every failed sync load.
+    #[serde(default)]
+    pub failed_load_sharers: u64,
+    /// Reads of what a failed sync load left unwritten (or of what a request that read it
+    /// wrote since), the failing step's own reads included (their samples are discarded).
+    #[serde(default)]
+    pub tainted_reads: u64,
     /// Reads through a null entry or of an unreadable block.
     pub unreadable_reads: u64,
     /// Tokens the model computed (prefill, decode and recompute).
@@ -141,6 +158,32 @@ pub struct ModelReport {
     pub model_share: f64,
     /// Tokens computed per second of model time.
     pub tokens_per_s: f64,
+}
+
+/// Wrong tokens by the reads that made them (the model's engine tracks every slot a failed
+/// sync load left unwritten, and who read it).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct WrongTokensByCause {
+    /// vLLM #49250: a request that held a sync load's destinations when the load failed (a
+    /// sharer admitted onto them before the load ran, or the loader) read them before they
+    /// were rewritten: the rules sent it back to its pre-step length while another request
+    /// recomputes them.
+    pub sharers_read_failed_load: u64,
+    /// A request admitted after the failure hit the rolled-back blocks the prefix cache kept
+    /// (vLLM evicts them only under policy `fail`).
+    pub rolled_back_blocks_cached: u64,
+    /// The mismatching request read nothing a failed sync load left.
+    pub unattributed: u64,
+}
+
+impl From<&kvsched_testkit::WrongTokenCauses> for WrongTokensByCause {
+    fn from(c: &kvsched_testkit::WrongTokenCauses) -> Self {
+        WrongTokensByCause {
+            sharers_read_failed_load: c.sharers_read_failed_load,
+            rolled_back_blocks_cached: c.rolled_back_blocks_cached,
+            unattributed: c.unattributed,
+        }
+    }
 }
 
 /// The model as the stress loop's engine: runs each plan, settles it, saves what kept steps
@@ -265,6 +308,9 @@ impl ModelDriver {
             token_mismatches: c.token_mismatches,
             logit_mismatches: c.logit_mismatches,
             requests_affected: c.requests_affected,
+            wrong_tokens_by_cause: (&c.wrong_token_causes).into(),
+            failed_load_sharers: c.failed_load_sharers,
+            tainted_reads: c.tainted_reads,
             unreadable_reads: c.unreadable_reads,
             tokens_computed: c.tokens_computed,
             sync_loads: c.sync_loads,
@@ -321,7 +367,8 @@ mod tests {
         };
         apply_defaults(&mut cfg, &|id| id == "requests");
         assert_eq!((cfg.requests, cfg.token_budget, cfg.model_us), (7, 64, 0));
-        assert_eq!(cfg.rate, Rate::PerSecond(400.0));
+        assert_eq!((cfg.prefix_burst, cfg.pool_blocks), (6, 400));
+        assert_eq!(cfg.rate, Rate::PerSecond(200.0));
         let mut sim = StressConfig::default();
         apply_defaults(&mut sim, &|_| false);
         assert_eq!(sim.requests, StressConfig::default().requests);

@@ -20,6 +20,8 @@ pub(super) struct Workload {
     min_prompt: u64,
     max_prompt: u64,
     share: f64,
+    /// `--prefix-burst`.
+    burst: u64,
     output_mean: f64,
     output_cap: u64,
     cancel_ratio: f64,
@@ -51,6 +53,7 @@ impl Workload {
             min_prompt: (max_prompt / 4).max(2),
             max_prompt,
             share: cfg.prefix_share,
+            burst: u64::from(cfg.prefix_burst.max(1)),
             output_mean: f64::from(cfg.output_tokens),
             output_cap: cfg.max_output_tokens(),
             cancel_ratio: cfg.cancel_ratio,
@@ -86,6 +89,14 @@ impl Workload {
         let len = self.min_prompt + rng.below(self.max_prompt - self.min_prompt + 1);
         let shared = ((len as f64) * self.share) as usize;
         let base = rng.below(self.bases);
+        // A burst's requests share the base its first request picked.
+        let base = if self.burst > 1 {
+            let first = i - i % self.burst;
+            SplitMix64::new(self.seed ^ (first + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+                .below(self.bases)
+        } else {
+            base
+        };
         let mut prompt = Vec::with_capacity(len as usize);
         // The base's first `shared` tokens: the same stream for every request drawing it.
         let mut brng =
@@ -128,7 +139,12 @@ impl Workload {
         }
         let rate = self.rate?;
         let at = self.next_arrival_s;
-        self.next_arrival_s += -(1.0 - self.arrivals.unit()).ln() / rate;
+        self.arrivals_out += 1;
+        // A burst arrives at once: the clock moves after its last request, by a gap of the
+        // burst's size at the same mean rate.
+        if self.arrivals_out as u64 % self.burst == 0 {
+            self.next_arrival_s += -(1.0 - self.arrivals.unit()).ln() * self.burst as f64 / rate;
+        }
         Some(saturating_secs(at))
     }
 }

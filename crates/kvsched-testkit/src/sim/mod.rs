@@ -23,4 +23,4 @@ mod model;
 
 pub use engine::{SimCounts, SimEngine};
 pub use kv_check::{KvCheckCounts, KvChecker, StepCheck};
-pub use model::{ModelCounts, ModelEngine, ModelShape, ModelStep, TinyModel};
+pub use model::{ModelCounts, ModelEngine, ModelShape, ModelStep, TinyModel, WrongTokenCauses};

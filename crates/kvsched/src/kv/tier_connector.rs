@@ -444,7 +444,7 @@ impl TierConnector {
     /// The longest offer from `local` (tokens) up to `limit`, a multiple of `S`, at which
     /// every group's chunks are in the index — every chunk below it for the groups that need
     /// them all, the state at its end for Mamba `align` groups — and the keys a probe should
-    /// ask about: per group the keys past its run, and the states the index lacks between
+    /// ask about: per group the keys past its run, and the states the index lacks
     /// past the offer.
     fn held_prefix(&self, prompt: &[u32], local: u64, limit: u64) -> (u64, Vec<Vec<ChunkKey>>) {
         let mut reach = limit;

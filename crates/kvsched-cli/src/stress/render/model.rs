@@ -53,6 +53,7 @@ pub(super) fn model(report: &StressReport, o: &mut String) {
         for line in lines {
             wrap(&line, "    ", "      ", o);
         }
+        causes(m, o);
         verdict(r, report, o);
     }
 }
@@ -67,7 +68,22 @@ fn verdict(r: &RunReport, report: &StressReport, o: &mut String) {
         (kvsched::rules::recovery::Mode::Safe, _) => {
             "wrong outputs in mode safe: an invariant violation"
         }
-        _ => "wrong outputs in mode vllm (sync-load destinations cached before the load has run; docs/model.md says which are vLLM's and which kvsched's emulation of it)",
+        _ => "wrong outputs in mode vllm: vLLM's caching, sync-load destinations cached before the load has run and rolled-back blocks kept (docs/model.md)",
     };
     wrap(text, "    ", "      ", o);
+}
+
+/// Which vLLM behaviour the wrong tokens come from (nothing when there are none).
+fn causes(m: &crate::stress::model::ModelReport, o: &mut String) {
+    if m.token_mismatches == 0 {
+        return;
+    }
+    let c = &m.wrong_tokens_by_cause;
+    let line = format!(
+        "wrong tokens by cause: {} from requests that held a sync load's blocks when it failed and read them before they were rewritten (vLLM #49250), {} from hits on rolled-back blocks the prefix cache kept, {} from reads of nothing a failed load left",
+        count(c.sharers_read_failed_load),
+        count(c.rolled_back_blocks_cached),
+        count(c.unattributed)
+    );
+    wrap(&line, "    ", "      ", o);
 }

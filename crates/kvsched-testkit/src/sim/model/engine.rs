@@ -11,6 +11,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::net::{from_bytes, to_bytes, Context, TinyModel};
 use super::reference::Reference;
+use super::taint::{Taint, WrongTokenCauses};
 use kvsched::connector::{KvConnector, LoadResult};
 use kvsched::kv::KvMemory;
 use kvsched::rules::geometry::{CacheGroup, GroupKind, MambaMode};
@@ -36,6 +37,16 @@ pub struct ModelCounts {
     pub sync_loads: u64,
     /// See `sync_loads`.
     pub sync_loads_failed: u64,
+    /// `token_mismatches` by what the mismatching request read: a failed sync load's blocks
+    /// as its sharer (vLLM #49250), as a later hit on rolled-back blocks, as its loader, or
+    /// nothing a failed load left.
+    pub wrong_token_causes: WrongTokenCauses,
+    /// Requests that held a sync load's blocks, scheduled in the step it failed in (its
+    /// sharers), counted over every failed sync load.
+    pub failed_load_sharers: u64,
+    /// Reads of a slot a failed sync load left unwritten, or that a request which read one
+    /// wrote since (`taint`).
+    pub tainted_reads: u64,
 }
 
 /// One request as the engine knows it: its tokens (prompt, then kept samples) and the judge's
@@ -64,6 +75,7 @@ pub struct ModelEngine {
     memory: StdArc<dyn KvMemory>,
     seqs: FxHashMap<StdArc<str>, Seq>,
     counters: ModelCounts,
+    taint: Taint,
 }
 
 impl std::fmt::Debug for ModelEngine {
@@ -77,6 +89,10 @@ impl std::fmt::Debug for ModelEngine {
 
 /// The K/V a step reads: KV memory through one request's tables.
 struct Tables<'a> {
+    id: &'a StdArc<str>,
+    /// The position being computed.
+    pos: u64,
+    taint: &'a mut Taint,
     memory: &'a dyn KvMemory,
     groups: &'a [CacheGroup],
     tables: &'a [BlockTable],
@@ -100,6 +116,7 @@ impl Context for Tables<'_> {
             self.unreadable += 1;
             return false;
         };
+        self.taint.read(self.id, self.pos, *r, pos % b);
         let off = (pos % b) as usize * bpt;
         if self.memory.read(layer, r.id, off, &mut self.buf).is_err() {
             self.unreadable += 1;
@@ -126,12 +143,17 @@ impl ModelEngine {
             memory,
             seqs: FxHashMap::default(),
             counters: ModelCounts::default(),
+            taint: Taint::default(),
         }
     }
 
     /// Counters so far.
-    pub fn counts(&self) -> &ModelCounts {
-        &self.counters
+    pub fn counts(&self) -> ModelCounts {
+        ModelCounts {
+            failed_load_sharers: self.taint.sharers,
+            tainted_reads: self.taint.reads,
+            ..self.counters.clone()
+        }
     }
 
     /// Registers a request's prompt (before its first step).
@@ -159,6 +181,7 @@ impl ModelEngine {
     /// Forgets a request that ended.
     pub fn end_request(&mut self, id: &str) {
         self.seqs.remove(id);
+        self.taint.end(id);
     }
 
     /// The prompt of a live request.
@@ -180,7 +203,9 @@ impl ModelEngine {
                 self.counters.sync_loads += 1;
                 if let LoadResult::Failed(bad) = c.load(job) {
                     self.counters.sync_loads_failed += 1;
-                    step.invalid_blocks.extend(bad.into_flat());
+                    let bad = bad.into_flat();
+                    self.taint.failed_load(&self.groups, plan, &s.id, &bad);
+                    step.invalid_blocks.extend(bad);
                 }
             }
         }
@@ -205,6 +230,7 @@ impl ModelEngine {
                 })
                 .collect();
             self.counters.tokens_computed += k as u64;
+            self.taint.schedule(&s.id, s.num_computed_tokens);
             batch.push((s, xs));
         }
         for layer in 0..self.model.layers.len() {
@@ -239,6 +265,7 @@ impl ModelEngine {
                 to_bytes(&k, &mut bytes[..bpt / 2]);
                 to_bytes(&v, &mut bytes[bpt / 2..]);
                 if let Some(r) = table.get((pos / b) as usize).filter(|r| r.id != 0) {
+                    self.taint.write(&s.id, pos, *r, pos % b);
                     let _ = self
                         .memory
                         .write(layer, r.id, (pos % b) as usize * bpt, &bytes);
@@ -247,6 +274,9 @@ impl ModelEngine {
         }
         for (s, xs) in batch.iter_mut() {
             let mut ctx = Tables {
+                id: &s.id,
+                pos: 0,
+                taint: &mut self.taint,
                 memory: self.memory.as_ref(),
                 groups: &self.groups,
                 tables: &s.block_tables,
@@ -255,6 +285,7 @@ impl ModelEngine {
             };
             for (j, x) in xs.iter_mut().enumerate() {
                 let pos = s.num_computed_tokens + j as u64;
+                ctx.pos = pos;
                 self.model.attend(layer, pos, x, &mut ctx);
             }
             self.counters.unreadable_reads += ctx.unreadable;
@@ -285,6 +316,9 @@ impl ModelEngine {
             let n = s.num_computed_tokens;
             let mut h = vec![0.0f32; d];
             if n > 0 {
+                if let Some(r) = entry(n) {
+                    self.taint.read(&s.id, n, *r, 0);
+                }
                 match entry(n) {
                     Some(r) if self.memory.read(layer, r.id, 0, &mut bytes).is_ok() => {
                         from_bytes(&bytes, &mut h);
@@ -298,6 +332,7 @@ impl ModelEngine {
                 let m = n + j as u64 + 1;
                 if m == end || (all && m % b == 0) {
                     if let Some(r) = entry(m) {
+                        self.taint.write(&s.id, m - 1, *r, 0);
                         to_bytes(&h, &mut bytes);
                         let _ = self.memory.write(layer, r.id, 0, &bytes);
                     }
@@ -331,6 +366,8 @@ impl ModelEngine {
             self.counters.tokens_checked += 1;
             if token != want {
                 self.counters.token_mismatches += 1;
+                let cause = self.taint.cause(&s.id);
+                self.counters.wrong_token_causes.count(cause);
             }
             if bits != want_bits || token != want {
                 self.counters.logit_mismatches += 1;

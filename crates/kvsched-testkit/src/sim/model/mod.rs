@@ -12,11 +12,14 @@
 //! * `net` — [`TinyModel`]: weights and the per-token computations;
 //! * `engine` — [`ModelEngine`]: a plan run on KV memory through its block tables, layer by
 //!   layer over the batch, and the judge;
-//! * `reference` — a request decoded alone.
+//! * `reference` — a request decoded alone;
+//! * `taint` — which failed sync load, reached how, each wrong token comes from.
 
 mod engine;
 mod net;
 mod reference;
+mod taint;
 
 pub use engine::{ModelCounts, ModelEngine, ModelStep};
 pub use net::{ModelShape, TinyModel};
+pub use taint::WrongTokenCauses;

@@ -17,6 +17,18 @@ use crate::runtime::policy::prefix::{prefix_candidates, prefix_cap, prefix_entri
 
 use super::strategy::{Pool, Strategy};
 use super::{next_key, Env, HolderIndex, Metrics, Phase, Req, Shard, StepSettings};
+use crate::runtime::claim::RequestKey;
+
+/// What admitting one waiting request did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Admitted {
+    /// The pool cannot hold its prompt: nothing more is admitted in this step.
+    PoolFull,
+    /// No such request.
+    Gone,
+    /// Admitted, now in this phase (running, or loading asynchronously).
+    Into(Phase),
+}
 
 impl<S: Strategy> Shard<S> {
     /// Longest usable local prefix (a multiple of the scheduler block size, below the
@@ -71,7 +83,6 @@ impl<S: Strategy> Shard<S> {
         now: Instant,
         loads_out: &mut Vec<LoadJob>,
     ) {
-        let geo = env.geo;
         let mut admitted = 0usize;
         let mut cursor = None;
         while let Some(key) = next_key(&self.waiting, cursor) {
@@ -79,70 +90,90 @@ impl<S: Strategy> Shard<S> {
             if admitted >= settings.max_seqs {
                 break;
             }
-            let seq = key.seq();
-            let Some(r) = self.reqs.get_mut(&seq) else {
-                continue;
-            };
-            debug_assert!(
-                r.tables.iter().all(Vec::is_empty),
-                "a waiting request holds blocks"
-            );
-            let (local, got, cached) = Self::local_prefix(env, r);
-            // The prefix the connector would load from: the chained hash of group 0's first
-            // block past the local hit (the same for every request sharing that prefix).
-            let b0 = geo.groups()[0].block_size;
-            r.prefix_key = r.hashes[0].get((local / b0) as usize).copied();
-            let look =
-                Self::lookup_external(env, settings, now, r, local, &mut self.result.counters);
-            let ext_end = external_end(geo, r.prompt.len() as u64, local, look.external_tokens);
-            if !Self::allocate_prompt(env, r, seq, (local, ext_end), got, &mut self.index) {
-                break; // pool exhausted: admit again next step
-            }
-            r.branch = branch_point(geo, ext_end, cached);
-            // The local prefix is written (it is in the prefix cache); the external range is
-            // not until its load lands or the step that carries it is answered.
-            r.written = local;
-            r.num_computed_tokens = ext_end;
-            admitted += 1;
-            if ext_end > local {
-                r.attempt += 1;
-                let job = Self::load_job(env, r, local, ext_end);
-                self.result.counters.loads_dispatched += 1;
-                if look.load_async {
-                    r.load_start = local;
-                    r.load_end = ext_end;
-                    r.load_cap = u64::MAX;
-                    let mut job = job;
-                    // A deadline past what an Instant can hold is no deadline.
-                    let deadline = r
-                        .load_deadline
-                        .or(settings.load_deadline)
-                        .and_then(|d| now.checked_add(d));
-                    if let Some(at) = deadline {
-                        job.deadline = Some(at);
-                        self.deadlines.push(Reverse((at, seq, r.attempt)));
-                    }
-                    // The load owns its destinations' bytes until its completion is applied.
-                    env.pool.guard_fills(&mut job);
-                    r.cancel = Some(job.cancel.clone());
-                    loads_out.push(job);
-                    self.set_phase(seq, Phase::Loading);
-                } else {
-                    r.sync_job = Some(job);
-                    if settings.mode == Mode::Vllm {
-                        // vLLM's design: a sync load's destinations are hashed at allocation,
-                        // so a request admitted later finds them in the prefix cache before
-                        // the load has run (and keeps them if it fails: vLLM #49250). Nothing is
-                        // trimmed: the load still writes every destination.
-                        Self::register_upto(env, r, ext_end);
-                    }
-                    self.set_phase(seq, Phase::Running);
-                }
-            } else {
-                Self::register_and_trim(env, r, &mut self.index);
-                self.set_phase(seq, Phase::Running);
+            match self.admit_one(env, settings, now, key, loads_out) {
+                Admitted::PoolFull => break, // admit again next step
+                Admitted::Gone => {}
+                Admitted::Into(_) => admitted += 1,
             }
         }
+    }
+
+    /// Admits the waiting request `key`: its local prefix, what the connector offers past it,
+    /// fresh blocks for the rest of its prompt, and its load (async: dispatched into
+    /// `loads_out`, the request loading; sync: carried by the step that first schedules it,
+    /// the request running).
+    pub(super) fn admit_one(
+        &mut self,
+        env: &Env<'_, S>,
+        settings: &StepSettings,
+        now: Instant,
+        key: RequestKey,
+        loads_out: &mut Vec<LoadJob>,
+    ) -> Admitted {
+        let geo = env.geo;
+        let seq = key.seq();
+        let Some(r) = self.reqs.get_mut(&seq) else {
+            return Admitted::Gone;
+        };
+        debug_assert!(
+            r.tables.iter().all(Vec::is_empty),
+            "a waiting request holds blocks"
+        );
+        let (local, got, cached) = Self::local_prefix(env, r);
+        // The prefix the connector would load from: the chained hash of group 0's first
+        // block past the local hit (the same for every request sharing that prefix).
+        let b0 = geo.groups()[0].block_size;
+        r.prefix_key = r.hashes[0].get((local / b0) as usize).copied();
+        let look = Self::lookup_external(env, settings, now, r, local, &mut self.result.counters);
+        let ext_end = external_end(geo, r.prompt.len() as u64, local, look.external_tokens);
+        if !Self::allocate_prompt(env, r, seq, (local, ext_end), got, &mut self.index) {
+            return Admitted::PoolFull;
+        }
+        r.branch = branch_point(geo, ext_end, cached);
+        // The local prefix is written (it is in the prefix cache); the external range is
+        // not until its load lands or the step that carries it is answered.
+        r.written = local;
+        r.num_computed_tokens = ext_end;
+        if ext_end <= local {
+            Self::register_and_trim(env, r, &mut self.index);
+            self.set_phase(seq, Phase::Running);
+            return Admitted::Into(Phase::Running);
+        }
+        r.attempt += 1;
+        let job = Self::load_job(env, r, local, ext_end);
+        self.result.counters.loads_dispatched += 1;
+        if !look.load_async {
+            r.sync_job = Some(job);
+            if settings.mode == Mode::Vllm {
+                // vLLM's design: a sync load's destinations are hashed at allocation, so a
+                // request admitted later finds them in the prefix cache before the load has
+                // run (and keeps them if it fails: vLLM #49250). Mode vllm admits a sync
+                // loader only into the step that runs its load (`step_order`). Nothing is
+                // trimmed: the load still writes every destination.
+                Self::register_upto(env, r, ext_end);
+            }
+            self.set_phase(seq, Phase::Running);
+            return Admitted::Into(Phase::Running);
+        }
+        r.load_start = local;
+        r.load_end = ext_end;
+        r.load_cap = u64::MAX;
+        let mut job = job;
+        // A deadline past what an Instant can hold is no deadline.
+        let deadline = r
+            .load_deadline
+            .or(settings.load_deadline)
+            .and_then(|d| now.checked_add(d));
+        if let Some(at) = deadline {
+            job.deadline = Some(at);
+            self.deadlines.push(Reverse((at, seq, r.attempt)));
+        }
+        // The load owns its destinations' bytes until its completion is applied.
+        env.pool.guard_fills(&mut job);
+        r.cancel = Some(job.cancel.clone());
+        loads_out.push(job);
+        self.set_phase(seq, Phase::Loading);
+        Admitted::Into(Phase::Loading)
     }
 
     /// What the connector offers past the local prefix of `r`: nothing (counted) when the

@@ -13,7 +13,7 @@
 //! Each mechanism of a step is an `impl Shard` block in its own file: `commands` (the
 //! engine's commands) and `completions` (load completions and deadlines) feed phase 1;
 //! `claim` scans in phase 2 and decides at the start of phase 3; then `outputs` (the last
-//! step's output), `land` (landed loads), `admit` and `schedule`. `end` ends requests and
+//! step's output), `land` (landed loads), `admit` and `schedule`, in the order `step_order` gives each mode. `end` ends requests and
 //! releases what they hold; `holders` indexes who holds each block. `strategy` is how a shard
 //! reaches the pool and claim table it shares: the runtime's lock-free ones, or the mutex
 //! baseline's plain ones.
@@ -48,6 +48,7 @@ mod outputs;
 mod request;
 mod schedule;
 mod scheduled;
+mod step_order;
 pub mod strategy;
 
 use holders::HolderIndex;
@@ -253,10 +254,8 @@ impl<S: Strategy> Shard<S> {
         self.apply_outputs(env);
         self.land_loads(env, now);
         if !draining {
-            if !std::mem::take(&mut self.hold_admission) {
-                self.admit(env, settings, now, loads_out);
-            }
-            self.schedule(env, settings, now);
+            let admit = !std::mem::take(&mut self.hold_admission);
+            self.admit_and_schedule(env, settings, now, admit, loads_out);
         }
         self.result.loading = self.loading.len();
         self.result.waiting = self.waiting.len();

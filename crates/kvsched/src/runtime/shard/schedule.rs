@@ -73,7 +73,14 @@ impl<S: Strategy> Shard<S> {
         true
     }
 
-    pub(super) fn schedule(&mut self, env: &Env<'_, S>, settings: &StepSettings, now: Instant) {
+    /// Schedules the running requests in canonical order within the step's budget, and
+    /// returns what is left of it (mode `vllm` admits into the step with it, [`super::step_order`]).
+    pub(super) fn schedule(
+        &mut self,
+        env: &Env<'_, S>,
+        settings: &StepSettings,
+        now: Instant,
+    ) -> StepBudget {
         let mut budget = StepBudget::new(settings.token_budget, settings.max_seqs);
         let align = chunk_alignment(env.geo);
         // One allocation for the step's list, not one per doubling.
@@ -86,91 +93,108 @@ impl<S: Strategy> Shard<S> {
             if budget.exhausted() {
                 break;
             }
-            let seq = key.seq();
-            let Some(r) = self.reqs.get_mut(&seq) else {
-                continue;
-            };
-            if r.phase != Phase::Running {
-                continue; // preempted earlier in this loop
-            }
-            // Sharers wait for owners (mode `safe`): never scheduled to read a pending block.
-            if r.waits_step == self.step && !r.waits.is_empty() {
-                continue;
-            }
-            r.waits.retain(|&b| env.claims.pending_owner(b).is_some());
-            if !r.waits.is_empty() {
-                continue;
-            }
-            let granted = budget.grant(r.num_computed_tokens, r.seq_len());
-            let prompt_len = r.prompt.len() as u64;
-            let n = aligned_chunk(r.num_computed_tokens, granted, prompt_len, align, r.branch);
-            self.result.counters.aligned_chunk_tokens += granted - n;
-            if n == 0 {
-                continue;
-            }
-            let upto = r.num_computed_tokens + n;
-            if length_capped(
-                env.geo.groups(),
-                r.max_new_tokens,
-                upto,
-                env.pool.num_blocks(),
-            ) {
-                // No token limit, and one more token would need more blocks than the pool
-                // holds: the request has generated all it ever can.
-                self.result.counters.length_capped += 1;
-                self.end(env, seq, EndState::Finished);
-                continue;
-            }
-            if !Self::grow(env, r, upto, &mut self.index) {
-                // Preempt the latest running request of this shard, if it is not this one.
-                let latest = self.running.keys().next_back().copied();
-                if let Some(v) = preemption_victim(latest, key) {
-                    self.preempt(env, v.seq());
-                    self.result.counters.preemptions += 1;
-                }
-                let Some(r) = self.reqs.get_mut(&seq) else {
-                    continue;
-                };
-                if !Self::grow(env, r, upto, &mut self.index) {
-                    continue;
-                }
-            }
-            let Some(r) = self.reqs.get_mut(&seq) else {
-                continue;
-            };
-            let first = !r.first_scheduled;
-            if first {
-                r.first_scheduled = true;
-                self.result
-                    .first_schedule_latency_ns
-                    .push(now.saturating_duration_since(r.submitted_at).as_nanos() as u64);
-            }
-            // A sync load runs inside this step: it gets a deadline as an async load does, so
-            // a connector that honours it (`TierConnector`) gives up on a hung tier.
-            let sync_load = r.sync_job.take().map(|mut job| {
-                job.deadline = r
-                    .load_deadline
-                    .or(settings.load_deadline)
-                    .and_then(|d| now.checked_add(d));
-                job
-            });
-            let block_tables = r.block_tables();
-            self.result.scheduled.push(ScheduledRequest {
-                id: r.id.clone(),
-                block_tables,
-                key: r.key.into(),
-                num_computed_tokens: r.num_computed_tokens,
-                num_tokens: n,
-                samples: upto == r.seq_len(),
-                sync_load,
-                first,
-            });
-            r.pre_step = r.num_computed_tokens;
-            r.num_computed_tokens = upto;
-            r.last_scheduled = n;
-            self.touched.push(seq);
-            budget.charge(n);
+            self.schedule_one(env, settings, now, key, &mut budget, align);
         }
+        budget
+    }
+
+    /// Schedules the running request `key` for what `budget` grants it (charged), growing its
+    /// tables and preempting the latest running request when the pool is short. Returns
+    /// whether it was scheduled.
+    pub(super) fn schedule_one(
+        &mut self,
+        env: &Env<'_, S>,
+        settings: &StepSettings,
+        now: Instant,
+        key: RequestKey,
+        budget: &mut StepBudget,
+        align: Option<u64>,
+    ) -> bool {
+        let seq = key.seq();
+        let Some(r) = self.reqs.get_mut(&seq) else {
+            return false;
+        };
+        if r.phase != Phase::Running {
+            return false; // preempted earlier in this step
+        }
+        // Sharers wait for owners (mode `safe`): never scheduled to read a pending block.
+        if r.waits_step == self.step && !r.waits.is_empty() {
+            return false;
+        }
+        r.waits.retain(|&b| env.claims.pending_owner(b).is_some());
+        if !r.waits.is_empty() {
+            return false;
+        }
+        let granted = budget.grant(r.num_computed_tokens, r.seq_len());
+        let prompt_len = r.prompt.len() as u64;
+        let n = aligned_chunk(r.num_computed_tokens, granted, prompt_len, align, r.branch);
+        self.result.counters.aligned_chunk_tokens += granted - n;
+        if n == 0 {
+            return false;
+        }
+        let upto = r.num_computed_tokens + n;
+        if length_capped(
+            env.geo.groups(),
+            r.max_new_tokens,
+            upto,
+            env.pool.num_blocks(),
+        ) {
+            // No token limit, and one more token would need more blocks than the pool
+            // holds: the request has generated all it ever can.
+            self.result.counters.length_capped += 1;
+            self.end(env, seq, EndState::Finished);
+            return false;
+        }
+        if !Self::grow(env, r, upto, &mut self.index) {
+            // Preempt the latest running request of this shard, if it is not this one.
+            let latest = self.running.keys().next_back().copied();
+            if let Some(v) = preemption_victim(latest, key) {
+                self.preempt(env, v.seq());
+                self.result.counters.preemptions += 1;
+            }
+            let Some(r) = self.reqs.get_mut(&seq) else {
+                return false;
+            };
+            if !Self::grow(env, r, upto, &mut self.index) {
+                return false;
+            }
+        }
+        let Some(r) = self.reqs.get_mut(&seq) else {
+            return false;
+        };
+        let first = !r.first_scheduled;
+        if first {
+            r.first_scheduled = true;
+            self.result
+                .first_schedule_latency_ns
+                .push(now.saturating_duration_since(r.submitted_at).as_nanos() as u64);
+        }
+        // A sync load runs inside this step: it gets a deadline as an async load does, so
+        // a connector that honours it (`TierConnector`) gives up on a hung tier.
+        let sync_load = r.sync_job.take().map(|mut job| {
+            job.deadline = r
+                .load_deadline
+                .or(settings.load_deadline)
+                .and_then(|d| now.checked_add(d));
+            job
+        });
+        let block_tables = r.block_tables();
+        self.result.scheduled.push(ScheduledRequest {
+            id: r.id.clone(),
+            block_tables,
+            key: r.key.into(),
+            num_computed_tokens: r.num_computed_tokens,
+            num_tokens: n,
+            samples: upto == r.seq_len(),
+            sync_load,
+            first,
+        });
+        r.pre_step = r.num_computed_tokens;
+        r.num_computed_tokens = upto;
+        r.last_scheduled = n;
+        self.touched.push(seq);
+        budget.charge(n);
+        true
     }
 
     /// The latest running request (by canonical key) holding blocks: the cross-shard
