@@ -8,6 +8,7 @@ use serde::Serialize;
 use thiserror::Error;
 
 use super::faults::{Faults, FAULT_NAMES};
+use super::load_args::LoadArgs;
 use super::processes::EnginesArgs;
 use super::store::{StoreParser, StoreSpec};
 use super::trace::TraceArgs;
@@ -196,6 +197,10 @@ pub struct StressConfig {
     #[command(flatten)]
     #[serde(flatten)]
     pub trace: TraceArgs,
+    /// `--load-policy`, `--compute-rate`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub load: LoadArgs,
 }
 
 impl Default for StressConfig {
@@ -242,6 +247,7 @@ impl Default for StressConfig {
             verify: Verify::On,
             engines: EnginesArgs::default(),
             trace: TraceArgs::default(),
+            load: LoadArgs::default(),
         }
     }
 }
@@ -533,7 +539,7 @@ impl StressConfig {
         }
     }
 
-    /// The runtime's live settings.
+    /// The runtime's live settings, but for the load policy's (`load_args`).
     pub(super) fn runtime_settings(&self) -> Settings {
         Settings::default()
             .with_mode(self.mode)

@@ -10,7 +10,6 @@ use crate::connector::{CancelToken, LoadJob, LoadOwner, LookupQuery, LookupResul
 use crate::pool::{BlockRef, Generation};
 use crate::rules::geometry::BlockId;
 use crate::rules::recovery::Mode;
-use crate::runtime::policy::admission::external_end;
 use crate::runtime::policy::growth::blocks_needed;
 use crate::runtime::policy::prefix::{prefix_candidates, prefix_cap, prefix_entries};
 
@@ -91,7 +90,9 @@ impl<S: Strategy> Shard<S> {
             r.prefix_key = r.hashes[0].get((local / b0) as usize).copied();
             let look =
                 Self::lookup_external(env, settings, now, r, local, &mut self.result.counters);
-            let ext_end = external_end(geo, r.prompt.len() as u64, local, look.external_tokens);
+            let counters = &mut self.result.counters;
+            let ext_end =
+                Self::loaded_end(env, settings, now, r, local, look.external_tokens, counters);
             if !Self::allocate_prompt(env, r, seq, local, got, &mut self.index) {
                 break; // pool exhausted: admit again next step
             }
@@ -105,6 +106,8 @@ impl<S: Strategy> Shard<S> {
                 let job = Self::load_job(env, r, local, ext_end);
                 self.result.counters.loads_dispatched += 1;
                 if look.load_async {
+                    env.estimate.dispatched();
+                    r.load_dispatched_at = Some(now);
                     r.load_start = local;
                     r.load_end = ext_end;
                     r.load_cap = u64::MAX;
