@@ -76,9 +76,12 @@ declare -A TESTS=(
   # kv/tier_connector.rs: a save copies the block's bytes 32 bytes early in its reused buffer
   # (under the MAC's room), so the sealed chunk holds the wrong payload.
   [save-payload-offset]="kvsched --test kv_zero_copy"
+  # runtime/policy/load_cost.rs: the load cost leaves out the recompute a failed load leaves
+  # behind, so the cost policy keeps loading from a tier whose loads all fail.
+  [cost-ignores-failures]="kvsched --lib runtime::policy::load_cost;kvsched-cli --test cli_load_policy"
 )
 ORDER=(decide-early claim-store late-leak panic-ok trust-stale end-while-loading no-cross-shard-preempt lookup-uncaught shard-panic-escapes mamba-align-cache-unwritten
-  saver-flush-early register-unwritten reoffer-unwritten park-unstarted baseline-no-second-chance holder-release-unrecorded unaligned-chunks tier-present-after-failed-load scan-one-group-less load-unverified save-payload-offset)
+  saver-flush-early register-unwritten reoffer-unwritten park-unstarted baseline-no-second-chance holder-release-unrecorded unaligned-chunks tier-present-after-failed-load scan-one-group-less load-unverified save-payload-offset cost-ignores-failures)
 
 if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi
 

@@ -9,9 +9,9 @@ use kvsched::runtime::{LoadPolicy, Settings};
 /// The load-policy flags of `kvsched stress`.
 #[derive(Clone, Debug, Default, Serialize, clap::Args)]
 pub struct LoadArgs {
-    /// How much of a lookup hit a request loads: `always` (all of it) or `cost` (what the
+    /// How much of a lookup hit a request loads: `always` (all of it), `cost` (what the
     /// tier's estimate, measured as the run goes, says is cheaper to load than to recompute at
-    /// --compute-rate; docs/runtime.md, "Load or recompute").
+    /// --compute-rate; docs/runtime.md, "Load or recompute") or `never` (none: to compare).
     #[arg(long, default_value = "always", value_parser = parse_load_policy)]
     #[serde(serialize_with = "ser_load_policy")]
     pub load_policy: LoadPolicy,
@@ -42,7 +42,8 @@ pub fn parse_load_policy(s: &str) -> Result<LoadPolicy, String> {
     match s {
         "always" => Ok(LoadPolicy::Always),
         "cost" => Ok(LoadPolicy::Cost),
-        _ => Err(format!("expected `always` or `cost`, got `{s}`")),
+        "never" => Ok(LoadPolicy::Never),
+        _ => Err(format!("expected `always`, `cost` or `never`, got `{s}`")),
     }
 }
 

@@ -35,7 +35,7 @@ pub struct Settings {
     pub quarantine_for: Duration,
     /// How much of a lookup hit an admitted request loads (default `always`: all of it);
     /// `cost` loads what the tier's measured estimate says is cheaper than recomputing
-    /// (docs/runtime.md, "Load or recompute").
+    /// (docs/runtime.md, "Load or recompute"); `never` loads nothing.
     pub load_policy: LoadPolicy,
     /// The engine's compute rate in prompt tokens per second, which the `cost` load policy
     /// weighs a load against (default `None`; required by `cost`, finite and > 0).

@@ -47,6 +47,11 @@ fn load_policy_line(r: &RunReport, policy: LoadPolicy, rate: f64) -> String {
             "every hit loaded: no load cost more than recomputing at {} tokens/s",
             count(rate.round() as u64)
         ),
+        LoadPolicy::Never => format!(
+            "{} hits ({} tokens) recomputed, none loaded",
+            count(lp.declined_requests),
+            count(lp.declined_tokens)
+        ),
         _ => "every hit loaded".to_owned(),
     };
     format!(

@@ -24,7 +24,8 @@
 //! Monotone by construction: a segment whose cost goes down (a faster tier, a shorter queue,
 //! fewer failures) can only move the least-cost `k` to or past its end, never before it; a
 //! segment whose cost goes up, only to or before its start. A faster engine (a smaller `c`)
-//! never loads more. Under [`LoadPolicy::Always`] the whole hit is loaded.
+//! never loads more. Under [`LoadPolicy::Always`] the whole hit is loaded, under
+//! [`LoadPolicy::Never`] none of it.
 //!
 //! Plain data in, plain data out: no atomics, no allocation (called at every admission).
 
@@ -38,6 +39,9 @@ pub enum LoadPolicy {
     /// The share of a hit whose load the tier's measured estimate says is cheaper than
     /// recomputing it at the engine's compute rate (`runtime::policy::load_cost`).
     Cost,
+    /// No hit is loaded: every prompt recomputes past its local prefix (a baseline to compare
+    /// the other two with).
+    Never,
 }
 
 impl LoadPolicy {
@@ -46,6 +50,7 @@ impl LoadPolicy {
         match self {
             LoadPolicy::Always => "always",
             LoadPolicy::Cost => "cost",
+            LoadPolicy::Never => "never",
         }
     }
 }
@@ -111,6 +116,8 @@ pub enum LoadReason {
     Cheaper,
     /// The estimate said recompute, but this admission is its tier's probe: loaded whole.
     Probe,
+    /// Policy `never`: nothing is loaded.
+    Never,
 }
 
 /// A decision: the tokens of the hit to load (the rest is recomputed), why, and the two
@@ -150,6 +157,11 @@ pub fn load_tokens(
         load_all_ns: 0.0,
         recompute_all_ns,
     };
+    if policy == LoadPolicy::Never {
+        decision.load = 0;
+        decision.reason = LoadReason::Never;
+        return decision;
+    }
     if policy == LoadPolicy::Always || total == 0 {
         decision.load_all_ns = hit.iter().map(|h| h.estimate.load_ns(h.tokens, c)).sum();
         return decision;

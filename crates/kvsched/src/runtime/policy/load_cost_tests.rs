@@ -190,6 +190,8 @@ proptest! {
         }
         let a = load_tokens(LoadPolicy::Always, &hit, rate, probe);
         prop_assert_eq!((a.load, a.reason), (total, LoadReason::Always));
+        let n = load_tokens(LoadPolicy::Never, &hit, rate, probe);
+        prop_assert_eq!((n.load, n.reason), (0, LoadReason::Never));
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! How much of a lookup hit an admitted request loads: all of it under the `always` load
-//! policy; under `cost`, what `runtime::policy::load_cost` decides from the tier's measured
-//! estimate (`runtime::load_estimate`), a probe granted now and then. What a decision leaves
+//! policy, none under `never`; under `cost`, what `runtime::policy::load_cost` decides from
+//! the tier's measured estimate (`runtime::load_estimate`), a probe granted now and then. What a decision leaves
 //! to recompute is counted (`Metrics::cost_declined_*`).
 
 use std::time::Instant;
@@ -35,7 +35,8 @@ impl<S: Strategy> Shard<S> {
         }];
         let rate = settings.compute_rate;
         let mut decision = load_tokens(settings.load_policy, &hit, rate, false);
-        let probe = decision.load < hit[0].tokens
+        let probe = settings.load_policy == LoadPolicy::Cost
+            && decision.load < hit[0].tokens
             && env.estimate.try_probe(now, settings.load_probe_interval);
         if probe {
             decision = load_tokens(settings.load_policy, &hit, rate, true);
