@@ -57,6 +57,7 @@ impl LoadPolicy {
 
 /// A tier's measured load cost, as the admission reads it.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[non_exhaustive]
 pub struct TierEstimate {
     /// Loads measured so far (0: nothing is known, and the tier's loads cost nothing).
     pub samples: u64,
