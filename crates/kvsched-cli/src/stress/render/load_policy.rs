@@ -23,7 +23,7 @@ fn load_policy_line(r: &RunReport, policy: LoadPolicy, rate: f64) -> String {
         .as_ref()
         .map_or(String::new(), |t| {
             format!(
-                ", time to first token p50 {:.2} ms, p99 {:.2} ms",
+                ", time to first token: median {:.2} ms, 99th percentile {:.2} ms",
                 t.p50 / 1e3,
                 t.p99 / 1e3
             )
