@@ -98,6 +98,7 @@ fn full_queue_makes_the_producer_retry() {
             attempt: 0,
             result: LoadResult::Ok,
             panicked: false,
+            started_at: Instant::now(),
             finished_at: Instant::now(),
         };
         assert!(e.queue.push(earlier).is_ok());

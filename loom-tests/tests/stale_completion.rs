@@ -79,6 +79,7 @@ fn stale_completion_for_reused_block() {
                     attempt: 1,
                     result: LoadResult::Failed(InvalidBlocks::Flat(vec![r])),
                     panicked: false,
+                    started_at: Instant::now(),
                     finished_at: Instant::now(),
                 };
                 while let Err(back) = s.queue.push(c) {

@@ -29,6 +29,7 @@ fn run(queue: &ArrayQueue<Completion>, producers: u64, iters: u64) -> Duration {
                             attempt: 1,
                             result: LoadResult::Ok,
                             panicked: false,
+                            started_at: Instant::now(),
                             finished_at: Instant::now(),
                         };
                         // Back off like a worker does when the shard has not drained yet.

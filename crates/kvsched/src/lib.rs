@@ -72,9 +72,9 @@ pub use rules::geometry::{BlockId, CacheGroup, GeometryError, GroupKind, MambaMo
 pub use rules::recovery::{Mode, Policy};
 #[cfg(not(kvsched_loom))]
 pub use runtime::{
-    BlockTable, Builder, EndState, Handle, Metrics, RecoveredRequest, Report, RequestOrder,
-    Runtime, RuntimeError, ScannedRequest, ScheduledRequest, Settings, StepOutput, StepPlan,
-    StepRecovery, SubmitRequest,
+    BlockTable, Builder, EndState, Handle, LoadPolicy, Metrics, RecoveredRequest, Report,
+    RequestOrder, Runtime, RuntimeError, ScannedRequest, ScheduledRequest, Settings, StepOutput,
+    StepPlan, StepRecovery, SubmitRequest, TierEstimate,
 };
 
 /// Compiles and runs the Rust examples of README.md as doctests.

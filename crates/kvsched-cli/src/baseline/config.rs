@@ -5,6 +5,7 @@ use std::sync::Arc as StdArc;
 use kvsched::connector::{KvConnector, NoConnector};
 use kvsched::rules::geometry::CacheGroup;
 use kvsched::rules::recovery::{Mode, Policy};
+use kvsched::runtime::LoadPolicy;
 
 /// Settings of a [`MutexScheduler`](super::MutexScheduler) (the same meaning as the runtime
 /// builder's).
@@ -26,6 +27,10 @@ pub struct BaselineConfig {
     pub max_seqs: usize,
     /// The KV connector.
     pub connector: StdArc<dyn KvConnector>,
+    /// How much of a lookup hit to load (the runtime's `Settings::load_policy`).
+    pub load_policy: LoadPolicy,
+    /// The engine's compute rate, tokens/s (`Settings::compute_rate`).
+    pub compute_rate: Option<f64>,
 }
 
 impl std::fmt::Debug for BaselineConfig {
@@ -46,6 +51,8 @@ impl Default for BaselineConfig {
             token_budget: 8192,
             max_seqs: 256,
             connector: StdArc::new(NoConnector),
+            load_policy: LoadPolicy::Always,
+            compute_rate: None,
         }
     }
 }

@@ -172,6 +172,7 @@ impl MutexScheduler {
         report.cancelled_at_shutdown = cancelled_at_shutdown;
         report.ended_at_shutdown = ended_at_shutdown;
         report.violations = s.violations();
+        report.load_estimate = s.cx.load_estimate();
         report
     }
 }

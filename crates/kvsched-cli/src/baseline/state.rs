@@ -15,11 +15,12 @@ use super::engine::Engine;
 use kvsched::connector::{KvConnector, LoadJob};
 use kvsched::rules::geometry::Geometry;
 use kvsched::rules::recovery::InvalidSet;
+use kvsched::runtime::load_estimate::LoadEstimate;
 use kvsched::runtime::quarantine::Quarantine;
 use kvsched::runtime::shard::strategy::Strategy;
 use kvsched::runtime::shard::{Command, Env, Shard, ShardStepResult, StepSettings};
 use kvsched::runtime::worker::Completion;
-use kvsched::runtime::{Metrics, Settings, StepPlan};
+use kvsched::runtime::{Metrics, Settings, StepPlan, TierEstimate};
 
 /// The baseline's strategy: the shard's pool and claim table are plain data behind the
 /// global lock.
@@ -41,9 +42,16 @@ pub(super) struct Context {
     pub(super) claims: ClaimWords,
     /// Never quarantines (the baseline runs without quarantine), but the shard consults it.
     quarantine: Quarantine,
+    /// The tier's load cost as this scheduler measures it (the `cost` load policy's input).
+    estimate: LoadEstimate,
 }
 
 impl Context {
+    /// The load estimate as this scheduler measured it.
+    pub(super) fn load_estimate(&self) -> TierEstimate {
+        self.estimate.snapshot(self.settings.workers)
+    }
+
     /// The shard's view of it.
     pub(super) fn env(&self) -> Env<'_, Locked> {
         Env {
@@ -52,6 +60,7 @@ impl Context {
             claims: &self.claims,
             connector: self.connector.as_ref(),
             quarantine: &self.quarantine,
+            estimate: &self.estimate,
             shard: 0,
         }
     }
@@ -87,21 +96,27 @@ impl State {
             geo,
             // The mechanisms the baseline runs without: load deadlines, the retry budget and
             // quarantine.
-            settings: StepSettings::new(
-                &Settings::default()
-                    .with_mode(cfg.mode)
-                    .with_policy(cfg.policy)
-                    .with_load_deadline(None)
-                    .with_max_load_retries(u32::MAX)
-                    .with_quarantine_after(0),
-                cfg.token_budget,
-                cfg.max_seqs,
-                false,
-            ),
+            settings: StepSettings {
+                workers: cfg.workers,
+                ..StepSettings::new(
+                    &Settings::default()
+                        .with_mode(cfg.mode)
+                        .with_policy(cfg.policy)
+                        .with_load_deadline(None)
+                        .with_max_load_retries(u32::MAX)
+                        .with_quarantine_after(0)
+                        .with_load_policy(cfg.load_policy)
+                        .with_compute_rate(cfg.compute_rate),
+                    cfg.token_budget,
+                    cfg.max_seqs,
+                    false,
+                )
+            },
             connector: cfg.connector,
             blocks: Blocks::new(n),
             claims: ClaimWords::new(n),
             quarantine: Quarantine::default(),
+            estimate: LoadEstimate::default(),
         };
         State {
             cx,

@@ -6,7 +6,8 @@
 
 use std::time::{Duration, Instant};
 
-use super::model::{ModelDriver, ModelReport};
+use super::first_token::{EngineTimes, FirstTokens};
+use super::model::ModelDriver;
 use kvsched::kv::TierError;
 use kvsched::rules::recovery::Mode;
 use kvsched::runtime::{StepOutput, StepPlan};
@@ -14,8 +15,8 @@ use kvsched_testkit::{KvCheckCounts, SimCounts, SimEngine};
 
 /// The engine of one run.
 pub(super) enum Answerer {
-    /// `--engine sim`.
-    Sim(SimEngine<'static>),
+    /// `--engine sim`, with its requests' times to first token.
+    Sim(SimEngine<'static>, FirstTokens),
     /// `--engine model`.
     Model(ModelDriver),
 }
@@ -24,7 +25,10 @@ impl Answerer {
     /// Registers request `id`, arrived at `arrival`, before it is submitted.
     pub(super) fn add_request(&mut self, id: &str, prompt: &[u32], arrival: Instant) {
         match self {
-            Answerer::Sim(e) => e.add_request(id, prompt),
+            Answerer::Sim(e, t) => {
+                t.arrived(id, arrival);
+                e.add_request(id, prompt)
+            }
             Answerer::Model(m) => m.add_request(id, prompt, arrival),
         }
     }
@@ -32,7 +36,10 @@ impl Answerer {
     /// Forgets a request whose submission was refused.
     pub(super) fn end_request(&mut self, id: &str) {
         match self {
-            Answerer::Sim(e) => e.end_request(id),
+            Answerer::Sim(e, t) => {
+                t.forget(id);
+                e.end_request(id)
+            }
             Answerer::Model(m) => m.end_request(id),
         }
     }
@@ -41,7 +48,7 @@ impl Answerer {
     /// `--hit-ratio`); returns the chunks stored.
     pub(super) fn warm(&mut self, prompt: &[u32], tokens: u64) -> Result<u64, TierError> {
         match self {
-            Answerer::Sim(e) => e.warm(prompt, tokens),
+            Answerer::Sim(e, _) => e.warm(prompt, tokens),
             Answerer::Model(m) => m.warm(prompt, tokens),
         }
     }
@@ -49,7 +56,11 @@ impl Answerer {
     /// Answers `plan`: its sync loads, the computation, a sample per sampling request.
     pub(super) fn step(&mut self, plan: &StepPlan) -> StepOutput {
         match self {
-            Answerer::Sim(e) => e.step(plan),
+            Answerer::Sim(e, t) => {
+                let out = e.step(plan);
+                t.sampled(&out);
+                out
+            }
             Answerer::Model(m) => m.step(plan),
         }
     }
@@ -57,7 +68,7 @@ impl Answerer {
     /// Settles the last step once the scheduler said which outputs to discard.
     pub(super) fn settle(&mut self, plan: &StepPlan, discarded: &[std::sync::Arc<str>]) {
         match self {
-            Answerer::Sim(e) => {
+            Answerer::Sim(e, _) => {
                 e.settle(plan, discarded);
             }
             Answerer::Model(m) => m.settle(plan, discarded),
@@ -67,7 +78,7 @@ impl Answerer {
     /// The engine's counts (the model fills sync loads and chunks warmed).
     pub(super) fn counts(&self) -> SimCounts {
         match self {
-            Answerer::Sim(e) => e.counts(),
+            Answerer::Sim(e, _) => e.counts(),
             Answerer::Model(m) => m.sim_counts(),
         }
     }
@@ -75,16 +86,23 @@ impl Answerer {
     /// The `KvChecker`'s counters (`None` for the model, which the judge checks instead).
     pub(super) fn kv_counts(&self) -> Option<&KvCheckCounts> {
         match self {
-            Answerer::Sim(e) => e.kv_counts(),
+            Answerer::Sim(e, _) => e.kv_counts(),
             Answerer::Model(_) => None,
         }
     }
 
-    /// The model's section of the report, for a run of `elapsed` (`None` for the sim engine).
-    pub(super) fn model_report(&self, elapsed: Duration) -> Option<ModelReport> {
+    /// The engine's timing sections of the report, for a run of `elapsed`: the model's, or
+    /// the sim engine's time to first token.
+    pub(super) fn model_report(&self, elapsed: Duration) -> EngineTimes {
         match self {
-            Answerer::Sim(_) => None,
-            Answerer::Model(m) => Some(m.report(elapsed)),
+            Answerer::Sim(_, t) => EngineTimes {
+                model: None,
+                first_token_us: Some(t.percentiles()),
+            },
+            Answerer::Model(m) => EngineTimes {
+                model: Some(m.report(elapsed)),
+                first_token_us: None,
+            },
         }
     }
 

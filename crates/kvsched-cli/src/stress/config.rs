@@ -8,6 +8,7 @@ use serde::Serialize;
 use thiserror::Error;
 
 use super::faults::{Faults, FAULT_NAMES};
+use super::load_args::LoadArgs;
 use super::prefixes::PrefixArgs;
 use super::processes::EnginesArgs;
 use super::store::{StoreParser, StoreSpec};
@@ -19,7 +20,6 @@ use super::values::{
     MAX_KV_BYTES_PER_TOKEN, MAX_KV_MEMORY_BYTES, MAX_LIVE, MAX_MAMBA_STATE_BYTES, MAX_MAX_SEQS,
     MAX_POOL_BLOCKS, MAX_REPEAT, MAX_SHARDS, MAX_STORE_BYTES, MAX_WORKERS, MIN_STORE_BYTES,
 };
-use kvsched::rules::geometry::GroupKind;
 use kvsched::rules::recovery::{Mode, Policy};
 use kvsched::runtime::{RuntimeError, Settings};
 
@@ -198,7 +198,7 @@ pub struct StressConfig {
     #[command(flatten)]
     #[serde(flatten)]
     pub engines: EnginesArgs,
-    /// A request trace to replay (`--trace`).
+    /// `--trace`, `--trace-speed`, `--trace-requests`.
     #[command(flatten)]
     #[serde(flatten)]
     pub trace: TraceArgs,
@@ -206,6 +206,10 @@ pub struct StressConfig {
     #[command(flatten)]
     #[serde(flatten)]
     pub prefix: PrefixArgs,
+    /// `--load-policy`, `--compute-rate`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub load: LoadArgs,
 }
 
 impl Default for StressConfig {
@@ -254,6 +258,7 @@ impl Default for StressConfig {
             engines: EnginesArgs::default(),
             trace: TraceArgs::default(),
             prefix: PrefixArgs::default(),
+            load: LoadArgs::default(),
         }
     }
 }
@@ -536,7 +541,7 @@ impl StressConfig {
         }
     }
 
-    /// The runtime's live settings.
+    /// The runtime's live settings, but for the load policy's (`load_args`).
     pub(super) fn runtime_settings(&self) -> Settings {
         Settings::default()
             .with_mode(self.mode)
@@ -558,32 +563,6 @@ impl StressConfig {
             .unwrap_or(Duration::from_millis(DEFAULT_FAULT_DEADLINE_MS))
             .saturating_mul(HANG_DEADLINES)
             .min(Duration::from_secs(3600))
-    }
-
-    /// Bytes of one KV memory block: the largest group's (attention `--kv-bytes-per-token` ×
-    /// block size, Mamba `--mamba-state-bytes`).
-    pub(super) fn kv_block_bytes(&self) -> u64 {
-        self.groups
-            .groups()
-            .iter()
-            .map(|g| match g.kind {
-                GroupKind::Mamba { .. } => self.mamba_state_bytes,
-                _ => self.kv_bytes_per_token.saturating_mul(g.block_size),
-            })
-            .max()
-            .unwrap_or(0)
-    }
-
-    /// The layout/model tag of every chunk key and reference: the geometry and KV sizes, so
-    /// a store holding chunks of another layout (a disk directory reused with other flags)
-    /// never offers them.
-    pub(super) fn kv_tag(&self) -> u64 {
-        kvsched_testkit::hash_str(&format!(
-            "kvsched-stress:{}:{}:{}",
-            self.groups.name(),
-            self.kv_bytes_per_token,
-            self.mamba_state_bytes
-        ))
     }
 }
 

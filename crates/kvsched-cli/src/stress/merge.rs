@@ -325,6 +325,7 @@ impl RunReport {
             kv: self.kv.merge(&o.kv),
             invariants: self.invariants.merge(&o.invariants),
             prompt_tokens: self.prompt_tokens.merge(&o.prompt_tokens),
+            load_policy: self.load_policy.merge(&o.load_policy),
             // `--engine model` runs one engine process (`--engines` is refused with it).
             model: self.model.clone().or_else(|| o.model.clone()),
             curves: self.curves.clone(),

@@ -117,10 +117,14 @@ mod faults;
 mod figure_rows;
 mod figures;
 mod figures_prompt;
+mod first_token;
 mod held;
 mod histograms;
+mod kv_sizes;
 mod limits;
+mod load_args;
 mod load_bandwidth;
+mod load_policy;
 mod merge;
 mod model;
 mod model_time;
@@ -237,7 +241,10 @@ fn plane(cfg: &StressConfig, stores: &Stores, who: &str) -> Result<Plane, Stress
     let mut checker = KvChecker::new(groups, cfg.kv_tag(), bpt, state, memory);
     checker.set_verify(cfg.verify == Verify::On);
     Ok(Plane {
-        engine: answerer::Answerer::Sim(SimEngine::with_kv(Arc::clone(&connector), checker)),
+        engine: answerer::Answerer::Sim(
+            SimEngine::with_kv(Arc::clone(&connector), checker),
+            Default::default(),
+        ),
         connector,
         store,
     })
@@ -257,7 +264,7 @@ fn run_kvsched(
         .pool_blocks(cfg.pool_blocks)
         .shards(cfg.shards)
         .workers(cfg.workers)
-        .settings(cfg.runtime_settings())
+        .settings(cfg.load.settings(cfg, cfg.runtime_settings()))
         .token_budget(cfg.token_budget)
         .max_seqs(cfg.max_seqs)
         .connector(conn.clone())
@@ -284,6 +291,8 @@ fn run_mutex(
         token_budget: cfg.token_budget,
         max_seqs: cfg.max_seqs,
         connector: conn.clone(),
+        load_policy: cfg.load.load_policy,
+        compute_rate: Some(cfg.load.compute_rate(cfg)),
     })?;
     drive(b, "mutex", nth, cfg, &conn, plane, progress)
 }

@@ -336,7 +336,7 @@ impl ModelDriver {
 }
 
 /// Percentiles (µs) of `ns` (nearest rank).
-fn percentiles(ns: &[u64]) -> Percentiles {
+pub(super) fn percentiles(ns: &[u64]) -> Percentiles {
     let mut v = ns.to_vec();
     v.sort_unstable();
     let at = |q: f64| {

@@ -357,6 +357,9 @@ pub struct RunReport {
     /// time to first token and the model's time (absent for the simulated engine).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<super::model::ModelReport>,
+    /// What the load policy left to recompute, and the estimate it decided by.
+    #[serde(default)]
+    pub load_policy: super::load_policy::LoadPolicyReport,
     /// Invariants.
     pub invariants: Invariants,
     /// The latency distributions, for `--plot`.

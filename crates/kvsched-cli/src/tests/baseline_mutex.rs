@@ -37,6 +37,7 @@ fn run(seed: u64, preset: Preset, mode: Mode, policy: Policy, steps: usize) -> (
         token_budget: 512,
         max_seqs: 32,
         connector: sim.clone(),
+        ..BaselineConfig::default()
     })
     .expect("baseline");
     let mut rng = SplitMix64::new(seed ^ 0xBA5E);

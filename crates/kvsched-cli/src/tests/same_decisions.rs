@@ -301,6 +301,7 @@ fn baseline(c: &Case, sim: &Arc<SimConnector>) -> MutexScheduler {
         token_budget: c.token_budget,
         max_seqs: c.max_seqs,
         connector: sim.clone(),
+        ..BaselineConfig::default()
     })
     .expect("baseline")
 }

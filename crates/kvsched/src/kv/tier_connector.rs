@@ -487,7 +487,10 @@ impl TierConnector {
             // fresh index knows no attention run yet.
             let from = (offer.max(local) / b) as usize;
             let keys = state_keys[g].iter().skip(from);
-            let missing: Vec<ChunkKey> = keys.filter(|&&k| !self.index.contains(k)).copied().collect();
+            let missing: Vec<ChunkKey> = keys
+                .filter(|&&k| !self.index.contains(k))
+                .copied()
+                .collect();
             if !missing.is_empty() {
                 runs.push(missing);
             }

@@ -284,8 +284,9 @@ impl Builder {
         let budget =
             |total: u64, i: usize| total / k as u64 + u64::from((i as u64) < total % k as u64);
         (0..k)
-            .map(|i| {
-                StepSettings::new(
+            .map(|i| StepSettings {
+                workers: self.workers,
+                ..StepSettings::new(
                     &self.settings,
                     budget(self.token_budget, i),
                     budget(self.max_seqs as u64, i) as usize,

@@ -86,6 +86,9 @@ impl Inner {
             max_load_retries: live.max_load_retries,
             quarantine_after: live.quarantine_after,
             quarantine_for: live.quarantine_for,
+            load_policy: live.load_policy,
+            compute_rate: live.compute_rate.unwrap_or(0.0),
+            load_probe_interval: live.load_probe_interval,
             ..self.settings[i].clone()
         }
     }

@@ -63,6 +63,10 @@ mod handle;
 mod handoff;
 #[cfg(not(kvsched_loom))]
 mod invariants;
+#[cfg(all(not(kvsched_loom), feature = "internals"))]
+pub mod load_estimate;
+#[cfg(all(not(kvsched_loom), not(feature = "internals")))]
+mod load_estimate;
 #[cfg(not(kvsched_loom))]
 mod plan;
 #[cfg(all(test, not(kvsched_loom)))]
@@ -108,6 +112,7 @@ pub use self::{
     error::RuntimeError,
     handle::{Handle, SubmitRequest},
     plan::{StepOutput, StepPlan, StepRecovery},
+    policy::load_cost::{LoadPolicy, TierEstimate},
     report::Report,
     settings::Settings,
     shard::{BlockTable, EndState, Metrics, RecoveredRequest, ScannedRequest, ScheduledRequest},

@@ -3,6 +3,7 @@
 //! [`Display`]: std::fmt::Display
 
 use crate::pool::Census;
+use crate::runtime::policy::load_cost::TierEstimate;
 use crate::runtime::shard::{EndState, Metrics};
 #[cfg(doc)]
 use crate::runtime::step::Runtime;
@@ -29,6 +30,9 @@ pub struct Report {
     pub ended_at_shutdown: Vec<(String, EndState)>,
     /// Invariant violations found at shutdown (empty when all hold).
     pub violations: Vec<String>,
+    /// The tier's load estimate at shutdown (`Runtime::load_estimate`), measured under either
+    /// load policy.
+    pub load_estimate: TierEstimate,
 }
 
 impl Report {
@@ -44,6 +48,7 @@ impl Report {
             cancelled_at_shutdown: Vec::new(),
             ended_at_shutdown: Vec::new(),
             violations: Vec::new(),
+            load_estimate: TierEstimate::default(),
         }
     }
 }

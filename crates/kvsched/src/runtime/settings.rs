@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::rules::recovery::{Mode, Policy};
 use crate::runtime::error::RuntimeError;
+use crate::runtime::policy::load_cost::LoadPolicy;
 use crate::runtime::step::Runtime;
 
 /// Settings that can change while the runtime runs ([`Runtime::update_settings`]). Shards
@@ -32,6 +33,16 @@ pub struct Settings {
     pub quarantine_after: u32,
     /// How long a quarantined prefix gets no external load (default 10 s).
     pub quarantine_for: Duration,
+    /// How much of a lookup hit an admitted request loads (default `always`: all of it);
+    /// `cost` loads what the tier's measured estimate says is cheaper than recomputing
+    /// (docs/runtime.md, "Load or recompute"); `never` loads nothing.
+    pub load_policy: LoadPolicy,
+    /// The engine's compute rate in prompt tokens per second, which the `cost` load policy
+    /// weighs a load against (default `None`; required by `cost`, finite and > 0).
+    pub compute_rate: Option<f64>,
+    /// Under the `cost` load policy, how long the tier may go unmeasured before one admission
+    /// loads a hit the estimate would recompute, to measure the tier again (default 1 s).
+    pub load_probe_interval: Duration,
 }
 
 impl Default for Settings {
@@ -43,6 +54,9 @@ impl Default for Settings {
             max_load_retries: 2,
             quarantine_after: 3,
             quarantine_for: Duration::from_secs(10),
+            load_policy: LoadPolicy::Always,
+            compute_rate: None,
+            load_probe_interval: Duration::from_secs(1),
         }
     }
 }
@@ -54,6 +68,9 @@ with_setters!(Settings {
     with_max_load_retries: max_load_retries: u32,
     with_quarantine_after: quarantine_after: u32,
     with_quarantine_for: quarantine_for: Duration,
+    with_load_policy: load_policy: LoadPolicy,
+    with_compute_rate: compute_rate: Option<f64>,
+    with_load_probe_interval: load_probe_interval: Duration,
 });
 
 impl Settings {
@@ -62,6 +79,21 @@ impl Settings {
             return Err(RuntimeError::Config {
                 field: "load_deadline",
                 problem: "must be > 0 (or None)".into(),
+            });
+        }
+        if self
+            .compute_rate
+            .is_some_and(|r| !(r.is_finite() && r > 0.0))
+        {
+            return Err(RuntimeError::Config {
+                field: "compute_rate",
+                problem: "must be a finite number of tokens per second > 0 (or None)".into(),
+            });
+        }
+        if self.load_policy == LoadPolicy::Cost && self.compute_rate.is_none() {
+            return Err(RuntimeError::Config {
+                field: "compute_rate",
+                problem: "the cost load policy needs the engine's compute rate".into(),
             });
         }
         Ok(())

@@ -11,6 +11,7 @@ use crate::connector::{KvConnector, LoadJob};
 use crate::pool::BlockPool;
 use crate::rules::geometry::{BlockId, Geometry};
 use crate::runtime::claim::ClaimTable;
+use crate::runtime::load_estimate::LoadEstimate;
 use crate::runtime::quarantine::Quarantine;
 use crate::runtime::route::shard_of;
 use crate::runtime::settings::Settings;
@@ -48,6 +49,8 @@ pub(super) struct Inner {
     /// The live settings; the engine thread snapshots them once per step.
     pub(super) live_settings: ArcSwap<Settings>,
     pub(super) quarantine: Quarantine,
+    /// The tier's load cost, measured by the shards.
+    pub(super) load_estimate: LoadEstimate,
     pub(super) go: AtomicU64,
     pub(super) done: AtomicUsize,
     pub(super) stop: AtomicBool,
@@ -84,6 +87,7 @@ impl Inner {
             claims: ClaimTable::new(pool.num_blocks()),
             pool: Arc::new(pool),
             quarantine: Quarantine::default(),
+            load_estimate: LoadEstimate::default(),
             live_settings: ArcSwap::from_pointee(live),
             connector,
             shards: (0..k)
@@ -124,6 +128,7 @@ impl Inner {
             claims: &self.claims,
             connector: self.connector.as_ref(),
             quarantine: &self.quarantine,
+            estimate: &self.load_estimate,
             shard,
         }
     }

@@ -109,6 +109,7 @@ impl Runtime {
         self.stop_shards();
         violations.extend(self.invariant_violations());
         let census = self.inner.pool.census();
+        let load_estimate = self.load_estimate();
         Report {
             loads_abandoned: self.metrics.loads_abandoned,
             blocks_abandoned: census.referenced as u64,
@@ -118,6 +119,7 @@ impl Runtime {
             cancelled_at_shutdown: cancelled_ids,
             ended_at_shutdown,
             violations,
+            load_estimate,
         }
     }
 }

@@ -34,6 +34,8 @@ pub struct Completion {
     pub result: LoadResult,
     /// Whether the connector panicked (the result then fails every loaded block).
     pub panicked: bool,
+    /// When the worker started the load (took it off the queue).
+    pub started_at: Instant,
     /// When the worker finished the load.
     pub finished_at: Instant,
 }
@@ -57,7 +59,8 @@ pub fn take_job(connector: &dyn KvConnector, job: &LoadJob) -> Option<(Completio
     if !job.cancel.start() {
         return None;
     }
-    let ran = job.deadline.is_none_or(|d| Instant::now() < d);
+    let started_at = Instant::now();
+    let ran = job.deadline.is_none_or(|d| started_at < d);
     let (result, panicked) = if ran {
         run_load(connector, job)
     } else {
@@ -68,6 +71,7 @@ pub fn take_job(connector: &dyn KvConnector, job: &LoadJob) -> Option<(Completio
         attempt: job.attempt,
         result,
         panicked,
+        started_at,
         finished_at: Instant::now(),
     };
     Some((c, ran))

@@ -17,6 +17,7 @@ mod header;
 mod human;
 mod invariants;
 mod json;
+mod load_policy;
 mod model;
 mod notes;
 mod prompt_notes;

@@ -187,6 +187,7 @@ fn submit_note(c: &StressConfig) -> String {
 /// The notes under the events: where the unknown commands, skipped client cancels and stale
 /// blocks came from.
 fn events_notes(report: &StressReport, notes: &mut Vec<String>) {
+    super::load_policy::load_policy_notes(report, notes);
     let c = &report.config;
     let runs: Vec<&RunReport> = std::iter::once(&report.run)
         .chain(report.baseline.as_ref())

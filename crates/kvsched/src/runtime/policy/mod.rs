@@ -4,13 +4,14 @@
 //! calls them every step).
 //!
 //! One mechanism a file: `prefix` (the local prefix search at admission), `admission` (how
-//! far an admitted request's external load reaches), `growth` (the blocks a table needs, and
-//! whether a request can ever get them), `scheduling` (the step's budget, the tokens a running
-//! request gets, the length cap, the preemption victim), `alignment` (where a prefill chunk
-//! ends when a Mamba group keeps its state in mode `align`), `caching` (which full blocks may enter
-//! the prefix cache), `state_ends` (the lengths a Mamba `align` group can resume at: where its
-//! state is held), `lost` (where a lost step is offered again) and `trust` (which blocks a
-//! failure report may roll back).
+//! far an admitted request's external load reaches), `load_cost` (how much of a lookup hit it
+//! loads, the rest recomputed), `growth` (the blocks a table needs, and whether a request can
+//! ever get them), `scheduling` (the step's budget, the tokens a running request gets, the
+//! length cap, the preemption victim), `alignment` (where a prefill chunk ends when a Mamba
+//! group keeps its state in mode `align`), `caching` (which full blocks may enter the prefix
+//! cache), `state_ends` (the lengths a Mamba `align` group can resume at: where its state is
+//! held), `lost` (where a lost step is offered again) and `trust` (which blocks a failure
+//! report may roll back).
 //!
 //! What is not here is how a step holds its state: the shard keeps its requests in per-shard
 //! maps and reaches the shared pool, claim table and prefix index through its strategy
@@ -21,6 +22,7 @@ pub mod admission;
 pub mod alignment;
 pub mod caching;
 pub mod growth;
+pub mod load_cost;
 pub mod lost;
 pub mod prefix;
 pub mod scheduling;

@@ -10,7 +10,7 @@ use crate::connector::{CancelToken, LoadJob, LoadOwner, LookupQuery, LookupResul
 use crate::pool::{BlockRef, Generation};
 use crate::rules::geometry::BlockId;
 use crate::rules::recovery::Mode;
-use crate::runtime::policy::admission::{external_end, external_nulls};
+use crate::runtime::policy::admission::external_nulls;
 use crate::runtime::policy::alignment::branch_point;
 use crate::runtime::policy::growth::blocks_needed;
 use crate::runtime::policy::prefix::{prefix_candidates, prefix_cap, prefix_entries};
@@ -125,7 +125,9 @@ impl<S: Strategy> Shard<S> {
         let b0 = geo.groups()[0].block_size;
         r.prefix_key = r.hashes[0].get((local / b0) as usize).copied();
         let look = Self::lookup_external(env, settings, now, r, local, &mut self.result.counters);
-        let ext_end = external_end(geo, r.prompt.len() as u64, local, look.external_tokens);
+        let counters = &mut self.result.counters;
+        let ext_end =
+            Self::loaded_end(env, settings, now, r, local, look.external_tokens, counters);
         if !Self::allocate_prompt(env, r, seq, (local, ext_end), got, &mut self.index) {
             return Admitted::PoolFull;
         }
@@ -155,6 +157,8 @@ impl<S: Strategy> Shard<S> {
             self.set_phase(seq, Phase::Running);
             return Admitted::Into(Phase::Running);
         }
+        env.estimate.dispatched();
+        r.load_dispatched_at = Some(now);
         r.load_start = local;
         r.load_end = ext_end;
         r.load_cap = u64::MAX;

@@ -2,7 +2,7 @@
 //! join this shard's share of the report), and which late loads to treat as failed.
 
 use std::cmp::Reverse;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::connector::LoadResult;
 use crate::rules::geometry::BlockId;
@@ -24,6 +24,7 @@ impl<S: Strategy> Shard<S> {
         published: &mut Vec<BlockId>,
     ) {
         let seq = c.key.seq();
+        env.estimate.returned();
         if c.panicked {
             self.result.counters.connector_panics += 1;
         }
@@ -53,6 +54,12 @@ impl<S: Strategy> Shard<S> {
         }
         // The worker sent this after its last write: the destinations' bytes are readable.
         r.cancel = None;
+        env.estimate.measured(
+            r.load_end.saturating_sub(r.load_start),
+            c.finished_at.saturating_duration_since(c.started_at),
+            c.result == LoadResult::Ok && !c.panicked,
+            now,
+        );
         Self::end_fills(env, r);
         // Planted bug for the fault matrix: a connector panic taken for a successful load.
         let c = if planted!("panic-ok") && c.panicked {
@@ -134,10 +141,19 @@ impl<S: Strategy> Shard<S> {
                 continue; // landed in time, or superseded
             }
             self.result.counters.deadlines_expired += 1;
+            // A load past its deadline took at least the time since its dispatch.
+            env.estimate.measured(
+                r.load_end.saturating_sub(r.load_start),
+                r.load_dispatched_at
+                    .map_or(Duration::ZERO, |d| now.saturating_duration_since(d)),
+                false,
+                now,
+            );
             if r.drop_load() {
                 // No worker took it: it never writes, its blocks need no parking.
                 Self::end_fills(env, r);
                 self.result.counters.loads_dropped_unstarted += 1;
+                env.estimate.returned();
             } else {
                 r.timed_out = true;
             }

@@ -74,6 +74,7 @@ impl<S: Strategy> Shard<S> {
             // Dropped before any worker took it: its destinations are no longer its own.
             Self::end_fills(env, r);
             self.result.counters.loads_dropped_unstarted += 1;
+            env.estimate.returned();
         }
         self.end(env, seq, state);
     }

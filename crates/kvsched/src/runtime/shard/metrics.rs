@@ -96,6 +96,14 @@ pub struct Metrics {
     /// (a Mamba `align` group's state is real only at a step's end; see
     /// `runtime::policy::alignment`).
     pub aligned_chunk_tokens: u64,
+    /// Admissions whose lookup hit the `cost` load policy did not load whole: the tier's
+    /// estimate made loading (part of) it slower than recomputing.
+    pub cost_declined_requests: u64,
+    /// Tokens of those hits recomputed instead of loaded.
+    pub cost_declined_tokens: u64,
+    /// Admissions that loaded a hit the estimate would have recomputed, to measure the tier
+    /// again (one per `Settings::load_probe_interval` without a measured load).
+    pub cost_probes: u64,
 }
 
 impl std::ops::AddAssign<&Metrics> for Metrics {
@@ -138,5 +146,8 @@ impl std::ops::AddAssign<&Metrics> for Metrics {
         self.sync_loads_ok += other.sync_loads_ok;
         self.sync_loads_failed += other.sync_loads_failed;
         self.aligned_chunk_tokens += other.aligned_chunk_tokens;
+        self.cost_declined_requests += other.cost_declined_requests;
+        self.cost_declined_tokens += other.cost_declined_tokens;
+        self.cost_probes += other.cost_probes;
     }
 }

@@ -13,10 +13,11 @@
 //! Each mechanism of a step is an `impl Shard` block in its own file: `commands` (the
 //! engine's commands) and `completions` (load completions and deadlines) feed phase 1;
 //! `claim` scans in phase 2 and decides at the start of phase 3; then `outputs` (the last
-//! step's output), `land` (landed loads), `admit` and `schedule`, in the order `step_order` gives each mode. `end` ends requests and
-//! releases what they hold; `holders` indexes who holds each block. `strategy` is how a shard
-//! reaches the pool and claim table it shares: the runtime's lock-free ones, or the mutex
-//! baseline's plain ones.
+//! step's output), `land` (landed loads), `admit` (with `load_choice`: how much of a lookup
+//! hit it loads) and `schedule`, in the order `step_order` gives each mode. `end` ends
+//! requests and releases what they hold; `holders` indexes who holds each block. `strategy`
+//! is how a shard reaches the pool and claim table it shares: the runtime's lock-free ones,
+//! or the mutex baseline's plain ones.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
@@ -32,6 +33,8 @@ use crate::pool::BlockRef;
 use crate::rules::geometry::{BlockId, Geometry};
 use crate::rules::recovery::{Hit, Mode, Policy, RequestClass};
 use crate::runtime::claim::RequestKey;
+use crate::runtime::load_estimate::LoadEstimate;
+use crate::runtime::policy::load_cost::LoadPolicy;
 use crate::runtime::quarantine::Quarantine;
 use crate::runtime::settings::Settings;
 use crate::runtime::worker::Completion;
@@ -43,6 +46,7 @@ mod completions;
 mod end;
 mod holders;
 mod land;
+mod load_choice;
 mod metrics;
 mod outputs;
 mod request;
@@ -110,6 +114,14 @@ pub struct StepSettings {
     pub quarantine_after: u32,
     /// How long a quarantine lasts.
     pub quarantine_for: Duration,
+    /// How much of a lookup hit to load.
+    pub load_policy: LoadPolicy,
+    /// The engine's compute rate, tokens/s (0: unknown).
+    pub compute_rate: f64,
+    /// How long the tier may go unmeasured before a probe.
+    pub load_probe_interval: Duration,
+    /// Workers running async loads (the load estimate's queue).
+    pub workers: usize,
 }
 
 impl StepSettings {
@@ -131,6 +143,10 @@ impl StepSettings {
             max_load_retries: settings.max_load_retries,
             quarantine_after: settings.quarantine_after,
             quarantine_for: settings.quarantine_for,
+            load_policy: settings.load_policy,
+            compute_rate: settings.compute_rate.unwrap_or(0.0),
+            load_probe_interval: settings.load_probe_interval,
+            workers: 1,
         }
     }
 }
@@ -148,6 +164,8 @@ pub struct Env<'a, S: Strategy = LockFree> {
     pub connector: &'a dyn KvConnector,
     /// Prefix quarantine.
     pub quarantine: &'a Quarantine,
+    /// The tier's measured load cost.
+    pub estimate: &'a LoadEstimate,
     /// This shard's index (where its loads' completions go).
     pub shard: usize,
 }

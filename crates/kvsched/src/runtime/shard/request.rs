@@ -163,6 +163,8 @@ pub(super) struct Req {
     pub(super) load_start: u64,
     /// End of the in-flight load (tokens).
     pub(super) load_end: u64,
+    /// When the in-flight async load was dispatched.
+    pub(super) load_dispatched_at: Option<Instant>,
     /// The in-flight load passed its deadline: treated as failed for all its blocks.
     pub(super) timed_out: bool,
     /// External loads of this request that failed (completion or deadline).
@@ -221,6 +223,7 @@ impl Req {
             attempt: 0,
             load_start: 0,
             load_end: 0,
+            load_dispatched_at: None,
             timed_out: false,
             load_failures: 0,
             prefix_key: None,
