@@ -8,7 +8,6 @@ use super::first_token::EngineTimes;
 use super::histograms::{Curves, Hists};
 use super::load_bandwidth::LoadBandwidth;
 use super::load_policy::LoadPolicyReport;
-use super::model::ModelReport;
 use super::prompt_sources::PromptTokens;
 use super::report::{
     EngineEvents, Events, FaultCounts, Invariants, KvCounts, LoadCounts, RequestCounts, RunReport,
