@@ -25,6 +25,14 @@ fn run(policy: &str, rate: &str, extra: &[&str]) -> Value {
         policy,
         "--compute-rate",
         rate,
+        // The warmed workload: 16 prefixes in a large pool, the sim store holding three
+        // quarters of each prompt, so every request has a hit to load.
+        "--hit-ratio",
+        "0.75",
+        "--prefixes",
+        "16",
+        "--pool-blocks",
+        "131072",
     ];
     args.extend_from_slice(extra);
     let v = json_of(&stress_guarded(&args, Duration::from_secs(300)));

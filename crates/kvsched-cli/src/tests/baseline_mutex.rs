@@ -153,6 +153,8 @@ fn stress_runs_both_schedulers_on_the_same_workload() {
         model_us: 0,
         failure_rate: 0.2,
         baseline: Some(BaselineKind::Mutex),
+        // The sim store holds most of each prompt, so both schedulers load (and fail loads).
+        hit_ratio: 0.75,
         ..StressConfig::default()
     };
     let r = run_stress(&cfg).expect("stress");
