@@ -23,22 +23,10 @@ declare -A TESTS=(
   [decide-early]="kvsched-cli --bin kvsched tests::claim_path"
   # runtime/claim.rs: a claim is a plain store, so the last writer wins instead of the least key.
   [claim-store]="kvsched-cli --bin kvsched tests::claim_path"
-  # shard: a late completion's parked blocks are never released.
   # runtime/policy/alignment.rs: prefill chunks of a Mamba align geometry end where the
   # budget says, so the prefix a request computed is not reusable.
   [unaligned-chunks]="kvsched --test runtime_alignment"
-  # runtime/policy/alignment.rs: a chunk reaching the prompt's end passes its last block
-  # end, so a request continuing the prompt finds no state to resume from.
-  [prompt-end-state-uncached]="kvsched --test kv_mamba_reuse;kvsched --lib runtime::policy::alignment"
-  # runtime/policy/alignment.rs: no branch point, so the end of a prefix shared with an
-  # earlier prompt never gets its Mamba state cached.
-  [branch-state-uncached]="kvsched --test runtime_alignment;kvsched --lib runtime::policy::alignment"
-  # runtime/policy/state_ends.rs: a Mamba align state is looked for one block past the
-  # prefix's end, so a tier offers a prefix whose state it does not hold.
-  [mamba-state-one-block-late]="kvsched --test kv_mamba_reuse;kvsched --lib runtime::policy::state_ends"
-  # runtime/shard/schedule.rs: a step's Mamba align state goes into an entry a failed load
-  # left null, and is lost.
-  [mamba-state-into-null]="kvsched --test kv_mamba_reuse"
+  # shard: a late completion's parked blocks are never released.
   [late-leak]="kvsched --test runtime_faults"
   # shard: a connector panic counts as a successful load.
   [panic-ok]="kvsched --test runtime_faults"
@@ -85,12 +73,24 @@ declare -A TESTS=(
   # kv/tier_load.rs: a loaded chunk's payload is taken from after its header unverified
   # (no checksum, MAC, key or length check) and written into KV memory.
   [load-unverified]="kvsched --test kv_zero_copy"
-  # kv/tier_load.rs: a chunk that fails its checksum after the one-pass verify-and-copy wrote
-  # its payload is reported invalid but left unpoisoned (its destination keeps damaged bytes).
-  [failed-copy-left-unpoisoned]="kvsched --test kv_zero_copy;kvsched --test kv_fault_paths"
   # kv/tier_connector.rs: a save copies the block's bytes 32 bytes early in its reused buffer
   # (under the MAC's room), so the sealed chunk holds the wrong payload.
   [save-payload-offset]="kvsched --test kv_zero_copy"
+  # runtime/policy/alignment.rs: a chunk reaching the prompt's end passes its last block
+  # end, so a request continuing the prompt finds no state to resume from.
+  [prompt-end-state-uncached]="kvsched --test kv_mamba_reuse;kvsched --lib runtime::policy::alignment"
+  # runtime/policy/alignment.rs: no branch point, so the end of a prefix shared with an
+  # earlier prompt never gets its Mamba state cached.
+  [branch-state-uncached]="kvsched --test runtime_alignment;kvsched --lib runtime::policy::alignment"
+  # runtime/policy/state_ends.rs: a Mamba align state is looked for one block past the
+  # prefix's end, so a tier offers a prefix whose state it does not hold.
+  [mamba-state-one-block-late]="kvsched --test kv_mamba_reuse;kvsched --lib runtime::policy::state_ends"
+  # runtime/shard/schedule.rs: a step's Mamba align state goes into an entry a failed load
+  # left null, and is lost.
+  [mamba-state-into-null]="kvsched --test kv_mamba_reuse"
+  # kv/tier_load.rs: a chunk that fails its checksum after the one-pass verify-and-copy wrote
+  # its payload is reported invalid but left unpoisoned (its destination keeps damaged bytes).
+  [failed-copy-left-unpoisoned]="kvsched --test kv_zero_copy;kvsched --test kv_fault_paths"
   # kv/host_kv_memory.rs: a whole-block write (a load, a poison) leaves the block's write
   # epoch as it was, so the checker skips rereading bytes a late load or a poison replaced.
   [epoch-not-bumped-on-whole-block-write]="kvsched-testkit --test kv_check_epochs;kvsched --lib kv::host_kv_memory"
