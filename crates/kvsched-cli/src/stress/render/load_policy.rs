@@ -29,7 +29,7 @@ fn load_policy_line(r: &RunReport, policy: LoadPolicy, rate: f64) -> String {
             )
         });
     let estimate = format!(
-        "the tier's estimate at the end: {} loads measured, {:.1} µs + {:.1} ns/token a load, {:.1}% failed",
+        "the tier's estimate at the end: {} loads measured, {:.1} µs + {:.1} ns/token a load, recent failure share {:.1}% (a moving average over the last few loads)",
         count(lp.estimate_samples),
         lp.estimate_latency_us,
         lp.estimate_ns_per_token,
