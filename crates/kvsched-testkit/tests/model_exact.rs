@@ -126,15 +126,9 @@ fn answer(
     finished: Vec<Arc<str>>,
 ) {
     let step = engine.run_step(plan, Some(conn));
-    let mut out = StepOutput::for_plan(plan);
+    let mut out = StepOutput::all_sampled(plan);
     out.invalid_blocks = step.invalid_blocks.clone();
     out.finished = finished;
-    out.sampled = plan
-        .scheduled
-        .iter()
-        .filter(|s| s.samples)
-        .map(|s| s.id.clone())
-        .collect();
     let discard = rt.update(out);
     engine.settle(plan, step, &discard);
     for s in plan.scheduled.iter().filter(|s| !discard.contains(&s.id)) {

@@ -120,14 +120,8 @@ fn run(
         }
         // The model: sync loads, then layer by layer over the batch, then the samples.
         let step = engine.run_step(&plan, Some(conn.as_ref()));
-        let mut out = StepOutput::for_plan(&plan);
+        let mut out = StepOutput::all_sampled(&plan);
         out.invalid_blocks = step.invalid_blocks.clone();
-        out.sampled = plan
-            .scheduled
-            .iter()
-            .filter(|s| s.samples)
-            .map(|s| s.id.clone())
-            .collect();
         // Before emitting anything: which outputs were computed from a failed sync load.
         let discard = rt.update(out);
         emitted += engine.settle(&plan, step, &discard).len();

@@ -115,14 +115,8 @@ fn run_on(
             checker.end_request(id);
         }
         let check = checker.run_step(&plan, Some(conn.as_ref()));
-        let mut out = StepOutput::for_plan(&plan);
+        let mut out = StepOutput::all_sampled(&plan);
         out.invalid_blocks = check.invalid_blocks.clone();
-        out.sampled = plan
-            .scheduled
-            .iter()
-            .filter(|s| s.samples)
-            .map(|s| s.id.clone())
-            .collect();
         let discard = rt.update(out);
         checker.settle(&plan, check, &discard);
         for s in plan.scheduled.iter().filter(|s| !discard.contains(&s.id)) {

@@ -85,14 +85,8 @@ impl Engine {
                     .map(|s| (s.num_computed_tokens, s.num_tokens)),
             );
             let check = self.checker.run_step(&plan, Some(self.conn.as_ref()));
-            let mut out = StepOutput::for_plan(&plan);
+            let mut out = StepOutput::all_sampled(&plan);
             out.invalid_blocks = check.invalid_blocks.clone();
-            out.sampled = plan
-                .scheduled
-                .iter()
-                .filter(|s| s.samples)
-                .map(|s| s.id.clone())
-                .collect();
             let discard = self.rt.update(out);
             self.checker.settle(&plan, check, &discard);
             for s in plan.scheduled.iter().filter(|s| !discard.contains(&s.id)) {

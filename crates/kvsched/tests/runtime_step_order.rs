@@ -138,15 +138,7 @@ fn run(mode: Mode) -> Seen {
                 let to = (s.num_computed_tokens + s.num_tokens).div_ceil(16) as usize;
                 written.extend(table.iter().take(to).skip(from).filter(|b| b.id != 0));
             }
-            let out = StepOutput::for_plan(&plan);
-            let mut out = out;
-            out.sampled = plan
-                .scheduled
-                .iter()
-                .filter(|s| s.samples)
-                .map(|s| s.id.clone())
-                .collect();
-            rt.update(out);
+            rt.update(StepOutput::all_sampled(&plan));
         }
     }
     seen

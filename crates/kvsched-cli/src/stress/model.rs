@@ -255,14 +255,8 @@ impl ModelDriver {
         let t = Instant::now();
         let step = self.engine.run_step(plan, Some(self.connector.as_ref()));
         self.model_ns += ns(t.elapsed());
-        let mut out = StepOutput::for_plan(plan);
+        let mut out = StepOutput::all_sampled(plan);
         out.invalid_blocks = step.invalid_blocks.clone();
-        out.sampled = plan
-            .scheduled
-            .iter()
-            .filter(|s| s.samples)
-            .map(|s| s.id.clone())
-            .collect();
         self.pending = Some(step);
         out
     }

@@ -37,6 +37,22 @@ impl StepOutput {
             ..StepOutput::default()
         }
     }
+
+    /// An output answering `plan` in which every request scheduled to sample did (those with
+    /// [`ScheduledRequest::samples`]): what an engine whose forward pass ran reports, before it
+    /// adds the requests it finished and the blocks its sync loads failed to fill.
+    pub fn all_sampled(plan: &StepPlan) -> Self {
+        StepOutput {
+            step: plan.step,
+            sampled: plan
+                .scheduled
+                .iter()
+                .filter(|s| s.samples)
+                .map(|s| s.id.clone())
+                .collect(),
+            ..StepOutput::default()
+        }
+    }
 }
 
 /// A step's recovery.

@@ -140,15 +140,9 @@ impl Bench {
     pub fn answer(&mut self, plan: &StepPlan) {
         let plan = plan.clone();
         let check = self.checker.run_step(&plan, Some(self.conn.as_ref()));
-        let mut out = StepOutput::for_plan(&plan);
+        let mut out = StepOutput::all_sampled(&plan);
         out.invalid_blocks = check.invalid_blocks.clone();
         out.finished = std::mem::take(&mut self.finish_next);
-        out.sampled = plan
-            .scheduled
-            .iter()
-            .filter(|s| s.samples)
-            .map(|s| s.id.clone())
-            .collect();
         let discard = self.rt.update(out);
         self.checker.settle(&plan, check, &discard);
         for s in plan.scheduled.iter().filter(|s| !discard.contains(&s.id)) {
