@@ -340,6 +340,11 @@ impl<T: FaultTarget> Tier for FaultyTier<T> {
         self.cfg.slow > 0.0 || self.inner.may_block()
     }
 
+    /// The inner tier's answer: a faulted memory tier is read in place, as a clean one is.
+    fn reads_in_place(&self) -> bool {
+        self.inner.reads_in_place()
+    }
+
     /// Stores through the inner tier, then damages the chosen values at rest (also when the
     /// inner put failed: whatever it stored can be damaged).
     fn put(&self, chunks: &[(ChunkKey, Vec<u8>)]) -> Result<(), TierError> {

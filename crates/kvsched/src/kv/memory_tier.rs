@@ -155,6 +155,10 @@ impl Tier for MemoryTier {
         false
     }
 
+    fn reads_in_place(&self) -> bool {
+        true
+    }
+
     fn exists(&self, keys: &[ChunkKey], cancel: &CancelToken) -> Result<Vec<bool>, TierError> {
         let mut out = Vec::with_capacity(keys.len());
         for &k in keys {

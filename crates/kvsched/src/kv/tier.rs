@@ -124,6 +124,15 @@ pub trait Tier: Send + Sync + 'static {
     fn may_block(&self) -> bool {
         true
     }
+    /// Whether [`read_with`](Self::read_with) reads a chunk where the tier holds it, at no
+    /// cost per call beyond the copy (an in-process map). The
+    /// [`TierConnector`](super::TierConnector) then loads a tier that never blocks one chunk
+    /// at a time through it; otherwise (the default) it takes one batched
+    /// [`get_into`](Self::get_into) a load, so a tier whose calls carry a fixed cost (a round
+    /// trip, a simulated latency) pays it once a load, not once a chunk.
+    fn reads_in_place(&self) -> bool {
+        false
+    }
 }
 
 /// The length check of [`Tier::get_into`]: one buffer and one flag per key.

@@ -42,10 +42,12 @@ impl TierConnector {
     pub(super) fn fetch(&self, job: &LoadJob, wanted: &[Wanted], bad: &mut [Vec<BlockRef>]) {
         if job.cancel.is_cancelled() {
             self.fail_all(job, wanted, bad);
-        } else if self.gets.is_some() {
-            self.fetch_batched(job, wanted, bad);
-        } else {
+        } else if self.gets.is_none() && self.tier.reads_in_place() {
             self.fetch_each(job, wanted, bad);
+        } else {
+            // A tier that may block (on the connector's get threads), or one whose calls
+            // carry a fixed cost: one batched read a load, on this thread for the latter.
+            self.fetch_batched(job, wanted, bad);
         }
     }
 
@@ -55,7 +57,7 @@ impl TierConnector {
         }
     }
 
-    /// A tier that never blocks: one chunk at a time, verified and copied where the tier
+    /// A tier that never blocks and reads in place: one chunk at a time, verified and copied where the tier
     /// holds it ([`Tier::read_with`](super::Tier::read_with): for the memory tier, under its
     /// shard's lock, with no copy out). The load's deadline is checked before each chunk;
     /// once it has passed the rest fail (`loads_late`).
