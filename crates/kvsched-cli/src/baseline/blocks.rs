@@ -113,8 +113,9 @@ impl Plain {
             queued: vec![false; n],
             touched: vec![false; n],
             free: (1..n as BlockId).rev().collect(),
-            reclaim: VecDeque::new(),
-            index: FxHashMap::default(),
+            // Sized up front, as the runtime's pool sizes its prefix index.
+            reclaim: VecDeque::with_capacity(n),
+            index: FxHashMap::with_capacity_and_hasher(n, Default::default()),
             double_frees: 0,
         }
     }

@@ -146,7 +146,7 @@ impl BlockPool {
             slots,
             free: FreeList::new(n),
             reclaim: ReclaimQueue::new(),
-            index: PrefixIndex::new(),
+            index: PrefixIndex::new(num_blocks),
             double_frees: AtomicU64::new(0),
             stale_releases: AtomicU64::new(0),
             invariant_violations: AtomicU64::new(0),

@@ -10,6 +10,8 @@
 //! [`evict`](BlockPool::evict)) or together with a generation bump (a reclaim), so stale
 //! entries are recognised and removed when met.
 
+use std::collections::hash_map::Entry;
+
 use rustc_hash::FxHashMap;
 
 use super::state::State;
@@ -31,16 +33,27 @@ const EVICT_RETRIES: u32 = 1 << 12;
 #[cfg(kvsched_loom)]
 const EVICT_RETRIES: u32 = 3;
 
+/// Entries the index makes room for up front: a larger pool's index grows past it.
+const PRESIZED_ENTRIES: usize = 1 << 20;
+
 /// The prefix index, sharded by hash.
 pub(super) struct PrefixIndex {
     shards: Box<[Mutex<FxHashMap<BlockHash, BlockRef>>]>,
 }
 
 impl PrefixIndex {
-    /// An empty index.
-    pub(super) fn new() -> Self {
+    /// An empty index with room for an entry per block of a pool of `num_blocks` (up to
+    /// [`PRESIZED_ENTRIES`]), so registering never rehashes into fresh memory while the
+    /// cache fills.
+    pub(super) fn new(num_blocks: usize) -> Self {
+        let per_shard = num_blocks.min(PRESIZED_ENTRIES) / INDEX_SHARDS;
         let shards = (0..INDEX_SHARDS)
-            .map(|_| Mutex::new(FxHashMap::default()))
+            .map(|_| {
+                Mutex::new(FxHashMap::with_capacity_and_hasher(
+                    per_shard,
+                    Default::default(),
+                ))
+            })
             .collect();
         PrefixIndex { shards }
     }
@@ -71,8 +84,10 @@ impl BlockPool {
             return false;
         };
         let mut shard = self.index.shard(hash).lock();
-        if let Some(&existing) = shard.get(&hash) {
-            if self.is_registered(existing) {
+        // One probe of the map for the check and the insert.
+        let entry = shard.entry(hash);
+        if let Entry::Occupied(e) = &entry {
+            if self.is_registered(*e.get()) {
                 return false;
             }
         }
@@ -97,7 +112,7 @@ impl BlockPool {
         // CACHED writes the word); readers reach it through this shard's lock (`evict`) or
         // through the caller's later release (the reclaim path).
         slot.hash.store(hash, Ordering::Relaxed);
-        shard.insert(hash, r);
+        entry.insert_entry(r);
         true
     }
 
@@ -234,8 +249,10 @@ impl BlockPool {
     /// Drops `hash → old` from the index if it is still there.
     pub(super) fn remove_index_entry(&self, hash: BlockHash, old: BlockRef) {
         let mut shard = self.index.shard(hash).lock();
-        if shard.get(&hash) == Some(&old) {
-            shard.remove(&hash);
+        if let Entry::Occupied(e) = shard.entry(hash) {
+            if *e.get() == old {
+                e.remove();
+            }
         }
     }
 }
