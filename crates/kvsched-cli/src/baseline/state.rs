@@ -120,7 +120,7 @@ impl State {
         };
         State {
             cx,
-            shard: Shard::default(),
+            shard: Shard::for_blocks(n),
             inbox: Vec::new(),
             live: FxHashSet::default(),
             seq: 1,

@@ -207,7 +207,16 @@ impl Inner {
     /// The whole step on the calling thread, phase by phase across the shards: every shard
     /// publishes, then every shard claims, then every shard decides — the same order the
     /// barriers impose in parallel, with no hand-off at all.
-    pub(super) fn run_step_inline(&self, engine_share: &[BlockId], live: &Settings) {
+    ///
+    /// The shards schedule into one list, each appending to the last one's, so the plan's
+    /// list is made once, with room for `expected` entries, and never copied or grown while
+    /// it is merged.
+    pub(super) fn run_step_inline(
+        &self,
+        engine_share: &[BlockId],
+        live: &Settings,
+        expected: usize,
+    ) {
         let k = self.shards.len();
         let settings: Vec<StepSettings> = (0..k).map(|i| self.step_settings(i, live)).collect();
         let mut shards: Vec<_> = self.shards.iter().map(|s| s.state.lock()).collect();
@@ -228,10 +237,17 @@ impl Inner {
                 });
             }
         }
+        let mut list = Vec::with_capacity(expected);
         for (i, shard) in shards.iter_mut().enumerate() {
+            shard.schedule_after(std::mem::take(&mut list));
             self.guarded(i, &mut failed[i], || {
                 self.phase_finish(i, shard, &settings[i]);
             });
+            if i + 1 < k {
+                if let Some((res, _)) = self.shards[i].result.lock().as_mut() {
+                    list = std::mem::take(&mut res.scheduled);
+                }
+            }
         }
     }
 }

@@ -81,6 +81,7 @@ impl Inner {
         engine: Unparker,
     ) -> Inner {
         let k = queues.len();
+        let blocks = pool.num_blocks();
         Inner {
             geo,
             // One claim word per block id.
@@ -92,7 +93,7 @@ impl Inner {
             connector,
             shards: (0..k)
                 .map(|i| ShardSlot {
-                    state: Mutex::new(Shard::default()),
+                    state: Mutex::new(Shard::for_blocks(blocks)),
                     inbox: SegQueue::new(),
                     completions: Arc::clone(&queues[i]),
                     published: Mutex::new(Vec::new()),

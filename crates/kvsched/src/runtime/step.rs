@@ -164,7 +164,9 @@ impl Runtime {
         let span = tracing::debug_span!("kvsched_step", step = self.step);
         let _enter = span.enter();
         if !self.runs_parallel(share.len()) {
-            self.inner.run_step_inline(&share, &live);
+            // Room for what the last step scheduled and a little more.
+            let expected = self.last_step.scheduled + self.last_step.scheduled / 4 + 8;
+            self.inner.run_step_inline(&share, &live, expected);
         } else {
             self.metrics.parallel_steps += 1;
             self.start_step(&share, &live);
@@ -244,9 +246,17 @@ impl Runtime {
                 results.push((i, r));
             }
         }
-        // The plan's list is allocated once at its final size (a shard's own list is moved
-        // when it is the only one with entries): no copy per doubling, no fresh pages.
+        // The plan's list is the longest shard list, the others appended to it (one growth at
+        // most, often in place): no fresh list per step, whose pages the allocator may have
+        // returned to the system since the last one.
         let total: usize = results.iter().map(|(_, (r, _))| r.scheduled.len()).sum();
+        if let Some((_, (longest, _))) = results
+            .iter_mut()
+            .max_by_key(|(_, (r, _))| r.scheduled.len())
+        {
+            plan.scheduled = std::mem::take(&mut longest.scheduled);
+            plan.scheduled.reserve(total - plan.scheduled.len());
+        }
         for (i, (res, loads)) in results {
             progress.add(i, &res, loads.len());
             if let Some(w) = &self.workers {
@@ -263,12 +273,7 @@ impl Runtime {
                     EndState::Cancelled => self.metrics.cancelled += 1,
                 }
             }
-            if plan.scheduled.is_empty() && res.scheduled.len() == total {
-                plan.scheduled = res.scheduled;
-            } else {
-                plan.scheduled.reserve(total - plan.scheduled.len());
-                plan.scheduled.extend(res.scheduled);
-            }
+            plan.scheduled.extend(res.scheduled);
             plan.recovery.recovered.extend(res.recovered);
             plan.recovery.scanned.extend(res.scanned);
             evicted.extend(res.evicted);
@@ -284,7 +289,9 @@ impl Runtime {
         evicted.dedup();
         plan.recovery.report = report;
         plan.recovery.evicted_blocks = evicted;
-        plan.scheduled.sort_by_key(|s| s.key);
+        // Unstable: keys are unique (one entry a request), and it sorts in place, where a
+        // stable sort takes a buffer of half the list every step.
+        plan.scheduled.sort_unstable_by_key(|s| s.key);
         plan.recovery.recovered.sort_by_key(|r| r.key);
         plan.recovery.scanned.sort_by_key(|r| r.key);
         if !plan.recovery.recovered.is_empty() {

@@ -28,7 +28,19 @@ enum Holders {
     Many(Box<FxHashSet<u64>>),
 }
 
+/// Block ids whose slots [`HolderIndex::for_blocks`] makes up front (4 MiB): a larger pool's
+/// index grows past it as higher ids are met.
+const PRESIZED_SLOTS: usize = 1 << 18;
+
 impl HolderIndex {
+    /// An index with the slots of a pool of `num_blocks` ids made and written now (up to
+    /// [`PRESIZED_SLOTS`]), so the steps never grow it, nor touch its pages for the first time.
+    pub(super) fn for_blocks(num_blocks: usize) -> Self {
+        let mut slots = Vec::new();
+        slots.resize_with(num_blocks.min(PRESIZED_SLOTS), Holders::default);
+        HolderIndex { slots }
+    }
+
     fn slot(&mut self, id: BlockId) -> Option<&mut Holders> {
         let i = usize::try_from(id).ok()?;
         if i >= self.slots.len() {

@@ -232,6 +232,15 @@ impl<S: Strategy> Default for Shard<S> {
 }
 
 impl<S: Strategy> Shard<S> {
+    /// A shard of a pool of `num_blocks` ids, its holder index made up front
+    /// ([`HolderIndex::for_blocks`]).
+    pub fn for_blocks(num_blocks: usize) -> Self {
+        Shard {
+            index: HolderIndex::for_blocks(num_blocks),
+            ..Shard::default()
+        }
+    }
+
     /// Phase 1: commands, completions, and this shard's share of the report (returned; the
     /// claim words of those blocks are reset).
     pub fn publish(
@@ -256,6 +265,14 @@ impl<S: Strategy> Shard<S> {
             env.claims.reset(id);
         }
         published
+    }
+
+    /// Makes this step's list of scheduled requests `list`, which holds what earlier shards
+    /// of the same step scheduled: this shard appends to it (between [`publish`](Self::publish)
+    /// and [`finish_step`](Self::finish_step); an inline step chains its shards' lists
+    /// this way). Its entries stay in the result this shard returns.
+    pub fn schedule_after(&mut self, list: Vec<ScheduledRequest>) {
+        self.result.scheduled = list;
     }
 
     /// Phase 3: decide, apply the last step's output, admit, schedule. While `draining`
