@@ -132,16 +132,16 @@ fn mode_safe_is_token_exact_on_damaged_and_evicted_chunks_of_a_real_store() {
 
 /// Both modes on the model's workload of bursts of sharers (6 on one base prefix, 95 % of
 /// each prompt shared and held by the store, a recompute spanning several steps; 300 requests
-/// here), every load synchronous and 20 % of them failing: mode safe is exact, mode vllm —
-/// vLLM's step order and caching — keeps wrong tokens (the positive control: vLLM #49250's
-/// sharers and the rolled-back blocks vLLM leaves cached), runs to its end without violating
-/// its own invariants, and says which behaviour each wrong token comes from. Both reports say
-/// what they cost (time to first token, the model's throughput).
+/// here), every load synchronous and 5 % of the chunks loaded damaged: mode safe is exact,
+/// mode vllm — vLLM's step order and caching — keeps wrong tokens (the positive control:
+/// vLLM #49250's sharers and the rolled-back blocks vLLM leaves cached), runs to its end
+/// without violating its own invariants, and says which behaviour each wrong token comes
+/// from. Both reports say what they cost (time to first token, the model's throughput).
 ///
 /// The loop is closed (12 live) and no load is asynchronous, so which requests meet in a step
 /// follows from the seed alone, not from arrival times or load latencies: the wrong tokens
-/// are the same on any machine at any load (an open loop at 5 % failures kept 0 to 6 over
-/// three seeds, run to run).
+/// are the same on any machine at any load (2 to 38 a seed here; the open loop of the
+/// model's defaults keeps 0 to 22 on these seeds, run to run).
 #[test]
 fn mode_vllm_keeps_wrong_tokens_and_mode_safe_does_not() {
     let (mut tokens, mut logits, mut attributed) = (0, 0, 0);
@@ -150,7 +150,7 @@ fn mode_vllm_keeps_wrong_tokens_and_mode_safe_does_not() {
             "--groups",
             "hybrid-swa-mamba",
             "--failure-rate",
-            "0.2",
+            "0.05",
             "--async-ratio",
             "0",
             "--requests",

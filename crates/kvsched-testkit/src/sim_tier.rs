@@ -20,10 +20,12 @@ pub struct SimTierConfig {
     pub seed: u64,
     /// Bytes the underlying memory holds.
     pub capacity_bytes: u64,
-    /// Share of `get` calls whose transfer damages some values (0–1): the damage is a
-    /// flipped byte, caught by the chunk checksum like real damage.
+    /// Share of the values a `get` returns that its transfer damages, each value on its own
+    /// (0–1), so a read of `n` chunks loses one or more with probability `1 − (1 − r)^n`
+    /// whether the connector reads them in one call or in `n`. The damage is a flipped byte,
+    /// caught by the chunk checksum like real damage.
     pub failure_rate: f64,
-    /// Values damaged per failing call: 1 to this many.
+    /// Most values one call damages.
     pub max_invalid_per_failure: u32,
     /// Latency of a `get`: uniform in `[min, max]`.
     pub latency_min: Duration,
@@ -163,22 +165,19 @@ impl Tier for SimTier {
             return Err(TierError::Cancelled);
         }
         let mut values = self.inner.get(keys, cancel)?;
-        if !values.is_empty() && rng.unit() < self.cfg.failure_rate {
-            let n = 1 + rng.below(u64::from(self.cfg.max_invalid_per_failure.max(1)));
-            // Distinct chunks: a second flip of the same byte would undo the first, and
-            // `damaged` counts chunks, each caught by the chunk's checks.
-            let mut hit: Vec<usize> = Vec::new();
-            for _ in 0..n {
-                let i = rng.below(values.len() as u64) as usize;
-                if hit.contains(&i) {
-                    continue;
-                }
-                hit.push(i);
-                if let Some(v) = values[i].as_mut().filter(|v| !v.is_empty()) {
-                    let at = rng.below(v.len() as u64) as usize;
-                    v[at] ^= 0x5a;
-                    self.damaged.fetch_add(1, Ordering::Relaxed);
-                }
+        let mut left = self.cfg.max_invalid_per_failure;
+        for v in values.iter_mut() {
+            if left == 0 {
+                break;
+            }
+            if rng.unit() >= self.cfg.failure_rate {
+                continue;
+            }
+            if let Some(v) = v.as_mut().filter(|v| !v.is_empty()) {
+                let at = rng.below(v.len() as u64) as usize;
+                v[at] ^= 0x5a;
+                left -= 1;
+                self.damaged.fetch_add(1, Ordering::Relaxed);
             }
         }
         Ok(values)

@@ -70,8 +70,9 @@ pub struct StressConfig {
     /// its own).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub prefix_burst: u32,
-    /// Share of loads from the sim store whose transfer damages one or two chunks (a flipped
-    /// byte, caught by the chunk checksum) (0–1).
+    /// Share of the chunks loaded from the sim store that arrive damaged, each on its own (a
+    /// flipped byte, caught by the chunk checksum) (0–1): a load of n chunks loses one or
+    /// more with probability 1 − (1 − R)^n.
     #[arg(long, default_value_t = 0.01, allow_negative_numbers = true, value_parser = parse_unit)]
     pub failure_rate: f64,
     /// Recovery policy: recompute or fail.

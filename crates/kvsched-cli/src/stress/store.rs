@@ -381,7 +381,8 @@ fn sim_tier_config(cfg: &StressConfig) -> SimTierConfig {
         seed: cfg.seed ^ 0x5eed_c0de,
         capacity_bytes: cfg.store_capacity,
         failure_rate: cfg.failure_rate,
-        max_invalid_per_failure: 2,
+        // Each chunk on its own (`--failure-rate`), however many a load reads.
+        max_invalid_per_failure: u32::MAX,
         latency_min: Duration::from_micros(cfg.load_latency_us.min_us),
         latency_max: Duration::from_micros(cfg.load_latency_us.max_us),
         panic_rate: 0.0,

@@ -62,7 +62,7 @@ pub(super) fn causes(report: &StressReport) -> Vec<String> {
     }
     if !c.store.is_real() && k.kv.transfer_damage > 0 {
         why.push(format!(
-            "sim-store damage: --failure-rate {} damages that share of the sim store's reads in the order the reads reach it, so a load damaged in one scheduler may arrive intact in the other (--failure-rate 0 removes this)",
+            "sim-store damage: --failure-rate {} damages that share of the chunks the sim store reads, in the order the reads reach it, so a load damaged in one scheduler may arrive intact in the other (--failure-rate 0 removes this)",
             c.failure_rate
         ));
     }
