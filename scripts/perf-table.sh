@@ -6,6 +6,7 @@
 #
 #   scripts/perf-table.sh              # every row, 3 runs of each scheduler
 #   REPEAT=5 ROWS="open live4k" scripts/perf-table.sh
+#   PLOT=docs/stress-example.svg scripts/perf-table.sh   # also plot the live4k-fail row
 #
 # Rows: open (the defaults: 2,000/s open loop), open-off (--verify off), open-1 (--verify off
 # --shards 1), live256, live1k, live4k, live16k, live64k (--rate max --live N --verify off),
@@ -41,8 +42,10 @@ echo
 echo "| run | step wall p50 | step wall p99 | step CPU p50 | step CPU p99 | scheduler CPU µs / finished | process CPU µs / finished | finished/s |"
 echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
 for row in "${rows[@]}"; do
+  plot=()
+  if [ -n "${PLOT:-}" ] && [ "$row" = live4k-fail ]; then plot=(--plot "$PLOT"); fi
   # shellcheck disable=SC2046
-  "$bin" stress $(args_of "$row") --baseline mutex --repeat "$repeat" --json >"$out/run.json"
+  "$bin" stress $(args_of "$row") --baseline mutex --repeat "$repeat" --json "${plot[@]}" >"$out/run.json"
   python3 - "$out/run.json" "$row" "$(args_of "$row")" <<'PY'
 import json, sys
 path, row, args = sys.argv[1:]
