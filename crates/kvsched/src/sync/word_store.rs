@@ -1,4 +1,4 @@
-//! [`store_words_xor`]: bytes stored into atomic words 16 or 32 bytes per store instruction.
+//! [`store_words_xor`]: bytes stored into atomic words sixteen bytes per store instruction.
 //!
 //! `HostKvMemory` keeps KV bytes in `AtomicU64` words so that a racing access (which the
 //! runtime's rules exclude) tears bytes instead of being undefined behaviour. Rust has no
@@ -7,24 +7,21 @@
 //! under half the store bandwidth a `memcpy` gets from 16- and 32-byte stores, and on a
 //! 16 KiB block it is most of a verified load's time.
 //!
-//! On x86-64 this module stores 64 bytes a round from inline assembly: in two 32-byte AVX2
-//! stores where the core has AVX2 (detected at run time, once), else in four 16-byte SSE2
-//! stores (`movdqu`: part of every x86-64 core). Elsewhere, and under loom, it stores nothing
-//! and the caller's word loop does the whole copy.
+//! On x86-64 this module stores 64 bytes a round with SSE2 (`movdqu`: part of every x86-64
+//! core, no feature detection) from inline assembly. Elsewhere, and under loom, it stores
+//! nothing and the caller's word loop does the whole copy.
 //!
 //! **Why this is sound.** The assembly writes only memory the caller's `&[AtomicU64]` covers
 //! (interior mutability: writing through a shared reference to an atomic is what atomics
 //! are for), reads only the caller's `&[u8]`, and is opaque to the compiler (no `nomem` or
-//! `readonly`: it may not assume the words unchanged across it). Without a racing access —
-//! which the runtime's rules exclude for KV memory — it is a plain copy. With one, what it
-//! does is what a sequence of relaxed 8-byte atomic stores does, on the assumption that an
-//! x86-64 core writes each aligned quadword of a vector store as one access: the vendors
-//! guarantee it for aligned accesses of up to a quadword and describe wider vector accesses
-//! as made of several accesses (Intel SDM vol. 3, "Guaranteed Atomic Operations"; AMD APM
-//! vol. 2, "Access Atomicity"); every word written here is 8-byte aligned. A racing reader
-//! then sees each word old or new, as with `AtomicU64::store`. No ordering is implied beyond
-//! Relaxed: the callers' ordering comes from their hand-offs (and the write epoch's Release
-//! bump after the copy).
+//! `readonly`: it may not assume the words unchanged across it). What it does is what a
+//! sequence of relaxed 8-byte atomic stores does: every word it writes is 8-byte aligned and
+//! an x86-64 core writes an aligned quadword, alone or as half of a 16-byte SSE store, as
+//! one access (Intel SDM vol. 3 §9.1.1, AMD APM vol. 2 §7.3.2: aligned accesses of up to a
+//! quadword are atomic, and wider SSE accesses are made of such accesses). A reader racing
+//! it — excluded by the runtime's rules — sees each word old or new, never a torn word, as
+//! with `AtomicU64::store`. No ordering is implied beyond Relaxed: the callers' ordering
+//! comes from their hand-offs (and the write epoch's Release bump after the copy).
 
 use super::AtomicU64;
 
@@ -34,28 +31,11 @@ use super::AtomicU64;
 /// returned index on one at a time.
 #[cfg(all(target_arch = "x86_64", not(kvsched_loom), not(miri)))]
 pub(crate) fn store_words_xor(words: &[AtomicU64], data: &[u8], mask: u64) -> usize {
-    store_words_xor_with(
-        words,
-        data,
-        mask,
-        std::arch::is_x86_feature_detected!("avx2"),
-    )
-}
-
-/// [`store_words_xor`] in 32-byte AVX2 stores when `avx2` (which the caller has checked the
-/// core has; `false` always works), else in 16-byte SSE2 stores.
-#[cfg(all(target_arch = "x86_64", not(kvsched_loom), not(miri)))]
-fn store_words_xor_with(words: &[AtomicU64], data: &[u8], mask: u64, avx2: bool) -> usize {
     let rounds = words.len().min(data.len() / 8) / 8;
     if rounds == 0 {
         return 0;
     }
     let dst = words.as_ptr().cast::<u8>().cast_mut();
-    if avx2 && std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the core has AVX2 (checked just above); the bounds are as below.
-        unsafe { store_rounds_avx2(dst, data.as_ptr(), rounds, mask) };
-        return rounds * 8;
-    }
     // SAFETY: `rounds * 64` bytes from `data.as_ptr()` are inside `data` (rounds ≤
     // data.len() / 64), and `rounds * 64` bytes from `dst` are inside `words` (rounds ≤
     // words.len() / 8); `movdqu` needs no alignment. The words are atomics, which may be
@@ -98,46 +78,6 @@ fn store_words_xor_with(words: &[AtomicU64], data: &[u8], mask: u64, avx2: bool)
     rounds * 8
 }
 
-/// `rounds` rounds of 64 bytes from `src`, each word XOR `mask`, stored at `dst` in two
-/// 32-byte AVX2 stores a round.
-///
-/// # Safety
-///
-/// The core must have AVX2, `src` must be readable and `dst` writable (atomic words, see the
-/// module's docs) for `rounds * 64` bytes.
-#[cfg(all(target_arch = "x86_64", not(kvsched_loom), not(miri)))]
-#[target_feature(enable = "avx2")]
-unsafe fn store_rounds_avx2(dst: *mut u8, src: *const u8, rounds: usize, mask: u64) {
-    // SAFETY: the caller's contract; `vmovdqu` needs no alignment, the assembly touches no
-    // stack and no other memory, clobbers only the registers named and the flags.
-    unsafe {
-        std::arch::asm!(
-            "vmovq {m:x}, {mask}",
-            "vpbroadcastq {m}, {m:x}",
-            "2:",
-            "vmovdqu {a}, ymmword ptr [{src}]",
-            "vmovdqu {b}, ymmword ptr [{src} + 32]",
-            "vpxor {a}, {a}, {m}",
-            "vpxor {b}, {b}, {m}",
-            "vmovdqu ymmword ptr [{dst}], {a}",
-            "vmovdqu ymmword ptr [{dst} + 32], {b}",
-            "add {src}, 64",
-            "add {dst}, 64",
-            "dec {n}",
-            "jnz 2b",
-            "vzeroupper",
-            mask = in(reg) mask,
-            src = inout(reg) src => _,
-            dst = inout(reg) dst => _,
-            n = inout(reg) rounds => _,
-            m = out(ymm_reg) _,
-            a = out(ymm_reg) _,
-            b = out(ymm_reg) _,
-            options(nostack),
-        );
-    }
-}
-
 /// Stores nothing (no vector path on this target, or under loom): the caller's word loop
 /// does the whole copy.
 #[cfg(not(all(target_arch = "x86_64", not(kvsched_loom), not(miri))))]
@@ -157,22 +97,11 @@ mod tests {
         for (nwords, nbytes) in [(0, 0), (7, 64), (8, 63), (8, 64), (17, 200), (40, 136)] {
             let words: Vec<AtomicU64> = (0..nwords).map(|_| AtomicU64::new(7)).collect();
             let data: Vec<u8> = (0..nbytes).map(|i| (i * 37 + 1) as u8).collect();
-            #[cfg(all(target_arch = "x86_64", not(miri)))]
-            let done = {
-                // Both vector paths (the AVX2 one only where the core has it), then the
-                // dispatcher, each over the words the one before stored (the same bytes).
-                let sse2 = store_words_xor_with(&words, &data, mask, false);
-                let avx2 = store_words_xor_with(&words, &data, mask, true);
-                let rounds = nwords.min(nbytes / 8) / 8;
-                assert_eq!(
-                    (sse2, avx2),
-                    (rounds * 8, rounds * 8),
-                    "{nwords} words, {nbytes} bytes"
-                );
-                store_words_xor(&words, &data, mask)
-            };
-            #[cfg(not(all(target_arch = "x86_64", not(miri))))]
             let done = store_words_xor(&words, &data, mask);
+            let rounds = nwords.min(nbytes / 8) / 8;
+            if cfg!(all(target_arch = "x86_64", not(miri))) {
+                assert_eq!(done, rounds * 8, "{nwords} words, {nbytes} bytes");
+            }
             assert_eq!(done % 8, 0);
             for (i, w) in words.iter().enumerate() {
                 let got = w.load(Ordering::Relaxed);
