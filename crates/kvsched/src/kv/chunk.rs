@@ -231,10 +231,16 @@ fn checksum(head: &[u8], payload: &[u8]) -> u64 {
     h.finish()
 }
 
+/// The checksum's state: xxh3-64 with the default seed and secret, the secret borrowed from
+/// the crate's static copy. (`XxHash3_64::new()` computes the same hash but allocates a copy
+/// of the secret on the heap: an allocation and a free per chunk on the load path.)
+type Checksum =
+    twox_hash::xxhash3_64::RawHasher<&'static [u8; twox_hash::xxhash3_64::DEFAULT_SECRET_LENGTH]>;
+
 /// The checksum's state after the header's first 40 bytes; the payload comes next (`write`,
-/// then `finish`).
-fn checksum_head(head: &[u8]) -> twox_hash::XxHash3_64 {
-    let mut h = twox_hash::XxHash3_64::new();
+/// then `finish`). Allocates nothing.
+fn checksum_head(head: &[u8]) -> Checksum {
+    let mut h = Checksum::new(twox_hash::xxhash3_64::SecretBuffer::default());
     h.write(&head[..OFF_CHECKSUM]);
     h
 }

@@ -133,6 +133,15 @@ pub trait Tier: Send + Sync + 'static {
     fn reads_in_place(&self) -> bool {
         false
     }
+    /// Whether a call costs something fixed beyond its chunks' (a round trip, a simulated
+    /// latency), which one batched call per load pays once. `true` (the default): the
+    /// [`TierConnector`](super::TierConnector) reads a load in one batched
+    /// [`get_into`](Self::get_into). `false` (the disk tier: an open, a `statx` and a read per
+    /// chunk, whatever the batch): it reads the load in pieces of about 512 KiB, each
+    /// verified and copied into KV memory while its buffers are still in the core's cache.
+    fn costs_per_call(&self) -> bool {
+        true
+    }
 }
 
 /// The length check of [`Tier::get_into`]: one buffer and one flag per key.

@@ -201,5 +201,7 @@ pub mod condvar;
 pub mod park;
 #[cfg(kvsched_loom)]
 pub mod thread;
+mod word_store;
 pub use barrier::PhaseBarrier;
 pub use park::{Parker, Unparker};
+pub(crate) use word_store::store_words_xor;

@@ -1,6 +1,6 @@
 //! [`ChunkCodec::decode_to`]: a chunk's decode and the copy of its payload in one pass over
-//! its bytes. The payload is handed to the caller's sink in blocks of [`COPY_BLOCK`] bytes (the
-//! first short by the header, so the MAC hashes aligned blocks),
+//! its bytes. The payload is handed to the caller's sink in blocks of [`COPY_BLOCK`] bytes (with
+//! a MAC key the first is short by the header, so the MAC hashes aligned blocks),
 //! each right after the checksum (and the MAC, with a key) has read it, so the copy reads it
 //! again from the core's cache instead of from memory: a load of a large chunk reads it from
 //! memory once, not twice. The header checks (format, length, key, group, MAC present) come
@@ -57,7 +57,14 @@ impl ChunkCodec {
         // payload) in whole aligned 16 KiB subtrees, 16 chunks wide. Given the 48-byte header
         // alone first, it would hash the first 16 KiB in ever smaller pieces, at less than
         // half the speed (most of a 16 KiB chunk's MAC).
-        let (mut at, mut rest, mut take) = (0, payload, COPY_BLOCK - HEADER_LEN);
+        // Without a MAC the blocks are whole 16 KiB from the start: a 16 KiB chunk is one
+        // block, one call of the sink (one write into KV memory), not a block and a 48-byte tail.
+        let first = if mac.is_some() {
+            COPY_BLOCK - HEADER_LEN
+        } else {
+            COPY_BLOCK
+        };
+        let (mut at, mut rest, mut take) = (0, payload, first);
         if mac.is_some() && rest.is_empty() {
             // No payload: the header is the MAC's whole input.
             if let Some(m) = &mut mac {

@@ -381,6 +381,12 @@ impl Tier for DiskTier {
         "disk"
     }
 
+    /// An open, a `statx` and a read per chunk whatever the batch: nothing to save by
+    /// batching, so a load reads it piece by piece and copies each piece out of cache.
+    fn costs_per_call(&self) -> bool {
+        false
+    }
+
     /// From the index alone (no I/O): a hint, as the trait says.
     fn exists(&self, keys: &[ChunkKey], cancel: &CancelToken) -> Result<Vec<bool>, TierError> {
         if cancel.is_cancelled() {
