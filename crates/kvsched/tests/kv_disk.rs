@@ -511,3 +511,26 @@ fn sigkill_mid_save_leaves_only_whole_chunks() {
     }
     eprintln!("temporary files left by the killed children: {temps_seen}");
 }
+
+/// Two tiers on one directory (two engines sharing it): each publishes its packs under
+/// numbers the other has not taken, so neither replaces the other's, and a rescan indexes
+/// what the other wrote since open.
+#[test]
+fn two_tiers_on_one_directory_keep_and_find_each_others_packs() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = DiskTier::open(dir.path(), cfg(1 << 20)).unwrap();
+    let b = DiskTier::open(dir.path(), cfg(1 << 20)).unwrap();
+    for i in 0..5 {
+        a.put(&[(key(i), vec![1; 10])]).unwrap();
+        b.put(&[(key(100 + i), vec![2; 10])]).unwrap();
+    }
+    assert_eq!(files(dir.path()).len(), 10, "no pack replaced another");
+    assert_eq!(get1(&a, key(100)), None, "not seen before a rescan");
+    assert_eq!(a.rescan().unwrap(), 5);
+    assert_eq!(b.rescan().unwrap(), 5);
+    assert_eq!(a.rescan().unwrap(), 0, "each pack indexed once");
+    for i in 0..5 {
+        assert_eq!(get1(&a, key(100 + i)), Some(vec![2; 10]));
+        assert_eq!(get1(&b, key(i)), Some(vec![1; 10]));
+    }
+}

@@ -15,7 +15,8 @@ pub struct DiskConfig {
     /// reads it as absent and [`DiskTier::open`](super::DiskTier::open) neither indexes nor
     /// counts it.
     pub max_value_bytes: u64,
-    /// Flush every pack file before its rename and the directory after (off by default).
+    /// Flush every pack file before it is linked into place and the directory after (off by
+    /// default).
     /// Off, a put survives a killed process but not necessarily a power loss; on, a put that
     /// returned survives a power loss too (on a drive that honours flushes), at the cost of
     /// two flushes per pack (a put of up to 1,024 chunks and 4 MiB). See the repository's

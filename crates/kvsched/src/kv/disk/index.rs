@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::ChunkKey;
 
@@ -32,6 +32,8 @@ pub(super) struct Pack {
 pub(super) struct Index {
     pub(super) map: FxHashMap<ChunkKey, Place>,
     pub(super) packs: FxHashMap<u64, Pack>,
+    /// Every pack number indexed or found and left alone since open (a rescan skips them).
+    pub(super) seen: FxHashSet<u64>,
     /// Last-use tick → pack, oldest first.
     order: BTreeMap<u64, u64>,
     next_tick: u64,
@@ -61,6 +63,7 @@ impl Index {
         entries: impl IntoIterator<Item = (ChunkKey, u64, u64)>,
     ) -> Vec<u64> {
         self.next_tick += 1;
+        self.seen.insert(id);
         let mut keys = Vec::new();
         let mut emptied = Vec::new();
         let mut live = 0;

@@ -1,6 +1,6 @@
 //! [`DiskTier`]: the chunks of each put packed into one file in a directory (`pack`),
 //! bounded in bytes by evicting whole packs, crash-safe for a killed process (write to a temporary
-//! file, then rename), its index rebuilt by a scan of the packs' tables at open (`scan`).
+//! file, then a hard link into place), its index rebuilt by a scan of the packs' tables at open (`scan`).
 
 use std::fs::{self, File};
 use std::io;
@@ -73,11 +73,12 @@ pub struct DiskCounts {
 /// table — each chunk's key, offset and length, sealed by an xxh3-64 — and then the values
 /// one after the other (at most 1,024 chunks and 4 MiB of values, or one larger value, per
 /// pack; a larger put takes several). A save of 32 chunks of 2 KiB is one file created and
-/// renamed instead of 32: the file system's metadata work, which bounded how fast one file
+/// linked instead of 32: the file system's metadata work, which bounded how fast one file
 /// per chunk could save, is paid once a batch.
 ///
-/// **Crash safety.** A pack is written as `<n>.tmp`, then renamed to `<n>.pack`: a reader
-/// sees the whole pack or none of it. A process killed mid-put leaves at most a temporary
+/// **Crash safety.** A pack is written as `<n>.<pid>.tmp`, then hard-linked as `<m>.pack`
+/// (never replacing a pack already there: a number taken is skipped) and the temporary name
+/// removed: a reader sees the whole pack or none of it. A process killed mid-put leaves at most a temporary
 /// file, which the next [`open`] deletes. Torn or cut packs (a power loss without
 /// [`DiskConfig::fsync`], damage at rest) are refused at open when their table is; a value
 /// damaged or cut inside an intact table is returned as it is, and the chunk codec's length
@@ -92,9 +93,10 @@ pub struct DiskCounts {
 /// under one lock, so the index and the files agree; pack contents are written and read
 /// outside it.
 ///
-/// **Threads.** All I/O runs on the calling thread. One `DiskTier` per directory at a time:
-/// a second process opening the same directory would delete the first one's temporary files
-/// and count capacity separately (not checked).
+/// **Threads and sharing.** All I/O runs on the calling thread. Several `DiskTier`s may
+/// share a directory (engines sharing a store): none replaces another's pack, and
+/// [`rescan`](DiskTier::rescan) indexes what the others wrote since. Each counts capacity on
+/// its own, and an [`open`] deletes every temporary file, another tier's in-flight one too.
 ///
 /// Files of the earlier one-file-per-chunk layout (`ROOT/ab/<key>.chunk`) are not read nor
 /// counted, and left alone.
@@ -104,8 +106,9 @@ pub struct DiskTier {
     root: PathBuf,
     cfg: DiskConfig,
     index: Mutex<Index>,
-    /// The number of the next pack.
+    /// The number of the next pack (and temporary file).
     next_pack: AtomicU64,
+    pid: u32,
     hits: AtomicU64,
     misses: AtomicU64,
     evictions: AtomicU64,
@@ -171,13 +174,15 @@ impl DiskTier {
             stale,
             oversized,
             refused,
-        } = scan::scan(&probe.root, probe.pack_limit(), probe.limit())?;
+            ignored,
+        } = scan::scan(&probe.root, probe.pack_limit(), probe.limit(), None)?;
         // The higher number is the later put: it wins a key both hold. Eviction goes by
         // modification time, oldest first.
         found.sort_unstable_by_key(|p| p.id);
         let next = found.last().map_or(0, |p| p.id.saturating_add(1));
         let mut by_age: Vec<_> = found.iter().map(|p| (p.mtime, p.id)).collect();
         let mut index = Index::default();
+        index.seen.extend(ignored);
         let mut superseded = Vec::new();
         for p in found {
             let live = p.entries.iter().filter(|e| e.off != pack::REMOVED);
@@ -209,6 +214,40 @@ impl DiskTier {
         Ok(tier)
     }
 
+    /// Indexes the packs written to the directory since open by another `DiskTier` on it
+    /// (another engine's, sharing the directory): what a probe for chunks this tier did not
+    /// store calls first. Reads the directory and the tables of the new packs; a key both
+    /// hold becomes the new pack's. Returns how many packs were indexed.
+    ///
+    /// # Errors
+    ///
+    /// An I/O error reading the directory or a table.
+    pub fn rescan(&self) -> Result<usize, TierError> {
+        let seen = self.index.lock().seen.clone();
+        let s = scan::scan(&self.root, self.pack_limit(), self.limit(), Some(&seen))?;
+        let mut found = s.found;
+        found.sort_unstable_by_key(|p| p.id);
+        let mut index = self.index.lock();
+        index.seen.extend(s.ignored);
+        let mut added = 0;
+        for p in found {
+            if index.seen.contains(&p.id) {
+                continue;
+            }
+            // Relaxed: only uniqueness of the number matters.
+            self.next_pack
+                .fetch_max(p.id.saturating_add(1), Ordering::Relaxed);
+            let live = p.entries.iter().filter(|e| e.off != pack::REMOVED);
+            let entries = live.map(|e| (e.key, e.off, e.len));
+            for old in index.insert_pack(p.id, p.len, entries) {
+                self.delete_pack(old);
+            }
+            added += 1;
+        }
+        self.evict_to_fit(&mut index, None, 0);
+        Ok(added)
+    }
+
     /// The tier with an empty index, its open's counts `found`.
     fn unscanned(root: PathBuf, cfg: DiskConfig, found: Found) -> DiskTier {
         DiskTier {
@@ -216,6 +255,7 @@ impl DiskTier {
             cfg,
             index: Mutex::new(Index::default()),
             next_pack: AtomicU64::new(0),
+            pid: std::process::id(),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             evictions: AtomicU64::new(0),

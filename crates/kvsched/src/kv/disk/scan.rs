@@ -11,6 +11,7 @@ use super::read::{read_at, safe_open, Opened};
 use super::write::pack_number;
 use super::{io_err, TEMP_EXT};
 use crate::kv::TierError;
+use rustc_hash::FxHashSet;
 
 /// A pack found.
 pub(super) struct Found {
@@ -32,6 +33,8 @@ pub(super) struct Scan {
     pub oversized: u64,
     /// Pack-named files whose table is not a pack's, left alone and not listed.
     pub refused: u64,
+    /// The numbers of the pack-named files left alone (oversized or refused).
+    pub ignored: Vec<u64>,
 }
 
 /// Walks `ROOT`: deletes every `*.tmp` file, lists every
@@ -39,12 +42,21 @@ pub(super) struct Scan {
 /// never wrote: counted in `oversized`) whose table is intact, each value inside the file
 /// and at most `limit` bytes (else counted in `refused`), and skips anything else (the
 /// `ROOT/ab/` subdirectories of the earlier one-file-per-chunk layout among them).
-pub(super) fn scan(root: &Path, pack_limit: u64, limit: u64) -> Result<Scan, TierError> {
+///
+/// A rescan (`seen` the packs already looked at) leaves temporary files alone (another
+/// `DiskTier` on the directory may be writing them) and skips the packs in `seen`.
+pub(super) fn scan(
+    root: &Path,
+    pack_limit: u64,
+    limit: u64,
+    seen: Option<&FxHashSet<u64>>,
+) -> Result<Scan, TierError> {
     let mut s = Scan {
         found: Vec::new(),
         stale: 0,
         oversized: 0,
         refused: 0,
+        ignored: Vec::new(),
     };
     let dir = fs::read_dir(root).map_err(|e| io_err("read directory", root, e))?;
     for f in dir {
@@ -66,6 +78,9 @@ pub(super) fn scan(root: &Path, pack_limit: u64, limit: u64) -> Result<Scan, Tie
         let Some(id) = pack_number(name) else {
             continue;
         };
+        if seen.is_some_and(|s| s.contains(&id)) {
+            continue;
+        }
         let file = match safe_open(&path, false, u64::MAX)? {
             Opened::File(file) => file,
             Opened::Absent | Opened::Refused => continue,
@@ -73,6 +88,7 @@ pub(super) fn scan(root: &Path, pack_limit: u64, limit: u64) -> Result<Scan, Tie
         let meta = file.metadata().map_err(|e| io_err("stat", &path, e))?;
         if meta.len() > pack_limit {
             s.oversized += 1;
+            s.ignored.push(id);
             continue;
         }
         match read_table(&file, meta.len(), limit).map_err(|e| io_err("read", &path, e))? {
@@ -82,7 +98,10 @@ pub(super) fn scan(root: &Path, pack_limit: u64, limit: u64) -> Result<Scan, Tie
                 len: meta.len(),
                 entries,
             }),
-            None => s.refused += 1,
+            None => {
+                s.refused += 1;
+                s.ignored.push(id);
+            }
         }
     }
     Ok(s)

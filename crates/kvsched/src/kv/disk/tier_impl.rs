@@ -59,7 +59,7 @@ impl Tier for DiskTier {
         Ok(())
     }
 
-    /// Writes the values in packs (temporary file, then rename), evicting as needed. Stops
+    /// Writes the values in packs (temporary file, then a hard link into place), evicting as needed. Stops
     /// at the first I/O error, with the earlier packs stored. A value over the largest is
     /// skipped and reported as [`TierError::Refused`] after the rest are stored.
     fn put(&self, chunks: &[(ChunkKey, Vec<u8>)]) -> Result<(), TierError> {

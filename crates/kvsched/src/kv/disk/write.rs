@@ -1,10 +1,10 @@
 //! The disk tier's writes: a put's chunks split into packs, each written whole to a
-//! temporary file (its table, then its values, in one vectored write), then renamed into
-//! place and indexed under the index lock.
+//! temporary file (its table, then its values, in one vectored write), then hard-linked
+//! into place under a number no pack has, and indexed under the index lock.
 
 use std::fs::{self, OpenOptions};
 use std::io::{self, IoSlice, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::{io_err, is_full, pack, sync_dir, DiskTier, PACK_EXT, TEMP_EXT};
 use crate::kv::{ChunkKey, TierError};
@@ -13,6 +13,8 @@ use crate::sync::Ordering;
 /// Why [`DiskTier::write_temp`] failed: whether the file system is full, and the error.
 struct WriteFailed {
     full: bool,
+    /// The name is another writer's.
+    taken: bool,
     err: TierError,
 }
 
@@ -60,51 +62,74 @@ impl DiskTier {
         let entries = pack::layout(values);
         let table = pack::encode(&entries);
         let len = table.len() as u64 + values.iter().map(|v| v.1.len() as u64).sum::<u64>();
-        // Relaxed: only uniqueness of the number matters.
-        let id = self.next_pack.fetch_add(1, Ordering::Relaxed);
-        let tmp = self.root.join(format!("{id:016x}.{TEMP_EXT}"));
-        match self.write_temp(&tmp, &table, values, len) {
-            Ok(()) => {}
-            Err(WriteFailed { full: true, .. }) => {
-                // Relaxed: statistics only.
-                self.full_writes.fetch_add(1, Ordering::Relaxed);
-                {
-                    let mut index = self.index.lock();
-                    index.lower_capacity(self.cfg.capacity_bytes);
-                    self.evict_to_fit(&mut index, None, len);
-                }
-                self.write_temp(&tmp, &table, values, len).map_err(|f| {
+        let tmp = self.write_retrying(&table, values, len)?;
+        // Published under a number no pack has: a hard link fails rather than replace
+        // another `DiskTier`'s pack of the same number, and a number taken is skipped.
+        let mut index = self.index.lock();
+        let mut tries = 0;
+        let id = loop {
+            // Relaxed: only uniqueness of the number matters.
+            let id = self.next_pack.fetch_add(1, Ordering::Relaxed);
+            let path = self.path_of(id);
+            match fs::hard_link(&tmp, &path) {
+                Ok(()) => break id,
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists && tries < 64 => tries += 1,
+                Err(e) => {
+                    drop(index);
+                    let _ = fs::remove_file(&tmp);
                     // Relaxed: statistics only.
                     self.write_errors.fetch_add(1, Ordering::Relaxed);
-                    f.err
-                })?;
+                    return Err(io_err("link into", &path, e));
+                }
             }
-            Err(f) => {
-                // Relaxed: statistics only.
-                self.write_errors.fetch_add(1, Ordering::Relaxed);
-                return Err(f.err);
-            }
+        };
+        if let Err(e) = fs::remove_file(&tmp) {
+            tracing::warn!(path = %tmp.display(), error = %e, "disk tier: remove temporary");
         }
-        let path = self.path_of(id);
-        {
-            let mut index = self.index.lock();
-            if let Err(e) = fs::rename(&tmp, &path) {
-                drop(index);
-                let _ = fs::remove_file(&tmp);
-                // Relaxed: statistics only.
-                self.write_errors.fetch_add(1, Ordering::Relaxed);
-                return Err(io_err("rename into", &path, e));
-            }
-            let placed = entries.iter().map(|e| (e.key, e.off, e.len));
-            for old in index.insert_pack(id, len, placed) {
-                self.delete_pack(old);
-            }
-            self.evict_to_fit(&mut index, Some(id), 0);
+        let placed = entries.iter().map(|e| (e.key, e.off, e.len));
+        for old in index.insert_pack(id, len, placed) {
+            self.delete_pack(old);
         }
+        self.evict_to_fit(&mut index, Some(id), 0);
+        drop(index);
         if self.cfg.fsync {
             sync_dir(&self.root)?;
         }
         Ok(())
+    }
+
+    /// Writes the pack to a new temporary file (a name no other writer holds), once more
+    /// after a full file system's eviction; its path.
+    fn write_retrying(
+        &self,
+        table: &[u8],
+        values: &[(ChunkKey, &[u8])],
+        len: u64,
+    ) -> Result<PathBuf, TierError> {
+        let mut tries = 0;
+        let mut evicted = false;
+        loop {
+            // Relaxed: only uniqueness of the name matters.
+            let n = self.next_pack.fetch_add(1, Ordering::Relaxed);
+            let tmp = self.root.join(format!("{n:016x}.{}.{TEMP_EXT}", self.pid));
+            match self.write_temp(&tmp, table, values, len) {
+                Ok(()) => return Ok(tmp),
+                Err(WriteFailed { taken: true, .. }) if tries < 64 => tries += 1,
+                Err(WriteFailed { full: true, .. }) if !evicted => {
+                    evicted = true;
+                    // Relaxed: statistics only.
+                    self.full_writes.fetch_add(1, Ordering::Relaxed);
+                    let mut index = self.index.lock();
+                    index.lower_capacity(self.cfg.capacity_bytes);
+                    self.evict_to_fit(&mut index, None, len);
+                }
+                Err(f) => {
+                    // Relaxed: statistics only.
+                    self.write_errors.fetch_add(1, Ordering::Relaxed);
+                    return Err(f.err);
+                }
+            }
+        }
     }
 
     /// Writes a pack (`table`, then `values`, `len` bytes in all) to the new file `tmp`,
@@ -118,6 +143,7 @@ impl DiskTier {
     ) -> Result<(), WriteFailed> {
         let failed = |what: &str, path: &Path, e: io::Error| WriteFailed {
             full: is_full(&e),
+            taken: e.kind() == io::ErrorKind::AlreadyExists,
             err: io_err(what, path, e),
         };
         #[cfg(test)]
