@@ -96,15 +96,18 @@ impl Store {
     }
 
     /// Whether the store holds each key, as a probe for keys this tier did not write. A disk
-    /// tier's own `exists` answers from the index it built at open, which does not see files
-    /// other engines wrote since; the probe looks at the file instead.
+    /// tier's own `exists` answers from its index, which does not see the packs other
+    /// engines wrote since it last looked; the probe indexes those first (`rescan`).
     pub(crate) fn probe(
         &self,
         keys: &[ChunkKey],
         cancel: &CancelToken,
     ) -> Result<Vec<bool>, TierError> {
         match self {
-            Store::Disk(t) => Ok(keys.iter().map(|&k| t.chunk_path(k).is_file()).collect()),
+            Store::Disk(t) => {
+                t.rescan()?;
+                t.exists(keys, cancel)
+            }
             other => other.tier().exists(keys, cancel),
         }
     }

@@ -394,7 +394,11 @@ fn table_loads() {
             continue;
         };
         let mut cp = Copier::new(payload);
-        let paths: Vec<PathBuf> = dl.keys.iter().map(|&k| disk.chunk_path(k)).collect();
+        // The packs that hold the chunks, each read whole once: the same bytes (and the
+        // packs' tables) from the page cache, in as many files as the disk tier wrote.
+        let mut paths: Vec<PathBuf> = dl.keys.iter().filter_map(|&k| disk.pack_path(k)).collect();
+        paths.sort();
+        paths.dedup();
         let mut rbuf = Vec::new();
         let mut rbufs = vec![Vec::new(); dl.keys.len()];
         let mut gbufs = vec![Vec::new(); dl.keys.len()];

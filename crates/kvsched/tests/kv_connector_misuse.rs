@@ -1,7 +1,7 @@
 //! `TierConnector` misuse: a group index past the configured groups is an error, a job with
 //! more groups than the configuration fails their blocks, and dropping a connector over a
-//! hung tier returns within its drop timeout; a save CPU share outside (0, 1] is refused,
-//! naming the field.
+//! hung tier returns within its drop timeout; a save CPU share outside (0, 1] or a save
+//! batch of 0 is refused, naming the field.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -127,4 +127,17 @@ fn a_save_cpu_share_outside_its_range_is_a_config_error_naming_it() {
             Ok(_) => panic!("{share}: accepted"),
         }
     }
+}
+
+#[test]
+fn a_save_batch_of_zero_is_a_config_error_naming_it() {
+    let layout = KvLayout::for_groups(&one_group().groups, 8, 8).expect("layout");
+    let memory: Arc<dyn KvMemory> = Arc::new(HostKvMemory::new(layout, 4).expect("memory"));
+    let cfg = one_group().with_save_batch(0);
+    match TierConnector::new(Arc::new(MemoryTier::new(1 << 20, 1)), memory.clone(), cfg) {
+        Err(e) => assert!(e.to_string().contains("save_batch"), "{e}"),
+        Ok(_) => panic!("a batch of 0 accepted"),
+    }
+    let cfg = one_group().with_save_batch(1);
+    assert!(TierConnector::new(Arc::new(MemoryTier::new(1 << 20, 1)), memory, cfg).is_ok());
 }

@@ -1,5 +1,7 @@
 //! The disk tier: capacity and eviction, reopening, stale temporary files, damage at rest,
-//! concurrent use, and a process killed with SIGKILL in the middle of saving.
+//! concurrent use, and a process killed with SIGKILL in the middle of saving. A put of one
+//! chunk makes a pack of its own, so most tests here see one file per chunk, as they did
+//! when every chunk had its own file.
 
 use std::fs;
 use std::io::{BufRead, BufReader};
@@ -66,7 +68,7 @@ fn temp_files(dir: &Path) -> Vec<PathBuf> {
 fn capacity_is_kept_by_evicting_the_least_recently_used() {
     let dir = tempfile::tempdir().unwrap();
     let codec = ChunkCodec::new(None);
-    let one = codec.encoded_len(1000) as u64;
+    let one = DiskTier::pack_bytes(&[codec.encoded_len(1000) as u64]);
     let t = DiskTier::open(dir.path(), cfg(10 * one)).unwrap();
     for i in 0..10 {
         t.put(&[chunk(&codec, i, 1000)]).unwrap();
@@ -95,7 +97,8 @@ fn capacity_is_kept_by_evicting_the_least_recently_used() {
 #[test]
 fn an_oversized_value_is_refused_and_the_rest_stored() {
     let dir = tempfile::tempdir().unwrap();
-    let t = DiskTier::open(dir.path(), cfg(100)).unwrap();
+    // Room for one pack of a 100-byte value.
+    let t = DiskTier::open(dir.path(), cfg(DiskTier::pack_bytes(&[100]))).unwrap();
     let r = t.put(&[(key(1), vec![0; 101]), (key(2), vec![0; 100])]);
     assert!(matches!(r, Err(TierError::Refused(m)) if m.contains("101 bytes")));
     assert_eq!(get1(&t, key(2)), Some(vec![0; 100]));
@@ -117,7 +120,12 @@ fn reopen_finds_and_verifies_what_was_saved() {
     let mut want: Vec<_> = (0..20).map(key).collect();
     want.sort();
     assert_eq!(keys, want);
-    assert_eq!(t.counts().bytes, 20 * codec.encoded_len(3000) as u64);
+    // One put, one pack.
+    assert_eq!(
+        t.counts().bytes,
+        DiskTier::pack_bytes(&[codec.encoded_len(3000) as u64; 20])
+    );
+    assert_eq!(files(dir.path()).len(), 1);
     let got = t
         .get(&(0..20).map(key).collect::<Vec<_>>(), &CancelToken::new())
         .unwrap();
@@ -137,13 +145,14 @@ fn reopen_over_capacity_evicts_the_oldest_files() {
         // Modification times from the index, oldest first: 0 is the oldest.
         let f = fs::File::options()
             .write(true)
-            .open(t.chunk_path(key(i)))
+            .open(t.pack_path(key(i)).unwrap())
             .unwrap();
         f.set_modified(SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000 + i))
             .unwrap();
     }
     drop(t);
-    let t = DiskTier::open(dir.path(), cfg(650)).unwrap();
+    // Room for six of the ten packs.
+    let t = DiskTier::open(dir.path(), cfg(6 * DiskTier::pack_bytes(&[100]) + 50)).unwrap();
     let held = t
         .exists(&(0..10).map(key).collect::<Vec<_>>(), &CancelToken::new())
         .unwrap();
@@ -159,48 +168,164 @@ fn stale_temp_files_are_removed_at_open_and_foreign_files_kept() {
         let t = DiskTier::open(dir.path(), cfg(1 << 20)).unwrap();
         t.put(&[(key(1), vec![1; 10])]).unwrap();
     }
-    let sub = DiskTier::open(dir.path(), cfg(1 << 20))
-        .unwrap()
-        .chunk_path(key(1))
-        .parent()
-        .unwrap()
-        .to_path_buf();
-    fs::write(sub.join(format!("{}.999.0.tmp", key(1))), b"half a chu").unwrap();
-    fs::write(sub.join("x.tmp"), b"").unwrap();
-    fs::write(sub.join("notes.txt"), b"keep me").unwrap();
-    fs::write(dir.path().join("README"), b"keep me too").unwrap();
+    let root = dir.path();
+    fs::write(root.join("0000000000000007.tmp"), b"half a pac").unwrap();
+    fs::write(root.join("x.tmp"), b"").unwrap();
+    fs::write(root.join("README"), b"keep me").unwrap();
+    // A chunk file of the earlier one-file-per-chunk layout: left alone, not counted.
+    let old = root.join(&format!("{}", key(2))[..2]);
+    fs::create_dir_all(&old).unwrap();
+    fs::write(old.join(format!("{}.chunk", key(2))), b"an old chunk").unwrap();
     let t = DiskTier::open(dir.path(), cfg(1 << 20)).unwrap();
     assert_eq!(t.counts().stale_temps_removed, 2);
     assert!(temp_files(dir.path()).is_empty());
-    assert!(sub.join("notes.txt").exists() && dir.path().join("README").exists());
-    assert_eq!((t.counts().entries, t.counts().bytes), (1, 10));
+    assert!(root.join("README").exists() && old.join(format!("{}.chunk", key(2))).exists());
+    assert_eq!(
+        (t.counts().entries, t.counts().bytes),
+        (1, DiskTier::pack_bytes(&[10]))
+    );
     assert_eq!(get1(&t, key(1)), Some(vec![1; 10]));
+    assert_eq!(get1(&t, key(2)), None);
+}
+
+/// The offset of the first value in a pack of one.
+fn first_value() -> usize {
+    DiskTier::pack_bytes(&[0]) as usize
 }
 
 #[test]
-fn a_file_cut_or_damaged_at_rest_is_caught_by_the_codec() {
+fn a_pack_cut_or_damaged_at_rest_is_caught_by_the_codec() {
     let dir = tempfile::tempdir().unwrap();
     let codec = ChunkCodec::new(None);
     let t = DiskTier::open(dir.path(), cfg(1 << 20)).unwrap();
-    t.put(&[chunk(&codec, 1, 500), chunk(&codec, 2, 500)])
-        .unwrap();
-    let p1 = t.chunk_path(key(1));
+    t.put(&[chunk(&codec, 1, 500)]).unwrap();
+    t.put(&[chunk(&codec, 2, 500)]).unwrap();
+    let p1 = t.pack_path(key(1)).unwrap();
     let full = fs::read(&p1).unwrap();
-    fs::write(&p1, &full[..300]).unwrap();
+    fs::write(&p1, &full[..first_value() + 300]).unwrap();
     let v = get1(&t, key(1)).unwrap();
     assert!(matches!(
         codec.decode(&v, key(1), 0, 500),
         Err(ChunkError::Truncated { have: 300, .. })
     ));
-    let p2 = t.chunk_path(key(2));
+    let p2 = t.pack_path(key(2)).unwrap();
     let mut b = fs::read(&p2).unwrap();
-    b[400] ^= 0x10;
+    b[first_value() + 400] ^= 0x10;
     fs::write(&p2, &b).unwrap();
     let v = get1(&t, key(2)).unwrap();
     assert!(matches!(
         codec.decode(&v, key(2), 0, 500),
         Err(ChunkError::ChecksumMismatch { .. })
     ));
+    // At reopen the cut pack's table points past its end: refused, not indexed.
+    drop(t);
+    let t = DiskTier::open(dir.path(), cfg(1 << 20)).unwrap();
+    assert_eq!((t.counts().refused_packs, t.counts().entries), (1, 1));
+}
+
+#[test]
+fn a_damaged_pack_table_is_refused_at_open_and_the_other_packs_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let codec = ChunkCodec::new(None);
+    let t = DiskTier::open(dir.path(), cfg(1 << 20)).unwrap();
+    t.put(&[chunk(&codec, 1, 500), chunk(&codec, 2, 500)])
+        .unwrap();
+    t.put(&[chunk(&codec, 3, 500)]).unwrap();
+    let p = t.pack_path(key(1)).unwrap();
+    assert_eq!(t.pack_path(key(2)), Some(p.clone()), "one put, one pack");
+    drop(t);
+    let mut b = fs::read(&p).unwrap();
+    b[20] ^= 1; // the first entry's key
+    fs::write(&p, &b).unwrap();
+    let t = DiskTier::open(dir.path(), cfg(1 << 20)).unwrap();
+    let s = t.counts();
+    assert_eq!((s.refused_packs, s.entries), (1, 1), "{s:?}");
+    assert_eq!(get1(&t, key(1)), None);
+    let v = get1(&t, key(3)).unwrap();
+    assert_eq!(
+        codec.decode(&v, key(3), 0, 500).unwrap(),
+        &payload(3, 500)[..]
+    );
+    assert!(p.exists(), "left alone");
+}
+
+#[test]
+fn edits_and_removals_at_rest_survive_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = DiskTier::open(dir.path(), cfg(1 << 20)).unwrap();
+    t.put(&[
+        (key(1), vec![1; 100]),
+        (key(2), vec![2; 100]),
+        (key(3), vec![3; 100]),
+    ])
+    .unwrap();
+    assert!(t
+        .edit_stored(key(1), |v| {
+            v.truncate(40);
+            true
+        })
+        .unwrap());
+    assert!(t
+        .edit_stored(key(2), |v| {
+            v.extend_from_slice(&[9; 20]);
+            true
+        })
+        .unwrap());
+    assert!(t.remove(key(3)).unwrap());
+    assert!(!t.remove(key(3)).unwrap());
+    let check = |t: &DiskTier| {
+        assert_eq!(get1(t, key(1)), Some(vec![1; 40]));
+        let mut two = vec![2; 100];
+        two.extend_from_slice(&[9; 20]);
+        assert_eq!(get1(t, key(2)), Some(two));
+        assert_eq!(get1(t, key(3)), None);
+    };
+    check(&t);
+    drop(t);
+    let t = DiskTier::open(dir.path(), cfg(1 << 20)).unwrap();
+    check(&t);
+    assert_eq!(t.counts().entries, 2);
+}
+
+/// A pack whose every chunk was saved again later is deleted; one that still holds a chunk
+/// is kept, and both puts' values read back.
+#[test]
+fn a_pack_superseded_by_later_puts_is_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = DiskTier::open(dir.path(), cfg(1 << 20)).unwrap();
+    t.put(&[(key(1), vec![1; 10]), (key(2), vec![2; 10])])
+        .unwrap();
+    let first = t.pack_path(key(1)).unwrap();
+    t.put(&[(key(1), vec![3; 10])]).unwrap();
+    assert!(first.exists(), "still holds key 2");
+    t.put(&[(key(2), vec![4; 10])]).unwrap();
+    assert!(!first.exists(), "every key saved again");
+    assert_eq!(files(dir.path()).len(), 2);
+    assert_eq!(
+        (get1(&t, key(1)), get1(&t, key(2))),
+        (Some(vec![3; 10]), Some(vec![4; 10]))
+    );
+    let s = t.counts();
+    assert_eq!(
+        (s.entries, s.bytes, s.evictions),
+        (2, 2 * DiskTier::pack_bytes(&[10]), 0)
+    );
+}
+
+/// A batch larger than a pack takes several, and each value reads back.
+#[test]
+fn a_large_batch_is_split_into_packs() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = DiskTier::open(dir.path(), cfg(64 << 20)).unwrap();
+    let batch: Vec<_> = (0..2100).map(|i| (key(i), payload(i, 64))).collect();
+    t.put(&batch).unwrap();
+    assert_eq!(files(dir.path()).len(), 3, "at most 1,024 chunks a pack");
+    let got = t
+        .get(&(0..2100).map(key).collect::<Vec<_>>(), &CancelToken::new())
+        .unwrap();
+    for (i, v) in got.into_iter().enumerate() {
+        assert_eq!(v, Some(payload(i as u64, 64)), "chunk {i}");
+    }
 }
 
 #[test]
@@ -208,7 +333,7 @@ fn a_file_deleted_behind_the_tier_is_a_miss_and_forgotten() {
     let dir = tempfile::tempdir().unwrap();
     let t = DiskTier::open(dir.path(), cfg(1 << 20)).unwrap();
     t.put(&[(key(1), vec![1; 10])]).unwrap();
-    fs::remove_file(t.chunk_path(key(1))).unwrap();
+    fs::remove_file(t.pack_path(key(1)).unwrap()).unwrap();
     assert_eq!(get1(&t, key(1)), None);
     assert_eq!((t.counts().entries, t.counts().bytes), (0, 0));
 }
@@ -375,7 +500,7 @@ fn sigkill_mid_save_leaves_only_whole_chunks() {
             }
         }
         // Rename is atomic and a killed process's writes stay in the page cache: no torn
-        // chunk file can exist, so every chunk must be whole (a caught one is a defect of the
+        // pack can exist, so every chunk must be whole (a caught one is a defect of the
         // write protocol, though the codec kept it from being used).
         assert_eq!(caught, 0, "round {round}: torn chunk files after SIGKILL");
         assert!(whole > 0);
@@ -385,4 +510,27 @@ fn sigkill_mid_save_leaves_only_whole_chunks() {
         );
     }
     eprintln!("temporary files left by the killed children: {temps_seen}");
+}
+
+/// Two tiers on one directory (two engines sharing it): each publishes its packs under
+/// numbers the other has not taken, so neither replaces the other's, and a rescan indexes
+/// what the other wrote since open.
+#[test]
+fn two_tiers_on_one_directory_keep_and_find_each_others_packs() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = DiskTier::open(dir.path(), cfg(1 << 20)).unwrap();
+    let b = DiskTier::open(dir.path(), cfg(1 << 20)).unwrap();
+    for i in 0..5 {
+        a.put(&[(key(i), vec![1; 10])]).unwrap();
+        b.put(&[(key(100 + i), vec![2; 10])]).unwrap();
+    }
+    assert_eq!(files(dir.path()).len(), 10, "no pack replaced another");
+    assert_eq!(get1(&a, key(100)), None, "not seen before a rescan");
+    assert_eq!(a.rescan().unwrap(), 5);
+    assert_eq!(b.rescan().unwrap(), 5);
+    assert_eq!(a.rescan().unwrap(), 0, "each pack indexed once");
+    for i in 0..5 {
+        assert_eq!(get1(&a, key(100 + i)), Some(vec![2; 10]));
+        assert_eq!(get1(&b, key(i)), Some(vec![1; 10]));
+    }
 }

@@ -1,4 +1,4 @@
-//! The disk tier against what others plant at a chunk's path: a symbolic link to /dev/zero,
+//! The disk tier against what others plant at a pack's path: a symbolic link to /dev/zero,
 //! a FIFO, a sparse 8 GiB file — each read as absent at once, with bounded memory; an
 //! oversized file found at open is neither indexed nor counted against the capacity, so it
 //! evicts nothing.
@@ -43,14 +43,16 @@ fn mkfifo(path: &Path) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// Saves a chunk for every key, then replaces the first file with `plant` and reads it.
+/// Saves a chunk for every key, each in a pack of its own, then replaces the first pack
+/// with `plant` and reads them all.
 fn planted_reads_as_absent(plant: impl FnOnce(&Path)) {
     let dir = tempfile::tempdir().unwrap();
     let t = DiskTier::open(dir.path(), cfg()).unwrap();
     let ks = keys(4);
-    let chunks: Vec<_> = ks.iter().map(|&k| (k, vec![5u8; CHUNK])).collect();
-    t.put(&chunks).unwrap();
-    let path = t.chunk_path(ks[0]);
+    for &k in &ks {
+        t.put(&[(k, vec![5u8; CHUNK])]).unwrap();
+    }
+    let path = t.pack_path(ks[0]).unwrap();
     fs::remove_file(&path).unwrap();
     plant(&path);
     let rss0 = rss_kib();
@@ -90,11 +92,8 @@ fn an_oversized_file_planted_before_open_evicts_nothing() {
         let chunks: Vec<_> = ks[..40].iter().map(|&k| (k, vec![9u8; CHUNK])).collect();
         t.put(&chunks).unwrap();
     }
-    // An 8 GiB sparse file named like a chunk, in its own directory.
-    let probe = DiskTier::open(dir.path(), small).unwrap();
-    let planted = probe.chunk_path(ks[40]);
-    drop(probe);
-    fs::create_dir_all(planted.parent().unwrap()).unwrap();
+    // An 8 GiB sparse file named like a pack.
+    let planted = dir.path().join("00000000000000ff.pack");
     fs::File::create(&planted)
         .unwrap()
         .set_len(8 << 30)
@@ -106,7 +105,8 @@ fn an_oversized_file_planted_before_open_evicts_nothing() {
         (40, 0, 1),
         "{s:?}"
     );
-    assert_eq!(s.bytes, 40 * CHUNK as u64);
+    // A capacity smaller than the largest pack table holds one chunk a pack.
+    assert_eq!(s.bytes, 40 * DiskTier::pack_bytes(&[CHUNK as u64]));
     let got = t.get(&ks, &CancelToken::new()).unwrap();
     assert_eq!(got.iter().filter(|v| v.is_some()).count(), 40);
     // Left alone, not read.

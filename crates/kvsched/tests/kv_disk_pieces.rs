@@ -123,7 +123,7 @@ fn every_piece_lands_byte_for_byte_and_only_bad_chunks_fail() {
                 true
             })
             .expect("edit"));
-        std::fs::remove_file(disk.chunk_path(keys[97])).expect("remove");
+        assert!(disk.remove(keys[97]).expect("remove"));
         let base = 1 + 2 * BLOCKS as u64;
         assert_eq!(
             load(&c, base, deadline),

@@ -7,9 +7,9 @@ between that buffer and its own store, and polled with ``get_finished``. Every m
 the scheduler process and must not block.
 
 :class:`KvschedTierManager` is that tier on kvsched's tiers: ``store="memory"`` (in-process,
-bounded, LRU), ``"disk"`` (one file per chunk, bounded, crash-safe) or ``"redis"`` (a Redis
-server or Redis Cluster, ``url="redis://…"``, ``rediss://`` for TLS). Each block is stored as a
-chunk of kvsched's chunk format (``docs/kv-format.md``): a header naming the key, an xxh3
+bounded, LRU), ``"disk"`` (each batch of chunks in one pack file, bounded, crash-safe) or
+``"redis"`` (a Redis server or Redis Cluster, ``url="redis://…"``, ``rediss://`` for TLS).
+Each block is stored as a chunk of kvsched's chunk format (``docs/kv-format.md``): a header naming the key, an xxh3
 checksum and, with ``mac_key`` (32 bytes, shared by every engine on the store), a keyed BLAKE3
 MAC. Every load checks them, so a damaged, forged or evicted chunk makes the job fail (vLLM
 recomputes the blocks), never delivers wrong KV, and the tier stops answering "present" for a

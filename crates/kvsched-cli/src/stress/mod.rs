@@ -306,7 +306,8 @@ fn max_chunk_bytes(layout: &KvLayout) -> usize {
 }
 
 /// The connector of a run over `groups`: the run's tag, async share and seed; a disk store's
-/// saves (kernel work) take a quarter of a core at most.
+/// saves (kernel work) take a quarter of a core at most, in puts of up to 1,024 chunks (one
+/// pack file each).
 fn connector_config(cfg: &StressConfig, groups: &[CacheGroup]) -> TierConnectorConfig {
     TierConnectorConfig::default()
         .with_groups(groups.to_vec())
@@ -318,6 +319,11 @@ fn connector_config(cfg: &StressConfig, groups: &[CacheGroup]) -> TierConnectorC
             0.25
         } else {
             1.0
+        })
+        .with_save_batch(if matches!(cfg.store, store::StoreSpec::Disk(_)) {
+            1024
+        } else {
+            32
         })
 }
 

@@ -11,7 +11,8 @@
 //!   header (key, group, tokens, length), an xxh3-64 checksum and an optional keyed BLAKE3
 //!   MAC around the payload (specified in the repository's `docs/kv-format.md`);
 //! * `memory_tier` — [`MemoryTier`], in-process, bounded, sharded, LRU per shard;
-//! * `disk` — [`DiskTier`], one file per chunk, bounded, crash-safe for a killed process;
+//! * `disk` — [`DiskTier`], the chunks of each put packed into one file, bounded, crash-safe
+//!   for a killed process;
 //! * `tier_connector` — [`TierConnector`], the connector joining a tier to KV memory:
 //!   lookups from a local index (`key_index`), verified loads (`tier_load`) through reused
 //!   chunk buffers (`buffers`), write-behind saves (`saver`), background existence checks

@@ -67,6 +67,8 @@ pub(crate) struct SaverSettings {
     pub chunk_bytes: usize,
     /// The share of its time each save thread may spend storing (0–1]: see [`Duty`].
     pub cpu_share: f64,
+    /// Most chunks one `put` carries (at least 1).
+    pub batch: usize,
 }
 
 /// Counters of the write-behind.
@@ -117,6 +119,8 @@ struct Shared {
     /// The chunk buffers saves are copied into and sealed in, reused.
     buffers: Buffers,
     cpu_share: f64,
+    /// Most chunks one `put` carries.
+    batch: usize,
 }
 
 /// The write-behind queue and its threads. Dropping it stops the threads: the work still
@@ -137,9 +141,6 @@ impl std::fmt::Debug for Saver {
     }
 }
 
-/// Chunks one `put` carries at most.
-const BATCH: usize = 32;
-
 impl Saver {
     pub(crate) fn start(
         tier: Arc<dyn Tier>,
@@ -155,6 +156,7 @@ impl Saver {
             backoff,
             chunk_bytes,
             cpu_share,
+            batch,
         } = settings;
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue {
@@ -169,6 +171,7 @@ impl Saver {
             pause: Mutex::new(Pause::default()),
             buffers: Buffers::new(chunk_bytes),
             cpu_share,
+            batch: batch.max(1),
         });
         let mut handles = Vec::new();
         for i in 0..threads.max(1) {
@@ -423,7 +426,7 @@ fn run(shared: &Shared, tier: &dyn Tier, codec: &ChunkCodec, index: &KeyIndex, o
             }
             // Relaxed: taken under the queue lock, which `flush` holds while it reads.
             shared.busy.fetch_add(1, Ordering::Relaxed);
-            while saves.len() < BATCH {
+            while saves.len() < shared.batch {
                 let Some(w) = q.work.pop_front() else { break };
                 saves.push(w);
             }

@@ -48,6 +48,7 @@ fn flush_waits_for_a_batch_a_thread_has_taken() {
             backoff: SaveBackoff::default(),
             chunk_bytes: 56,
             cpu_share: 1.0,
+            batch: 32,
         },
     )
     .unwrap_or_else(|e| panic!("{e}"));
@@ -124,6 +125,7 @@ fn saver(tier: &Arc<Filling>, backoff: SaveBackoff) -> Saver {
             backoff,
             chunk_bytes: 56,
             cpu_share: 1.0,
+            batch: 32,
         },
     )
     .unwrap_or_else(|e| panic!("{e}"))

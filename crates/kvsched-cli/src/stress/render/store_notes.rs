@@ -35,7 +35,7 @@ pub(super) fn disk_drop_note(c: &StressConfig, r: &RunReport, who: &str) -> Opti
     }
     let secs = r.elapsed_s.max(1e-9);
     Some(format!(
-        "{who}disk saves: {:.0}% of the {} chunks offered were dropped. Each chunk is a file of its own (create, write, rename: about 100 µs of kernel time each on this kind of file system) and the write-behind takes at most a quarter of a core so that the engine keeps its own, so it stored {} chunks/s against the {} chunks/s offered; the step never waits for it, and a dropped chunk is computed again when its prefix comes back. A store with cheaper writes (memory, redis) keeps up",
+        "{who}disk saves: {:.0}% of the {} chunks offered were dropped. The write-behind takes at most a quarter of a core so that the engine keeps its own (each batch of up to 1,024 chunks is one pack file: create, write, rename), and it stored {} chunks/s against the {} chunks/s offered; the step never waits for it, and a dropped chunk is computed again when its prefix comes back",
         share * 100.0,
         count(offered),
         count((saved as f64 / secs) as u64),

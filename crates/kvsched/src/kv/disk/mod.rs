@@ -1,26 +1,31 @@
-//! [`DiskTier`]: one file per chunk in a directory, bounded in bytes, crash-safe for a killed
-//! process (write to a temporary file, then rename), its index rebuilt by a scan at open
-//! (`scan`).
+//! [`DiskTier`]: the chunks of each put packed into one file in a directory (`pack`),
+//! bounded in bytes by evicting whole packs, crash-safe for a killed process (write to a temporary
+//! file, then a hard link into place), its index rebuilt by a scan of the packs' tables at open (`scan`).
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::fs::{self, File};
+use std::io;
 use std::path::{Path, PathBuf};
 
-use super::tier::check_into_lens;
-use super::{ChunkKey, Tier, TierError};
-use crate::connector::CancelToken;
+use super::{ChunkKey, TierError};
 use crate::sync::{AtomicU64, Mutex, Ordering};
 
 mod config;
+mod edit;
 mod index;
+mod pack;
 mod read;
 mod scan;
+mod tier_impl;
+mod write;
 
 pub use config::DiskConfig;
 use index::Index;
 
-const CHUNK_EXT: &str = "chunk";
+const PACK_EXT: &str = "pack";
 const TEMP_EXT: &str = "tmp";
+/// The value bytes a pack holds at most (unless one value is larger): what a put's batch
+/// is split at, and what eviction frees at a time.
+const PACK_BYTES: u64 = 4 << 20;
 
 /// What a [`DiskTier`] has done since it was opened.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -30,61 +35,79 @@ pub struct DiskCounts {
     pub hits: u64,
     /// Keys `get` did not find.
     pub misses: u64,
-    /// Chunk files deleted to make room (at open too, if the directory was over capacity).
+    /// Chunks deleted to make room, with the pack that held them (at open too, if the
+    /// directory was over capacity).
     pub evictions: u64,
-    /// Bytes of chunk files held now.
+    /// Bytes of pack files held now (tables included, and the bytes of values a later put
+    /// replaced while their pack still holds others).
     pub bytes: u64,
-    /// Chunk files held now.
+    /// Chunks held now.
     pub entries: u64,
     /// Temporary files of an earlier process removed at open.
     pub stale_temps_removed: u64,
-    /// Files at a chunk's path that the tier could never have written (longer than the
-    /// largest value): left alone at open, not indexed nor counted against the capacity.
+    /// Files at a pack's path that the tier could never have written (longer than the
+    /// largest pack): left alone at open, not indexed nor counted against the capacity.
     pub oversized_ignored: u64,
-    /// Reads refused because the chunk's path held no regular file of at most the largest
-    /// value (a symbolic link, a FIFO, a device, an oversized file): each read as absent.
+    /// Reads refused because the chunk's pack path held no regular file of at most the
+    /// largest pack (a symbolic link, a FIFO, a device, an oversized file): each read as
+    /// absent.
     pub refused_reads: u64,
-    /// Chunk writes that found the file system full (`ENOSPC`, `EDQUOT`) before the tier's
+    /// Pack writes that found the file system full (`ENOSPC`, `EDQUOT`) before the tier's
     /// capacity. Each lowers the capacity in force to the bytes held then and evicts the
-    /// oldest chunks to make room, then writes once more.
+    /// oldest packs to make room, then writes once more.
     pub full_writes: u64,
-    /// Puts of a chunk that failed (nothing stored for it): the write after a full file
-    /// system's eviction failed too, or another I/O error (a read-only file system, …).
+    /// Puts of a pack that failed (nothing stored for its chunks): the write after a full
+    /// file system's eviction failed too, or another I/O error (a read-only file system, …).
     pub write_errors: u64,
     /// The capacity in force: [`DiskConfig::capacity_bytes`], or less once the file system
     /// was found full (see `full_writes`).
     pub capacity_bytes: u64,
+    /// Files named like a pack whose table is not one the tier wrote (cut, damaged, entries
+    /// outside the file or longer than the largest value), found at open: left alone, not
+    /// indexed nor counted.
+    pub refused_packs: u64,
 }
 
-/// Chunks as files under a root directory: `ROOT/ab/<32 hex digits of the key>.chunk`, where
-/// `ab` is the key's first pair of hex digits, so 256 subdirectories (made as needed) share
-/// the files, 1/256 of them each on average. (One level, not two: a second level of 65,536
-/// directories made one directory per chunk for the first tens of thousands of chunks, and
-/// on ext4 a `mkdir` costs as much as the chunk's own file.)
+/// The chunks of each put packed into files under a root directory:
+/// `ROOT/<16 hex digits>.pack`, numbered in the order they were written. A pack holds a
+/// table — each chunk's key, offset and length, sealed by an xxh3-64 — and then the values
+/// one after the other (at most 1,024 chunks and 4 MiB of values, or one larger value, per
+/// pack; a larger put takes several). A save of 32 chunks of 2 KiB is one file created and
+/// linked instead of 32: the file system's metadata work, which bounded how fast one file
+/// per chunk could save, is paid once a batch.
 ///
-/// **Crash safety.** A put writes `…/<key>.<pid>.<n>.tmp` in the chunk's own directory, then
-/// renames it over `<key>.chunk`: a reader sees the old file or the new one, whole. A
-/// process killed mid-put leaves at most a temporary file, which the next [`open`] deletes.
-/// Torn or cut files (a power loss without [`DiskConfig::fsync`], damage at rest) are returned
-/// as they are: the chunk codec's length and checksum checks refuse them at load.
+/// **Crash safety.** A pack is written as `<n>.<pid>.tmp`, then hard-linked as `<m>.pack`
+/// (never replacing a pack already there: a number taken is skipped) and the temporary name
+/// removed: a reader sees the whole pack or none of it. A process killed mid-put leaves at most a temporary
+/// file, which the next [`open`] deletes. Torn or cut packs (a power loss without
+/// [`DiskConfig::fsync`], damage at rest) are refused at open when their table is; a value
+/// damaged or cut inside an intact table is returned as it is, and the chunk codec's length
+/// and checksum checks refuse it at load.
 ///
-/// **Index and eviction.** [`open`] scans the directory and rebuilds the index (key → file
-/// length) and the byte count, so a fresh process finds what the last one saved. Eviction is
-/// least recently used within a process (puts and get hits are uses) and oldest
-/// modification time first for what was found at open. Renames, index updates and eviction
-/// deletes happen under one lock, so the index and the files agree; file contents are written
-/// and read outside it.
+/// **Index and eviction.** [`open`] reads every pack's table and rebuilds the index (key →
+/// pack, offset, length) and the byte count, so a fresh process finds what the last one
+/// saved; a key in several packs is the newest pack's. Eviction deletes whole packs, least
+/// recently used first within a process (a put and a `get` hit are uses of the pack) and
+/// oldest modification time first for what was found at open; a pack whose every chunk was
+/// saved again later is deleted at once. Renames, index updates and eviction deletes happen
+/// under one lock, so the index and the files agree; pack contents are written and read
+/// outside it.
 ///
-/// **Threads.** All I/O runs on the calling thread. One `DiskTier` per directory at a time:
-/// a second process opening the same directory would delete the first one's temporary files
-/// and count capacity separately (not checked).
+/// **Threads and sharing.** All I/O runs on the calling thread. Several `DiskTier`s may
+/// share a directory (engines sharing a store): none replaces another's pack, and
+/// [`rescan`](DiskTier::rescan) indexes what the others wrote since. Each counts capacity on
+/// its own, and an [`open`] deletes every temporary file, another tier's in-flight one too.
+///
+/// Files of the earlier one-file-per-chunk layout (`ROOT/ab/<key>.chunk`) are not read nor
+/// counted, and left alone.
 ///
 /// [`open`]: DiskTier::open
 pub struct DiskTier {
     root: PathBuf,
     cfg: DiskConfig,
     index: Mutex<Index>,
-    seq: AtomicU64,
+    /// The number of the next pack (and temporary file).
+    next_pack: AtomicU64,
     pid: u32,
     hits: AtomicU64,
     misses: AtomicU64,
@@ -94,16 +117,11 @@ pub struct DiskTier {
     write_errors: AtomicU64,
     stale_temps_removed: u64,
     oversized_ignored: u64,
-    /// Tests: a file system that holds this many bytes of chunk files (writes past it fail
+    refused_packs: u64,
+    /// Tests: a file system that holds this many bytes of pack files (writes past it fail
     /// with `ENOSPC`), or that is read-only (`u64::MAX - 1`: every write fails with `EROFS`).
     #[cfg(test)]
     test_fs: AtomicU64,
-}
-
-/// Why [`DiskTier::write_temp`] failed: whether the file system is full, and the error.
-struct WriteFailed {
-    full: bool,
-    err: TierError,
 }
 
 /// Whether `e` says the file system (or the user's quota) is full.
@@ -135,40 +153,108 @@ fn sync_dir(path: &Path) -> Result<(), TierError> {
         .map_err(|e| io_err("sync directory", path, e))
 }
 
+/// What [`DiskTier::open`] found, for the counts.
+#[derive(Clone, Copy, Default)]
+struct Found {
+    stale: u64,
+    oversized: u64,
+    refused: u64,
+}
+
 impl DiskTier {
     /// Opens (creating it if needed) the tier in `root`: deletes stale temporary files,
-    /// indexes every chunk file, and evicts the oldest if they exceed the capacity. Entries
-    /// that are not the tier's are left alone and not counted.
+    /// indexes every pack, and evicts the oldest if they exceed the capacity. Entries that
+    /// are not the tier's are left alone and not counted.
     pub fn open(root: impl Into<PathBuf>, cfg: DiskConfig) -> Result<DiskTier, TierError> {
         let root = root.into();
         fs::create_dir_all(&root).map_err(|e| io_err("create directory", &root, e))?;
-        let limit = cfg.max_value_bytes.min(cfg.capacity_bytes);
+        let probe = DiskTier::unscanned(root, cfg, Found::default());
         let scan::Scan {
             mut found,
             stale,
             oversized,
-        } = scan::scan(&root, limit)?;
-        found.sort_unstable();
+            refused,
+            ignored,
+        } = scan::scan(&probe.root, probe.pack_limit(), probe.limit(), None)?;
+        // The higher number is the later put: it wins a key both hold. Eviction goes by
+        // modification time, oldest first.
+        found.sort_unstable_by_key(|p| p.id);
+        let next = found.last().map_or(0, |p| p.id.saturating_add(1));
+        let mut by_age: Vec<_> = found.iter().map(|p| (p.mtime, p.id)).collect();
         let mut index = Index::default();
-        for (_, key, len) in found {
-            index.insert(key, len);
+        index.seen.extend(ignored);
+        let mut superseded = Vec::new();
+        for p in found {
+            let live = p.entries.iter().filter(|e| e.off != pack::REMOVED);
+            let entries = live.map(|e| (e.key, e.off, e.len));
+            superseded.extend(index.insert_pack(p.id, p.len, entries));
+        }
+        by_age.sort_unstable();
+        for (_, id) in by_age {
+            index.use_pack(id);
         }
         if stale > 0 && cfg.fsync {
-            sync_dir(&root)?;
+            sync_dir(&probe.root)?;
         }
-        let tier = DiskTier::unscanned(root, cfg, stale, oversized);
+        let tier = DiskTier::unscanned(
+            probe.root,
+            cfg,
+            Found {
+                stale,
+                oversized,
+                refused,
+            },
+        );
+        tier.next_pack.store(next, Ordering::Relaxed);
+        for id in superseded {
+            tier.delete_pack(id);
+        }
         tier.evict_to_fit(&mut index, None, 0);
         *tier.index.lock() = index;
         Ok(tier)
     }
 
-    /// The tier with an empty index, its open's counts `stale` and `oversized`.
-    fn unscanned(root: PathBuf, cfg: DiskConfig, stale: u64, oversized: u64) -> DiskTier {
+    /// Indexes the packs written to the directory since open by another `DiskTier` on it
+    /// (another engine's, sharing the directory): what a probe for chunks this tier did not
+    /// store calls first. Reads the directory and the tables of the new packs; a key both
+    /// hold becomes the new pack's. Returns how many packs were indexed.
+    ///
+    /// # Errors
+    ///
+    /// An I/O error reading the directory or a table.
+    pub fn rescan(&self) -> Result<usize, TierError> {
+        let seen = self.index.lock().seen.clone();
+        let s = scan::scan(&self.root, self.pack_limit(), self.limit(), Some(&seen))?;
+        let mut found = s.found;
+        found.sort_unstable_by_key(|p| p.id);
+        let mut index = self.index.lock();
+        index.seen.extend(s.ignored);
+        let mut added = 0;
+        for p in found {
+            if index.seen.contains(&p.id) {
+                continue;
+            }
+            // Relaxed: only uniqueness of the number matters.
+            self.next_pack
+                .fetch_max(p.id.saturating_add(1), Ordering::Relaxed);
+            let live = p.entries.iter().filter(|e| e.off != pack::REMOVED);
+            let entries = live.map(|e| (e.key, e.off, e.len));
+            for old in index.insert_pack(p.id, p.len, entries) {
+                self.delete_pack(old);
+            }
+            added += 1;
+        }
+        self.evict_to_fit(&mut index, None, 0);
+        Ok(added)
+    }
+
+    /// The tier with an empty index, its open's counts `found`.
+    fn unscanned(root: PathBuf, cfg: DiskConfig, found: Found) -> DiskTier {
         DiskTier {
             root,
             cfg,
             index: Mutex::new(Index::default()),
-            seq: AtomicU64::new(0),
+            next_pack: AtomicU64::new(0),
             pid: std::process::id(),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
@@ -176,8 +262,9 @@ impl DiskTier {
             refused_reads: AtomicU64::new(0),
             full_writes: AtomicU64::new(0),
             write_errors: AtomicU64::new(0),
-            stale_temps_removed: stale,
-            oversized_ignored: oversized,
+            stale_temps_removed: found.stale,
+            oversized_ignored: found.oversized,
+            refused_packs: found.refused,
             #[cfg(test)]
             test_fs: AtomicU64::new(u64::MAX),
         }
@@ -188,28 +275,20 @@ impl DiskTier {
         &self.root
     }
 
-    /// The file that holds (or would hold) the chunk of `key`.
-    pub fn chunk_path(&self, key: ChunkKey) -> PathBuf {
-        // One formatting of the key and one allocation of the path (a load makes one per
-        // chunk).
-        let hex = key.to_string();
-        let mut s = std::ffi::OsString::with_capacity(
-            self.root.as_os_str().len() + hex.len() + CHUNK_EXT.len() + 5,
-        );
-        s.push(self.root.as_os_str());
-        let mut p = PathBuf::from(s);
-        p.push(&hex[0..2]);
-        p.push(&hex);
-        // The name is hex digits: no dot for `set_extension` to replace.
-        p.set_extension(CHUNK_EXT);
-        p
+    /// The pack file that holds the chunk of `key`, if the index holds it.
+    pub fn pack_path(&self, key: ChunkKey) -> Option<PathBuf> {
+        let pack = self.index.lock().map.get(&key)?.pack;
+        Some(self.path_of(pack))
     }
 
-    fn chunk_dir(&self, key: ChunkKey) -> PathBuf {
-        let hex = key.to_string();
-        let mut p = self.root.clone();
-        p.push(&hex[0..2]);
-        p
+    /// The file of pack `id`.
+    fn path_of(&self, id: u64) -> PathBuf {
+        self.root.join(format!("{id:016x}.{PACK_EXT}"))
+    }
+
+    /// The bytes of a pack file holding values of the lengths `value_lens`, in one put.
+    pub fn pack_bytes(value_lens: &[u64]) -> u64 {
+        pack::table_len(value_lens.len()) + value_lens.iter().sum::<u64>()
     }
 
     /// Every key indexed now, in no particular order.
@@ -240,264 +319,62 @@ impl DiskTier {
             full_writes: self.full_writes.load(Ordering::Relaxed),
             write_errors: self.write_errors.load(Ordering::Relaxed),
             capacity_bytes,
+            refused_packs: self.refused_packs,
         }
     }
 
-    /// Deletes the least recently used files (never `keep`) until the index, with `room`
+    /// Deletes the least recently used packs (never `keep`) until the index, with `room`
     /// bytes more, fits the capacity in force. Called with the index lock held (or on the
     /// index before it is shared).
-    fn evict_to_fit(&self, index: &mut Index, keep: Option<ChunkKey>, room: u64) {
+    fn evict_to_fit(&self, index: &mut Index, keep: Option<u64>, room: u64) {
         let cap = index.capacity(self.cfg.capacity_bytes);
         while index.bytes.saturating_add(room) > cap {
-            let Some(&victim) = index.order.values().next() else {
+            let Some(victim) = index.oldest() else {
                 break;
             };
             if Some(victim) == keep {
-                // Only the newest value is left, and it fits by the put's size check.
+                // Only the newest pack is left, and it fits by the put's size check.
                 break;
             }
-            index.remove(victim);
+            let chunks = index.drop_pack(victim);
             // Relaxed: statistics only.
-            self.evictions.fetch_add(1, Ordering::Relaxed);
-            let path = self.chunk_path(victim);
-            match fs::remove_file(&path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => tracing::warn!(path = %path.display(), error = %e, "disk tier: evict"),
-            }
+            self.evictions.fetch_add(chunks as u64, Ordering::Relaxed);
+            self.delete_pack(victim);
         }
     }
 
-    /// Writes `value` to a new temporary file in `dir`, flushed if configured; a file that
-    /// could not be written whole is removed.
-    fn write_temp(&self, dir: &Path, key: ChunkKey, value: &[u8]) -> Result<PathBuf, WriteFailed> {
-        let failed = |what: &str, path: &Path, e: io::Error| WriteFailed {
-            full: is_full(&e),
-            err: io_err(what, path, e),
-        };
-        #[cfg(test)]
-        if let Some(e) = self.test_write_error(value.len() as u64) {
-            return Err(failed("write", dir, e));
-        }
-        // Relaxed: only uniqueness of the name matters.
-        let n = self.seq.fetch_add(1, Ordering::Relaxed);
-        let tmp = dir.join(format!("{key}.{}.{n}.{TEMP_EXT}", self.pid));
-        let mut f = match OpenOptions::new().write(true).create_new(true).open(&tmp) {
-            Ok(f) => f,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                fs::create_dir_all(dir).map_err(|e| failed("create directory", dir, e))?;
-                if self.cfg.fsync {
-                    sync_dir(&self.root).map_err(|err| WriteFailed { full: false, err })?;
-                }
-                OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .open(&tmp)
-                    .map_err(|e| failed("create", &tmp, e))?
-            }
-            Err(e) => return Err(failed("create", &tmp, e)),
-        };
-        let written = f.write_all(value).and_then(|()| {
-            if self.cfg.fsync {
-                f.sync_data()
-            } else {
-                Ok(())
-            }
-        });
-        if let Err(e) = written {
-            drop(f);
-            let _ = fs::remove_file(&tmp);
-            return Err(failed("write", &tmp, e));
-        }
-        Ok(tmp)
-    }
-
-    /// Writes `value` as the chunk of `key`. A file system full before the capacity makes
-    /// the bytes held now the capacity in force (the index counts file contents, the file
-    /// system blocks and directories too): the oldest chunks are evicted to make room and the
-    /// write is tried once more. The index counts a chunk only once its file is in place.
-    fn put_one(&self, key: ChunkKey, value: &[u8]) -> Result<(), TierError> {
-        let dir = self.chunk_dir(key);
-        let tmp = match self.write_temp(&dir, key, value) {
-            Ok(tmp) => tmp,
-            Err(WriteFailed { full: true, .. }) => {
-                // Relaxed: statistics only.
-                self.full_writes.fetch_add(1, Ordering::Relaxed);
-                {
-                    let mut index = self.index.lock();
-                    index.lower_capacity(self.cfg.capacity_bytes);
-                    self.evict_to_fit(&mut index, None, value.len() as u64);
-                }
-                self.write_temp(&dir, key, value).map_err(|f| {
-                    // Relaxed: statistics only.
-                    self.write_errors.fetch_add(1, Ordering::Relaxed);
-                    f.err
-                })?
-            }
-            Err(f) => {
-                // Relaxed: statistics only.
-                self.write_errors.fetch_add(1, Ordering::Relaxed);
-                return Err(f.err);
-            }
-        };
-        let path = self.chunk_path(key);
-        {
-            let mut index = self.index.lock();
-            if let Err(e) = fs::rename(&tmp, &path) {
-                drop(index);
-                let _ = fs::remove_file(&tmp);
-                // Relaxed: statistics only.
-                self.write_errors.fetch_add(1, Ordering::Relaxed);
-                return Err(io_err("rename into", &path, e));
-            }
-            index.insert(key, value.len() as u64);
-            self.evict_to_fit(&mut index, Some(key), 0);
-        }
-        if self.cfg.fsync {
-            sync_dir(&dir)?;
-        }
-        Ok(())
-    }
-
-    /// The failure a test set for a write of `len` bytes (see `test_fs`).
-    #[cfg(test)]
-    fn test_write_error(&self, len: u64) -> Option<io::Error> {
-        let fs = self.test_fs.load(Ordering::Relaxed);
-        if fs == u64::MAX - 1 {
-            return Some(io::Error::from_raw_os_error(libc::EROFS));
-        }
-        let held = self.index.lock().bytes;
-        (held.saturating_add(len) > fs).then(|| io::Error::from_raw_os_error(libc::ENOSPC))
-    }
-
-    /// The largest value accepted and file read.
-    fn limit(&self) -> u64 {
-        self.cfg.max_value_bytes.min(self.cfg.capacity_bytes)
-    }
-}
-
-impl Tier for DiskTier {
-    fn name(&self) -> &str {
-        "disk"
-    }
-
-    /// An open, a `statx` and a read per chunk whatever the batch: nothing to save by
-    /// batching, so a load reads it piece by piece and copies each piece out of cache.
-    fn costs_per_call(&self) -> bool {
-        false
-    }
-
-    /// From the index alone (no I/O): a hint, as the trait says.
-    fn exists(&self, keys: &[ChunkKey], cancel: &CancelToken) -> Result<Vec<bool>, TierError> {
-        if cancel.is_cancelled() {
-            return Err(TierError::Cancelled);
-        }
-        let index = self.index.lock();
-        Ok(keys.iter().map(|k| index.map.contains_key(k)).collect())
-    }
-
-    /// Reads each key's file on the calling thread, checking `cancel` before each.
-    fn get(
-        &self,
-        keys: &[ChunkKey],
-        cancel: &CancelToken,
-    ) -> Result<Vec<Option<Vec<u8>>>, TierError> {
-        let mut out = Vec::with_capacity(keys.len());
-        for &k in keys {
-            if cancel.is_cancelled() {
-                return Err(TierError::Cancelled);
-            }
-            let mut buf = Vec::new();
-            let got = self.get_one(k, cancel, &mut buf)?;
-            out.push(got.then_some(buf));
-        }
-        Ok(out)
-    }
-
-    /// Reads each key's file into its buffer on the calling thread (the buffer's capacity
-    /// reused: the kernel copies from the page cache straight into it), checking `cancel`
-    /// before each.
-    fn get_into(
-        &self,
-        keys: &[ChunkKey],
-        cancel: &CancelToken,
-        bufs: &mut [Vec<u8>],
-        held: &mut [bool],
-    ) -> Result<(), TierError> {
-        check_into_lens(keys.len(), bufs.len(), held.len())?;
-        for ((&k, buf), h) in keys.iter().zip(bufs.iter_mut()).zip(held.iter_mut()) {
-            if cancel.is_cancelled() {
-                return Err(TierError::Cancelled);
-            }
-            *h = self.get_one(k, cancel, buf)?;
-        }
-        Ok(())
-    }
-
-    /// Writes each value (temporary file, then rename), evicting as needed. Stops at the
-    /// first I/O error, with the earlier values stored. A value over the capacity is
-    /// skipped and reported as [`TierError::Refused`] after the rest are stored.
-    fn put(&self, chunks: &[(ChunkKey, Vec<u8>)]) -> Result<(), TierError> {
-        let mut refused = None;
-        for (k, v) in chunks {
-            if v.len() as u64 > self.limit() {
-                refused.get_or_insert((*k, v.len()));
-                continue;
-            }
-            self.put_one(*k, v)?;
-        }
-        match refused {
-            None => Ok(()),
-            Some((k, len)) => Err(TierError::Refused(format!(
-                "value for key {k}: {len} bytes, more than the disk tier's largest value ({} \
-                 bytes)",
-                self.limit()
-            ))),
-        }
-    }
-}
-
-/// Editing a stored value in place: what a repair tool or the test kit's fault injection
-/// (`kvsched_testkit::FaultyTier`) uses to change a file at rest exactly as real damage would.
-impl DiskTier {
-    /// Reads the file of `key`, lets `edit` change its bytes, and writes them back into the
-    /// same file (no atomic rename: this is damage at rest, not a store). Returns what `edit`
-    /// returned, or `false` when no value is held.
-    pub fn edit_stored(
-        &self,
-        key: ChunkKey,
-        edit: impl FnOnce(&mut Vec<u8>) -> bool,
-    ) -> Result<bool, TierError> {
-        let Some((mut f, len, path)) = self.open_stored(key)? else {
-            return Ok(false);
-        };
-        let mut v = Vec::with_capacity(len.min(self.limit()) as usize);
-        f.read_to_end(&mut v)
-            .map_err(|e| io_err("edit", &path, e))?;
-        if !edit(&mut v) {
-            return Ok(false);
-        }
-        let mut index = self.index.lock();
-        f.seek(SeekFrom::Start(0))
-            .and_then(|_| f.write_all(&v))
-            .and_then(|()| f.set_len(v.len() as u64))
-            .map_err(|e| io_err("edit", &path, e))?;
-        if index.map.contains_key(&key) {
-            index.insert(key, v.len() as u64);
-        }
-        Ok(true)
-    }
-
-    /// Deletes the file of `key`; `false` if there was none.
-    pub fn remove(&self, key: ChunkKey) -> Result<bool, TierError> {
-        let path = self.chunk_path(key);
-        let mut index = self.index.lock();
-        index.remove(key);
+    /// Deletes the file of pack `id` (no longer indexed).
+    fn delete_pack(&self, id: u64) {
+        let path = self.path_of(id);
         match fs::remove_file(&path) {
-            Ok(()) => Ok(true),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-            Err(e) => Err(io_err("remove", &path, e)),
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!(path = %path.display(), error = %e, "disk tier: delete pack"),
         }
+    }
+
+    /// The largest value accepted: `max_value_bytes`, or what a pack of one value within
+    /// the capacity holds if that is less.
+    fn limit(&self) -> u64 {
+        self.cfg
+            .max_value_bytes
+            .min(self.cfg.capacity_bytes.saturating_sub(pack::table_len(1)))
+    }
+
+    /// The value bytes a pack of several values takes at most: [`PACK_BYTES`], or what the
+    /// capacity holds beside the largest table if that is less, so that every pack fits the
+    /// capacity. (A pack of one value takes up to the largest value.)
+    fn pack_budget(&self) -> u64 {
+        PACK_BYTES.min(
+            self.cfg
+                .capacity_bytes
+                .saturating_sub(pack::table_len(pack::MAX_ENTRIES)),
+        )
+    }
+
+    /// The largest pack file written, read or indexed.
+    fn pack_limit(&self) -> u64 {
+        pack::table_len(pack::MAX_ENTRIES).saturating_add(self.pack_budget().max(self.limit()))
     }
 }
 

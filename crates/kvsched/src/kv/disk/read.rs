@@ -1,47 +1,125 @@
-//! The disk tier's reads: a chunk's file opened safely (no symbolic link followed, no FIFO
-//! waited for, checked on the open descriptor) and read into the caller's buffer.
+//! The disk tier's reads: a chunk's pack opened safely (no symbolic link followed, no FIFO
+//! waited for, checked on the open descriptor) and its value read at its offset into the
+//! caller's buffer.
 
 use std::fs::{File, OpenOptions};
-use std::io::{self, Read};
-use std::path::{Path, PathBuf};
+use std::io;
+use std::path::Path;
 
+use super::index::Place;
 use super::{io_err, DiskTier};
 use crate::connector::CancelToken;
 use crate::kv::{ChunkKey, TierError};
 use crate::sync::Ordering;
 
+/// What [`DiskTier::read_into`] found.
+enum Read {
+    /// The index holds no such key.
+    NotIndexed,
+    /// The key's pack file is gone.
+    Gone(Place),
+    /// Its path holds something the tier never writes.
+    Refused,
+    /// The value's bytes (those still in the file) are in the buffer.
+    Got,
+}
+
+/// The pack file a batch of reads opened last: its number and descriptor.
+pub(super) type OpenPack = Option<(u64, File)>;
+
+/// Reads up to `buf.len()` bytes at `off` of `f`: fewer only at the end of the file.
+pub(super) fn read_at(f: &File, buf: &mut [u8], off: u64) -> io::Result<usize> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileExt;
+        let mut at = 0;
+        while at < buf.len() {
+            match f.read_at(&mut buf[at..], off + at as u64) {
+                Ok(0) => break,
+                Ok(n) => at += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(at)
+    }
+    #[cfg(not(unix))]
+    {
+        use std::io::{Read, Seek, SeekFrom};
+        let mut f = f;
+        f.seek(SeekFrom::Start(off))?;
+        let mut at = 0;
+        while at < buf.len() {
+            match f.read(&mut buf[at..]) {
+                Ok(0) => break,
+                Ok(n) => at += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(at)
+    }
+}
+
+/// Writes all of `buf` at `off` of `f`.
+pub(super) fn write_at(f: &File, buf: &[u8], off: u64) -> io::Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileExt;
+        f.write_all_at(buf, off)
+    }
+    #[cfg(not(unix))]
+    {
+        use std::io::{Seek, SeekFrom, Write};
+        let mut f = f;
+        f.seek(SeekFrom::Start(off))?;
+        f.write_all(buf)
+    }
+}
+
 impl DiskTier {
-    /// Reads the file of `key` into `buf`: its length set to the file's (its capacity and
+    /// Reads the value of `key` into `buf`: its length set to the value's (its capacity and
     /// bytes reused, so a buffer that held a chunk of this size takes the next without
-    /// allocating or zeroing), then filled by reads of exactly the bytes `fstat` gave, at
-    /// most 4 MiB each with `cancel` checked before each — an open, a `statx` and one read
-    /// per chunk of up to 4 MiB, no read past the end to find it. `false`, the buffer empty,
-    /// if there is no such file, or if what sits at its path is not a regular file of at
-    /// most [`limit`](Self::limit) bytes (see [`safe_open`]): such a file is not one the tier
-    /// wrote. A file cut while it is read gives the bytes read (its decode then fails); one
-    /// that grows gives its first `fstat` length of bytes, never more than the limit.
-    pub(super) fn read_into(
+    /// allocating or zeroing), then filled by reads at its offset, at most 4 MiB each with
+    /// `cancel` checked before each. `open` keeps the pack file last opened, so consecutive
+    /// keys of one pack pay one open. The buffer is empty unless the value was read; a refused
+    /// read is one where what sits at its path is not a regular
+    /// file of at most the largest pack (see [`safe_open`]): such a file is not one the tier
+    /// wrote. A pack cut behind the tier's back gives the bytes still there (their decode
+    /// then fails).
+    fn read_into(
         &self,
         key: ChunkKey,
         cancel: &CancelToken,
         buf: &mut Vec<u8>,
-    ) -> Result<bool, TierError> {
-        let path = self.chunk_path(key);
-        let (mut f, len) = match safe_open(&path, false, self.limit())? {
-            Opened::File(f, len) => (f, len),
-            Opened::Absent => {
-                buf.clear();
-                return Ok(false);
-            }
-            Opened::Refused => {
-                buf.clear();
-                // Relaxed: statistics only.
-                self.refused_reads.fetch_add(1, Ordering::Relaxed);
-                return Ok(false);
-            }
+        open: &mut OpenPack,
+    ) -> Result<Read, TierError> {
+        let Some(place) = self.index.lock().map.get(&key).copied() else {
+            buf.clear();
+            return Ok(Read::NotIndexed);
         };
-        // `len` ≤ the limit, a `u64` the tier could allocate when it wrote the file.
-        let len = usize::try_from(len).map_err(|_| {
+        let path = self.path_of(place.pack);
+        if open.as_ref().is_none_or(|(id, _)| *id != place.pack) {
+            *open = None;
+            match safe_open(&path, false, self.pack_limit())? {
+                Opened::File(f) => *open = Some((place.pack, f)),
+                Opened::Absent => {
+                    buf.clear();
+                    return Ok(Read::Gone(place));
+                }
+                Opened::Refused => {
+                    buf.clear();
+                    // Relaxed: statistics only.
+                    self.refused_reads.fetch_add(1, Ordering::Relaxed);
+                    return Ok(Read::Refused);
+                }
+            }
+        }
+        let Some((_, f)) = open.as_ref() else {
+            return Ok(Read::Gone(place));
+        };
+        // `place.len` ≤ the largest value, a `u64` the tier could allocate when it wrote it.
+        let len = usize::try_from(place.len).map_err(|_| {
             TierError::Unavailable(format!("disk tier: read {}: too large", path.display()))
         })?;
         if buf.len() >= len {
@@ -62,10 +140,13 @@ impl DiskTier {
                 return Err(TierError::Cancelled);
             }
             let end = len.min(at + SLICE);
-            match f.read(&mut buf[at..end]) {
-                Ok(0) => break,
-                Ok(n) => at += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            match read_at(f, &mut buf[at..end], place.off + at as u64) {
+                Ok(n) => {
+                    at += n;
+                    if at < end {
+                        break; // the end of the file
+                    }
+                }
                 Err(e) => {
                     buf.clear();
                     return Err(io_err("read", &path, e));
@@ -73,52 +154,47 @@ impl DiskTier {
             }
         }
         buf.truncate(at);
-        Ok(true)
+        Ok(Read::Got)
     }
 
-    /// Reads `key` into `buf` and keeps the index and counters: a hit is a use; a miss of an
-    /// indexed key whose file is gone forgets it.
+    /// Reads `key` into `buf` and keeps the index and counters: a hit is a use of its pack;
+    /// a key whose pack file is gone forgets the pack.
     pub(super) fn get_one(
         &self,
         key: ChunkKey,
         cancel: &CancelToken,
         buf: &mut Vec<u8>,
+        open: &mut OpenPack,
     ) -> Result<bool, TierError> {
-        let got = self.read_into(key, cancel, buf)?;
+        let got = match self.read_into(key, cancel, buf, open)? {
+            Read::Got => true,
+            Read::Gone(place) => {
+                let mut index = self.index.lock();
+                // Deleted behind the tier's back: forget the pack (unless a put just moved
+                // the key to a new one).
+                if index.map.get(&key) == Some(&place) && !self.path_of(place.pack).exists() {
+                    index.drop_pack(place.pack);
+                }
+                false
+            }
+            Read::NotIndexed | Read::Refused => false,
+        };
         if got {
             self.index.lock().touch(key);
             // Relaxed: statistics only.
             self.hits.fetch_add(1, Ordering::Relaxed);
         } else {
-            let mut index = self.index.lock();
-            // Deleted behind the tier's back: forget it (unless a put just re-created it).
-            if index.map.contains_key(&key) && !self.chunk_path(key).exists() {
-                index.remove(key);
-            }
-            drop(index);
             // Relaxed: statistics only.
             self.misses.fetch_add(1, Ordering::Relaxed);
         }
         Ok(got)
     }
-
-    /// Opens the file of `key` for an edit; `None` if absent.
-    pub(super) fn open_stored(
-        &self,
-        key: ChunkKey,
-    ) -> Result<Option<(File, u64, PathBuf)>, TierError> {
-        let path = self.chunk_path(key);
-        match safe_open(&path, true, self.limit())? {
-            Opened::File(f, len) => Ok(Some((f, len, path))),
-            Opened::Absent | Opened::Refused => Ok(None),
-        }
-    }
 }
 
-/// What [`safe_open`] found at a chunk's path.
-enum Opened {
-    /// A regular file and its length.
-    File(File, u64),
+/// What [`safe_open`] found at a pack's path.
+pub(super) enum Opened {
+    /// A regular file.
+    File(File),
     /// Nothing.
     Absent,
     /// Something the tier never writes: a symbolic link, a FIFO, a device, a directory, a
@@ -126,10 +202,10 @@ enum Opened {
     Refused,
 }
 
-/// Opens the chunk file at `path` without following a symbolic link and without blocking
+/// Opens the pack file at `path` without following a symbolic link and without blocking
 /// (a FIFO opens at once instead of waiting for a writer), then checks on the open file
 /// itself (no race with a rename) that it is a regular file of at most `limit` bytes.
-fn safe_open(path: &Path, write: bool, limit: u64) -> Result<Opened, TierError> {
+pub(super) fn safe_open(path: &Path, write: bool, limit: u64) -> Result<Opened, TierError> {
     let mut open = OpenOptions::new();
     open.read(true).write(write);
     #[cfg(unix)]
@@ -151,5 +227,5 @@ fn safe_open(path: &Path, write: bool, limit: u64) -> Result<Opened, TierError> 
     if !meta.is_file() || meta.len() > limit {
         return Ok(Opened::Refused);
     }
-    Ok(Opened::File(f, meta.len()))
+    Ok(Opened::File(f))
 }

@@ -1,100 +1,126 @@
-//! The walk of a disk tier's directory at open: which files are chunks, which are stale
-//! temporary files (deleted), and what is left alone.
+//! The walk of a disk tier's directory at open: which files are packs (their tables read
+//! and checked), which are stale temporary files (deleted), and what is left alone.
 
 use std::fs;
 use std::io;
 use std::path::Path;
 use std::time::SystemTime;
 
-use super::io_err;
-use crate::kv::{ChunkKey, TierError};
+use super::pack::{self, Entry};
+use super::read::{read_at, safe_open, Opened};
+use super::write::pack_number;
+use super::{io_err, TEMP_EXT};
+use crate::kv::TierError;
+use rustc_hash::FxHashSet;
+
+/// A pack found.
+pub(super) struct Found {
+    pub mtime: SystemTime,
+    pub id: u64,
+    /// The file's length.
+    pub len: u64,
+    /// Its table's entries, tombstones included.
+    pub entries: Vec<Entry>,
+}
 
 /// What the walk found.
 pub(super) struct Scan {
-    /// Each chunk file in its own directory: (modification time, key, length), unordered.
-    pub found: Vec<(SystemTime, ChunkKey, u64)>,
+    /// Each intact pack, unordered.
+    pub found: Vec<Found>,
     /// Temporary files deleted.
     pub stale: u64,
-    /// Chunk files longer than the largest value, left alone and not listed.
+    /// Pack-named files longer than the largest pack, left alone and not listed.
     pub oversized: u64,
+    /// Pack-named files whose table is not a pack's, left alone and not listed.
+    pub refused: u64,
+    /// The numbers of the pack-named files left alone (oversized or refused).
+    pub ignored: Vec<u64>,
 }
 
-/// Walks `ROOT/ab/`: deletes every `*.tmp` file, lists every `<key>.chunk` regular file
-/// whose directory matches its key (only those can be found by `get`) and whose length is at
-/// most `limit` (a longer one the tier never wrote: counted in `oversized`), skips anything
-/// else (the `ROOT/ab/cd/` subdirectories of the earlier two-level layout among them).
-pub(super) fn scan(root: &Path, limit: u64) -> Result<Scan, TierError> {
-    let mut found = Vec::new();
-    let mut stale = 0u64;
-    let mut oversized = 0u64;
-    for a in read_dir(root)? {
-        let a = a.map_err(|e| io_err("read directory", root, e))?;
-        let an = a.file_name();
-        let Some(hi) = an.to_str().and_then(hex_pair) else {
+/// Walks `ROOT`: deletes every `*.tmp` file, lists every
+/// `<16 hex digits>.pack` regular file of at most `pack_limit` bytes (a longer one the tier
+/// never wrote: counted in `oversized`) whose table is intact, each value inside the file
+/// and at most `limit` bytes (else counted in `refused`), and skips anything else (the
+/// `ROOT/ab/` subdirectories of the earlier one-file-per-chunk layout among them).
+///
+/// A rescan (`seen` the packs already looked at) leaves temporary files alone (another
+/// `DiskTier` on the directory may be writing them) and skips the packs in `seen`.
+pub(super) fn scan(
+    root: &Path,
+    pack_limit: u64,
+    limit: u64,
+    seen: Option<&FxHashSet<u64>>,
+) -> Result<Scan, TierError> {
+    let mut s = Scan {
+        found: Vec::new(),
+        stale: 0,
+        oversized: 0,
+        refused: 0,
+        ignored: Vec::new(),
+    };
+    let dir = fs::read_dir(root).map_err(|e| io_err("read directory", root, e))?;
+    for f in dir {
+        let f = f.map_err(|e| io_err("read directory", root, e))?;
+        let path = f.path();
+        let name = f.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if name
+            .strip_suffix(TEMP_EXT)
+            .is_some_and(|n| n.ends_with('.'))
+        {
+            match fs::remove_file(&path) {
+                Ok(()) => s.stale += 1,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io_err("remove stale temporary", &path, e)),
+            }
+            continue;
+        }
+        let Some(id) = pack_number(name) else {
             continue;
         };
-        let dir = a.path();
-        if !dir.is_dir() {
+        if seen.is_some_and(|s| s.contains(&id)) {
             continue;
         }
-        for f in read_dir(&dir)? {
-            let f = f.map_err(|e| io_err("read directory", &dir, e))?;
-            let path = f.path();
-            let name = f.file_name();
-            let Some(name) = name.to_str() else { continue };
-            if name.ends_with(".tmp") {
-                match fs::remove_file(&path) {
-                    Ok(()) => stale += 1,
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(io_err("remove stale temporary", &path, e)),
-                }
-                continue;
+        let file = match safe_open(&path, false, u64::MAX)? {
+            Opened::File(file) => file,
+            Opened::Absent | Opened::Refused => continue,
+        };
+        let meta = file.metadata().map_err(|e| io_err("stat", &path, e))?;
+        if meta.len() > pack_limit {
+            s.oversized += 1;
+            s.ignored.push(id);
+            continue;
+        }
+        match read_table(&file, meta.len(), limit).map_err(|e| io_err("read", &path, e))? {
+            Some(entries) => s.found.push(Found {
+                mtime: meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+                id,
+                len: meta.len(),
+                entries,
+            }),
+            None => {
+                s.refused += 1;
+                s.ignored.push(id);
             }
-            // Only a chunk in its own directory can be found by `get`.
-            let Some(key) = chunk_name_key(name) else {
-                continue;
-            };
-            if (key.0 >> 120) as u8 != hi {
-                continue;
-            }
-            let meta = f.metadata().map_err(|e| io_err("stat", &path, e))?;
-            if !meta.is_file() {
-                continue;
-            }
-            if meta.len() > limit {
-                oversized += 1;
-                continue;
-            }
-            let mtime = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
-            found.push((mtime, key, meta.len()));
         }
     }
-    Ok(Scan {
-        found,
-        stale,
-        oversized,
-    })
+    Ok(s)
 }
 
-/// `Some(byte)` if `s` is two lowercase hex digits.
-fn hex_pair(s: &str) -> Option<u8> {
-    if s.len() != 2 || !s.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f')) {
-        return None;
+/// The entries of the pack `file` (`len` bytes); `None` if its table is not a pack's.
+pub(super) fn read_table(file: &fs::File, len: u64, limit: u64) -> io::Result<Option<Vec<Entry>>> {
+    let mut head = [0u8; pack::HEAD_LEN as usize];
+    if read_at(file, &mut head, 0)? < head.len() {
+        return Ok(None);
     }
-    u8::from_str_radix(s, 16).ok()
-}
-
-/// The key of a file named `<32 lowercase hex digits>.chunk`.
-fn chunk_name_key(name: &str) -> Option<ChunkKey> {
-    let hex = name.strip_suffix(".chunk")?;
-    if hex.len() != 32 || !hex.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f')) {
-        return None;
+    let Ok(n) = pack::count(&head) else {
+        return Ok(None);
+    };
+    let mut t = vec![0u8; pack::table_len(n) as usize];
+    if read_at(file, &mut t, 0)? < t.len() {
+        return Ok(None);
     }
-    u128::from_str_radix(hex, 16).ok().map(ChunkKey)
-}
-
-fn read_dir(path: &Path) -> Result<fs::ReadDir, TierError> {
-    fs::read_dir(path).map_err(|e| io_err("read directory", path, e))
+    Ok(pack::parse(&t, len, limit).ok())
 }
 
 #[cfg(test)]
@@ -103,21 +129,11 @@ mod tests {
 
     #[test]
     fn file_names_parse_only_when_exact() {
-        let k = ChunkKey(0xabcd_0000_0000_0000_0000_0000_0000_0001);
-        assert_eq!(chunk_name_key(&format!("{k}.chunk")), Some(k));
-        assert_eq!(chunk_name_key(&format!("{k}.chunkx")), None);
-        assert_eq!(chunk_name_key(&format!("{k}0.chunk")), None);
-        assert_eq!(
-            chunk_name_key("ABCD0000000000000000000000000001.chunk"),
-            None
-        );
-        assert_eq!(
-            chunk_name_key("+bcd0000000000000000000000000001.chunk"),
-            None
-        );
-        assert_eq!(hex_pair("ab"), Some(0xab));
-        assert_eq!(hex_pair("a"), None);
-        assert_eq!(hex_pair("+1"), None);
-        assert_eq!(hex_pair("AB"), None);
+        assert_eq!(pack_number("00000000000000ff.pack"), Some(255));
+        assert_eq!(pack_number("00000000000000ff.packx"), None);
+        assert_eq!(pack_number("00000000000000ff0.pack"), None);
+        assert_eq!(pack_number("00000000000000FF.pack"), None);
+        assert_eq!(pack_number("+0000000000000ff.pack"), None);
+        assert_eq!(pack_number("00000000000000ffpack"), None);
     }
 }

@@ -1,11 +1,13 @@
 //! Unit tests of the disk tier.
 use super::*;
 
+use crate::connector::CancelToken;
+use crate::kv::Tier;
+
 #[test]
-fn chunk_path_fans_out_by_the_first_hex_pair() {
-    let t = DiskTier::unscanned(PathBuf::from("/r"), DiskConfig::default(), 0, 0);
-    let k = ChunkKey(0x12ab_0000_0000_0000_0000_0000_0000_00ff);
-    assert_eq!(t.chunk_path(k), PathBuf::from(format!("/r/12/{k}.chunk")));
+fn packs_are_numbered_files_in_the_root() {
+    let t = DiskTier::unscanned(PathBuf::from("/r"), DiskConfig::default(), Found::default());
+    assert_eq!(t.path_of(0x12ab), PathBuf::from("/r/00000000000012ab.pack"));
 }
 
 fn tier(dir: &tempfile::TempDir) -> DiskTier {
@@ -27,7 +29,7 @@ fn tier(dir: &tempfile::TempDir) -> DiskTier {
 fn a_full_file_system_lowers_the_capacity_and_evicts() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let t = tier(&dir);
-    t.test_fs.store(1000, Ordering::Relaxed); // ten 100-byte chunks
+    t.test_fs.store(1000, Ordering::Relaxed); // six packs of one 100-byte chunk
     for i in 0..30u128 {
         t.put(&[(ChunkKey(i + 1), vec![i as u8; 100])])
             .unwrap_or_else(|e| panic!("put {i}: {e}"));
