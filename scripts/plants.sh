@@ -104,11 +104,14 @@ declare -A TESTS=(
   # runtime/policy/load_cost.rs: the load cost leaves out the recompute a failed load leaves
   # behind, so the cost policy keeps loading from a tier whose loads all fail.
   [cost-ignores-failures]="kvsched --lib runtime::policy::load_cost;kvsched-cli --test cli_load_policy"
+  # runtime/policy/load_cost.rs: the failure share of loads is read as each token's risk, so
+  # a hit on a tier that fails now and then is recomputed whole instead of loading its head.
+  [failure-share-read-per-token]="kvsched --lib runtime::policy::load_cost"
 )
 ORDER=(decide-early claim-store late-leak panic-ok trust-stale end-while-loading no-cross-shard-preempt lookup-uncaught shard-panic-escapes
   mamba-align-cache-unwritten saver-flush-early register-unwritten reoffer-unwritten park-unstarted baseline-no-second-chance holder-release-unrecorded unaligned-chunks prompt-end-state-uncached
   branch-state-uncached mamba-state-one-block-late mamba-state-into-null tier-present-after-failed-load scan-one-group-less load-unverified save-payload-offset epoch-not-bumped-on-whole-block-write failed-copy-left-unpoisoned
-  probe-hits-unindexed vllm-admits-before-schedule cost-ignores-failures)
+  probe-hits-unindexed vllm-admits-before-schedule cost-ignores-failures failure-share-read-per-token)
 
 if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi
 
