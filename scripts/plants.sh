@@ -113,11 +113,14 @@ declare -A TESTS=(
   # kv/disk/pack.rs: each value's offset in a pack's table (and the index) is one checksum's
   # width late, so a disk tier read returns the wrong bytes (and a reopen refuses the pack).
   [pack-offset-past-table]="kvsched --test kv_disk;kvsched --lib kv::disk"
+  # runtime/policy/load_cost.rs: the failure share of loads is read as each token's risk, so
+  # a hit on a tier that fails now and then is recomputed whole instead of loading its head.
+  [failure-share-read-per-token]="kvsched --lib runtime::policy::load_cost"
 )
 ORDER=(decide-early claim-store late-leak panic-ok trust-stale end-while-loading no-cross-shard-preempt lookup-uncaught shard-panic-escapes
   mamba-align-cache-unwritten saver-flush-early register-unwritten reoffer-unwritten park-unstarted baseline-no-second-chance holder-release-unrecorded unaligned-chunks prompt-end-state-uncached
   branch-state-uncached mamba-state-one-block-late mamba-state-into-null tier-present-after-failed-load scan-one-group-less load-unverified save-payload-offset epoch-not-bumped-on-whole-block-write failed-copy-left-unpoisoned load-pieces-drop-tail vector-store-skips-round
-  probe-hits-unindexed vllm-admits-before-schedule cost-ignores-failures pack-offset-past-table)
+  probe-hits-unindexed vllm-admits-before-schedule cost-ignores-failures pack-offset-past-table failure-share-read-per-token)
 
 if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi
 

@@ -28,18 +28,28 @@ fn load_policy_line(r: &RunReport, policy: LoadPolicy, rate: f64) -> String {
                 t.p99 / 1e3
             )
         });
+    let failed = if lp.estimate_failure > 0.0 {
+        format!(
+            ", failed loads taking {:.1} ms",
+            lp.estimate_failed_us / 1e3
+        )
+    } else {
+        String::new()
+    };
     let estimate = format!(
-        "the tier's estimate at the end: {} loads measured, {:.1} µs + {:.1} ns/token a load, recent failure share {:.1}% (a moving average over the last few loads)",
+        "the tier's estimate at the end: {} loads measured, {:.1} µs + {:.1} ns/token a load that lands, recent failure share {:.1}% of loads of {} tokens on average (a damped moving average over the last loads){failed}",
         count(lp.estimate_samples),
         lp.estimate_latency_us,
         lp.estimate_ns_per_token,
-        lp.estimate_failure * 100.0
+        lp.estimate_failure * 100.0,
+        count(lp.estimate_mean_tokens.round() as u64)
     );
     let what = match policy {
         LoadPolicy::Cost if lp.declined_requests > 0 => format!(
-            "{} hits ({} tokens) recomputed instead of loaded: loading them would have taken longer than recomputing at {} tokens/s ({} probes loaded anyway to measure the tier again)",
+            "{} hits not loaded whole ({} tokens recomputed instead; {} of them loaded their head, where a longer load risked more in failures than it saved): loading them would have taken longer than recomputing at {} tokens/s, with the requests waiting behind ({} probes loaded anyway to measure the tier again)",
             count(lp.declined_requests),
             count(lp.declined_tokens),
+            count(lp.partial_requests),
             count(rate.round() as u64),
             count(lp.probes)
         ),

@@ -3,29 +3,41 @@
 //!
 //! A hit is a run of tokens past the local prefix, served by one or more tiers in order
 //! ([`TierHit`]: the tokens a tier serves and that tier's [`TierEstimate`], measured as the run
-//! goes by `runtime::load_estimate`). The engine recomputes a token in `c = 1e9 / compute_rate`
-//! ns. The rule, under [`LoadPolicy::Cost`]:
+//! goes by `runtime::load_estimate`). The rule, under [`LoadPolicy::Cost`]:
 //!
-//! * **The cost of loading a tier's segment** of `n` tokens is `Q + L + n·B + f·n·c`: the wait
-//!   for a worker `Q`, the tier's latency `L` and per-token time `B` (1 / bandwidth), and, with
-//!   the share `f` of its recent loads that failed, the recompute a failed load leaves behind.
-//!   A tier with no measured load yet costs nothing (it is loaded: that is how it gets
-//!   measured).
+//! * **What a recomputed token costs.** The engine recomputes a token in `c₀ = 1e9 /
+//!   compute_rate` ns, and while it does, the `w` requests waiting behind this one for
+//!   admission wait too; a load runs on a worker beside the engine and delays only its own
+//!   request. A recomputed token therefore costs `c = c₀·(1 + w)`.
+//! * **A load of `m` tokens fails** with probability `p(m) = 1 − (1 − f)^(m / n̄)`: the share `f`
+//!   of the tier's recent loads that failed, of `n̄` tokens on average, read as a constant risk
+//!   per token (a chunk read that times out or comes back damaged fails the load), so a long
+//!   load fails more often than a short one.
+//! * **The cost of loading the first `m` tokens of a tier's segment** is
+//!   `E(m) = Q + (1 − p)·(L + m·B) + p·(T + m·c)`: the wait for a worker `Q`; if the load
+//!   lands, the tier's latency `L` and per-token time `B` (1 / bandwidth); if it fails, the
+//!   time a failed load took `T` (at least `L`: a deadline passed, typically) and the recompute
+//!   it leaves behind. A tier with no measured load yet costs nothing (it is loaded: that is how
+//!   it gets measured).
 //! * **The cost of loading the first `k` tokens** of the hit is the sum of the costs of the
-//!   segments they cover, plus `(H − k)·c` to recompute the rest of the hit (`H` tokens). The
-//!   load stops only at a segment's end (`k` is 0, a segment boundary or `H`): inside one
-//!   segment the cost is linear in the tokens, so its best point is one of its ends.
+//!   segments they cover (the last one maybe in part), plus `(H − k)·c` to recompute the rest
+//!   of the hit (`H` tokens). Inside a segment, `E(m) − m·c = Q + T − e^(−λm)·(T − L + m·(c −
+//!   B))` with `λ = −ln(1 − f) / n̄`, least at `m* = 1/λ − (T − L)/(c − B)` (the function is
+//!   unimodal): so the load stops at 0, at a segment's end, or at a segment's `m*`, where a
+//!   longer load risks more in failures than it saves.
 //! * **The request loads the `k` of least cost**, the largest such `k` on a tie (so a tier
-//!   whose loads cost no more than recomputing is loaded whole, as `always` would).
-//! * **A probe loads the whole hit** whatever the estimate says: the caller grants one probe
-//!   per tier and probe interval (`Settings::load_probe_interval`), so a tier that stopped
-//!   being loaded is measured again and recovers its share when it recovers.
+//!   that never fails and whose loads cost no more than recomputing is loaded whole, as
+//!   `always` would). The caller rounds `k` down to where every group can resume.
+//! * **A probe** is granted by the caller once per tier and probe interval
+//!   (`Settings::load_probe_interval`) to an admission the rule would load less of: it loads
+//!   up to the tokens at which half the tier's loads would fail (`ln 2 / λ`; the whole hit for
+//!   a tier that does not fail), so a tier that stopped being loaded is measured again, with a
+//!   load likely to land, and recovers its share when it recovers.
 //!
-//! Monotone by construction: a segment whose cost goes down (a faster tier, a shorter queue,
-//! fewer failures) can only move the least-cost `k` to or past its end, never before it; a
-//! segment whose cost goes up, only to or before its start. A faster engine (a smaller `c`)
-//! never loads more. Under [`LoadPolicy::Always`] the whole hit is loaded, under
-//! [`LoadPolicy::Never`] none of it.
+//! Monotone, one tier (the runtime's case; the properties test it): more failures, a deeper
+//! queue or a faster engine never load more; a faster tier (a smaller latency, per-token and
+//! failed-load time), more requests waiting behind, never load less. Under
+//! [`LoadPolicy::Always`] the whole hit is loaded, under [`LoadPolicy::Never`] none of it.
 //!
 //! Plain data in, plain data out: no atomics, no allocation (called at every admission).
 
@@ -61,41 +73,143 @@ impl LoadPolicy {
 pub struct TierEstimate {
     /// Loads measured so far (0: nothing is known, and the tier's loads cost nothing).
     pub samples: u64,
-    /// Fixed time of one load, ns.
+    /// Fixed time of one load that landed, ns.
     pub latency_ns: f64,
-    /// Time per loaded token, ns (1 / bandwidth).
+    /// Time per loaded token of a load that landed, ns (1 / bandwidth).
     pub ns_per_token: f64,
     /// Wait before a worker starts a load dispatched now, ns (the loads ahead of it).
     pub queue_ns: f64,
     /// Share of the tier's recent loads that failed (0–1).
     pub failure: f64,
+    /// Mean tokens of the tier's recent loads, those `failure` counts (0: unknown; the share
+    /// is then taken for any load, whatever its length).
+    pub mean_tokens: f64,
+    /// Mean time a failed load took, ns (to its failed completion, or to its deadline).
+    pub failed_ns: f64,
     /// Loads of the tier in flight now (dispatched, not returned).
     pub in_flight: u64,
 }
 
+/// One tier's estimate as the rule weighs it, for an engine recomputing a token in `c` ns:
+/// every term finite and non-negative.
+#[derive(Clone, Copy, Debug)]
+struct Terms {
+    q: f64,
+    l: f64,
+    b: f64,
+    /// A failed load's time, at least `l`.
+    t: f64,
+    /// Failure risk per token (0: never fails; infinite: every load fails).
+    lambda: f64,
+    c: f64,
+}
+
+fn finite(x: f64) -> f64 {
+    if x.is_finite() {
+        x.max(0.0)
+    } else {
+        0.0
+    }
+}
+
+impl Terms {
+    fn of(e: &TierEstimate, c: f64) -> Terms {
+        // (Planted bug `cost-ignores-failures`: a failing tier costs what a healthy one does.)
+        let f = if planted!("cost-ignores-failures") || e.failure.is_nan() {
+            0.0
+        } else {
+            e.failure.clamp(0.0, 1.0)
+        };
+        let l = finite(e.latency_ns);
+        let n = finite(e.mean_tokens);
+        let lambda = if f <= 0.0 {
+            0.0
+        } else if f >= 1.0 {
+            f64::INFINITY
+        } else if n > 0.0 && !planted!("failure-share-read-per-token") {
+            // (Planted bug `failure-share-read-per-token`, scripts/plants.sh: the share of
+            // loads that failed is taken for the risk of each token, as if loads were one
+            // token long, so any hit longer than a few tokens looks certain to fail.)
+            -(1.0 - f).ln() / n
+        } else {
+            // No sizes known: the share is taken for any load (a risk reached at one token).
+            -(1.0 - f).ln()
+        };
+        Terms {
+            q: finite(e.queue_ns),
+            l,
+            b: finite(e.ns_per_token),
+            t: finite(e.failed_ns).max(l),
+            lambda,
+            c: finite(c),
+        }
+    }
+
+    /// `P(the load of m tokens lands)`.
+    fn lands(&self, m: f64) -> f64 {
+        if self.lambda == 0.0 {
+            1.0
+        } else if self.lambda.is_infinite() {
+            0.0
+        } else {
+            (-self.lambda * m).exp()
+        }
+    }
+
+    /// `E(m) − m·c`: what loading the first `m` tokens of the segment adds to recomputing
+    /// them (negative: the load saves time); 0 for `m = 0`.
+    fn delta(&self, m: f64) -> f64 {
+        if m <= 0.0 {
+            return 0.0;
+        }
+        if self.lambda.is_infinite() {
+            // Every load fails: never loaded (nor anything past it).
+            return f64::INFINITY;
+        }
+        let g = self.lands(m);
+        let d = self.q + g * (self.l + m * self.b) + (1.0 - g) * (self.t + m * self.c) - m * self.c;
+        if d.is_nan() {
+            0.0
+        } else {
+            d
+        }
+    }
+
+    /// The interior `m*` (`1/λ − (T − L)/(c − B)`) where a longer load starts to risk more
+    /// than it saves, when it lies inside `(0, n)`.
+    fn interior(&self, n: f64) -> Option<f64> {
+        let d = self.c - self.b;
+        if self.lambda == 0.0 || self.lambda.is_infinite() || d <= 0.0 {
+            return None;
+        }
+        let m = 1.0 / self.lambda - (self.t - self.l) / d;
+        (m > 0.0 && m < n).then_some(m)
+    }
+}
+
 impl TierEstimate {
     /// The expected cost, ns, of loading `tokens` tokens from the tier for an engine that
-    /// recomputes a token in `recompute_ns` (the module docs give the formula); 0 for an
-    /// unmeasured tier or no tokens.
+    /// recomputes a token in `recompute_ns` (the module docs give the formula: the failed
+    /// share of loads that long recomputes them); 0 for an unmeasured tier or no tokens.
     pub fn load_ns(&self, tokens: u64, recompute_ns: f64) -> f64 {
         if self.samples == 0 || tokens == 0 {
             return 0.0;
         }
         let n = tokens as f64;
-        let f = if planted!("cost-ignores-failures") {
-            0.0 // a failing tier costs what a healthy one does
-        } else {
-            self.failure.clamp(0.0, 1.0)
-        };
-        let cost = self.queue_ns.max(0.0)
-            + self.latency_ns.max(0.0)
-            + n * self.ns_per_token.max(0.0)
-            + f * n * recompute_ns;
-        if cost.is_nan() {
-            0.0
-        } else {
-            cost
+        let terms = Terms::of(self, recompute_ns);
+        if terms.lambda.is_infinite() {
+            // Every load fails: its wait, then the recompute.
+            return terms.q + terms.t + n * terms.c;
         }
+        terms.delta(n) + n * terms.c
+    }
+
+    /// The probability that a load of `tokens` tokens from the tier fails, by the estimate.
+    pub fn failure_of(&self, tokens: u64) -> f64 {
+        if self.samples == 0 || tokens == 0 {
+            return 0.0;
+        }
+        1.0 - Terms::of(self, 0.0).lands(tokens as f64)
     }
 }
 
@@ -108,14 +222,35 @@ pub struct TierHit {
     pub estimate: TierEstimate,
 }
 
+/// What the engine's side of the comparison is: its compute rate, and the requests that wait
+/// behind this one while it recomputes.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Engine {
+    /// Prompt tokens a second (0 or not finite: recomputing is taken as free).
+    pub compute_rate: f64,
+    /// Requests waiting for admission behind this one.
+    pub waiting_behind: u64,
+}
+
+impl Engine {
+    /// `c`, ns: what a recomputed token costs (module docs).
+    pub fn recompute_ns(&self) -> f64 {
+        if self.compute_rate > 0.0 && self.compute_rate.is_finite() {
+            1e9 / self.compute_rate * (1.0 + self.waiting_behind as f64)
+        } else {
+            0.0
+        }
+    }
+}
+
 /// Why a hit was loaded as far as it was.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LoadReason {
     /// Policy `always`, or no hit: the whole hit is loaded.
     Always,
-    /// Loading the chosen tokens costs no more than recomputing them.
+    /// Loading the chosen tokens (all, part or none of the hit) costs least.
     Cheaper,
-    /// The estimate said recompute, but this admission is its tier's probe: loaded whole.
+    /// The estimate said load less, but this admission is its tier's probe.
     Probe,
     /// Policy `never`: nothing is loaded.
     Never,
@@ -136,26 +271,23 @@ pub struct LoadDecision {
     pub recompute_all_ns: f64,
 }
 
-/// The tokens of a hit (`hit`, one entry per tier in order) to load under `policy` for an
-/// engine computing `compute_rate` tokens per second; `probe` when this admission is its
-/// tier's probe. Never more than the hit's tokens; see the module docs for the rule.
+/// The tokens of a hit (`hit`, one entry per tier in order) to load under `policy` for
+/// `engine`; `probe` when this admission is its tier's probe. Never more than the hit's
+/// tokens; see the module docs for the rule.
 pub fn load_tokens(
     policy: LoadPolicy,
     hit: &[TierHit],
-    compute_rate: f64,
+    engine: Engine,
     probe: bool,
 ) -> LoadDecision {
     let total = hit.iter().fold(0u64, |t, h| t.saturating_add(h.tokens));
-    let c = if compute_rate > 0.0 && compute_rate.is_finite() {
-        1e9 / compute_rate
-    } else {
-        0.0
-    };
+    let c = engine.recompute_ns();
     let recompute_all_ns = total as f64 * c;
+    let load_all_ns = hit.iter().map(|h| h.estimate.load_ns(h.tokens, c)).sum();
     let mut decision = LoadDecision {
         load: total,
         reason: LoadReason::Always,
-        load_all_ns: 0.0,
+        load_all_ns,
         recompute_all_ns,
     };
     if policy == LoadPolicy::Never {
@@ -164,27 +296,66 @@ pub fn load_tokens(
         return decision;
     }
     if policy == LoadPolicy::Always || total == 0 {
-        decision.load_all_ns = hit.iter().map(|h| h.estimate.load_ns(h.tokens, c)).sum();
         return decision;
     }
-    // cost(0) = H·c; each segment loaded swaps its recompute for its load cost.
-    let mut best = (recompute_all_ns, 0u64);
-    let mut cost = recompute_all_ns;
-    let mut end = 0u64;
+    // Costs relative to recomputing the whole hit: cost(k) − H·c. Loading nothing adds 0;
+    // each whole segment loaded adds its delta, a segment loaded in part (at its end or its
+    // m*) ends the load.
+    let mut best = (0.0f64, 0u64);
+    let mut before = 0.0f64;
+    let mut start = 0u64;
     for h in hit.iter().filter(|h| h.tokens > 0) {
-        cost += h.estimate.load_ns(h.tokens, c) - h.tokens as f64 * c;
-        end = end.saturating_add(h.tokens);
+        let n = h.tokens as f64;
+        let delta = |m: f64| {
+            if h.estimate.samples == 0 {
+                -m * c // unmeasured: loaded, to be measured
+            } else {
+                Terms::of(&h.estimate, c).delta(m)
+            }
+        };
+        let interior = if h.estimate.samples == 0 {
+            None
+        } else {
+            Terms::of(&h.estimate, c).interior(n)
+        };
+        if let Some(m) = interior {
+            // Whole tokens: the load stops at or before m*.
+            let m = m.floor();
+            let cost = before + delta(m);
+            let k = start.saturating_add(m as u64);
+            if m >= 1.0 && (cost < best.0 || (cost == best.0 && k > best.1)) {
+                best = (cost, k);
+            }
+        }
+        before += delta(n);
+        start = start.saturating_add(h.tokens);
         // `<=`: on a tie the longer load wins.
-        if cost <= best.0 {
-            best = (cost, end);
+        if before <= best.0 {
+            best = (before, start);
         }
     }
-    decision.load_all_ns = hit.iter().map(|h| h.estimate.load_ns(h.tokens, c)).sum();
-    decision.load = best.1;
+    decision.load = best.1.min(total);
     decision.reason = LoadReason::Cheaper;
-    if best.1 < total && probe {
-        decision.load = total;
-        decision.reason = LoadReason::Probe;
+    if probe && decision.load < total {
+        let first = hit.iter().find(|h| h.tokens > 0).map(|h| h.estimate);
+        let half = first.map_or(f64::INFINITY, |e| {
+            let lambda = Terms::of(&e, c).lambda;
+            if lambda > 0.0 {
+                std::f64::consts::LN_2 / lambda
+            } else {
+                f64::INFINITY
+            }
+        });
+        // At least one token: a probe loads something.
+        let size = if half >= total as f64 {
+            total
+        } else {
+            (half as u64).max(1)
+        };
+        if size > decision.load {
+            decision.load = size;
+            decision.reason = LoadReason::Probe;
+        }
     }
     decision
 }

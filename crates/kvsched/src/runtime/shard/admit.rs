@@ -126,8 +126,10 @@ impl<S: Strategy> Shard<S> {
         r.prefix_key = r.hashes[0].get((local / b0) as usize).copied();
         let look = Self::lookup_external(env, settings, now, r, local, &mut self.result.counters);
         let counters = &mut self.result.counters;
-        let ext_end =
-            Self::loaded_end(env, settings, now, r, local, look.external_tokens, counters);
+        // The requests still waiting once this one is admitted.
+        let behind = self.waiting.len().saturating_sub(1) as u64;
+        let ext = look.external_tokens;
+        let ext_end = Self::loaded_end(env, settings, now, r, local, ext, behind, counters);
         if !Self::allocate_prompt(env, r, seq, (local, ext_end), got, &mut self.index) {
             return Admitted::PoolFull;
         }

@@ -1,12 +1,13 @@
 //! How much of a lookup hit an admitted request loads: all of it under the `always` load
 //! policy, none under `never`; under `cost`, what `runtime::policy::load_cost` decides from
-//! the tier's measured estimate (`runtime::load_estimate`), a probe granted now and then. What a decision leaves
-//! to recompute is counted (`Metrics::cost_declined_*`).
+//! the tier's measured estimate (`runtime::load_estimate`) and the requests waiting behind
+//! this one, a probe granted now and then. What a decision leaves to recompute is counted
+//! (`Metrics::cost_declined_*`, `cost_partial_requests`).
 
 use std::time::Instant;
 
 use crate::runtime::policy::admission::external_end;
-use crate::runtime::policy::load_cost::{load_tokens, LoadPolicy, TierHit};
+use crate::runtime::policy::load_cost::{load_tokens, Engine, LoadPolicy, TierHit};
 
 use super::strategy::Strategy;
 use super::{Env, Metrics, Req, Shard, StepSettings};
@@ -14,7 +15,9 @@ use super::{Env, Metrics, Req, Shard, StepSettings};
 impl<S: Strategy> Shard<S> {
     /// Where the computed prefix of `r` ends once admitted with a local prefix of `local`
     /// tokens and `offered` tokens offered past it: the offer's end (`external_end`) under
-    /// `always`, or no further than the load policy `cost` says is worth loading.
+    /// `always`, or no further than the load policy `cost` says is worth loading while
+    /// `waiting_behind` requests wait for admission behind it.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn loaded_end(
         env: &Env<'_, S>,
         settings: &StepSettings,
@@ -22,6 +25,7 @@ impl<S: Strategy> Shard<S> {
         r: &Req,
         local: u64,
         offered: u64,
+        waiting_behind: u64,
         counters: &mut Metrics,
     ) -> u64 {
         let prompt_len = r.prompt.len() as u64;
@@ -33,19 +37,25 @@ impl<S: Strategy> Shard<S> {
             tokens: full - local,
             estimate: env.estimate.snapshot(settings.workers),
         }];
-        let rate = settings.compute_rate;
-        let mut decision = load_tokens(settings.load_policy, &hit, rate, false);
+        let engine = Engine {
+            compute_rate: settings.compute_rate,
+            waiting_behind,
+        };
+        let mut decision = load_tokens(settings.load_policy, &hit, engine, false);
         let probe = settings.load_policy == LoadPolicy::Cost
             && decision.load < hit[0].tokens
             && env.estimate.try_probe(now, settings.load_probe_interval);
         if probe {
-            decision = load_tokens(settings.load_policy, &hit, rate, true);
+            decision = load_tokens(settings.load_policy, &hit, engine, true);
             counters.cost_probes += 1;
         }
         let end = external_end(env.geo, prompt_len, local, decision.load);
         if end < full {
             counters.cost_declined_requests += 1;
             counters.cost_declined_tokens += full - end;
+            if end > local {
+                counters.cost_partial_requests += 1;
+            }
         }
         end
     }

@@ -101,6 +101,9 @@ pub struct Metrics {
     pub cost_declined_requests: u64,
     /// Tokens of those hits recomputed instead of loaded.
     pub cost_declined_tokens: u64,
+    /// Of those admissions, the ones that loaded part of their hit (up to where a longer load
+    /// would risk more in failures than it saves) rather than none of it.
+    pub cost_partial_requests: u64,
     /// Admissions that loaded a hit the estimate would have recomputed, to measure the tier
     /// again (one per `Settings::load_probe_interval` without a measured load).
     pub cost_probes: u64,
@@ -148,6 +151,7 @@ impl std::ops::AddAssign<&Metrics> for Metrics {
         self.aligned_chunk_tokens += other.aligned_chunk_tokens;
         self.cost_declined_requests += other.cost_declined_requests;
         self.cost_declined_tokens += other.cost_declined_tokens;
+        self.cost_partial_requests += other.cost_partial_requests;
         self.cost_probes += other.cost_probes;
     }
 }
