@@ -18,8 +18,8 @@ use crate::replay::{
     DEFAULT_MAX_INPUT_BYTES, MAX_BENCH_RUNS,
 };
 use crate::stress::{
-    apply_engine_defaults, progress_sink, render_human, render_json, render_svg, run_engines,
-    run_stress_with_progress, StressConfig,
+    apply_engine_defaults, follow_trace_duration, progress_sink, render_human, render_json,
+    render_svg, run_engines, run_stress_with_progress, StressConfig,
 };
 use clap::parser::ValueSource;
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
@@ -120,7 +120,10 @@ pub fn main() -> ExitCode {
                     .is_some_and(|s| s != ValueSource::DefaultValue)
             };
             apply_engine_defaults(&mut args.config, &given);
-            stress(&args)
+            match follow_trace_duration(&mut args.config, given("duration_s")) {
+                Ok(()) => stress(&args),
+                Err(e) => Err(e.to_string()),
+            }
         }
     };
     match result {

@@ -40,7 +40,9 @@ pub struct StressConfig {
     pub live: usize,
     /// Longest run time in seconds, at most 86400 (the run ends at whichever of --requests and
     /// --duration comes first). It bounds every wait inside the run: a load on a slow store
-    /// stops waiting when it is up, whatever --load-deadline-ms says.
+    /// stops waiting when it is up, whatever --load-deadline-ms says. With --trace and no
+    /// --duration: the replay's last arrival plus 20 s; a --duration shorter than the replay
+    /// replays the requests that arrive within it.
     #[arg(long = "duration", default_value_t = DEFAULT_DURATION_S, allow_negative_numbers = true, value_parser = parse_seconds)]
     #[serde(rename = "duration_s")]
     pub duration_s: f64,

@@ -153,6 +153,7 @@ pub use processes::{progress_sink, run_engines};
 pub use progress::{terminal_progress, Progress};
 pub use render::{render_human, render_json};
 pub use report::StressReport;
+pub use trace::follow_trace_duration;
 pub use values::BaselineKind;
 // Named by the tools' tests (`crate::stress::{Preset, Rate, Scheduler}`); nothing else outside
 // this module does.

@@ -13,6 +13,8 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::config::{StressConfig, StressError};
+use super::limits::DEFAULT_DURATION_S;
+use super::values::MAX_DURATION_S;
 
 /// The largest trace file read (the bundled trace is 3 MB).
 const MAX_TRACE_BYTES: u64 = 256 << 20;
@@ -42,6 +44,18 @@ pub struct TraceArgs {
     /// `config.trace_reference`).
     #[arg(skip)]
     pub(crate) trace_reference: Option<TraceReference>,
+    /// Set when `--duration` ends the arrivals before the last of `--trace-requests` (the
+    /// JSON's `config.trace.cut_by_duration`).
+    #[arg(skip)]
+    pub(crate) cut_by_duration: Option<TraceCut>,
+}
+
+/// A replay cut short by `--duration`: of the `asked` requests, the first `in_time` arrive
+/// within it and are the ones replayed.
+#[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
+pub(crate) struct TraceCut {
+    pub(crate) asked: u64,
+    pub(crate) in_time: u64,
 }
 
 /// The share of the replayed requests' prompt tokens a prefix cache could serve, counted on
@@ -71,6 +85,7 @@ impl Default for TraceArgs {
             trace_requests: 1000,
             loaded: None,
             trace_reference: None,
+            cut_by_duration: None,
         }
     }
 }
@@ -89,11 +104,11 @@ fn trace_error(problem: String) -> StressError {
     }
 }
 
-/// `cfg` with its trace loaded (when `--trace` names one): the requests to replay are the
-/// trace's first `--trace-requests`.
-pub(crate) fn load(cfg: &StressConfig) -> Result<StressConfig, StressError> {
+/// The trace `--trace` names, its first `--trace-requests` requests (`None` without
+/// `--trace`).
+fn read(cfg: &StressConfig) -> Result<Option<Vec<TraceRequest>>, StressError> {
     let Some(path) = &cfg.trace.trace else {
-        return Ok(cfg.clone());
+        return Ok(None);
     };
     let shown = path.display();
     let meta = std::fs::metadata(path).map_err(|e| trace_error(format!("{shown}: {e}")))?;
@@ -111,6 +126,53 @@ pub(crate) fn load(cfg: &StressConfig) -> Result<StressConfig, StressError> {
     if reqs.is_empty() {
         return Err(trace_error(format!("{shown}: no request in it")));
     }
+    Ok(Some(reqs))
+}
+
+/// For a command line that replays a trace and leaves out `--duration`: `--duration` becomes
+/// the replay's last arrival plus the default (20 s), so that the default run replays every
+/// request `--trace-requests` asks for and lets the last ones finish. Without `--trace`, or
+/// when `--duration` was given, `cfg` is left as it is.
+pub fn follow_trace_duration(
+    cfg: &mut StressConfig,
+    duration_given: bool,
+) -> Result<(), StressError> {
+    if duration_given {
+        return Ok(());
+    }
+    let Some(reqs) = read(cfg)? else {
+        return Ok(());
+    };
+    let last = reqs
+        .last()
+        .map_or(Duration::ZERO, |r| arrival(r, cfg.trace.trace_speed));
+    cfg.duration_s = (last.as_secs_f64() + DEFAULT_DURATION_S).min(MAX_DURATION_S);
+    Ok(())
+}
+
+/// `cfg` with its trace loaded (when `--trace` names one): the requests to replay are those of
+/// the trace's first `--trace-requests` that arrive within `--duration` (all of them unless
+/// `--duration` cuts the replay short), and the reference is computed on those.
+pub(crate) fn load(cfg: &StressConfig) -> Result<StressConfig, StressError> {
+    let Some(reqs) = read(cfg)? else {
+        return Ok(cfg.clone());
+    };
+    let asked = reqs.len() as u64;
+    let horizon = cfg.duration();
+    let reqs: Vec<TraceRequest> = reqs
+        .into_iter()
+        .take_while(|r| arrival(r, cfg.trace.trace_speed) < horizon)
+        .collect();
+    if reqs.is_empty() {
+        return Err(StressError::Config {
+            flag: "--duration",
+            problem: format!(
+                "no request of the trace arrives within {} s at --trace-speed {}",
+                cfg.duration_s, cfg.trace.trace_speed
+            ),
+        });
+    }
+    let in_time = reqs.len() as u64;
     // An engine of `--engines N` replays its share of them: request k goes to engine k mod N,
     // as a load balancer deals a conversation's turns over engines sharing one KV tier.
     let reqs = match (cfg.engines.engine_index, cfg.engines.engine_count) {
@@ -123,9 +185,12 @@ pub(crate) fn load(cfg: &StressConfig) -> Result<StressConfig, StressError> {
         _ => reqs,
     };
     if reqs.is_empty() {
-        return Err(trace_error(format!("{shown}: no request for this engine")));
+        return Err(trace_error(
+            "no request of the trace for this engine".to_owned(),
+        ));
     }
     let mut out = cfg.clone();
+    out.trace.cut_by_duration = (in_time < asked).then_some(TraceCut { asked, in_time });
     out.requests = reqs.len() as u64;
     let pool_tokens = cfg.pool_blocks as u64 * cfg.scheduler_block_size();
     let blocks_512 = pool_tokens / TRACE_BLOCK_TOKENS;
@@ -400,6 +465,45 @@ mod tests {
         let r = cfg_reference(&cfg);
         assert_eq!(r.requests, 3);
         assert!(r.device_and_tier_lru_share >= r.device_pool_lru_share);
+    }
+
+    /// Without `--duration` a replay lasts until 20 s after its last arrival; a shorter
+    /// `--duration` replays, and references, only the requests that arrive within it.
+    #[test]
+    fn duration_follows_the_trace_or_cuts_its_arrivals() {
+        let mut cfg = StressConfig::default();
+        cfg.trace.trace = Some(bundled_path());
+        cfg.trace.trace_requests = 100;
+        let reqs = read(&cfg).expect("read").expect("a trace");
+        let last_s = reqs[99].arrival_ms as f64 / 1000.0 / cfg.trace.trace_speed;
+        let mut given = cfg.clone();
+        follow_trace_duration(&mut given, true).expect("given");
+        assert_eq!(given.duration_s, DEFAULT_DURATION_S);
+        follow_trace_duration(&mut cfg, false).expect("follows");
+        assert!((cfg.duration_s - (last_s + DEFAULT_DURATION_S)).abs() < 1e-9);
+        let whole = load(&cfg).expect("load");
+        assert_eq!(whole.trace.cut_by_duration, None);
+        assert_eq!(cfg_reference(&cfg).requests, 100);
+        // Cut at the 40th arrival: the requests before it are replayed and referenced.
+        cfg.duration_s = reqs[40].arrival_ms as f64 / 1000.0 / cfg.trace.trace_speed;
+        let in_time = reqs
+            .iter()
+            .filter(|r| arrival(r, cfg.trace.trace_speed) < cfg.duration())
+            .count() as u64;
+        assert!(in_time > 0 && in_time <= 40, "{in_time}");
+        let cut = load(&cfg).expect("load");
+        assert_eq!(
+            cut.trace.cut_by_duration,
+            Some(TraceCut {
+                asked: 100,
+                in_time
+            })
+        );
+        assert_eq!(cut.requests, in_time);
+        let r = cfg_reference(&cfg);
+        assert_eq!(r.requests, in_time);
+        let (total, _) = cache_served(&reqs[..in_time as usize], None);
+        assert_eq!(r.prompt_tokens, total);
     }
 
     fn cfg_reference(cfg: &StressConfig) -> TraceReference {

@@ -54,9 +54,20 @@ pub(super) fn settings(c: &StressConfig, o: &mut String) {
     phrases.push(format!("seed {}", c.seed));
     wrap_phrases(&phrases, o);
     if let Some(r) = &c.trace.trace_reference {
+        let cut = c
+            .trace
+            .cut_by_duration
+            .map(|cut| {
+                format!(
+                    " (of the first {}, those arriving within --duration {} s)",
+                    super::cells::count(cut.asked),
+                    c.duration_s
+                )
+            })
+            .unwrap_or_default();
         let line = format!(
-            "trace: {} requests, {} prompt tokens; a prefix cache could serve {:.1}% of them if \
-             unbounded, {:.1}% as an LRU cache the size of the device pool ({} blocks of 512)",
+            "trace: {} requests{cut}, {} prompt tokens; a prefix cache could serve {:.1}% of them \
+             if unbounded, {:.1}% as an LRU cache the size of the device pool ({} blocks of 512)",
             super::cells::count(r.requests),
             super::cells::count(r.prompt_tokens),
             r.infinite_cache_share * 100.0,
