@@ -53,7 +53,10 @@ pub struct TierConnectorConfig {
     pub save_queue: usize,
     /// Threads storing chunks and probing the tier.
     pub save_threads: usize,
-    /// Most keys the local index remembers.
+    /// Most keys the local index remembers (default 1,048,576, about 40 MiB). Past it the
+    /// index forgets the keys used longest ago (looked up, saved or loaded), in halves: a
+    /// chunk it forgot is a lookup miss, and a probe. Give it as many keys as the tier holds
+    /// chunks, or a long prompt's prefix is cut at the first chunk forgotten.
     pub index_capacity: usize,
     /// On a lookup the index cannot answer, ask the tier in the background, on the
     /// connector's probe thread (a later request with the same prefix then hits: how an
