@@ -228,14 +228,15 @@ fn plane(cfg: &StressConfig, stores: &Stores, who: &str) -> Result<Plane, Stress
     let bpt = usize::try_from(cfg.kv_bytes_per_token).map_err(|e| kv(&e))?;
     let state = usize::try_from(cfg.mamba_state_bytes).map_err(|e| kv(&e))?;
     let layout = KvLayout::for_groups(&groups, bpt, state).map_err(|e| kv(&e))?;
-    let store = stores.open(cfg, who, max_chunk_bytes(&layout))?;
+    let chunk_bytes = max_chunk_bytes(&layout);
+    let store = stores.open(cfg, who, chunk_bytes)?;
     let memory: Arc<dyn KvMemory> =
         Arc::new(HostKvMemory::new(layout, cfg.pool_blocks).map_err(|e| kv(&e))?);
     let connector = Arc::new(
         TierConnector::new(
             Arc::clone(&store.tier),
             Arc::clone(&memory),
-            connector_config(cfg, &groups),
+            connector_config(cfg, &groups, chunk_bytes),
         )
         .map_err(|e| kv(&e))?,
     );
@@ -306,11 +307,38 @@ fn max_chunk_bytes(layout: &KvLayout) -> usize {
         .saturating_add(kvsched::kv::MAC_LEN)
 }
 
-/// The connector of a run over `groups`: the run's tag, async share and seed; a disk store's
-/// saves (kernel work) take a quarter of a core at most, in puts of up to 1,024 chunks (one
-/// pack file each).
-fn connector_config(cfg: &StressConfig, groups: &[CacheGroup]) -> TierConnectorConfig {
+/// Bytes of chunks the write-behind queue of a run holds at most (at least the library's
+/// default queue of 4,096 chunks): a trace's prompt of 10k+ tokens offers hundreds of chunks
+/// in one step, and a chunk dropped from a prompt's chain makes every later one unreachable
+/// by a prefix lookup.
+const SAVE_QUEUE_BYTES: usize = 64 << 20;
+
+/// Most keys a run's connector index remembers (16 bytes each and the set's overhead).
+const MAX_INDEX_KEYS: usize = 1 << 24;
+
+/// The connector of a run over `groups` with chunks of at most `chunk_bytes`: the run's tag,
+/// async share and seed, a save queue of [`SAVE_QUEUE_BYTES`], an index of the keys of as
+/// many chunks as the store holds; a disk store's saves (kernel
+/// work) take a quarter of a core at most, in puts of up to 1,024 chunks (one pack file each).
+fn connector_config(
+    cfg: &StressConfig,
+    groups: &[CacheGroup],
+    chunk_bytes: usize,
+) -> TierConnectorConfig {
+    let defaults = TierConnectorConfig::default();
+    let chunk_bytes = chunk_bytes.max(1);
+    let queue = (SAVE_QUEUE_BYTES / chunk_bytes).max(defaults.save_queue);
+    // The index remembers as many keys as the store holds chunks (a Redis without
+    // maxmemory: as many as the default store), so a lookup finds what the tier still has.
+    let held = if cfg.store.is_redis() {
+        cfg.redis_maxmemory.unwrap_or(cfg.store_capacity)
+    } else {
+        cfg.store_capacity
+    };
+    let index = usize::try_from(held).unwrap_or(usize::MAX) / chunk_bytes;
     TierConnectorConfig::default()
+        .with_save_queue(queue)
+        .with_index_capacity(index.clamp(defaults.index_capacity, MAX_INDEX_KEYS))
         .with_groups(groups.to_vec())
         .with_scheduler_block_size(Some(cfg.scheduler_block_size()))
         .with_tag(cfg.kv_tag())

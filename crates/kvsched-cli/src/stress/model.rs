@@ -95,7 +95,8 @@ pub(super) fn plane(cfg: &StressConfig, stores: &Stores, who: &str) -> Result<Pl
     ));
     let layout = KvLayout::for_groups(&groups, model.bytes_per_token(), model.state_bytes())
         .map_err(|e| kv(&e))?;
-    let store = stores.open(cfg, who, super::max_chunk_bytes(&layout))?;
+    let chunk_bytes = super::max_chunk_bytes(&layout);
+    let store = stores.open(cfg, who, chunk_bytes)?;
     let memory: Arc<dyn KvMemory> =
         Arc::new(HostKvMemory::new(layout, cfg.pool_blocks).map_err(|e| kv(&e))?);
     let connector = Arc::new(
@@ -104,7 +105,7 @@ pub(super) fn plane(cfg: &StressConfig, stores: &Stores, who: &str) -> Result<Pl
             Arc::clone(&memory),
             // The model's weights follow the seed: a store holding another model's chunks
             // (a disk directory reused) never offers them.
-            super::connector_config(cfg, &groups)
+            super::connector_config(cfg, &groups, chunk_bytes)
                 .with_tag(cfg.kv_tag() ^ kvsched_testkit::hash_str(&format!("model:{}", cfg.seed))),
         )
         .map_err(|e| kv(&e))?,
