@@ -43,6 +43,10 @@ fn the_bundled_trace_replays_and_says_what_a_cache_could_serve() {
     assert_eq!(ended, 40, "{r}");
     let t = &v["config"]["trace_reference"];
     assert_eq!(t["requests"], 40, "{t}");
+    // Without --duration the run may last until 20 s after the last arrival, so none is cut.
+    assert!(v["config"]["cut_by_duration"].is_null(), "{}", v["config"]);
+    let d = v["config"]["duration_s"].as_f64().expect("duration_s");
+    assert!(d > 20.0 && d < 21.0, "{d}");
     // The first 40 requests of the trace share their first block (id 0) and a few more.
     let inf = t["infinite_cache_share"].as_f64().expect("share");
     assert!(inf > 0.0 && inf < 1.0, "{t}");
