@@ -116,11 +116,16 @@ declare -A TESTS=(
   # runtime/policy/load_cost.rs: the failure share of loads is read as each token's risk, so
   # a hit on a tier that fails now and then is recomputed whole instead of loading its head.
   [failure-share-read-per-token]="kvsched --lib runtime::policy::load_cost"
+  # runtime/shard/end.rs: whether another request holds a block an ending owner claimed is
+  # read after the owner's release, when another shard of a parallel step may already have
+  # allocated the freed block: an unrelated fresh block is handed off into the next report.
+  [handoff-count-after-release]="kvsched --lib runtime::shard::release_tests"
 )
 ORDER=(decide-early claim-store late-leak panic-ok trust-stale end-while-loading no-cross-shard-preempt lookup-uncaught shard-panic-escapes
   mamba-align-cache-unwritten saver-flush-early register-unwritten reoffer-unwritten park-unstarted baseline-no-second-chance holder-release-unrecorded unaligned-chunks prompt-end-state-uncached
   branch-state-uncached mamba-state-one-block-late mamba-state-into-null tier-present-after-failed-load scan-one-group-less load-unverified save-payload-offset epoch-not-bumped-on-whole-block-write failed-copy-left-unpoisoned load-pieces-drop-tail vector-store-skips-round
-  probe-hits-unindexed vllm-admits-before-schedule cost-ignores-failures pack-offset-past-table failure-share-read-per-token)
+  probe-hits-unindexed vllm-admits-before-schedule cost-ignores-failures pack-offset-past-table failure-share-read-per-token
+  handoff-count-after-release)
 
 if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi
 

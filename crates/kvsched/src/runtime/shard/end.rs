@@ -27,6 +27,15 @@ impl<S: Strategy> Shard<S> {
     ) {
         let key = r.key;
         let null = env.geo.null_block();
+        // Which owned blocks another request still holds, read while this one still holds
+        // its own reference: once released, a block nobody else holds is free, and in a
+        // parallel step another shard can allocate it before a count read after the release,
+        // taking an unrelated request's fresh block for a sharer's.
+        let shared: Vec<Option<BlockRef>> = r
+            .owned_pending
+            .iter()
+            .map(|&id| Self::held_by_others(env, r, id))
+            .collect();
         for &id in r.tables.iter().flatten() {
             if id != null {
                 index.remove(id, key.seq());
@@ -43,14 +52,24 @@ impl<S: Strategy> Shard<S> {
         }
         // Owned blocks it did not recompute pass to the next waiter — a hand-off only when
         // another request still holds the block; one nobody holds is simply forgotten.
-        for id in r.owned_pending.drain(..) {
+        for (id, shared) in r.owned_pending.drain(..).zip(shared) {
             env.claims.orphan(id, key);
-            match env.pool.generation(id) {
-                Some(generation) if env.pool.ref_count(id) > 0 => {
-                    res.handoffs.push(BlockRef { id, generation });
+            // Planted bug `handoff-count-after-release` (scripts/plants.sh): the count is read
+            // after the release, when another shard may already hold the freed block.
+            let shared = if planted!("handoff-count-after-release") {
+                env.pool
+                    .generation(id)
+                    .filter(|_| env.pool.ref_count(id) > 0)
+                    .map(|generation| BlockRef { id, generation })
+            } else {
+                shared
+            };
+            match shared {
+                Some(b) => {
+                    res.handoffs.push(b);
                     res.counters.handoffs += 1;
                 }
-                _ => env.claims.forget(id),
+                None => env.claims.forget(id),
             }
         }
         for reg in &mut r.registered {
@@ -58,6 +77,17 @@ impl<S: Strategy> Shard<S> {
         }
         r.written = 0;
         r.waits.clear();
+    }
+
+    /// Block `id` at its current generation if a request other than `r` holds it: its count
+    /// is above the references `r` itself holds (read before `r` releases them).
+    fn held_by_others(env: &Env<'_, S>, r: &Req, id: BlockId) -> Option<BlockRef> {
+        let own = r.tables.iter().flatten().filter(|&&x| x == id).count();
+        let others = (env.pool.ref_count(id) as usize).saturating_sub(own);
+        env.pool
+            .generation(id)
+            .filter(|_| others > 0)
+            .map(|generation| BlockRef { id, generation })
     }
 
     /// Ends `seq` now if no load of it can still write its blocks (none in flight, or the one

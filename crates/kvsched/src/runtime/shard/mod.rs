@@ -49,6 +49,8 @@ mod land;
 mod load_choice;
 mod metrics;
 mod outputs;
+#[cfg(test)]
+mod release_tests;
 mod request;
 mod schedule;
 mod scheduled;
