@@ -35,10 +35,16 @@ struct Generations {
 }
 
 impl Generations {
-    /// Puts `key` into the young generation, first turning a full young generation old.
+    /// Puts `key` into the young generation, first turning a full young generation old. The
+    /// forgotten generation's table is cleared and reused as the young one, so a turn
+    /// allocates nothing and the young set never regrows from empty.
     fn make_young(&mut self, key: u128, per_generation: usize) {
+        if self.young.contains(&key) {
+            return;
+        }
         if self.young.len() >= per_generation {
-            self.old = std::mem::take(&mut self.young);
+            std::mem::swap(&mut self.young, &mut self.old);
+            self.young.clear();
         }
         self.old.remove(&key);
         self.young.insert(key);
