@@ -81,6 +81,13 @@ impl<S: Strategy> Shard<S> {
 
     /// Block `id` at its current generation if a request other than `r` holds it: its count
     /// is above the references `r` itself holds (read before `r` releases them).
+    ///
+    /// In a parallel step a sharer on another shard may let go of the block between this read
+    /// and `r`'s release. The hand-off then names a block nobody holds: the next report
+    /// carries one block that no request's table hits, so it rolls nothing back and costs a
+    /// claim reset. It cannot name a block another request was given since: `r` still holds
+    /// its references here, so the block is not free, and the engine's share of the next
+    /// report drops it if its generation moved.
     fn held_by_others(env: &Env<'_, S>, r: &Req, id: BlockId) -> Option<BlockRef> {
         let own = r.tables.iter().flatten().filter(|&&x| x == id).count();
         let others = (env.pool.ref_count(id) as usize).saturating_sub(own);
