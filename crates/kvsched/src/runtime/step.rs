@@ -13,9 +13,9 @@ use crate::runtime::discard::{discarded, HandedOut};
 use crate::runtime::error::RuntimeError;
 #[cfg(doc)]
 use crate::runtime::handle::Handle;
+use crate::runtime::order::RequestOrder;
 use crate::runtime::plan::{StepOutput, StepPlan};
 use crate::runtime::policy::trust::is_sync_destination;
-use crate::runtime::order::RequestOrder;
 use crate::runtime::shard::{Command, EndState, Metrics, ScheduledRequest, ShardStepResult};
 use crate::runtime::shared::Inner;
 use crate::runtime::signal::WorkSignal;
@@ -573,8 +573,10 @@ mod tests {
             vec![(-1, 7), (0, 1), (0, 2), (0, 4), (0, 5), (0, 8), (0, 9)]
         );
         // Each entry travelled with its own fields.
-        assert!(merged.iter().all(|s| s.num_computed_tokens == s.key.sequence()
-            && *s.id == *format!("r{}", s.key.sequence())));
+        assert!(merged
+            .iter()
+            .all(|s| s.num_computed_tokens == s.key.sequence()
+                && *s.id == *format!("r{}", s.key.sequence())));
         let sorted = in_request_order(merged);
         assert_eq!(sorted.len(), 7);
     }
