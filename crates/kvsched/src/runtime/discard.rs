@@ -69,19 +69,22 @@ pub struct HandedOut {
 
 impl HandedOut {
     /// Records `plan` (replacing the last one).
+    /// The sets keep their capacity from step to step: no rehash while they refill.
     pub fn record(&mut self, plan: &crate::runtime::StepPlan) {
-        self.samplers = plan
-            .scheduled
-            .iter()
-            .filter(|s| s.samples)
-            .map(|s| s.id.clone())
-            .collect();
-        self.sync_dests = plan
-            .scheduled
-            .iter()
-            .filter_map(|s| s.sync_load.as_ref())
-            .map(crate::connector::LoadJob::all_loaded_blocks)
-            .collect();
+        self.samplers.clear();
+        self.samplers.extend(
+            plan.scheduled
+                .iter()
+                .filter(|s| s.samples)
+                .map(|s| s.id.clone()),
+        );
+        self.sync_dests.clear();
+        self.sync_dests.extend(
+            plan.scheduled
+                .iter()
+                .filter_map(|s| s.sync_load.as_ref())
+                .map(crate::connector::LoadJob::all_loaded_blocks),
+        );
         self.reads.clear();
         self.reads.extend(plan.scheduled.iter().map(|s| StepReads {
             id: s.id.clone(),
