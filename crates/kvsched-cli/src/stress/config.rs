@@ -193,8 +193,9 @@ pub struct StressConfig {
     /// comparing decisions (with `--load-latency-us 0..0`), not for measuring latency.
     #[arg(long)]
     pub lockstep: bool,
-    /// Run each scheduler N times (1–100), interleaved (kvsched, baseline, kvsched, …) so that
-    /// drift hits both; every figure is then the median and min–max of the runs.
+    /// Run each scheduler N times (1–100), interleaved ABBA (kvsched, baseline, baseline,
+    /// kvsched, …) so that drift hits both; every figure is then the median and min–max of
+    /// the runs.
     #[arg(long, value_name = "N", default_value_t = 1, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=MAX_REPEAT as i64))]
     pub repeat: u32,
     /// Several engine processes on one shared store (`--engines`, `--redis-restarts`).

@@ -181,8 +181,9 @@ pub fn run_stress(cfg: &StressConfig) -> Result<StressReport, StressError> {
 }
 
 /// Runs the stress test of `cfg`, reporting progress to `progress` about every 100 ms. With
-/// `--repeat N`, kvsched and the baseline run N times each, interleaved (kvsched, baseline,
-/// kvsched, …), so drift over time hits both alike.
+/// `--repeat N`, kvsched and the baseline run N times each, interleaved ABBA (kvsched,
+/// baseline, baseline, kvsched, kvsched, …), so drift over time hits both alike and neither
+/// always runs second on a warmed process.
 pub fn run_stress_with_progress(
     cfg: &StressConfig,
     progress: &mut dyn FnMut(&Progress),
@@ -201,8 +202,14 @@ pub fn run_stress_with_progress(
             run: i + 1,
             of: cfg.repeat,
         };
+        // ABBA: the scheduler that runs first alternates from round to round, so neither
+        // always runs on a process (allocator, page cache, CPU frequency) the other warmed.
+        let mutex = matches!(cfg.baseline, Some(BaselineKind::Mutex));
+        if mutex && i % 2 == 1 {
+            baseline_runs.push(run_mutex(cfg, &stores, nth, progress)?);
+        }
         runs.push(run_kvsched(cfg, &stores, nth, progress)?);
-        if let Some(BaselineKind::Mutex) = cfg.baseline {
+        if mutex && i % 2 == 0 {
             baseline_runs.push(run_mutex(cfg, &stores, nth, progress)?);
         }
     }
@@ -360,7 +367,7 @@ fn connector_config(
 mod tests {
     use super::*;
 
-    /// `--repeat` runs the schedulers interleaved, and every run is kept.
+    /// `--repeat` runs the schedulers interleaved ABBA, and every run is kept.
     #[test]
     fn repeat_interleaves_the_schedulers() {
         let cfg = StressConfig {
@@ -383,7 +390,7 @@ mod tests {
         .expect("stress");
         assert_eq!(
             order,
-            [("kvsched", 1), ("mutex", 1), ("kvsched", 2), ("mutex", 2)]
+            [("kvsched", 1), ("mutex", 1), ("mutex", 2), ("kvsched", 2)]
         );
         assert_eq!((r.runs.len(), r.baseline_runs.len()), (2, 2));
         assert!(r.invariants_ok(), "{:?}", r.violations());
