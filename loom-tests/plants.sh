@@ -44,6 +44,9 @@ declare -A MODELS=(
   [fill-release-unguarded]="fill_late_load_vs_reuse::late_load_never_lands_in_a_reused_block"
   # pool/mod.rs: the release CAS is Relaxed instead of Release.
   [release-relaxed]="pool_release_allocate::last_release_races_allocate pool_release_allocate::cached_release_races_reclaim_and_lookup"
+  # pool/exclusive.rs: the exclusive mode takes a read lock, so a parallel shard's CAS races
+  # the exclusive holder's plain stores.
+  [exclusive-unguarded]="pool_exclusive_step::exclusive_and_shared_never_hand_out_one_block_twice pool_exclusive_step::reclaim_across_modes"
   # pool/prefix_index.rs: lookup revives the entry it found under a second hold of the lock.
   [lookup-revive-unlocked]="prefix_index_evict_vs_register_lookup::evict_races_lookup prefix_index_evict_vs_register_lookup::evict_races_lookup_and_register"
   # sync/park.rs: unpark signals the condition variable without taking the lock.
@@ -61,7 +64,7 @@ declare -A MODELS=(
   [shutdown-no-drain-while-waiting]="shutdown_drain::one_worker_two_jobs shutdown_drain::two_workers_two_jobs"
 )
 ORDER=(drop-check-then-set claim-store barrier-relaxed clear-pending-relaxed free-list-no-tag release-relaxed
-  fill-release-unguarded
+  fill-release-unguarded exclusive-unguarded
   lookup-revive-unlocked unpark-no-lock worker-no-recheck worker-no-fence worker-list-twice
   worker-drop-on-full shutdown-no-drain-while-waiting)
 

@@ -28,6 +28,7 @@ declare -A BOUND=(
   [park_lost_wakeup]=2                      # plants from 2 (barrier-relaxed)
   [pending_mark_set_and_read_same_step]=2   # plants from 2 (barrier-relaxed)
   [pool_release_allocate]=2                 # plants from 2 (release-relaxed, reclaim path)
+  [pool_exclusive_step]=2                   # plants from 1 (exclusive-unguarded)
   [prefix_index_evict_vs_register_lookup]=2 # plants from 2
   [shutdown_drain]=2                        # plants from 0
   [stale_completion]=2                      # plants from 2

@@ -67,6 +67,59 @@ fn bench_pool(c: &mut Criterion) {
             }
         })
     });
+
+    // A full prefix cache turning over, as a busy engine's: every block cached and
+    // unreferenced, so each allocation reclaims one (dropping its index entry); then the
+    // request's blocks are registered under fresh hashes and released. Per block one at a
+    // time, and batched (`allocate_n`, `register_all`: each index shard locked once a batch).
+    const CHURN: usize = 32;
+    for batched in [false, true] {
+        let Ok(full) = BlockPool::new(POOL_BLOCKS) else {
+            return;
+        };
+        let mut next_hash = 1u64;
+        let mut fresh = || {
+            next_hash += 1;
+            next_hash.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        };
+        let mut all = Vec::with_capacity(POOL_BLOCKS);
+        while let Some(r) = full.allocate() {
+            all.push(r);
+        }
+        for &r in &all {
+            full.register(fresh(), r);
+            let _ = full.release(r);
+        }
+        let mut blocks = Vec::with_capacity(CHURN);
+        let mut entries = Vec::with_capacity(CHURN);
+        group.throughput(Throughput::Elements(CHURN as u64));
+        let name = if batched {
+            "churn_batched"
+        } else {
+            "churn_one_by_one"
+        };
+        group.bench_function(BenchmarkId::new(name, CHURN), |b| {
+            b.iter(|| {
+                blocks.clear();
+                if batched {
+                    full.allocate_n(CHURN, &mut blocks);
+                    entries.clear();
+                    entries.extend(blocks.iter().map(|&r| (fresh(), r)));
+                    full.register_all(&entries);
+                } else {
+                    for _ in 0..CHURN {
+                        if let Some(r) = full.allocate() {
+                            blocks.push(r);
+                            full.register(fresh(), r);
+                        }
+                    }
+                }
+                for &r in &blocks {
+                    let _ = full.release(black_box(r));
+                }
+            })
+        });
+    }
     group.finish();
 }
 

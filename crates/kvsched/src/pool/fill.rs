@@ -18,7 +18,7 @@
 //! cannot be reallocated before the bit is cleared, and the bit is cleared only after the
 //! load is done writing. `loom-tests/tests/fill_handoff.rs` checks this on these types.
 
-use super::{BlockPool, BlockRef, PoolError, State};
+use super::{transition, BlockPool, BlockRef, PoolError, State};
 use crate::sync::Ordering;
 
 impl BlockPool {
@@ -55,22 +55,15 @@ impl BlockPool {
         step: impl Fn(State) -> Option<State>,
     ) -> Result<(), PoolError> {
         let slot = self.checked_slot(r.id)?;
-        let mut cur = slot.state.load(Ordering::Relaxed);
-        loop {
-            let next = step(State(cur)).ok_or(PoolError::FillState(r.id))?;
-            // Relaxed: the flag hands nothing over by itself. Setting it happens-before the
-            // worker's check through the job queue (push Release / pop Acquire); the worker's
-            // writes happen-before clearing it through the completion queue; the block's next
-            // owner is ordered after both by `release`'s Release CAS and `allocate`'s Acquire.
-            match slot.state.compare_exchange_weak(
-                cur,
-                next.0,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return Ok(()),
-                Err(actual) => cur = actual,
-            }
-        }
+        // Relaxed: the flag hands nothing over by itself. Setting it happens-before the
+        // worker's check through the job queue (push Release / pop Acquire); the worker's
+        // writes happen-before clearing it through the completion queue; the block's next
+        // owner is ordered after both by `release`'s Release CAS and `allocate`'s Acquire.
+        transition(&slot.state, self.is_exclusive(), Ordering::Relaxed, |cur| {
+            step(State(cur))
+                .map(|next| (next.0, ()))
+                .ok_or(PoolError::FillState(r.id))
+        })
+        .map(|_| ())
     }
 }

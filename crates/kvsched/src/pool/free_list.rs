@@ -53,8 +53,9 @@ impl FreeList {
         }
     }
 
-    /// Pops a slot index off the free list.
-    pub(super) fn pop(&self) -> Option<u32> {
+    /// Pops a slot index off the free list. `exclusive`: the caller is the pool's only
+    /// mutator ([`super::exclusive`]), so the new head is stored, not swapped in.
+    pub(super) fn pop(&self, exclusive: bool) -> Option<u32> {
         // Acquire: pairs with the Release CAS in `push` that installed this head, so the
         // pusher's store of `next[top]` is visible.
         let mut head = self.head.load(Ordering::Acquire);
@@ -66,6 +67,12 @@ impl FreeList {
             // Relaxed: ordered by the Acquire load above. If `top` was popped and pushed
             // again since, this may be stale, but then the tag moved and the CAS fails.
             let below = self.next.get(top as usize)?.load(Ordering::Relaxed);
+            if exclusive {
+                // Relaxed: no other mutator until the exclusive mode's lock is released.
+                self.head
+                    .store(pack_head(next_tag(tag), below), Ordering::Relaxed);
+                return Some(top);
+            }
             // Acquire (success and failure): the failure value is the next head we read
             // `next[...]` through, pairing with `push`'s Release CAS as above; on success
             // the new head's link was published by its pusher (a pop is an RMW and continues
@@ -82,16 +89,22 @@ impl FreeList {
         }
     }
 
-    /// Pushes a slot index on the free list.
-    pub(super) fn push(&self, index: u32) {
+    /// Pushes a slot index on the free list (`exclusive` as for [`pop`](Self::pop)).
+    pub(super) fn push(&self, index: u32, exclusive: bool) {
         let Some(link) = self.next.get(index as usize) else {
             return;
         };
         let mut head = self.head.load(Ordering::Relaxed);
         loop {
             let (tag, top) = unpack_head(head);
-            // Relaxed: published by the Release CAS below.
+            // Relaxed: published by the Release CAS (or store) below.
             link.store(top, Ordering::Relaxed);
+            if exclusive {
+                // Release: as the CAS's, pairs with the Acquire head load in `pop`.
+                self.head
+                    .store(pack_head(next_tag(tag), index), Ordering::Release);
+                return;
+            }
             // Release: pairs with the Acquire load/CAS in `pop`, publishing `next[index]`.
             match self.head.compare_exchange_weak(
                 head,

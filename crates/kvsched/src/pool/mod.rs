@@ -2,12 +2,14 @@
 //!
 //! A [`BlockPool`] owns `num_blocks` slots; slot 0 is the null block and is never handed out.
 //! Each usable slot carries one packed state word — generation, reference count and three
-//! flags — so every ownership change is a single compare-and-swap on one word:
+//! flags — so every ownership change is a single compare-and-swap on one word (a single store
+//! while one thread has the pool to itself: [`BlockPool::exclusive`]):
 //!
 //! * **Free list** — a lock-free Treiber stack of slot indices whose head packs an ABA tag with
 //!   the top index. A slot is on it exactly when its count is 0 and it is not cached.
-//! * **Reclaim queue** — an MPMC queue of cached, unreferenced slots in release order, consumed
-//!   with a second-chance (CLOCK) rule, i.e. an approximate LRU. A slot has at most one entry.
+//! * **Reclaim queue** — a bounded MPMC ring of cached, unreferenced slots in release order,
+//!   consumed with a second-chance (CLOCK) rule, i.e. an approximate LRU. A slot has at most
+//!   one entry, so the ring (one place per slot) never fills.
 //! * **Prefix index** — `hash → BlockRef`, split into shards behind short mutexes. Only
 //!   [`register`](BlockPool::register), [`lookup`](BlockPool::lookup),
 //!   [`evict`](BlockPool::evict) and the reclaim path of [`allocate`](BlockPool::allocate)
@@ -22,6 +24,8 @@
 //! * `state` — the packed per-slot state word and its pure transitions;
 //! * `free_list` — the tagged Treiber stack;
 //! * `reclaim` — the reclaim queue and the reclaim half of allocation;
+//! * `ring` — the bounded MPMC ring the reclaim queue is;
+//! * `exclusive` — the exclusive mode of inline steps, and the transition helper;
 //! * `prefix_index` — the sharded index and the operations that use it;
 //! * `census` — the slot classification;
 //! * `hash`, `block_ref`, `error` — the types the pool's callers see.
@@ -32,22 +36,26 @@
 mod block_ref;
 mod census;
 mod error;
+mod exclusive;
 mod fill;
 mod free_list;
 mod hash;
 mod prefix_index;
 mod reclaim;
+mod ring;
 mod state;
 
 pub use block_ref::{BlockRef, Generation};
 pub use census::Census;
 pub use error::PoolError;
+pub use exclusive::{Exclusive, Shared};
 pub use hash::{chain_hash, BlockHash};
 pub use state::MAX_REF_COUNT;
 
+use exclusive::{transition, Mode};
 use free_list::FreeList;
 use prefix_index::PrefixIndex;
-use reclaim::ReclaimQueue;
+use reclaim::{ReclaimQueue, StaleEntries};
 use state::{AfterRelease, Refused, State};
 
 use crate::rules::geometry::BlockId;
@@ -106,6 +114,8 @@ pub struct BlockPool {
     reclaim: ReclaimQueue,
     /// The prefix index, sharded by hash.
     index: PrefixIndex,
+    /// Whether one mutator has the pool to itself ([`exclusive`]).
+    mode: Mode,
     double_frees: AtomicU64,
     stale_releases: AtomicU64,
     invariant_violations: AtomicU64,
@@ -145,8 +155,9 @@ impl BlockPool {
         Ok(BlockPool {
             slots,
             free: FreeList::new(n),
-            reclaim: ReclaimQueue::new(),
+            reclaim: ReclaimQueue::new(num_blocks),
             index: PrefixIndex::new(num_blocks),
+            mode: Mode::default(),
             double_frees: AtomicU64::new(0),
             stale_releases: AtomicU64::new(0),
             invariant_violations: AtomicU64::new(0),
@@ -175,35 +186,34 @@ impl BlockPool {
     /// The returned block is referenced by the caller alone. `None` means every block was
     /// referenced (or in the middle of being released) during the call.
     pub fn allocate(&self) -> Option<BlockRef> {
-        while let Some(index) = self.free.pop() {
+        self.allocate_free().or_else(|| self.allocate_reclaimed())
+    }
+
+    /// The free-list half of [`allocate`](Self::allocate).
+    fn allocate_free(&self) -> Option<BlockRef> {
+        let exclusive = self.is_exclusive();
+        while let Some(index) = self.free.pop(exclusive) {
             let slot = &self.slots[index as usize];
-            let mut cur = slot.state.load(Ordering::Relaxed);
-            loop {
-                let Some(next) = State(cur).claim_free() else {
-                    // Unreachable while the free-list invariant holds. Never hand out a slot
-                    // that is not free: count the corruption and try the next one.
+            // Acquire: pairs with the Release CAS in `release` (or `evict`) that made the
+            // slot free, so the previous holders' writes happen-before the new owner's.
+            let claimed = transition(&slot.state, exclusive, Ordering::Acquire, |cur| {
+                State(cur).claim_free().map(|next| (next.0, next)).ok_or(())
+            });
+            match claimed {
+                Ok((_, next)) => {
+                    return Some(BlockRef {
+                        id: BlockId::from(index),
+                        generation: next.generation(),
+                    })
+                }
+                // Unreachable while the free-list invariant holds. Never hand out a slot
+                // that is not free: count the corruption and try the next one.
+                Err(()) => {
                     self.invariant_violations.fetch_add(1, Ordering::Relaxed);
-                    break;
-                };
-                // Acquire: pairs with the Release CAS in `release` (or `evict`) that made the
-                // slot free, so the previous holders' writes happen-before the new owner's.
-                match slot.state.compare_exchange_weak(
-                    cur,
-                    next.0,
-                    Ordering::Acquire,
-                    Ordering::Relaxed,
-                ) {
-                    Ok(_) => {
-                        return Some(BlockRef {
-                            id: BlockId::from(index),
-                            generation: next.generation(),
-                        })
-                    }
-                    Err(actual) => cur = actual,
                 }
             }
         }
-        self.allocate_reclaimed()
+        None
     }
 
     /// Allocates `n` blocks, all or nothing: on success appends them to `out` and returns
@@ -213,16 +223,26 @@ impl BlockPool {
     ///
     /// As [`allocate`](Self::allocate) for each block. Cached blocks reclaimed before a
     /// failure lose their prefix-index entry even though the call fails.
+    ///
+    /// The prefix-index entries of the cached blocks it reclaims are dropped a group at a time,
+    /// each index shard locked once per group, before it returns.
     pub fn allocate_n(&self, n: usize, out: &mut Vec<BlockRef>) -> bool {
         if n >= self.num_blocks() {
             return false; // more than the usable blocks; also bounds the reservation below
         }
         let mark = out.len();
         out.reserve(n);
+        let mut stale = StaleEntries::default();
         for _ in 0..n {
-            match self.allocate() {
+            let got = self.allocate_free().or_else(|| {
+                let (r, entry) = self.reclaim_one()?;
+                stale.push(self, entry);
+                Some(r)
+            });
+            match got {
                 Some(r) => out.push(r),
                 None => {
+                    stale.flush(self);
                     for r in out.drain(mark..) {
                         // Cannot fail: we hold the only reference, at its generation.
                         let _ = self.release(r);
@@ -231,6 +251,7 @@ impl BlockPool {
                 }
             }
         }
+        stale.flush(self);
         true
     }
 
@@ -284,34 +305,35 @@ impl BlockPool {
     /// the block's next allocation.
     pub fn release(&self, r: BlockRef) -> Result<(), PoolError> {
         let slot = self.checked_slot(r.id)?;
-        let mut cur = slot.state.load(Ordering::Relaxed);
-        let after = loop {
-            let (next, after) = match State(cur).release(r.generation) {
-                Ok(t) => t,
-                Err(e) => {
-                    let counter = match e {
-                        Refused::Stale(_) => &self.stale_releases,
-                        Refused::Filling => &self.invariant_violations,
-                        _ => &self.double_frees,
-                    };
-                    counter.fetch_add(1, Ordering::Relaxed);
-                    return Err(refusal(e, r));
-                }
-            };
-            // Release: pairs with the Acquire CAS that next claims the slot (`allocate` or
-            // `allocate_reclaimed`), so this holder's writes happen-before the next owner's.
-            match slot
-                .state
-                .compare_exchange_weak(cur, next.0, RELEASE_ORDER, Ordering::Relaxed)
-            {
-                Ok(_) => break after,
-                Err(actual) => cur = actual,
+        let exclusive = self.is_exclusive();
+        // Release: pairs with the Acquire CAS that next claims the slot (`allocate` or
+        // `allocate_reclaimed`), so this holder's writes happen-before the next owner's.
+        let released = transition(&slot.state, exclusive, RELEASE_ORDER, |cur| {
+            State(cur)
+                .release(r.generation)
+                .map(|(next, after)| (next.0, after))
+        });
+        let after = match released {
+            Ok((_, after)) => after,
+            Err(e) => {
+                let counter = match e {
+                    Refused::Stale(_) => &self.stale_releases,
+                    Refused::Filling => &self.invariant_violations,
+                    _ => &self.double_frees,
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+                return Err(refusal(e, r));
             }
         };
         match after {
             AfterRelease::Nothing => {}
-            AfterRelease::PushFree => self.free.push(r.id as u32), // in range: checked above
-            AfterRelease::PushReclaim => self.reclaim.push(r.id),
+            // In range: checked above.
+            AfterRelease::PushFree => self.free.push(r.id as u32, exclusive),
+            AfterRelease::PushReclaim => {
+                if !self.reclaim.push(r.id, exclusive) {
+                    self.invariant_violations.fetch_add(1, Ordering::Relaxed);
+                }
+            }
         }
         Ok(())
     }
@@ -350,7 +372,8 @@ impl BlockPool {
 
     /// Internal-invariant violations the pool detected and contained: a free-list pop that
     /// yielded a slot which was not free (it is skipped, never handed out), or a last release
-    /// of a block whose load still owns its bytes (it is kept, never freed). Always 0 unless
+    /// of a block whose load still owns its bytes (it is kept, never freed), or a cached block
+    /// the reclaim queue had no room for (a slot queued twice). Always 0 unless
     /// the pool itself has a bug; stress tests and shutdown checks assert it.
     pub fn invariant_violations(&self) -> u64 {
         self.invariant_violations.load(Ordering::Relaxed)

@@ -15,15 +15,15 @@ use std::collections::hash_map::Entry;
 use rustc_hash::FxHashMap;
 
 use super::state::State;
-use super::{BlockHash, BlockPool, BlockRef};
+use super::{transition, BlockHash, BlockPool, BlockRef};
 use crate::rules::geometry::BlockId;
 use crate::sync::{spin_hint, Mutex, Ordering};
 
 /// Shards of the prefix index (a power of two).
 #[cfg(not(kvsched_loom))]
-const INDEX_SHARD_BITS: u32 = 5;
+const INDEX_SHARD_BITS: u32 = 3;
 #[cfg(kvsched_loom)]
-const INDEX_SHARD_BITS: u32 = 1;
+const INDEX_SHARD_BITS: u32 = 3;
 const INDEX_SHARDS: usize = 1 << INDEX_SHARD_BITS;
 
 /// How often [`BlockPool::evict`] re-reads a slot whose hash word does not match the index
@@ -58,13 +58,59 @@ impl PrefixIndex {
         PrefixIndex { shards }
     }
 
-    /// The shard holding `hash`.
-    fn shard(&self, hash: BlockHash) -> &Mutex<FxHashMap<BlockHash, BlockRef>> {
+    /// The number of the shard holding `hash`.
+    fn shard_number(hash: BlockHash) -> usize {
         // Fibonacci hashing: callers' hashes may vary mostly in their low bits.
         let i = (hash.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - INDEX_SHARD_BITS)) as usize;
-        &self.shards[i & (INDEX_SHARDS - 1)]
+        i & (INDEX_SHARDS - 1)
+    }
+
+    /// The shard holding `hash`.
+    fn shard(&self, hash: BlockHash) -> &Mutex<FxHashMap<BlockHash, BlockRef>> {
+        &self.shards[Self::shard_number(hash)]
+    }
+
+    /// Calls `f(map, i)` for each `i` in `0..hashes.len()` with `map` the locked shard of
+    /// `hashes[i]`, taking each shard's lock once per group of up to [`GROUP`] consecutive
+    /// entries rather than once per entry. Within a shard the entries come in their order;
+    /// between shards the order is the shards' first appearance.
+    fn for_each_grouped(
+        &self,
+        hashes: impl Fn(usize) -> BlockHash,
+        n: usize,
+        mut f: impl FnMut(&mut FxHashMap<BlockHash, BlockRef>, usize),
+    ) {
+        let mut start = 0;
+        while start < n {
+            let m = (n - start).min(GROUP);
+            let mut shard_of = [0u8; GROUP];
+            for (j, s) in shard_of.iter_mut().enumerate().take(m) {
+                // Fits: INDEX_SHARDS ≤ 256.
+                *s = Self::shard_number(hashes(start + j)) as u8;
+            }
+            // Bit j: entry `start + j` not visited yet.
+            let mut left: u64 = if m == GROUP { u64::MAX } else { (1 << m) - 1 };
+            while left != 0 {
+                let s = shard_of[left.trailing_zeros() as usize];
+                let mut map = self.shards[usize::from(s)].lock();
+                let mut rest = left;
+                while rest != 0 {
+                    let j = rest.trailing_zeros() as usize;
+                    rest &= rest - 1;
+                    if shard_of[j] == s {
+                        f(&mut map, start + j);
+                        left &= !(1 << j);
+                    }
+                }
+            }
+            start += m;
+        }
     }
 }
+
+/// Entries [`PrefixIndex::for_each_grouped`] sorts by shard at a time (one bit each of a
+/// `u64`).
+const GROUP: usize = 64;
 
 impl BlockPool {
     /// Registers `r` in the prefix index under `hash` and marks it cached.
@@ -80,33 +126,58 @@ impl BlockPool {
     /// duration of the call (as it must to write the block); a registration racing with the
     /// block's last release may leave a stale index entry, which lookups discard.
     pub fn register(&self, hash: BlockHash, r: BlockRef) -> bool {
+        let mut shard = self.index.shard(hash).lock();
+        self.register_locked(&mut shard, hash, r)
+    }
+
+    /// Registers each `(hash, r)` of `entries` as [`register`](Self::register) does, taking
+    /// each index shard's lock once for the entries it holds instead of once per entry.
+    /// Entries in one shard are registered in their order; a hash that appears twice is
+    /// registered once, under its first block.
+    ///
+    /// # Guarantees
+    ///
+    /// Those of [`register`](Self::register), for every entry. Another thread may see a later
+    /// entry registered before an earlier one of another shard (each is visible from its own
+    /// registration on, as with separate calls racing a lookup).
+    pub fn register_all(&self, entries: &[(BlockHash, BlockRef)]) {
+        self.index.for_each_grouped(
+            |i| entries[i].0,
+            entries.len(),
+            |map, i| {
+                let (hash, r) = entries[i];
+                self.register_locked(map, hash, r);
+            },
+        );
+    }
+
+    /// The body of [`register`](Self::register), under the lock of `hash`'s shard (`map`).
+    fn register_locked(
+        &self,
+        map: &mut FxHashMap<BlockHash, BlockRef>,
+        hash: BlockHash,
+        r: BlockRef,
+    ) -> bool {
         let Some(slot) = self.slot(r.id) else {
             return false;
         };
-        let mut shard = self.index.shard(hash).lock();
         // One probe of the map for the check and the insert.
-        let entry = shard.entry(hash);
+        let entry = map.entry(hash);
         if let Entry::Occupied(e) = &entry {
             if self.is_registered(*e.get()) {
                 return false;
             }
         }
-        let mut cur = slot.state.load(Ordering::Relaxed);
-        loop {
-            let Some(next) = State(cur).mark_cached(r.generation) else {
-                return false;
-            };
-            // Release: pairs with the Acquire CAS in `lookup`, publishing the block's contents
-            // to prefix hits (the shard lock orders the index entry itself).
-            match slot.state.compare_exchange_weak(
-                cur,
-                next.0,
-                Ordering::Release,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => break,
-                Err(actual) => cur = actual,
-            }
+        // Release: pairs with the Acquire CAS in `lookup`, publishing the block's contents
+        // to prefix hits (the shard lock orders the index entry itself).
+        let marked = transition(&slot.state, self.is_exclusive(), Ordering::Release, |cur| {
+            State(cur)
+                .mark_cached(r.generation)
+                .map(|n| (n.0, ()))
+                .ok_or(())
+        });
+        if marked.is_err() {
+            return false;
         }
         // Relaxed: we alone may write it (we set CACHED, and only the registration that sets
         // CACHED writes the word); readers reach it through this shard's lock (`evict`) or
@@ -142,26 +213,22 @@ impl BlockPool {
         // The revive CAS runs under the shard lock: `evict` clears CACHED only under the lock
         // of the block's hash, so while we hold it a CACHED flag at `r.generation` still means
         // "cached under `hash`" (not: evicted and re-registered under another hash).
-        let mut cur = slot.state.load(Ordering::Relaxed);
-        loop {
-            let Some(next) = State(cur).revive(r.generation) else {
-                let s = State(cur);
+        // Acquire: pairs with the Release CAS in `register` (and in `release`), so the
+        // registrant's writes to the block happen-before the hit is returned.
+        let revived = transition(&slot.state, self.is_exclusive(), Ordering::Acquire, |cur| {
+            State(cur)
+                .revive(r.generation)
+                .map(|next| (next.0, ()))
+                .ok_or(State(cur))
+        });
+        match revived {
+            Ok(_) => Some(r),
+            Err(s) => {
                 if s.generation() != r.generation || !s.is_cached() {
                     // Reclaimed (its claimer will also try to remove it) or stale.
                     shard.remove(&hash);
                 }
-                return None;
-            };
-            // Acquire: pairs with the Release CAS in `register` (and in `release`), so the
-            // registrant's writes to the block happen-before the hit is returned.
-            match slot.state.compare_exchange_weak(
-                cur,
-                next.0,
-                Ordering::Acquire,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return Some(r),
-                Err(actual) => cur = actual,
+                None
             }
         }
     }
@@ -233,7 +300,7 @@ impl BlockPool {
             shard.remove(&hash);
             drop(shard);
             if now_free {
-                self.free.push(id as u32); // in range: `slot` succeeded
+                self.free.push(id as u32, false); // in range: `slot` succeeded
             }
             return true;
         }
@@ -249,10 +316,25 @@ impl BlockPool {
     /// Drops `hash → old` from the index if it is still there.
     pub(super) fn remove_index_entry(&self, hash: BlockHash, old: BlockRef) {
         let mut shard = self.index.shard(hash).lock();
-        if let Entry::Occupied(e) = shard.entry(hash) {
-            if *e.get() == old {
-                e.remove();
-            }
+        remove_if_names(&mut shard, hash, old);
+    }
+
+    /// [`remove_index_entry`](Self::remove_index_entry) for each entry, each index shard's
+    /// lock taken once for the entries it holds.
+    pub(super) fn remove_index_entries(&self, entries: &[(BlockHash, BlockRef)]) {
+        self.index.for_each_grouped(
+            |i| entries[i].0,
+            entries.len(),
+            |map, i| remove_if_names(map, entries[i].0, entries[i].1),
+        );
+    }
+}
+
+/// Drops `hash → old` from `map` if it is still there.
+fn remove_if_names(map: &mut FxHashMap<BlockHash, BlockRef>, hash: BlockHash, old: BlockRef) {
+    if let Entry::Occupied(e) = map.entry(hash) {
+        if *e.get() == old {
+            e.remove();
         }
     }
 }

@@ -13,61 +13,73 @@
 //! So a slot has at most one entry, and an entry may outlive the generation it was pushed
 //! for; the state word decides what it still means.
 
+use super::ring::Ring;
 use super::state::{ReclaimStep, State};
-use super::{BlockPool, BlockRef};
+use super::{transition, BlockHash, BlockPool, BlockRef};
 use crate::rules::geometry::BlockId;
-use crate::sync::{Ordering, SegQueue};
+use crate::sync::Ordering;
 
 /// Cached, unreferenced slots, oldest release first; at most one entry per slot.
+///
+/// A bounded ring ([`Ring`]) with room for an entry per slot of the pool: since a slot is
+/// queued at most once (its `QUEUED` bit), it never fills, and pushing or popping is one
+/// compare-and-swap with no allocation (an unbounded linked queue allocated a segment every
+/// few dozen pushes), or a store in the pool's exclusive mode.
 #[derive(Debug)]
-pub(super) struct ReclaimQueue(SegQueue<BlockId>);
+pub(super) struct ReclaimQueue(Ring);
 
 impl ReclaimQueue {
-    /// An empty queue.
-    pub(super) fn new() -> Self {
-        ReclaimQueue(SegQueue::new())
+    /// An empty queue for a pool of `num_blocks` slots.
+    pub(super) fn new(num_blocks: usize) -> Self {
+        ReclaimQueue(Ring::new(num_blocks))
     }
 
     /// Appends `id` at the tail: by the release that set the slot's `QUEUED`, or by a popper
-    /// giving it a second chance.
-    pub(super) fn push(&self, id: BlockId) {
-        self.0.push(id);
+    /// giving it a second chance. `false` only if the queue held an entry for every slot
+    /// already, which the one-entry-per-slot rule rules out (the caller counts it as an
+    /// invariant violation). `exclusive`: the caller is the pool's only mutator.
+    #[must_use]
+    pub(super) fn push(&self, id: BlockId, exclusive: bool) -> bool {
+        self.0.push(id, exclusive)
     }
 
-    /// Takes the oldest entry.
-    fn pop(&self) -> Option<BlockId> {
-        self.0.pop()
+    /// Takes the oldest entry (`exclusive` as for [`push`](Self::push)).
+    fn pop(&self, exclusive: bool) -> Option<BlockId> {
+        self.0.pop(exclusive)
     }
 }
 
 impl BlockPool {
     /// The reclaim half of [`allocate`](Self::allocate).
     pub(super) fn allocate_reclaimed(&self) -> Option<BlockRef> {
-        while let Some(id) = self.reclaim.pop() {
+        let (r, stale) = self.reclaim_one()?;
+        self.remove_index_entry(stale.0, stale.1);
+        Some(r)
+    }
+
+    /// Claims the oldest reclaimable block: returns it (count 1, generation bumped) and its
+    /// index entry `(hash, old ref)`, which the caller must drop from the prefix index
+    /// ([`remove_index_entry`](Self::remove_index_entry)). Until then a lookup meeting the
+    /// entry finds a block of another generation: a miss, and it removes the entry itself.
+    pub(super) fn reclaim_one(&self) -> Option<(BlockRef, (BlockHash, BlockRef))> {
+        let exclusive = self.is_exclusive();
+        while let Some(id) = self.reclaim.pop(exclusive) {
             let Some(slot) = self.slot(id) else {
                 continue;
             };
-            let mut cur = slot.state.load(Ordering::Relaxed);
-            let step = loop {
+            // Acquire: for a claim, pairs with the Release CAS in `release` that dropped the
+            // count to 0 (and, through it, with `register`'s store of the hash word), so the
+            // previous holders' writes happen-before the new owner's.
+            let installed = transition(&slot.state, exclusive, Ordering::Acquire, |cur| {
                 let step = State(cur).reclaim();
                 let next = match step {
                     ReclaimStep::Claim(s)
                     | ReclaimStep::SecondChance(s)
                     | ReclaimStep::Dequeue(s) => s,
                 };
-                // Acquire: for a claim, pairs with the Release CAS in `release` that dropped
-                // the count to 0 (and, through it, with `register`'s store of the hash word),
-                // so the previous holders' writes happen-before the new owner's.
-                match slot.state.compare_exchange_weak(
-                    cur,
-                    next.0,
-                    Ordering::Acquire,
-                    Ordering::Relaxed,
-                ) {
-                    Ok(_) => break step,
-                    Err(actual) => cur = actual,
-                }
-            };
+                Ok::<_, std::convert::Infallible>((next.0, step))
+            });
+            let Ok((cur, step)) = installed;
             match step {
                 ReclaimStep::Claim(next) => {
                     let old = BlockRef {
@@ -77,17 +89,63 @@ impl BlockPool {
                     // Relaxed: written by `register` before the release our Acquire CAS
                     // synchronised with.
                     let hash = slot.hash.load(Ordering::Relaxed);
-                    self.remove_index_entry(hash, old);
-                    return Some(BlockRef {
+                    let new = BlockRef {
                         id,
                         generation: next.generation(),
-                    });
+                    };
+                    return Some((new, (hash, old)));
                 }
-                ReclaimStep::SecondChance(_) => self.reclaim.push(id),
+                ReclaimStep::SecondChance(_) => {
+                    if !self.reclaim.push(id, exclusive) {
+                        self.invariant_violations.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
                 ReclaimStep::Dequeue(_) => {}
             }
         }
         None
+    }
+}
+
+/// Index entries of blocks [`BlockPool::allocate_n`] reclaimed, dropped from the prefix index
+/// [`STALE_BATCH`] at a time (each index shard locked once per batch).
+pub(super) struct StaleEntries {
+    entries: [(BlockHash, BlockRef); STALE_BATCH],
+    len: usize,
+}
+
+/// How many reclaimed blocks' index entries are dropped together.
+const STALE_BATCH: usize = 32;
+
+impl Default for StaleEntries {
+    fn default() -> Self {
+        StaleEntries {
+            entries: [(
+                0,
+                BlockRef {
+                    id: 0,
+                    generation: 0,
+                },
+            ); STALE_BATCH],
+            len: 0,
+        }
+    }
+}
+
+impl StaleEntries {
+    /// Keeps `entry`, dropping the batch first if it is full.
+    pub(super) fn push(&mut self, pool: &BlockPool, entry: (BlockHash, BlockRef)) {
+        if self.len == STALE_BATCH {
+            self.flush(pool);
+        }
+        self.entries[self.len] = entry;
+        self.len += 1;
+    }
+
+    /// Drops every kept entry from the prefix index.
+    pub(super) fn flush(&mut self, pool: &BlockPool) {
+        pool.remove_index_entries(&self.entries[..self.len]);
+        self.len = 0;
     }
 }
 

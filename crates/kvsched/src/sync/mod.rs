@@ -9,7 +9,7 @@
 
 #[cfg(not(kvsched_loom))]
 mod imp {
-    pub use parking_lot::{Mutex, RwLock};
+    pub use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
     pub use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
     pub use std::sync::Arc;
     pub use std::thread;
@@ -80,6 +80,35 @@ mod imp {
         /// Locks; loom's mutex cannot be poisoned by a model that passes.
         pub fn lock(&self) -> MutexGuard<'_, T> {
             match self.0.lock() {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            }
+        }
+    }
+
+    /// A loom reader-writer lock with parking_lot's (non-poisoning) interface.
+    #[derive(Debug, Default)]
+    pub struct RwLock<T>(loom::sync::RwLock<T>);
+    /// Shared guard of [`RwLock`].
+    pub type RwLockReadGuard<'a, T> = loom::sync::RwLockReadGuard<'a, T>;
+    /// Exclusive guard of [`RwLock`].
+    pub type RwLockWriteGuard<'a, T> = loom::sync::RwLockWriteGuard<'a, T>;
+
+    impl<T> RwLock<T> {
+        /// A new lock.
+        pub fn new(v: T) -> Self {
+            RwLock(loom::sync::RwLock::new(v))
+        }
+        /// Locks shared.
+        pub fn read(&self) -> RwLockReadGuard<'_, T> {
+            match self.0.read() {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            }
+        }
+        /// Locks exclusively.
+        pub fn write(&self) -> RwLockWriteGuard<'_, T> {
+            match self.0.write() {
                 Ok(g) => g,
                 Err(p) => p.into_inner(),
             }

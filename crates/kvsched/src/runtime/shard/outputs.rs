@@ -125,9 +125,18 @@ impl<S: Strategy> Shard<S> {
         }
     }
 
-    /// Registers the request's full blocks below `nct` tokens not registered yet.
+    /// Registers the request's full blocks below `nct` tokens not registered yet, in their
+    /// order, [`REGISTER_BATCH`] to a call of the pool.
     pub(super) fn register_upto(env: &Env<'_, S>, r: &mut Req, nct: u64) {
         let null = env.geo.null_block();
+        let mut batch = [(
+            0,
+            BlockRef {
+                id: 0,
+                generation: 0,
+            },
+        ); REGISTER_BATCH];
+        let mut len = 0;
         for (g, grp) in env.geo.groups().iter().enumerate() {
             let full = ((nct / grp.block_size) as usize)
                 .min(r.hashes[g].len())
@@ -137,16 +146,21 @@ impl<S: Strategy> Shard<S> {
                 let id = r.tables[g][i];
                 let real = crate::runtime::policy::caching::cacheable(grp, i, nct);
                 if id != null && real {
-                    let _ = env.pool.register(
-                        r.hashes[g][i],
-                        BlockRef {
-                            id,
-                            generation: r.gens[g][i],
-                        },
-                    );
+                    if len == REGISTER_BATCH {
+                        env.pool.register_all(&batch);
+                        len = 0;
+                    }
+                    let generation = r.gens[g][i];
+                    batch[len] = (r.hashes[g][i], BlockRef { id, generation });
+                    len += 1;
                 }
                 r.registered[g] += 1;
             }
         }
+        env.pool.register_all(&batch[..len]);
     }
 }
+
+/// Blocks [`Shard::register_upto`] hands the pool at a time: the pool locks each index shard
+/// once per call for the blocks it holds.
+const REGISTER_BATCH: usize = 32;

@@ -46,6 +46,12 @@ pub trait Pool {
     fn release(&self, r: BlockRef) -> Result<(), PoolError>;
     /// Enters `r` in the prefix cache under `hash`.
     fn register(&self, hash: BlockHash, r: BlockRef) -> bool;
+    /// Enters each `(hash, r)` in the prefix cache, as `register` on each in turn would.
+    fn register_all(&self, entries: &[(BlockHash, BlockRef)]) {
+        for &(hash, r) in entries {
+            self.register(hash, r);
+        }
+    }
     /// Takes block `id` out of the prefix cache.
     fn evict(&self, id: BlockId) -> bool;
     /// Whether `r` names the block's current generation.
@@ -117,6 +123,10 @@ impl Pool for Arc<BlockPool> {
     #[inline]
     fn register(&self, hash: BlockHash, r: BlockRef) -> bool {
         BlockPool::register(self, hash, r)
+    }
+    #[inline]
+    fn register_all(&self, entries: &[(BlockHash, BlockRef)]) {
+        BlockPool::register_all(self, entries)
     }
     #[inline]
     fn evict(&self, id: BlockId) -> bool {

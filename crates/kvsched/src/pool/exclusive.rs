@@ -1,0 +1,141 @@
+//! The pool's exclusive mode: while one thread is the pool's only mutator, its state
+//! transitions are a load and a store instead of a compare-and-swap.
+//!
+//! Every mutation of the pool is made by a shard's step. A step the runtime runs inline —
+//! every shard on the engine thread, as every step below `parallel_step_work` is — has the
+//! pool to itself: it takes [`BlockPool::exclusive`] for the step. A step run in parallel
+//! takes [`BlockPool::shared`] on each shard thread. Both are one `RwLock` (write and read):
+//! an exclusive step never overlaps a parallel one, and a parallel step's shards never see
+//! the flag set.
+//!
+//! While [`Exclusive`] is held, the hot transitions — allocation from the free list and by
+//! reclaim, release, registration, the free-list and reclaim-ring ends — install their next
+//! word with a plain store, keeping the orderings the compare-and-swap had (its Acquire on
+//! the load, its Release on the store), so every happens-before edge the lock-free protocol
+//! names still holds: a locked instruction is what an uncontended CAS costs over a store,
+//! and nothing contends. The other transitions keep their CAS, which is correct in both
+//! modes. Readers that are not mutators — a load's worker checking its fill flag, lookups of
+//! the census — read the words atomically as before.
+//!
+//! # Contract
+//!
+//! Only a holder of one of the two guards mutates the pool while any [`Exclusive`] may be
+//! held. The runtime holds one for every step; tests, benches and loom models that never take
+//! [`Exclusive`] may mutate without either (the flag is then never set, and every transition
+//! is a CAS). A mutation without a guard while [`Exclusive`] is held may be lost.
+
+use super::BlockPool;
+use crate::sync::{AtomicBool, AtomicU64, Ordering, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+/// The mode's lock and flag.
+#[derive(Debug, Default)]
+pub(super) struct Mode {
+    /// Write: an exclusive step; read: one shard of a parallel step.
+    steps: RwLock<()>,
+    /// Set while an [`Exclusive`] is held (by its holder, after taking the write lock).
+    exclusive: AtomicBool,
+}
+
+/// The pool held by one mutator: see the module docs. Dropping it ends the mode.
+#[must_use = "the mode ends when the guard drops"]
+pub struct Exclusive<'a> {
+    pool: &'a BlockPool,
+    _step: Held<'a>,
+}
+
+/// The lock an [`Exclusive`] holds: the write lock (a read lock only in the planted bug).
+enum Held<'a> {
+    Write(#[allow(dead_code)] RwLockWriteGuard<'a, ()>),
+    #[allow(dead_code)]
+    Read(RwLockReadGuard<'a, ()>),
+}
+
+/// One shard's share of a parallel step: see the module docs.
+#[must_use = "the share ends when the guard drops"]
+pub struct Shared<'a> {
+    _step: RwLockReadGuard<'a, ()>,
+}
+
+impl Drop for Exclusive<'_> {
+    fn drop(&mut self) {
+        // Relaxed: read only by this thread until the write lock is released (whose Release
+        // orders it before any later guard holder's reads).
+        self.pool.mode.exclusive.store(false, Ordering::Relaxed);
+    }
+}
+
+impl BlockPool {
+    /// Makes the caller the pool's only mutator until the guard drops; waits for parallel
+    /// steps' shards to let go of theirs.
+    pub fn exclusive(&self) -> Exclusive<'_> {
+        // Planted bug (loom-tests/plants.sh): the flag is set under a read lock, which keeps
+        // no parallel mutator out.
+        let step = if planted!("exclusive-unguarded") {
+            Held::Read(self.mode.steps.read())
+        } else {
+            Held::Write(self.mode.steps.write())
+        };
+        // Relaxed: read by this thread (program order); other threads are kept out by the
+        // write lock until the flag is cleared.
+        self.mode.exclusive.store(true, Ordering::Relaxed);
+        Exclusive {
+            pool: self,
+            _step: step,
+        }
+    }
+
+    /// A shard's share of a parallel step: other shards may mutate the pool meanwhile, so
+    /// every transition is a CAS; waits while an [`Exclusive`] is held.
+    pub fn shared(&self) -> Shared<'_> {
+        Shared {
+            _step: self.mode.steps.read(),
+        }
+    }
+
+    /// Whether the calling mutator holds [`Exclusive`] (only its holder ever reads `true`).
+    #[inline]
+    pub(super) fn is_exclusive(&self) -> bool {
+        // Relaxed: see `exclusive`; a shard of a parallel step holds the read lock, which
+        // the writer's clear happens-before.
+        self.mode.exclusive.load(Ordering::Relaxed)
+    }
+}
+
+/// Installs `step(current)` on `word` and returns the word it replaced with `step`'s
+/// result, or `step`'s refusal with nothing changed: a CAS loop whose success ordering is
+/// `success`, or, when `exclusive` (the caller holds [`Exclusive`]), a load and a store that
+/// carry the CAS's orderings — its Acquire on the load, its Release on the store.
+#[inline]
+pub(super) fn transition<T, E>(
+    word: &AtomicU64,
+    exclusive: bool,
+    success: Ordering,
+    mut step: impl FnMut(u64) -> Result<(u64, T), E>,
+) -> Result<(u64, T), E> {
+    if exclusive {
+        let (load, store) = split(success);
+        let cur = word.load(load);
+        let (next, t) = step(cur)?;
+        word.store(next, store);
+        return Ok((cur, t));
+    }
+    let mut cur = word.load(Ordering::Relaxed);
+    loop {
+        let (next, t) = step(cur)?;
+        match word.compare_exchange_weak(cur, next, success, Ordering::Relaxed) {
+            Ok(_) => return Ok((cur, t)),
+            Err(actual) => cur = actual,
+        }
+    }
+}
+
+/// A read-modify-write ordering as the orderings of a load and a store.
+fn split(rmw: Ordering) -> (Ordering, Ordering) {
+    match rmw {
+        Ordering::Acquire => (Ordering::Acquire, Ordering::Relaxed),
+        Ordering::Release => (Ordering::Relaxed, Ordering::Release),
+        Ordering::AcqRel => (Ordering::Acquire, Ordering::Release),
+        Ordering::SeqCst => (Ordering::SeqCst, Ordering::SeqCst),
+        _ => (Ordering::Relaxed, Ordering::Relaxed),
+    }
+}
