@@ -232,6 +232,7 @@ impl Builder {
             panicked: None,
             handed: Default::default(),
             loads_sent: 0,
+            command_batches: Vec::new(),
         })
     }
 

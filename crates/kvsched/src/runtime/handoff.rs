@@ -97,15 +97,16 @@ impl Inner {
     /// (resetting those claim words).
     fn phase_publish(&self, i: usize, shard: &mut Shard, settings: &StepSettings) {
         let slot = &self.shards[i];
-        let commands = std::iter::from_fn(|| slot.inbox.pop());
         let completions = std::iter::from_fn(|| slot.completions.pop());
-        let mine = shard.publish(
-            &self.env(i),
-            settings,
-            Instant::now(),
-            commands,
-            completions,
-        );
+        let mine = slot.inbox.take(|commands| {
+            shard.publish(
+                &self.env(i),
+                settings,
+                Instant::now(),
+                commands,
+                completions,
+            )
+        });
         *slot.published.lock() = mine;
     }
 
@@ -174,6 +175,8 @@ impl Inner {
     /// deciding (skipped by every shard alike when the report is empty).
     pub(super) fn run_shard_step(&self, i: usize, engine_share: &[BlockId], live: &Settings) {
         let settings = &self.step_settings(i, live);
+        // The other shards mutate the pool alongside.
+        let _pool = self.pool.shared();
         let mut shard = self.shards[i].state.lock();
         let mut failed = false;
         // A share left from an earlier step must not stand in for one a panic never wrote.
@@ -219,6 +222,8 @@ impl Inner {
     ) {
         let k = self.shards.len();
         let settings: Vec<StepSettings> = (0..k).map(|i| self.step_settings(i, live)).collect();
+        // Every shard runs on this thread: the pool has one mutator for the step.
+        let _pool = self.pool.exclusive();
         let mut shards: Vec<_> = self.shards.iter().map(|s| s.state.lock()).collect();
         let mut failed = vec![false; k];
         for (i, shard) in shards.iter_mut().enumerate() {

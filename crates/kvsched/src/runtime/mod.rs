@@ -62,6 +62,8 @@ mod handle;
 #[cfg(not(kvsched_loom))]
 mod handoff;
 #[cfg(not(kvsched_loom))]
+mod inbox;
+#[cfg(not(kvsched_loom))]
 mod invariants;
 #[cfg(all(not(kvsched_loom), feature = "internals"))]
 pub mod load_estimate;

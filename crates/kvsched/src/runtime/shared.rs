@@ -11,22 +11,22 @@ use crate::connector::{KvConnector, LoadJob};
 use crate::pool::BlockPool;
 use crate::rules::geometry::{BlockId, Geometry};
 use crate::runtime::claim::ClaimTable;
+use crate::runtime::inbox::Inbox;
 use crate::runtime::load_estimate::LoadEstimate;
 use crate::runtime::quarantine::Quarantine;
 use crate::runtime::route::shard_of;
 use crate::runtime::settings::Settings;
-use crate::runtime::shard::{Command, Env, Shard, ShardStepResult, StepSettings};
+use crate::runtime::shard::{Env, Shard, ShardStepResult, StepSettings};
 use crate::runtime::worker::Completion;
 use crate::sync::{
-    Arc, ArrayQueue, AtomicBool, AtomicU64, AtomicUsize, Mutex, PhaseBarrier, RwLock, SegQueue,
-    Unparker,
+    Arc, ArrayQueue, AtomicBool, AtomicU64, AtomicUsize, Mutex, PhaseBarrier, RwLock, Unparker,
 };
 
 /// One shard's slot: its state, its inputs (commands, completions), and what its part of
 /// the last step published and produced.
 pub(super) struct ShardSlot {
     pub(super) state: Mutex<Shard>,
-    pub(super) inbox: SegQueue<Command>,
+    pub(super) inbox: Inbox,
     pub(super) completions: Arc<ArrayQueue<Completion>>,
     pub(super) published: Mutex<Vec<BlockId>>,
     pub(super) result: Mutex<Option<(ShardStepResult, Vec<LoadJob>)>>,
@@ -94,7 +94,7 @@ impl Inner {
             shards: (0..k)
                 .map(|i| ShardSlot {
                     state: Mutex::new(Shard::for_blocks(blocks)),
-                    inbox: SegQueue::new(),
+                    inbox: Inbox::default(),
                     completions: Arc::clone(&queues[i]),
                     published: Mutex::new(Vec::new()),
                     result: Mutex::new(None),

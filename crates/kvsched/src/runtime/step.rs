@@ -103,6 +103,8 @@ pub struct Runtime {
     pub(super) handed: HandedOut,
     /// Asynchronous loads handed to the workers.
     pub(super) loads_sent: u64,
+    /// `update`'s per-shard command lists, empty between calls (kept for their capacity).
+    pub(super) command_batches: Vec<Vec<Command>>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -384,23 +386,34 @@ impl Runtime {
         if out.step == self.step {
             self.answered = true;
         }
+        // Each shard's commands go to its inbox as one batch, in the output's order.
+        let mut batches = std::mem::take(&mut self.command_batches);
+        batches.resize_with(self.inner.shards.len(), Vec::new);
         for id in out.finished {
             let i = self.inner.shard_of(&id);
-            self.inner.shards[i].inbox.push(Command::Finish(id));
+            batches[i].push(Command::Finish(id));
         }
-        if out.step != self.step {
+        let current = out.step == self.step;
+        if !current {
             if !out.sampled.is_empty() || !out.invalid_blocks.is_empty() {
                 self.metrics.stale_outputs += 1;
             }
-            return Vec::new();
-        }
-        for id in out.sampled {
-            if !self.handed.samplers.contains(&*id) {
-                self.metrics.unexpected_samples += 1;
-                continue;
+        } else {
+            for id in out.sampled {
+                if !self.handed.samplers.contains(&*id) {
+                    self.metrics.unexpected_samples += 1;
+                    continue;
+                }
+                let i = self.inner.shard_of(&id);
+                batches[i].push(Command::Sampled(id));
             }
-            let i = self.inner.shard_of(&id);
-            self.inner.shards[i].inbox.push(Command::Sampled(id));
+        }
+        for (slot, batch) in self.inner.shards.iter().zip(&mut batches) {
+            slot.inbox.push_all(batch);
+        }
+        self.command_batches = batches;
+        if !current {
+            return Vec::new();
         }
         let mut failed_ids = rustc_hash::FxHashSet::default();
         for b in out.invalid_blocks {
@@ -496,11 +509,27 @@ impl Runtime {
 
 /// `list` in canonical order. Each shard's part is mostly in order already, but the parts
 /// interleave; a comparison sort of the entries themselves would move each (about 200 bytes)
-/// about log n times. This sorts their keys and moves each entry three times, whatever the
-/// order; a list already in order is returned as it is.
-fn in_request_order(list: Vec<ScheduledRequest>) -> Vec<ScheduledRequest> {
-    if list.is_sorted_by_key(|s| s.key) {
-        return list;
+/// about log n times. A list already in order is returned as it is; two ordered runs (the
+/// two shards' lists) are merged; otherwise their keys are sorted and each entry moved three
+/// times.
+fn in_request_order(mut list: Vec<ScheduledRequest>) -> Vec<ScheduledRequest> {
+    let Some(cut) = list.windows(2).position(|w| w[0].key > w[1].key) else {
+        return list; // already in order
+    };
+    let cut = cut + 1;
+    if list[cut..].is_sorted_by_key(|s| s.key) {
+        // Two ordered runs (two shards' lists, one appended to the other): merged with one
+        // move of each entry of the first run and two of the second, no sort.
+        let second = list.split_off(cut);
+        let mut merged = Vec::with_capacity(list.len() + second.len());
+        let (mut a, mut b) = (list.into_iter().peekable(), second.into_iter().peekable());
+        while let (Some(x), Some(y)) = (a.peek(), b.peek()) {
+            let next = if x.key < y.key { a.next() } else { b.next() };
+            merged.extend(next);
+        }
+        merged.extend(a);
+        merged.extend(b);
+        return merged;
     }
     let mut order: Vec<(RequestOrder, usize)> =
         list.iter().enumerate().map(|(i, s)| (s.key, i)).collect();
@@ -579,5 +608,15 @@ mod tests {
                 && *s.id == *format!("r{}", s.key.sequence())));
         let sorted = in_request_order(merged);
         assert_eq!(sorted.len(), 7);
+        // Three runs: the general path.
+        let list: Vec<_> = [(0, 5), (0, 9), (0, 2), (0, 7), (0, 1), (0, 4)]
+            .into_iter()
+            .map(|(p, s)| entry(p, s))
+            .collect();
+        let seqs: Vec<u64> = in_request_order(list)
+            .iter()
+            .map(|s| s.key.sequence())
+            .collect();
+        assert_eq!(seqs, [1, 2, 4, 5, 7, 9]);
     }
 }
