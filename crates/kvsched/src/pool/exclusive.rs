@@ -9,12 +9,12 @@
 //! the flag set.
 //!
 //! While [`Exclusive`] is held, the hot transitions — allocation from the free list and by
-//! reclaim, release, registration, the free-list and reclaim-ring ends — install their next
-//! word with a plain store, keeping the orderings the compare-and-swap had (its Acquire on
-//! the load, its Release on the store), so every happens-before edge the lock-free protocol
-//! names still holds: a locked instruction is what an uncontended CAS costs over a store,
-//! and nothing contends. The other transitions keep their CAS, which is correct in both
-//! modes. Readers that are not mutators — a load's worker checking its fill flag, lookups of
+//! reclaim, release, registration, revival, the fill flags and the free list's head —
+//! install their next word with a plain store, keeping the orderings the compare-and-swap
+//! had (its Acquire on the load, its Release on the store), so every happens-before edge the
+//! lock-free protocol names still holds: a locked instruction is what an uncontended CAS
+//! costs over a store, and nothing contends. The other transitions (eviction, retain) and
+//! the reclaim queue keep their compare-and-swap, which is correct in both modes. Readers that are not mutators — a load's worker checking its fill flag, lookups of
 //! the census — read the words atomically as before.
 //!
 //! # Contract

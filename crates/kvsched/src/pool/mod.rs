@@ -7,9 +7,9 @@
 //!
 //! * **Free list** — a lock-free Treiber stack of slot indices whose head packs an ABA tag with
 //!   the top index. A slot is on it exactly when its count is 0 and it is not cached.
-//! * **Reclaim queue** — a bounded MPMC ring of cached, unreferenced slots in release order,
+//! * **Reclaim queue** — a bounded MPMC queue of cached, unreferenced slots in release order,
 //!   consumed with a second-chance (CLOCK) rule, i.e. an approximate LRU. A slot has at most
-//!   one entry, so the ring (one place per slot) never fills.
+//!   one entry, so the queue (one place per slot) never fills.
 //! * **Prefix index** — `hash → BlockRef`, split into shards behind short mutexes. Only
 //!   [`register`](BlockPool::register), [`lookup`](BlockPool::lookup),
 //!   [`evict`](BlockPool::evict) and the reclaim path of [`allocate`](BlockPool::allocate)
@@ -24,7 +24,6 @@
 //! * `state` — the packed per-slot state word and its pure transitions;
 //! * `free_list` — the tagged Treiber stack;
 //! * `reclaim` — the reclaim queue and the reclaim half of allocation;
-//! * `ring` — the bounded MPMC ring the reclaim queue is;
 //! * `exclusive` — the exclusive mode of inline steps, and the transition helper;
 //! * `prefix_index` — the sharded index and the operations that use it;
 //! * `census` — the slot classification;
@@ -42,7 +41,6 @@ mod free_list;
 mod hash;
 mod prefix_index;
 mod reclaim;
-mod ring;
 mod state;
 
 pub use block_ref::{BlockRef, Generation};
@@ -330,7 +328,7 @@ impl BlockPool {
             // In range: checked above.
             AfterRelease::PushFree => self.free.push(r.id as u32, exclusive),
             AfterRelease::PushReclaim => {
-                if !self.reclaim.push(r.id, exclusive) {
+                if !self.reclaim.push(r.id) {
                     self.invariant_violations.fetch_add(1, Ordering::Relaxed);
                 }
             }

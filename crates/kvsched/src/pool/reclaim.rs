@@ -13,39 +13,38 @@
 //! So a slot has at most one entry, and an entry may outlive the generation it was pushed
 //! for; the state word decides what it still means.
 
-use super::ring::Ring;
 use super::state::{ReclaimStep, State};
 use super::{transition, BlockHash, BlockPool, BlockRef};
 use crate::rules::geometry::BlockId;
-use crate::sync::Ordering;
+use crate::sync::{ArrayQueue, Ordering};
 
 /// Cached, unreferenced slots, oldest release first; at most one entry per slot.
 ///
-/// A bounded ring ([`Ring`]) with room for an entry per slot of the pool: since a slot is
-/// queued at most once (its `QUEUED` bit), it never fills, and pushing or popping is one
+/// A bounded queue with room for an entry per slot of the pool: since a slot is queued at
+/// most once (its `QUEUED` bit), it never fills, and pushing or popping is one
 /// compare-and-swap with no allocation (an unbounded linked queue allocated a segment every
-/// few dozen pushes), or a store in the pool's exclusive mode.
+/// few dozen pushes). It keeps its compare-and-swap in the pool's exclusive mode too.
 #[derive(Debug)]
-pub(super) struct ReclaimQueue(Ring);
+pub(super) struct ReclaimQueue(ArrayQueue<BlockId>);
 
 impl ReclaimQueue {
     /// An empty queue for a pool of `num_blocks` slots.
     pub(super) fn new(num_blocks: usize) -> Self {
-        ReclaimQueue(Ring::new(num_blocks))
+        ReclaimQueue(ArrayQueue::new(num_blocks.max(1)))
     }
 
     /// Appends `id` at the tail: by the release that set the slot's `QUEUED`, or by a popper
     /// giving it a second chance. `false` only if the queue held an entry for every slot
     /// already, which the one-entry-per-slot rule rules out (the caller counts it as an
-    /// invariant violation). `exclusive`: the caller is the pool's only mutator.
+    /// invariant violation).
     #[must_use]
-    pub(super) fn push(&self, id: BlockId, exclusive: bool) -> bool {
-        self.0.push(id, exclusive)
+    pub(super) fn push(&self, id: BlockId) -> bool {
+        self.0.push(id).is_ok()
     }
 
-    /// Takes the oldest entry (`exclusive` as for [`push`](Self::push)).
-    fn pop(&self, exclusive: bool) -> Option<BlockId> {
-        self.0.pop(exclusive)
+    /// Takes the oldest entry.
+    fn pop(&self) -> Option<BlockId> {
+        self.0.pop()
     }
 }
 
@@ -63,7 +62,7 @@ impl BlockPool {
     /// entry finds a block of another generation: a miss, and it removes the entry itself.
     pub(super) fn reclaim_one(&self) -> Option<(BlockRef, (BlockHash, BlockRef))> {
         let exclusive = self.is_exclusive();
-        while let Some(id) = self.reclaim.pop(exclusive) {
+        while let Some(id) = self.reclaim.pop() {
             let Some(slot) = self.slot(id) else {
                 continue;
             };
@@ -96,7 +95,7 @@ impl BlockPool {
                     return Some((new, (hash, old)));
                 }
                 ReclaimStep::SecondChance(_) => {
-                    if !self.reclaim.push(id, exclusive) {
+                    if !self.reclaim.push(id) {
                         self.invariant_violations.fetch_add(1, Ordering::Relaxed);
                     }
                 }
