@@ -202,7 +202,7 @@ fn run(seed: u64, shards: usize, f: Faults, steps: usize) -> Metrics {
             "policy changed mid-step"
         );
         step_dests.clear();
-        for job in plan.scheduled.iter().filter_map(|s| s.sync_load.as_ref()) {
+        for job in plan.scheduled.iter().filter_map(|s| s.sync_load.as_deref()) {
             step_dests.extend(job.all_loaded_blocks());
             seen_blocks.extend(job.all_loaded_blocks().into_iter().take(2));
         }

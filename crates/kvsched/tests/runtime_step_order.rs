@@ -108,7 +108,7 @@ fn run(mode: Mode) -> Seen {
             let loaded: HashSet<BlockRef> = plan
                 .scheduled
                 .iter()
-                .filter_map(|s| s.sync_load.as_ref())
+                .filter_map(|s| s.sync_load.as_deref())
                 .flat_map(LoadJob::all_loaded_blocks)
                 .collect();
             for s in &plan.scheduled {

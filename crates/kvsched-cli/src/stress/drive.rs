@@ -360,7 +360,7 @@ impl<'a, S: Scheduler> Engine<'a, S> {
                 .scheduled
                 .iter()
                 .rev()
-                .find_map(|s| s.sync_load.as_ref()?.all_loaded_blocks().first().copied());
+                .find_map(|s| s.sync_load.as_deref()?.all_loaded_blocks().first().copied());
             self.last_sync_block = first_loaded.or(self.last_sync_block);
             self.step_sync_block = first_loaded;
         }

@@ -355,7 +355,7 @@ impl<'a> SimEngine<'a> {
     /// simulated KV nothing is read or written; on real KV the checker did both (and the
     /// sync loads) for the whole step before.
     fn run(&mut self, s: &ScheduledRequest, out: &mut StepOutput) {
-        if let Some(job) = s.sync_load.as_ref().filter(|_| self.kv.is_none()) {
+        if let Some(job) = s.sync_load.as_deref().filter(|_| self.kv.is_none()) {
             self.counts.sync_loads += 1;
             if let LoadResult::Failed(bad) = (self.sync_loads)(job) {
                 self.counts.sync_loads_failed += 1;

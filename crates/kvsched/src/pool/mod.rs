@@ -46,6 +46,7 @@ mod state;
 pub use block_ref::{BlockRef, Generation};
 pub use census::Census;
 pub use error::PoolError;
+#[cfg_attr(not(feature = "internals"), allow(unused_imports))] // named by loom models
 pub use exclusive::{Exclusive, Shared};
 pub use hash::{chain_hash, BlockHash};
 pub use state::MAX_REF_COUNT;
@@ -183,6 +184,7 @@ impl BlockPool {
     ///
     /// The returned block is referenced by the caller alone. `None` means every block was
     /// referenced (or in the middle of being released) during the call.
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))] // tests, benches, loom models
     pub fn allocate(&self) -> Option<BlockRef> {
         self.allocate_free().or_else(|| self.allocate_reclaimed())
     }

@@ -314,6 +314,7 @@ impl BlockPool {
     }
 
     /// Drops `hash → old` from the index if it is still there.
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))] // as `allocate`
     pub(super) fn remove_index_entry(&self, hash: BlockHash, old: BlockRef) {
         let mut shard = self.index.shard(hash).lock();
         remove_if_names(&mut shard, hash, old);

@@ -50,6 +50,7 @@ impl ReclaimQueue {
 
 impl BlockPool {
     /// The reclaim half of [`allocate`](Self::allocate).
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))] // as `allocate`
     pub(super) fn allocate_reclaimed(&self) -> Option<BlockRef> {
         let (r, stale) = self.reclaim_one()?;
         self.remove_index_entry(stale.0, stale.1);

@@ -82,7 +82,7 @@ impl HandedOut {
         self.sync_dests.extend(
             plan.scheduled
                 .iter()
-                .filter_map(|s| s.sync_load.as_ref())
+                .filter_map(|s| s.sync_load.as_deref())
                 .map(crate::connector::LoadJob::all_loaded_blocks),
         );
         self.reads.clear();

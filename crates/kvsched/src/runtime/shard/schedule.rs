@@ -186,7 +186,7 @@ impl<S: Strategy> Shard<S> {
             num_computed_tokens: r.num_computed_tokens,
             num_tokens: n,
             samples: upto == r.seq_len(),
-            sync_load,
+            sync_load: sync_load.map(Box::new),
             first,
         });
         r.pre_step = r.num_computed_tokens;

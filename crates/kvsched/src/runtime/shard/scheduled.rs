@@ -51,7 +51,7 @@ pub struct ScheduledRequest {
     pub block_tables: StdArc<[BlockTable]>,
     /// A synchronous load the engine runs in this step before computing: it fills the
     /// destinations [`LoadJob::loaded_blocks`] names, which are entries of `block_tables`.
-    pub sync_load: Option<LoadJob>,
+    pub sync_load: Option<Box<LoadJob>>,
     /// Whether this is the request's first scheduling (its submit → first-schedule latency is
     /// in [`crate::runtime::StepPlan::first_schedule_latency_ns`]).
     pub first: bool,
