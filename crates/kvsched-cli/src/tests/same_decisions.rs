@@ -80,7 +80,10 @@ impl Decisions {
                 .scheduled
                 .iter()
                 .map(|s| {
-                    let load = s.sync_load.as_deref().map(|j| (j.start_tokens, j.end_tokens));
+                    let load = s
+                        .sync_load
+                        .as_deref()
+                        .map(|j| (j.start_tokens, j.end_tokens));
                     let id = s.id.to_string();
                     (id, s.num_computed_tokens, s.num_tokens, s.samples, load)
                 })
