@@ -230,3 +230,55 @@ impl Engine {
 pub fn key(seq: u64) -> RequestKey {
     RequestKey::new(false, 0, seq)
 }
+
+/// A block pool with one contents cell per slot: the pool models' shared state.
+pub struct PoolCells {
+    /// The pool under test.
+    pub pool: kvsched::pool::BlockPool,
+    /// Slot `i`'s contents.
+    pub contents: Vec<BlockContents>,
+}
+
+impl PoolCells {
+    /// A pool of `num_blocks` slots, every cell 0.
+    pub fn new(num_blocks: usize) -> Arc<Self> {
+        Arc::new(PoolCells {
+            pool: kvsched::pool::BlockPool::new(num_blocks).expect("pool"),
+            contents: (0..num_blocks).map(|_| BlockContents::new(0)).collect(),
+        })
+    }
+
+    /// The contents cell of `r`'s slot.
+    pub fn cell(&self, r: kvsched::pool::BlockRef) -> &BlockContents {
+        &self.contents[r.id as usize]
+    }
+
+    /// [`check_quiescent`] of the pool.
+    pub fn check_quiescent(&self, held: &[kvsched::pool::BlockRef]) {
+        check_quiescent(&self.pool, held);
+    }
+}
+
+/// Quiescent checks of a pool: nothing refused, nothing corrupt (before and after draining
+/// it: a corrupt free list shows when it is popped), conservation, and every block that is
+/// not in `held` can be allocated exactly once more.
+pub fn check_quiescent(p: &kvsched::pool::BlockPool, held: &[kvsched::pool::BlockRef]) {
+    assert_eq!(
+        p.invariant_violations(),
+        0,
+        "a pop found a slot that was not free"
+    );
+    assert_eq!(p.double_frees(), 0, "double free");
+    assert_eq!(p.stale_releases(), 0, "stale release");
+    let c = p.census();
+    assert!(c.conserved(), "{c:?}");
+    assert_eq!(c.referenced, held.len(), "{c:?}");
+    let mut ids: Vec<u64> = held.iter().map(|r| r.id).collect();
+    while let Some(r) = p.allocate() {
+        ids.push(r.id);
+    }
+    assert_eq!(p.invariant_violations(), 0, "the free list was corrupt");
+    ids.sort_unstable();
+    let all: Vec<u64> = (1..p.num_blocks() as u64).collect();
+    assert_eq!(ids, all, "a block leaked or was handed out twice");
+}

@@ -18,28 +18,7 @@
 
 use kvsched::pool::{BlockPool, BlockRef};
 use kvsched::sync::{thread, Arc};
-use kvsched_loom_tests::model;
-
-/// Quiescent checks (see the module doc).
-fn check_quiescent(p: &BlockPool, held: &[BlockRef]) {
-    assert_eq!(
-        p.invariant_violations(),
-        0,
-        "a pop found a slot that was not free"
-    );
-    assert_eq!(p.double_frees(), 0);
-    let c = p.census();
-    assert!(c.conserved(), "{c:?}");
-    assert_eq!(c.referenced, held.len(), "{c:?}");
-    let mut ids: Vec<u64> = held.iter().map(|r| r.id).collect();
-    while let Some(r) = p.allocate() {
-        ids.push(r.id);
-    }
-    assert_eq!(p.invariant_violations(), 0, "the free list was corrupt");
-    ids.sort_unstable();
-    let all: Vec<u64> = (1..p.num_blocks() as u64).collect();
-    assert_eq!(ids, all, "a block leaked or was handed out twice");
-}
+use kvsched_loom_tests::{check_quiescent, model};
 
 #[test]
 fn aba_pop_against_pop_pop_push() {

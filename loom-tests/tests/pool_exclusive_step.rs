@@ -16,50 +16,13 @@
 
 #![cfg(kvsched_loom)]
 
-use kvsched::pool::{BlockPool, BlockRef};
 use kvsched::sync::{thread, Arc};
-use kvsched_loom_tests::{model, BlockContents};
-
-/// The pool and one contents cell per slot.
-struct Shared {
-    pool: BlockPool,
-    contents: Vec<BlockContents>,
-}
-
-impl Shared {
-    fn new(num_blocks: usize) -> Arc<Self> {
-        Arc::new(Shared {
-            pool: BlockPool::new(num_blocks).expect("pool"),
-            contents: (0..num_blocks).map(|_| BlockContents::new(0)).collect(),
-        })
-    }
-    fn cell(&self, r: BlockRef) -> &BlockContents {
-        &self.contents[r.id as usize]
-    }
-}
-
-/// Quiescent checks: nothing refused or corrupt, conservation, and every block not in
-/// `held` allocatable exactly once more.
-fn check_quiescent(s: &Shared, held: &[BlockRef]) {
-    let p = &s.pool;
-    assert_eq!(p.double_frees(), 0, "double free");
-    assert_eq!(p.invariant_violations(), 0, "corrupt free list or ring");
-    let c = p.census();
-    assert!(c.conserved(), "{c:?}");
-    assert_eq!(c.referenced, held.len(), "{c:?}");
-    let mut ids: Vec<u64> = held.iter().map(|r| r.id).collect();
-    while let Some(r) = p.allocate() {
-        ids.push(r.id);
-    }
-    ids.sort_unstable();
-    let all: Vec<u64> = (1..p.num_blocks() as u64).collect();
-    assert_eq!(ids, all, "a block leaked or was handed out twice");
-}
+use kvsched_loom_tests::{model, PoolCells};
 
 #[test]
 fn exclusive_and_shared_never_hand_out_one_block_twice() {
     model(|| {
-        let s = Shared::new(3); // two usable blocks
+        let s = PoolCells::new(3); // two usable blocks
         let shard = {
             let s = Arc::clone(&s);
             thread::spawn(move || {
@@ -82,6 +45,6 @@ fn exclusive_and_shared_never_hand_out_one_block_twice() {
         };
         let theirs = shard.join().expect("shard").expect("a block is free");
         assert_ne!(mine.id, theirs.id, "one block handed out twice");
-        check_quiescent(&s, &[mine, theirs]);
+        s.check_quiescent(&[mine, theirs]);
     });
 }

@@ -19,51 +19,14 @@
 
 #![cfg(kvsched_loom)]
 
-use kvsched::pool::{BlockPool, BlockRef};
+use kvsched::pool::BlockRef;
 use kvsched::sync::{thread, Arc};
-use kvsched_loom_tests::{model, BlockContents};
-
-/// The pool and one contents cell per slot.
-struct Shared {
-    pool: BlockPool,
-    contents: Vec<BlockContents>,
-}
-
-impl Shared {
-    fn new(num_blocks: usize) -> Arc<Self> {
-        Arc::new(Shared {
-            pool: BlockPool::new(num_blocks).expect("pool"),
-            contents: (0..num_blocks).map(|_| BlockContents::new(0)).collect(),
-        })
-    }
-    fn cell(&self, r: BlockRef) -> &BlockContents {
-        &self.contents[r.id as usize]
-    }
-}
-
-/// Quiescent checks: nothing refused, nothing corrupt, conservation, and every block that is
-/// not in `held` can be allocated exactly once more.
-fn check_quiescent(s: &Shared, held: &[BlockRef]) {
-    let p = &s.pool;
-    assert_eq!(p.double_frees(), 0, "double free");
-    assert_eq!(p.stale_releases(), 0, "stale release");
-    assert_eq!(p.invariant_violations(), 0, "corrupt free list");
-    let c = p.census();
-    assert!(c.conserved(), "{c:?}");
-    assert_eq!(c.referenced, held.len(), "{c:?}");
-    let mut ids: Vec<u64> = held.iter().map(|r| r.id).collect();
-    while let Some(r) = p.allocate() {
-        ids.push(r.id);
-    }
-    ids.sort_unstable();
-    let all: Vec<u64> = (1..p.num_blocks() as u64).collect();
-    assert_eq!(ids, all, "a block leaked or was handed out twice");
-}
+use kvsched_loom_tests::{model, PoolCells};
 
 #[test]
 fn last_release_races_allocate() {
     model(|| {
-        let s = Shared::new(3);
+        let s = PoolCells::new(3);
         let a = s.pool.allocate().unwrap();
         let b = s.pool.allocate().unwrap(); // held throughout: the free list is empty
         s.cell(a).write(7);
@@ -98,7 +61,7 @@ fn last_release_races_allocate() {
             h.join().unwrap();
         }
         let held: Vec<BlockRef> = [Some(b), got].into_iter().flatten().collect();
-        check_quiescent(&s, &held);
+        s.check_quiescent(&held);
     });
 }
 
@@ -106,7 +69,7 @@ fn last_release_races_allocate() {
 fn cached_release_races_reclaim_and_lookup() {
     const HASH: u64 = 5;
     model(|| {
-        let s = Shared::new(2); // one usable block: allocation must reclaim it
+        let s = PoolCells::new(2); // one usable block: allocation must reclaim it
         let a = s.pool.allocate().unwrap();
         s.cell(a).write(7);
         assert!(s.pool.register(HASH, a));
@@ -156,6 +119,6 @@ fn cached_release_races_reclaim_and_lookup() {
             );
         }
         let held: Vec<BlockRef> = [got, hit].into_iter().flatten().collect();
-        check_quiescent(&s, &held);
+        s.check_quiescent(&held);
     });
 }
