@@ -70,6 +70,8 @@ pub mod load_estimate;
 #[cfg(all(not(kvsched_loom), not(feature = "internals")))]
 mod load_estimate;
 #[cfg(not(kvsched_loom))]
+mod merge;
+#[cfg(not(kvsched_loom))]
 mod plan;
 #[cfg(all(test, not(kvsched_loom)))]
 mod poison_tests;
