@@ -139,3 +139,51 @@ fn split(rmw: Ordering) -> (Ordering, Ordering) {
         _ => (Ordering::Relaxed, Ordering::Relaxed),
     }
 }
+
+#[cfg(all(test, not(kvsched_loom)))]
+mod tests {
+    use crate::pool::tests::{conserved, pool};
+    use crate::pool::{BlockPool, BlockRef};
+
+    /// A fixed mix of every transition, returning what each call returned.
+    fn churn(p: &BlockPool) -> Vec<String> {
+        let mut log = Vec::new();
+        let mut held: Vec<BlockRef> = Vec::new();
+        for round in 0..40u64 {
+            let mut fresh = Vec::new();
+            log.push(format!("{}", p.allocate_n(3, &mut fresh)));
+            let entries: Vec<_> = fresh.iter().map(|&r| (round * 7 + r.id, r)).collect();
+            p.register_all(&entries);
+            log.push(format!("{fresh:?}"));
+            if let Some(hit) = p.lookup(round.saturating_sub(1) * 7 + 1) {
+                held.push(hit);
+            }
+            for r in fresh {
+                log.push(format!("{:?}", p.release(r)));
+            }
+            if round % 3 == 0 {
+                if let Some(r) = held.pop() {
+                    log.push(format!("{:?}", p.release(r)));
+                }
+            }
+        }
+        log
+    }
+
+    #[test]
+    fn an_exclusive_holder_sees_what_compare_and_swap_gives() {
+        let shared = pool(8);
+        let exclusive = pool(8);
+        let expected = churn(&shared);
+        let got = {
+            let _only = exclusive.exclusive();
+            assert!(exclusive.is_exclusive());
+            churn(&exclusive)
+        };
+        assert!(!exclusive.is_exclusive(), "the mode ends with its guard");
+        assert_eq!(got, expected);
+        assert_eq!(conserved(&exclusive), conserved(&shared));
+        let _step = exclusive.shared();
+        assert!(!exclusive.is_exclusive());
+    }
+}

@@ -454,6 +454,38 @@ mod tests {
     }
 
     #[test]
+    fn batches_register_and_drop_entries_as_one_by_one_calls_would() {
+        // More entries than one group of the grouped locking (64), in every index shard.
+        let p = pool(201);
+        let blocks: Vec<BlockRef> = (0..200).map(|_| alloc(&p)).collect();
+        let hash = |i: usize| (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let mut entries: Vec<(BlockHash, BlockRef)> =
+            blocks.iter().enumerate().map(|(i, &r)| (hash(i), r)).collect();
+        // A hash twice: registered once, under its first block.
+        entries.push((hash(0), blocks[1]));
+        p.register_all(&entries);
+        for (i, &r) in blocks.iter().enumerate() {
+            assert!(p.is_cached(r.id), "block {i} registered");
+            assert!(p.contains_hash(hash(i)));
+        }
+        for &r in &blocks {
+            assert_eq!(p.release(r), Ok(()));
+        }
+        // Reclaiming 150 cached blocks in one call drops each one's entry (in batches of 32).
+        let mut out = Vec::new();
+        assert!(p.allocate_n(150, &mut out));
+        let reclaimed: Vec<usize> = (0..200)
+            .filter(|&i| out.iter().any(|r| r.id == blocks[i].id))
+            .collect();
+        assert_eq!(reclaimed.len(), 150);
+        for i in 0..200 {
+            assert_eq!(p.contains_hash(hash(i)), !reclaimed.contains(&i), "entry {i}");
+            assert_eq!(p.lookup(hash(i)).is_some(), !reclaimed.contains(&i));
+        }
+        conserved(&p);
+    }
+
+    #[test]
     fn reregistration_replaces_stale_entry() {
         let p = pool(2);
         let a = alloc(&p);
