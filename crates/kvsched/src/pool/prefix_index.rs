@@ -459,8 +459,11 @@ mod tests {
         let p = pool(201);
         let blocks: Vec<BlockRef> = (0..200).map(|_| alloc(&p)).collect();
         let hash = |i: usize| (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        let mut entries: Vec<(BlockHash, BlockRef)> =
-            blocks.iter().enumerate().map(|(i, &r)| (hash(i), r)).collect();
+        let mut entries: Vec<(BlockHash, BlockRef)> = blocks
+            .iter()
+            .enumerate()
+            .map(|(i, &r)| (hash(i), r))
+            .collect();
         // A hash twice: registered once, under its first block.
         entries.push((hash(0), blocks[1]));
         p.register_all(&entries);
@@ -479,7 +482,11 @@ mod tests {
             .collect();
         assert_eq!(reclaimed.len(), 150);
         for i in 0..200 {
-            assert_eq!(p.contains_hash(hash(i)), !reclaimed.contains(&i), "entry {i}");
+            assert_eq!(
+                p.contains_hash(hash(i)),
+                !reclaimed.contains(&i),
+                "entry {i}"
+            );
             assert_eq!(p.lookup(hash(i)).is_some(), !reclaimed.contains(&i));
         }
         conserved(&p);
