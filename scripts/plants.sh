@@ -120,12 +120,15 @@ declare -A TESTS=(
   # read after the owner's release, when another shard of a parallel step may already have
   # allocated the freed block: an unrelated fresh block is handed off into the next report.
   [handoff-count-after-release]="kvsched --lib runtime::shard::release_tests"
+  # runtime/inbox.rs: the inbox stays locked while a step applies its commands, so a submit
+  # from another thread waits for the step.
+  [inbox-apply-under-lock]="kvsched --lib runtime::inbox"
 )
 ORDER=(decide-early claim-store late-leak panic-ok trust-stale end-while-loading no-cross-shard-preempt lookup-uncaught shard-panic-escapes
   mamba-align-cache-unwritten saver-flush-early register-unwritten reoffer-unwritten park-unstarted baseline-no-second-chance holder-release-unrecorded unaligned-chunks prompt-end-state-uncached
   branch-state-uncached mamba-state-one-block-late mamba-state-into-null tier-present-after-failed-load scan-one-group-less load-unverified save-payload-offset epoch-not-bumped-on-whole-block-write failed-copy-left-unpoisoned load-pieces-drop-tail vector-store-skips-round
   probe-hits-unindexed vllm-admits-before-schedule cost-ignores-failures pack-offset-past-table failure-share-read-per-token
-  handoff-count-after-release)
+  handoff-count-after-release inbox-apply-under-lock)
 
 if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi
 

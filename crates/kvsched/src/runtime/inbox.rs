@@ -51,6 +51,13 @@ impl Inbox {
     /// empty after the swap, and pushes during `apply` wait for the next take.
     pub(super) fn take<R>(&self, apply: impl FnOnce(std::vec::Drain<'_, Command>) -> R) -> R {
         let mut spare = self.spare.lock();
+        // Planted bug (scripts/plants.sh): the queued list stays locked while the commands
+        // are applied, so a submit waits for the whole step.
+        if planted!("inbox-apply-under-lock") {
+            let mut queued = self.queued.lock();
+            std::mem::swap(&mut *queued, &mut *spare);
+            return apply(spare.drain(..));
+        }
         std::mem::swap(&mut *self.queued.lock(), &mut *spare);
         apply(spare.drain(..))
     }
@@ -59,7 +66,8 @@ impl Inbox {
 #[cfg(all(test, not(kvsched_loom)))]
 mod tests {
     use super::*;
-    use crate::sync::{thread, Arc};
+    use crate::sync::{thread, Arc, AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
 
     fn ids(cmds: std::vec::Drain<'_, Command>) -> Vec<String> {
         cmds.map(|c| match c {
@@ -86,16 +94,27 @@ mod tests {
     }
 
     #[test]
-    fn a_push_from_another_thread_during_a_take_lands_in_the_next_one() {
+    fn a_push_during_a_take_waits_for_the_swap_only_and_lands_in_the_next_one() {
         let inbox = Arc::new(Inbox::default());
-        let first = inbox.take(|cmds| {
-            let other = Arc::clone(&inbox);
-            // The take's lock on the queued list is released after the swap.
-            thread::spawn(move || other.push(Command::Cancel("late".into())))
-                .join()
-                .map(|()| ids(cmds))
-                .unwrap_or_default()
+        let pushed = Arc::new(AtomicBool::new(false));
+        let mut pusher = None;
+        let (first, in_time) = inbox.take(|cmds| {
+            let (other, done) = (Arc::clone(&inbox), Arc::clone(&pushed));
+            pusher = Some(thread::spawn(move || {
+                other.push(Command::Cancel("late".into()));
+                done.store(true, Ordering::Release);
+            }));
+            // The step is still applying its commands: the push must not wait for it.
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while !pushed.load(Ordering::Acquire) && Instant::now() < deadline {
+                thread::sleep(Duration::from_millis(1));
+            }
+            (ids(cmds), pushed.load(Ordering::Acquire))
         });
+        if let Some(p) = pusher {
+            p.join().expect("pusher");
+        }
+        assert!(in_time, "a push waited for the step applying the inbox");
         assert!(first.is_empty());
         assert_eq!(inbox.take(ids), ["late"]);
     }
