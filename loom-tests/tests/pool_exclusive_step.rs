@@ -6,13 +6,18 @@
 //!   exclusively and allocates, writes and releases a block, while another, as one shard of a
 //!   parallel step, allocates under its shared guard; each block goes to one owner at a time
 //!   and every access to its contents is ordered.
+//! * `exclusive_and_shared_index_accesses_are_ordered`: the exclusive holder registers and
+//!   looks up blocks, reaching the prefix index without its locks, while the other thread, as
+//!   a shard, looks a hash up under its lock; every access to the index's maps (loom cells)
+//!   is ordered.
 //!
-//! It ends with a quiescent check: no double free, no invariant violation, the census
+//! Each ends with a quiescent check: no double free, no invariant violation, the census
 //! conserved, and every count-0 block allocatable exactly once.
 //!
 //! Catches: an exclusive mode that does not keep parallel mutators out (plant
 //! `exclusive-unguarded`: a read lock instead of the write lock, so the exclusive holder's
-//! plain stores race a shard's compare-and-swap and one block is handed out twice).
+//! plain stores race a shard's compare-and-swap and one block is handed out twice, and its
+//! unlocked index accesses race the shard's locked ones).
 
 #![cfg(kvsched_loom)]
 
@@ -35,7 +40,8 @@ fn exclusive_and_shared_never_hand_out_one_block_twice() {
             })
         };
         let mine = {
-            let _step = s.pool.exclusive();
+            // SAFETY: the other thread reaches the pool only under `shared`.
+            let _step = unsafe { s.pool.exclusive() };
             let a = s.pool.allocate().expect("a block is free");
             s.cell(a).write(1);
             s.pool.release(a).expect("held");
@@ -46,5 +52,40 @@ fn exclusive_and_shared_never_hand_out_one_block_twice() {
         let theirs = shard.join().expect("shard").expect("a block is free");
         assert_ne!(mine.id, theirs.id, "one block handed out twice");
         s.check_quiescent(&[mine, theirs]);
+    });
+}
+
+#[test]
+fn exclusive_and_shared_index_accesses_are_ordered() {
+    model(|| {
+        let s = PoolCells::new(3); // two usable blocks
+        let shard = {
+            let s = Arc::clone(&s);
+            thread::spawn(move || {
+                let _step = s.pool.shared();
+                let hit = s.pool.lookup(7);
+                if let Some(r) = hit {
+                    assert_eq!(s.cell(r).read(), 1, "a hit sees the registrant's write");
+                }
+                hit
+            })
+        };
+        let mine = {
+            // SAFETY: the other thread reaches the pool only under `shared`.
+            let _step = unsafe { s.pool.exclusive() };
+            let a = s.pool.allocate().expect("a block is free");
+            s.cell(a).write(1);
+            assert!(s.pool.register(7, a));
+            assert_eq!(s.pool.lookup(7), Some(a), "a second reference");
+            s.pool.release(a).expect("held");
+            s.pool.release(a).expect("held");
+            a
+        };
+        let theirs = shard.join().expect("shard");
+        if let Some(hit) = theirs {
+            assert_eq!(hit, mine, "a hit is the registered block");
+        }
+        let held: Vec<_> = theirs.into_iter().collect();
+        s.check_quiescent(&held);
     });
 }

@@ -14,15 +14,21 @@
 //! had (its Acquire on the load, its Release on the store), so every happens-before edge the
 //! lock-free protocol names still holds: a locked instruction is what an uncontended CAS
 //! costs over a store, and nothing contends. The other transitions (eviction, retain) and
-//! the reclaim queue keep their compare-and-swap, which is correct in both modes. Readers that are not mutators — a load's worker checking its fill flag, lookups of
-//! the census — read the words atomically as before.
+//! the reclaim queue keep their compare-and-swap, which is correct in both modes. The prefix
+//! index's shards are reached without their locks. Readers of the slot words that are not
+//! mutators — a load's worker checking its fill flag, the census — read them atomically as
+//! before.
 //!
 //! # Contract
 //!
-//! Only a holder of one of the two guards mutates the pool while any [`Exclusive`] may be
-//! held. The runtime holds one for every step; tests, benches and loom models that never take
-//! [`Exclusive`] may mutate without either (the flag is then never set, and every transition
-//! is a CAS). A mutation without a guard while [`Exclusive`] is held may be lost.
+//! While an [`Exclusive`] is held, no other thread mutates the pool or reaches its prefix
+//! index (`register`, `lookup`, `contains_hash`, `evict`, allocation by reclaim); a holder of
+//! [`Shared`] never overlaps it, so the runtime, which holds one guard or the other for every
+//! step and touches the pool nowhere else but in shutdown (which no step overlaps), keeps it.
+//! Tests, benches and loom models that never take [`Exclusive`] may use the pool without
+//! either guard: the flag is then never set, every transition is a CAS and every index access
+//! takes its shard's lock. [`BlockPool::exclusive`] is `unsafe` because breaking the contract
+//! is a data race on the index.
 
 use super::BlockPool;
 use crate::sync::{AtomicBool, AtomicU64, Ordering, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -67,7 +73,13 @@ impl Drop for Exclusive<'_> {
 impl BlockPool {
     /// Makes the caller the pool's only mutator until the guard drops; waits for parallel
     /// steps' shards to let go of theirs.
-    pub fn exclusive(&self) -> Exclusive<'_> {
+    ///
+    /// # Safety
+    ///
+    /// Until the guard drops, no other thread may mutate the pool or reach its prefix index
+    /// without holding [`shared`](Self::shared) (see the module's contract): the holder reaches
+    /// the index without its locks.
+    pub unsafe fn exclusive(&self) -> Exclusive<'_> {
         // Planted bug (loom-tests/plants.sh): the flag is set under a read lock, which keeps
         // no parallel mutator out.
         let step = if planted!("exclusive-unguarded") {
@@ -176,7 +188,8 @@ mod tests {
         let exclusive = pool(8);
         let expected = churn(&shared);
         let got = {
-            let _only = exclusive.exclusive();
+            // SAFETY: no other thread has the pool.
+            let _only = unsafe { exclusive.exclusive() };
             assert!(exclusive.is_exclusive());
             churn(&exclusive)
         };

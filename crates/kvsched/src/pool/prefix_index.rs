@@ -1,5 +1,6 @@
-//! The prefix index: `hash → BlockRef`, split into shards behind short mutexes, and the pool
-//! operations that use it — [`register`](BlockPool::register),
+//! The prefix index: `hash → BlockRef`, split into shards behind short mutexes (which a step
+//! holding the pool's [`Exclusive`](super::Exclusive) mode skips), and the pool operations
+//! that use it — [`register`](BlockPool::register),
 //! [`lookup`](BlockPool::lookup), [`contains_hash`](BlockPool::contains_hash) and
 //! [`evict`](BlockPool::evict). (The reclaim path drops a claimed block's entry with
 //! [`remove_index_entry`](BlockPool::remove_index_entry).)
@@ -17,7 +18,7 @@ use rustc_hash::FxHashMap;
 use super::state::State;
 use super::{transition, BlockHash, BlockPool, BlockRef};
 use crate::rules::geometry::BlockId;
-use crate::sync::{spin_hint, Mutex, Ordering};
+use crate::sync::{spin_hint, Mutex, Ordering, UnsafeCell};
 
 /// Shards of the prefix index (a power of two).
 #[cfg(not(kvsched_loom))]
@@ -36,9 +37,53 @@ const EVICT_RETRIES: u32 = 3;
 /// Entries the index makes room for up front: a larger pool's index grows past it.
 const PRESIZED_ENTRIES: usize = 1 << 20;
 
+/// One shard's map.
+type Map = FxHashMap<BlockHash, BlockRef>;
+
 /// The prefix index, sharded by hash.
 pub(super) struct PrefixIndex {
-    shards: Box<[Mutex<FxHashMap<BlockHash, BlockRef>>]>,
+    shards: Box<[IndexShard]>,
+}
+
+/// One shard of the index: its map, reached only through [`IndexShard::with`].
+struct IndexShard {
+    /// Held for every access to `map`, except by the holder of the pool's `Exclusive`.
+    lock: Mutex<()>,
+    map: UnsafeCell<Map>,
+}
+
+// SAFETY: `map` is reached only in `IndexShard::with`, which holds `lock` unless its caller
+// holds the pool's `Exclusive`; and while `Exclusive` is held no other thread reaches the
+// index (its contract, which `BlockPool::exclusive`'s callers promise). So at most one thread
+// reaches a map at a time, and each hand-off between threads goes through `lock` or through
+// the pool's step lock, whose release and acquire order the accesses.
+unsafe impl Sync for IndexShard {}
+
+impl IndexShard {
+    fn new(capacity: usize) -> Self {
+        IndexShard {
+            lock: Mutex::new(()),
+            map: UnsafeCell::new(FxHashMap::with_capacity_and_hasher(
+                capacity,
+                Default::default(),
+            )),
+        }
+    }
+
+    /// Calls `f` on the map, under the shard's lock unless `exclusive` (the caller holds the
+    /// pool's `Exclusive`). `f` must not reach the index.
+    #[inline]
+    fn with<R>(&self, exclusive: bool, f: impl FnOnce(&mut Map) -> R) -> R {
+        let _held = (!exclusive).then(|| self.lock.lock());
+        self.map.with_mut(|map| {
+            // SAFETY: no other thread reaches the map meanwhile: we hold `lock`, which every
+            // other access holds too unless it is the `Exclusive` holder's, and no thread
+            // holds `Exclusive` while another, with or without a guard, reaches the index
+            // (see the `Sync` impl); or we hold `Exclusive` ourselves. This thread makes no
+            // other reference to it while `f` runs (`f` does not reach the index).
+            f(unsafe { &mut *map })
+        })
+    }
 }
 
 impl PrefixIndex {
@@ -48,12 +93,7 @@ impl PrefixIndex {
     pub(super) fn new(num_blocks: usize) -> Self {
         let per_shard = num_blocks.min(PRESIZED_ENTRIES) / INDEX_SHARDS;
         let shards = (0..INDEX_SHARDS)
-            .map(|_| {
-                Mutex::new(FxHashMap::with_capacity_and_hasher(
-                    per_shard,
-                    Default::default(),
-                ))
-            })
+            .map(|_| IndexShard::new(per_shard))
             .collect();
         PrefixIndex { shards }
     }
@@ -65,20 +105,22 @@ impl PrefixIndex {
         i & (INDEX_SHARDS - 1)
     }
 
-    /// The shard holding `hash`.
-    fn shard(&self, hash: BlockHash) -> &Mutex<FxHashMap<BlockHash, BlockRef>> {
-        &self.shards[Self::shard_number(hash)]
+    /// Calls `f` on the map of `hash`'s shard, as [`IndexShard::with`] does.
+    #[inline]
+    fn with<R>(&self, hash: BlockHash, exclusive: bool, f: impl FnOnce(&mut Map) -> R) -> R {
+        self.shards[Self::shard_number(hash)].with(exclusive, f)
     }
 
-    /// Calls `f(map, i)` for each `i` in `0..hashes.len()` with `map` the locked shard of
-    /// `hashes[i]`, taking each shard's lock once per group of up to [`GROUP`] consecutive
-    /// entries rather than once per entry. Within a shard the entries come in their order;
-    /// between shards the order is the shards' first appearance.
+    /// Calls `f(map, i)` for each `i` in `0..hashes.len()` with `map` the shard of
+    /// `hashes[i]`, reaching each shard (taking its lock unless `exclusive`) once per group of
+    /// up to [`GROUP`] consecutive entries rather than once per entry. Within a shard the
+    /// entries come in their order; between shards the order is the shards' first appearance.
     fn for_each_grouped(
         &self,
+        exclusive: bool,
         hashes: impl Fn(usize) -> BlockHash,
         n: usize,
-        mut f: impl FnMut(&mut FxHashMap<BlockHash, BlockRef>, usize),
+        mut f: impl FnMut(&mut Map, usize),
     ) {
         let mut start = 0;
         while start < n {
@@ -92,16 +134,17 @@ impl PrefixIndex {
             let mut left: u64 = if m == GROUP { u64::MAX } else { (1 << m) - 1 };
             while left != 0 {
                 let s = shard_of[left.trailing_zeros() as usize];
-                let mut map = self.shards[usize::from(s)].lock();
-                let mut rest = left;
-                while rest != 0 {
-                    let j = rest.trailing_zeros() as usize;
-                    rest &= rest - 1;
-                    if shard_of[j] == s {
-                        f(&mut map, start + j);
-                        left &= !(1 << j);
+                self.shards[usize::from(s)].with(exclusive, |map| {
+                    let mut rest = left;
+                    while rest != 0 {
+                        let j = rest.trailing_zeros() as usize;
+                        rest &= rest - 1;
+                        if shard_of[j] == s {
+                            f(map, start + j);
+                            left &= !(1 << j);
+                        }
                     }
-                }
+                });
             }
             start += m;
         }
@@ -126,8 +169,9 @@ impl BlockPool {
     /// duration of the call (as it must to write the block); a registration racing with the
     /// block's last release may leave a stale index entry, which lookups discard.
     pub fn register(&self, hash: BlockHash, r: BlockRef) -> bool {
-        let mut shard = self.index.shard(hash).lock();
-        self.register_locked(&mut shard, hash, r)
+        self.index.with(hash, self.is_exclusive(), |map| {
+            self.register_locked(map, hash, r)
+        })
     }
 
     /// Registers each `(hash, r)` of `entries` as [`register`](Self::register) does, taking
@@ -142,6 +186,7 @@ impl BlockPool {
     /// registration on, as with separate calls racing a lookup).
     pub fn register_all(&self, entries: &[(BlockHash, BlockRef)]) {
         self.index.for_each_grouped(
+            self.is_exclusive(),
             |i| entries[i].0,
             entries.len(),
             |map, i| {
@@ -152,12 +197,7 @@ impl BlockPool {
     }
 
     /// The body of [`register`](Self::register), under the lock of `hash`'s shard (`map`).
-    fn register_locked(
-        &self,
-        map: &mut FxHashMap<BlockHash, BlockRef>,
-        hash: BlockHash,
-        r: BlockRef,
-    ) -> bool {
+    fn register_locked(&self, map: &mut Map, hash: BlockHash, r: BlockRef) -> bool {
         let Some(slot) = self.slot(r.id) else {
             return false;
         };
@@ -197,17 +237,29 @@ impl BlockPool {
     /// reclaimed or evicted concurrently is a miss, never a block of another generation or
     /// hash. Stale index entries met on the way are removed.
     pub fn lookup(&self, hash: BlockHash) -> Option<BlockRef> {
-        let mut shard = self.index.shard(hash).lock();
-        let r = *shard.get(&hash)?;
+        let exclusive = self.is_exclusive();
         // Planted bug (loom-tests/plants.sh): the entry is read under one hold of the lock and
         // revived under another, so an eviction and a registration under another hash fit in
         // between.
         if planted!("lookup-revive-unlocked") {
-            drop(shard);
-            shard = self.index.shard(hash).lock();
+            let r = self
+                .index
+                .with(hash, exclusive, |map| map.get(&hash).copied())?;
+            return self
+                .index
+                .with(hash, exclusive, |map| self.revive_locked(map, hash, r));
         }
+        self.index.with(hash, exclusive, |map| {
+            let r = *map.get(&hash)?;
+            self.revive_locked(map, hash, r)
+        })
+    }
+
+    /// The rest of [`lookup`](Self::lookup) once the entry `hash → r` is found, under the
+    /// lock of `hash`'s shard (`map`).
+    fn revive_locked(&self, map: &mut Map, hash: BlockHash, r: BlockRef) -> Option<BlockRef> {
         let Some(slot) = self.slot(r.id) else {
-            shard.remove(&hash);
+            map.remove(&hash);
             return None;
         };
         // The revive CAS runs under the shard lock: `evict` clears CACHED only under the lock
@@ -226,7 +278,7 @@ impl BlockPool {
             Err(s) => {
                 if s.generation() != r.generation || !s.is_cached() {
                     // Reclaimed (its claimer will also try to remove it) or stale.
-                    shard.remove(&hash);
+                    map.remove(&hash);
                 }
                 None
             }
@@ -241,8 +293,9 @@ impl BlockPool {
     /// Exact at the instant the shard lock is held; the block may be reclaimed or evicted
     /// right after, so a `true` is a hint, not a reservation.
     pub fn contains_hash(&self, hash: BlockHash) -> bool {
-        let shard = self.index.shard(hash).lock();
-        shard.get(&hash).is_some_and(|&r| self.is_registered(r))
+        self.index.with(hash, self.is_exclusive(), |map| {
+            map.get(&hash).is_some_and(|&r| self.is_registered(r))
+        })
     }
 
     /// Removes the block from the prefix index and clears its cached mark; its reference
@@ -258,6 +311,7 @@ impl BlockPool {
         let Some(slot) = self.slot(id) else {
             return false;
         };
+        let exclusive = self.is_exclusive();
         for _ in 0..EVICT_RETRIES {
             let s = State(slot.state.load(Ordering::Relaxed));
             if !s.is_cached() {
@@ -270,39 +324,45 @@ impl BlockPool {
             // Relaxed: only a hint for which shard to lock; validated against the index under
             // that lock below.
             let hash = slot.hash.load(Ordering::Relaxed);
-            let mut shard = self.index.shard(hash).lock();
-            if shard.get(&hash) != Some(&r) {
-                // A registration is between its CAS and its hash store; let it finish.
-                drop(shard);
-                spin_hint();
-                continue;
-            }
-            // Under this lock with `hash → r` in the index, CACHED at `r.generation` can only
-            // be cleared by us or by a reclaim (which bumps the generation).
-            let mut cur = slot.state.load(Ordering::Relaxed);
-            let now_free = loop {
-                let Some((next, now_free)) = State(cur).clear_cached(r.generation) else {
-                    shard.remove(&hash); // reclaimed meanwhile; drop its entry
-                    return false;
-                };
-                // Relaxed: an RMW, so it continues the release sequence of the `release`
-                // that dropped the count to 0; the next claim's Acquire still pairs with it.
-                match slot.state.compare_exchange_weak(
-                    cur,
-                    next.0,
-                    Ordering::Relaxed,
-                    Ordering::Relaxed,
-                ) {
-                    Ok(_) => break now_free,
-                    Err(actual) => cur = actual,
+            let evicted = self.index.with(hash, exclusive, |map| {
+                if map.get(&hash) != Some(&r) {
+                    // A registration is between its CAS and its hash store; let it finish.
+                    return None;
                 }
-            };
-            shard.remove(&hash);
-            drop(shard);
-            if now_free {
-                self.free.push(id as u32, false); // in range: `slot` succeeded
+                // Under this lock with `hash → r` in the index, CACHED at `r.generation` can
+                // only be cleared by us or by a reclaim (which bumps the generation).
+                let mut cur = slot.state.load(Ordering::Relaxed);
+                let now_free = loop {
+                    let Some((next, now_free)) = State(cur).clear_cached(r.generation) else {
+                        map.remove(&hash); // reclaimed meanwhile; drop its entry
+                        return Some(None);
+                    };
+                    // Relaxed: an RMW, so it continues the release sequence of the `release`
+                    // that dropped the count to 0; the next claim's Acquire still pairs with
+                    // it.
+                    match slot.state.compare_exchange_weak(
+                        cur,
+                        next.0,
+                        Ordering::Relaxed,
+                        Ordering::Relaxed,
+                    ) {
+                        Ok(_) => break now_free,
+                        Err(actual) => cur = actual,
+                    }
+                };
+                map.remove(&hash);
+                Some(Some(now_free))
+            });
+            match evicted {
+                None => spin_hint(),
+                Some(None) => return false,
+                Some(Some(now_free)) => {
+                    if now_free {
+                        self.free.push(id as u32, false); // in range: `slot` succeeded
+                    }
+                    return true;
+                }
             }
-            return true;
         }
         false
     }
@@ -316,14 +376,16 @@ impl BlockPool {
     /// Drops `hash → old` from the index if it is still there.
     #[cfg_attr(not(feature = "internals"), allow(dead_code))] // as `allocate`
     pub(super) fn remove_index_entry(&self, hash: BlockHash, old: BlockRef) {
-        let mut shard = self.index.shard(hash).lock();
-        remove_if_names(&mut shard, hash, old);
+        self.index.with(hash, self.is_exclusive(), |map| {
+            remove_if_names(map, hash, old)
+        });
     }
 
     /// [`remove_index_entry`](Self::remove_index_entry) for each entry, each index shard's
     /// lock taken once for the entries it holds.
     pub(super) fn remove_index_entries(&self, entries: &[(BlockHash, BlockRef)]) {
         self.index.for_each_grouped(
+            self.is_exclusive(),
             |i| entries[i].0,
             entries.len(),
             |map, i| remove_if_names(map, entries[i].0, entries[i].1),
@@ -332,7 +394,7 @@ impl BlockPool {
 }
 
 /// Drops `hash → old` from `map` if it is still there.
-fn remove_if_names(map: &mut FxHashMap<BlockHash, BlockRef>, hash: BlockHash, old: BlockRef) {
+fn remove_if_names(map: &mut Map, hash: BlockHash, old: BlockRef) {
     if let Entry::Occupied(e) = map.entry(hash) {
         if *e.get() == old {
             e.remove();

@@ -223,7 +223,11 @@ impl Inner {
         let k = self.shards.len();
         let settings: Vec<StepSettings> = (0..k).map(|i| self.step_settings(i, live)).collect();
         // Every shard runs on this thread: the pool has one mutator for the step.
-        let _pool = self.pool.exclusive();
+        // SAFETY: outside shutdown (which takes the runtime by value, so no step overlaps it),
+        // only the shards' steps mutate the pool or reach its index: this one, and parallel
+        // steps' shards, which hold `shared` for theirs. Loads' workers only read fill flags,
+        // and submits and cancels only queue commands.
+        let _pool = unsafe { self.pool.exclusive() };
         let mut shards: Vec<_> = self.shards.iter().map(|s| s.state.lock()).collect();
         let mut failed = vec![false; k];
         for (i, shard) in shards.iter_mut().enumerate() {

@@ -22,6 +22,24 @@ mod imp {
         std::hint::spin_loop();
     }
 
+    /// A cell whose contents are reached through a raw pointer inside a closure — loom's
+    /// interface, so that under loom every access is checked for a data race.
+    #[derive(Debug, Default)]
+    pub struct UnsafeCell<T>(std::cell::UnsafeCell<T>);
+
+    impl<T> UnsafeCell<T> {
+        /// A new cell.
+        pub fn new(v: T) -> Self {
+            UnsafeCell(std::cell::UnsafeCell::new(v))
+        }
+        /// Calls `f` with a pointer to the contents; the caller rules out other accesses
+        /// while `f` runs.
+        #[inline]
+        pub fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
+            f(self.0.get())
+        }
+    }
+
     /// A bounded MPMC queue (crossbeam's `ArrayQueue`).
     pub use crossbeam_queue::ArrayQueue;
     /// An unbounded MPMC queue (crossbeam's `SegQueue`).
@@ -30,6 +48,8 @@ mod imp {
 
 #[cfg(kvsched_loom)]
 mod imp {
+    /// loom's cell: every access through `with_mut` is checked for a data race.
+    pub use loom::cell::UnsafeCell;
     pub use loom::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
     pub use loom::sync::Arc;
 
