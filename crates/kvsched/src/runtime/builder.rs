@@ -231,6 +231,7 @@ impl Builder {
             stalled_steps: 0,
             panicked: None,
             handed: Default::default(),
+            merge: Default::default(),
             loads_sent: 0,
             command_batches: Vec::new(),
         })

@@ -13,7 +13,7 @@ use crate::runtime::discard::{discarded, HandedOut};
 use crate::runtime::error::RuntimeError;
 #[cfg(doc)]
 use crate::runtime::handle::Handle;
-use crate::runtime::merge::in_request_order;
+use crate::runtime::merge::{in_request_order, MergeScratch};
 use crate::runtime::plan::{StepOutput, StepPlan};
 use crate::runtime::policy::trust::is_sync_destination;
 use crate::runtime::shard::{Command, EndState, Metrics, ShardStepResult};
@@ -101,6 +101,8 @@ pub struct Runtime {
     pub(super) panicked: Option<(usize, u64, String)>,
     /// What the latest plan handed out (samplers, sync destinations, reads).
     pub(super) handed: HandedOut,
+    /// Room the plan list's merge keeps from step to step.
+    pub(super) merge: MergeScratch,
     /// Asynchronous loads handed to the workers.
     pub(super) loads_sent: u64,
     /// `update`'s per-shard command lists, empty between calls (kept for their capacity).
@@ -292,7 +294,7 @@ impl Runtime {
         evicted.dedup();
         plan.recovery.report = report;
         plan.recovery.evicted_blocks = evicted;
-        plan.scheduled = in_request_order(std::mem::take(&mut plan.scheduled));
+        plan.scheduled = in_request_order(std::mem::take(&mut plan.scheduled), &mut self.merge);
         plan.recovery.recovered.sort_by_key(|r| r.key);
         plan.recovery.scanned.sort_by_key(|r| r.key);
         if !plan.recovery.recovered.is_empty() {
