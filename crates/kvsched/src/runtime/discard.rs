@@ -63,7 +63,8 @@ pub struct HandedOut {
     pub samplers: FxHashSet<StdArc<str>>,
     /// The destination blocks of each sync load (a failed block must be one of them).
     pub sync_dests: Vec<Vec<crate::pool::BlockRef>>,
-    /// What each scheduled request read, for the outputs to discard.
+    /// What each scheduled request read, for the outputs to discard; recorded only for a
+    /// plan with a sync load (without one, no output is discarded).
     pub reads: Vec<StepReads>,
 }
 
@@ -86,6 +87,11 @@ impl HandedOut {
                 .map(crate::connector::LoadJob::all_loaded_blocks),
         );
         self.reads.clear();
+        if self.sync_dests.is_empty() {
+            // Only a sync load's destination can be reported failed (`update` ignores every
+            // other block), so nothing this plan handed out is discarded.
+            return;
+        }
         self.reads.extend(plan.scheduled.iter().map(|s| StepReads {
             id: s.id.clone(),
             pre_step_tokens: s.num_computed_tokens,
