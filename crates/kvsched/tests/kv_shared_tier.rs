@@ -2,7 +2,9 @@
 //! lookup offers once its probe (a lookup's miss, or a prefetch when the request arrives) has
 //! been answered, and its load counts the chunks as another writer's. A prefix asked about is
 //! not asked again within `probe_miss_ttl`; after it, it is, and finds what was saved since.
-//! (Plant `probe-hits-unindexed` drops what the probes find: no offer, no cross hit.)
+//! A lookup's probe is asked whether the prober thread lingers after its last probe or
+//! sleeps. (Plant `probe-hits-unindexed` drops what the probes find: no offer, no cross hit;
+//! plant `probe-offer-never-wakes` leaves a sleeping prober asleep.)
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -106,4 +108,32 @@ fn a_prefix_found_absent_is_asked_again_only_after_the_ttl() {
     let p = b.prefetch(&prompt);
     wait_ready(&p);
     assert_eq!(offer(&b, &prompt), 128, "{:?}", b.counts());
+}
+
+/// Waits at most 5 s for `c`'s probes: whether they were all asked.
+fn probes_answered(c: &TierConnector) -> bool {
+    c.flush_for(Duration::from_secs(5))
+}
+
+#[test]
+fn a_lookups_probe_is_asked_whether_the_prober_lingers_or_sleeps() {
+    let tier = Arc::new(MemoryTier::new(1 << 20, 1));
+    let (a, b) = (engine(&tier, Duration::ZERO), engine(&tier, Duration::ZERO));
+    let prompts: Vec<Vec<u32>> = (0..3u32)
+        .map(|p| (0..161).map(|t| p * 1000 + t).collect())
+        .collect();
+    for p in &prompts {
+        save(&a, p, 8);
+    }
+    // Long past its linger: the thread sleeps untimed, and the lookup's offer must wake it.
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(offer(&b, &prompts[0]), 0);
+    assert!(probes_answered(&b), "a sleeping prober was not woken");
+    assert_eq!(offer(&b, &prompts[0]), 128);
+    // Right after a probe: the thread lingers, and takes the offer without being woken.
+    assert_eq!(offer(&b, &prompts[1]), 0);
+    assert_eq!(offer(&b, &prompts[2]), 0);
+    assert!(probes_answered(&b), "a lingering prober missed an offer");
+    assert_eq!(offer(&b, &prompts[1]), 128);
+    assert_eq!(offer(&b, &prompts[2]), 128);
 }

@@ -15,6 +15,10 @@
 //!   many requests sharing a prefix cost one probe, and a key found absent is asked again
 //!   only once `miss_ttl` has passed — by then another engine may have saved it.
 //! * **Own queue, own thread.** Probes never wait behind the write-behind's saves.
+//! * **A lookup makes no system call.** After its last probe the thread stays awake for
+//!   [`LINGER`] (a timed wait), collecting what lookups offer meanwhile into its next tier
+//!   call; only once it sleeps for good does an offer wake it. A `prefetch`'s offer, whose
+//!   caller waits for the answer, always wakes it.
 //!
 //! # Limits
 //!
@@ -41,6 +45,9 @@ const BATCH_KEYS: usize = 2048;
 const QUEUE_KEYS: usize = 32 * 1024;
 /// Runs remembered as recently asked at most (the map is cleared past it).
 const ASKED_CAPACITY: usize = 1 << 16;
+/// How long the thread waits for more work after a probe before it sleeps until woken: the
+/// most a lookup's probe waits to be asked meanwhile.
+pub(crate) const LINGER: Duration = Duration::from_millis(1);
 
 /// Whether the probes of one [`prefetch`](super::TierConnector::prefetch) are answered (the
 /// default: nothing to wait for).
@@ -82,6 +89,8 @@ struct Queue {
     keys: usize,
     busy: bool,
     stop: bool,
+    /// The thread waits untimed: an offer must wake it.
+    asleep: bool,
 }
 
 struct Shared {
@@ -114,6 +123,7 @@ impl Prober {
                 keys: 0,
                 busy: false,
                 stop: false,
+                asleep: false,
             }),
             ready: Condvar::new(),
             asked: Mutex::new(FxHashMap::default()),
@@ -137,7 +147,9 @@ impl Prober {
 
     /// Queues the runs (each a prompt's keys of one group, from its first key the index does
     /// not know), each cut to [`MAX_RUN`] keys, but those whose first key was asked within
-    /// `miss_ttl`. With `want_answer`, the [`Prefetch`] turns ready once they are answered.
+    /// `miss_ttl`. With `want_answer`, the [`Prefetch`] turns ready once they are answered,
+    /// and the thread is woken at once; without, only if it sleeps untimed (a lingering
+    /// thread takes them within [`LINGER`]).
     pub(crate) fn offer(&self, runs: Vec<Vec<ChunkKey>>, want_answer: bool) -> Prefetch {
         let now = Instant::now();
         let mut fresh = Vec::with_capacity(runs.len());
@@ -183,8 +195,13 @@ impl Prober {
             runs: fresh,
             done: done.clone(),
         });
+        // Planted bug (scripts/plants.sh): an offer never wakes the thread, so one that
+        // finds it asleep waits for the next offer that wants an answer.
+        let wake = (want_answer || q.asleep) && !planted!("probe-offer-never-wakes");
         drop(q);
-        self.shared.ready.notify_one();
+        if wake {
+            self.shared.ready.notify_one();
+        }
         Prefetch { done }
     }
 
@@ -226,8 +243,21 @@ fn run(shared: &Shared, tier: &dyn Tier, index: &KeyIndex) {
         let mut jobs = Vec::new();
         {
             let mut q = shared.queue.lock();
+            // After a probe, wait up to LINGER for more (offers do not wake a lingering
+            // thread), then untimed, flagged so that the next offer wakes it.
+            let mut linger_until = Some(Instant::now() + LINGER);
             while q.jobs.is_empty() && !q.stop {
-                q = shared.ready.wait(q);
+                match linger_until {
+                    Some(until) if Instant::now() < until => {
+                        q = shared.ready.wait_until(q, Some(until)).0;
+                    }
+                    _ => {
+                        linger_until = None;
+                        q.asleep = true;
+                        q = shared.ready.wait(q);
+                        q.asleep = false;
+                    }
+                }
             }
             if q.stop {
                 let left = std::mem::take(&mut q.jobs);
