@@ -24,32 +24,51 @@
 use kvsched::sync::{thread, Arc};
 use kvsched_loom_tests::{model, PoolCells};
 
+/// Runs `shard` on a second thread holding the pool's shared guard and `only` on this one
+/// holding it exclusively, on one pool of two usable blocks; returns the pool and both
+/// results.
+fn exclusive_against_a_shard<T: Send + 'static, U>(
+    shard: fn(&PoolCells) -> T,
+    only: impl FnOnce(&PoolCells) -> U,
+) -> (Arc<PoolCells>, U, T) {
+    let s = PoolCells::new(3);
+    let other = {
+        let s = Arc::clone(&s);
+        thread::spawn(move || {
+            let _step = s.pool.shared();
+            shard(&s)
+        })
+    };
+    let mine = {
+        // SAFETY: the other thread reaches the pool only under `shared`.
+        let _step = unsafe { s.pool.exclusive() };
+        only(&s)
+    };
+    let theirs = other.join().expect("shard");
+    (s, mine, theirs)
+}
+
 #[test]
 fn exclusive_and_shared_never_hand_out_one_block_twice() {
     model(|| {
-        let s = PoolCells::new(3); // two usable blocks
-        let shard = {
-            let s = Arc::clone(&s);
-            thread::spawn(move || {
-                let _step = s.pool.shared();
+        let (s, mine, theirs) = exclusive_against_a_shard(
+            |s| {
                 let got = s.pool.allocate();
                 if let Some(r) = got {
                     s.cell(r).write(2);
                 }
                 got
-            })
-        };
-        let mine = {
-            // SAFETY: the other thread reaches the pool only under `shared`.
-            let _step = unsafe { s.pool.exclusive() };
-            let a = s.pool.allocate().expect("a block is free");
-            s.cell(a).write(1);
-            s.pool.release(a).expect("held");
-            let b = s.pool.allocate().expect("a block is free");
-            s.cell(b).write(1);
-            b
-        };
-        let theirs = shard.join().expect("shard").expect("a block is free");
+            },
+            |s| {
+                let a = s.pool.allocate().expect("a block is free");
+                s.cell(a).write(1);
+                s.pool.release(a).expect("held");
+                let b = s.pool.allocate().expect("a block is free");
+                s.cell(b).write(1);
+                b
+            },
+        );
+        let theirs = theirs.expect("a block is free");
         assert_ne!(mine.id, theirs.id, "one block handed out twice");
         s.check_quiescent(&[mine, theirs]);
     });
@@ -58,30 +77,24 @@ fn exclusive_and_shared_never_hand_out_one_block_twice() {
 #[test]
 fn exclusive_and_shared_index_accesses_are_ordered() {
     model(|| {
-        let s = PoolCells::new(3); // two usable blocks
-        let shard = {
-            let s = Arc::clone(&s);
-            thread::spawn(move || {
-                let _step = s.pool.shared();
+        let (s, mine, theirs) = exclusive_against_a_shard(
+            |s| {
                 let hit = s.pool.lookup(7);
                 if let Some(r) = hit {
                     assert_eq!(s.cell(r).read(), 1, "a hit sees the registrant's write");
                 }
                 hit
-            })
-        };
-        let mine = {
-            // SAFETY: the other thread reaches the pool only under `shared`.
-            let _step = unsafe { s.pool.exclusive() };
-            let a = s.pool.allocate().expect("a block is free");
-            s.cell(a).write(1);
-            assert!(s.pool.register(7, a));
-            assert_eq!(s.pool.lookup(7), Some(a), "a second reference");
-            s.pool.release(a).expect("held");
-            s.pool.release(a).expect("held");
-            a
-        };
-        let theirs = shard.join().expect("shard");
+            },
+            |s| {
+                let a = s.pool.allocate().expect("a block is free");
+                s.cell(a).write(1);
+                assert!(s.pool.register(7, a));
+                assert_eq!(s.pool.lookup(7), Some(a), "a second reference");
+                s.pool.release(a).expect("held");
+                s.pool.release(a).expect("held");
+                a
+            },
+        );
         if let Some(hit) = theirs {
             assert_eq!(hit, mine, "a hit is the registered block");
         }
