@@ -41,8 +41,16 @@ impl<S: Strategy> Shard<S> {
         // Full-attention-like groups need every entry below L.
         let cap = prefix_cap(geo, prompt_len, &r.hashes, |h| env.pool.contains_hash(h));
         let cached = |h| env.pool.contains_hash(h);
+        // Each group's list, with room for the whole prompt's blocks (the rest are appended
+        // at allocation), so it never grows.
+        let lists = || -> Vec<Vec<(BlockId, Generation)>> {
+            groups
+                .iter()
+                .map(|grp| Vec::with_capacity(grp.blocks_for_tokens(prompt_len) as usize))
+                .collect()
+        };
         for l in prefix_candidates(geo, cap, &r.hashes, cached) {
-            let mut got: Vec<Vec<(BlockId, Generation)>> = vec![Vec::new(); groups.len()];
+            let mut got = lists();
             let mut ok = true;
             'groups: for (g, grp) in groups.iter().enumerate() {
                 let (nullable, n) = prefix_entries(grp, l);
@@ -69,7 +77,7 @@ impl<S: Strategy> Shard<S> {
                 }
             }
         }
-        (0, vec![Vec::new(); groups.len()], cap)
+        (0, lists(), cap)
     }
 
     /// Admits waiting requests in canonical order, at most `max_seqs` per step: each gets its
@@ -130,7 +138,8 @@ impl<S: Strategy> Shard<S> {
         let behind = self.waiting.len().saturating_sub(1) as u64;
         let ext = look.external_tokens;
         let ext_end = Self::loaded_end(env, settings, now, r, local, ext, behind, counters);
-        if !Self::allocate_prompt(env, r, seq, (local, ext_end), got, &mut self.index) {
+        let fresh = &mut self.fresh;
+        if !Self::allocate_prompt(env, r, seq, (local, ext_end), got, &mut self.index, fresh) {
             return Admitted::PoolFull;
         }
         r.branch = branch_point(geo, ext_end, cached);
@@ -233,7 +242,8 @@ impl<S: Strategy> Shard<S> {
     /// block for the entries of the external range `local..ext_end` that hold nothing (a
     /// Mamba `align` group's states before the one at `ext_end`: `policy::admission`), fresh
     /// blocks after it, entries below `local` counted as registered. Returns `false`, with the
-    /// prefix released, when the pool cannot supply the fresh blocks.
+    /// prefix released, when the pool cannot supply the fresh blocks. `fresh` is scratch
+    /// (left empty).
     fn allocate_prompt(
         env: &Env<'_, S>,
         r: &mut Req,
@@ -241,6 +251,7 @@ impl<S: Strategy> Shard<S> {
         (local, ext_end): (u64, u64),
         mut got: Vec<Vec<(BlockId, Generation)>>,
         index: &mut HolderIndex,
+        fresh: &mut Vec<BlockRef>,
     ) -> bool {
         let geo = env.geo;
         for (g, grp) in geo.groups().iter().enumerate() {
@@ -249,13 +260,13 @@ impl<S: Strategy> Shard<S> {
             }
         }
         // Allocate the rest of the prompt in every group.
-        let mut fresh: Vec<BlockRef> = Vec::new();
+        fresh.clear();
         let need = blocks_needed(
             geo.groups(),
             got.iter().map(Vec::len),
             r.prompt.len() as u64,
         );
-        if !env.pool.allocate_n(need, &mut fresh) {
+        if !env.pool.allocate_n(need, fresh) {
             for t in got {
                 for (id, gen) in t {
                     Self::release_entry(env, id, gen);
@@ -263,7 +274,7 @@ impl<S: Strategy> Shard<S> {
             }
             return false;
         }
-        let mut fresh = fresh.into_iter();
+        let mut fresh = fresh.drain(..);
         for (g, grp) in geo.groups().iter().enumerate() {
             let total = grp.blocks_for_tokens(r.prompt.len() as u64) as usize;
             while got[g].len() < total {

@@ -205,6 +205,8 @@ pub struct Shard<S: Strategy = LockFree> {
     hits: Vec<(u64, RequestClass, Vec<Hit>)>,
     /// Hit buffers kept for reuse.
     spare_hits: Vec<Vec<Hit>>,
+    /// Admission's scratch: the fresh blocks of the prompt being admitted.
+    fresh: Vec<BlockRef>,
     result: ShardStepResult,
     strategy: PhantomData<fn() -> S>,
 }
@@ -227,6 +229,7 @@ impl<S: Strategy> Default for Shard<S> {
             hold_admission: false,
             hits: Vec::new(),
             spare_hits: Vec::new(),
+            fresh: Vec::new(),
             result: ShardStepResult::default(),
             strategy: PhantomData,
         }
