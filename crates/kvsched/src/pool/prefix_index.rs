@@ -38,7 +38,31 @@ const EVICT_RETRIES: u32 = 3;
 const PRESIZED_ENTRIES: usize = 1 << 20;
 
 /// One shard's map.
-type Map = FxHashMap<BlockHash, BlockRef>;
+type Map = FxHashMap<BlockHash, Entered>;
+
+/// The block an index entry names: a [`BlockRef`] in one word, the id in the high 32 bits
+/// and the generation in the low 32, so a bucket of the map takes 16 bytes rather than 24
+/// (the index is the pool's largest table, probed on every registration, lookup and
+/// reclaim). Only a current block of the pool is entered, and a pool's ids fit in 32 bits
+/// (it has at most `u32::MAX` slots: [`BlockPool::new`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Entered(u64);
+
+impl Entered {
+    /// `r` in one word; `r.id` must be below 2³² (every id a slot lookup accepted is).
+    #[inline]
+    fn new(r: BlockRef) -> Self {
+        Entered((r.id << 32) | u64::from(r.generation))
+    }
+
+    #[inline]
+    fn get(self) -> BlockRef {
+        BlockRef {
+            id: self.0 >> 32,
+            generation: self.0 as u32,
+        }
+    }
+}
 
 /// The prefix index, sharded by hash.
 pub(super) struct PrefixIndex {
@@ -204,7 +228,7 @@ impl BlockPool {
         // One probe of the map for the check and the insert.
         let entry = map.entry(hash);
         if let Entry::Occupied(e) = &entry {
-            if self.is_registered(*e.get()) {
+            if self.is_registered(e.get().get()) {
                 return false;
             }
         }
@@ -223,7 +247,7 @@ impl BlockPool {
         // CACHED writes the word); readers reach it through this shard's lock (`evict`) or
         // through the caller's later release (the reclaim path).
         slot.hash.store(hash, Ordering::Relaxed);
-        entry.insert_entry(r);
+        entry.insert_entry(Entered::new(r));
         true
     }
 
@@ -244,13 +268,13 @@ impl BlockPool {
         if planted!("lookup-revive-unlocked") {
             let r = self
                 .index
-                .with(hash, exclusive, |map| map.get(&hash).copied())?;
+                .with(hash, exclusive, |map| map.get(&hash).map(|e| e.get()))?;
             return self
                 .index
                 .with(hash, exclusive, |map| self.revive_locked(map, hash, r));
         }
         self.index.with(hash, exclusive, |map| {
-            let r = *map.get(&hash)?;
+            let r = map.get(&hash)?.get();
             self.revive_locked(map, hash, r)
         })
     }
@@ -294,7 +318,7 @@ impl BlockPool {
     /// right after, so a `true` is a hint, not a reservation.
     pub fn contains_hash(&self, hash: BlockHash) -> bool {
         self.index.with(hash, self.is_exclusive(), |map| {
-            map.get(&hash).is_some_and(|&r| self.is_registered(r))
+            map.get(&hash).is_some_and(|e| self.is_registered(e.get()))
         })
     }
 
@@ -325,7 +349,7 @@ impl BlockPool {
             // that lock below.
             let hash = slot.hash.load(Ordering::Relaxed);
             let evicted = self.index.with(hash, exclusive, |map| {
-                if map.get(&hash) != Some(&r) {
+                if map.get(&hash).map(|e| e.get()) != Some(r) {
                     // A registration is between its CAS and its hash store; let it finish.
                     return None;
                 }
@@ -396,7 +420,7 @@ impl BlockPool {
 /// Drops `hash → old` from `map` if it is still there.
 fn remove_if_names(map: &mut Map, hash: BlockHash, old: BlockRef) {
     if let Entry::Occupied(e) = map.entry(hash) {
-        if *e.get() == old {
+        if e.get().get() == old {
             e.remove();
         }
     }
