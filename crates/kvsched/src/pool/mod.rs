@@ -68,14 +68,13 @@ const RELEASE_ORDER: Ordering = if planted!("release-relaxed") {
     Ordering::Release
 };
 
-/// One slot of the pool: its state word and the hash it is cached under.
+/// One slot of the pool: its state word. The hash it is cached under is kept apart
+/// ([`BlockPool::hash_word`]): every transition reads the state word, only registration and
+/// reclaim the hash, so the state words of eight slots share a cache line.
 #[derive(Debug)]
 struct Slot {
     /// The packed [`State`].
     state: AtomicU64,
-    /// The hash the slot is registered under; meaningful while `CACHED` is set. Written only
-    /// by the registration that set `CACHED` (under that hash's index-shard lock).
-    hash: AtomicU64,
 }
 
 /// The block pool: reference-counted, generation-tagged blocks, a lock-free free list, an
@@ -107,6 +106,9 @@ struct Slot {
 /// the reclaim order is least-recently-released only approximately (second chance).
 pub struct BlockPool {
     slots: Box<[Slot]>,
+    /// Per slot, the hash it is registered under; meaningful while `CACHED` is set. Written
+    /// only by the registration that set `CACHED` (under that hash's index-shard lock).
+    hashes: Box<[AtomicU64]>,
     /// Slots with count 0 that are not cached.
     free: FreeList,
     /// Cached, unreferenced slots, oldest release first; at most one entry per slot.
@@ -148,11 +150,12 @@ impl BlockPool {
         let slots = (0..num_blocks)
             .map(|_| Slot {
                 state: AtomicU64::new(State::INITIAL.0),
-                hash: AtomicU64::new(0),
             })
             .collect();
+        let hashes = (0..num_blocks).map(|_| AtomicU64::new(0)).collect();
         Ok(BlockPool {
             slots,
+            hashes,
             free: FreeList::new(n),
             reclaim: ReclaimQueue::new(num_blocks),
             index: PrefixIndex::new(num_blocks),
@@ -387,6 +390,15 @@ impl BlockPool {
             return None;
         }
         usize::try_from(id).ok().and_then(|i| self.slots.get(i))
+    }
+
+    /// The hash word of slot `id` (see [`BlockPool::hashes`]): `None` where [`slot`](Self::slot)
+    /// is.
+    fn hash_word(&self, id: BlockId) -> Option<&AtomicU64> {
+        if id == 0 {
+            return None;
+        }
+        usize::try_from(id).ok().and_then(|i| self.hashes.get(i))
     }
 
     fn checked_slot(&self, id: BlockId) -> Result<&Slot, PoolError> {

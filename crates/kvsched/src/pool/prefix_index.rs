@@ -222,7 +222,7 @@ impl BlockPool {
 
     /// The body of [`register`](Self::register), under the lock of `hash`'s shard (`map`).
     fn register_locked(&self, map: &mut Map, hash: BlockHash, r: BlockRef) -> bool {
-        let Some(slot) = self.slot(r.id) else {
+        let (Some(slot), Some(hash_word)) = (self.slot(r.id), self.hash_word(r.id)) else {
             return false;
         };
         // One probe of the map for the check and the insert.
@@ -246,7 +246,7 @@ impl BlockPool {
         // Relaxed: we alone may write it (we set CACHED, and only the registration that sets
         // CACHED writes the word); readers reach it through this shard's lock (`evict`) or
         // through the caller's later release (the reclaim path).
-        slot.hash.store(hash, Ordering::Relaxed);
+        hash_word.store(hash, Ordering::Relaxed);
         entry.insert_entry(Entered::new(r));
         true
     }
@@ -332,7 +332,7 @@ impl BlockPool {
     /// again. `false` may also mean a registration of the block was still in flight on
     /// another thread and did not settle within a bounded number of retries.
     pub fn evict(&self, id: BlockId) -> bool {
-        let Some(slot) = self.slot(id) else {
+        let (Some(slot), Some(hash_word)) = (self.slot(id), self.hash_word(id)) else {
             return false;
         };
         let exclusive = self.is_exclusive();
@@ -347,7 +347,7 @@ impl BlockPool {
             };
             // Relaxed: only a hint for which shard to lock; validated against the index under
             // that lock below.
-            let hash = slot.hash.load(Ordering::Relaxed);
+            let hash = hash_word.load(Ordering::Relaxed);
             let evicted = self.index.with(hash, exclusive, |map| {
                 if map.get(&hash).map(|e| e.get()) != Some(r) {
                     // A registration is between its CAS and its hash store; let it finish.

@@ -64,7 +64,7 @@ impl BlockPool {
     pub(super) fn reclaim_one(&self) -> Option<(BlockRef, (BlockHash, BlockRef))> {
         let exclusive = self.is_exclusive();
         while let Some(id) = self.reclaim.pop() {
-            let Some(slot) = self.slot(id) else {
+            let (Some(slot), Some(hash_word)) = (self.slot(id), self.hash_word(id)) else {
                 continue;
             };
             // Acquire: for a claim, pairs with the Release CAS in `release` that dropped the
@@ -88,7 +88,7 @@ impl BlockPool {
                     };
                     // Relaxed: written by `register` before the release our Acquire CAS
                     // synchronised with.
-                    let hash = slot.hash.load(Ordering::Relaxed);
+                    let hash = hash_word.load(Ordering::Relaxed);
                     let new = BlockRef {
                         id,
                         generation: next.generation(),
