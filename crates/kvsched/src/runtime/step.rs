@@ -279,14 +279,16 @@ impl Runtime {
                 }
             }
             plan.scheduled.extend(res.scheduled);
-            plan.recovery.recovered.extend(res.recovered);
-            plan.recovery.scanned.extend(res.scanned);
-            evicted.extend(res.evicted);
-            plan.ended.extend(res.ended);
+            absorb(&mut plan.recovery.recovered, res.recovered);
+            absorb(&mut plan.recovery.scanned, res.scanned);
+            absorb(&mut evicted, res.evicted);
+            absorb(&mut plan.ended, res.ended);
             self.handoffs.extend(res.handoffs);
-            plan.runnable_latency_ns.extend(res.runnable_latency_ns);
-            plan.first_schedule_latency_ns
-                .extend(res.first_schedule_latency_ns);
+            absorb(&mut plan.runnable_latency_ns, res.runnable_latency_ns);
+            absorb(
+                &mut plan.first_schedule_latency_ns,
+                res.first_schedule_latency_ns,
+            );
         }
         report.sort_unstable();
         report.dedup();
@@ -532,5 +534,15 @@ impl Progress {
                 self.latest = Some((k, shard));
             }
         }
+    }
+}
+
+/// Appends `from` to `into`, taking `from`'s list whole when `into` is empty (the first
+/// shard's share of a plan list), so a one-shard step copies and allocates nothing.
+fn absorb<T>(into: &mut Vec<T>, from: Vec<T>) {
+    if into.is_empty() {
+        *into = from;
+    } else {
+        into.extend(from);
     }
 }
