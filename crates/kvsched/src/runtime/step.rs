@@ -490,13 +490,15 @@ impl Runtime {
     /// runs in parallel ([`crate::runtime::step_mode`]).
     fn runs_parallel(&self, share: usize) -> bool {
         let shards = self.inner.shards.len();
-        if shards <= 1 {
+        let live = self.live_estimate();
+        if StepWork::inline_whatever_the_work(shards, live, self.inline_up_to) {
+            // Its work, which takes each inbox's lock to estimate, cannot change the answer.
             return false;
         }
         let max_seqs = self.inner.settings.iter().map(|s| s.max_seqs).sum();
         StepWork::estimate(&self.inner, self.last_step, share, max_seqs).parallel(
             shards,
-            self.live_estimate(),
+            live,
             self.inline_up_to,
             self.parallel_work,
         )

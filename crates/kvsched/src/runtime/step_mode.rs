@@ -68,13 +68,20 @@ impl StepWork {
         inline_up_to: usize,
         threshold: usize,
     ) -> bool {
-        if shards <= 1 {
+        if Self::inline_whatever_the_work(shards, live, inline_up_to) {
             return false;
         }
-        if inline_up_to == 0 {
-            return true;
-        }
-        live > inline_up_to && self.0 >= threshold
+        inline_up_to == 0 || self.0 >= threshold
+    }
+
+    /// Whether a step runs inline whatever its work (one shard, or at most `inline_up_to`
+    /// live unless that is 0), so its work need not be estimated.
+    pub(super) fn inline_whatever_the_work(
+        shards: usize,
+        live: usize,
+        inline_up_to: usize,
+    ) -> bool {
+        shards <= 1 || (inline_up_to != 0 && live <= inline_up_to)
     }
 }
 
@@ -95,6 +102,16 @@ mod tests {
         assert!(big.parallel(2, 65_536, 256, 2048));
         // Few live: inline whatever the work.
         assert!(!big.parallel(2, 200, 256, 2048));
+        // The work need not be estimated exactly where it cannot change the answer.
+        for (shards, live, up_to) in [(1, 9, 4), (2, 4, 4), (2, 5, 4), (2, 1, 0), (3, 100, 4)] {
+            let regardless = StepWork::inline_whatever_the_work(shards, live, up_to);
+            let any = [0, 1, usize::MAX].map(|w| StepWork(w).parallel(shards, live, up_to, 2));
+            assert_eq!(
+                regardless,
+                any.iter().all(|p| !p),
+                "{shards} {live} {up_to}"
+            );
+        }
         // Threshold 0: the live count alone decides, as before.
         assert!(small.parallel(2, 257, 256, 0));
         assert!(!small.parallel(2, 256, 256, 0));
