@@ -46,7 +46,7 @@ declare -A MODELS=(
   [release-relaxed]="pool_release_allocate::last_release_races_allocate pool_release_allocate::cached_release_races_reclaim_and_lookup"
   # pool/exclusive.rs: the exclusive mode takes a read lock, so a parallel shard's CAS races
   # the exclusive holder's plain stores and its unlocked index accesses.
-  [exclusive-unguarded]="pool_exclusive_step::exclusive_and_shared_never_hand_out_one_block_twice pool_exclusive_step::exclusive_and_shared_index_accesses_are_ordered"
+  [exclusive-unguarded]="pool_exclusive_step::exclusive_and_shared_never_hand_out_one_block_twice pool_exclusive_step::exclusive_and_shared_index_accesses_are_ordered pool_exclusive_step::exclusive_and_shared_reclaim_queue_accesses_are_ordered"
   # pool/prefix_index.rs: lookup revives the entry it found under a second hold of the lock.
   [lookup-revive-unlocked]="prefix_index_evict_vs_register_lookup::evict_races_lookup prefix_index_evict_vs_register_lookup::evict_races_lookup_and_register"
   # sync/park.rs: unpark signals the condition variable without taking the lock.

@@ -10,6 +10,10 @@
 //!   looks up blocks, reaching the prefix index without its locks, while the other thread, as
 //!   a shard, looks a hash up under its lock; every access to the index's maps (loom cells)
 //!   is ordered.
+//! * `exclusive_and_shared_reclaim_queue_accesses_are_ordered`: both threads release cached
+//!   blocks (queueing them for reclaim) and allocate, one reclaiming when the free list is
+//!   empty; the exclusive holder reaches the reclaim ring without its lock, the shard under
+//!   it, and every access to the ring (a loom cell) is ordered.
 //!
 //! Each ends with a quiescent check: no double free, no invariant violation, the census
 //! conserved, and every count-0 block allocatable exactly once.
@@ -17,7 +21,7 @@
 //! Catches: an exclusive mode that does not keep parallel mutators out (plant
 //! `exclusive-unguarded`: a read lock instead of the write lock, so the exclusive holder's
 //! plain stores race a shard's compare-and-swap and one block is handed out twice, and its
-//! unlocked index accesses race the shard's locked ones).
+//! unlocked index and reclaim-ring accesses race the shard's locked ones).
 
 #![cfg(kvsched_loom)]
 
@@ -100,5 +104,37 @@ fn exclusive_and_shared_index_accesses_are_ordered() {
         }
         let held: Vec<_> = theirs.into_iter().collect();
         s.check_quiescent(&held);
+    });
+}
+
+#[test]
+fn exclusive_and_shared_reclaim_queue_accesses_are_ordered() {
+    model(|| {
+        // Whichever runs first leaves its block cached and unreferenced (queued); the
+        // exclusive holder's second allocation then finds the free list empty and reclaims
+        // if the shard ran first, and the shard reclaims if it runs second.
+        let (s, mine, theirs) = exclusive_against_a_shard(
+            |s| {
+                let got = s.pool.allocate();
+                if let Some(r) = got {
+                    assert!(s.pool.register(20, r));
+                    s.pool.release(r).expect("held");
+                }
+                got
+            },
+            |s| {
+                let a = s.pool.allocate().expect("a block is free");
+                assert!(s.pool.register(10, a));
+                s.pool.release(a).expect("held");
+                s.pool.allocate().expect("a block is free or reclaimable")
+            },
+        );
+        if let Some(t) = theirs {
+            assert!(
+                t.id != mine.id || t.generation != mine.generation,
+                "one use of a block handed out twice"
+            );
+        }
+        s.check_quiescent(&[mine]);
     });
 }

@@ -13,9 +13,10 @@
 //! install their next word with a plain store, keeping the orderings the compare-and-swap
 //! had (its Acquire on the load, its Release on the store), so every happens-before edge the
 //! lock-free protocol names still holds: a locked instruction is what an uncontended CAS
-//! costs over a store, and nothing contends. The other transitions (eviction, retain) and
-//! the reclaim queue keep their compare-and-swap, which is correct in both modes. The prefix
-//! index's shards are reached without their locks. Readers of the slot words that are not
+//! costs over a store, and nothing contends. The other transitions (eviction, retain) keep
+//! their compare-and-swap, which is correct in both modes. The parts of the pool behind a
+//! short lock — the prefix index's shards and the reclaim queue, each a [`ModeLock`] — are
+//! reached without it. Readers of the slot words that are not
 //! mutators — a load's worker checking its fill flag, the census — read them atomically as
 //! before.
 //!
@@ -31,7 +32,9 @@
 //! is a data race on the index.
 
 use super::BlockPool;
-use crate::sync::{AtomicBool, AtomicU64, Ordering, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use crate::sync::{
+    AtomicBool, AtomicU64, Mutex, Ordering, RwLock, RwLockReadGuard, RwLockWriteGuard, UnsafeCell,
+};
 
 /// The mode's lock and flag.
 #[derive(Debug, Default)]
@@ -110,6 +113,53 @@ impl BlockPool {
         // Relaxed: see `exclusive`; a shard of a parallel step holds the read lock, which
         // the writer's clear happens-before.
         self.mode.exclusive.load(Ordering::Relaxed)
+    }
+}
+
+/// A part of the pool behind its own short lock, which the holder of [`Exclusive`] skips: a
+/// shard of the prefix index, and the reclaim queue. Its value is reached only through
+/// [`with`](Self::with).
+pub(super) struct ModeLock<T> {
+    /// Held for every access to `value`, except by the holder of the pool's `Exclusive`.
+    lock: Mutex<()>,
+    value: UnsafeCell<T>,
+}
+
+// SAFETY: `value` is reached only in `ModeLock::with`, which holds `lock` unless its caller
+// holds the pool's `Exclusive`; and while `Exclusive` is held no other thread reaches the
+// pool's locked parts (its contract, which `BlockPool::exclusive`'s callers promise). So at
+// most one thread reaches the value at a time, and each hand-off between threads goes
+// through `lock` or through the pool's step lock, whose release and acquire order the
+// accesses. `T: Send`: the value is used from whichever thread holds it.
+unsafe impl<T: Send> Sync for ModeLock<T> {}
+
+impl<T> ModeLock<T> {
+    pub(super) fn new(value: T) -> Self {
+        ModeLock {
+            lock: Mutex::new(()),
+            value: UnsafeCell::new(value),
+        }
+    }
+
+    /// Calls `f` on the value, under the lock unless `exclusive` (the caller holds the pool's
+    /// `Exclusive`). `f` must not reach this `ModeLock` again.
+    #[inline]
+    pub(super) fn with<R>(&self, exclusive: bool, f: impl FnOnce(&mut T) -> R) -> R {
+        let _held = (!exclusive).then(|| self.lock.lock());
+        self.value.with_mut(|value| {
+            // SAFETY: no other thread reaches the value meanwhile: we hold `lock`, which every
+            // other access holds too unless it is the `Exclusive` holder's, and no thread
+            // holds `Exclusive` while another, with or without a guard, reaches the pool's
+            // locked parts (see the `Sync` impl); or we hold `Exclusive` ourselves. This
+            // thread makes no other reference to it while `f` runs (`f` does not reach it).
+            f(unsafe { &mut *value })
+        })
+    }
+}
+
+impl<T> std::fmt::Debug for ModeLock<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModeLock").finish_non_exhaustive()
     }
 }
 

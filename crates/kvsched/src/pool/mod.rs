@@ -7,14 +7,18 @@
 //!
 //! * **Free list** — a lock-free Treiber stack of slot indices whose head packs an ABA tag with
 //!   the top index. A slot is on it exactly when its count is 0 and it is not cached.
-//! * **Reclaim queue** — a bounded MPMC queue of cached, unreferenced slots in release order,
-//!   consumed with a second-chance (CLOCK) rule, i.e. an approximate LRU. A slot has at most
-//!   one entry, so the queue (one place per slot) never fills.
+//! * **Reclaim queue** — a ring of cached, unreferenced slots in release order behind a short
+//!   mutex, consumed with a second-chance (CLOCK) rule, i.e. an approximate LRU. A slot has at
+//!   most one entry, so the ring (one place per slot) never fills. Only the release that
+//!   leaves a cached block unreferenced and the reclaim path of
+//!   [`allocate`](BlockPool::allocate) touch it.
 //! * **Prefix index** — `hash → BlockRef`, split into shards behind short mutexes. Only
 //!   [`register`](BlockPool::register), [`lookup`](BlockPool::lookup),
 //!   [`evict`](BlockPool::evict) and the reclaim path of [`allocate`](BlockPool::allocate)
-//!   touch it; [`retain`](BlockPool::retain) and [`release`](BlockPool::release) never take a
-//!   lock, and allocation from the free list takes none either.
+//!   touch it; [`retain`](BlockPool::retain) and [`release`](BlockPool::release) never take its
+//!   locks, and allocation from the free list takes none at all.
+//!
+//! A step that holds the pool exclusively ([`BlockPool::exclusive`]) takes neither lock.
 //!
 //! Every allocation bumps the slot's [`Generation`], so a [`BlockRef`] names one *use* of a
 //! slot: a report about a block that was freed and reused is recognised as stale.
@@ -91,8 +95,11 @@ struct Slot {
 /// * **Generations.** Every allocation bumps the slot's generation; operations with an older
 ///   [`BlockRef`] fail with [`PoolError::Stale`] (up to 2³² reuses of one slot).
 /// * **Lock freedom.** [`allocate`](Self::allocate) (from the free list),
-///   [`retain`](Self::retain), [`release`](Self::release) and the queries never take a lock;
-///   reclaiming a cached block takes one index-shard lock to drop its hash.
+///   [`retain`](Self::retain) and the queries never take a lock, nor does
+///   [`release`](Self::release) unless it leaves a cached block unreferenced: that one queues
+///   the block for reclaim under the reclaim queue's short lock. Reclaiming a cached block
+///   takes that lock and one index-shard lock to drop its hash. Under
+///   [`exclusive`](Self::exclusive) no operation takes a lock.
 /// * **Prefix hits are consistent.** [`lookup`](Self::lookup) returns a block only while it
 ///   is still registered under that hash at that generation; a block being reclaimed or
 ///   evicted concurrently is a miss.
@@ -304,8 +311,9 @@ impl BlockPool {
     ///
     /// # Guarantees
     ///
-    /// Lock-free; on error nothing changed. The caller's writes to the block happen-before
-    /// the block's next allocation.
+    /// Lock-free, except that leaving a cached block unreferenced queues it under the reclaim
+    /// queue's short lock (none under [`exclusive`](Self::exclusive)); on error nothing
+    /// changed. The caller's writes to the block happen-before the block's next allocation.
     pub fn release(&self, r: BlockRef) -> Result<(), PoolError> {
         let slot = self.checked_slot(r.id)?;
         let exclusive = self.is_exclusive();
@@ -333,7 +341,7 @@ impl BlockPool {
             // In range: checked above.
             AfterRelease::PushFree => self.free.push(r.id as u32, exclusive),
             AfterRelease::PushReclaim => {
-                if !self.reclaim.push(r.id) {
+                if !self.reclaim.push(r.id, exclusive) {
                     self.invariant_violations.fetch_add(1, Ordering::Relaxed);
                 }
             }

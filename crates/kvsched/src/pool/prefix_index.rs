@@ -15,10 +15,11 @@ use std::collections::hash_map::Entry;
 
 use rustc_hash::FxHashMap;
 
+use super::exclusive::ModeLock;
 use super::state::State;
 use super::{transition, BlockHash, BlockPool, BlockRef};
 use crate::rules::geometry::BlockId;
-use crate::sync::{spin_hint, Mutex, Ordering, UnsafeCell};
+use crate::sync::{spin_hint, Ordering};
 
 /// Shards of the prefix index (a power of two).
 #[cfg(not(kvsched_loom))]
@@ -66,48 +67,7 @@ impl Entered {
 
 /// The prefix index, sharded by hash.
 pub(super) struct PrefixIndex {
-    shards: Box<[IndexShard]>,
-}
-
-/// One shard of the index: its map, reached only through [`IndexShard::with`].
-struct IndexShard {
-    /// Held for every access to `map`, except by the holder of the pool's `Exclusive`.
-    lock: Mutex<()>,
-    map: UnsafeCell<Map>,
-}
-
-// SAFETY: `map` is reached only in `IndexShard::with`, which holds `lock` unless its caller
-// holds the pool's `Exclusive`; and while `Exclusive` is held no other thread reaches the
-// index (its contract, which `BlockPool::exclusive`'s callers promise). So at most one thread
-// reaches a map at a time, and each hand-off between threads goes through `lock` or through
-// the pool's step lock, whose release and acquire order the accesses.
-unsafe impl Sync for IndexShard {}
-
-impl IndexShard {
-    fn new(capacity: usize) -> Self {
-        IndexShard {
-            lock: Mutex::new(()),
-            map: UnsafeCell::new(FxHashMap::with_capacity_and_hasher(
-                capacity,
-                Default::default(),
-            )),
-        }
-    }
-
-    /// Calls `f` on the map, under the shard's lock unless `exclusive` (the caller holds the
-    /// pool's `Exclusive`). `f` must not reach the index.
-    #[inline]
-    fn with<R>(&self, exclusive: bool, f: impl FnOnce(&mut Map) -> R) -> R {
-        let _held = (!exclusive).then(|| self.lock.lock());
-        self.map.with_mut(|map| {
-            // SAFETY: no other thread reaches the map meanwhile: we hold `lock`, which every
-            // other access holds too unless it is the `Exclusive` holder's, and no thread
-            // holds `Exclusive` while another, with or without a guard, reaches the index
-            // (see the `Sync` impl); or we hold `Exclusive` ourselves. This thread makes no
-            // other reference to it while `f` runs (`f` does not reach the index).
-            f(unsafe { &mut *map })
-        })
-    }
+    shards: Box<[ModeLock<Map>]>,
 }
 
 impl PrefixIndex {
@@ -117,7 +77,12 @@ impl PrefixIndex {
     pub(super) fn new(num_blocks: usize) -> Self {
         let per_shard = num_blocks.min(PRESIZED_ENTRIES) / INDEX_SHARDS;
         let shards = (0..INDEX_SHARDS)
-            .map(|_| IndexShard::new(per_shard))
+            .map(|_| {
+                ModeLock::new(FxHashMap::with_capacity_and_hasher(
+                    per_shard,
+                    Default::default(),
+                ))
+            })
             .collect();
         PrefixIndex { shards }
     }
@@ -129,7 +94,7 @@ impl PrefixIndex {
         i & (INDEX_SHARDS - 1)
     }
 
-    /// Calls `f` on the map of `hash`'s shard, as [`IndexShard::with`] does.
+    /// Calls `f` on the map of `hash`'s shard, as [`ModeLock::with`] does.
     #[inline]
     fn with<R>(&self, hash: BlockHash, exclusive: bool, f: impl FnOnce(&mut Map) -> R) -> R {
         self.shards[Self::shard_number(hash)].with(exclusive, f)

@@ -13,38 +13,63 @@
 //! So a slot has at most one entry, and an entry may outlive the generation it was pushed
 //! for; the state word decides what it still means.
 
+use std::collections::VecDeque;
+
+use super::exclusive::ModeLock;
 use super::state::{ReclaimStep, State};
 use super::{transition, BlockHash, BlockPool, BlockRef};
 use crate::rules::geometry::BlockId;
-use crate::sync::{ArrayQueue, Ordering};
+use crate::sync::Ordering;
 
 /// Cached, unreferenced slots, oldest release first; at most one entry per slot.
 ///
-/// A bounded queue with room for an entry per slot of the pool: since a slot is queued at
-/// most once (its `QUEUED` bit), it never fills, and pushing or popping is one
-/// compare-and-swap with no allocation (an unbounded linked queue allocated a segment every
-/// few dozen pushes). It keeps its compare-and-swap in the pool's exclusive mode too.
+/// A ring of 32-bit slot ids behind a short lock ([`ModeLock`]), which a step holding the
+/// pool's [`Exclusive`](super::Exclusive) mode skips: made with room for an entry per slot,
+/// and since a slot is queued at most once (its `QUEUED` bit) it never grows, so pushing and
+/// popping never allocate. The step's own pushes and pops — every one of them in an inline
+/// step — are a plain ring's. A bounded lock-free queue cost more here, measured: each entry
+/// carries a stamp word beside the id (16 bytes an entry against 4, the table read on every
+/// reclaim four times larger) and each push and pop a compare-and-swap, while the only
+/// contention is between the shards of a parallel step.
 #[derive(Debug)]
-pub(super) struct ReclaimQueue(ArrayQueue<BlockId>);
+pub(super) struct ReclaimQueue {
+    ids: ModeLock<VecDeque<u32>>,
+    /// Entries it may hold: one per slot.
+    capacity: usize,
+}
 
 impl ReclaimQueue {
-    /// An empty queue for a pool of `num_blocks` slots.
+    /// An empty queue for a pool of `num_blocks` slots (at most `u32::MAX`: [`BlockPool::new`]).
     pub(super) fn new(num_blocks: usize) -> Self {
-        ReclaimQueue(ArrayQueue::new(num_blocks.max(1)))
+        ReclaimQueue {
+            ids: ModeLock::new(VecDeque::with_capacity(num_blocks)),
+            capacity: num_blocks,
+        }
     }
 
     /// Appends `id` at the tail: by the release that set the slot's `QUEUED`, or by a popper
-    /// giving it a second chance. `false` only if the queue held an entry for every slot
-    /// already, which the one-entry-per-slot rule rules out (the caller counts it as an
-    /// invariant violation).
+    /// giving it a second chance; `exclusive` as for [`ModeLock::with`]. `false` only if the
+    /// queue held an entry for every slot already, which the one-entry-per-slot rule rules
+    /// out (the caller counts it as an invariant violation), or for an id beyond the pool's.
     #[must_use]
-    pub(super) fn push(&self, id: BlockId) -> bool {
-        self.0.push(id).is_ok()
+    pub(super) fn push(&self, id: BlockId, exclusive: bool) -> bool {
+        let Ok(id) = u32::try_from(id) else {
+            return false;
+        };
+        self.ids.with(exclusive, |q| {
+            if q.len() >= self.capacity {
+                return false;
+            }
+            q.push_back(id);
+            true
+        })
     }
 
     /// Takes the oldest entry.
-    fn pop(&self) -> Option<BlockId> {
-        self.0.pop()
+    fn pop(&self, exclusive: bool) -> Option<BlockId> {
+        self.ids
+            .with(exclusive, |q| q.pop_front())
+            .map(BlockId::from)
     }
 }
 
@@ -63,7 +88,7 @@ impl BlockPool {
     /// entry finds a block of another generation: a miss, and it removes the entry itself.
     pub(super) fn reclaim_one(&self) -> Option<(BlockRef, (BlockHash, BlockRef))> {
         let exclusive = self.is_exclusive();
-        while let Some(id) = self.reclaim.pop() {
+        while let Some(id) = self.reclaim.pop(exclusive) {
             let (Some(slot), Some(hash_word)) = (self.slot(id), self.hash_word(id)) else {
                 continue;
             };
@@ -96,7 +121,7 @@ impl BlockPool {
                     return Some((new, (hash, old)));
                 }
                 ReclaimStep::SecondChance(_) => {
-                    if !self.reclaim.push(id) {
+                    if !self.reclaim.push(id, exclusive) {
                         self.invariant_violations.fetch_add(1, Ordering::Relaxed);
                     }
                 }
