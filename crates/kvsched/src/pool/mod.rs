@@ -73,8 +73,8 @@ const RELEASE_ORDER: Ordering = if planted!("release-relaxed") {
 };
 
 /// One slot of the pool: its state word. The hash it is cached under is kept apart
-/// ([`BlockPool::hash_word`]): every transition reads the state word, only registration and
-/// reclaim the hash, so the state words of eight slots share a cache line.
+/// ([`BlockPool::hash_word`]): every transition reads the state word, only registration,
+/// eviction and reclaim the hash, so the state words of eight slots share a cache line.
 #[derive(Debug)]
 struct Slot {
     /// The packed [`State`].
