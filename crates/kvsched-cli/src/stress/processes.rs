@@ -150,6 +150,10 @@ pub fn progress_sink(cfg: &StressConfig) -> Box<dyn FnMut(&Progress)> {
     let duration = cfg.duration_s;
     Box::new(move |p: &Progress| {
         bar(p);
+        if p.nth.run == 0 {
+            // A warm-up is not part of the measured runs the parent spreads restarts over.
+            return;
+        }
         let segment = (p.nth.run.saturating_sub(1)) * per_run + u32::from(p.scheduler != "kvsched");
         let within = share(p.ended, p.total).max(p.elapsed.as_secs_f64() / duration);
         let done = ((f64::from(segment) + within.clamp(0.0, 1.0)) / segments).clamp(0.0, 1.0);

@@ -5,7 +5,7 @@ use std::time::Duration;
 /// Which run of a scheduler this is, of how many (`--repeat`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Nth {
-    /// From 1.
+    /// From 1; 0 for the unmeasured warm-up of a comparison.
     pub run: u32,
     /// Runs of each scheduler in all.
     pub of: u32,
@@ -49,7 +49,9 @@ pub fn terminal_progress() -> impl FnMut(&Progress) {
             ) {
                 bar.set_style(style);
             }
-            if p.nth.of > 1 {
+            if p.nth.run == 0 {
+                bar.set_prefix(format!("{} warm-up", p.scheduler));
+            } else if p.nth.of > 1 {
                 bar.set_prefix(format!("{} {}/{}", p.scheduler, p.nth.run, p.nth.of));
             } else {
                 bar.set_prefix(p.scheduler);
