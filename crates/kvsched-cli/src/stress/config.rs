@@ -121,9 +121,9 @@ pub struct StressConfig {
     /// Check the scheduler's invariants every N steps (and always at the end).
     #[arg(long, default_value_t = DEFAULT_CHECK_EVERY, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(1..))]
     pub check_every: u64,
-    /// Also run the same workload through a baseline scheduler: `mutex`. Each scheduler
-    /// first runs once unmeasured on a quarter of the requests (a warm-up), so that neither
-    /// pays in its figures for the process's first use of memory.
+    /// Also run the same workload through a baseline scheduler: `mutex`. The baseline first
+    /// runs once unmeasured (a warm-up), so that neither scheduler pays in its figures for
+    /// the process's first use of memory.
     #[arg(long, value_parser = BaselineKind::from_str)]
     pub baseline: Option<BaselineKind>,
     /// Where the KV chunks live: `sim` (in memory, behind simulated latency and damage),

@@ -271,7 +271,9 @@ pub fn run_engines(
     Ok(ExitCode::from(combined.exit_code))
 }
 
-/// How many runs a child makes (`--repeat`, times 2 with a baseline).
+/// How many runs a child makes (`--repeat`, times 2 with a baseline, plus the baseline's
+/// warm-up).
 fn runs_per_child(cfg: &StressConfig) -> u32 {
-    cfg.repeat.max(1) * (1 + u32::from(matches!(cfg.baseline, Some(BaselineKind::Mutex))))
+    let mutex = u32::from(matches!(cfg.baseline, Some(BaselineKind::Mutex)));
+    cfg.repeat.max(1) * (1 + mutex) + mutex
 }
