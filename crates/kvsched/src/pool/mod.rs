@@ -242,17 +242,22 @@ impl BlockPool {
         }
         let mark = out.len();
         out.reserve(n);
-        let mut stale = StaleEntries::default();
+        // Made at the first reclaim: an allocation served by the free list fills no batch.
+        let mut stale: Option<StaleEntries> = None;
         for _ in 0..n {
             let got = self.allocate_free().or_else(|| {
                 let (r, entry) = self.reclaim_one()?;
-                stale.push(self, entry);
+                stale
+                    .get_or_insert_with(StaleEntries::default)
+                    .push(self, entry);
                 Some(r)
             });
             match got {
                 Some(r) => out.push(r),
                 None => {
-                    stale.flush(self);
+                    if let Some(stale) = stale.as_mut() {
+                        stale.flush(self);
+                    }
                     for r in out.drain(mark..) {
                         // Cannot fail: we hold the only reference, at its generation.
                         let _ = self.release(r);
@@ -261,7 +266,9 @@ impl BlockPool {
                 }
             }
         }
-        stale.flush(self);
+        if let Some(stale) = stale.as_mut() {
+            stale.flush(self);
+        }
         true
     }
 

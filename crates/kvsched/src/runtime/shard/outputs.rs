@@ -128,6 +128,21 @@ impl<S: Strategy> Shard<S> {
     /// Registers the request's full blocks below `nct` tokens not registered yet, in their
     /// order, [`REGISTER_BATCH`] to a call of the pool.
     pub(super) fn register_upto(env: &Env<'_, S>, r: &mut Req, nct: u64) {
+        let full = |g: usize, block_size: u64| {
+            ((nct / block_size) as usize)
+                .min(r.hashes[g].len())
+                .min(r.tables[g].len())
+        };
+        // Most calls (a decoding request between block boundaries) find nothing new: leave
+        // before filling the batch.
+        let groups = env.geo.groups();
+        if groups
+            .iter()
+            .enumerate()
+            .all(|(g, grp)| r.registered[g] >= full(g, grp.block_size))
+        {
+            return;
+        }
         let null = env.geo.null_block();
         let mut batch = [(
             0,
@@ -137,10 +152,8 @@ impl<S: Strategy> Shard<S> {
             },
         ); REGISTER_BATCH];
         let mut len = 0;
-        for (g, grp) in env.geo.groups().iter().enumerate() {
-            let full = ((nct / grp.block_size) as usize)
-                .min(r.hashes[g].len())
-                .min(r.tables[g].len());
+        for (g, grp) in groups.iter().enumerate() {
+            let full = full(g, grp.block_size);
             while r.registered[g] < full {
                 let i = r.registered[g];
                 let id = r.tables[g][i];
