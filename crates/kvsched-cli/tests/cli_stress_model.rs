@@ -76,11 +76,18 @@ fn assert_exact(args: &[&str]) -> Value {
 fn mode_safe_is_token_exact_with_failed_loads_preemption_and_cancels() {
     let mut failed = 0;
     for groups in ["hybrid-swa-mamba", "hybrid-swa-mamba-all"] {
+        // Closed loop, so that the pool is under pressure however fast this machine runs the
+        // model: at an open-loop rate, a release build on a quiet machine could finish the
+        // `-all` run without a preemption.
         let r = assert_exact(&[
             "--groups",
             groups,
             "--requests",
             "100",
+            "--rate",
+            "max",
+            "--live",
+            "24",
             "--failure-rate",
             "0.05",
             "--async-ratio",

@@ -23,7 +23,7 @@ pub(super) struct Engine {
     sync_invalid: Vec<BlockRef>,
     /// Blocks owners left unrecomputed while another request held them: next step's report.
     handoffs: Vec<BlockRef>,
-    /// What the latest plan handed out (samplers, sync destinations, reads).
+    /// What the latest plan handed out (sync destinations, reads).
     handed: HandedOut,
     /// Whether the latest plan scheduled work whose output must come back, and whether an
     /// output answering it came (its sync loads are counted once).
@@ -65,7 +65,9 @@ impl State {
     /// Records the engine's output for the last step as the runtime's `update` does:
     /// finishes always apply; samples and failed blocks only in an output answering the
     /// latest plan (another is counted stale), samples only for requests it scheduled to
-    /// sample (others: `unexpected_samples`) and failed blocks only among its sync loads'
+    /// sample (others: `unexpected_samples`, or `unknown_commands` for an id naming no live
+    /// request, counted by the shard at the next step) and
+    /// failed blocks only among its sync loads'
     /// destinations (an older generation of one: `stale_blocks`; others: `foreign_blocks`).
     /// The first answer counts each sync load ok or failed. Returns the outputs to discard:
     /// the requests whose step read a block one of its sync loads failed to fill.
@@ -80,13 +82,9 @@ impl State {
             self.metrics.stale_outputs += u64::from(ignored);
             return Vec::new();
         }
-        let (expected, unexpected): (Vec<_>, Vec<_>) = out
-            .sampled
-            .into_iter()
-            .partition(|id| self.engine.handed.samplers.contains(&**id));
-        self.metrics.unexpected_samples += unexpected.len() as u64;
+        // The shard keeps a sample only for a request the plan scheduled to sample.
         self.inbox
-            .extend(expected.into_iter().map(Command::Sampled));
+            .extend(out.sampled.into_iter().map(Command::Sampled));
         let dests = &self.engine.handed.sync_dests;
         let mut failed: FxHashSet<BlockId> = FxHashSet::default();
         for b in out.invalid_blocks {

@@ -54,13 +54,11 @@ pub fn discarded(
         .collect()
 }
 
-/// What the latest plan handed out, against which the engine's output is checked: who may
-/// sample, which blocks its sync loads wrote, and what each request read. The runtime and
-/// the mutex baseline record it the same way.
+/// What the latest plan handed out, against which the engine's output is checked: which
+/// blocks its sync loads wrote, and what each request read. (Who may sample each shard knows
+/// of its own requests.) The runtime and the mutex baseline record it the same way.
 #[derive(Debug, Default)]
 pub struct HandedOut {
-    /// Requests the plan scheduled to sample (a sample for any other is ignored).
-    pub samplers: FxHashSet<StdArc<str>>,
     /// The destination blocks of each sync load (a failed block must be one of them).
     pub sync_dests: Vec<Vec<crate::pool::BlockRef>>,
     /// What each scheduled request read, for the outputs to discard; recorded only for a
@@ -69,16 +67,9 @@ pub struct HandedOut {
 }
 
 impl HandedOut {
-    /// Records `plan` (replacing the last one).
-    /// The sets keep their capacity from step to step: no rehash while they refill.
+    /// Records `plan` (replacing the last one); the lists keep their capacity from step to
+    /// step.
     pub fn record(&mut self, plan: &crate::runtime::StepPlan) {
-        self.samplers.clear();
-        self.samplers.extend(
-            plan.scheduled
-                .iter()
-                .filter(|s| s.samples)
-                .map(|s| s.id.clone()),
-        );
         self.sync_dests.clear();
         self.sync_dests.extend(
             plan.scheduled

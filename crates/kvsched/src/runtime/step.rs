@@ -99,7 +99,7 @@ pub struct Runtime {
     pub(super) stalled_steps: u32,
     /// Set once a shard panicked: (shard, step, message). No step runs after it.
     pub(super) panicked: Option<(usize, u64, String)>,
-    /// What the latest plan handed out (samplers, sync destinations, reads).
+    /// What the latest plan handed out (sync destinations, reads).
     pub(super) handed: HandedOut,
     /// Room the plan list's merge keeps from step to step.
     pub(super) merge: MergeScratch,
@@ -372,9 +372,11 @@ impl Runtime {
     /// that is stale and ignored.
     ///
     /// What the output claims is checked against what the plan handed out: a sample counts
-    /// only for a request the plan scheduled to sample (others: `unexpected_samples`), and a
-    /// failed block only if it is a destination of one of the plan's sync loads (others:
-    /// `foreign_blocks`). Neither can roll back a request the step did not load for.
+    /// only for a request the plan scheduled to sample (others: `unexpected_samples`, or
+    /// `unknown_commands` for an id naming no live request, counted by the next `schedule`,
+    /// whose shards take the samples), and a failed block only if it is a destination of one
+    /// of the plan's sync loads (others: `foreign_blocks`). Neither can roll back a request
+    /// the step did not load for.
     ///
     /// # Returns: the outputs to discard
     ///
@@ -403,11 +405,8 @@ impl Runtime {
                 self.metrics.stale_outputs += 1;
             }
         } else {
+            // Each shard keeps a sample only for a request the plan scheduled to sample.
             for id in out.sampled {
-                if !self.handed.samplers.contains(&*id) {
-                    self.metrics.unexpected_samples += 1;
-                    continue;
-                }
                 let i = self.inner.shard_of(&id);
                 batches[i].push(Command::Sampled(id));
             }

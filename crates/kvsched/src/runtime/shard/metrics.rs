@@ -86,7 +86,9 @@ pub struct Metrics {
     /// Blocks a load's failure or a step output named that were not the load's own (another
     /// request's, or no sync load's destination in that step): ignored.
     pub foreign_blocks: u64,
-    /// Samples for requests the answered step did not schedule to sample: ignored.
+    /// Samples for live requests the answered step did not schedule to sample: ignored
+    /// (counted by the step that takes them; a sample naming no live request is an
+    /// unknown command).
     pub unexpected_samples: u64,
     /// Sync loads (run by the engine inside a step) that filled all their blocks.
     pub sync_loads_ok: u64,

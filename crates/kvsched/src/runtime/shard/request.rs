@@ -145,6 +145,9 @@ pub(super) struct Req {
     pub(super) written: u64,
     /// Tokens scheduled in the last step (0 when not scheduled).
     pub(super) last_scheduled: u64,
+    /// The last step computes its last token, so the engine samples one: the only step
+    /// output whose sample counts for it (false when not scheduled).
+    pub(super) sampling: bool,
     /// Computed tokens before the step that last scheduled it.
     pub(super) pre_step: u64,
     /// Its last step's output was lost: roll back to `pre_step`, apply nothing.
@@ -214,6 +217,7 @@ impl Req {
             num_computed_tokens: 0,
             written: 0,
             last_scheduled: 0,
+            sampling: false,
             pre_step: 0,
             output_lost: false,
             phase: Phase::Waiting,

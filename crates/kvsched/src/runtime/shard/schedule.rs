@@ -179,19 +179,21 @@ impl<S: Strategy> Shard<S> {
             job
         });
         let block_tables = r.block_tables();
+        let samples = upto == r.seq_len();
         self.result.scheduled.push(ScheduledRequest {
             id: r.id.clone(),
             block_tables,
             key: r.key.into(),
             num_computed_tokens: r.num_computed_tokens,
             num_tokens: n,
-            samples: upto == r.seq_len(),
+            samples,
             sync_load: sync_load.map(Box::new),
             first,
         });
         r.pre_step = r.num_computed_tokens;
         r.num_computed_tokens = upto;
         r.last_scheduled = n;
+        r.sampling = samples;
         self.touched.push(seq);
         budget.charge(n);
         true
@@ -208,6 +210,7 @@ impl<S: Strategy> Shard<S> {
             Self::release_all(env, r, &mut self.result, &mut self.index);
             r.num_computed_tokens = 0;
             r.last_scheduled = 0;
+            r.sampling = false;
             r.sync_job = None;
             self.set_phase(seq, Phase::Waiting);
         }
