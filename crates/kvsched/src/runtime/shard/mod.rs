@@ -188,6 +188,8 @@ pub struct Shard<S: Strategy = LockFree> {
     /// Requests with something to apply after recovery: scheduled in the last step, named by a
     /// command, or recovered this step. Keeps that phase proportional to what changed.
     touched: Vec<u64>,
+    /// The running keys [`schedule`](Self::schedule) visits next, kept for its capacity.
+    key_chunk: Vec<RequestKey>,
     /// Loading requests whose load completed this step.
     landed: Vec<u64>,
     /// Deadlines of in-flight async loads: (deadline, seq, attempt).
@@ -222,6 +224,7 @@ impl<S: Strategy> Default for Shard<S> {
             step: 0,
             index: HolderIndex::default(),
             touched: Vec::new(),
+            key_chunk: Vec::new(),
             landed: Vec::new(),
             deadlines: BinaryHeap::new(),
             parked: FxHashMap::default(),
@@ -328,5 +331,22 @@ fn next_key(set: &BTreeMap<RequestKey, ()>, after: Option<RequestKey>) -> Option
     match after {
         None => set.keys().next().copied(),
         Some(k) => set.range((Excluded(k), Unbounded)).next().map(|(k, _)| *k),
+    }
+}
+
+/// The first `n` keys after `after` (from the first when `None`) into `out`, which is
+/// cleared first: [`next_key`] a chunk at a time, one descent of the tree per chunk rather
+/// than per key. A key the loop body adds behind the chunk's last is met by the next chunk;
+/// one it adds inside the chunk is not (the caller's loop must not need it to be).
+fn next_keys(
+    set: &BTreeMap<RequestKey, ()>,
+    after: Option<RequestKey>,
+    n: usize,
+    out: &mut Vec<RequestKey>,
+) {
+    out.clear();
+    match after {
+        None => out.extend(set.keys().take(n).copied()),
+        Some(k) => out.extend(set.range((Excluded(k), Unbounded)).take(n).map(|(k, _)| *k)),
     }
 }

@@ -6,13 +6,17 @@ use std::time::Instant;
 
 use super::strategy::{Claims, Pool, Strategy};
 use super::{
-    next_key, EndState, Env, HolderIndex, Phase, Req, ScheduledRequest, Shard, StepSettings,
+    next_keys, EndState, Env, HolderIndex, Phase, Req, ScheduledRequest, Shard, StepSettings,
 };
 use crate::runtime::claim::RequestKey;
+
 use crate::runtime::policy::alignment::{aligned_chunk, chunk_alignment};
 use crate::runtime::policy::growth::blocks_needed;
 use crate::runtime::policy::scheduling::{length_capped, preemption_victim, StepBudget};
 use crate::runtime::policy::state_ends::written_state;
+
+/// Running keys [`Shard::schedule`] takes from the set at a time.
+const KEY_CHUNK: usize = 32;
 
 impl<S: Strategy> Shard<S> {
     /// Makes room in the tables of `r` for `upto` computed tokens.
@@ -87,14 +91,24 @@ impl<S: Strategy> Shard<S> {
         self.result
             .scheduled
             .reserve(settings.max_seqs.min(self.running.len()));
+        // Scheduling never makes a request running: a chunk of the running keys at a time
+        // visits each once (one it preempts is met again and skipped).
+        let mut keys = std::mem::take(&mut self.key_chunk);
         let mut cursor = None;
-        while let Some(key) = next_key(&self.running, cursor) {
-            cursor = Some(key);
-            if budget.exhausted() {
+        'chunks: loop {
+            next_keys(&self.running, cursor, KEY_CHUNK, &mut keys);
+            let Some(&last) = keys.last() else {
                 break;
+            };
+            cursor = Some(last);
+            for &key in &keys {
+                if budget.exhausted() {
+                    break 'chunks;
+                }
+                self.schedule_one(env, settings, now, key, &mut budget, align);
             }
-            self.schedule_one(env, settings, now, key, &mut budget, align);
         }
+        self.key_chunk = keys;
         budget
     }
 
