@@ -169,8 +169,11 @@ impl Runtime {
         let span = tracing::debug_span!("kvsched_step", step = self.step);
         let _enter = span.enter();
         if !self.runs_parallel(share.len()) {
-            // Room for what the last step scheduled and a little more.
-            let expected = self.last_step.scheduled + self.last_step.scheduled / 4 + 8;
+            // Room for what the last step scheduled and a little more, rounded up to a power
+            // of two: the list's size then stays in one allocator size class from step to
+            // step, so the list the engine dropped is the one reused, not fresh memory.
+            let expected =
+                (self.last_step.scheduled + self.last_step.scheduled / 4 + 8).next_power_of_two();
             self.inner.run_step_inline(&share, &live, expected);
         } else {
             self.metrics.parallel_steps += 1;
