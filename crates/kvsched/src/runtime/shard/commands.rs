@@ -34,11 +34,10 @@ impl<S: Strategy> Shard<S> {
                 }
                 None => self.result.counters.unknown_commands += 1,
             },
-            // Only a request the answered plan scheduled to sample takes a sample (`sampling`
-            // is set by that schedule and cleared when its output is applied); a sample for
+            // Only a request the answered plan scheduled to sample takes a sample; a sample for
             // another request is ignored, as one naming no request (ended since, or never).
             Command::Sampled(id) => match self.by_id.get(&id).and_then(|s| self.reqs.get_mut(s)) {
-                Some(r) if r.sampling => {
+                Some(r) if r.samples_last_step() => {
                     if std::mem::replace(&mut r.sampled_pending, true) {
                         self.result.counters.duplicate_commands += 1;
                     }

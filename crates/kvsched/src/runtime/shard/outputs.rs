@@ -48,7 +48,6 @@ impl<S: Strategy> Shard<S> {
             let sampled = std::mem::take(&mut r.sampled_pending);
             let finish = std::mem::take(&mut r.finish_pending);
             r.last_scheduled = 0;
-            r.sampling = false;
             if !skip && ran {
                 if sampled {
                     r.generated += 1;

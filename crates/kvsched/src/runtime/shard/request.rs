@@ -145,9 +145,6 @@ pub(super) struct Req {
     pub(super) written: u64,
     /// Tokens scheduled in the last step (0 when not scheduled).
     pub(super) last_scheduled: u64,
-    /// The last step computes its last token, so the engine samples one: the only step
-    /// output whose sample counts for it (false when not scheduled).
-    pub(super) sampling: bool,
     /// Computed tokens before the step that last scheduled it.
     pub(super) pre_step: u64,
     /// Its last step's output was lost: roll back to `pre_step`, apply nothing.
@@ -217,7 +214,6 @@ impl Req {
             num_computed_tokens: 0,
             written: 0,
             last_scheduled: 0,
-            sampling: false,
             pre_step: 0,
             output_lost: false,
             phase: Phase::Waiting,
@@ -289,6 +285,16 @@ impl Req {
 
     pub(super) fn seq_len(&self) -> u64 {
         self.prompt.len() as u64 + u64::from(self.generated)
+    }
+
+    /// Whether the step that last scheduled it computes its last token, so that the engine
+    /// samples one (`ScheduledRequest::samples`), until that step's output is applied: that
+    /// schedule set the computed length it reached, and the length of the sequence changes
+    /// only when the output is applied (a preemption clears `last_scheduled`).
+    pub(super) fn samples_last_step(&self) -> bool {
+        self.phase == Phase::Running
+            && self.last_scheduled > 0
+            && self.num_computed_tokens == self.seq_len()
     }
     pub(super) fn class(&self) -> Option<RequestClass> {
         match self.phase {

@@ -9,7 +9,6 @@ use super::{
     next_keys, EndState, Env, HolderIndex, Phase, Req, ScheduledRequest, Shard, StepSettings,
 };
 use crate::runtime::claim::RequestKey;
-
 use crate::runtime::policy::alignment::{aligned_chunk, chunk_alignment};
 use crate::runtime::policy::growth::blocks_needed;
 use crate::runtime::policy::scheduling::{length_capped, preemption_victim, StepBudget};
@@ -193,21 +192,19 @@ impl<S: Strategy> Shard<S> {
             job
         });
         let block_tables = r.block_tables();
-        let samples = upto == r.seq_len();
         self.result.scheduled.push(ScheduledRequest {
             id: r.id.clone(),
             block_tables,
             key: r.key.into(),
             num_computed_tokens: r.num_computed_tokens,
             num_tokens: n,
-            samples,
+            samples: upto == r.seq_len(),
             sync_load: sync_load.map(Box::new),
             first,
         });
         r.pre_step = r.num_computed_tokens;
         r.num_computed_tokens = upto;
         r.last_scheduled = n;
-        r.sampling = samples;
         self.touched.push(seq);
         budget.charge(n);
         true
@@ -224,7 +221,6 @@ impl<S: Strategy> Shard<S> {
             Self::release_all(env, r, &mut self.result, &mut self.index);
             r.num_computed_tokens = 0;
             r.last_scheduled = 0;
-            r.sampling = false;
             r.sync_job = None;
             self.set_phase(seq, Phase::Waiting);
         }
