@@ -235,7 +235,8 @@ impl BlockPool {
     /// failure lose their prefix-index entry even though the call fails.
     ///
     /// The prefix-index entries of the cached blocks it reclaims are dropped a group at a time,
-    /// each index shard locked once per group, before it returns.
+    /// each index shard locked once per group, before it returns (each at once under
+    /// [`exclusive`](Self::exclusive), which takes no lock).
     pub fn allocate_n(&self, n: usize, out: &mut Vec<BlockRef>) -> bool {
         if n >= self.num_blocks() {
             return false; // more than the usable blocks; also bounds the reservation below
@@ -243,13 +244,19 @@ impl BlockPool {
         let mark = out.len();
         out.reserve(n);
         // Made at the first reclaim: an allocation served by the free list fills no batch.
+        // An exclusive holder takes no index locks, so it drops each entry at once.
+        let exclusive = self.is_exclusive();
         let mut stale: Option<StaleEntries> = None;
         for _ in 0..n {
             let got = self.allocate_free().or_else(|| {
-                let (r, entry) = self.reclaim_one()?;
-                stale
-                    .get_or_insert_with(StaleEntries::default)
-                    .push(self, entry);
+                let (r, (hash, old)) = self.reclaim_one()?;
+                if exclusive {
+                    self.remove_index_entry(hash, old);
+                } else {
+                    stale
+                        .get_or_insert_with(StaleEntries::default)
+                        .push(self, (hash, old));
+                }
                 Some(r)
             });
             match got {

@@ -164,7 +164,8 @@ impl BlockPool {
     }
 
     /// Registers each `(hash, r)` of `entries` as [`register`](Self::register) does, taking
-    /// each index shard's lock once for the entries it holds instead of once per entry.
+    /// each index shard's lock once for the entries it holds instead of once per entry
+    /// (under [`exclusive`](Self::exclusive), which takes no lock, one entry after another).
     /// Entries in one shard are registered in their order; a hash that appears twice is
     /// registered once, under its first block.
     ///
@@ -174,8 +175,16 @@ impl BlockPool {
     /// entry registered before an earlier one of another shard (each is visible from its own
     /// registration on, as with separate calls racing a lookup).
     pub fn register_all(&self, entries: &[(BlockHash, BlockRef)]) {
+        if self.is_exclusive() {
+            // No locks to take once per shard: grouping would only cost a pass per shard.
+            for &(hash, r) in entries {
+                self.index
+                    .with(hash, true, |map| self.register_locked(map, hash, r));
+            }
+            return;
+        }
         self.index.for_each_grouped(
-            self.is_exclusive(),
+            false,
             |i| entries[i].0,
             entries.len(),
             |map, i| {
@@ -373,8 +382,16 @@ impl BlockPool {
     /// [`remove_index_entry`](Self::remove_index_entry) for each entry, each index shard's
     /// lock taken once for the entries it holds.
     pub(super) fn remove_index_entries(&self, entries: &[(BlockHash, BlockRef)]) {
+        if self.is_exclusive() {
+            // As in `register_all`: no locks, so no grouping.
+            for &(hash, old) in entries {
+                self.index
+                    .with(hash, true, |map| remove_if_names(map, hash, old));
+            }
+            return;
+        }
         self.index.for_each_grouped(
-            self.is_exclusive(),
+            false,
             |i| entries[i].0,
             entries.len(),
             |map, i| remove_if_names(map, entries[i].0, entries[i].1),
@@ -506,8 +523,17 @@ mod tests {
 
     #[test]
     fn batches_register_and_drop_entries_as_one_by_one_calls_would() {
+        batches_as_one_by_one(false);
+        // An exclusive holder takes the entries one by one, without the grouping.
+        batches_as_one_by_one(true);
+    }
+
+    fn batches_as_one_by_one(exclusive: bool) {
         // More entries than one group of the grouped locking (64), in every index shard.
         let p = pool(201);
+        // SAFETY: no other thread has the pool.
+        let _only = exclusive.then(|| unsafe { p.exclusive() });
+        assert_eq!(p.is_exclusive(), exclusive);
         let blocks: Vec<BlockRef> = (0..200).map(|_| alloc(&p)).collect();
         let hash = |i: usize| (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         let mut entries: Vec<(BlockHash, BlockRef)> = blocks
@@ -525,7 +551,8 @@ mod tests {
         for &r in &blocks {
             assert_eq!(p.release(r), Ok(()));
         }
-        // Reclaiming 150 cached blocks in one call drops each one's entry (in batches of 32).
+        // Reclaiming 150 cached blocks in one call drops each one's entry (in batches of 32,
+        // or one by one under the exclusive mode).
         let mut out = Vec::new();
         assert!(p.allocate_n(150, &mut out));
         let reclaimed: Vec<usize> = (0..200)
