@@ -3,7 +3,9 @@
 //!
 //! Prefixes are identified by a 64-bit key (the chained hash of the prompt up to the end of
 //! the load). The table is sharded behind short `sync::Mutex` locks taken only when a load
-//! fails or succeeds and at admission of a request that would load.
+//! fails or succeeds and at admission of a request that would load. It is bounded
+//! (4,096 entries per shard), so prefixes that fail once and never come back do not
+//! accumulate.
 
 use std::time::{Duration, Instant};
 
@@ -15,6 +17,15 @@ use crate::sync::Mutex;
 const SHARDS: usize = 16;
 #[cfg(kvsched_loom)]
 const SHARDS: usize = 2;
+
+/// Entries one shard keeps at most. A prefix that failed once and is never loaded again, or
+/// whose quarantine ran out unchecked, would otherwise stay for the process's life: when a
+/// new prefix fails in a full shard, the entries not in force (a streak without a
+/// quarantine, or a quarantine that ended) are dropped first.
+#[cfg(not(kvsched_loom))]
+const MAX_SHARD_ENTRIES: usize = 4096;
+#[cfg(kvsched_loom)]
+const MAX_SHARD_ENTRIES: usize = 4;
 
 #[derive(Clone, Copy, Debug, Default)]
 struct Entry {
@@ -45,11 +56,21 @@ impl Quarantine {
 
     /// Records a failed load of `key`; returns true when this failure puts the prefix into
     /// quarantine (`after` consecutive failures, `0` disables quarantine) until `now + for_`.
+    ///
+    /// The table is bounded (4,096 entries per shard): a new prefix failing while its
+    /// shard is full of quarantines in force is not counted.
     pub fn record_failure(&self, key: u64, now: Instant, after: u32, for_: Duration) -> bool {
         if after == 0 {
             return false;
         }
         let mut map = self.shard(key).lock();
+        if map.len() >= MAX_SHARD_ENTRIES && !map.contains_key(&key) {
+            map.retain(|_, e| e.until.is_some_and(|until| until > now));
+            if map.len() >= MAX_SHARD_ENTRIES {
+                // Every entry is a quarantine in force: this prefix's streak is not counted.
+                return false;
+            }
+        }
         let e = map.entry(key).or_default();
         e.consecutive_failures = e.consecutive_failures.saturating_add(1);
         if e.consecutive_failures >= after {
@@ -113,5 +134,49 @@ mod tests {
         assert!(!q.is_quarantined(8, t0));
         assert!(!q.is_quarantined(7, t0 + Duration::from_secs(11)));
         assert!(!q.record_failure(9, t0, 0, d), "0 disables quarantine");
+    }
+
+    fn entries(q: &Quarantine) -> usize {
+        q.shards.iter().map(|s| s.lock().len()).sum()
+    }
+
+    #[test]
+    fn prefixes_that_fail_once_do_not_stay_forever() {
+        let q = Quarantine::default();
+        let t0 = Instant::now();
+        let d = Duration::from_secs(10);
+        let cap = MAX_SHARD_ENTRIES * SHARDS;
+        // Distinct prefixes failing once each, never loaded again.
+        for key in 0..4 * cap as u64 {
+            assert!(!q.record_failure(key.wrapping_mul(0x9E37_79B9_7F4A_7C15), t0, 3, d));
+        }
+        assert!(entries(&q) <= cap, "{} entries", entries(&q));
+        // A quarantine in force survives the new prefixes' failures.
+        assert!(!q.record_failure(1, t0, 2, d));
+        assert!(q.record_failure(1, t0, 2, d));
+        for key in 0..4 * cap as u64 {
+            q.record_failure(key.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 7, t0, 3, d);
+        }
+        assert!(entries(&q) <= cap);
+        assert!(q.is_quarantined(1, t0 + Duration::from_secs(1)));
+        // A shard full of quarantines in force counts no new prefix, and keeps its own.
+        let full = Quarantine::default();
+        let one_shard: Vec<u64> = (1..)
+            .filter(|&key| std::ptr::eq(full.shard(key), &full.shards[0]))
+            .take(2 * MAX_SHARD_ENTRIES)
+            .collect();
+        let quarantined = one_shard
+            .iter()
+            .filter(|&&key| full.record_failure(key, t0, 1, d))
+            .count();
+        assert_eq!(entries(&full), MAX_SHARD_ENTRIES);
+        assert_eq!(quarantined, MAX_SHARD_ENTRIES, "none replaced");
+        assert!(full.is_quarantined(one_shard[0], t0));
+        // Once they end, new prefixes are counted again.
+        let later = t0 + Duration::from_secs(11);
+        let last = one_shard[2 * MAX_SHARD_ENTRIES - 1];
+        assert!(full.record_failure(last, later, 1, d));
+        assert!(full.is_quarantined(last, later));
+        assert_eq!(entries(&full), 1);
     }
 }
