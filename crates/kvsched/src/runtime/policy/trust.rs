@@ -24,21 +24,33 @@ pub fn load_blocks(
     start: u64,
     end: u64,
 ) -> Vec<BlockRef> {
-    let null = geo.null_block();
     let mut out = Vec::new();
+    for_each_load_block(geo, tables, gens, start, end, |b| out.push(b));
+    out
+}
+
+/// Calls `f` on each block [`load_blocks`] returns, in its order, without collecting them.
+pub fn for_each_load_block(
+    geo: &Geometry,
+    tables: &[Vec<BlockId>],
+    gens: &[Vec<Generation>],
+    start: u64,
+    end: u64,
+    mut f: impl FnMut(BlockRef),
+) {
+    let null = geo.null_block();
     for ((grp, t), g) in geo.groups().iter().zip(tables).zip(gens) {
         let lo = (start / grp.block_size) as usize;
         let hi = (grp.blocks_for_tokens(end) as usize).min(t.len());
         for (i, &id) in t.iter().enumerate().take(hi).skip(lo) {
             if id != null {
-                out.push(BlockRef {
+                f(BlockRef {
                     id,
                     generation: g.get(i).copied().unwrap_or(0),
                 });
             }
         }
     }
-    out
 }
 
 /// The blocks an asynchronous load's failure rolls back, appended to `out`: the load's `own`

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use crate::connector::LoadResult;
 use crate::rules::geometry::BlockId;
-use crate::runtime::policy::trust::{failed_load_blocks, load_blocks};
+use crate::runtime::policy::trust::{failed_load_blocks, for_each_load_block, load_blocks};
 use crate::runtime::worker::Completion;
 
 use super::strategy::{Pool, Strategy};
@@ -109,9 +109,9 @@ impl<S: Strategy> Shard<S> {
     /// Ends the current load's ownership of its destinations (its completion was applied, or
     /// it is known never to have run).
     pub(super) fn end_fills(env: &Env<'_, S>, r: &Req) {
-        for b in Self::load_blocks(env, r) {
+        for_each_load_block(env.geo, &r.tables, &r.gens, r.load_start, r.load_end, |b| {
             let _ = env.pool.end_fill(b);
-        }
+        });
     }
 
     /// The non-null blocks the request's current load writes, in every group, with the

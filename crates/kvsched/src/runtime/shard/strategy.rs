@@ -147,9 +147,11 @@ impl Pool for Arc<BlockPool> {
     #[inline]
     fn guard_fills(&self, job: &mut LoadJob) {
         // The load owns its destinations' bytes until its completion is applied.
-        for b in job.all_loaded_blocks() {
-            let began = self.begin_fill(b);
-            debug_assert!(began.is_ok(), "fresh destination {b:?}: {began:?}");
+        for g in 0..job.block_tables.len() {
+            for b in job.loaded_blocks(g) {
+                let began = self.begin_fill(b);
+                debug_assert!(began.is_ok(), "fresh destination {b:?}: {began:?}");
+            }
         }
         job.fill = Some(Arc::clone(self));
     }
