@@ -17,9 +17,8 @@
 //!   [`DiskTier`](kvsched::kv::DiskTier) and, with feature `redis`, `RedisTier`, over each
 //!   tier's public `edit_stored` / `remove`);
 //! * [`SplitMix64`], [`hash_str`] — the seeded randomness every simulated decision draws from;
-//! * [`redis`] (feature `redis`) — [`LocalRedis`](redis::LocalRedis) and
-//!   [`LocalCluster`](redis::LocalCluster), local `redis-server` processes for tests and
-//!   benchmarks.
+//! * `redis` (feature `redis`) — `LocalRedis` and `LocalCluster`, local `redis-server`
+//!   processes for tests and benchmarks.
 //!
 //! Not meant for production: it computes nothing.
 #![deny(unsafe_op_in_unsafe_fn)]

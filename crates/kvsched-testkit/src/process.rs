@@ -1,5 +1,5 @@
 //! Child processes that must not outlive their parent: the local Redis servers of
-//! [`redis`](crate::redis) and the engine processes of `kvsched stress --processes`.
+//! `redis` (feature `redis`) and the engine processes of `kvsched stress --processes`.
 
 use std::io;
 use std::os::unix::process::CommandExt;

@@ -32,7 +32,8 @@
 //! * **Deterministic recovery.** A step's recovery outcome equals the sequential rules of
 //!   [`crate::rules::recovery::recover`] applied in canonical order (loading requests, then running
 //!   ones, each by `(priority, admission sequence)`), whatever the shard count and thread
-//!   interleaving: ownership comes from the [`ClaimTable`], never from gathering requests.
+//!   interleaving: ownership comes from the claim table (`claim::ClaimTable`), never from
+//!   gathering requests.
 //! * **Sharers wait** (mode `safe`, policy `recompute`): a request is never scheduled while a
 //!   block it waits for is pending; an owner that ends first hands its blocks off through the
 //!   next step's report, so the next waiter in canonical order recomputes them.

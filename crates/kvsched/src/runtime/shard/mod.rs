@@ -241,7 +241,7 @@ impl<S: Strategy> Default for Shard<S> {
 
 impl<S: Strategy> Shard<S> {
     /// A shard of a pool of `num_blocks` ids, its holder index made up front
-    /// ([`HolderIndex::for_blocks`]).
+    /// (`HolderIndex::for_blocks`).
     pub fn for_blocks(num_blocks: usize) -> Self {
         Shard {
             index: HolderIndex::for_blocks(num_blocks),

@@ -28,7 +28,7 @@ pub struct NewRequest {
     pub submitted_at: Instant,
     /// Its own load deadline (overrides the settings').
     pub load_deadline: Option<Duration>,
-    /// Per group: chained hashes of the prompt's full blocks ([`prompt_hashes`]), computed
+    /// Per group: chained hashes of the prompt's full blocks (`prompt_hashes`), computed
     /// by the submitting thread so the step that takes the request does not hash it.
     pub hashes: Vec<Vec<BlockHash>>,
 }
