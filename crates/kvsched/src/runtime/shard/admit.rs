@@ -3,7 +3,6 @@
 //! prompt. An external range is loaded asynchronously (the request is loading) or
 //! synchronously in the step that first schedules it (the request runs).
 
-use std::cmp::Reverse;
 use std::time::Instant;
 
 use crate::connector::{CancelToken, LoadJob, LoadOwner, LookupQuery, LookupResult};
@@ -179,13 +178,20 @@ impl<S: Strategy> Shard<S> {
             .load_deadline
             .or(settings.load_deadline)
             .and_then(|d| now.checked_add(d));
-        if let Some(at) = deadline {
-            job.deadline = Some(at);
-            self.deadlines.push(Reverse((at, seq, r.attempt)));
-        }
+        job.deadline = deadline;
         // The load owns its destinations' bytes until its completion is applied.
         env.pool.guard_fills(&mut job);
         r.cancel = Some(job.cancel.clone());
+        let attempt = r.attempt;
+        if let Some(at) = deadline {
+            let reqs = &self.reqs;
+            self.deadlines.push(at, seq, attempt, |s, a| {
+                // Planted bug (scripts/plants.sh): compacting drops the entries of loads
+                // still in flight, so a hung load's deadline never comes.
+                !planted!("deadline-compact-in-flight")
+                    && reqs.get(&s).is_some_and(|r| r.awaits_load(a))
+            });
+        }
         loads_out.push(job);
         self.set_phase(seq, Phase::Loading);
         Admitted::Into(Phase::Loading)

@@ -1,7 +1,6 @@
 //! Completions of async loads, and their deadlines: what landed, what failed (its bad blocks
 //! join this shard's share of the report), and which late loads to treat as failed.
 
-use std::cmp::Reverse;
 use std::time::{Duration, Instant};
 
 use crate::connector::LoadResult;
@@ -129,15 +128,11 @@ impl<S: Strategy> Shard<S> {
         published: &mut Vec<BlockId>,
     ) {
         // Loads past their deadline fail for all their blocks.
-        while let Some(&Reverse((at, seq, attempt))) = self.deadlines.peek() {
-            if at > now {
-                break;
-            }
-            self.deadlines.pop();
+        while let Some((seq, attempt)) = self.deadlines.pop_due(now) {
             let Some(r) = self.reqs.get_mut(&seq) else {
                 continue;
             };
-            if r.phase != Phase::Loading || r.attempt != attempt || r.load_done.is_some() {
+            if !r.awaits_load(attempt) {
                 continue; // landed in time, or superseded
             }
             self.result.counters.deadlines_expired += 1;

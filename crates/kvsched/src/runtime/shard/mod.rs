@@ -19,8 +19,7 @@
 //! is how a shard reaches the pool and claim table it shares: the runtime's lock-free ones,
 //! or the mutex baseline's plain ones.
 
-use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::BTreeMap;
 use std::marker::PhantomData;
 use std::ops::Bound::{Excluded, Unbounded};
 use std::sync::Arc as StdArc;
@@ -43,6 +42,9 @@ mod admit;
 mod claim;
 mod commands;
 mod completions;
+#[cfg(all(test, not(kvsched_loom)))]
+mod deadline_tests;
+mod deadlines;
 mod end;
 mod holders;
 mod land;
@@ -57,6 +59,7 @@ mod scheduled;
 mod step_order;
 pub mod strategy;
 
+use deadlines::Deadlines;
 use holders::HolderIndex;
 pub use metrics::Metrics;
 pub use request::{Command, NewRequest};
@@ -192,8 +195,8 @@ pub struct Shard<S: Strategy = LockFree> {
     key_chunk: Vec<RequestKey>,
     /// Loading requests whose load completed this step.
     landed: Vec<u64>,
-    /// Deadlines of in-flight async loads: (deadline, seq, attempt).
-    deadlines: BinaryHeap<Reverse<(Instant, u64, u32)>>,
+    /// Deadlines of in-flight async loads.
+    deadlines: Deadlines,
     /// Blocks of loads that passed their deadline, held (not freed, not read) until the late
     /// completion lands, so a worker still writing into them never writes into a reused block.
     parked: FxHashMap<(u64, u32), Vec<BlockRef>>,
@@ -226,7 +229,7 @@ impl<S: Strategy> Default for Shard<S> {
             touched: Vec::new(),
             key_chunk: Vec::new(),
             landed: Vec::new(),
-            deadlines: BinaryHeap::new(),
+            deadlines: Deadlines::default(),
             parked: FxHashMap::default(),
             abandoned: Vec::new(),
             hold_admission: false,

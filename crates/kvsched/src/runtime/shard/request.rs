@@ -270,6 +270,12 @@ impl Req {
         self.phase == Phase::Loading && (self.load_done.is_none() || self.timed_out)
     }
 
+    /// Whether attempt `attempt` of its asynchronous load is still in flight with nothing
+    /// taken from it: what its deadline, when due, fails.
+    pub(super) fn awaits_load(&self, attempt: u32) -> bool {
+        self.phase == Phase::Loading && self.attempt == attempt && self.load_done.is_none()
+    }
+
     /// Ends the shard's wait for the in-flight load: a cooperative connector stops early.
     pub(super) fn cancel_load(&mut self) {
         if let Some(c) = self.cancel.take() {

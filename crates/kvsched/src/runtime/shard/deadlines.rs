@@ -1,0 +1,153 @@
+//! The deadlines of a shard's in-flight asynchronous loads, earliest first.
+//!
+//! A load's deadline is its dispatch time plus a duration (the request's own `load_deadline`
+//! or the step's), so while that duration holds, deadlines arrive in order: such a push is
+//! an append to a queue whose front is the earliest. A deadline earlier than the queue's last
+//! (a shorter duration than the one before) goes to a heap instead, and taking the due
+//! entries takes the earlier of the two fronts: O(1) a push and a take in the usual case,
+//! O(log n) otherwise.
+//!
+//! An entry stays after its load completes (the step taking the completion does not look for
+//! it) and is skipped when it comes due. So that a long deadline does not keep an entry for
+//! every load ever dispatched, the entries of loads no longer in flight are dropped whenever
+//! the entries have doubled since that was last done: amortised O(1) a push, and at most
+//! about twice the loads in flight (or [`MIN_COMPACT`]) entries.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use std::time::Instant;
+
+/// Below this many entries they are never compacted.
+const MIN_COMPACT: usize = 1024;
+
+/// One entry: the deadline, and the load it belongs to (request sequence number, attempt).
+type Entry = (Instant, u64, u32);
+
+/// In-flight loads' deadlines, earliest first.
+#[derive(Debug)]
+pub(super) struct Deadlines {
+    /// Entries pushed in deadline order.
+    in_order: VecDeque<Entry>,
+    /// Entries earlier than the last of `in_order` when pushed.
+    out_of_order: BinaryHeap<Reverse<Entry>>,
+    /// Compact when the entries grow past this.
+    compact_at: usize,
+}
+
+impl Default for Deadlines {
+    fn default() -> Self {
+        Deadlines {
+            in_order: VecDeque::new(),
+            out_of_order: BinaryHeap::new(),
+            compact_at: MIN_COMPACT,
+        }
+    }
+}
+
+impl Deadlines {
+    /// Adds the deadline `at` of attempt `attempt` of request `seq`'s load. `in_flight(seq,
+    /// attempt)` says whether a load still waits for its deadline: when the entries have
+    /// doubled since they were last compacted, the entries of the others are dropped first.
+    pub(super) fn push(
+        &mut self,
+        at: Instant,
+        seq: u64,
+        attempt: u32,
+        in_flight: impl Fn(u64, u32) -> bool,
+    ) {
+        if self.len() >= self.compact_at {
+            self.in_order.retain(|&(_, s, a)| in_flight(s, a));
+            self.out_of_order
+                .retain(|&Reverse((_, s, a))| in_flight(s, a));
+            self.compact_at = (2 * self.len()).max(MIN_COMPACT);
+        }
+        match self.in_order.back() {
+            Some(&(last, _, _)) if last > at => self.out_of_order.push(Reverse((at, seq, attempt))),
+            _ => self.in_order.push_back((at, seq, attempt)),
+        }
+    }
+
+    /// Takes the earliest entry if its deadline is at or before `now`: `(seq, attempt)`.
+    pub(super) fn pop_due(&mut self, now: Instant) -> Option<(u64, u32)> {
+        let front = self.in_order.front().map(|e| e.0);
+        let top = self.out_of_order.peek().map(|Reverse(e)| e.0);
+        let (at, seq, attempt) = match (front, top) {
+            (Some(f), Some(t)) if t < f => self.due_out_of_order(t, now)?,
+            (Some(f), _) if f <= now => self.in_order.pop_front()?,
+            (None, Some(t)) => self.due_out_of_order(t, now)?,
+            _ => return None,
+        };
+        debug_assert!(at <= now);
+        Some((seq, attempt))
+    }
+
+    /// The heap's earliest entry, whose deadline is `at`, if it is due.
+    fn due_out_of_order(&mut self, at: Instant, now: Instant) -> Option<Entry> {
+        if at > now {
+            return None;
+        }
+        self.out_of_order.pop().map(|Reverse(e)| e)
+    }
+
+    /// Drops every entry.
+    pub(super) fn clear(&mut self) {
+        self.in_order.clear();
+        self.out_of_order.clear();
+        self.compact_at = MIN_COMPACT;
+    }
+
+    /// Entries held.
+    pub(super) fn len(&self) -> usize {
+        self.in_order.len() + self.out_of_order.len()
+    }
+}
+
+#[cfg(all(test, not(kvsched_loom)))]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn due_entries_come_out_earliest_first_whatever_the_push_order() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let mut d = Deadlines::default();
+        let all = |_, _| true;
+        // In order, then a shortened deadline, then equal deadlines (kept in push order).
+        for (ms, seq) in [(10, 1), (20, 2), (30, 3), (15, 4), (5, 5), (20, 6), (40, 7)] {
+            d.push(at(ms), seq, 0, all);
+        }
+        assert_eq!(d.pop_due(at(4)), None);
+        let mut out = Vec::new();
+        while let Some((seq, _)) = d.pop_due(at(30)) {
+            out.push(seq);
+        }
+        assert_eq!(out, [5, 1, 4, 2, 6, 3]);
+        assert_eq!(d.len(), 1);
+        assert_eq!(d.pop_due(at(40)), Some((7, 0)));
+        assert_eq!(d.pop_due(at(1000)), None);
+    }
+
+    #[test]
+    fn entries_of_loads_no_longer_in_flight_do_not_pile_up() {
+        let t0 = Instant::now();
+        // A century's deadline: nothing ever comes due. Loads 0..100_000, each in flight
+        // until the next 10 have been dispatched.
+        let far = t0 + Duration::from_secs(100 * 365 * 86_400);
+        let mut d = Deadlines::default();
+        let mut most = 0;
+        for seq in 0..100_000u64 {
+            d.push(far, seq, 1, |s, a| a == 1 && s + 10 > seq);
+            most = most.max(d.len());
+        }
+        assert!(most <= 2 * MIN_COMPACT, "{most} entries");
+        // The loads still in flight keep theirs, in order.
+        assert!(d.len() >= 10);
+        let mut last = None;
+        while let Some((seq, _)) = d.pop_due(far) {
+            assert!(last.is_none_or(|l| l < seq));
+            last = Some(seq);
+        }
+        assert_eq!(last, Some(99_999));
+    }
+}
