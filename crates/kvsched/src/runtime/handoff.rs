@@ -93,12 +93,12 @@ impl Inner {
         }
     }
 
-    /// Phase 1 of shard `i`: apply commands and completions, publish its share of the report
-    /// (resetting those claim words).
-    fn phase_publish(&self, i: usize, shard: &mut Shard, settings: &StepSettings) {
+    /// Phase 1 of shard `i`: apply commands and completions; returns its share of the report
+    /// (those claim words reset).
+    fn phase_publish(&self, i: usize, shard: &mut Shard, settings: &StepSettings) -> Vec<BlockId> {
         let slot = &self.shards[i];
         let completions = std::iter::from_fn(|| slot.completions.pop());
-        let mine = slot.inbox.take(|commands| {
+        slot.inbox.take(|commands| {
             shard.publish(
                 &self.env(i),
                 settings,
@@ -106,8 +106,7 @@ impl Inner {
                 commands,
                 completions,
             )
-        });
-        *slot.published.lock() = mine;
+        })
     }
 
     /// The step's whole report: the engine's share and every shard's, once all are published.
@@ -123,21 +122,21 @@ impl Inner {
     }
 
     /// Phase 3 of shard `i`, once every hit of every shard is claimed: decide, land, admit,
-    /// schedule; the result goes to the shard's slot.
-    fn phase_finish(&self, i: usize, shard: &mut Shard, settings: &StepSettings) {
+    /// schedule; returns the shard's result and the loads it started.
+    fn phase_finish(&self, i: usize, shard: &mut Shard, settings: &StepSettings) -> ShardOutcome {
         let slot = &self.shards[i];
         let mut loads = Vec::new();
         // Relaxed: set by the engine thread before the `go` Release that started this step
         // (or on this very thread, for a step run inline).
         let draining = self.draining.load(Ordering::Relaxed);
         let res = shard.finish_step(&self.env(i), settings, Instant::now(), draining, &mut loads);
-        {
+        if !res.ended.is_empty() {
             let mut live = slot.ids.lock();
             for (id, _) in &res.ended {
                 live.remove(id);
             }
         }
-        *slot.result.lock() = Some((res, loads));
+        (res, loads)
     }
 
     /// Runs `f`, one phase of shard `i`, unless an earlier phase of this step panicked; a
@@ -184,7 +183,8 @@ impl Inner {
         self.guarded(i, &mut failed, || {
             #[cfg(test)]
             self.test_panic(i);
-            self.phase_publish(i, &mut shard, settings);
+            let mine = self.phase_publish(i, &mut shard, settings);
+            *self.shards[i].published.lock() = mine;
         });
         // Barrier 1: every share of the report is published and its claim words reset.
         self.barrier.wait();
@@ -200,7 +200,8 @@ impl Inner {
         }
         let early = planted!("decide-early") && !report.is_empty();
         self.guarded(i, &mut failed, || {
-            self.phase_finish(i, &mut shard, settings)
+            let outcome = self.phase_finish(i, &mut shard, settings);
+            *self.shards[i].result.lock() = Some(outcome);
         });
         if early {
             self.barrier.wait();
@@ -209,7 +210,8 @@ impl Inner {
 
     /// The whole step on the calling thread, phase by phase across the shards: every shard
     /// publishes, then every shard claims, then every shard decides — the same order the
-    /// barriers impose in parallel, with no hand-off at all.
+    /// barriers impose in parallel, with no hand-off at all: the shares of the report and
+    /// the results stay on this thread, never in the shards' slots.
     ///
     /// The shards schedule into one list, each appending to the last one's, so the plan's
     /// list is made once, with room for `expected` entries, and never copied or grown while
@@ -219,7 +221,7 @@ impl Inner {
         engine_share: &[BlockId],
         live: &Settings,
         expected: usize,
-    ) {
+    ) -> InlineStep {
         let k = self.shards.len();
         let settings: Vec<StepSettings> = (0..k).map(|i| self.step_settings(i, live)).collect();
         // Every shard runs on this thread: the pool has one mutator for the step.
@@ -230,35 +232,57 @@ impl Inner {
         let _pool = unsafe { self.pool.exclusive() };
         let mut shards: Vec<_> = self.shards.iter().map(|s| s.state.lock()).collect();
         let mut failed = vec![false; k];
+        let mut ids = engine_share.to_vec();
         for (i, shard) in shards.iter_mut().enumerate() {
-            self.shards[i].published.lock().clear();
             self.guarded(i, &mut failed[i], || {
                 #[cfg(test)]
                 self.test_panic(i);
-                self.phase_publish(i, shard, &settings[i]);
+                ids.extend(self.phase_publish(i, shard, &settings[i]));
             });
         }
-        let (ids, report) = self.step_report(engine_share);
-        if !report.is_empty() {
+        ids.sort_unstable();
+        ids.dedup();
+        let report = (!ids.is_empty()).then(|| InvalidSet::flat(ids.iter().copied(), &self.geo));
+        if let Some(report) = report.filter(|r| !r.is_empty()) {
             for (i, shard) in shards.iter_mut().enumerate() {
                 self.guarded(i, &mut failed[i], || {
                     shard.claim(&self.env(i), &settings[i], &report, &ids);
                 });
             }
         }
+        let mut results = Vec::with_capacity(k);
         let mut list = Vec::with_capacity(expected);
         for (i, shard) in shards.iter_mut().enumerate() {
             shard.schedule_after(std::mem::take(&mut list));
+            let mut outcome = None;
             self.guarded(i, &mut failed[i], || {
-                self.phase_finish(i, shard, &settings[i]);
+                outcome = Some(self.phase_finish(i, shard, &settings[i]));
             });
-            if i + 1 < k {
-                if let Some((res, _)) = self.shards[i].result.lock().as_mut() {
+            if let Some((mut res, loads)) = outcome {
+                if i + 1 < k {
                     list = std::mem::take(&mut res.scheduled);
                 }
+                results.push((i, (res, loads)));
             }
         }
+        InlineStep {
+            report: ids,
+            results,
+        }
     }
+}
+
+/// A shard's result for a step and the loads it started.
+pub(super) type ShardOutcome = (
+    crate::runtime::shard::ShardStepResult,
+    Vec<crate::connector::LoadJob>,
+);
+
+/// What a step run inline hands to [`Runtime::collect`] directly: the whole report (the
+/// engine's share and every shard's, sorted, without duplicates) and each shard's outcome.
+pub(super) struct InlineStep {
+    pub(super) report: Vec<BlockId>,
+    pub(super) results: Vec<(usize, ShardOutcome)>,
 }
 
 /// Shard `i`'s thread: waits for each step's `go`, runs its part of it, counts it in `done`.

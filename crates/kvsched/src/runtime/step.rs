@@ -13,6 +13,7 @@ use crate::runtime::discard::{discarded, HandedOut};
 use crate::runtime::error::RuntimeError;
 #[cfg(doc)]
 use crate::runtime::handle::Handle;
+use crate::runtime::handoff::ShardOutcome;
 use crate::runtime::merge::{in_request_order, MergeScratch};
 use crate::runtime::plan::{StepOutput, StepPlan};
 use crate::runtime::policy::trust::is_sync_destination;
@@ -168,20 +169,30 @@ impl Runtime {
         let live = self.inner.live_settings.load_full();
         let span = tracing::debug_span!("kvsched_step", step = self.step);
         let _enter = span.enter();
-        if !self.runs_parallel(share.len()) {
+        let plan = if !self.runs_parallel(share.len()) {
             // Room for what the last step scheduled and a little more, rounded up to a power
             // of two: the list's size then stays in one allocator size class from step to
             // step, so the list the engine dropped is the one reused, not fresh memory.
             let expected =
                 (self.last_step.scheduled + self.last_step.scheduled / 4 + 8).next_power_of_two();
-            self.inner.run_step_inline(&share, &live, expected);
+            let inline = self.inner.run_step_inline(&share, &live, expected);
+            self.collect(inline.report, inline.results)
         } else {
             self.metrics.parallel_steps += 1;
             self.start_step(&share, &live);
             self.inner.run_shard_step(0, &share, &live);
             self.wait_for_shards();
-        }
-        let plan = self.collect(share);
+            // Every shard's share of the report and its result, from the shards' slots.
+            let mut report = share;
+            let mut results = Vec::with_capacity(self.inner.shards.len());
+            for (i, slot) in self.inner.shards.iter().enumerate() {
+                report.extend_from_slice(&slot.published.lock());
+                if let Some(r) = slot.result.lock().take() {
+                    results.push((i, r));
+                }
+            }
+            self.collect(report, results)
+        };
         if let Some((shard, message)) = self.inner.poison.lock().clone() {
             self.panicked = Some((shard, self.step, message));
         }
@@ -239,21 +250,17 @@ impl Runtime {
 
     /// Merges every shard's result into the step's plan, in canonical order, dispatching
     /// the loads they started and counting what they did.
-    fn collect(&mut self, engine_share: Vec<BlockId>) -> StepPlan {
+    fn collect(
+        &mut self,
+        mut report: Vec<BlockId>,
+        mut results: Vec<(usize, ShardOutcome)>,
+    ) -> StepPlan {
         let mut plan = StepPlan {
             step: self.step,
             ..StepPlan::default()
         };
-        let mut report = engine_share;
         let mut evicted = Vec::new();
         let mut progress = Progress::default();
-        let mut results = Vec::with_capacity(self.inner.shards.len());
-        for (i, slot) in self.inner.shards.iter().enumerate() {
-            report.extend_from_slice(&slot.published.lock());
-            if let Some(r) = slot.result.lock().take() {
-                results.push((i, r));
-            }
-        }
         // The plan's list is the longest shard list, the others appended to it (one growth at
         // most, often in place): no fresh list per step, whose pages the allocator may have
         // returned to the system since the last one.
