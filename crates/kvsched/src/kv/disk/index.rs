@@ -32,7 +32,8 @@ pub(super) struct Pack {
 pub(super) struct Index {
     pub(super) map: FxHashMap<ChunkKey, Place>,
     pub(super) packs: FxHashMap<u64, Pack>,
-    /// Every pack number indexed or found and left alone since open (a rescan skips them).
+    /// The pack numbers a rescan skips: those indexed or found and left alone since open
+    /// whose files this tier has not deleted (so at most the packs in the directory).
     pub(super) seen: FxHashSet<u64>,
     /// Last-use tick → pack, oldest first.
     order: BTreeMap<u64, u64>,

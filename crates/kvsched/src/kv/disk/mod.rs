@@ -207,7 +207,7 @@ impl DiskTier {
         );
         tier.next_pack.store(next, Ordering::Relaxed);
         for id in superseded {
-            tier.delete_pack(id);
+            tier.delete_pack(&mut index, id);
         }
         tier.evict_to_fit(&mut index, None, 0);
         *tier.index.lock() = index;
@@ -240,7 +240,7 @@ impl DiskTier {
             let live = p.entries.iter().filter(|e| e.off != pack::REMOVED);
             let entries = live.map(|e| (e.key, e.off, e.len));
             for old in index.insert_pack(p.id, p.len, entries) {
-                self.delete_pack(old);
+                self.delete_pack(&mut index, old);
             }
             added += 1;
         }
@@ -339,16 +339,22 @@ impl DiskTier {
             let chunks = index.drop_pack(victim);
             // Relaxed: statistics only.
             self.evictions.fetch_add(chunks as u64, Ordering::Relaxed);
-            self.delete_pack(victim);
+            self.delete_pack(index, victim);
         }
     }
 
-    /// Deletes the file of pack `id` (no longer indexed).
-    fn delete_pack(&self, id: u64) {
+    /// Deletes the file of pack `id` (no longer indexed). Once the file is gone a rescan
+    /// cannot meet it, so `index` forgets its number; a file that could not be deleted stays
+    /// among the numbers a rescan skips.
+    fn delete_pack(&self, index: &mut Index, id: u64) {
         let path = self.path_of(id);
         match fs::remove_file(&path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Ok(()) => {
+                index.seen.remove(&id);
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                index.seen.remove(&id);
+            }
             Err(e) => tracing::warn!(path = %path.display(), error = %e, "disk tier: delete pack"),
         }
     }

@@ -67,3 +67,36 @@ fn a_read_only_file_system_fails_each_put_and_indexes_nothing() {
     let never = CancelToken::new();
     assert_eq!(t.exists(&[ChunkKey(1)], &never).ok(), Some(vec![false]));
 }
+
+/// A tier that evicts as it goes keeps the numbers a rescan skips to the packs still in the
+/// directory, not one per pack ever written; a pack another tier writes later is still
+/// indexed by a rescan.
+#[test]
+fn the_numbers_a_rescan_skips_are_the_packs_on_disk() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let t = tier(&dir);
+    // 2,000 packs of one 1 KiB chunk through a 1 MiB tier: most are evicted.
+    for i in 0..2000u128 {
+        t.put(&[(ChunkKey(i + 1), vec![i as u8; 1024])])
+            .unwrap_or_else(|e| panic!("put {i}: {e}"));
+    }
+    let on_disk = fs::read_dir(dir.path())
+        .unwrap_or_else(|e| panic!("{e}"))
+        .count();
+    let seen = t.index.lock().seen.len();
+    assert!(
+        on_disk < 2000 && seen <= on_disk,
+        "{seen} numbers, {on_disk} files"
+    );
+    // Another tier on the directory writes a pack; this one finds it.
+    let other = tier(&dir);
+    other
+        .put(&[(ChunkKey(5000), vec![7; 100])])
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(t.rescan().ok(), Some(1));
+    let never = CancelToken::new();
+    let got = t
+        .get(&[ChunkKey(5000)], &never)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(got[0].as_deref(), Some(&[7u8; 100][..]));
+}

@@ -88,7 +88,7 @@ impl DiskTier {
         }
         let placed = entries.iter().map(|e| (e.key, e.off, e.len));
         for old in index.insert_pack(id, len, placed) {
-            self.delete_pack(old);
+            self.delete_pack(&mut index, old);
         }
         self.evict_to_fit(&mut index, Some(id), 0);
         drop(index);
