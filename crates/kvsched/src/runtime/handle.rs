@@ -32,8 +32,10 @@ pub struct SubmitRequest {
 
 /// A cheap, cloneable, `Send + Sync` handle to a [`Runtime`], for [`submit`](Handle::submit)
 /// and [`cancel`](Handle::cancel) from threads other than the engine's. It keeps the
-/// runtime's shared state alive but not its threads: after [`Runtime::shutdown`], `submit`
-/// returns [`RuntimeError::ShutDown`] and `cancel` does nothing.
+/// runtime's shared state alive but not its threads: once no step will run again — after
+/// [`Runtime::shutdown`], after the `Runtime` is dropped, or once a shard panicked (the
+/// runtime is poisoned) — `submit` returns [`RuntimeError::ShutDown`] and `cancel` does
+/// nothing, so a handle queues nothing that no step will take.
 #[derive(Clone)]
 pub struct Handle {
     inner: Arc<Inner>,
@@ -87,6 +89,11 @@ impl Inner {
     /// Cancels a request at the next step (once its in-flight load, if any, lands). Unknown
     /// ids are counted in [`Metrics::unknown_commands`].
     pub(super) fn cancel(&self, id: &str) {
+        // As `submit`: nothing is queued once no step will take it.
+        let open = self.open.read();
+        if !*open {
+            return;
+        }
         let i = self.shard_of(id);
         self.shards[i].inbox.push(Command::Cancel(id.into()));
     }
@@ -109,5 +116,53 @@ impl Runtime {
     /// Cancels a request at the next step. Same as [`Handle::cancel`].
     pub fn cancel(&self, id: &str) {
         self.inner.cancel(id)
+    }
+}
+
+#[cfg(all(test, not(kvsched_loom)))]
+mod tests {
+    use super::*;
+
+    fn req(id: &str) -> SubmitRequest {
+        SubmitRequest {
+            id: id.into(),
+            prompt: (0..40).collect(),
+            max_new_tokens: 2,
+            priority: 0,
+            load_deadline: None,
+        }
+    }
+
+    fn queued(inner: &Inner) -> usize {
+        inner.shards.iter().map(|s| s.inbox.len()).sum()
+    }
+
+    #[test]
+    fn a_handle_queues_nothing_once_no_step_will_run() {
+        // After shutdown.
+        let rt = Runtime::builder().shards(2).build().unwrap();
+        let h = rt.handle();
+        let _ = rt.shutdown();
+        for i in 0..100 {
+            assert!(matches!(
+                h.submit(req(&format!("s{i}"))),
+                Err(RuntimeError::ShutDown)
+            ));
+            h.cancel(&format!("c{i}"));
+        }
+        assert_eq!(queued(&h.inner), 0);
+        // After a drop without shutdown.
+        let rt = Runtime::builder().shards(2).build().unwrap();
+        let h = rt.handle();
+        drop(rt);
+        for i in 0..100 {
+            assert!(matches!(
+                h.submit(req(&format!("s{i}"))),
+                Err(RuntimeError::ShutDown)
+            ));
+            h.cancel(&format!("c{i}"));
+        }
+        assert_eq!(queued(&h.inner), 0);
+        assert!(h.inner.shards.iter().all(|s| s.ids.lock().is_empty()));
     }
 }

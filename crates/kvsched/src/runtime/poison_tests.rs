@@ -33,6 +33,17 @@ fn poisoned_step(shards: usize, inline: usize, victim: usize) -> (RuntimeError, 
         // Poisoned for good: the next step refuses at once.
         let again = rt.schedule().expect_err("after the poisoned step");
         assert_eq!(err.to_string(), again.to_string());
+        // Nothing more is queued for steps that will not run.
+        assert!(matches!(
+            rt.handle().submit(SubmitRequest {
+                id: "late".into(),
+                prompt: (0..40).collect(),
+                max_new_tokens: 2,
+                priority: 0,
+                load_deadline: None,
+            }),
+            Err(RuntimeError::ShutDown)
+        ));
         let report = rt.shutdown();
         let _ = tx.send((err, report.violations));
     });

@@ -126,6 +126,8 @@ impl Runtime {
 
 impl Drop for Runtime {
     fn drop(&mut self) {
+        // No step runs again: handles must not queue what none will take (`Handle`).
+        *self.inner.open.write() = false;
         self.stop_shards();
     }
 }

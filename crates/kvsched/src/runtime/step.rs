@@ -195,6 +195,8 @@ impl Runtime {
         };
         if let Some((shard, message)) = self.inner.poison.lock().clone() {
             self.panicked = Some((shard, self.step, message));
+            // Poisoned: no step runs again, so handles queue nothing more (`Handle`).
+            *self.inner.open.write() = false;
         }
         if let Some(e) = self.poisoned() {
             return Err(e);
