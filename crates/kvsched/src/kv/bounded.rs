@@ -13,8 +13,9 @@
 //! Threads start on demand: a get queued while every thread is busy starts one more, up to
 //! `threads`, so slow or hung gets do not hold up the others until that many are stuck. A
 //! get that never returns keeps its thread for good: at most `threads` can hang at once.
-//! Once every thread hangs, later gets wait in the queue and fail at their deadline (a queued
-//! get whose caller gave up is never run). Busy threads are counted ([`BoundedGets::busy`])
+//! Once every thread hangs, later gets wait in the queue and fail at their deadline; a
+//! caller that gives up takes its get out of the queue, so the queue holds only gets whose
+//! callers still wait. Busy threads are counted ([`BoundedGets::busy`])
 //! and a hung one is left behind when the connector is dropped.
 
 use std::collections::VecDeque;
@@ -143,6 +144,13 @@ impl BoundedGets {
                 // Release: pairs with the Acquire load in `run`: a thread that sees it skips
                 // the call or drops its answer.
                 slot.gave_up.store(true, Ordering::Release);
+                drop(answer);
+                // A call no thread took yet leaves the queue now: with every thread hung,
+                // the queue holds only the calls whose callers still wait.
+                self.shared
+                    .queue
+                    .lock()
+                    .retain(|c| !Arc::ptr_eq(&c.slot, &slot));
                 return Err(e);
             }
             let wake = deadline.min(now + CANCEL_POLL);
@@ -213,5 +221,55 @@ fn run(s: &Shared) {
         s.busy.fetch_sub(1, Ordering::Relaxed);
         *slot.answer.lock() = Some(answer);
         slot.ready.notify_one();
+    }
+}
+
+#[cfg(all(test, not(kvsched_loom)))]
+mod tests {
+    use super::*;
+
+    /// A store whose gets never return until the test lets them.
+    struct Hung(Arc<AtomicBool>);
+
+    impl Tier for Hung {
+        fn name(&self) -> &str {
+            "hung"
+        }
+        fn exists(&self, keys: &[ChunkKey], _: &CancelToken) -> Result<Vec<bool>, TierError> {
+            Ok(vec![false; keys.len()])
+        }
+        fn get(
+            &self,
+            keys: &[ChunkKey],
+            _: &CancelToken,
+        ) -> Result<Vec<Option<Vec<u8>>>, TierError> {
+            while !self.0.load(Ordering::Acquire) {
+                thread::sleep(Duration::from_millis(1));
+            }
+            Ok(vec![None; keys.len()])
+        }
+        fn put(&self, _: &[(ChunkKey, Vec<u8>)]) -> Result<(), TierError> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn gets_given_up_behind_a_hung_store_do_not_pile_up() {
+        let release = Arc::new(AtomicBool::new(false));
+        let gets = BoundedGets::start(Arc::new(Hung(Arc::clone(&release))), 2).unwrap();
+        let never = CancelToken::new();
+        let soon = || Instant::now() + Duration::from_millis(1);
+        for _ in 0..500 {
+            let bufs = (0..4).map(|_| Vec::with_capacity(1 << 12)).collect();
+            let got = gets.get_into(&[ChunkKey(1); 4], bufs, &never, soon());
+            assert!(matches!(got, Err(TierError::Timeout(_))));
+        }
+        assert!(gets.busy() >= 1, "the store hangs its threads");
+        assert_eq!(
+            gets.shared.queue.lock().len(),
+            0,
+            "no given-up get stays queued"
+        );
+        release.store(true, Ordering::Release);
     }
 }
