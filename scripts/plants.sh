@@ -31,6 +31,9 @@ declare -A TESTS=(
   # shard/admit.rs: compacting the deadline queue drops the entries of loads still in flight,
   # so a hung load's deadline never comes.
   [deadline-compact-in-flight]="kvsched --lib runtime::shard::deadline_tests"
+  # runtime/step.rs: the workers' queue is never taken for full, so jobs pile up behind a
+  # connector that never returns.
+  [load-queue-unbounded]="kvsched --test runtime_liveness"
   # shard: a connector panic counts as a successful load.
   [panic-ok]="kvsched --test runtime_faults"
   # runtime: a reported block of an older generation is trusted (update's destination check
@@ -133,7 +136,7 @@ declare -A TESTS=(
   # asleep is not asked until something else wakes it.
   [probe-offer-never-wakes]="kvsched --test kv_shared_tier"
 )
-ORDER=(decide-early claim-store late-leak deadline-compact-in-flight panic-ok trust-stale end-while-loading no-cross-shard-preempt lookup-uncaught shard-panic-escapes
+ORDER=(decide-early claim-store late-leak deadline-compact-in-flight load-queue-unbounded panic-ok trust-stale end-while-loading no-cross-shard-preempt lookup-uncaught shard-panic-escapes
   mamba-align-cache-unwritten saver-flush-early register-unwritten reoffer-unwritten park-unstarted baseline-no-second-chance holder-release-unrecorded unaligned-chunks prompt-end-state-uncached
   branch-state-uncached mamba-state-one-block-late mamba-state-into-null tier-present-after-failed-load scan-one-group-less load-unverified save-payload-offset epoch-not-bumped-on-whole-block-write failed-copy-left-unpoisoned load-pieces-drop-tail vector-store-skips-round
   probe-hits-unindexed vllm-admits-before-schedule cost-ignores-failures pack-offset-past-table failure-share-read-per-token

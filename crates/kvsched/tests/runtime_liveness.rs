@@ -274,3 +274,78 @@ fn two_shards_sharing_a_small_pool_finish_every_request() {
     assert_eq!(m.finished, 300, "{m:?}");
     assert_eq!(m.no_progress_steps, 0);
 }
+
+/// Offers every prompt's full blocks as an asynchronous load that never returns until the
+/// test lets it: the worker that takes one is stuck in the connector.
+struct HungLoads(Arc<std::sync::atomic::AtomicBool>);
+
+impl KvConnector for HungLoads {
+    fn lookup(&self, q: LookupQuery<'_>) -> LookupResult {
+        let held = (q.prompt.len() as u64 - 1) / 16 * 16;
+        LookupResult {
+            external_tokens: held.saturating_sub(q.local_tokens),
+            load_async: true,
+        }
+    }
+    fn load(&self, _: &LoadJob) -> LoadResult {
+        while !self.0.load(std::sync::atomic::Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        LoadResult::Ok
+    }
+}
+
+/// A connector whose loads never return holds its one worker for good; the loads queued
+/// behind it fail at their deadline and their requests compute instead. The queue of jobs no
+/// worker will take stops growing at the runtime's bound (4,096): later admissions dispatch
+/// no load (`load_queue_skips`), and every request still finishes.
+#[test]
+fn loads_queued_behind_a_hung_connector_stop_at_the_bound() {
+    const REQUESTS: u64 = 6_000;
+    const MAX_SEQS: usize = 256;
+    let release = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let hung = Arc::clone(&release);
+    let m = guarded("hung connector", move || {
+        let mut rt = Runtime::builder()
+            .groups(vec![CacheGroup::full_attention(16)])
+            .pool_blocks(4096)
+            .shards(1)
+            .workers(1)
+            .max_seqs(MAX_SEQS)
+            .token_budget(1 << 16)
+            .settings(Settings::default().with_load_deadline(Some(Duration::from_millis(1))))
+            .connector(Arc::new(HungLoads(hung)))
+            // The hung worker is abandoned at shutdown.
+            .shutdown_timeout(Duration::from_millis(50))
+            .build()
+            .unwrap();
+        let mut next = 0u64;
+        let (m, ended) = drive_with(&mut rt, 20_000, |rt| {
+            // Distinct prompts of two full blocks and a token, a step's admissions at a time.
+            for _ in 0..MAX_SEQS {
+                if next == REQUESTS {
+                    break;
+                }
+                let prompt = (0..33).map(|t| (next * 33 + t) as u32).collect();
+                let mut r = req(&format!("h{next}"), prompt, 1);
+                if next == 0 {
+                    // Long enough for the worker to take it (and hang) before it expires.
+                    r.load_deadline = Some(Duration::from_millis(500));
+                }
+                rt.submit(r).unwrap();
+                next += 1;
+            }
+            next < REQUESTS
+        });
+        assert_eq!(ended.len() as u64, REQUESTS, "every request ended");
+        let _ = rt.shutdown();
+        m
+    });
+    release.store(true, std::sync::atomic::Ordering::Release);
+    assert!(m.load_queue_skips > 0, "{m:?}");
+    assert!(
+        m.loads_dispatched <= 4096 + MAX_SEQS as u64 + 1,
+        "loads dispatched past the bound: {m:?}"
+    );
+    assert_eq!(m.finished, REQUESTS, "{m:?}");
+}

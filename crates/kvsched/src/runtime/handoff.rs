@@ -89,6 +89,9 @@ impl Inner {
             load_policy: live.load_policy,
             compute_rate: live.compute_rate.unwrap_or(0.0),
             load_probe_interval: live.load_probe_interval,
+            // Relaxed: set by the engine thread before the `go` Release that started this
+            // step (or on this very thread, for a step run inline).
+            loads_backlogged: self.loads_backlogged.load(Ordering::Relaxed),
             ..self.settings[i].clone()
         }
     }

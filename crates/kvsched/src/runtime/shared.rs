@@ -22,6 +22,12 @@ use crate::sync::{
     Arc, ArrayQueue, AtomicBool, AtomicU64, AtomicUsize, Mutex, PhaseBarrier, RwLock, Unparker,
 };
 
+/// Jobs the workers' queue may hold before admission stops dispatching asynchronous loads
+/// (requests then compute what they would have loaded): with every worker stuck in a
+/// connector that never returns, the queue would otherwise grow by a job (its block tables,
+/// its prompt) for every request admitted.
+pub(super) const MAX_QUEUED_LOADS: usize = 4096;
+
 /// One shard's slot: its state, its inputs (commands, completions), and what its part of
 /// the last step published and produced.
 pub(super) struct ShardSlot {
@@ -56,6 +62,9 @@ pub(super) struct Inner {
     pub(super) stop: AtomicBool,
     /// Shutdown's last step: apply what arrived, admit and schedule nothing.
     pub(super) draining: AtomicBool,
+    /// The workers' queue held [`MAX_QUEUED_LOADS`] jobs or more when the step began: this
+    /// step dispatches no asynchronous load.
+    pub(super) loads_backlogged: AtomicBool,
     /// Wakes the engine thread, which parks while shard threads finish a step.
     pub(super) engine: Unparker,
     pub(super) seq: AtomicU64,
@@ -108,6 +117,7 @@ impl Inner {
             done: AtomicUsize::new(0),
             stop: AtomicBool::new(false),
             draining: AtomicBool::new(false),
+            loads_backlogged: AtomicBool::new(false),
             engine,
             seq: AtomicU64::new(1),
             submitted: AtomicU64::new(0),

@@ -18,7 +18,7 @@ use crate::runtime::merge::{in_request_order, MergeScratch};
 use crate::runtime::plan::{StepOutput, StepPlan};
 use crate::runtime::policy::trust::is_sync_destination;
 use crate::runtime::shard::{Command, EndState, Metrics, ShardStepResult};
-use crate::runtime::shared::Inner;
+use crate::runtime::shared::{Inner, MAX_QUEUED_LOADS};
 use crate::runtime::signal::WorkSignal;
 use crate::runtime::step_mode::{LastStep, StepWork};
 use crate::runtime::worker::WorkerPool;
@@ -165,6 +165,17 @@ impl Runtime {
             }
         }
         let share = self.engine_share();
+        // Planted bug (scripts/plants.sh): the workers' queue is never full, so loads pile up
+        // behind a connector that never returns.
+        let backlogged = !planted!("load-queue-unbounded")
+            && self
+                .workers
+                .as_ref()
+                .is_some_and(|w| w.queued() >= MAX_QUEUED_LOADS);
+        // Relaxed: read by the shards of this step, after the `go` Release (or on this thread).
+        self.inner
+            .loads_backlogged
+            .store(backlogged, Ordering::Relaxed);
         // One snapshot of the live settings for the whole step, on every shard.
         let live = self.inner.live_settings.load_full();
         let span = tracing::debug_span!("kvsched_step", step = self.step);

@@ -248,6 +248,12 @@ mod pool_impl {
             }
         }
 
+        /// Jobs queued that no worker has taken yet (dropped ones among them until a worker
+        /// meets them).
+        pub fn queued(&self) -> usize {
+            self.shared.jobs.len()
+        }
+
         /// The workers' counters.
         pub fn counts(&self) -> &WorkerCounts {
             &self.shared.counters

@@ -198,7 +198,8 @@ impl<S: Strategy> Shard<S> {
     }
 
     /// What the connector offers past the local prefix of `r`: nothing (counted) when the
-    /// request's retry budget is spent or its prefix is quarantined.
+    /// request's retry budget is spent or its prefix is quarantined, or when the offer is an
+    /// asynchronous load and the workers' queue is full.
     fn lookup_external(
         env: &Env<'_, S>,
         settings: &StepSettings,
@@ -230,18 +231,25 @@ impl<S: Strategy> Shard<S> {
         // A connector that panics in `lookup` offers nothing: the request recomputes locally
         // and the panic is counted; the step goes on. (Planted bug `lookup-uncaught` lets
         // the panic through.)
-        if planted!("lookup-uncaught") {
-            return env.connector.lookup(query);
-        }
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| env.connector.lookup(query)))
-        {
-            Ok(look) => look,
-            Err(_) => {
-                counters.connector_panics += 1;
-                counters.lookup_panics += 1;
-                LookupResult::default()
+        let look = if planted!("lookup-uncaught") {
+            env.connector.lookup(query)
+        } else {
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                env.connector.lookup(query)
+            })) {
+                Ok(look) => look,
+                Err(_) => {
+                    counters.connector_panics += 1;
+                    counters.lookup_panics += 1;
+                    LookupResult::default()
+                }
             }
+        };
+        if look.load_async && look.external_tokens > 0 && settings.loads_backlogged {
+            counters.load_queue_skips += 1;
+            return LookupResult::default();
         }
+        look
     }
 
     /// Fills the tables of `r` for its whole prompt: the local prefix `got` first, the null

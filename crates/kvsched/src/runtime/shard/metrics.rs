@@ -49,6 +49,10 @@ pub struct Metrics {
     pub retry_budget_skips: u64,
     /// Admissions offered no external load because the prefix was quarantined.
     pub quarantine_skips: u64,
+    /// Admissions whose asynchronous load was not dispatched because the workers' queue was
+    /// full (4,096 jobs no worker had taken: the workers stuck in the connector); the
+    /// request computes those tokens instead.
+    pub load_queue_skips: u64,
     /// Times a prefix entered quarantine.
     pub prefixes_quarantined: u64,
     /// Steps run.
@@ -135,6 +139,7 @@ impl std::ops::AddAssign<&Metrics> for Metrics {
         self.loads_abandoned += other.loads_abandoned;
         self.retry_budget_skips += other.retry_budget_skips;
         self.quarantine_skips += other.quarantine_skips;
+        self.load_queue_skips += other.load_queue_skips;
         self.prefixes_quarantined += other.prefixes_quarantined;
         self.steps += other.steps;
         self.parallel_steps += other.parallel_steps;

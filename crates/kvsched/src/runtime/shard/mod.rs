@@ -127,6 +127,8 @@ pub struct StepSettings {
     pub load_probe_interval: Duration,
     /// Workers running async loads (the load estimate's queue).
     pub workers: usize,
+    /// The workers' queue is full: dispatch no asynchronous load this step.
+    pub loads_backlogged: bool,
 }
 
 impl StepSettings {
@@ -152,6 +154,7 @@ impl StepSettings {
             compute_rate: settings.compute_rate.unwrap_or(0.0),
             load_probe_interval: settings.load_probe_interval,
             workers: 1,
+            loads_backlogged: false,
         }
     }
 }
