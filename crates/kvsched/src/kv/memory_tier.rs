@@ -26,6 +26,9 @@ pub struct MemoryCounts {
     pub entries: u64,
 }
 
+/// The capacity a value takes at least when a shard counts its entries (see [`MemoryTier`]).
+const MIN_ENTRY_BYTES: u64 = 64;
+
 #[derive(Default)]
 struct Shard {
     /// Key → (last-use tick, value).
@@ -56,7 +59,9 @@ impl Shard {
 /// recently used values (a `get` hit counts as a use, `exists` does not).
 ///
 /// Limits: capacity counts value bytes only; bookkeeping adds about 100 bytes per value,
-/// which is noise for chunk-sized values. A value larger than a shard's share of the
+/// which is noise for chunk-sized values. A shard holds at most one value per 64 bytes of
+/// its capacity, so however small (or empty) the values, the bookkeeping stays within about
+/// twice the capacity. A value larger than a shard's share of the
 /// capacity is refused. Calls hold one shard lock at a time, for map work and the copy of
 /// one value, never for I/O.
 pub struct MemoryTier {
@@ -293,7 +298,10 @@ impl Tier for MemoryTier {
                 self.note_removed(old.len());
             }
             let mut evicted = 0u64;
-            while s.bytes + len > self.shard_capacity {
+            // Room in bytes and in entries: tiny or empty values must not pile up
+            // bookkeeping the byte count does not see.
+            let max_entries = (self.shard_capacity / MIN_ENTRY_BYTES).max(1) as usize;
+            while s.bytes + len > self.shard_capacity || s.map.len() >= max_entries {
                 let Some((_, victim)) = s.order.pop_first() else {
                     break;
                 };
@@ -394,6 +402,17 @@ mod tests {
         assert_eq!(t.counts().bytes, held);
         assert_eq!(t.counts().entries * 90, held);
         assert!(t.counts().evictions > 0);
+    }
+
+    #[test]
+    fn empty_values_do_not_pile_up() {
+        let t = MemoryTier::new(64 * 100, 2);
+        for i in 0..10_000u128 {
+            t.put(&[(k(i), Vec::new())]).unwrap();
+        }
+        let s = t.counts();
+        assert!(s.entries <= 100 && s.evictions >= 9_900, "{s:?}");
+        assert_eq!(get1(&t, k(9_999)), Some(Vec::new()), "the newest is kept");
     }
 
     #[test]
