@@ -9,6 +9,10 @@ use ::redis::Value;
 
 use super::conn::ConnError;
 
+/// Values an array reply makes room for before reading them: an announced length is only a
+/// claim until the values arrive.
+const ANNOUNCED_ROOM: usize = 16;
+
 /// The read buffer's size, and the longest line accepted by default.
 const BUF: usize = 64 << 10;
 
@@ -214,7 +218,8 @@ impl<S> ReplyReader<S> {
                         tally.limits.max_elements
                     )));
                 }
-                let mut items = Vec::with_capacity(n);
+                // Room grows with the values read, never with the length announced.
+                let mut items = Vec::with_capacity(n.min(ANNOUNCED_ROOM));
                 for _ in 0..n {
                     items.push(self.value(tally, fill, depth + 1)?);
                 }
