@@ -392,6 +392,9 @@ pub(super) fn sections() -> Vec<Section> {
                 row!("events.quarantine_skips", "admissions, prefix quarantined", needs retry_budget_and_quarantine, |r| c(
                     r.events.quarantine_skips
                 )),
+                row!("events.load_queue_skips", "admissions, load queue full", needs retry_budget_and_quarantine, |r| c(
+                    r.events.load_queue_skips
+                )),
                 row!("events.prefixes_quarantined", "prefixes quarantined", needs retry_budget_and_quarantine, |r| c(
                     r.events.prefixes_quarantined
                 )),

@@ -143,6 +143,7 @@ impl Events {
             loads_expired_unrun: add(self.loads_expired_unrun, o.loads_expired_unrun),
             retry_budget_skips: add(self.retry_budget_skips, o.retry_budget_skips),
             quarantine_skips: add(self.quarantine_skips, o.quarantine_skips),
+            load_queue_skips: add(self.load_queue_skips, o.load_queue_skips),
             prefixes_quarantined: add(self.prefixes_quarantined, o.prefixes_quarantined),
             handoffs: add(self.handoffs, o.handoffs),
             foreign_blocks: add(self.foreign_blocks, o.foreign_blocks),

@@ -201,6 +201,8 @@ pub struct Events {
     pub retry_budget_skips: u64,
     /// Admissions offered no external load because the prefix was quarantined.
     pub quarantine_skips: u64,
+    /// Admissions whose asynchronous load was not dispatched: the workers' queue was full.
+    pub load_queue_skips: u64,
     /// Times a prefix entered quarantine.
     pub prefixes_quarantined: u64,
     /// Owned blocks handed off because their owner ended first.
@@ -250,6 +252,7 @@ impl Events {
             loads_expired_unrun: m.loads_expired_unrun,
             retry_budget_skips: m.retry_budget_skips,
             quarantine_skips: m.quarantine_skips,
+            load_queue_skips: m.load_queue_skips,
             prefixes_quarantined: m.prefixes_quarantined,
             handoffs: m.handoffs,
             foreign_blocks: m.foreign_blocks,

@@ -156,7 +156,7 @@ pub const KV_COUNTS: [&str; 17] = [
 /// The garbage counters (`kv.*`): counts with `--verify on`, `null` with `--verify off`.
 pub const KV_GARBAGE: [&str; 3] = ["garbage_reads", "garbage_reads_discarded", "null_reads"];
 
-pub const EVENTS: [&str; 10] = [
+pub const EVENTS: [&str; 11] = [
     "deadlines_expired",
     "late_completions",
     "connector_panics",
@@ -165,6 +165,7 @@ pub const EVENTS: [&str; 10] = [
     "unknown_commands",
     "retry_budget_skips",
     "quarantine_skips",
+    "load_queue_skips",
     "prefixes_quarantined",
     "handoffs",
 ];

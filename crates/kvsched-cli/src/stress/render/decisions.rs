@@ -73,6 +73,12 @@ pub(super) fn causes(report: &StressReport) -> Vec<String> {
             counted(e.retry_budget_skips + e.quarantine_skips, "admission", "admissions")
         ));
     }
+    if e.load_queue_skips > 0 {
+        why.push(format!(
+            "kvsched's load queue was full (4,096 jobs waiting for a worker) for {}; the baseline's has no bound",
+            counted(e.load_queue_skips, "admission", "admissions")
+        ));
+    }
     if e.deadlines_expired > 0 {
         why.push(format!(
             "kvsched failed {} at their deadline; the baseline has no load deadline",

@@ -11,7 +11,7 @@ use crate::stress::report::StressReport;
 /// `invariants.violations`, `faults_injected.{deadline,panic,late,duplicate,stale,cancel}`,
 /// `events.{deadlines_expired,late_completions,connector_panics,stale_completions,stale_blocks,
 /// unknown_commands,duplicate_commands,loads_expired_unrun,retry_budget_skips,quarantine_skips,
-/// prefixes_quarantined,handoffs}`,
+/// load_queue_skips,prefixes_quarantined,handoffs}`,
 /// `config` (every setting; `config.faults` is `null` without `--faults`, and
 /// `config.load_deadline_ms` is the deadline used, `null` for none); with `--baseline mutex` also `baseline` (the same keys but
 /// `config`, for the baseline run) and `ratios.{completions_per_s,step_overhead_p99}`
