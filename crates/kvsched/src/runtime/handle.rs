@@ -137,24 +137,8 @@ mod tests {
         inner.shards.iter().map(|s| s.inbox.len()).sum()
     }
 
-    #[test]
-    fn a_handle_queues_nothing_once_no_step_will_run() {
-        // After shutdown.
-        let rt = Runtime::builder().shards(2).build().unwrap();
-        let h = rt.handle();
-        let _ = rt.shutdown();
-        for i in 0..100 {
-            assert!(matches!(
-                h.submit(req(&format!("s{i}"))),
-                Err(RuntimeError::ShutDown)
-            ));
-            h.cancel(&format!("c{i}"));
-        }
-        assert_eq!(queued(&h.inner), 0);
-        // After a drop without shutdown.
-        let rt = Runtime::builder().shards(2).build().unwrap();
-        let h = rt.handle();
-        drop(rt);
+    /// Submits and cancels through `h` 100 times each: every submit refused, nothing queued.
+    fn queues_nothing(h: &Handle) {
         for i in 0..100 {
             assert!(matches!(
                 h.submit(req(&format!("s{i}"))),
@@ -164,5 +148,19 @@ mod tests {
         }
         assert_eq!(queued(&h.inner), 0);
         assert!(h.inner.shards.iter().all(|s| s.ids.lock().is_empty()));
+    }
+
+    #[test]
+    fn a_handle_queues_nothing_once_no_step_will_run() {
+        // After shutdown.
+        let rt = Runtime::builder().shards(2).build().unwrap();
+        let h = rt.handle();
+        let _ = rt.shutdown();
+        queues_nothing(&h);
+        // After a drop without shutdown.
+        let rt = Runtime::builder().shards(2).build().unwrap();
+        let h = rt.handle();
+        drop(rt);
+        queues_nothing(&h);
     }
 }

@@ -7,9 +7,10 @@
 use std::sync::Arc as StdArc;
 use std::time::{Duration, Instant};
 
+use super::release_tests::AsyncOffer;
 use super::strategy::LockFree;
 use super::{Command, Env, NewRequest, Shard, StepSettings};
-use crate::connector::{KvConnector, LoadJob, LoadResult, LookupQuery, LookupResult};
+use crate::connector::{LoadJob, LoadResult};
 use crate::pool::BlockPool;
 use crate::rules::geometry::{CacheGroup, Geometry};
 use crate::rules::recovery::InvalidSet;
@@ -20,23 +21,6 @@ use crate::runtime::quarantine::Quarantine;
 use crate::runtime::settings::Settings;
 use crate::runtime::worker::Completion;
 use crate::sync::Arc;
-
-/// Offers every prompt's full blocks past the local prefix, loaded asynchronously (the test
-/// answers the loads).
-struct AsyncOffer;
-
-impl KvConnector for AsyncOffer {
-    fn lookup(&self, q: LookupQuery<'_>) -> LookupResult {
-        let held = (q.prompt.len() as u64 - 1) / 16 * 16;
-        LookupResult {
-            external_tokens: held.saturating_sub(q.local_tokens),
-            load_async: true,
-        }
-    }
-    fn load(&self, _: &LoadJob) -> LoadResult {
-        LoadResult::Ok
-    }
-}
 
 const BLOCKS: usize = 512;
 /// Requests submitted, loaded and finished together.

@@ -89,7 +89,7 @@ impl Strategy for Interleaved {
 }
 
 /// Offers every prompt but its last block, loaded asynchronously (the test answers the load).
-struct AsyncOffer;
+pub(super) struct AsyncOffer;
 
 impl KvConnector for AsyncOffer {
     fn lookup(&self, q: LookupQuery<'_>) -> LookupResult {
