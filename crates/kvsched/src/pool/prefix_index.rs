@@ -104,6 +104,8 @@ impl PrefixIndex {
     /// `hashes[i]`, reaching each shard (taking its lock unless `exclusive`) once per group of
     /// up to [`GROUP`] consecutive entries rather than once per entry. Within a shard the
     /// entries come in their order; between shards the order is the shards' first appearance.
+    /// When `exclusive` no lock is taken, so there is nothing to group: the entries come in
+    /// their order, each reaching its shard directly.
     fn for_each_grouped(
         &self,
         exclusive: bool,
@@ -111,6 +113,12 @@ impl PrefixIndex {
         n: usize,
         mut f: impl FnMut(&mut Map, usize),
     ) {
+        if exclusive {
+            for i in 0..n {
+                self.with(hashes(i), true, |map| f(map, i));
+            }
+            return;
+        }
         let mut start = 0;
         while start < n {
             let m = (n - start).min(GROUP);
@@ -165,7 +173,7 @@ impl BlockPool {
 
     /// Registers each `(hash, r)` of `entries` as [`register`](Self::register) does, taking
     /// each index shard's lock once for the entries it holds instead of once per entry
-    /// (under [`exclusive`](Self::exclusive), which takes no lock, one entry after another).
+    /// (under [`exclusive`](Self::exclusive), which takes no lock, in their order).
     /// Entries in one shard are registered in their order; a hash that appears twice is
     /// registered once, under its first block.
     ///
@@ -175,16 +183,8 @@ impl BlockPool {
     /// entry registered before an earlier one of another shard (each is visible from its own
     /// registration on, as with separate calls racing a lookup).
     pub fn register_all(&self, entries: &[(BlockHash, BlockRef)]) {
-        if self.is_exclusive() {
-            // No locks to take once per shard: grouping would only cost a pass per shard.
-            for &(hash, r) in entries {
-                self.index
-                    .with(hash, true, |map| self.register_locked(map, hash, r));
-            }
-            return;
-        }
         self.index.for_each_grouped(
-            false,
+            self.is_exclusive(),
             |i| entries[i].0,
             entries.len(),
             |map, i| {
@@ -382,16 +382,8 @@ impl BlockPool {
     /// [`remove_index_entry`](Self::remove_index_entry) for each entry, each index shard's
     /// lock taken once for the entries it holds.
     pub(super) fn remove_index_entries(&self, entries: &[(BlockHash, BlockRef)]) {
-        if self.is_exclusive() {
-            // As in `register_all`: no locks, so no grouping.
-            for &(hash, old) in entries {
-                self.index
-                    .with(hash, true, |map| remove_if_names(map, hash, old));
-            }
-            return;
-        }
         self.index.for_each_grouped(
-            false,
+            self.is_exclusive(),
             |i| entries[i].0,
             entries.len(),
             |map, i| remove_if_names(map, entries[i].0, entries[i].1),
