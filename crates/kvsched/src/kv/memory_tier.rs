@@ -67,6 +67,8 @@ impl Shard {
 pub struct MemoryTier {
     shards: Box<[Mutex<Shard>]>,
     shard_capacity: u64,
+    /// Values a shard holds at most: one per [`MIN_ENTRY_BYTES`] of its capacity.
+    shard_entries: usize,
     hits: AtomicU64,
     misses: AtomicU64,
     evictions: AtomicU64,
@@ -92,6 +94,9 @@ impl MemoryTier {
         MemoryTier {
             shards: (0..n).map(|_| Mutex::new(Shard::default())).collect(),
             shard_capacity: capacity_bytes / n as u64,
+            shard_entries: usize::try_from(capacity_bytes / n as u64 / MIN_ENTRY_BYTES)
+                .unwrap_or(usize::MAX)
+                .max(1),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
@@ -300,8 +305,7 @@ impl Tier for MemoryTier {
             let mut evicted = 0u64;
             // Room in bytes and in entries: tiny or empty values must not pile up
             // bookkeeping the byte count does not see.
-            let max_entries = (self.shard_capacity / MIN_ENTRY_BYTES).max(1) as usize;
-            while s.bytes + len > self.shard_capacity || s.map.len() >= max_entries {
+            while s.bytes + len > self.shard_capacity || s.map.len() >= self.shard_entries {
                 let Some((_, victim)) = s.order.pop_first() else {
                     break;
                 };
