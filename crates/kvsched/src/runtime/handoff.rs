@@ -112,12 +112,19 @@ impl Inner {
         })
     }
 
-    /// The step's whole report: the engine's share and every shard's, once all are published.
+    /// The step's whole report: the engine's share and every shard's, once all are published
+    /// in the shards' slots.
     fn step_report(&self, engine_share: &[BlockId]) -> (Vec<BlockId>, InvalidSet) {
         let mut ids: Vec<BlockId> = engine_share.to_vec();
         for s in &self.shards {
             ids.extend_from_slice(&s.published.lock());
         }
+        self.report_of(ids)
+    }
+
+    /// The report of the invalid block ids `ids` (the engine's share and the shards'): the ids
+    /// sorted, without duplicates, and the set the claims and decisions test against.
+    fn report_of(&self, mut ids: Vec<BlockId>) -> (Vec<BlockId>, InvalidSet) {
         ids.sort_unstable();
         ids.dedup();
         let report = InvalidSet::flat(ids.iter().copied(), &self.geo);
@@ -175,7 +182,15 @@ impl Inner {
     /// One shard's part of a step run in parallel: every shard runs it concurrently, meeting
     /// at the phase barrier between publishing and claiming, and between claiming and
     /// deciding (skipped by every shard alike when the report is empty).
-    pub(super) fn run_shard_step(&self, i: usize, engine_share: &[BlockId], live: &Settings) {
+    ///
+    /// Returns the step's whole report (sorted ids), which the engine thread's call hands
+    /// to the plan.
+    pub(super) fn run_shard_step(
+        &self,
+        i: usize,
+        engine_share: &[BlockId],
+        live: &Settings,
+    ) -> Vec<BlockId> {
         let settings = &self.step_settings(i, live);
         // The other shards mutate the pool alongside.
         let _pool = self.pool.shared();
@@ -209,6 +224,7 @@ impl Inner {
         if early {
             self.barrier.wait();
         }
+        ids
     }
 
     /// The whole step on the calling thread, phase by phase across the shards: every shard
@@ -243,10 +259,8 @@ impl Inner {
                 ids.extend(self.phase_publish(i, shard, &settings[i]));
             });
         }
-        ids.sort_unstable();
-        ids.dedup();
-        let report = (!ids.is_empty()).then(|| InvalidSet::flat(ids.iter().copied(), &self.geo));
-        if let Some(report) = report.filter(|r| !r.is_empty()) {
+        let (ids, report) = self.report_of(ids);
+        if !report.is_empty() {
             for (i, shard) in shards.iter_mut().enumerate() {
                 self.guarded(i, &mut failed[i], || {
                     shard.claim(&self.env(i), &settings[i], &report, &ids);
@@ -318,7 +332,7 @@ pub(super) fn shard_loop(inner: &Inner, i: usize, parker: Parker) {
         let Some((share, live)) = inner.report.lock().clone() else {
             continue;
         };
-        inner.run_shard_step(i, &share, &live);
+        let _ = inner.run_shard_step(i, &share, &live);
         // Release: publishes this shard's result slot to the engine, which Acquire-loads
         // `done` in `Runtime::wait_for_shards`.
         inner.done.fetch_add(1, Ordering::Release);

@@ -191,13 +191,11 @@ impl Runtime {
         } else {
             self.metrics.parallel_steps += 1;
             self.start_step(&share, &live);
-            self.inner.run_shard_step(0, &share, &live);
+            let report = self.inner.run_shard_step(0, &share, &live);
             self.wait_for_shards();
-            // Every shard's share of the report and its result, from the shards' slots.
-            let mut report = share;
+            // Every shard's result, from the shards' slots.
             let mut results = Vec::with_capacity(self.inner.shards.len());
             for (i, slot) in self.inner.shards.iter().enumerate() {
-                report.extend_from_slice(&slot.published.lock());
                 if let Some(r) = slot.result.lock().take() {
                     results.push((i, r));
                 }
@@ -262,10 +260,11 @@ impl Runtime {
     }
 
     /// Merges every shard's result into the step's plan, in canonical order, dispatching
-    /// the loads they started and counting what they did.
+    /// the loads they started and counting what they did. `report` is the step's whole
+    /// report, as the shards claimed against it: sorted, without duplicates.
     fn collect(
         &mut self,
-        mut report: Vec<BlockId>,
+        report: Vec<BlockId>,
         mut results: Vec<(usize, ShardOutcome)>,
     ) -> StepPlan {
         let mut plan = StepPlan {
@@ -313,8 +312,6 @@ impl Runtime {
                 res.first_schedule_latency_ns,
             );
         }
-        report.sort_unstable();
-        report.dedup();
         evicted.sort_unstable();
         evicted.dedup();
         plan.recovery.report = report;
