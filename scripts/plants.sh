@@ -132,6 +132,9 @@ declare -A TESTS=(
   # runtime/merge.rs: the in-place merge of two shards' lists takes the larger key first.
   # (Memory-safe: any choice keeps every entry once.)
   [merge-larger-first]="kvsched --lib runtime::merge"
+  # pool/mod.rs: a release leaving a block unreferenced does not count it allocatable, so
+  # admission (which skips a prompt the count says cannot fit) starves while blocks are free.
+  [allocatable-release-uncounted]="kvsched --lib pool::tests;kvsched --test runtime_api"
   # kv/prober.rs: a lookup's offer never wakes the prober thread, so one that finds it
   # asleep is not asked until something else wakes it.
   [probe-offer-never-wakes]="kvsched --test kv_shared_tier"
@@ -140,7 +143,7 @@ ORDER=(decide-early claim-store late-leak deadline-compact-in-flight load-queue-
   mamba-align-cache-unwritten saver-flush-early register-unwritten reoffer-unwritten park-unstarted baseline-no-second-chance holder-release-unrecorded unaligned-chunks prompt-end-state-uncached
   branch-state-uncached mamba-state-one-block-late mamba-state-into-null tier-present-after-failed-load scan-one-group-less load-unverified save-payload-offset epoch-not-bumped-on-whole-block-write failed-copy-left-unpoisoned load-pieces-drop-tail vector-store-skips-round
   probe-hits-unindexed vllm-admits-before-schedule cost-ignores-failures pack-offset-past-table failure-share-read-per-token
-  handoff-count-after-release inbox-apply-under-lock merge-larger-first probe-offer-never-wakes)
+  handoff-count-after-release inbox-apply-under-lock merge-larger-first probe-offer-never-wakes allocatable-release-uncounted)
 
 if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi
 

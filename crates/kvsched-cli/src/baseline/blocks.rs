@@ -34,6 +34,8 @@ struct Plain {
     /// Cached, unreferenced blocks in release order (entries checked when popped).
     reclaim: VecDeque<BlockId>,
     index: FxHashMap<u64, BlockId>,
+    /// Blocks with count 0 (free, or cached and unreferenced).
+    allocatable: usize,
     double_frees: u64,
 }
 
@@ -68,6 +70,9 @@ impl Pool for Blocks {
     }
     fn lookup(&self, hash: BlockHash) -> Option<BlockRef> {
         self.0.borrow_mut().lookup(hash)
+    }
+    fn allocatable(&self) -> usize {
+        self.0.borrow().allocatable
     }
     fn allocate_n(&self, n: usize, out: &mut Vec<BlockRef>) -> bool {
         self.0.borrow_mut().allocate_n(n, out)
@@ -116,6 +121,7 @@ impl Plain {
             // Sized up front, as the runtime's pool sizes its prefix index.
             reclaim: VecDeque::with_capacity(n),
             index: FxHashMap::with_capacity_and_hasher(n, Default::default()),
+            allocatable: n.saturating_sub(1),
             double_frees: 0,
         }
     }
@@ -150,6 +156,7 @@ impl Plain {
         self.touched[i] = false;
         self.generation[i] = self.generation[i].wrapping_add(1);
         self.ref_count[i] = 1;
+        self.allocatable -= 1;
         Some(BlockRef {
             id,
             generation: self.generation[i],
@@ -186,6 +193,7 @@ impl Plain {
         }
         self.ref_count[i] -= 1;
         if self.ref_count[i] == 0 {
+            self.allocatable += 1;
             if self.hash_of[i].is_some() {
                 if self.queued[i] {
                     self.touched[i] = true;
@@ -210,6 +218,9 @@ impl Plain {
     fn lookup(&mut self, hash: u64) -> Option<BlockRef> {
         let id = *self.index.get(&hash)?;
         let i = id as usize;
+        if self.ref_count[i] == 0 {
+            self.allocatable -= 1;
+        }
         self.ref_count[i] += 1;
         Some(BlockRef {
             id,

@@ -12,10 +12,15 @@ impl State {
         let mut v = Vec::new();
         let blocks = &self.cx.blocks;
         let census = blocks.census();
-        if !census.conserved() || census.free != blocks.free_len() {
+        let allocatable = census.free + census.cached_unreferenced;
+        if !census.conserved()
+            || census.free != blocks.free_len()
+            || blocks.allocatable() != allocatable
+        {
             v.push(format!(
-                "pool conservation: {census:?}, free list {}",
-                blocks.free_len()
+                "pool conservation: {census:?}, free list {}, allocatable {}",
+                blocks.free_len(),
+                blocks.allocatable()
             ));
         }
         if blocks.double_frees() > 0 {

@@ -275,6 +275,11 @@ fn run(seed: u64) {
     );
     assert!(census.conserved(), "seed {seed}: {census:?}");
     assert_eq!(census.referenced, 0, "seed {seed}: {census:?}");
+    assert_eq!(
+        w.pool.allocatable(),
+        census.free + census.cached_unreferenced,
+        "seed {seed}: {census:?}"
+    );
     assert_eq!(w.pool.double_frees(), 0, "seed {seed}");
     assert_eq!(w.pool.stale_releases(), 0, "seed {seed}");
     assert_eq!(
@@ -307,8 +312,8 @@ fn run(seed: u64) {
     }
     let census = w.pool.census();
     assert_eq!(
-        (census.free, census.conserved()),
-        (BLOCKS - 1, true),
+        (census.free, census.conserved(), w.pool.allocatable()),
+        (BLOCKS - 1, true, BLOCKS - 1),
         "seed {seed}"
     );
 }
@@ -403,6 +408,7 @@ fn free_list_churn_never_double_allocates() {
     );
     let c = pool.census();
     assert_eq!((c.free, c.conserved()), (SMALL - 1, true), "{c:?}");
+    assert_eq!(pool.allocatable(), SMALL - 1, "{c:?}");
     let mut all = Vec::new();
     assert!(pool.allocate_n(SMALL - 1, &mut all), "leaked blocks");
     assert_eq!(pool.allocate(), None, "a block is on the free list twice");

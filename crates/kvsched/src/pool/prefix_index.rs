@@ -272,7 +272,12 @@ impl BlockPool {
                 .ok_or(State(cur))
         });
         match revived {
-            Ok(_) => Some(r),
+            Ok((cur, ())) => {
+                if State(cur).ref_count() == 0 {
+                    self.count_allocatable(-1, self.is_exclusive());
+                }
+                Some(r)
+            }
             Err(s) => {
                 if s.generation() != r.generation || !s.is_cached() {
                     // Reclaimed (its claimer will also try to remove it) or stale.

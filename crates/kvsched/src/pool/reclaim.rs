@@ -107,6 +107,7 @@ impl BlockPool {
             let Ok((cur, step)) = installed;
             match step {
                 ReclaimStep::Claim(next) => {
+                    self.count_allocatable(-1, exclusive);
                     let old = BlockRef {
                         id,
                         generation: State(cur).generation(),

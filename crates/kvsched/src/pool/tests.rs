@@ -13,6 +13,7 @@ pub(super) fn pool(n: usize) -> BlockPool {
 pub(super) fn conserved(p: &BlockPool) -> Census {
     let c = p.census();
     assert!(c.conserved(), "{c:?}");
+    assert_eq!(p.allocatable(), c.free + c.cached_unreferenced, "{c:?}");
     c
 }
 

@@ -21,6 +21,12 @@ impl Runtime {
         if !census.conserved() {
             v.push(format!("pool conservation: {census:?}"));
         }
+        let allocatable = self.inner.pool.allocatable();
+        if allocatable != census.free + census.cached_unreferenced {
+            v.push(format!(
+                "pool count of allocatable blocks {allocatable}, census {census:?}"
+            ));
+        }
         let df = self.inner.pool.double_frees();
         if df > 0 {
             v.push(format!("double frees: {df}"));

@@ -2,6 +2,7 @@
 //! the connector offers to load past it; and which entries of that external range hold
 //! nothing, so nothing is loaded into them.
 
+use super::growth::blocks_needed;
 use super::state_ends::state_only;
 use crate::rules::geometry::{CacheGroup, Geometry};
 
@@ -26,6 +27,26 @@ pub fn external_nulls(grp: &CacheGroup, end: u64) -> usize {
     } else {
         0
     }
+}
+
+/// The fewest fresh blocks, all groups together, that admitting a prompt of `prompt_len`
+/// tokens with `held` entries per group from its local prefix `local` can take, whatever the
+/// connector offers: the need at the longest external range [`external_end`] allows, whose
+/// Mamba `align` nulls only lower it. A pool with fewer allocatable blocks cannot admit the
+/// prompt, so the connector need not be asked.
+pub fn fewest_blocks_needed(
+    geo: &Geometry,
+    prompt_len: u64,
+    local: u64,
+    held: impl IntoIterator<Item = usize>,
+) -> usize {
+    let end = external_end(geo, prompt_len, local, u64::MAX);
+    let held = geo
+        .groups()
+        .iter()
+        .zip(held)
+        .map(|(grp, n)| n.max(external_nulls(grp, end)));
+    blocks_needed(geo.groups(), held, prompt_len)
 }
 
 #[cfg(test)]
@@ -65,5 +86,43 @@ mod tests {
         assert_eq!(external_end(&g, 96, 32, 1000), 80);
         assert_eq!(external_end(&g, 100, 32, 0), 32);
         assert_eq!(external_end(&g, 100, 32, u64::MAX), 96);
+    }
+
+    #[test]
+    fn the_fewest_blocks_needed_bound_every_offer_and_meet_the_longest() {
+        let g = Geometry::new(
+            vec![
+                CacheGroup::full_attention(16),
+                CacheGroup::mamba(64, MambaMode::Align),
+                CacheGroup::sliding_window(16, 64),
+            ],
+            None,
+            DEFAULT_NULL_BLOCK,
+        )
+        .expect("geometry");
+        // 640 tokens from nothing: the longest offer ends at 576, where the Mamba group needs
+        // only the states after 512 (2 of its 10 entries).
+        assert_eq!(fewest_blocks_needed(&g, 640, 0, [0, 0, 0]), 40 + 2 + 40);
+        for (prompt, local, held) in [
+            (640, 0, [0, 0, 0]),
+            (1000, 128, [8, 1, 8]),
+            (70, 64, [4, 0, 4]),
+        ] {
+            let fewest = fewest_blocks_needed(&g, prompt, local, held);
+            let need = |offer| {
+                let end = external_end(&g, prompt, local, offer);
+                let held = g
+                    .groups()
+                    .iter()
+                    .zip(held)
+                    .map(|(grp, n)| n.max(external_nulls(grp, end)));
+                blocks_needed(g.groups(), held, prompt)
+            };
+            assert!(
+                (0..=prompt).all(|offer| need(offer) >= fewest),
+                "{prompt} {local}"
+            );
+            assert_eq!(need(u64::MAX), fewest);
+        }
     }
 }

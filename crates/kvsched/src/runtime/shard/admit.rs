@@ -9,7 +9,7 @@ use crate::connector::{CancelToken, LoadJob, LoadOwner, LookupQuery, LookupResul
 use crate::pool::{BlockRef, Generation};
 use crate::rules::geometry::BlockId;
 use crate::rules::recovery::Mode;
-use crate::runtime::policy::admission::external_nulls;
+use crate::runtime::policy::admission::{external_nulls, fewest_blocks_needed};
 use crate::runtime::policy::alignment::branch_point;
 use crate::runtime::policy::growth::blocks_needed;
 use crate::runtime::policy::prefix::{prefix_candidates, prefix_cap, prefix_entries};
@@ -31,14 +31,12 @@ pub(super) enum Admitted {
 
 impl<S: Strategy> Shard<S> {
     /// Longest usable local prefix (a multiple of the scheduler block size, below the
-    /// prompt's end), retained, and the cap the search started from (the leading run of
-    /// cached blocks of the groups that need every entry).
-    fn local_prefix(env: &Env<'_, S>, r: &Req) -> (u64, Vec<Vec<(BlockId, Generation)>>, u64) {
+    /// prompt's end), retained, searched from `cap` ([`prefix_cap`]: the leading run of cached
+    /// blocks of the groups that need every entry) down.
+    fn local_prefix(env: &Env<'_, S>, r: &Req, cap: u64) -> (u64, Vec<Vec<(BlockId, Generation)>>) {
         let geo = env.geo;
         let groups = geo.groups();
         let prompt_len = r.prompt.len() as u64;
-        // Full-attention-like groups need every entry below L.
-        let cap = prefix_cap(geo, prompt_len, &r.hashes, |h| env.pool.contains_hash(h));
         let cached = |h| env.pool.contains_hash(h);
         // Each group's list, with room for the whole prompt's blocks (the rest are appended
         // at allocation), so it never grows.
@@ -68,15 +66,11 @@ impl<S: Strategy> Shard<S> {
                 }
             }
             if ok {
-                return (l, got, cap);
+                return (l, got);
             }
-            for t in got {
-                for (id, gen) in t {
-                    Self::release_entry(env, id, gen);
-                }
-            }
+            Self::release_prefix(env, got);
         }
-        (0, lists(), cap)
+        (0, lists())
     }
 
     /// Admits waiting requests in canonical order, at most `max_seqs` per step: each gets its
@@ -126,7 +120,23 @@ impl<S: Strategy> Shard<S> {
             r.tables.iter().all(Vec::is_empty),
             "a waiting request holds blocks"
         );
-        let (local, got, cached) = Self::local_prefix(env, r);
+        // A prompt the pool cannot hold whatever the connector offers is not admitted: checked
+        // first as if every block below the cap were a hit (before any is revived), then for
+        // the local prefix found — before the connector is asked, or a cached block reclaimed
+        // for an allocation that would fail.
+        let prompt_len = r.prompt.len() as u64;
+        // Full-attention-like groups need every entry below the local prefix.
+        let cached = prefix_cap(geo, prompt_len, &r.hashes, |h| env.pool.contains_hash(h));
+        let at_best = geo.groups().iter().map(|g| prefix_entries(g, cached).1);
+        if fewest_blocks_needed(geo, prompt_len, cached, at_best) > env.pool.allocatable() {
+            return Admitted::PoolFull;
+        }
+        let (local, got) = Self::local_prefix(env, r, cached);
+        let held = got.iter().map(Vec::len);
+        if fewest_blocks_needed(geo, prompt_len, local, held) > env.pool.allocatable() {
+            Self::release_prefix(env, got);
+            return Admitted::PoolFull;
+        }
         // The prefix the connector would load from: the chained hash of group 0's first
         // block past the local hit (the same for every request sharing that prefix).
         let b0 = geo.groups()[0].block_size;
@@ -281,11 +291,7 @@ impl<S: Strategy> Shard<S> {
             r.prompt.len() as u64,
         );
         if !env.pool.allocate_n(need, fresh) {
-            for t in got {
-                for (id, gen) in t {
-                    Self::release_entry(env, id, gen);
-                }
-            }
+            Self::release_prefix(env, got);
             return false;
         }
         let mut fresh = fresh.drain(..);
@@ -307,6 +313,16 @@ impl<S: Strategy> Shard<S> {
             r.registered[g] = (local / grp.block_size) as usize;
         }
         true
+    }
+
+    /// Releases the entries of a prefix [`local_prefix`](Self::local_prefix) took (nulls
+    /// included, which release skips).
+    fn release_prefix(env: &Env<'_, S>, got: Vec<Vec<(BlockId, Generation)>>) {
+        for t in got {
+            for (id, gen) in t {
+                Self::release_entry(env, id, gen);
+            }
+        }
     }
 
     /// The load of `r`'s external range `start..end` into its tables, without a deadline.

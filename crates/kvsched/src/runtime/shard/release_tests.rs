@@ -47,6 +47,9 @@ impl Pool for TakenAtOnce {
     fn lookup(&self, hash: BlockHash) -> Option<BlockRef> {
         self.pool.lookup(hash)
     }
+    fn allocatable(&self) -> usize {
+        self.pool.allocatable()
+    }
     fn allocate_n(&self, n: usize, out: &mut Vec<BlockRef>) -> bool {
         self.pool.allocate_n(n, out)
     }

@@ -40,6 +40,8 @@ pub trait Pool {
     fn contains_hash(&self, hash: BlockHash) -> bool;
     /// A prefix-cache hit on `hash`, referenced.
     fn lookup(&self, hash: BlockHash) -> Option<BlockRef>;
+    /// Blocks an allocation could take now (a hint while other threads mutate the pool).
+    fn allocatable(&self) -> usize;
     /// `n` fresh blocks appended to `out`, all or nothing.
     fn allocate_n(&self, n: usize, out: &mut Vec<BlockRef>) -> bool;
     /// Drops one reference to `r`.
@@ -111,6 +113,10 @@ impl Pool for Arc<BlockPool> {
     #[inline]
     fn lookup(&self, hash: BlockHash) -> Option<BlockRef> {
         BlockPool::lookup(self, hash)
+    }
+    #[inline]
+    fn allocatable(&self) -> usize {
+        BlockPool::allocatable(self)
     }
     #[inline]
     fn allocate_n(&self, n: usize, out: &mut Vec<BlockRef>) -> bool {
