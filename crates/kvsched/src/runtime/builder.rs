@@ -233,6 +233,7 @@ impl Builder {
             handed: Default::default(),
             merge: Default::default(),
             loads_sent: 0,
+            room_at_loads_sent: None,
             command_batches: Vec::new(),
         })
     }

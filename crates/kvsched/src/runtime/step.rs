@@ -106,6 +106,9 @@ pub struct Runtime {
     pub(super) merge: MergeScratch,
     /// Asynchronous loads handed to the workers.
     pub(super) loads_sent: u64,
+    /// `loads_sent` when the workers' queue was last found with room
+    /// ([`workers_backlogged`](Self::workers_backlogged)).
+    pub(super) room_at_loads_sent: Option<u64>,
     /// `update`'s per-shard command lists, empty between calls (kept for their capacity).
     pub(super) command_batches: Vec<Vec<Command>>,
 }
@@ -167,11 +170,7 @@ impl Runtime {
         let share = self.engine_share();
         // Planted bug (scripts/plants.sh): the workers' queue is never full, so loads pile up
         // behind a connector that never returns.
-        let backlogged = !planted!("load-queue-unbounded")
-            && self
-                .workers
-                .as_ref()
-                .is_some_and(|w| w.queued() >= MAX_QUEUED_LOADS);
+        let backlogged = !planted!("load-queue-unbounded") && self.workers_backlogged();
         // Relaxed: read by the shards of this step, after the `go` Release (or on this thread).
         self.inner
             .loads_backlogged
@@ -521,6 +520,22 @@ impl Runtime {
             self.inline_up_to,
             self.parallel_work,
         )
+    }
+
+    /// Whether the workers' queue holds [`MAX_QUEUED_LOADS`] jobs. The queue only shrinks
+    /// between dispatches, so room found once lasts until the next load is dispatched: the
+    /// queue's length, on cache lines the workers write, is read only after a step that
+    /// dispatched loads or found it full.
+    fn workers_backlogged(&mut self) -> bool {
+        let Some(w) = &self.workers else {
+            return false;
+        };
+        if self.room_at_loads_sent == Some(self.loads_sent) {
+            return false;
+        }
+        let full = w.queued() >= MAX_QUEUED_LOADS;
+        self.room_at_loads_sent = (!full).then_some(self.loads_sent);
+        full
     }
 
     /// Requests submitted and not yet ended, from counters (no lock): a step's size hint.
