@@ -41,6 +41,18 @@ pub fn fewest_blocks_needed(
     held: impl IntoIterator<Item = usize>,
 ) -> usize {
     let end = external_end(geo, prompt_len, local, u64::MAX);
+    blocks_needed_at(geo, prompt_len, end, held)
+}
+
+/// The fresh blocks, all groups together, that admitting a prompt of `prompt_len` tokens
+/// with `held` entries per group takes when its computed prefix ends at `end`: each group's
+/// table filled up to the prompt's end, past its held entries and its [`external_nulls`].
+pub fn blocks_needed_at(
+    geo: &Geometry,
+    prompt_len: u64,
+    end: u64,
+    held: impl IntoIterator<Item = usize>,
+) -> usize {
     let held = geo
         .groups()
         .iter()
@@ -109,15 +121,8 @@ mod tests {
             (70, 64, [4, 0, 4]),
         ] {
             let fewest = fewest_blocks_needed(&g, prompt, local, held);
-            let need = |offer| {
-                let end = external_end(&g, prompt, local, offer);
-                let held = g
-                    .groups()
-                    .iter()
-                    .zip(held)
-                    .map(|(grp, n)| n.max(external_nulls(grp, end)));
-                blocks_needed(g.groups(), held, prompt)
-            };
+            let need =
+                |offer| blocks_needed_at(&g, prompt, external_end(&g, prompt, local, offer), held);
             assert!(
                 (0..=prompt).all(|offer| need(offer) >= fewest),
                 "{prompt} {local}"
