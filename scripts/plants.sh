@@ -134,7 +134,7 @@ declare -A TESTS=(
   [merge-larger-first]="kvsched --lib runtime::merge"
   # pool/mod.rs: a release leaving a block unreferenced does not count it allocatable, so
   # admission (which skips a prompt the count says cannot fit) starves while blocks are free.
-  [allocatable-release-uncounted]="kvsched --lib pool::tests;kvsched --test runtime_api"
+  [allocatable-release-uncounted]="kvsched --lib pool::tests;kvsched --lib pool::concurrent_tests;kvsched --test runtime_api"
   # kv/prober.rs: a lookup's offer never wakes the prober thread, so one that finds it
   # asleep is not asked until something else wakes it.
   [probe-offer-never-wakes]="kvsched --test kv_shared_tier"

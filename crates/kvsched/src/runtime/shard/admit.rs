@@ -9,9 +9,8 @@ use crate::connector::{CancelToken, LoadJob, LoadOwner, LookupQuery, LookupResul
 use crate::pool::{BlockRef, Generation};
 use crate::rules::geometry::BlockId;
 use crate::rules::recovery::Mode;
-use crate::runtime::policy::admission::{external_nulls, fewest_blocks_needed};
+use crate::runtime::policy::admission::{blocks_needed_at, external_nulls, fewest_blocks_needed};
 use crate::runtime::policy::alignment::branch_point;
-use crate::runtime::policy::growth::blocks_needed;
 use crate::runtime::policy::prefix::{prefix_candidates, prefix_cap, prefix_entries};
 
 use super::strategy::{Pool, Strategy};
@@ -283,13 +282,11 @@ impl<S: Strategy> Shard<S> {
                 got[g].push((geo.null_block(), 0));
             }
         }
-        // Allocate the rest of the prompt in every group.
+        // Allocate the rest of the prompt in every group: the need `admit_one` bounded
+        // (`fewest_blocks_needed`) before asking the connector.
         fresh.clear();
-        let need = blocks_needed(
-            geo.groups(),
-            got.iter().map(Vec::len),
-            r.prompt.len() as u64,
-        );
+        let prompt_len = r.prompt.len() as u64;
+        let need = blocks_needed_at(geo, prompt_len, ext_end, got.iter().map(Vec::len));
         if !env.pool.allocate_n(need, fresh) {
             Self::release_prefix(env, got);
             return false;
