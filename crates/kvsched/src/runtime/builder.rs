@@ -235,6 +235,7 @@ impl Builder {
             loads_sent: 0,
             room_at_loads_sent: None,
             command_batches: Vec::new(),
+            scratch: Default::default(),
         })
     }
 

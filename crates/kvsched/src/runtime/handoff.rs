@@ -10,6 +10,8 @@
 use std::sync::Arc as StdArc;
 use std::time::{Duration, Instant};
 
+use smallvec::SmallVec;
+
 use crate::rules::geometry::BlockId;
 use crate::rules::recovery::InvalidSet;
 use crate::runtime::error::RuntimeError;
@@ -235,23 +237,36 @@ impl Inner {
     /// The shards schedule into one list, each appending to the last one's, so the plan's
     /// list is made once, with room for `expected` entries, and never copied or grown while
     /// it is merged.
+    ///
+    /// Returns the step's whole report (the engine's share and every shard's, sorted, without
+    /// duplicates); each shard's outcome is in `scratch.results`.
     pub(super) fn run_step_inline(
         &self,
-        engine_share: &[BlockId],
+        engine_share: Vec<BlockId>,
         live: &Settings,
         expected: usize,
-    ) -> InlineStep {
+        scratch: &mut StepScratch,
+    ) -> Vec<BlockId> {
         let k = self.shards.len();
-        let settings: Vec<StepSettings> = (0..k).map(|i| self.step_settings(i, live)).collect();
+        let StepScratch {
+            settings,
+            failed,
+            results,
+        } = scratch;
+        settings.clear();
+        settings.extend((0..k).map(|i| self.step_settings(i, live)));
+        failed.clear();
+        failed.resize(k, false);
+        results.clear();
         // Every shard runs on this thread: the pool has one mutator for the step.
         // SAFETY: outside shutdown (which takes the runtime by value, so no step overlaps it),
         // only the shards' steps mutate the pool or reach its index: this one, and parallel
         // steps' shards, which hold `shared` for theirs. Loads' workers only read fill flags,
         // and submits and cancels only queue commands.
         let _pool = unsafe { self.pool.exclusive() };
-        let mut shards: Vec<_> = self.shards.iter().map(|s| s.state.lock()).collect();
-        let mut failed = vec![false; k];
-        let mut ids = engine_share.to_vec();
+        let mut shards: SmallVec<[_; INLINE_GUARDS]> =
+            self.shards.iter().map(|s| s.state.lock()).collect();
+        let mut ids = engine_share;
         for (i, shard) in shards.iter_mut().enumerate() {
             self.guarded(i, &mut failed[i], || {
                 #[cfg(test)]
@@ -267,7 +282,6 @@ impl Inner {
                 });
             }
         }
-        let mut results = Vec::with_capacity(k);
         let mut list = Vec::with_capacity(expected);
         for (i, shard) in shards.iter_mut().enumerate() {
             shard.schedule_after(std::mem::take(&mut list));
@@ -282,10 +296,7 @@ impl Inner {
                 results.push((i, (res, loads)));
             }
         }
-        InlineStep {
-            report: ids,
-            results,
-        }
+        ids
     }
 }
 
@@ -295,12 +306,20 @@ pub(super) type ShardOutcome = (
     Vec<crate::connector::LoadJob>,
 );
 
-/// What a step run inline hands to [`Runtime::collect`] directly: the whole report (the
-/// engine's share and every shard's, sorted, without duplicates) and each shard's outcome.
-pub(super) struct InlineStep {
-    pub(super) report: Vec<BlockId>,
+/// Lists every step fills and empties again, kept by the runtime from step to step for
+/// their room: a step allocates none of them.
+#[derive(Default)]
+pub(super) struct StepScratch {
+    /// Each shard's settings for a step run inline.
+    settings: Vec<StepSettings>,
+    /// Whether each shard panicked in an earlier phase of a step run inline.
+    failed: Vec<bool>,
+    /// Each shard's outcome, with its number, until [`Runtime::collect`] drains them.
     pub(super) results: Vec<(usize, ShardOutcome)>,
 }
+
+/// Shards whose guards a step run inline keeps on the stack (more take one allocation).
+const INLINE_GUARDS: usize = 4;
 
 /// Shard `i`'s thread: waits for each step's `go`, runs its part of it, counts it in `done`.
 pub(super) fn shard_loop(inner: &Inner, i: usize, parker: Parker) {

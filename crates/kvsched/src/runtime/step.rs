@@ -13,7 +13,7 @@ use crate::runtime::discard::{discarded, HandedOut};
 use crate::runtime::error::RuntimeError;
 #[cfg(doc)]
 use crate::runtime::handle::Handle;
-use crate::runtime::handoff::ShardOutcome;
+use crate::runtime::handoff::{ShardOutcome, StepScratch};
 use crate::runtime::merge::{in_request_order, MergeScratch};
 use crate::runtime::plan::{StepOutput, StepPlan};
 use crate::runtime::policy::trust::is_sync_destination;
@@ -111,6 +111,8 @@ pub struct Runtime {
     pub(super) room_at_loads_sent: Option<u64>,
     /// `update`'s per-shard command lists, empty between calls (kept for their capacity).
     pub(super) command_batches: Vec<Vec<Command>>,
+    /// The lists a step fills and empties, kept for their capacity.
+    pub(super) scratch: StepScratch,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -179,28 +181,32 @@ impl Runtime {
         let live = self.inner.live_settings.load_full();
         let span = tracing::debug_span!("kvsched_step", step = self.step);
         let _enter = span.enter();
+        let mut scratch = std::mem::take(&mut self.scratch);
         let plan = if !self.runs_parallel(share.len()) {
             // Room for what the last step scheduled and a little more, rounded up to a power
             // of two: the list's size then stays in one allocator size class from step to
             // step, so the list the engine dropped is the one reused, not fresh memory.
             let expected =
                 (self.last_step.scheduled + self.last_step.scheduled / 4 + 8).next_power_of_two();
-            let inline = self.inner.run_step_inline(&share, &live, expected);
-            self.collect(inline.report, inline.results)
+            let report = self
+                .inner
+                .run_step_inline(share, &live, expected, &mut scratch);
+            self.collect(report, &mut scratch.results)
         } else {
             self.metrics.parallel_steps += 1;
             self.start_step(&share, &live);
             let report = self.inner.run_shard_step(0, &share, &live);
             self.wait_for_shards();
             // Every shard's result, from the shards' slots.
-            let mut results = Vec::with_capacity(self.inner.shards.len());
+            scratch.results.clear();
             for (i, slot) in self.inner.shards.iter().enumerate() {
                 if let Some(r) = slot.result.lock().take() {
-                    results.push((i, r));
+                    scratch.results.push((i, r));
                 }
             }
-            self.collect(report, results)
+            self.collect(report, &mut scratch.results)
         };
+        self.scratch = scratch;
         if let Some((shard, message)) = self.inner.poison.lock().clone() {
             self.panicked = Some((shard, self.step, message));
             // Poisoned: no step runs again, so handles queue nothing more (`Handle`).
@@ -264,7 +270,7 @@ impl Runtime {
     fn collect(
         &mut self,
         report: Vec<BlockId>,
-        mut results: Vec<(usize, ShardOutcome)>,
+        results: &mut Vec<(usize, ShardOutcome)>,
     ) -> StepPlan {
         let mut plan = StepPlan {
             step: self.step,
@@ -283,7 +289,7 @@ impl Runtime {
             plan.scheduled = std::mem::take(&mut longest.scheduled);
             plan.scheduled.reserve(total - plan.scheduled.len());
         }
-        for (i, (res, loads)) in results {
+        for (i, (res, loads)) in results.drain(..) {
             progress.add(i, &res, loads.len());
             if let Some(w) = &self.workers {
                 self.loads_sent += loads.len() as u64;
