@@ -77,7 +77,7 @@ impl MutexScheduler {
         s.seq += 1;
         s.metrics.submitted += 1;
         let new = NewRequest::new(&s.cx.geo, req, id, key);
-        s.inbox.push(Command::Submit(new));
+        s.inbox.push(Command::Submit(Box::new(new)));
         Ok(())
     }
 

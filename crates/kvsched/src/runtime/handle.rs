@@ -82,7 +82,9 @@ impl Inner {
         let key = RequestKey::new(false, req.priority, seq);
         self.shards[i]
             .inbox
-            .push(Command::Submit(NewRequest::new(&self.geo, req, id, key)));
+            .push(Command::Submit(Box::new(NewRequest::new(
+                &self.geo, req, id, key,
+            ))));
         Ok(())
     }
 

@@ -12,7 +12,7 @@ impl<S: Strategy> Shard<S> {
         match cmd {
             Command::Submit(n) => {
                 let seq = n.key.seq();
-                let req = Req::new(env.geo, n);
+                let req = Req::new(env.geo, *n);
                 self.by_id.insert(req.id.clone(), seq);
                 self.waiting.insert(req.key, ());
                 self.reqs.insert(seq, req);

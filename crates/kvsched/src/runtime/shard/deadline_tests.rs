@@ -87,7 +87,12 @@ fn a_hung_loads_deadline_comes_after_thousands_of_completed_loads() {
             load_deadline: None,
         };
         let key = RequestKey::new(false, 0, n + 1);
-        Command::Submit(NewRequest::new(&geo, req, StdArc::from(id.as_str()), key))
+        Command::Submit(Box::new(NewRequest::new(
+            &geo,
+            req,
+            StdArc::from(id.as_str()),
+            key,
+        )))
     };
     // The hung load: dispatched first, never answered.
     let hung = step(&mut shard, t0, vec![submit(0)], vec![]);

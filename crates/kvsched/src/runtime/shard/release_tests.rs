@@ -163,7 +163,7 @@ fn restart_owner(sharer: bool) -> (ShardStepResult, BlockRef, Vec<BlockRef>) {
         &mut shard,
         &env,
         &settings,
-        vec![Command::Submit(new)],
+        vec![Command::Submit(Box::new(new))],
         vec![],
         &mut loads,
     );

@@ -103,7 +103,7 @@ impl NewRequest {
 #[derive(Debug)]
 pub enum Command {
     /// A request to admit.
-    Submit(NewRequest),
+    Submit(Box<NewRequest>),
     /// End a request (once its in-flight load stops, if it is loading).
     Cancel(StdArc<str>),
     /// A sampled token for a request scheduled in the last step.
