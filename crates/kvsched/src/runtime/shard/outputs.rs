@@ -17,7 +17,7 @@ impl<S: Strategy> Shard<S> {
         seqs.dedup();
         let mut not_running = Vec::new();
         let mut restart = Vec::new();
-        for seq in seqs {
+        for &seq in &seqs {
             let Some(r) = self.reqs.get_mut(&seq) else {
                 continue;
             };
@@ -60,6 +60,12 @@ impl<S: Strategy> Shard<S> {
             {
                 self.end(env, seq, EndState::Finished);
             }
+        }
+        // The list goes back empty for the next step's marks, its room kept (unless a mark
+        // was made meanwhile, which stays).
+        seqs.clear();
+        if self.touched.is_empty() {
+            self.touched = seqs;
         }
         for seq in restart {
             if self.reqs.contains_key(&seq) {
