@@ -235,8 +235,8 @@ impl Inner {
     /// the results stay on this thread, never in the shards' slots.
     ///
     /// The shards schedule into one list, each appending to the last one's, so the plan's
-    /// list is made once, with room for `expected` entries, and never copied or grown while
-    /// it is merged.
+    /// list is made once, with room for all any shard may schedule, and never copied or grown
+    /// while it is merged.
     ///
     /// Returns the step's whole report (the engine's share and every shard's, sorted, without
     /// duplicates); each shard's outcome is in `scratch.results`.
@@ -244,7 +244,6 @@ impl Inner {
         &self,
         engine_share: Vec<BlockId>,
         live: &Settings,
-        expected: usize,
         scratch: &mut StepScratch,
     ) -> Vec<BlockId> {
         let k = self.shards.len();
@@ -282,7 +281,15 @@ impl Inner {
                 });
             }
         }
-        let mut list = Vec::with_capacity(expected);
+        // Room for the most the shards can schedule, rounded up to a power of two: the list's
+        // size then stays in one allocator size class while the live count is steady, so the
+        // list the engine dropped is the one reused, not fresh memory.
+        let bound: usize = shards
+            .iter()
+            .zip(settings.iter())
+            .map(|(shard, s)| shard.schedule_bound(s))
+            .sum();
+        let mut list = Vec::with_capacity(bound.next_power_of_two());
         for (i, shard) in shards.iter_mut().enumerate() {
             shard.schedule_after(std::mem::take(&mut list));
             let mut outcome = None;

@@ -183,14 +183,7 @@ impl Runtime {
         let _enter = span.enter();
         let mut scratch = std::mem::take(&mut self.scratch);
         let plan = if !self.runs_parallel(share.len()) {
-            // Room for what the last step scheduled and a little more, rounded up to a power
-            // of two: the list's size then stays in one allocator size class from step to
-            // step, so the list the engine dropped is the one reused, not fresh memory.
-            let expected =
-                (self.last_step.scheduled + self.last_step.scheduled / 4 + 8).next_power_of_two();
-            let report = self
-                .inner
-                .run_step_inline(share, &live, expected, &mut scratch);
+            let report = self.inner.run_step_inline(share, &live, &mut scratch);
             self.collect(report, &mut scratch.results)
         } else {
             self.metrics.parallel_steps += 1;

@@ -281,6 +281,12 @@ impl<S: Strategy> Shard<S> {
         published
     }
 
+    /// The most requests a step with `settings` can schedule here: one per request the shard
+    /// holds (commands applied), at most `max_seqs`.
+    pub fn schedule_bound(&self, settings: &StepSettings) -> usize {
+        settings.max_seqs.min(self.reqs.len())
+    }
+
     /// Makes this step's list of scheduled requests `list`, which holds what earlier shards
     /// of the same step scheduled: this shard appends to it (between [`publish`](Self::publish)
     /// and [`finish_step`](Self::finish_step); an inline step chains its shards' lists
