@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap;
 
-use crate::sync::Mutex;
+use crate::sync::{AtomicUsize, Mutex, Ordering};
 
 #[cfg(not(kvsched_loom))]
 const SHARDS: usize = 16;
@@ -37,6 +37,10 @@ struct Entry {
 #[derive(Debug)]
 pub struct Quarantine {
     shards: Vec<Mutex<FxHashMap<u64, Entry>>>,
+    /// Entries with a deadline (in force, or ended and not yet met): while there is none,
+    /// [`is_quarantined`](Self::is_quarantined) takes no lock. Changed only under the lock of
+    /// the entry's shard.
+    with_deadline: AtomicUsize,
 }
 
 impl Default for Quarantine {
@@ -45,6 +49,7 @@ impl Default for Quarantine {
             shards: (0..SHARDS)
                 .map(|_| Mutex::new(FxHashMap::default()))
                 .collect(),
+            with_deadline: AtomicUsize::new(0),
         }
     }
 }
@@ -65,7 +70,14 @@ impl Quarantine {
         }
         let mut map = self.shard(key).lock();
         if map.len() >= MAX_SHARD_ENTRIES && !map.contains_key(&key) {
-            map.retain(|_, e| e.until.is_some_and(|until| until > now));
+            let mut ended = 0;
+            map.retain(|_, e| {
+                let in_force = e.until.is_some_and(|until| until > now);
+                ended += usize::from(!in_force && e.until.is_some());
+                in_force
+            });
+            // Relaxed: a count nothing is ordered by (see `is_quarantined`).
+            self.with_deadline.fetch_sub(ended, Ordering::Relaxed);
             if map.len() >= MAX_SHARD_ENTRIES {
                 // Every entry is a quarantine in force: this prefix's streak is not counted.
                 return false;
@@ -75,6 +87,10 @@ impl Quarantine {
         e.consecutive_failures = e.consecutive_failures.saturating_add(1);
         if e.consecutive_failures >= after {
             e.consecutive_failures = 0;
+            if e.until.is_none() {
+                // Relaxed: as above.
+                self.with_deadline.fetch_add(1, Ordering::Relaxed);
+            }
             // A quarantine past what an Instant can hold lasts a century (no overflow).
             e.until = now
                 .checked_add(for_)
@@ -97,13 +113,25 @@ impl Quarantine {
     }
 
     /// Whether `key` is quarantined at `now` (expired entries are dropped).
+    ///
+    /// A quarantine recorded before this call (in happens-before order: an earlier step, or
+    /// earlier on this thread) is seen; one recorded concurrently may be seen or not, as with
+    /// the lock alone.
     pub fn is_quarantined(&self, key: u64, now: Instant) -> bool {
+        // Relaxed: the count changes only under a shard's lock, by a thread whose record of
+        // the quarantine happens-before this call whenever the caller must see it; a count
+        // of 0 then means no entry has a deadline.
+        if self.with_deadline.load(Ordering::Relaxed) == 0 {
+            return false;
+        }
         let mut map = self.shard(key).lock();
         match map.get(&key).and_then(|e| e.until) {
             Some(until) if until > now => true,
             Some(_) => {
                 if let Some(e) = map.get_mut(&key) {
                     e.until = None;
+                    // Relaxed: as in `record_failure`.
+                    self.with_deadline.fetch_sub(1, Ordering::Relaxed);
                     if e.consecutive_failures == 0 {
                         map.remove(&key);
                     }
@@ -132,12 +160,24 @@ mod tests {
         assert!(q.record_failure(7, t0, 3, d));
         assert!(q.is_quarantined(7, t0 + Duration::from_secs(9)));
         assert!(!q.is_quarantined(8, t0));
+        deadlines_counted(&q);
         assert!(!q.is_quarantined(7, t0 + Duration::from_secs(11)));
+        deadlines_counted(&q);
         assert!(!q.record_failure(9, t0, 0, d), "0 disables quarantine");
     }
 
     fn entries(q: &Quarantine) -> usize {
         q.shards.iter().map(|s| s.lock().len()).sum()
+    }
+
+    /// The lock-free count of entries with a deadline is the census's.
+    fn deadlines_counted(q: &Quarantine) {
+        let census: usize = q
+            .shards
+            .iter()
+            .map(|s| s.lock().values().filter(|e| e.until.is_some()).count())
+            .sum();
+        assert_eq!(q.with_deadline.load(Ordering::Relaxed), census);
     }
 
     #[test]
@@ -158,6 +198,7 @@ mod tests {
             q.record_failure(key.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 7, t0, 3, d);
         }
         assert!(entries(&q) <= cap);
+        deadlines_counted(&q);
         assert!(q.is_quarantined(1, t0 + Duration::from_secs(1)));
         // A shard full of quarantines in force counts no new prefix, and keeps its own.
         let full = Quarantine::default();
@@ -172,11 +213,13 @@ mod tests {
         assert_eq!(entries(&full), MAX_SHARD_ENTRIES);
         assert_eq!(quarantined, MAX_SHARD_ENTRIES, "none replaced");
         assert!(full.is_quarantined(one_shard[0], t0));
+        deadlines_counted(&full);
         // Once they end, new prefixes are counted again.
         let later = t0 + Duration::from_secs(11);
         let last = one_shard[2 * MAX_SHARD_ENTRIES - 1];
         assert!(full.record_failure(last, later, 1, d));
         assert!(full.is_quarantined(last, later));
         assert_eq!(entries(&full), 1);
+        deadlines_counted(&full);
     }
 }
