@@ -283,13 +283,17 @@ impl Inner {
         }
         // Room for the most the shards can schedule, rounded up to a power of two: the list's
         // size then stays in one allocator size class while the live count is steady, so the
-        // list the engine dropped is the one reused, not fresh memory.
+        // list the engine dropped is the one reused, not fresh memory. None for a step that
+        // can schedule nothing (an idle runtime's).
         let bound: usize = shards
             .iter()
             .zip(settings.iter())
             .map(|(shard, s)| shard.schedule_bound(s))
             .sum();
-        let mut list = Vec::with_capacity(bound.next_power_of_two());
+        let mut list = match bound {
+            0 => Vec::new(),
+            n => Vec::with_capacity(n.next_power_of_two()),
+        };
         for (i, shard) in shards.iter_mut().enumerate() {
             shard.schedule_after(std::mem::take(&mut list));
             let mut outcome = None;
