@@ -138,12 +138,16 @@ declare -A TESTS=(
   # kv/prober.rs: a lookup's offer never wakes the prober thread, so one that finds it
   # asleep is not asked until something else wakes it.
   [probe-offer-never-wakes]="kvsched --test kv_shared_tier"
+  # runtime/quarantine.rs: a new deadline is not counted, so the lock-free check (count 0)
+  # lets a quarantined prefix load again.
+  [quarantine-deadline-uncounted]="kvsched --lib runtime::quarantine"
 )
 ORDER=(decide-early claim-store late-leak deadline-compact-in-flight load-queue-unbounded panic-ok trust-stale end-while-loading no-cross-shard-preempt lookup-uncaught shard-panic-escapes
   mamba-align-cache-unwritten saver-flush-early register-unwritten reoffer-unwritten park-unstarted baseline-no-second-chance holder-release-unrecorded unaligned-chunks prompt-end-state-uncached
   branch-state-uncached mamba-state-one-block-late mamba-state-into-null tier-present-after-failed-load scan-one-group-less load-unverified save-payload-offset epoch-not-bumped-on-whole-block-write failed-copy-left-unpoisoned load-pieces-drop-tail vector-store-skips-round
   probe-hits-unindexed vllm-admits-before-schedule cost-ignores-failures pack-offset-past-table failure-share-read-per-token
-  handoff-count-after-release inbox-apply-under-lock merge-larger-first probe-offer-never-wakes allocatable-release-uncounted)
+  handoff-count-after-release inbox-apply-under-lock merge-larger-first probe-offer-never-wakes allocatable-release-uncounted
+  quarantine-deadline-uncounted)
 
 if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi
 

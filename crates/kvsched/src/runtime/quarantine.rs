@@ -87,7 +87,9 @@ impl Quarantine {
         e.consecutive_failures = e.consecutive_failures.saturating_add(1);
         if e.consecutive_failures >= after {
             e.consecutive_failures = 0;
-            if e.until.is_none() {
+            // Planted bug (scripts/plants.sh): a new deadline is left uncounted, so a check
+            // that finds the count 0 misses the quarantine.
+            if e.until.is_none() && !planted!("quarantine-deadline-uncounted") {
                 // Relaxed: as above.
                 self.with_deadline.fetch_add(1, Ordering::Relaxed);
             }
