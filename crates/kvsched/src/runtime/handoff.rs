@@ -296,15 +296,17 @@ impl Inner {
         };
         for (i, shard) in shards.iter_mut().enumerate() {
             shard.schedule_after(std::mem::take(&mut list));
-            let mut outcome = None;
+            // The outcome goes straight into its slot of `results`: it is a large value
+            // (its lists and a step's counters), copied once, not once per hand-over.
             self.guarded(i, &mut failed[i], || {
-                outcome = Some(self.phase_finish(i, shard, &settings[i]));
+                results.push((i, self.phase_finish(i, shard, &settings[i])));
             });
-            if let Some((mut res, loads)) = outcome {
-                if i + 1 < k {
-                    list = std::mem::take(&mut res.scheduled);
+            if i + 1 < k {
+                if let Some((j, (res, _))) = results.last_mut() {
+                    if *j == i {
+                        list = std::mem::take(&mut res.scheduled);
+                    }
                 }
-                results.push((i, (res, loads)));
             }
         }
         ids

@@ -282,11 +282,14 @@ impl Runtime {
             plan.scheduled = std::mem::take(&mut longest.scheduled);
             plan.scheduled.reserve(total - plan.scheduled.len());
         }
-        for (i, (res, loads)) in results.drain(..) {
-            progress.add(i, &res, loads.len());
+        // Each outcome's lists are taken where they lie; the emptied outcomes are dropped
+        // together at the end.
+        for (i, (res, loads)) in results.iter_mut() {
+            let i = *i;
+            progress.add(i, res, loads.len());
             if let Some(w) = &self.workers {
                 self.loads_sent += loads.len() as u64;
-                for j in loads {
+                for j in loads.drain(..) {
                     w.dispatch(j);
                 }
             }
@@ -298,18 +301,19 @@ impl Runtime {
                     EndState::Cancelled => self.metrics.cancelled += 1,
                 }
             }
-            plan.scheduled.extend(res.scheduled);
-            absorb(&mut plan.recovery.recovered, res.recovered);
-            absorb(&mut plan.recovery.scanned, res.scanned);
-            absorb(&mut evicted, res.evicted);
-            absorb(&mut plan.ended, res.ended);
-            self.handoffs.extend(res.handoffs);
-            absorb(&mut plan.runnable_latency_ns, res.runnable_latency_ns);
+            plan.scheduled.append(&mut res.scheduled);
+            absorb(&mut plan.recovery.recovered, &mut res.recovered);
+            absorb(&mut plan.recovery.scanned, &mut res.scanned);
+            absorb(&mut evicted, &mut res.evicted);
+            absorb(&mut plan.ended, &mut res.ended);
+            self.handoffs.append(&mut res.handoffs);
+            absorb(&mut plan.runnable_latency_ns, &mut res.runnable_latency_ns);
             absorb(
                 &mut plan.first_schedule_latency_ns,
-                res.first_schedule_latency_ns,
+                &mut res.first_schedule_latency_ns,
             );
         }
+        results.clear();
         evicted.sort_unstable();
         evicted.dedup();
         plan.recovery.report = report;
@@ -572,12 +576,13 @@ impl Progress {
     }
 }
 
-/// Appends `from` to `into`, taking `from`'s list whole when `into` is empty (the first
-/// shard's share of a plan list), so a one-shard step copies and allocates nothing.
-fn absorb<T>(into: &mut Vec<T>, from: Vec<T>) {
+/// Moves `from`'s items to the end of `into`, taking `from`'s list whole when `into` is
+/// empty (the first shard's share of a plan list), so a one-shard step copies and allocates
+/// nothing.
+fn absorb<T>(into: &mut Vec<T>, from: &mut Vec<T>) {
     if into.is_empty() {
-        *into = from;
+        std::mem::swap(into, from);
     } else {
-        into.extend(from);
+        into.append(from);
     }
 }
