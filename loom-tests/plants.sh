@@ -105,15 +105,16 @@ for plant in "${plants[@]}"; do
     exit 2
   fi
   # One target dir for every plant: scripts/plant-rustc adds the plant's cfg to the
-  # workspace's own crates only (loom and the other dependencies build once), and touching
-  # the workspace's sources makes cargo rebuild them for each plant.
+  # workspace's own crates only (loom and the other dependencies build once), and cleaning
+  # those crates makes cargo build them afresh for each plant (the wrapper's flag is not in
+  # cargo's fingerprint, so touching the sources would trust what an interrupted run left).
   dir="target-loom/plants/shared"
   logs="target-loom/plants/$plant"
   mkdir -p "$dir" "$logs"
   flags="--cfg kvsched_loom -C debug-assertions"
   export KVSCHED_PLANT="$plant"
   export RUSTC_WRAPPER="$PWD/scripts/plant-rustc"
-  find crates loom-tests -name '*.rs' -exec touch {} +
+  cargo clean --quiet --release --target-dir "$dir" -p kvsched -p kvsched-loom-tests
   cargo_test=(cargo test -p kvsched-loom-tests --release --target-dir "$dir")
   echo "== plant $plant: building ($dir)"
   if ! RUSTFLAGS="$flags" "${cargo_test[@]}" --no-run --quiet >"$logs/build.log" 2>&1; then

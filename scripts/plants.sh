@@ -9,8 +9,9 @@
 #
 # Every plant builds in one target dir, target-plants/ (kept between runs): scripts/plant-rustc
 # adds the plant's cfg to the workspace's own crates only, so the dependencies build once,
-# and the workspace's sources are touched before each plant so cargo rebuilds them. Only the
-# test targets a plant names are built.
+# and the workspace's own crates are cleaned before each plant so cargo builds them afresh (a
+# wrapper's flags are not part of cargo's fingerprint: touching the sources instead trusts the
+# artifacts a run interrupted mid-build left). Only the test targets a plant names are built.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -163,7 +164,8 @@ for plant in "${plants[@]}"; do
   mkdir -p "$logs"
   export KVSCHED_PLANT="$plant"
   export RUSTC_WRAPPER="$PWD/scripts/plant-rustc"
-  find crates bindings -name '*.rs' -exec touch {} +
+  cargo clean --quiet --target-dir "$dir" -p kvsched -p kvsched-testkit -p kvsched-replay \
+    -p kvsched-cli
   echo "== plant $plant ($dir)"
   IFS=';' read -ra targets <<<"${TESTS[$plant]}"
   for t in "${targets[@]}"; do
