@@ -551,5 +551,23 @@ fn print_ratios(_: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, bench_load, bench_put, print_ratios);
+/// The chunk keys of a 2,048-token prompt in 16-token blocks (what a lookup derives for a
+/// prompt it has not seen), and in 64-token blocks (a Mamba group's).
+fn bench_keys(c: &mut Criterion) {
+    let mut group = c.benchmark_group("chunk_keys");
+    group
+        .measurement_time(Duration::from_secs(2))
+        .warm_up_time(Duration::from_secs(1));
+    let prompt: Vec<u32> = (0..2048u32)
+        .map(|t| t.wrapping_mul(2_654_435_761))
+        .collect();
+    for block in [16u64, 64] {
+        group.bench_function(BenchmarkId::new("chain_blocks", block), |b| {
+            b.iter(|| ChunkKey::chain_blocks(7, 0, block, black_box(&prompt), usize::MAX))
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_load, bench_put, bench_keys, print_ratios);
 criterion_main!(benches);

@@ -9,18 +9,38 @@ use std::fmt;
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct ChunkKey(pub u128);
 
+/// Bytes [`ChunkKey::chain`] hashes before a block's tokens: the parent, the tag, the group.
+const HEAD: usize = 16 + 8 + 4;
+
+/// The most tokens a block may hold for [`ChunkKey::chain`] to lay it out on the stack.
+const STACK_TOKENS: usize = 128;
+
 impl ChunkKey {
     /// The key of the block after `parent` (use [`ChunkKey::ROOT`] for block 0) holding
     /// `tokens`, in group `group`, under layout tag `tag`.
+    ///
+    /// The hash is XXH3-128 of the parent (16 bytes), the tag (8), the group (4) and the
+    /// tokens (4 each), all little-endian: stored chunks are found by it, so it never changes.
+    /// A block of up to 128 tokens is laid out on the stack (no allocation).
     pub fn chain(parent: ChunkKey, tag: u64, group: u32, tokens: &[u32]) -> ChunkKey {
-        let mut buf = Vec::with_capacity(16 + 8 + 4 + 4 * tokens.len());
-        buf.extend_from_slice(&parent.0.to_le_bytes());
-        buf.extend_from_slice(&tag.to_le_bytes());
-        buf.extend_from_slice(&group.to_le_bytes());
-        for t in tokens {
-            buf.extend_from_slice(&t.to_le_bytes());
+        let len = HEAD + 4 * tokens.len();
+        let mut stack = [0u8; HEAD + 4 * STACK_TOKENS];
+        let mut heap = Vec::new();
+        let buf: &mut [u8] = match stack.get_mut(..len) {
+            Some(b) => b,
+            None => {
+                heap.resize(len, 0);
+                &mut heap
+            }
+        };
+        let (head, body) = buf.split_at_mut(HEAD);
+        head[..16].copy_from_slice(&parent.0.to_le_bytes());
+        head[16..24].copy_from_slice(&tag.to_le_bytes());
+        head[24..].copy_from_slice(&group.to_le_bytes());
+        for (out, t) in body.chunks_exact_mut(4).zip(tokens) {
+            out.copy_from_slice(&t.to_le_bytes());
         }
-        ChunkKey(xxhash_rust::xxh3::xxh3_128(&buf))
+        ChunkKey(xxhash_rust::xxh3::xxh3_128(buf))
     }
 
     /// The keys of the first `blocks` full blocks of `tokens` in a group of `block_size`
@@ -72,7 +92,7 @@ impl fmt::Display for ChunkKey {
 
 #[cfg(test)]
 mod tests {
-    use super::ChunkKey;
+    use super::{ChunkKey, STACK_TOKENS};
 
     #[test]
     fn chain_depends_on_every_input() {
@@ -83,5 +103,49 @@ mod tests {
         assert_ne!(k, ChunkKey::chain(ChunkKey(1), 7, 0, &[1, 2, 3]));
         assert_eq!(k, ChunkKey::chain(ChunkKey::ROOT, 7, 0, &[1, 2, 3]));
         assert_eq!(ChunkKey::from_bytes(k.to_bytes()), k);
+    }
+
+    /// The bytes a key hashes, laid out the plain way: stored chunks are found by their keys,
+    /// so the layout must not change whatever the block's size (on the stack or not).
+    #[test]
+    fn chain_hashes_parent_tag_group_and_tokens_little_endian() {
+        const PINNED: u128 = 0xd41f_f85d_c345_83cd_21d2_e95f_a0f3_2b10;
+        let reference = |parent: ChunkKey, tag: u64, group: u32, tokens: &[u32]| {
+            let mut buf = Vec::new();
+            buf.extend_from_slice(&parent.0.to_le_bytes());
+            buf.extend_from_slice(&tag.to_le_bytes());
+            buf.extend_from_slice(&group.to_le_bytes());
+            for t in tokens {
+                buf.extend_from_slice(&t.to_le_bytes());
+            }
+            ChunkKey(xxhash_rust::xxh3::xxh3_128(&buf))
+        };
+        let tokens: Vec<u32> = (0..600u32).map(|t| t.wrapping_mul(2_654_435_761)).collect();
+        let parent = ChunkKey(0x0123_4567_89ab_cdef_fedc_ba98_7654_3210);
+        for n in [
+            0,
+            1,
+            15,
+            16,
+            64,
+            STACK_TOKENS - 1,
+            STACK_TOKENS,
+            STACK_TOKENS + 1,
+            512,
+            600,
+        ] {
+            assert_eq!(
+                ChunkKey::chain(parent, 0xdead_beef, 3, &tokens[..n]),
+                reference(parent, 0xdead_beef, 3, &tokens[..n]),
+                "a block of {n} tokens"
+            );
+        }
+        // One key pinned: a change of layout or hash shows here even if both sides change.
+        assert_eq!(
+            ChunkKey::chain(ChunkKey::ROOT, 7, 0, &[1, 2, 3]).0,
+            PINNED,
+            "{:#x}",
+            ChunkKey::chain(ChunkKey::ROOT, 7, 0, &[1, 2, 3]).0
+        );
     }
 }
