@@ -89,6 +89,7 @@ fn a_chunk_saved_by_one_engine_is_loaded_and_verified_by_another() {
         request: "r",
         prompt: &p,
         local_tokens: 0,
+        prepared: None,
     };
     assert_eq!(b.lookup(q).external_tokens, 0, "B's index starts empty");
     b.flush(); // the background probe

@@ -243,6 +243,7 @@ fn a_fresh_connector_on_the_same_disk_directory_loads_what_the_last_one_saved() 
         request: "fresh",
         prompt: &prompt,
         local_tokens: 0,
+        prepared: None,
     };
     assert_eq!(conn.lookup(query).external_tokens, 0, "nothing known yet");
     conn.flush();

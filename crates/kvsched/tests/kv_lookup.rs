@@ -32,13 +32,25 @@ fn store(c: &TierConnector, prompt: &[u32], group: usize, blocks: usize, bytes: 
     }
 }
 
+/// The offer for `prompt` past `local`, the same whether the lookup derives the prompt's
+/// chunk keys itself or takes those the connector prepared at submit.
 fn offer(c: &TierConnector, prompt: &[u32], local: u64) -> u64 {
-    c.lookup(LookupQuery {
+    let query = |prepared| LookupQuery {
         request: "r",
         prompt,
         local_tokens: local,
-    })
-    .external_tokens
+        prepared,
+    };
+    let fresh = c.lookup(query(None));
+    let keys = c
+        .prepare("r", prompt)
+        .expect("the tier connector prepares chunk keys");
+    assert_eq!(
+        c.lookup(query(Some(&*keys))),
+        fresh,
+        "a prepared lookup differs from a fresh one"
+    );
+    fresh.external_tokens
 }
 
 #[test]

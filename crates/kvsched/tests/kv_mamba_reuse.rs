@@ -110,6 +110,7 @@ impl Engine {
             request: "probe",
             prompt,
             local_tokens: 0,
+            prepared: None,
         };
         assert_eq!(
             self.conn.lookup(query).external_tokens,

@@ -35,6 +35,7 @@ fn offer(c: &TierConnector, prompt: &[u32]) -> u64 {
         request: "r",
         prompt,
         local_tokens: 0,
+        prepared: None,
     })
     .external_tokens
 }

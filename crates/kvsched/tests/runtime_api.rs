@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvsched::connector::{KvConnector, LoadJob, LoadResult, LookupQuery, LookupResult};
+use kvsched::connector::{KvConnector, LoadJob, LoadResult, LookupQuery, LookupResult, Prepared};
 
 use kvsched::rules::geometry::{CacheGroup, MambaMode};
 use kvsched::BlockRef;
@@ -170,6 +170,75 @@ fn a_request_runs_to_completion_and_its_id_can_be_reused() {
     let report = rt.shutdown();
     assert_eq!(report.metrics.submitted, 2);
     assert!(report.violations.is_empty());
+}
+
+/// A connector that prepares each prompt's length at submit (and panics for one request),
+/// and records what each lookup was handed.
+#[derive(Default)]
+struct Preparing {
+    prepares: std::sync::atomic::AtomicUsize,
+    seen: std::sync::Mutex<Vec<(String, Option<usize>)>>,
+}
+
+impl KvConnector for Preparing {
+    fn prepare(&self, request: &str, prompt: &[u32]) -> Option<Prepared> {
+        self.prepares
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        assert_ne!(request, "boom", "a connector bug in prepare");
+        Some(Arc::new(prompt.len()))
+    }
+    fn lookup(&self, q: LookupQuery<'_>) -> LookupResult {
+        let got = q.prepared.and_then(|p| p.downcast_ref::<usize>()).copied();
+        if let Ok(mut seen) = self.seen.lock() {
+            seen.push((q.request.to_owned(), got));
+        }
+        LookupResult::default()
+    }
+    fn load(&self, _: &LoadJob) -> LoadResult {
+        LoadResult::Ok
+    }
+}
+
+#[test]
+fn what_a_connector_prepares_at_submit_reaches_the_lookup_of_that_request() {
+    let conn = Arc::new(Preparing::default());
+    let mut rt = Runtime::builder()
+        .shards(2)
+        .connector(conn.clone())
+        .build()
+        .unwrap();
+    for (id, len) in [("a", 40), ("b", 57), ("boom", 33)] {
+        rt.submit(req(id, len)).unwrap();
+    }
+    // On the submitting thread, before any step: one prepare a request.
+    assert_eq!(conn.prepares.load(std::sync::atomic::Ordering::Relaxed), 3);
+    let (mut out, mut engine, mut ended) = (StepOutput::default(), SimEngine::default(), 0);
+    for _ in 0..20 {
+        rt.update(std::mem::take(&mut out));
+        let plan = rt.schedule().expect("step");
+        out = engine.step(&plan);
+        ended += plan.ended.len();
+    }
+    assert_eq!(
+        ended, 3,
+        "every request ends, the one whose prepare panicked too"
+    );
+    assert_eq!(conn.prepares.load(std::sync::atomic::Ordering::Relaxed), 3);
+    let mut seen = conn.seen.lock().map(|s| s.clone()).unwrap_or_default();
+    seen.sort();
+    assert_eq!(
+        seen,
+        [
+            ("a".to_owned(), Some(40)),
+            ("b".to_owned(), Some(57)),
+            ("boom".to_owned(), None)
+        ],
+        "each request's lookup gets what was prepared for it"
+    );
+    let report = rt.shutdown();
+    assert_eq!(report.metrics.connector_panics, 1, "the panic in prepare");
+    assert_eq!(report.metrics.finished, 3);
+    assert!(report.violations.is_empty(), "{:?}", report.violations);
 }
 
 /// A connector whose loads never finish until released, to hold loads in flight.

@@ -76,7 +76,7 @@ impl MutexScheduler {
         let key = RequestKey::new(false, req.priority, s.seq);
         s.seq += 1;
         s.metrics.submitted += 1;
-        let new = NewRequest::new(&s.cx.geo, req, id, key);
+        let new = NewRequest::new(&s.cx.geo, req, id, key).prepared_by(s.cx.connector.as_ref());
         s.inbox.push(Command::Submit(Box::new(new)));
         Ok(())
     }

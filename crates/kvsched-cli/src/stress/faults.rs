@@ -13,7 +13,7 @@ use crossbeam_queue::SegQueue;
 use serde::Serialize;
 
 use super::config::{StressConfig, HANG_DEADLINES};
-use kvsched::connector::{KvConnector, LoadJob, LoadResult, LookupQuery, LookupResult};
+use kvsched::connector::{KvConnector, LoadJob, LoadResult, LookupQuery, LookupResult, Prepared};
 use kvsched::kv::TierConnector;
 use kvsched_testkit::hash_str;
 use kvsched_testkit::{SimulatedPanic, SplitMix64};
@@ -214,6 +214,10 @@ pub(super) fn bound_deadline(job: &mut LoadJob, end: Instant) {
 }
 
 impl KvConnector for FaultConnector {
+    fn prepare(&self, request: &str, prompt: &[u32]) -> Option<Prepared> {
+        self.inner.prepare(request, prompt)
+    }
+
     fn lookup(&self, q: LookupQuery<'_>) -> LookupResult {
         let r = self.inner.lookup(q);
         if self.record_offers && r.load_async && r.external_tokens > 0 {

@@ -14,6 +14,10 @@ mod cancel;
 
 pub use cancel::CancelToken;
 
+/// What a connector derived from a request's prompt when the request was submitted
+/// ([`KvConnector::prepare`]), handed back to its lookups ([`LookupQuery::prepared`]).
+pub type Prepared = std::sync::Arc<dyn std::any::Any + Send + Sync>;
+
 /// What the scheduler asks at admission.
 #[derive(Clone, Copy, Debug)]
 pub struct LookupQuery<'a> {
@@ -23,6 +27,10 @@ pub struct LookupQuery<'a> {
     pub prompt: &'a [u32],
     /// Leading tokens already available from the local prefix cache.
     pub local_tokens: u64,
+    /// What [`KvConnector::prepare`] returned for this request's prompt, until the request
+    /// is first admitted (`None` for a prompt it prepared nothing for, and for a request
+    /// looked up again after a restart: a lookup must not depend on it being there).
+    pub prepared: Option<&'a (dyn std::any::Any + Send + Sync)>,
 }
 
 /// The connector's answer at admission.
@@ -200,6 +208,16 @@ impl LoadResult {
 pub trait KvConnector: Send + Sync + 'static {
     /// How many tokens past the local hit the store can supply, and whether asynchronously.
     fn lookup(&self, query: LookupQuery<'_>) -> LookupResult;
+    /// Work on a request's prompt that every lookup of it would repeat (the keys its chunks
+    /// are stored under, say), done once when the request is submitted, on the submitting
+    /// thread, so that no step pays for it. The runtime hands the result to the request's
+    /// lookups until it is admitted ([`LookupQuery::prepared`]). A panic here is caught and
+    /// counted in `Metrics::connector_panics`, and the request goes on unprepared. The
+    /// default prepares nothing.
+    fn prepare(&self, request: &str, prompt: &[u32]) -> Option<Prepared> {
+        let _ = (request, prompt);
+        None
+    }
     /// Performs one load. A panic here is caught by the worker and reported as a failure of
     /// every block of the load.
     fn load(&self, job: &LoadJob) -> LoadResult;

@@ -21,7 +21,7 @@ mod held_prefix;
 #[path = "tier_load.rs"]
 mod load;
 use crate::connector::{
-    InvalidBlocks, KvConnector, LoadJob, LoadResult, LookupQuery, LookupResult,
+    InvalidBlocks, KvConnector, LoadJob, LoadResult, LookupQuery, LookupResult, Prepared,
 };
 use crate::pool::BlockRef;
 use crate::rng::{hash_str, unit_of};
@@ -451,8 +451,8 @@ impl TierConnector {
     /// calls when a request arrives, submitting it once ready (or after a bound of its own).
     /// Never waits for the tier; without `probe_on_miss` it asks nothing.
     pub fn prefetch(&self, prompt: &[u32]) -> Prefetch {
-        let limit = (prompt.len() as u64).saturating_sub(1) / self.s * self.s;
-        let (_, runs) = self.held_prefix(prompt, 0, limit);
+        let limit = self.lookup_limit(prompt.len());
+        let (_, runs) = self.held_prefix(prompt, None, 0, limit);
         if !self.cfg.probe_on_miss || runs.is_empty() {
             return Prefetch::default();
         }
@@ -516,15 +516,21 @@ impl TierConnector {
 }
 
 impl KvConnector for TierConnector {
+    /// The prompt's chunk keys: the lookups of the request then derive none.
+    fn prepare(&self, _request: &str, prompt: &[u32]) -> Option<Prepared> {
+        Some(std::sync::Arc::new(self.prompt_keys(prompt)))
+    }
+
     fn lookup(&self, q: LookupQuery<'_>) -> LookupResult {
         bump(&self.counters.lookups, 1);
-        let s = self.s;
-        // Never the whole prompt: its last token is computed to sample from it.
-        let limit = (q.prompt.len() as u64).saturating_sub(1) / s * s;
+        let limit = self.lookup_limit(q.prompt.len());
         if limit <= q.local_tokens {
             return LookupResult::default();
         }
-        let (offer, runs) = self.held_prefix(q.prompt, q.local_tokens, limit);
+        let prepared = q
+            .prepared
+            .and_then(|p| p.downcast_ref::<held_prefix::PromptKeys>());
+        let (offer, runs) = self.held_prefix(q.prompt, prepared, q.local_tokens, limit);
         if offer <= q.local_tokens {
             if self.cfg.probe_on_miss && !runs.is_empty() {
                 let _ = self.prober.offer(runs, false);

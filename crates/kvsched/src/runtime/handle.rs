@@ -80,11 +80,9 @@ impl Inner {
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         self.submitted.fetch_add(1, Ordering::Relaxed);
         let key = RequestKey::new(false, req.priority, seq);
-        self.shards[i]
-            .inbox
-            .push(Command::Submit(Box::new(NewRequest::new(
-                &self.geo, req, id, key,
-            ))));
+        self.shards[i].inbox.push(Command::Submit(Box::new(
+            NewRequest::new(&self.geo, req, id, key).prepared_by(self.connector.as_ref()),
+        )));
         Ok(())
     }
 

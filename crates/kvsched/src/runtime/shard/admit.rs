@@ -150,6 +150,9 @@ impl<S: Strategy> Shard<S> {
         if !Self::allocate_prompt(env, r, seq, (local, ext_end), got, &mut self.index, fresh) {
             return Admitted::PoolFull;
         }
+        // Admitted: what the connector prepared for its lookups is not kept (a restart looks
+        // the request up unprepared).
+        r.prepared = None;
         r.branch = branch_point(geo, ext_end, cached);
         // The local prefix is written (it is in the prefix cache); the external range is
         // not until its load lands or the step that carries it is answered.
@@ -236,6 +239,7 @@ impl<S: Strategy> Shard<S> {
             request: &r.id,
             prompt: &r.prompt,
             local_tokens: local,
+            prepared: r.prepared.as_deref(),
         };
         // A connector that panics in `lookup` offers nothing: the request recomputes locally
         // and the panic is counted; the step goes on. (Planted bug `lookup-uncaught` lets

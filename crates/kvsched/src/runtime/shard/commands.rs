@@ -11,6 +11,9 @@ impl<S: Strategy> Shard<S> {
     pub(super) fn apply_command(&mut self, env: &Env<'_, S>, cmd: Command) {
         match cmd {
             Command::Submit(n) => {
+                if n.prepare_panicked {
+                    self.result.counters.connector_panics += 1;
+                }
                 let seq = n.key.seq();
                 let req = Req::new(env.geo, *n);
                 self.by_id.insert(req.id.clone(), seq);

@@ -4,7 +4,7 @@
 use std::sync::Arc as StdArc;
 use std::time::{Duration, Instant};
 
-use crate::connector::{CancelToken, LoadJob};
+use crate::connector::{CancelToken, KvConnector, LoadJob, Prepared};
 use crate::pool::{BlockHash, BlockRef, Generation};
 use crate::rules::geometry::{BlockId, Geometry};
 use crate::rules::recovery::{RequestClass, RequestView};
@@ -31,6 +31,10 @@ pub struct NewRequest {
     /// Per group: chained hashes of the prompt's full blocks (`prompt_hashes`), computed
     /// by the submitting thread so the step that takes the request does not hash it.
     pub hashes: Vec<Vec<BlockHash>>,
+    /// What the connector prepared from the prompt at submit ([`NewRequest::prepared_by`]).
+    pub prepared: Option<Prepared>,
+    /// The connector panicked preparing it (counted when the request reaches its shard).
+    pub prepare_panicked: bool,
 }
 
 /// Per group: the chained hashes of `prompt`'s full blocks — computed once per request, at
@@ -95,7 +99,23 @@ impl NewRequest {
             submitted_at: Instant::now(),
             load_deadline: req.load_deadline,
             hashes,
+            prepared: None,
+            prepare_panicked: false,
         }
+    }
+
+    /// The request with what `connector` prepares from its prompt
+    /// ([`KvConnector::prepare`]), run here, on the submitting thread. A panic there leaves
+    /// it unprepared and is counted.
+    pub fn prepared_by(mut self, connector: &dyn KvConnector) -> NewRequest {
+        let (id, prompt) = (&*self.id, &*self.prompt);
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            connector.prepare(id, prompt)
+        })) {
+            Ok(p) => self.prepared = p,
+            Err(_) => self.prepare_panicked = true,
+        }
+        self
     }
 }
 
@@ -133,6 +153,8 @@ pub(super) struct Req {
     pub(super) generated: u32,
     /// Per group: chained hashes of the prompt's full blocks.
     pub(super) hashes: Vec<Vec<BlockHash>>,
+    /// What the connector prepared at submit, for lookups until the request is admitted.
+    pub(super) prepared: Option<Prepared>,
     pub(super) tables: Vec<Vec<BlockId>>,
     pub(super) gens: Vec<Vec<Generation>>,
     /// Per group: entries below this index are registered in the prefix cache (or null).
@@ -208,6 +230,7 @@ impl Req {
             max_new_tokens: n.max_new_tokens,
             generated: 0,
             hashes,
+            prepared: n.prepared,
             tables: vec![Vec::new(); groups.len()],
             gens: vec![Vec::new(); groups.len()],
             registered: vec![0; groups.len()],
