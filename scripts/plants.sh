@@ -142,13 +142,19 @@ declare -A TESTS=(
   # runtime/quarantine.rs: a new deadline is not counted, so the lock-free check (count 0)
   # lets a quarantined prefix load again.
   [quarantine-deadline-uncounted]="kvsched --lib runtime::quarantine"
+  # kv/held_prefix.rs: the chunk keys prepared at submit are group 0's for every group, so a
+  # hybrid prompt's prepared lookup offers what a fresh one would not.
+  [prompt-keys-one-group]="kvsched --test kv_lookup"
+  # runtime/handle.rs: submit runs the connector's prepare under the read lock of `open`, so
+  # shutdown waits for a slow one.
+  [prepare-under-open-lock]="kvsched --test runtime_api"
 )
 ORDER=(decide-early claim-store late-leak deadline-compact-in-flight load-queue-unbounded panic-ok trust-stale end-while-loading no-cross-shard-preempt lookup-uncaught shard-panic-escapes
   mamba-align-cache-unwritten saver-flush-early register-unwritten reoffer-unwritten park-unstarted baseline-no-second-chance holder-release-unrecorded unaligned-chunks prompt-end-state-uncached
   branch-state-uncached mamba-state-one-block-late mamba-state-into-null tier-present-after-failed-load scan-one-group-less load-unverified save-payload-offset epoch-not-bumped-on-whole-block-write failed-copy-left-unpoisoned load-pieces-drop-tail vector-store-skips-round
   probe-hits-unindexed vllm-admits-before-schedule cost-ignores-failures pack-offset-past-table failure-share-read-per-token
   handoff-count-after-release inbox-apply-under-lock merge-larger-first probe-offer-never-wakes allocatable-release-uncounted
-  quarantine-deadline-uncounted)
+  quarantine-deadline-uncounted prompt-keys-one-group prepare-under-open-lock)
 
 if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi
 

@@ -241,6 +241,63 @@ fn what_a_connector_prepares_at_submit_reaches_the_lookup_of_that_request() {
     assert!(report.violations.is_empty(), "{:?}", report.violations);
 }
 
+/// A connector whose `prepare` waits until released.
+#[derive(Default)]
+struct SlowPrepare {
+    entered: std::sync::atomic::AtomicBool,
+    release: std::sync::atomic::AtomicBool,
+}
+
+impl KvConnector for SlowPrepare {
+    fn prepare(&self, _: &str, _: &[u32]) -> Option<Prepared> {
+        use std::sync::atomic::Ordering::{Acquire, Release};
+        self.entered.store(true, Release);
+        while !self.release.load(Acquire) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        None
+    }
+    fn lookup(&self, _: LookupQuery<'_>) -> LookupResult {
+        LookupResult::default()
+    }
+    fn load(&self, _: &LoadJob) -> LoadResult {
+        LoadResult::Ok
+    }
+}
+
+#[test]
+fn a_slow_prepare_delays_its_own_submit_and_never_shutdown() {
+    use std::sync::atomic::Ordering::{Acquire, Release};
+    let conn = Arc::new(SlowPrepare::default());
+    let rt = Runtime::builder().connector(conn.clone()).build().unwrap();
+    let handle = rt.handle();
+    let submitter = std::thread::spawn(move || handle.submit(req("slow", 40)));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !conn.entered.load(Acquire) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(
+        conn.entered.load(Acquire),
+        "the submit never reached prepare"
+    );
+    // Shutdown while the submit is inside `prepare`: it must not wait for it.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let closer = std::thread::spawn(move || {
+        let _ = tx.send(rt.shutdown());
+    });
+    let report = rx.recv_timeout(Duration::from_secs(3));
+    conn.release.store(true, Release);
+    let report = report.expect("shutdown waited for a connector's prepare");
+    assert!(report.violations.is_empty(), "{:?}", report.violations);
+    // The submit, let go after shutdown, is refused: nothing is queued for no step.
+    let submitted = submitter.join().expect("submitter");
+    assert!(
+        matches!(submitted, Err(RuntimeError::ShutDown)),
+        "{submitted:?}"
+    );
+    closer.join().expect("closer");
+}
+
 /// A connector whose loads never finish until released, to hold loads in flight.
 struct Gate {
     open: std::sync::atomic::AtomicBool,

@@ -9,10 +9,11 @@ use std::time::Duration;
 use super::config::BaselineConfig;
 use super::state::State;
 use super::workers::Workers;
+use kvsched::connector::KvConnector;
 use kvsched::rules::geometry::{Geometry, DEFAULT_NULL_BLOCK};
 use kvsched::runtime::claim::RequestKey;
 use kvsched::runtime::shard::strategy::Pool;
-use kvsched::runtime::shard::{Command, NewRequest};
+use kvsched::runtime::shard::{Command, NewRequest, PreparedPrompt};
 use kvsched::runtime::worker::Completion;
 use kvsched::runtime::{Metrics, Report, RuntimeError, StepOutput, StepPlan, SubmitRequest};
 use kvsched::sync::Mutex;
@@ -20,6 +21,8 @@ use kvsched::sync::Mutex;
 /// The baseline scheduler. See the module docs.
 pub struct MutexScheduler {
     state: Mutex<State>,
+    /// The connector, reached without the lock by `submit` (its `prepare`).
+    connector: StdArc<dyn KvConnector>,
     completions: Mutex<mpsc::Receiver<Completion>>,
     workers: Workers,
 }
@@ -55,6 +58,7 @@ impl MutexScheduler {
         }
         let (workers, done_rx) = Workers::start(cfg.workers, &cfg.connector)?;
         Ok(MutexScheduler {
+            connector: cfg.connector.clone(),
             state: Mutex::new(State::new(geo, cfg)),
             completions: Mutex::new(done_rx),
             workers,
@@ -64,6 +68,8 @@ impl MutexScheduler {
     /// Queues a request; it is admitted at a following step. The runtime's checks: an id, a
     /// prompt, a length the pool can ever hold, an id not live, a scheduler not shut down.
     pub fn submit(&self, req: SubmitRequest) -> Result<(), RuntimeError> {
+        // The connector's work on the prompt, before the lock (as the runtime does it).
+        let prepared = PreparedPrompt::by(self.connector.as_ref(), &req.id, &req.prompt);
         let mut s = self.state.lock();
         if s.shut {
             return Err(RuntimeError::ShutDown);
@@ -76,7 +82,7 @@ impl MutexScheduler {
         let key = RequestKey::new(false, req.priority, s.seq);
         s.seq += 1;
         s.metrics.submitted += 1;
-        let new = NewRequest::new(&s.cx.geo, req, id, key).prepared_by(s.cx.connector.as_ref());
+        let new = NewRequest::new(&s.cx.geo, req, id, key).with_prepared(prepared);
         s.inbox.push(Command::Submit(Box::new(new)));
         Ok(())
     }

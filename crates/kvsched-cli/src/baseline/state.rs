@@ -37,7 +37,7 @@ impl Strategy for Locked {
 pub(super) struct Context {
     pub(super) geo: Geometry,
     pub(super) settings: StepSettings,
-    pub(super) connector: StdArc<dyn KvConnector>,
+    connector: StdArc<dyn KvConnector>,
     pub(super) blocks: Blocks,
     pub(super) claims: ClaimWords,
     /// Never quarantines (the baseline runs without quarantine), but the shard consults it.

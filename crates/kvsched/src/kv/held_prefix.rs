@@ -29,6 +29,12 @@ impl TierConnector {
         let keys = (0..self.cfg.groups.len())
             .map(|g| {
                 let b = self.cfg.groups[g].block_size.max(1);
+                // Planted bug (scripts/plants.sh): every group's keys are group 0's.
+                let g = if planted!("prompt-keys-one-group") {
+                    0
+                } else {
+                    g
+                };
                 self.keys(g, prompt, (limit / b) as usize)
             })
             .collect();

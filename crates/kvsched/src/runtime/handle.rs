@@ -10,7 +10,7 @@ use crate::runtime::error::RuntimeError;
 use crate::runtime::settings::Settings;
 #[cfg(doc)]
 use crate::runtime::shard::Metrics;
-use crate::runtime::shard::{Command, NewRequest};
+use crate::runtime::shard::{Command, NewRequest, PreparedPrompt};
 use crate::runtime::shared::Inner;
 use crate::runtime::step::Runtime;
 use crate::sync::{Arc, Ordering};
@@ -65,13 +65,23 @@ impl Handle {
 }
 
 impl Inner {
-    /// Queues a request (under the read lock of `open`, so shutdown cannot miss it).
+    /// Queues a request (under the read lock of `open`, so shutdown cannot miss it). The
+    /// connector prepares the prompt before that lock is taken: a slow `prepare` delays this
+    /// submit only, never shutdown.
     pub(super) fn submit(&self, req: SubmitRequest) -> Result<(), RuntimeError> {
+        if !*self.open.read() {
+            return Err(RuntimeError::ShutDown);
+        }
+        NewRequest::check(&self.geo, self.pool.num_blocks(), &req)?;
+        // Planted bug (scripts/plants.sh): the connector prepares under the read lock of
+        // `open`, so shutdown waits for a slow `prepare`.
+        let held = planted!("prepare-under-open-lock").then(|| self.open.read());
+        let prepared = PreparedPrompt::by(self.connector.as_ref(), &req.id, &req.prompt);
+        drop(held);
         let open = self.open.read();
         if !*open {
             return Err(RuntimeError::ShutDown);
         }
-        NewRequest::check(&self.geo, self.pool.num_blocks(), &req)?;
         let i = self.shard_of(&req.id);
         let id: StdArc<str> = req.id.as_str().into();
         if !self.shards[i].ids.lock().insert(id.clone()) {
@@ -81,7 +91,7 @@ impl Inner {
         self.submitted.fetch_add(1, Ordering::Relaxed);
         let key = RequestKey::new(false, req.priority, seq);
         self.shards[i].inbox.push(Command::Submit(Box::new(
-            NewRequest::new(&self.geo, req, id, key).prepared_by(self.connector.as_ref()),
+            NewRequest::new(&self.geo, req, id, key).with_prepared(prepared),
         )));
         Ok(())
     }

@@ -11,7 +11,7 @@ impl<S: Strategy> Shard<S> {
     pub(super) fn apply_command(&mut self, env: &Env<'_, S>, cmd: Command) {
         match cmd {
             Command::Submit(n) => {
-                if n.prepare_panicked {
+                if n.prepared.panicked {
                     self.result.counters.connector_panics += 1;
                 }
                 let seq = n.key.seq();

@@ -62,7 +62,7 @@ pub mod strategy;
 use deadlines::Deadlines;
 use holders::HolderIndex;
 pub use metrics::Metrics;
-pub use request::{Command, NewRequest};
+pub use request::{Command, NewRequest, PreparedPrompt};
 use request::{Phase, Req};
 pub use scheduled::{BlockTable, EndState, RecoveredRequest, ScannedRequest, ScheduledRequest};
 use strategy::{Claims, LockFree, Strategy};

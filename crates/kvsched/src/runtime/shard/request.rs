@@ -31,10 +31,36 @@ pub struct NewRequest {
     /// Per group: chained hashes of the prompt's full blocks (`prompt_hashes`), computed
     /// by the submitting thread so the step that takes the request does not hash it.
     pub hashes: Vec<Vec<BlockHash>>,
-    /// What the connector prepared from the prompt at submit ([`NewRequest::prepared_by`]).
-    pub prepared: Option<Prepared>,
-    /// The connector panicked preparing it (counted when the request reaches its shard).
-    pub prepare_panicked: bool,
+    /// What the connector prepared from the prompt at submit.
+    pub prepared: PreparedPrompt,
+}
+
+/// What a connector prepared from a request's prompt at submit ([`KvConnector::prepare`]).
+#[derive(Clone, Debug, Default)]
+pub struct PreparedPrompt {
+    /// What `prepare` returned.
+    pub value: Option<Prepared>,
+    /// `prepare` panicked (counted when the request reaches its shard; `value` is `None`).
+    pub panicked: bool,
+}
+
+impl PreparedPrompt {
+    /// Runs `connector.prepare` on request `id`'s `prompt`, here, on the calling thread,
+    /// catching a panic. The caller holds no lock: a slow connector delays only this call.
+    pub fn by(connector: &dyn KvConnector, id: &str, prompt: &[u32]) -> PreparedPrompt {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            connector.prepare(id, prompt)
+        })) {
+            Ok(value) => PreparedPrompt {
+                value,
+                panicked: false,
+            },
+            Err(_) => PreparedPrompt {
+                value: None,
+                panicked: true,
+            },
+        }
+    }
 }
 
 /// Per group: the chained hashes of `prompt`'s full blocks — computed once per request, at
@@ -99,22 +125,13 @@ impl NewRequest {
             submitted_at: Instant::now(),
             load_deadline: req.load_deadline,
             hashes,
-            prepared: None,
-            prepare_panicked: false,
+            prepared: PreparedPrompt::default(),
         }
     }
 
-    /// The request with what `connector` prepares from its prompt
-    /// ([`KvConnector::prepare`]), run here, on the submitting thread. A panic there leaves
-    /// it unprepared and is counted.
-    pub fn prepared_by(mut self, connector: &dyn KvConnector) -> NewRequest {
-        let (id, prompt) = (&*self.id, &*self.prompt);
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            connector.prepare(id, prompt)
-        })) {
-            Ok(p) => self.prepared = p,
-            Err(_) => self.prepare_panicked = true,
-        }
+    /// The request with what the connector prepared from its prompt.
+    pub fn with_prepared(mut self, prepared: PreparedPrompt) -> NewRequest {
+        self.prepared = prepared;
         self
     }
 }
@@ -230,7 +247,7 @@ impl Req {
             max_new_tokens: n.max_new_tokens,
             generated: 0,
             hashes,
-            prepared: n.prepared,
+            prepared: n.prepared.value,
             tables: vec![Vec::new(); groups.len()],
             gens: vec![Vec::new(); groups.len()],
             registered: vec![0; groups.len()],
