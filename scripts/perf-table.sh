@@ -9,13 +9,14 @@
 #   PLOT=docs/stress-example.svg scripts/perf-table.sh   # also plot the live4k-fail row
 #
 # Rows: open (the defaults: 2,000/s open loop), open-off (--verify off), open-1 (--verify off
-# --shards 1), live256, live1k, live4k, live16k, live64k (--rate max --live N --verify off),
-# live4k-fail (--rate max --live 4096 --requests 30000, verify on).
+# --shards 1), live256, live1k, live4k, live16k, live64k (--rate max --live N --verify off;
+# 16k and 64k with 80,000 requests, so that a run is mostly at its live count, not ramping up
+# to it and draining), live4k-fail (--rate max --live 4096 --requests 30000, verify on).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 repeat="${REPEAT:-3}"
-rows=(${ROWS:-open open-off open-1 live256 live1k live4k live16k live4k-fail})
+rows=(${ROWS:-open open-off open-1 live256 live1k live4k live16k live64k live4k-fail})
 
 cargo build --release --quiet -p kvsched-cli
 bin="${CARGO_TARGET_DIR:-target}/release/kvsched"
@@ -30,7 +31,7 @@ args_of() {
     live256) echo "--rate max --live 256 --verify off" ;;
     live1k) echo "--rate max --live 1024 --verify off" ;;
     live4k) echo "--rate max --live 4096 --verify off" ;;
-    live16k) echo "--rate max --live 16384 --verify off" ;;
+    live16k) echo "--rate max --live 16384 --requests 80000 --verify off" ;;
     live64k) echo "--rate max --live 65536 --requests 80000 --verify off" ;;
     live4k-fail) echo "--rate max --live 4096 --requests 30000 --failure-rate 0.01" ;;
     *) echo "unknown row $1" >&2; exit 2 ;;
