@@ -67,8 +67,7 @@ impl TierConnector {
     /// every group's chunks are in the index — every chunk below it for the groups that need
     /// them all, the state at its end for Mamba `align` groups — and the keys a probe should
     /// ask about: per group the keys past its run, and the states the index lacks
-    /// past the offer.
-    /// The keys come from `prepared` when it holds them.
+    /// past the offer. The keys come from `prepared` when it holds them.
     pub(super) fn held_prefix(
         &self,
         prompt: &[u32],
