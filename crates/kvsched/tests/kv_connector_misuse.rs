@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use kvsched::connector::{CancelToken, InvalidBlocks, KvConnector, LoadJob, LoadResult};
 use kvsched::kv::{
-    ChunkKey, HostKvMemory, KvLayout, KvMemory, MemoryTier, Tier, TierConnector,
+    ChunkKey, HostKvMemory, KvLayout, KvMemory, MemoryTier, SaveBackoff, Tier, TierConnector,
     TierConnectorConfig, TierError,
 };
 use kvsched::{BlockRef, CacheGroup};
@@ -139,5 +139,39 @@ fn a_save_batch_of_zero_is_a_config_error_naming_it() {
         Ok(_) => panic!("a batch of 0 accepted"),
     }
     let cfg = one_group().with_save_batch(1);
+    assert!(TierConnector::new(Arc::new(MemoryTier::new(1 << 20, 1)), memory, cfg).is_ok());
+}
+
+#[test]
+fn a_wait_too_long_to_add_to_an_instant_is_a_config_error_naming_it() {
+    let layout = KvLayout::for_groups(&one_group().groups, 8, 8).expect("layout");
+    let memory: Arc<dyn KvMemory> = Arc::new(HostKvMemory::new(layout, 4).expect("memory"));
+    let day = Duration::from_secs(86_400);
+    let backoff = |pause, max_pause| SaveBackoff {
+        after_failed_batches: 3,
+        pause,
+        max_pause,
+    };
+    let cases = [
+        ("drop_timeout", one_group().with_drop_timeout(Duration::MAX)),
+        (
+            "save_backoff.pause",
+            one_group().with_save_backoff(backoff(Duration::MAX, Duration::MAX)),
+        ),
+        (
+            "save_backoff.max_pause",
+            one_group().with_save_backoff(backoff(Duration::from_secs(1), day * 2)),
+        ),
+    ];
+    for (field, cfg) in cases {
+        match TierConnector::new(Arc::new(MemoryTier::new(1 << 20, 1)), memory.clone(), cfg) {
+            Err(e) => assert!(e.to_string().contains(field), "{field}: {e}"),
+            Ok(_) => panic!("{field}: accepted"),
+        }
+    }
+    // A day is accepted.
+    let cfg = one_group()
+        .with_drop_timeout(day)
+        .with_save_backoff(backoff(day, day));
     assert!(TierConnector::new(Arc::new(MemoryTier::new(1 << 20, 1)), memory, cfg).is_ok());
 }

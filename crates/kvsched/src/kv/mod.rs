@@ -16,7 +16,7 @@
 //! * `tier_connector` — [`TierConnector`], the connector joining a tier to KV memory:
 //!   lookups from a local index (`key_index`), verified loads (`tier_load`) through reused
 //!   chunk buffers (`buffers`), write-behind saves (`saver`), background existence checks
-//!   of keys the index does not know (`prober`);
+//!   of keys the index does not know (`prober`); its settings in `tier_config`;
 //! * `redis` (feature `redis`) — a tier on a Redis server or Redis Cluster.
 //!
 //! Each tier can rewrite or remove one stored value in place (`edit_stored`, `remove`): what
@@ -47,6 +47,8 @@ pub mod redis;
 #[cfg(not(kvsched_loom))]
 mod saver;
 mod tier;
+#[cfg(not(kvsched_loom))]
+mod tier_config;
 #[cfg(not(kvsched_loom))]
 mod tier_connector;
 #[cfg(not(kvsched_loom))]
