@@ -11,7 +11,7 @@ use super::state::State;
 use kvsched::pool::BlockRef;
 use kvsched::rules::geometry::BlockId;
 use kvsched::runtime::discard::{discarded, HandedOut};
-use kvsched::runtime::policy::trust::is_sync_destination;
+use kvsched::runtime::policy::trust::{sync_report, SyncReport};
 use kvsched::runtime::shard::strategy::{Claims, Pool};
 use kvsched::runtime::shard::{Command, ShardStepResult};
 use kvsched::runtime::{EndState, StepOutput, StepPlan, StepRecovery};
@@ -68,7 +68,8 @@ impl State {
     /// sample (others: `unexpected_samples`, or `unknown_commands` for an id naming no live
     /// request, counted by the shard at the next step) and
     /// failed blocks only among its sync loads'
-    /// destinations (an older generation of one: `stale_blocks`; others: `foreign_blocks`).
+    /// destinations (an older generation of one: `stale_blocks`; a newer one: the destination
+    /// as handed out; others: `foreign_blocks`).
     /// The first answer counts each sync load ok or failed. Returns the outputs to discard:
     /// the requests whose step read a block one of its sync loads failed to fill.
     pub(super) fn record_output(&mut self, out: StepOutput) -> Vec<StdArc<str>> {
@@ -88,20 +89,16 @@ impl State {
         let dests = &self.engine.handed.sync_dests;
         let mut failed: FxHashSet<BlockId> = FxHashSet::default();
         for b in out.invalid_blocks {
-            if !is_sync_destination(dests, b) {
-                let older = dests.iter().flatten().any(|d| d.id == b.id);
-                let counter = if older {
-                    &mut self.metrics.stale_blocks
-                } else {
-                    &mut self.metrics.foreign_blocks
-                };
-                *counter += 1;
-                continue;
+            match sync_report(dests, b) {
+                SyncReport::Destination(d) => {
+                    if self.cx.blocks.is_current(d) {
+                        failed.insert(d.id);
+                    }
+                    self.engine.sync_invalid.push(d);
+                }
+                SyncReport::Stale => self.metrics.stale_blocks += 1,
+                SyncReport::Foreign => self.metrics.foreign_blocks += 1,
             }
-            if self.cx.blocks.is_current(b) {
-                failed.insert(b.id);
-            }
-            self.engine.sync_invalid.push(b);
         }
         if first_answer {
             let bad = dests

@@ -16,7 +16,7 @@ use crate::runtime::handle::Handle;
 use crate::runtime::handoff::{ShardOutcome, StepScratch};
 use crate::runtime::merge::{in_request_order, MergeScratch};
 use crate::runtime::plan::{StepOutput, StepPlan};
-use crate::runtime::policy::trust::is_sync_destination;
+use crate::runtime::policy::trust::{sync_report, SyncReport};
 use crate::runtime::shard::{Command, EndState, Metrics, ShardStepResult};
 use crate::runtime::shared::{Inner, MAX_QUEUED_LOADS};
 use crate::runtime::signal::WorkSignal;
@@ -397,8 +397,10 @@ impl Runtime {
     /// only for a request the plan scheduled to sample (others: `unexpected_samples`, or
     /// `unknown_commands` for an id naming no live request, counted by the next `schedule`,
     /// whose shards take the samples), and a failed block only if it is a destination of one
-    /// of the plan's sync loads (others: `foreign_blocks`). Neither can roll back a request
-    /// the step did not load for.
+    /// of the plan's sync loads (others: `foreign_blocks`; at an older generation than the
+    /// plan's: `stale_blocks`; at a newer one, which no earlier use of the slot had, the
+    /// destination as handed out). Neither can roll back a request the step did not load
+    /// for.
     ///
     /// # Returns: the outputs to discard
     ///
@@ -442,22 +444,15 @@ impl Runtime {
         }
         let mut failed_ids = rustc_hash::FxHashSet::default();
         for b in out.invalid_blocks {
-            if is_sync_destination(&self.handed.sync_dests, b) {
-                if self.inner.pool.is_current(b) {
-                    failed_ids.insert(b.id);
+            match sync_report(&self.handed.sync_dests, b) {
+                SyncReport::Destination(d) => {
+                    if self.inner.pool.is_current(d) {
+                        failed_ids.insert(d.id);
+                    }
+                    self.sync_invalid.push(d);
                 }
-                self.sync_invalid.push(b);
-            } else if self
-                .handed
-                .sync_dests
-                .iter()
-                .flatten()
-                .any(|d| d.id == b.id)
-            {
-                // A destination's id at another generation: an older use of the slot.
-                self.metrics.stale_blocks += 1;
-            } else {
-                self.metrics.foreign_blocks += 1;
+                SyncReport::Stale => self.metrics.stale_blocks += 1,
+                SyncReport::Foreign => self.metrics.foreign_blocks += 1,
             }
         }
         if first_answer {

@@ -82,16 +82,47 @@ pub fn failed_load_blocks(
     ignored
 }
 
-/// Whether an engine's failed block `b` is a destination of one of the step's synchronous
-/// loads (`dests`, one list per load), at the generation the load wrote it: a block id
-/// named with an older generation is another use of the slot, not this step's.
-pub fn is_sync_destination(dests: &[Vec<BlockRef>], b: BlockRef) -> bool {
+/// What an engine's failed block names among the step's synchronous loads' destinations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyncReport {
+    /// A destination, at the generation the plan handed it out: the block to roll back.
+    Destination(BlockRef),
+    /// A destination's id at an older generation: another, earlier use of the slot.
+    Stale,
+    /// No destination of the step's sync loads.
+    Foreign,
+}
+
+/// What an engine's failed block `b` names among the destinations `dests` of the step's
+/// synchronous loads (one list per load, each block at the generation the plan handed out).
+///
+/// A destination named at its generation is that destination. Named at an older one, it is
+/// an earlier use of the slot (generations only grow): stale. Named at a *newer* one, it
+/// can be no earlier use, and the output's step says the report is about this step's loads:
+/// the engine has the generation wrong, not the failure, so the destination as handed out
+/// is rolled back — leaving it would keep what the failed load left in the block.
+pub fn sync_report(dests: &[Vec<BlockRef>], b: BlockRef) -> SyncReport {
     // Planted bug `trust-stale` (scripts/plants.sh), with the one in `Runtime::engine_share`:
     // a report is trusted whatever its generation.
     if planted!("trust-stale") {
-        return dests.iter().flatten().any(|d| d.id == b.id);
+        if let Some(d) = dests.iter().flatten().find(|d| d.id == b.id) {
+            return SyncReport::Destination(*d);
+        }
     }
-    dests.iter().flatten().any(|d| *d == b)
+    let mut stale = false;
+    for d in dests.iter().flatten().filter(|d| d.id == b.id) {
+        // Planted bug `sync-newer-generation-ignored` (scripts/plants.sh): a destination
+        // named at a newer generation is taken for stale, and its failed load's bytes kept.
+        if *d == b || (b.generation > d.generation && !planted!("sync-newer-generation-ignored")) {
+            return SyncReport::Destination(*d);
+        }
+        stale = true;
+    }
+    if stale {
+        SyncReport::Stale
+    } else {
+        SyncReport::Foreign
+    }
 }
 
 #[cfg(test)]
@@ -126,11 +157,20 @@ mod tests {
     #[test]
     fn sync_destinations_are_the_steps_sync_load_blocks() {
         let dests = vec![vec![b(4, 1)], vec![b(5, 2), b(6, 2)]];
-        assert!(is_sync_destination(&dests, b(6, 2)));
-        assert!(
-            !is_sync_destination(&dests, b(6, 9)),
-            "another use of the slot"
+        assert_eq!(
+            sync_report(&dests, b(6, 2)),
+            SyncReport::Destination(b(6, 2))
         );
-        assert!(!is_sync_destination(&dests, b(7, 2)));
+        assert_eq!(
+            sync_report(&dests, b(6, 1)),
+            SyncReport::Stale,
+            "an earlier use of the slot"
+        );
+        assert_eq!(
+            sync_report(&dests, b(6, 9)),
+            SyncReport::Destination(b(6, 2)),
+            "a newer generation is no earlier use: the destination as handed out"
+        );
+        assert_eq!(sync_report(&dests, b(7, 2)), SyncReport::Foreign);
     }
 }
