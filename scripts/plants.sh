@@ -151,13 +151,19 @@ declare -A TESTS=(
   # runtime/policy/trust.rs: a sync destination named at a newer generation than the plan's
   # is taken for stale, so the failed load's bytes are kept.
   [sync-newer-generation-ignored]="kvsched --test runtime_discard"
+  # runtime/signal.rs: wait_for_work ignores the loads' deadlines, so an idle engine sleeps
+  # past a hung load's.
+  [wait-past-deadline]="kvsched --test runtime_liveness"
+  # runtime/handle.rs: a submit or cancel does not wake an engine idle in wait_for_work.
+  [submit-wakes-nobody]="kvsched --test runtime_liveness"
 )
 ORDER=(decide-early claim-store late-leak deadline-compact-in-flight load-queue-unbounded panic-ok trust-stale end-while-loading no-cross-shard-preempt lookup-uncaught shard-panic-escapes
   mamba-align-cache-unwritten saver-flush-early register-unwritten reoffer-unwritten park-unstarted baseline-no-second-chance holder-release-unrecorded unaligned-chunks prompt-end-state-uncached
   branch-state-uncached mamba-state-one-block-late mamba-state-into-null tier-present-after-failed-load scan-one-group-less load-unverified save-payload-offset epoch-not-bumped-on-whole-block-write failed-copy-left-unpoisoned load-pieces-drop-tail vector-store-skips-round
   probe-hits-unindexed vllm-admits-before-schedule cost-ignores-failures pack-offset-past-table failure-share-read-per-token
   handoff-count-after-release inbox-apply-under-lock merge-larger-first probe-offer-never-wakes allocatable-release-uncounted
-  quarantine-deadline-uncounted prompt-keys-one-group prepare-under-open-lock sync-newer-generation-ignored)
+  quarantine-deadline-uncounted prompt-keys-one-group prepare-under-open-lock sync-newer-generation-ignored
+  wait-past-deadline submit-wakes-nobody)
 
 if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi
 

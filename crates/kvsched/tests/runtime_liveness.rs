@@ -349,3 +349,90 @@ fn loads_queued_behind_a_hung_connector_stop_at_the_bound() {
     );
     assert_eq!(m.finished, REQUESTS, "{m:?}");
 }
+
+/// An idle engine waiting for work with a long timeout wakes at the deadline of a load that
+/// never completes: the wait ends there, says there is work, and the next step fails the
+/// load, so its request computes instead. (Waking only on completions, the wait would
+/// sleep out its whole timeout.)
+#[test]
+fn an_idle_wait_ends_at_a_hung_loads_deadline() {
+    let release = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let hung = Arc::clone(&release);
+    let (waited, m) = guarded("wait past a deadline", move || {
+        let mut rt = Runtime::builder()
+            .groups(vec![CacheGroup::full_attention(16)])
+            .pool_blocks(256)
+            .shards(2)
+            .workers(1)
+            .settings(Settings::default().with_load_deadline(Some(Duration::from_millis(50))))
+            .connector(Arc::new(HungLoads(hung)))
+            .shutdown_timeout(Duration::from_millis(50))
+            .build()
+            .unwrap();
+        rt.submit(req("hung", (0..40).collect(), 1)).unwrap();
+        let plan = rt.schedule().unwrap();
+        assert!(plan.scheduled.is_empty(), "the request waits for its load");
+        let t0 = std::time::Instant::now();
+        // Far longer than the deadline: the test's bound below is what fails a wait that
+        // sleeps past the deadline.
+        let work = rt.wait_for_work(Duration::from_secs(20));
+        let waited = t0.elapsed();
+        assert!(work, "the deadline passing is work for the next step");
+        let (m, ended) = drive(&mut rt, 1000);
+        assert_eq!(ended, [("hung".to_owned(), EndState::Finished)]);
+        let _ = rt.shutdown();
+        (waited, m)
+    });
+    release.store(true, std::sync::atomic::Ordering::Release);
+    assert!(
+        waited < Duration::from_secs(10),
+        "the wait slept {waited:?} past a 50 ms deadline"
+    );
+    // The first load's, and a retry's (dropped unstarted: the one worker is hung).
+    assert!(m.deadlines_expired >= 1, "{m:?}");
+}
+
+/// A request submitted (or cancelled) from another thread wakes an engine idle in
+/// `wait_for_work`, whatever its timeout.
+#[test]
+fn a_submit_from_another_thread_wakes_an_idle_wait() {
+    let waits = guarded("submit wakes the engine", move || {
+        let mut rt = Runtime::builder()
+            .groups(vec![CacheGroup::full_attention(16)])
+            .pool_blocks(256)
+            .shards(2)
+            .workers(1)
+            .build()
+            .unwrap();
+        let mut waits = Vec::new();
+        for (i, cancel) in [(0, false), (1, true)] {
+            let _ = rt.schedule().unwrap();
+            let handle = rt.handle();
+            let client = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(20));
+                if cancel {
+                    handle.cancel("c0");
+                } else {
+                    handle
+                        .submit(req(&format!("c{i}"), (0..40).collect(), 1))
+                        .unwrap();
+                }
+            });
+            let t0 = std::time::Instant::now();
+            let work = rt.wait_for_work(Duration::from_secs(20));
+            waits.push((work, t0.elapsed()));
+            client.join().unwrap();
+        }
+        let (_, ended) = drive(&mut rt, 1000);
+        assert_eq!(ended.len(), 1, "{ended:?}");
+        let _ = rt.shutdown();
+        waits
+    });
+    for (work, waited) in waits {
+        assert!(work, "woken by a submit or cancel");
+        assert!(
+            waited < Duration::from_secs(10),
+            "slept {waited:?} past a submit"
+        );
+    }
+}

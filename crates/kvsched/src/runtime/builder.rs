@@ -207,6 +207,7 @@ impl Builder {
             settings,
             self.settings,
             engine_parker.unparker(),
+            StdArc::clone(&signal),
         ));
         let (threads, unparkers) = spawn_shard_threads(&inner)?;
         Ok(Runtime {
@@ -220,6 +221,7 @@ impl Builder {
             metrics: Metrics::default(),
             signal,
             events_at_schedule: 0,
+            next_deadline: None,
             expired_unrun_at_shutdown: 0,
             shutdown_timeout: self.shutdown_timeout,
             step: 0,

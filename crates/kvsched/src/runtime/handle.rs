@@ -93,6 +93,11 @@ impl Inner {
         self.shards[i].inbox.push(Command::Submit(Box::new(
             NewRequest::new(&self.geo, req, id, key).with_prepared(prepared),
         )));
+        // An engine idle in `wait_for_work` has a request to admit. (Planted bug
+        // `submit-wakes-nobody`, scripts/plants.sh: it sleeps on.)
+        if !planted!("submit-wakes-nobody") {
+            self.signal.notify();
+        }
         Ok(())
     }
 
@@ -106,6 +111,9 @@ impl Inner {
         }
         let i = self.shard_of(id);
         self.shards[i].inbox.push(Command::Cancel(id.into()));
+        if !planted!("submit-wakes-nobody") {
+            self.signal.notify();
+        }
     }
 }
 

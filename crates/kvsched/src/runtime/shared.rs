@@ -17,6 +17,7 @@ use crate::runtime::quarantine::Quarantine;
 use crate::runtime::route::shard_of;
 use crate::runtime::settings::Settings;
 use crate::runtime::shard::{Env, Shard, ShardStepResult, StepSettings};
+use crate::runtime::signal::WorkSignal;
 use crate::runtime::worker::Completion;
 use crate::sync::{
     Arc, ArrayQueue, AtomicBool, AtomicU64, AtomicUsize, Mutex, PhaseBarrier, RwLock, Unparker,
@@ -67,6 +68,9 @@ pub(super) struct Inner {
     pub(super) loads_backlogged: AtomicBool,
     /// Wakes the engine thread, which parks while shard threads finish a step.
     pub(super) engine: Unparker,
+    /// Wakes an idle engine (`Runtime::wait_for_work`): a completion delivered, a request
+    /// submitted or cancelled.
+    pub(super) signal: StdArc<WorkSignal>,
     pub(super) seq: AtomicU64,
     pub(super) submitted: AtomicU64,
     /// Whether `submit` is accepted; `shutdown` closes it under the write lock.
@@ -88,6 +92,7 @@ impl Inner {
         settings: Vec<StepSettings>,
         live: Settings,
         engine: Unparker,
+        signal: StdArc<WorkSignal>,
     ) -> Inner {
         let k = queues.len();
         let blocks = pool.num_blocks();
@@ -119,6 +124,7 @@ impl Inner {
             draining: AtomicBool::new(false),
             loads_backlogged: AtomicBool::new(false),
             engine,
+            signal,
             seq: AtomicU64::new(1),
             submitted: AtomicU64::new(0),
             open: RwLock::new(true),

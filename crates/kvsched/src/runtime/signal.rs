@@ -1,6 +1,8 @@
-//! Wake-ups for an idle engine: workers count every delivered completion and unpark the
-//! engine thread; [`Runtime::poll_work`] / [`Runtime::wait_for_work`] compare that count
-//! with the one read when the last [`Runtime::schedule`] began draining.
+//! Wake-ups for an idle engine: workers count every delivered completion, and submits and
+//! cancels every queued command, and unpark the engine thread; [`Runtime::poll_work`] /
+//! [`Runtime::wait_for_work`] compare that count with the one read when the last
+//! [`Runtime::schedule`] began draining, and end at the earliest deadline of a load in
+//! flight.
 //!
 //! A delivery costs one atomic add and one swap of the engine's parker state; it takes a lock
 //! only when the engine is actually asleep in `wait_for_work` (or waiting for its shards).
@@ -10,7 +12,7 @@ use std::time::{Duration, Instant};
 use crate::runtime::step::Runtime;
 use crate::sync::{AtomicU64, Ordering, Unparker};
 
-/// Wake-ups for an idle engine: bumped on every delivered completion.
+/// Wake-ups for an idle engine: bumped on every delivered completion, submit and cancel.
 #[derive(Debug)]
 pub(super) struct WorkSignal {
     pub(super) events: AtomicU64,
@@ -35,21 +37,35 @@ impl WorkSignal {
 }
 
 impl Runtime {
-    /// Non-blocking: whether a load completed since the last [`Runtime::schedule`] began
-    /// draining (so a `schedule` now has something new to apply).
+    /// Non-blocking: whether a step now has something new to do — a load completed, or a
+    /// request was submitted or cancelled, since the last [`Runtime::schedule`] began
+    /// draining, or the deadline of a load in flight has passed.
     pub fn poll_work(&self) -> bool {
         // Acquire: pairs with the Release increment in `WorkSignal::notify`.
         self.signal.events.load(Ordering::Acquire) != self.events_at_schedule
+            || self.deadline_passed(Instant::now())
     }
 
-    /// Waits until a load completes or `timeout` passes; returns whether a completion arrived
-    /// since the last [`Runtime::schedule`] began draining (so a completion that landed between
-    /// `schedule` and this call returns at once: an idle engine never sleeps past work).
+    /// Waits until a step has something new to do, or `timeout` passes; returns whether it
+    /// has. Something new is a completed load, a request submitted or cancelled (from any
+    /// thread) since the last [`Runtime::schedule`] began draining — so one that came
+    /// between `schedule` and this call returns at once: an idle engine never sleeps past
+    /// work — or the deadline of a load in flight passing (the next `schedule` fails it):
+    /// the wait ends there whatever `timeout` says, so a load that never completes cannot
+    /// keep an idle engine asleep past its deadline.
     ///
-    /// A `timeout` too large to represent as an instant waits until a completion arrives.
+    /// A `timeout` too large to represent as an instant waits until one of those happens.
     pub fn wait_for_work(&self, timeout: Duration) -> bool {
         let before = self.events_at_schedule;
-        let deadline = Instant::now().checked_add(timeout);
+        // Planted bug `wait-past-deadline` (scripts/plants.sh): the wait ignores the loads'
+        // deadlines, so an idle engine sleeps past a hung load's.
+        let next_deadline = self
+            .next_deadline
+            .filter(|_| !planted!("wait-past-deadline"));
+        let until = match (Instant::now().checked_add(timeout), next_deadline) {
+            (Some(t), Some(d)) => Some(t.min(d)),
+            (t, d) => t.or(d),
+        };
         loop {
             // Acquire: pairs with the Release increment in `WorkSignal::notify`. Checked before
             // every park, and a notify that lands first leaves the parker notified, so no
@@ -57,16 +73,21 @@ impl Runtime {
             if self.signal.events.load(Ordering::Acquire) != before {
                 return true;
             }
-            match deadline {
+            match until {
                 None => self.engine_parker.park(),
                 Some(d) => {
                     let now = Instant::now();
                     if now >= d {
-                        return false;
+                        return next_deadline.is_some_and(|n| now >= n);
                     }
                     self.engine_parker.park_timeout(d - now);
                 }
             }
         }
+    }
+
+    /// Whether the earliest deadline of a load in flight after the last step is past.
+    fn deadline_passed(&self, now: Instant) -> bool {
+        self.next_deadline.is_some_and(|d| now >= d)
     }
 }
