@@ -206,7 +206,6 @@ impl Builder {
             &queues,
             settings,
             self.settings,
-            engine_parker.unparker(),
             StdArc::clone(&signal),
         ));
         let (threads, unparkers) = spawn_shard_threads(&inner)?;

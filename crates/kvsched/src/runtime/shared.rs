@@ -91,7 +91,6 @@ impl Inner {
         queues: &[Arc<ArrayQueue<Completion>>],
         settings: Vec<StepSettings>,
         live: Settings,
-        engine: Unparker,
         signal: StdArc<WorkSignal>,
     ) -> Inner {
         let k = queues.len();
@@ -123,7 +122,7 @@ impl Inner {
             stop: AtomicBool::new(false),
             draining: AtomicBool::new(false),
             loads_backlogged: AtomicBool::new(false),
-            engine,
+            engine: signal.engine().clone(),
             signal,
             seq: AtomicU64::new(1),
             submitted: AtomicU64::new(0),

@@ -29,6 +29,11 @@ impl WorkSignal {
         }
     }
 
+    /// The engine thread's unparker.
+    pub(super) fn engine(&self) -> &Unparker {
+        &self.engine
+    }
+
     pub(super) fn notify(&self) {
         // Release: pairs with the Acquire loads in `poll_work` / `wait_for_work`.
         self.events.fetch_add(1, Ordering::Release);
