@@ -82,6 +82,59 @@ fn a_bad_trace_is_one_line_naming_the_flag_and_the_line() {
     assert_eq!(out.status.code(), Some(2));
 }
 
+/// A trace request the device pool cannot hold (its prompt, or an output length past what a
+/// submit carries) is refused up front in one line naming `--trace` and the request, not
+/// found out by the run's submits.
+#[test]
+fn a_trace_request_too_long_for_the_pool_is_refused_naming_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (second, what) in [
+        (
+            "\"input_length\": 300000, \"output_length\": 1",
+            "300000 prompt",
+        ),
+        (
+            "\"input_length\": 6, \"output_length\": 18446744073709551615",
+            "4294967295 output",
+        ),
+    ] {
+        let path = dir.path().join("long.jsonl");
+        let ids: Vec<String> = (0..586).map(|i| i.to_string()).collect();
+        std::fs::write(
+            &path,
+            format!(
+                "{{\"timestamp\": 0, \"input_length\": 6, \"output_length\": 1, \"hash_ids\": [1]}}\n\
+                 {{\"timestamp\": 1, {second}, \"hash_ids\": [{}]}}\n",
+                if what.contains("prompt") { ids.join(", ") } else { "2".to_owned() }
+            ),
+        )
+        .expect("write");
+        let out = stress(&["--trace", path.to_str().expect("utf-8 path")]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            err.contains("--trace") && err.contains("request 2") && err.contains(what),
+            "{err}"
+        );
+    }
+    // The bundled trace on a pool too small for its longer prompts.
+    let out = stress(&[
+        "--trace",
+        TRACE,
+        "--trace-requests",
+        "30",
+        "--pool-blocks",
+        "1024",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--trace") && err.contains("--pool-blocks 1024"),
+        "{err}"
+    );
+}
+
 /// `prompt_tokens` of a run's JSON: (requests, total, device, tier, computed, after failure).
 fn split(v: &Value) -> [u64; 6] {
     let p = &v["prompt_tokens"];

@@ -141,6 +141,7 @@ mod stats;
 mod step_cost;
 mod store;
 mod trace;
+mod trace_fit;
 mod values;
 mod workload;
 

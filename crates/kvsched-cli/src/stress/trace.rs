@@ -189,6 +189,7 @@ pub(crate) fn load(cfg: &StressConfig) -> Result<StressConfig, StressError> {
             "no request of the trace for this engine".to_owned(),
         ));
     }
+    super::trace_fit::check_fits(cfg, &reqs)?;
     let mut out = cfg.clone();
     out.trace.cut_by_duration = (in_time < asked).then_some(TraceCut { asked, in_time });
     out.requests = reqs.len() as u64;

@@ -78,7 +78,7 @@ impl Workload {
                 req: SubmitRequest {
                     id: format!("{}r{i}", self.id_prefix),
                     prompt: prompt_tokens(r),
-                    max_new_tokens: r.output_length.clamp(1, u64::from(u32::MAX)) as u32,
+                    max_new_tokens: super::trace_fit::max_new_tokens(r),
                     priority: 0,
                     load_deadline: None,
                 },
