@@ -310,6 +310,12 @@ BAD = [
     ({"mac_key": b"short"}, "mac_key"),
     ({"mac_key": "zz"}, "mac_key"),
     ({"threads": 0}, "threads"),
+    ({"threads": -1}, "threads"),
+    ({"threads": 10**30}, "threads"),
+    ({"capacity_bytes": -1}, "capacity_bytes"),
+    ({"capacity_bytes": 2**64}, "capacity_bytes"),
+    ({"tag": -1}, "tag"),
+    ({"tag": 2**64}, "tag"),
     ({"store": "tape"}, "store"),
     ({"store": "disk"}, "path"),
     ({"store": "redis"}, "url"),
@@ -341,6 +347,28 @@ def test_bad_buffers_and_jobs():
         tier.submit_store(JobMetadata(1, [key(1), key(2)], [0]))
     with pytest.raises(TypeError):
         tier.lookup(1.5)
+    # Ids are whole numbers in range, each named: not a float taken for its floor, not a
+    # negative or oversized int surfacing as an unnamed OverflowError.
+    with pytest.raises(TypeError, match=r"^block_ids\[0\]:"):
+        tier.submit_store(JobMetadata(1, [key(1)], [1.7]))
+    with pytest.raises(TypeError, match=r"^block_ids\[0\]:"):
+        tier.submit_store(JobMetadata(1, [key(1)], ["1"]))
+    with pytest.raises(ValueError, match=r"^block_ids\[1\]:"):
+        tier.submit_load(JobMetadata(1, [key(1), key(2)], [0, -1]))
+    with pytest.raises(ValueError, match="^job_id:"):
+        tier.submit_load(JobMetadata(-1, [key(1)], [0]))
+    with pytest.raises(ValueError, match="^job_id:"):
+        tier.submit_store(JobMetadata(2**64, [key(1)], [0]))
+    with pytest.raises(ValueError, match="^num_blocks:"):
+        KvschedTierManager(None, memoryview(bytearray(100)), "kvsched", num_blocks=-1)
+
+
+@pytest.mark.parametrize("bad", [32, True, [0] * 32, 3.5])
+def test_a_mac_key_that_is_no_bytes_or_text_is_a_type_error(bad):
+    # bytes(32) is 32 zero bytes: an int taken for a key would be one anyone can guess.
+    _, view = kv_buffer(N, BS)
+    with pytest.raises(TypeError, match="^mac_key:"):
+        KvschedTierManager(None, view, "kvsched", mac_key=bad)
 
 
 def test_importable_without_vllm():

@@ -23,6 +23,7 @@ same fields.
 
 from __future__ import annotations
 
+import numbers
 import os
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
@@ -82,7 +83,27 @@ def _mac_key(value: Any) -> bytes | None:
             value = bytes.fromhex(value)
         except ValueError:
             raise ValueError("mac_key: expected 64 hex digits") from None
+    # Only bytes-like values: ``bytes(32)`` of an int is 32 zero bytes, a key anyone can guess.
+    if not isinstance(value, (bytes, bytearray, memoryview)):
+        raise TypeError(
+            f"mac_key: expected 32 bytes, 64 hex digits or env:NAME, not {type(value).__name__}"
+        )
     return bytes(value)
+
+
+_U64_MAX = (1 << 64) - 1
+
+
+def _uint(field: str, value: Any, most: int = _U64_MAX) -> int:
+    """``value`` as a whole number in ``0..=most``: a ``TypeError`` for anything but an integer
+    (``bool`` and floats included: 1.7 is no block id), a ``ValueError`` out of range, each
+    naming ``field``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{field}: expected a whole number, not {type(value).__name__}")
+    v = int(value)
+    if not 0 <= v <= most:
+        raise ValueError(f"{field}: {v} is outside 0..={most}")
+    return v
 
 
 class KvschedTierManager(_Base):  # type: ignore[misc,valid-type]
@@ -141,6 +162,10 @@ class KvschedTierManager(_Base):  # type: ignore[misc,valid-type]
             if view.ndim < 2:
                 raise ValueError("num_blocks: required for a 1-D primary_kv_view")
             num_blocks = view.shape[0]
+        num_blocks = _uint("num_blocks", num_blocks)
+        capacity_bytes = _uint("capacity_bytes", capacity_bytes)
+        threads = _uint("threads", threads)
+        tag = _uint("tag", tag)
         flat = view if view.format == "B" and view.ndim == 1 else view.cast("B")
         self._native = _native.NativeTier(
             flat,
@@ -165,13 +190,13 @@ class KvschedTierManager(_Base):  # type: ignore[misc,valid-type]
     def submit_store(self, job_metadata: Any) -> None:
         """Enqueues a store of the job's primary-tier slots; keys already stored are skipped."""
         keys, blocks = self._job(job_metadata)
-        self._native.submit_store(int(job_metadata.job_id), keys, blocks)
+        self._native.submit_store(_uint("job_id", job_metadata.job_id), keys, blocks)
 
     def submit_load(self, job_metadata: Any) -> None:
         """Enqueues a load into the job's primary-tier slots; the job fails unless every chunk
         is present and passes its checks."""
         keys, blocks = self._job(job_metadata)
-        self._native.submit_load(int(job_metadata.job_id), keys, blocks)
+        self._native.submit_load(_uint("job_id", job_metadata.job_id), keys, blocks)
 
     def get_finished(self) -> Iterable[JobResult]:
         """The jobs (stores and loads) finished since the last call."""
@@ -209,7 +234,8 @@ class KvschedTierManager(_Base):  # type: ignore[misc,valid-type]
     def _job(self, job_metadata: Any) -> tuple[list[bytes], list[int]]:
         keys = [offload_key_bytes(k) for k in job_metadata.keys]
         ids = job_metadata.block_ids
-        blocks = [int(b) for b in (ids.tolist() if hasattr(ids, "tolist") else ids)]
+        ids = ids.tolist() if hasattr(ids, "tolist") else ids
+        blocks = [_uint(f"block_ids[{i}]", b) for i, b in enumerate(ids)]
         return keys, blocks
 
 
