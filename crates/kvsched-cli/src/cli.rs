@@ -6,7 +6,8 @@
 //!   (exit 1 when an invariant was violated).
 //!
 //! Errors print `error: <one line>` on stderr. Bad input and usage errors exit with code 2;
-//! replay's output that cannot be written exits with code 1, or quietly with 141 when the
+//! output that cannot be written (a closed stdout, a full disk, a plot file that stops taking
+//! bytes) exits with code 1, or quietly with 141 when the
 //! reader went away (a broken pipe).
 
 use std::ffi::OsString;
@@ -150,7 +151,14 @@ fn stress(args: &StressArgs) -> Result<ExitCode, String> {
             args.plot.as_deref(),
         );
     }
-    // Before the run, so that a path that cannot be written costs no run.
+    // Before the run, so that an output that cannot be written costs no run.
+    if stdout_was_closed() {
+        let _ = writeln!(
+            std::io::stderr(),
+            "error: stdout: closed (the report would be lost)"
+        );
+        return Ok(ExitCode::from(EXIT_OUTPUT));
+    }
     let plot = args
         .plot
         .as_ref()
@@ -164,19 +172,28 @@ fn stress(args: &StressArgs) -> Result<ExitCode, String> {
     let report =
         run_stress_with_progress(&args.config, &mut progress).map_err(|e| e.to_string())?;
     if let Some((path, mut file)) = plot {
-        file.write_all(render_svg(&report).as_bytes())
-            .and_then(|()| file.flush())
-            .map_err(|e| format!("--plot: cannot write {}: {e}", path.display()))?;
+        // Created before the run: failing to write it now is the disk's doing (exit 1), not
+        // the input's.
+        let wrote = file
+            .write_all(render_svg(&report).as_bytes())
+            .and_then(|()| file.flush());
+        if let Err(e) = wrote {
+            let _ = writeln!(
+                std::io::stderr(),
+                "error: --plot: cannot write {}: {e}",
+                path.display()
+            );
+            return Ok(ExitCode::from(EXIT_OUTPUT));
+        }
     }
     let text = if args.json {
         render_json(&report)
     } else {
         render_human(&report)
     };
-    let mut out = std::io::stdout().lock();
-    out.write_all(text.as_bytes())
-        .and_then(|()| out.flush())
-        .map_err(|e| format!("stdout: {e}"))?;
+    if let Some(code) = emit(text.as_bytes()) {
+        return Ok(code);
+    }
     if report.invariants_ok() {
         return Ok(ExitCode::SUCCESS);
     }
@@ -222,12 +239,21 @@ fn replay(args: &ReplayArgs) -> ExitCode {
         let _ = writeln!(std::io::stderr(), "recovery_ns_median={ns}");
     }
     drop(scenario);
-    match write_stdout(text.as_bytes()) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::from(EXIT_BROKEN_PIPE),
+    emit(text.as_bytes()).unwrap_or(ExitCode::SUCCESS)
+}
+
+/// Writes a command's output: `None` once written, else the exit code to end with — quietly
+/// 141 for a reader gone away (a broken pipe), else 1 after one line saying why (a closed
+/// stdout, a full disk).
+pub(crate) fn emit(bytes: &[u8]) -> Option<ExitCode> {
+    match write_stdout(bytes) {
+        Ok(()) => None,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+            Some(ExitCode::from(EXIT_BROKEN_PIPE))
+        }
         Err(e) => {
             let _ = writeln!(std::io::stderr(), "error: stdout: {e}");
-            ExitCode::from(EXIT_OUTPUT)
+            Some(ExitCode::from(EXIT_OUTPUT))
         }
     }
 }

@@ -2,6 +2,7 @@
 //! range, bad `--faults`, hostile sizes, tiny rates that must saturate instead of panicking.
 
 mod stress_common;
+use std::process::Command;
 use stress_common::*;
 
 #[test]
@@ -194,4 +195,36 @@ fn negative_and_out_of_range_shares_name_the_flag_and_range() {
     ] {
         assert_refused(&[flag, value], flag, needle);
     }
+}
+
+/// Output that cannot be written is not bad input (exit 1, one line, as `replay`): a closed
+/// stdout is found before the run (no run's report is lost), a full disk when the report is
+/// written; `> /dev/null` is a choice, not an error.
+#[test]
+fn a_report_that_cannot_be_written_is_an_output_error() {
+    let run = |redirect: &str| {
+        Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                r#"exec "$0" stress --requests 100 --duration 2 --verify off {redirect}"#
+            ))
+            .arg(env!("CARGO_BIN_EXE_kvsched"))
+            .output()
+            .expect("run sh")
+    };
+    let out = run(">&-");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err, "error: stdout: closed (the report would be lost)\n");
+    if std::path::Path::new("/dev/full").exists() {
+        let out = run("> /dev/full");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(
+            err.starts_with("error: stdout: ") && err.lines().count() == 1,
+            "{err}"
+        );
+    }
+    let out = run("> /dev/null");
+    assert_eq!(out.status.code(), Some(0));
 }

@@ -261,10 +261,9 @@ pub fn run_engines(
     } else {
         combined.render_human()
     };
-    let mut out = std::io::stdout().lock();
-    out.write_all(text.as_bytes())
-        .and_then(|()| out.flush())
-        .map_err(|e| format!("stdout: {e}"))?;
+    if let Some(code) = crate::cli::emit(text.as_bytes()) {
+        return Ok(code);
+    }
     for v in &combined.violations {
         let _ = writeln!(std::io::stderr(), "invariant violated: {v}");
     }
