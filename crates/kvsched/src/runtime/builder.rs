@@ -220,7 +220,6 @@ impl Builder {
             metrics: Metrics::default(),
             signal,
             events_at_schedule: 0,
-            next_deadline: None,
             expired_unrun_at_shutdown: 0,
             shutdown_timeout: self.shutdown_timeout,
             step: 0,

@@ -48,7 +48,7 @@ impl Runtime {
     pub fn poll_work(&self) -> bool {
         // Acquire: pairs with the Release increment in `WorkSignal::notify`.
         self.signal.events.load(Ordering::Acquire) != self.events_at_schedule
-            || self.deadline_passed(Instant::now())
+            || self.next_deadline().is_some_and(|d| Instant::now() >= d)
     }
 
     /// Waits until a step has something new to do, or `timeout` passes; returns whether it
@@ -65,7 +65,7 @@ impl Runtime {
         // Planted bug `wait-past-deadline` (scripts/plants.sh): the wait ignores the loads'
         // deadlines, so an idle engine sleeps past a hung load's.
         let next_deadline = self
-            .next_deadline
+            .next_deadline()
             .filter(|_| !planted!("wait-past-deadline"));
         let until = match (Instant::now().checked_add(timeout), next_deadline) {
             (Some(t), Some(d)) => Some(t.min(d)),
@@ -91,8 +91,14 @@ impl Runtime {
         }
     }
 
-    /// Whether the earliest deadline of a load in flight after the last step is past.
-    fn deadline_passed(&self, now: Instant) -> bool {
-        self.next_deadline.is_some_and(|d| now >= d)
+    /// The earliest deadline of an async load in flight, over the shards. Between steps no
+    /// shard thread holds a shard's state (the engine thread starts every step and waits for
+    /// it), so the locks are free; a wait pays them, a step never does.
+    fn next_deadline(&self) -> Option<Instant> {
+        self.inner
+            .shards
+            .iter()
+            .filter_map(|slot| slot.state.lock().next_deadline())
+            .min()
     }
 }

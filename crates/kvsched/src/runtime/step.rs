@@ -84,9 +84,6 @@ pub struct Runtime {
     pub(super) expired_unrun_at_shutdown: u64,
     /// Completions signalled before the last `schedule` started draining.
     pub(super) events_at_schedule: u64,
-    /// The earliest deadline of an async load in flight after the last step: an idle
-    /// engine's wait ends there ([`Runtime::wait_for_work`]).
-    pub(super) next_deadline: Option<std::time::Instant>,
     /// The latest plan's step number (0 before the first).
     pub(super) step: u64,
     /// Steps with at most this many live requests run inline on the engine thread.
@@ -274,10 +271,6 @@ impl Runtime {
         };
         let mut evicted = Vec::new();
         let mut progress = Progress::default();
-        self.next_deadline = results
-            .iter()
-            .filter_map(|(_, (r, _))| r.next_deadline)
-            .min();
         // The plan's list is the longest shard list, the others appended to it (one growth at
         // most, often in place): no fresh list per step, whose pages the allocator may have
         // returned to the system since the last one.

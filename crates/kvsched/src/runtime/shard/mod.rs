@@ -95,9 +95,6 @@ pub struct ShardStepResult {
     pub waiting: usize,
     /// The shard's latest running request, for cross-shard preemption.
     pub latest_running: Option<RequestKey>,
-    /// The earliest deadline of an async load still in flight at the end of the step: when
-    /// an idle engine must step again, completion or not.
-    pub next_deadline: Option<Instant>,
 }
 
 /// The settings a step runs with (a snapshot; never changes mid-step).
@@ -318,11 +315,15 @@ impl<S: Strategy> Shard<S> {
         self.result.loading = self.loading.len();
         self.result.waiting = self.waiting.len();
         self.result.latest_running = self.latest_running();
-        let reqs = &self.reqs;
-        self.result.next_deadline = self
-            .deadlines
-            .next(|s, a| reqs.get(&s).is_some_and(|r| r.awaits_load(a)));
         std::mem::take(&mut self.result)
+    }
+
+    /// The earliest deadline of an async load still in flight: when an idle engine must step
+    /// again, completion or not. Asked between steps only (an idle wait), never in one.
+    pub fn next_deadline(&mut self) -> Option<Instant> {
+        let reqs = &self.reqs;
+        self.deadlines
+            .next(|s, a| reqs.get(&s).is_some_and(|r| r.awaits_load(a)))
     }
 
     fn set_phase(&mut self, seq: u64, phase: Phase) {
