@@ -74,8 +74,9 @@ struct ReplayArgs {
     /// table). Both print the same outcome.
     #[arg(long, value_enum, default_value_t = Engine::Sequential)]
     engine: Engine,
-    /// Read at most N bytes of input (default 256 MiB); a longer input is an error.
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_INPUT_BYTES, value_parser = clap::value_parser!(u64).range(1..))]
+    /// Read at most N bytes of input (default 256 MiB, at most 4 GiB: the scenario is held in
+    /// memory whole); a longer input is an error.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_INPUT_BYTES, value_parser = clap::value_parser!(u64).range(1..=4 << 30))]
     max_input_bytes: u64,
     /// Shard threads for `--engine runtime` (1–64).
     #[arg(long, value_name = "K", default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=64))]

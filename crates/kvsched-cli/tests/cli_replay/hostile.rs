@@ -236,6 +236,19 @@ fn inputs_beyond_the_limit_are_refused() {
     );
     let out = run(&["replay", "--max-input-bytes", "0", doc], b"");
     assert_eq!(out.status.code(), Some(2));
+    // The limit itself is bounded: an input is held in memory whole, so `u64::MAX` over
+    // `/dev/zero` would read without end.
+    let out = run(
+        &[
+            "replay",
+            "--max-input-bytes",
+            "18446744073709551615",
+            "/dev/zero",
+        ],
+        b"",
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("--max-input-bytes"));
 }
 
 /// A closed standard input reads as empty input.
