@@ -32,6 +32,19 @@ pub(crate) type ArgError = (&'static str, String);
 impl Store {
     /// Opens the tier `args` names.
     pub(crate) fn open(args: &StoreArgs<'_>) -> Result<Store, ArgError> {
+        // An argument of another store is a mistake, not something to ignore.
+        if args.path.is_some() && args.kind != "disk" {
+            return Err((
+                "path",
+                format!("only for store=\"disk\", not {:?}", args.kind),
+            ));
+        }
+        if args.url.is_some() && args.kind != "redis" {
+            return Err((
+                "url",
+                format!("only for store=\"redis\", not {:?}", args.kind),
+            ));
+        }
         match args.kind {
             "memory" => Ok(Store::Memory(Arc::new(MemoryTier::new(
                 args.capacity_bytes,

@@ -173,6 +173,10 @@ def test_values_json_cannot_hold_are_errors_on_their_field():
     with pytest.raises(kvsched.ScenarioError) as e:
         kvsched.recover({**BASE, "groups": [{("kind",): 1}]})
     assert e.value.field == "groups[0]"
+    # An int past Python's digit limit for writing it.
+    with pytest.raises(kvsched.ScenarioError) as e:
+        kvsched.recover({**BASE, "invalid_blocks": [10**5000]})
+    assert e.value.field == "invalid_blocks[0]"
 
 
 def test_tuples_are_lists():
@@ -186,5 +190,9 @@ def test_whole_input_problems_of_the_text_form():
         with pytest.raises(kvsched.ScenarioError) as e:
             kvsched.recover_json(text)
         assert e.value.field == "input" and problem in e.value.problem
+    # A str that is no UTF-8 (a lone surrogate): the same whole-input error as such bytes.
+    with pytest.raises(kvsched.ScenarioError) as e:
+        kvsched.recover_json('{"groups": "\ud800"}')
+    assert e.value.field == "input" and "invalid UTF-8" in e.value.problem
     with pytest.raises(TypeError):
         kvsched.recover_json(42)

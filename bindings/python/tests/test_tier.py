@@ -320,6 +320,9 @@ BAD = [
     ({"store": "disk"}, "path"),
     ({"store": "redis"}, "url"),
     ({"store": "redis", "url": "http://x"}, "url"),
+    ({"store": "memory", "path": "/tmp"}, "path"),
+    ({"store": "memory", "url": "redis://127.0.0.1:1"}, "url"),
+    ({"store": "disk", "path": "/tmp", "url": "redis://127.0.0.1:1"}, "url"),
 ]
 
 

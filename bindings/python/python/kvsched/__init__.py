@@ -40,6 +40,13 @@ def recover_json(scenario: str | bytes, *, explain: bool = False) -> str:
 
     Raises :class:`ScenarioError` (a ``ValueError``) on bad input, with the command's message.
     """
+    if isinstance(scenario, str):
+        try:
+            scenario.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ScenarioError(
+                "input", f"invalid UTF-8: a lone surrogate at character {e.start}"
+            ) from None
     text, field, problem = _native.recover_json(scenario, explain)
     if text is None:
         raise ScenarioError(field, problem)
@@ -74,7 +81,13 @@ def _find_unencodable(value: Any, path: str, depth: int) -> ScenarioError | None
     shown = path or "scenario"
     if depth > 128:
         return ScenarioError(shown, "nested too deeply")
-    if value is None or isinstance(value, (bool, int, float, str)):
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            str(value)
+        except ValueError:  # past Python's digit limit for int -> str
+            return ScenarioError(shown, "an integer too long to write as JSON")
+        return None
+    if value is None or isinstance(value, (bool, float, str)):
         return None
     if isinstance(value, dict):
         for k, v in value.items():
