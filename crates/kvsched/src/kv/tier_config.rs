@@ -1,6 +1,8 @@
 //! The settings of a [`TierConnector`](super::TierConnector) and the errors of building one.
 
 use super::saver::SaveBackoff;
+#[cfg(doc)]
+use super::{Tier, TierConnector};
 use crate::rules::geometry::CacheGroup;
 
 /// The longest `drop_timeout` and save pause a connector accepts.
