@@ -156,6 +156,12 @@ declare -A TESTS=(
   [wait-past-deadline]="kvsched --test runtime_liveness"
   # runtime/handle.rs: a submit or cancel does not wake an engine idle in wait_for_work.
   [submit-wakes-nobody]="kvsched --test runtime_liveness"
+  # kv/tier_call.rs: a tier's panic unwinds the connector's thread (a get thread, the save or
+  # probe thread: gone for good, its busy count left up), or the loading thread.
+  [tier-panic-escapes]="kvsched --test kv_tier_panics"
+  # kv/tier_load.rs: a tier's "held" is taken for a chunk landed, though it never handed the
+  # value over, so the block is reported loaded holding what it held before.
+  [held-without-value]="kvsched --test kv_tier_panics"
 )
 ORDER=(decide-early claim-store late-leak deadline-compact-in-flight load-queue-unbounded panic-ok trust-stale end-while-loading no-cross-shard-preempt lookup-uncaught shard-panic-escapes
   mamba-align-cache-unwritten saver-flush-early register-unwritten reoffer-unwritten park-unstarted baseline-no-second-chance holder-release-unrecorded unaligned-chunks prompt-end-state-uncached
@@ -163,7 +169,7 @@ ORDER=(decide-early claim-store late-leak deadline-compact-in-flight load-queue-
   probe-hits-unindexed vllm-admits-before-schedule cost-ignores-failures pack-offset-past-table failure-share-read-per-token
   handoff-count-after-release inbox-apply-under-lock merge-larger-first probe-offer-never-wakes allocatable-release-uncounted
   quarantine-deadline-uncounted prompt-keys-one-group prepare-under-open-lock sync-newer-generation-ignored
-  wait-past-deadline submit-wakes-nobody)
+  wait-past-deadline submit-wakes-nobody tier-panic-escapes held-without-value)
 
 if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi
 

@@ -43,6 +43,8 @@
 mod plant;
 #[macro_use]
 mod setters;
+#[cfg(not(kvsched_loom))]
+mod panics;
 
 // Internal modules are crate-private in a normal build and public only to the loom models
 // (`cfg(kvsched_loom)`) and the mechanism benchmarks (feature `internals`).

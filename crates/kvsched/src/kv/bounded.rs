@@ -21,6 +21,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use super::tier_call::guarded;
 use super::{ChunkKey, Tier, TierError};
 use crate::connector::CancelToken;
 use crate::sync::condvar::Condvar;
@@ -214,10 +215,10 @@ fn run(s: &Shared) {
             slot,
         } = call;
         let mut held = vec![false; keys.len()];
-        let answer = s
-            .tier
-            .get_into(&keys, &cancel, &mut bufs, &mut held)
-            .map(|()| (bufs, held));
+        let answer = guarded("get", || {
+            s.tier.get_into(&keys, &cancel, &mut bufs, &mut held)
+        })
+        .map(|()| (bufs, held));
         s.busy.fetch_sub(1, Ordering::Relaxed);
         *slot.answer.lock() = Some(answer);
         slot.ready.notify_one();

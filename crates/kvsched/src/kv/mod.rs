@@ -48,6 +48,8 @@ pub mod redis;
 mod saver;
 mod tier;
 #[cfg(not(kvsched_loom))]
+mod tier_call;
+#[cfg(not(kvsched_loom))]
 mod tier_config;
 #[cfg(not(kvsched_loom))]
 mod tier_connector;

@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::key_index::KeyIndex;
+use super::tier_call::guarded;
 use super::{ChunkKey, Tier};
 use crate::connector::CancelToken;
 use crate::sync::condvar::Condvar;
@@ -299,7 +300,7 @@ fn probe(shared: &Shared, tier: &dyn Tier, index: &KeyIndex, jobs: &[Job], never
     let c = &shared.counts;
     c.probes.fetch_add(1, Ordering::Relaxed);
     c.keys.fetch_add(keys.len() as u64, Ordering::Relaxed);
-    let Ok(held) = tier.exists(&keys, never) else {
+    let Ok(held) = guarded("exists", || tier.exists(&keys, never)) else {
         return;
     };
     let mut found = FxHashSet::default();

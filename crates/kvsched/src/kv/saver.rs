@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::buffers::Buffers;
 use super::key_index::KeyIndex;
+use super::tier_call::guarded;
 use super::{ChunkCodec, ChunkKey, Tier};
 use crate::connector::CancelToken;
 use crate::sync::condvar::Condvar;
@@ -384,7 +385,7 @@ fn store(
     for (k, _) in chunks {
         own.insert(*k);
     }
-    match tier.put(chunks) {
+    match guarded("put", || tier.put(chunks)) {
         Ok(()) => {
             shared.put_ok();
             for (k, v) in chunks {
@@ -394,7 +395,7 @@ fn store(
         Err(e) => {
             c.errors.fetch_add(1, Ordering::Relaxed);
             let keys: Vec<ChunkKey> = chunks.iter().map(|(k, _)| *k).collect();
-            let held = match tier.exists(&keys, never) {
+            let held = match guarded("exists", || tier.exists(&keys, never)) {
                 Ok(h) if h.len() == keys.len() => h,
                 _ => vec![false; keys.len()],
             };

@@ -12,6 +12,7 @@ use super::key_index::KeyIndex;
 pub use super::prober::Prefetch;
 use super::prober::Prober;
 use super::saver::{Saver, SaverSettings, Work};
+use super::tier_call::guarded;
 pub use super::tier_config::{TierConnectorConfig, TierConnectorError};
 pub use super::tier_counts::TierCounts;
 use super::{ChunkCodec, ChunkKey, KvMemory, Tier};
@@ -75,6 +76,13 @@ fn bump(c: &AtomicU64, n: u64) {
 ///   later ones wait and fail at their deadline ([`TierCounts::gets_busy`], `loads_late`).
 /// * **Saves never block the caller** beyond copying the block's bytes: the write-behind
 ///   queue is bounded and drops (and counts) what does not fit.
+/// * **A tier that panics fails the call, nothing more.** A panic in any of its data calls
+///   (`get`, `read_with`, `put`, `exists`), on whichever thread makes it — the loading
+///   thread, a get thread, the save or the probe thread — counts as a tier error: the
+///   call's chunks fail (poisoned and reported, or not saved, or not indexed) and the thread
+///   goes on, so later calls work and `flush` returns. A tier whose `read_with` says it held
+///   a chunk without handing the value over fails that block too: only bytes the connector
+///   verified are ever reported loaded.
 ///
 /// Hybrid lookups offer the largest multiple of `S` at which every group has its chunks
 /// (a longer prefix one group cannot resume from is not offered). The tier holds prompt
@@ -292,7 +300,7 @@ impl TierConnector {
             .encode(key, group as u32, tokens_in_block, payload);
         // Ours before the put (a probe may find it at once: see the saver's `store`).
         self.own.insert(key);
-        if let Err(e) = self.tier.put(&[(key, value)]) {
+        if let Err(e) = guarded("put", || self.tier.put(&[(key, value)])) {
             self.own.remove(key);
             return Err(e);
         }

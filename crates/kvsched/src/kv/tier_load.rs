@@ -34,6 +34,7 @@ use std::time::Instant;
 
 use super::{bump, TierConnector};
 use crate::connector::LoadJob;
+use crate::kv::tier_call::guarded;
 use crate::kv::{ChunkErrorClass, ChunkHeader, ChunkKey};
 use crate::pool::BlockRef;
 
@@ -77,11 +78,24 @@ impl TierConnector {
                 self.fail_all(job, &wanted[n..], bad);
                 return;
             }
-            let read = self
-                .tier
-                .read_with(w.2, &job.cancel, &mut |v| self.land(job, w, Some(v), bad));
+            // The value is landed once: a tier that answers "held" without handing it over
+            // leaves the block unwritten, and a second value is not landed over the first.
+            let mut landed = false;
+            let read = guarded("read", || {
+                self.tier.read_with(w.2, &job.cancel, &mut |v| {
+                    if !std::mem::replace(&mut landed, true) {
+                        self.land(job, w, Some(v), bad);
+                    }
+                })
+            });
             match read {
-                Ok(true) => {}
+                // (Planted bug `held-without-value`, scripts/plants.sh: the tier's word that
+                // it held the chunk is taken for a chunk landed.)
+                Ok(true) if landed || planted!("held-without-value") => {}
+                Ok(true) => {
+                    bump(&self.counters.tier_errors, 1);
+                    self.fail(job, w.0, w.1, bad);
+                }
                 Ok(false) => self.land(job, w, None, bad),
                 Err(_) => {
                     bump(&self.counters.tier_errors, 1);
@@ -136,9 +150,10 @@ impl TierConnector {
             (Some(gets), Some(deadline)) => gets.get_into(&keys, bufs, &job.cancel, deadline),
             _ => {
                 let (mut bufs, mut held) = (bufs, vec![false; n]);
-                self.tier
-                    .get_into(&keys, &job.cancel, &mut bufs, &mut held)
-                    .map(|()| (bufs, held))
+                guarded("get", || {
+                    self.tier.get_into(&keys, &job.cancel, &mut bufs, &mut held)
+                })
+                .map(|()| (bufs, held))
             }
         };
         let got = match got {

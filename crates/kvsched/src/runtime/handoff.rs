@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
 
+use crate::panics::panic_message;
+
 use crate::rules::geometry::BlockId;
 use crate::rules::recovery::InvalidSet;
 use crate::runtime::error::RuntimeError;
@@ -404,15 +406,4 @@ pub(super) fn spawn_shard_threads(inner: &Arc<Inner>) -> Result<ShardThreads, Ru
         }
     }
     Ok((threads, unparkers))
-}
-
-/// The message of a panic payload (a `&str` or `String`), or a placeholder.
-pub(super) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "(non-string panic payload)".to_string()
-    }
 }

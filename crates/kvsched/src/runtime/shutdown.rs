@@ -1,10 +1,10 @@
 //! Shutdown: stop the workers, apply what landed, cancel everyone, release every block,
 //! report ([`Runtime::shutdown`]); dropping a runtime only stops its shard threads.
 
+use crate::panics::panic_message;
 #[cfg(doc)]
 use crate::runtime::builder::Builder;
 use crate::runtime::claim::RequestKey;
-use crate::runtime::handoff::panic_message;
 use crate::runtime::report::Report;
 use crate::runtime::step::Runtime;
 use crate::runtime::worker::Completion;

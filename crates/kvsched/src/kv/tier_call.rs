@@ -1,0 +1,28 @@
+//! Calls into a [`Tier`](super::Tier) that may panic: the connector's loading, get, save and
+//! probe threads make them, and a tier's panic must cost what a tier's error costs — the
+//! call's chunks fail — never a thread, a count of busy threads left up for good, or a
+//! waiter left waiting.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use super::TierError;
+use crate::panics::panic_message;
+
+/// `f`, a call named `what` into a tier; a panic in it is [`TierError::Unavailable`] saying
+/// so, as any failure of the store.
+pub(super) fn guarded<T>(
+    what: &str,
+    f: impl FnOnce() -> Result<T, TierError>,
+) -> Result<T, TierError> {
+    // Planted bug `tier-panic-escapes` (scripts/plants.sh): the panic unwinds the caller.
+    if planted!("tier-panic-escapes") {
+        return f();
+    }
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(p) => Err(TierError::Unavailable(format!(
+            "the tier panicked in {what}: {}",
+            panic_message(p.as_ref())
+        ))),
+    }
+}
