@@ -15,7 +15,8 @@ import pytest
 import kvsched
 from conftest import scenario_files
 from kvsched.vllm import CacheGroup, RequestState, plan_recovery
-from vllm_standins import FINISHED, Scheduler
+from kvsched.vllm import KvschedRecoveryMixin
+from vllm_standins import FINISHED, BaseScheduler, MambaSpec, Scheduler
 
 def expressible(scenario: dict) -> bool:
     """vLLM reports flat block ids and has no scheduler block size of its own (it is the lcm
@@ -112,8 +113,8 @@ def test_vllm_vectors_shared_prefix_sync(invalid, r1_to, r1_tokens, s2):
 # --- mode safe's sharers across steps -----------------------------------------------------
 
 
-def shared_prefix_scheduler():
-    c = list(range(1000, 1099))
+def shared_prefix_scheduler(c=None):
+    c = c if c is not None else list(range(1000, 1099))
     return Scheduler({
         "mode": "safe",
         "groups": [{"kind": "full_attention", "block_size": 16}],
@@ -154,6 +155,106 @@ def test_an_owner_that_ends_first_hands_the_block_to_the_waiter():
     assert offered == ["R2"] and not s.kvsched_held("R2")
 
 
+@pytest.mark.parametrize("ids", ["ascending", "descending"])
+@pytest.mark.parametrize("owner_at,r2_at", [(300, 400), (500, 640), (700, 800)])
+def test_an_owner_that_ends_first_hands_over_only_what_it_left_unwritten(ids, owner_at, r2_at):
+    # Blocks 25 (tokens 400..416) and 40 (640..656) reported; R1 owns both and ends at
+    # `owner_at`. R2 becomes the owner of every block R1 left unwritten and rolls back to the
+    # earliest: whatever the order of the ids (a plan per block let the last one applied win).
+    c = list(range(1000, 1099)) if ids == "ascending" else list(range(3000, 2901, -1))
+    s, c = shared_prefix_scheduler(c)
+    s._handle_invalid_blocks({c[25], c[40]}, s.num_scheduled)
+    s.requests["R1"].num_computed_tokens = owner_at
+    s.requests["R1"].status = FINISHED
+    s.running.remove(s.requests["R1"])
+    offered = s.schedule()
+    assert s.requests["R2"].num_computed_tokens == r2_at
+    assert offered == ["R2"] and not s.kvsched_held("R2")
+
+
+class FreeingBase(BaseScheduler):
+    """vLLM's `update_from_output` finishing R1 and freeing it (gone from `requests`)."""
+
+    def update_from_output(self, scheduler_output, invalid_block_ids):
+        r1 = self.requests.pop("R1")
+        r1.status = FINISHED
+        self.running.remove(r1)
+        return set()
+
+
+class FreeingScheduler(KvschedRecoveryMixin, FreeingBase):
+    kvsched_mode = "safe"
+
+
+def test_an_owner_that_rewrote_a_block_in_the_step_it_ends_hands_nothing_over():
+    # The step that takes R1 past block 40 also finishes it, and vLLM frees it inside
+    # `update_from_output`: the waits it satisfied are dropped before that, so R2 keeps its
+    # place instead of rolling back for blocks already rewritten.
+    base, c = shared_prefix_scheduler()
+    s = FreeingScheduler.__new__(FreeingScheduler)
+    s.__dict__.update(base.__dict__)
+    s._handle_invalid_blocks({c[25], c[40]}, s.num_scheduled)
+    s.requests["R1"].num_computed_tokens = 700  # vLLM counts the step's tokens at schedule
+    s.update_from_output(SimpleNamespace(num_scheduled_tokens={}), set())
+    assert s.schedule() == ["R2"]
+    assert s.requests["R2"].num_computed_tokens == 800, "rolled back for rewritten blocks"
+    assert not s.kvsched_held("R2")
+
+
+class AdmittingBase(BaseScheduler):
+    """vLLM's `schedule` admitting what stands in `waiting` (its load landed)."""
+
+    admitted: list
+
+    def schedule(self):
+        self.admitted.extend(r.request_id for r in self.waiting)
+        return super().schedule()
+
+
+class AdmittingScheduler(KvschedRecoveryMixin, AdmittingBase):
+    kvsched_mode = "safe"
+
+
+def test_a_held_sharer_in_the_waiting_queue_is_not_admitted():
+    # docs/rules.md's shared hybrid block: R1 and R2 are async, their loads share block 12
+    # (group 1). R1 owns it; R2 waits. Both loads land, so vLLM would admit both from
+    # `waiting`; R2 must stay out (and in the queue) until R1 has rewritten block 12.
+    s = AdmittingScheduler({
+        "mode": "safe",
+        "groups": [{"kind": "full_attention", "block_size": 16}] * 2,
+        "requests": [
+            {"id": "R1", "class": "async", "num_computed_tokens": 48,
+             "block_tables": [[1, 2, 3], [11, 12, 13]]},
+            {"id": "R2", "class": "async", "num_computed_tokens": 48,
+             "block_tables": [[21, 22, 23], [31, 12, 33]]},
+        ],
+        "invalid_blocks": [],
+    })
+    s.admitted = []
+    s._handle_invalid_blocks({12}, {})
+    assert s.kvsched_held("R2") and not s.kvsched_held("R1")
+    s.schedule()
+    assert s.admitted == ["R1"], "a held sharer was admitted from waiting"
+    assert [r.request_id for r in s.waiting] == ["R1", "R2"], "the queue is as it was"
+    s.requests["R1"].num_computed_tokens = 32  # block 12 (tokens 16..32) rewritten
+    s.admitted.clear()
+    s.schedule()
+    assert s.admitted == ["R1", "R2"]
+
+
+def test_vllms_default_mamba_cache_mode_names_no_mode_of_the_rules():
+    from kvsched.vllm import groups_from_kv_cache_config
+
+    cfg = SimpleNamespace(kv_cache_groups=[SimpleNamespace(kv_cache_spec=MambaSpec(16, "none"))])
+    assert groups_from_kv_cache_config(cfg, "all") == [CacheGroup("mamba", 16, mamba_mode="all")]
+    cfg.kv_cache_groups[0].kv_cache_spec = MambaSpec(16, "align")
+    assert groups_from_kv_cache_config(cfg, "all")[0].mamba_mode == "align"
+    cfg.kv_cache_groups[0].kv_cache_spec = MambaSpec(16.5, "align")
+    with pytest.raises(kvsched.ScenarioError) as e:
+        groups_from_kv_cache_config(cfg)
+    assert e.value.field == "kv_cache_groups[0].block_size"
+
+
 def test_the_one_argument_signature_takes_the_scheduled_tokens_from_the_output():
     s, c = shared_prefix_scheduler()
     out = SimpleNamespace(num_scheduled_tokens=dict(s.num_scheduled))
@@ -169,3 +270,23 @@ def test_plan_errors_name_the_field():
     with pytest.raises(ValueError) as e:
         plan_recovery([], FA16, [1], mode="fast")
     assert str(e.value).startswith("mode:")
+
+
+@pytest.mark.parametrize("call,field", [
+    (lambda: plan_recovery([], FA16, None), "invalid_blocks"),
+    (lambda: plan_recovery([], FA16, [1, "x"]), "invalid_blocks[1]"),
+    (lambda: plan_recovery([], FA16, [1, None]), "invalid_blocks[1]"),
+    (lambda: plan_recovery([], FA16, [1], invalid_block_ids_by_group=[None]), "invalid_blocks_by_group[0]"),
+    (lambda: plan_recovery([], None, [1]), "groups"),
+    (lambda: plan_recovery([], {"a": 1}, [1]), "groups"),
+    (lambda: plan_recovery([], [{"kind": "full_attention"}], [1]), "groups[0]"),
+    (lambda: plan_recovery([{"request_id": "a"}], FA16, [1]), "requests[0]"),
+    (lambda: plan_recovery([RequestState("a", False, None, 16)], FA16, [1]), "requests[0].block_tables"),
+    (lambda: plan_recovery([RequestState("a", False, [7], 16)], FA16, [1]), "requests[0].block_tables[0]"),
+    (lambda: plan_recovery([RequestState("a", False, [{1: 2}], 16)], FA16, [1]), "requests[0].block_tables[0]"),
+    (lambda: plan_recovery([RequestState("a", None, [[1]], 16)], FA16, [1]), "requests[0].is_async"),
+])
+def test_bad_arguments_name_their_field(call, field):
+    with pytest.raises(kvsched.ScenarioError) as e:
+        call()
+    assert e.value.field == field, e.value

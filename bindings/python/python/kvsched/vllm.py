@@ -24,11 +24,12 @@ Three layers, use the one that fits:
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvsched import recover
+from kvsched import ScenarioError, recover
 
 __all__ = [
     "CacheGroup",
@@ -177,24 +178,69 @@ def scenario_of(
         "mode": mode,
         "policy": policy,
         "null_block_id": null_block_id,
-        "groups": [g.to_json() for g in groups],
-        "requests": [
-            {
-                "id": r.request_id,
-                "class": "async" if r.is_async else "sync",
-                "num_computed_tokens": r.num_computed_tokens,
-                "num_scheduled_tokens": r.num_scheduled_tokens,
-                "block_tables": [list(t) for t in r.block_ids],
-            }
-            for r in requests
-        ],
-        "invalid_blocks": sorted(set(invalid_block_ids)),
+        "groups": [_group(f"groups[{i}]", g).to_json() for i, g in enumerate(_seq("groups", groups))],
+        "requests": [_request(f"requests[{i}]", r) for i, r in enumerate(_seq("requests", requests))],
+        "invalid_blocks": _ids("invalid_blocks", invalid_block_ids),
     }
     if scheduler_block_size is not None:
         scenario["scheduler_block_size"] = scheduler_block_size
     if invalid_block_ids_by_group is not None:
-        scenario["invalid_blocks_by_group"] = [sorted(set(g)) for g in invalid_block_ids_by_group]
+        scenario["invalid_blocks_by_group"] = [
+            _ids(f"invalid_blocks_by_group[{i}]", g)
+            for i, g in enumerate(_seq("invalid_blocks_by_group", invalid_block_ids_by_group))
+        ]
     return scenario
+
+
+def _seq(field: str, value: Any) -> list[Any]:
+    """``value`` as a list: any iterable but a string, bytes, a dict or a set (a table is an
+    ordered list; a dict would give its keys)."""
+    if value is None or isinstance(value, (str, bytes, dict, set, frozenset)):
+        raise ScenarioError(field, f"expected a list, not {type(value).__name__}")
+    try:
+        return list(value)
+    except TypeError:
+        raise ScenarioError(field, f"expected a list, not {type(value).__name__}") from None
+
+
+def _ids(field: str, value: Any) -> list[Any]:
+    """Block ids, sorted without duplicates; entries that are no ids are passed on as they are,
+    for the scenario parser to name (``invalid_blocks[2]: ...``)."""
+    if isinstance(value, (set, frozenset)):
+        value = list(value)
+    ids = _seq(field, value)
+    try:
+        return sorted(set(ids))
+    except TypeError:
+        return ids
+
+
+def _group(field: str, g: Any) -> CacheGroup:
+    if not isinstance(g, CacheGroup):
+        raise ScenarioError(field, f"expected a CacheGroup, not {type(g).__name__}")
+    return g
+
+
+def _request(field: str, r: Any) -> dict[str, Any]:
+    """The scenario entry of request ``r`` (a :class:`RequestState`, or any object with its
+    attributes)."""
+    try:
+        rid, is_async, tables = r.request_id, r.is_async, r.block_ids
+        computed, scheduled = r.num_computed_tokens, r.num_scheduled_tokens
+    except AttributeError as e:
+        raise ScenarioError(field, f"expected a RequestState: {e}") from None
+    if not isinstance(is_async, bool) and type(is_async).__name__ != "bool_":
+        raise ScenarioError(f"{field}.is_async", f"expected a bool, not {type(is_async).__name__}")
+    return {
+        "id": rid,
+        "class": "async" if is_async else "sync",
+        "num_computed_tokens": computed,
+        "num_scheduled_tokens": scheduled,
+        "block_tables": [
+            _seq(f"{field}.block_tables[{j}]", t)
+            for j, t in enumerate(_seq(f"{field}.block_tables", tables))
+        ],
+    }
 
 
 def plan_from_outcome(
@@ -209,6 +255,7 @@ def plan_from_outcome(
     num_computed: dict[str, int] = {}
     affected_tokens: dict[str, int] = {}
     waits: dict[str, list[Wait]] = {}
+    ends: dict[str, dict[int, int]] = {}
     for d in outcome["requests"]:
         if not d["affected"]:
             continue
@@ -216,8 +263,11 @@ def plan_from_outcome(
         num_computed[rid] = d["num_computed_tokens"]
         affected_tokens[rid] = d["affected_tokens"]
         if d["waits_for"]:
+            for w in d["waits_for"]:
+                if w["owner"] not in ends:
+                    ends[w["owner"]] = _rewritten_at(by_id[w["owner"]], groups, reported)
             waits[rid] = [
-                Wait(w["block"], w["owner"], _ready_at(by_id[w["owner"]], w["block"], groups, reported))
+                Wait(w["block"], w["owner"], ends[w["owner"]].get(w["block"], 0))
                 for w in d["waits_for"]
             ]
     return RecoveryPlan(
@@ -240,19 +290,20 @@ def _reported(scenario: dict[str, Any], n_groups: int) -> list[set[int]]:
     return [flat | set(g) for g in by_group]
 
 
-def _ready_at(
-    owner: RequestState, block: int, groups: Sequence[CacheGroup], reported: list[set[int]]
-) -> int:
-    """The owner's ``num_computed_tokens`` from which ``block`` is rewritten: the end of its
-    first reported entry in the owner's tables."""
-    ends = [
-        (i + 1) * g.block_size
-        for gi, (g, table) in enumerate(zip(groups, owner.block_ids))
-        if block in reported[gi]
-        for i, b in enumerate(table)
-        if b == block
-    ]
-    return min(ends) if ends else 0
+def _rewritten_at(
+    owner: RequestState, groups: Sequence[CacheGroup], reported: list[set[int]]
+) -> dict[int, int]:
+    """Per reported block in the owner's tables, the owner's ``num_computed_tokens`` from
+    which it is rewritten: the end of its first reported entry there. One pass over the
+    owner's tables, however many sharers wait for it."""
+    out: dict[int, int] = {}
+    for gi, (g, table) in enumerate(zip(groups, owner.block_ids)):
+        for i, b in enumerate(table):
+            if b in reported[gi]:
+                end = (i + 1) * g.block_size
+                if end < out.get(b, end + 1):
+                    out[b] = end
+    return out
 
 
 class SharerHolds:
@@ -283,12 +334,18 @@ class SharerHolds:
         self._waits.pop(request_id, None)
 
     def refresh(
-        self, computed: Callable[[str], int | None]
+        self,
+        computed: Callable[[str], int | None],
+        last: Callable[[str], int | None] | None = None,
     ) -> dict[int, list[str]]:
-        """``computed(id)``: a live request's ``num_computed_tokens``, ``None`` once it ended.
+        """``computed(id)``: a live request's ``num_computed_tokens``, ``None`` once it ended;
+        ``last(id)``: an ended request's ``num_computed_tokens`` when it ended, ``None`` when
+        not known. An owner that ended after rewriting a block (as far as ``last`` knows)
+        leaves its waiters nothing to wait for.
 
-        Returns, per block whose owner ended before rewriting it, its waiters in the order they
-        were added (canonical order); those waits are dropped here, for :meth:`replan`.
+        Returns, per block whose owner ended before rewriting it (or not known to have), its
+        waiters in the order they were added (canonical order); those waits are dropped here,
+        for :meth:`replan`.
         """
         orphaned: dict[int, list[str]] = {}
         for rid in list(self._waits):
@@ -299,7 +356,9 @@ class SharerHolds:
             for w in self._waits[rid]:
                 c = computed(w.owner)
                 if c is None:
-                    orphaned.setdefault(w.block, []).append(rid)
+                    done = last(w.owner) if last is not None else None
+                    if done is None or done < w.ready_at:
+                        orphaned.setdefault(w.block, []).append(rid)
                 elif c < w.ready_at:
                     keep.append(w)
             self._waits[rid] = keep
@@ -312,20 +371,24 @@ class SharerHolds:
         groups: Sequence[CacheGroup],
         **kw: Any,
     ) -> list[RecoveryPlan]:
-        """The hand-off of each orphaned block: its waiters (as sync requests with nothing
-        scheduled, their current tables) re-planned on a report of that block, so the first
-        waiter owns it; the plans' waits are added. Apply each plan's
-        ``num_computed_tokens`` (and evictions) as after ``_handle_invalid_blocks``."""
-        plans = []
-        for block, waiters in orphaned.items():
-            reqs = [
-                RequestState(s.request_id, False, s.block_ids, s.num_computed_tokens, 0)
-                for s in (state(r) for r in waiters)
-            ]
-            plan = plan_recovery(reqs, groups, [block], **kw)
-            self.add(plan)
-            plans.append(plan)
-        return plans
+        """The hand-off of the orphaned blocks: their waiters (as sync requests with nothing
+        scheduled, their current tables) re-planned together on one report of every orphaned
+        block, so each block's first waiter owns it and a waiter that owns several rolls back
+        to the earliest (block by block, the last plan applied would win); the plan's waits
+        are added. Apply the plan's ``num_computed_tokens`` (and evictions) as after
+        ``_handle_invalid_blocks``."""
+        if not orphaned:
+            return []
+        waiters: list[str] = []
+        for ws in orphaned.values():
+            waiters.extend(r for r in ws if r not in waiters)
+        reqs = [
+            RequestState(s.request_id, False, s.block_ids, s.num_computed_tokens, 0)
+            for s in (state(r) for r in waiters)
+        ]
+        plan = plan_recovery(reqs, groups, list(orphaned), **kw)
+        self.add(plan)
+        return [plan]
 
 
 # --- vLLM's objects, duck-typed ---------------------------------------------------------
@@ -334,21 +397,33 @@ class SharerHolds:
 def groups_from_kv_cache_config(kv_cache_config: Any, mamba_mode: str = "align") -> list[CacheGroup]:
     """The cache groups of a vLLM ``KVCacheConfig`` (``kv_cache_groups[i].kv_cache_spec``):
     a spec with a ``sliding_window`` is a sliding-window group, a Mamba spec (its class name
-    has ``Mamba``) a Mamba group in ``mamba_mode`` (or the spec's ``mamba_cache_mode``), any
-    other a full-attention group."""
+    has ``Mamba``) a Mamba group in the spec's ``mamba_cache_mode`` when that is ``"align"`` or
+    ``"all"``, else in ``mamba_mode``, any other a full-attention group."""
     out = []
     for g in kv_cache_config.kv_cache_groups:
         spec = g.kv_cache_spec
         name = type(spec).__name__
-        bs = int(spec.block_size)
+        bs = _whole(f"kv_cache_groups[{len(out)}].block_size", spec.block_size)
         if "Mamba" in name:
-            mode = getattr(spec, "mamba_cache_mode", None) or mamba_mode
+            # A spec's own mode where it names one of the rules' (vLLM's default, "none",
+            # caches no Mamba prefix and names none): else `mamba_mode`.
+            mode = getattr(spec, "mamba_cache_mode", None)
+            if mode not in ("align", "all"):
+                mode = mamba_mode
             out.append(CacheGroup("mamba", bs, mamba_mode=str(mode)))
         elif getattr(spec, "sliding_window", None):
-            out.append(CacheGroup("sliding_window", bs, window=int(spec.sliding_window)))
+            window = _whole(f"kv_cache_groups[{len(out)}].sliding_window", spec.sliding_window)
+            out.append(CacheGroup("sliding_window", bs, window=window))
         else:
             out.append(CacheGroup("full_attention", bs))
     return out
+
+
+def _whole(field: str, value: Any) -> int:
+    """``value`` as an int: a float is not floored into one."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ScenarioError(field, f"expected a whole number, not {value!r}")
+    return int(value)
 
 
 def _status_name(request: Any) -> str:
@@ -360,15 +435,11 @@ def _waiting_requests(scheduler: Any) -> list[Any]:
     """The scheduler's waiting requests (``skipped_waiting`` first where vLLM has it)."""
     seen: set[str] = set()
     out = []
-    for q in (getattr(scheduler, "skipped_waiting", None), getattr(scheduler, "waiting", None)):
-        if q is None:
-            continue
-        queues = q.get_all_queues() if hasattr(q, "get_all_queues") else [q]
-        for queue in queues:
-            for r in getattr(queue, "requests", queue):
-                if r.request_id not in seen:
-                    seen.add(r.request_id)
-                    out.append(r)
+    for queue in _waiting_queues(scheduler):
+        for r in getattr(queue, "requests", queue):
+            if r.request_id not in seen:
+                seen.add(r.request_id)
+                out.append(r)
     return out
 
 
@@ -443,6 +514,10 @@ class KvschedRecoveryMixin:
         # The step's scheduled tokens, for vLLM versions whose `_handle_invalid_blocks` is not
         # given them.
         self._kvsched_num_scheduled_tokens = getattr(scheduler_output, "num_scheduled_tokens", None)
+        # Owners' progress now counts the step's scheduled tokens (vLLM adds them at schedule
+        # time), and an owner this output finishes is still live: the waits it satisfied are
+        # dropped before it ends, not handed off as if it ended first.
+        self._kvsched_release()
         return super().update_from_output(scheduler_output, *args, **kwargs)  # type: ignore[misc]
 
     def _handle_invalid_blocks(
@@ -479,10 +554,18 @@ class KvschedRecoveryMixin:
             return None
         return req.num_computed_tokens
 
+    def _kvsched_last(self, rid: str) -> int | None:
+        """An ended request's progress when it ended, while the scheduler still has it (a
+        preempted one restarts from 0: not known to have rewritten anything)."""
+        req = self.requests.get(rid)
+        if req is None or _status_name(req) == "PREEMPTED":
+            return None
+        return req.num_computed_tokens
+
     def _kvsched_release(self) -> None:
         """Refreshes the holds; hands orphaned blocks to their next waiters."""
         holds = self._kvsched_holds()
-        orphaned = holds.refresh(self._kvsched_computed)
+        orphaned = holds.refresh(self._kvsched_computed, self._kvsched_last)
         if not orphaned:
             return
         manager = self.kv_cache_manager
@@ -510,8 +593,16 @@ class KvschedRecoveryMixin:
         self._kvsched_release()
         holds = self._kvsched_holds()
         held = [r for r in self.running if holds.held(r.request_id)]
+        # A held sharer still waiting (its async load landed, or it was preempted) must not
+        # be admitted either: it leaves the waiting queues for the call.
+        out_of_waiting = [
+            (q, _take_out(q, lambda r: holds.held(r.request_id))) for q in _waiting_queues(self)
+        ]
         if not held:
-            return super().schedule(*args, **kwargs)  # type: ignore[misc]
+            try:
+                return super().schedule(*args, **kwargs)  # type: ignore[misc]
+            finally:
+                _put_back(out_of_waiting)
         before = list(self.running)
         self.running = [r for r in before if not holds.held(r.request_id)]
         try:
@@ -523,3 +614,43 @@ class KvschedRecoveryMixin:
             self.running = [r for r in before if id(r) in kept] + [
                 r for r in after if all(r is not b for b in before)
             ]
+            _put_back(out_of_waiting)
+
+
+def _waiting_queues(scheduler: Any) -> list[Any]:
+    """The scheduler's waiting queues (``skipped_waiting`` first where vLLM has it; a
+    multi-queue's parts)."""
+    out = []
+    for q in (getattr(scheduler, "skipped_waiting", None), getattr(scheduler, "waiting", None)):
+        if q is not None:
+            out.extend(q.get_all_queues() if hasattr(q, "get_all_queues") else [q])
+    return out
+
+
+def _take_out(queue: Any, held: Callable[[Any], bool]) -> list[tuple[int, Any]]:
+    """Removes the held requests from ``queue``; returns them with their positions."""
+    items = list(getattr(queue, "requests", queue))
+    taken = [(i, r) for i, r in enumerate(items) if held(r)]
+    if not taken:
+        return []
+    if hasattr(queue, "remove_requests"):
+        queue.remove_requests([r for _, r in taken])
+    else:
+        for _, r in taken:
+            queue.remove(r)
+    return taken
+
+
+def _put_back(taken: list[tuple[Any, list[tuple[int, Any]]]]) -> None:
+    """Puts the held requests back: where they stood in a list, else at the queue's front
+    (``prepend_request``), else by ``add_request`` (a priority queue orders them itself)."""
+    for queue, reqs in taken:
+        if isinstance(queue, list):
+            for i, r in reqs:
+                queue.insert(min(i, len(queue)), r)
+        elif hasattr(queue, "prepend_request"):
+            for _, r in reversed(reqs):
+                queue.prepend_request(r)
+        else:
+            for _, r in reqs:
+                queue.add_request(r)
