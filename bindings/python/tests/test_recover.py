@@ -196,3 +196,5 @@ def test_whole_input_problems_of_the_text_form():
     assert e.value.field == "input" and "invalid UTF-8" in e.value.problem
     with pytest.raises(TypeError):
         kvsched.recover_json(42)
+    with pytest.raises(TypeError, match="^scenario:"):
+        kvsched.recover_json([123, 125])  # not taken for the bytes b"{}"

@@ -40,6 +40,9 @@ def recover_json(scenario: str | bytes, *, explain: bool = False) -> str:
 
     Raises :class:`ScenarioError` (a ``ValueError``) on bad input, with the command's message.
     """
+    if not isinstance(scenario, (str, bytes, bytearray, memoryview)):
+        # (A list of ints would pass for bytes on the native side.)
+        raise TypeError(f"scenario: expected str or bytes, not {type(scenario).__name__}")
     if isinstance(scenario, str):
         try:
             scenario.encode("utf-8")
