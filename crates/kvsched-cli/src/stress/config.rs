@@ -165,8 +165,8 @@ pub struct StressConfig {
     /// * `duplicate=R`: in share R of steps the engine reports its output twice (every sampled
     ///   and finished id, every failed sync-load block);
     /// * `stale=R`: in share R of steps the engine names a stale block among the failed
-    ///   blocks (a block seen in an earlier sync load with a wrong generation, or an id past
-    ///   the pool);
+    ///   blocks (a block seen in a sync load, at a generation older than the one it had
+    ///   there, or an id past the pool);
     /// * `cancel=R`: share R of requests are cancelled by the client at a random later step
     ///   (1–128 steps after submission; on top of --cancel-ratio).
     ///

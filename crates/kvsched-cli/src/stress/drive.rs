@@ -388,10 +388,17 @@ impl<'a, S: Scheduler> Engine<'a, S> {
         if stale < self.faults.stale {
             self.injected.stale += 1;
             let pick = self.frng.unit();
-            let b = match self.step_sync_block.or(self.last_sync_block) {
+            // An older generation than the plan's: an earlier use of the slot, stale for
+            // certain. (A newer one names no earlier use: the runtime takes it for a
+            // failure of the destination as handed out, docs/runtime.md.)
+            let older = self
+                .step_sync_block
+                .or(self.last_sync_block)
+                .filter(|b| b.generation > 0);
+            let b = match older {
                 Some(b) if self.step_sync_block.is_some() || pick < 0.5 => BlockRef {
                     id: b.id,
-                    generation: b.generation.wrapping_add(0x8000_0000),
+                    generation: b.generation - 1,
                 },
                 _ => BlockRef {
                     id: self.cfg.pool_blocks as u64 + self.frng.below(1024),
