@@ -162,6 +162,9 @@ declare -A TESTS=(
   # kv/tier_load.rs: a tier's "held" is taken for a chunk landed, though it never handed the
   # value over, so the block is reported loaded holding what it held before.
   [held-without-value]="kvsched --test kv_tier_panics"
+  # kv/disk/scan.rs: a rescan deletes temporary files too, so a put in flight loses its file
+  # before it is linked into place.
+  [rescan-deletes-temps]="kvsched --test kv_disk_hostile"
 )
 ORDER=(decide-early claim-store late-leak deadline-compact-in-flight load-queue-unbounded panic-ok trust-stale end-while-loading no-cross-shard-preempt lookup-uncaught shard-panic-escapes
   mamba-align-cache-unwritten saver-flush-early register-unwritten reoffer-unwritten park-unstarted baseline-no-second-chance holder-release-unrecorded unaligned-chunks prompt-end-state-uncached
@@ -169,7 +172,8 @@ ORDER=(decide-early claim-store late-leak deadline-compact-in-flight load-queue-
   probe-hits-unindexed vllm-admits-before-schedule cost-ignores-failures pack-offset-past-table failure-share-read-per-token
   handoff-count-after-release inbox-apply-under-lock merge-larger-first probe-offer-never-wakes allocatable-release-uncounted
   quarantine-deadline-uncounted prompt-keys-one-group prepare-under-open-lock sync-newer-generation-ignored
-  wait-past-deadline submit-wakes-nobody tier-panic-escapes held-without-value)
+  wait-past-deadline submit-wakes-nobody tier-panic-escapes held-without-value
+  rescan-deletes-temps)
 
 if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi
 

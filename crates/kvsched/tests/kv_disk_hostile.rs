@@ -1,7 +1,8 @@
 //! The disk tier against what others plant at a pack's path: a symbolic link to /dev/zero,
 //! a FIFO, a sparse 8 GiB file — each read as absent at once, with bounded memory; an
 //! oversized file found at open is neither indexed nor counted against the capacity, so it
-//! evicts nothing.
+//! evicts nothing; a rescan racing puts deletes none of their temporary files, and a
+//! temporary the tier cannot remove does not stop it opening.
 
 use std::fs;
 use std::path::Path;
@@ -111,4 +112,61 @@ fn an_oversized_file_planted_before_open_evicts_nothing() {
     assert_eq!(got.iter().filter(|v| v.is_some()).count(), 40);
     // Left alone, not read.
     assert!(planted.exists());
+}
+
+/// A rescan (what a tier probing for other writers' packs runs) deletes no temporary file:
+/// one may be a put in flight, whose link into place would then fail. Puts racing a thread
+/// that rescans without pause all land.
+#[test]
+fn a_rescan_racing_puts_deletes_none_of_their_temporary_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let big = 64 << 10;
+    let t = std::sync::Arc::new(
+        DiskTier::open(
+            dir.path(),
+            cfg().with_capacity_bytes(1 << 30).with_max_value_bytes(big),
+        )
+        .unwrap(),
+    );
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let rescans = {
+        let (t, stop) = (t.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                t.rescan().unwrap();
+                n += 1;
+            }
+            n
+        })
+    };
+    let ks = keys(60 * 8);
+    for put in ks.chunks(8) {
+        let chunks: Vec<_> = put.iter().map(|&k| (k, vec![7u8; big as usize])).collect();
+        t.put(&chunks).unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(rescans.join().unwrap() > 0);
+    assert_eq!(t.counts().write_errors, 0, "{:?}", t.counts());
+    let got = t.get(&ks, &CancelToken::new()).unwrap();
+    assert_eq!(got.iter().filter(|v| v.is_some()).count(), ks.len());
+}
+
+/// A `*.tmp` entry the tier cannot remove (here a directory of that name) does not stop it
+/// opening: it is no pack and nothing reads it.
+#[test]
+fn a_temporary_it_cannot_remove_does_not_stop_an_open() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let t = DiskTier::open(dir.path(), cfg()).unwrap();
+        t.put(&[(keys(1)[0], vec![1u8; CHUNK])]).unwrap();
+    }
+    let root = fs::read_dir(dir.path())
+        .unwrap()
+        .filter_map(Result::ok)
+        .find(|e| e.path().is_dir())
+        .map_or_else(|| dir.path().to_path_buf(), |e| e.path());
+    fs::create_dir(root.join("0000000000000001.1234.tmp")).unwrap();
+    let t = DiskTier::open(dir.path(), cfg()).unwrap();
+    assert_eq!(t.counts().entries, 1);
 }

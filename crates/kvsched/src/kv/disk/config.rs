@@ -10,8 +10,8 @@ pub struct DiskConfig {
     /// The largest value accepted, read or indexed: the largest chunk the layout can
     /// produce (the bound is the smaller of this and what a pack of one value within
     /// `capacity_bytes` holds: the capacity less 56 bytes of table). It also bounds the
-    /// largest pack file read or indexed (1,024 entries' table and the larger of 4 MiB and
-    /// this): a file at a pack's path longer than that is not one the tier wrote, so `get`
+    /// largest pack file read or indexed (1,024 entries' table and the larger of 4 MiB — less
+    /// where `capacity_bytes` is smaller: what it holds beside that table — and this): a file at a pack's path longer than that is not one the tier wrote, so `get`
     /// reads it as absent and [`DiskTier::open`](super::DiskTier::open) neither indexes nor
     /// counts it.
     pub max_value_bytes: u64,
