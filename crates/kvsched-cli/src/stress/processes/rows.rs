@@ -11,7 +11,8 @@ use super::combine::Exit;
 pub struct Row {
     /// The engine (`null` in the sum).
     pub engine: Option<u8>,
-    /// Its exit code (`null` if a signal killed it; in the sum, the worst).
+    /// Its exit code (`null` if a signal killed it; in the sum, the worst, an engine a signal
+    /// killed counted as 128 + the signal's number, as a shell shows it).
     pub exit_code: Option<i32>,
     /// The signal that killed it.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -115,7 +116,10 @@ impl Row {
         let max = |get: fn(&Row) -> f64| rows.iter().map(get).fold(0.0, f64::max);
         Row {
             engine: None,
-            exit_code: rows.iter().filter_map(|r| r.exit_code).max(),
+            exit_code: rows
+                .iter()
+                .filter_map(|r| r.exit_code.or(r.signal.map(|s| 128 + s)))
+                .max(),
             signal: None,
             report: rows.iter().all(|r| r.report),
             submitted: add(|r| r.submitted),
@@ -139,5 +143,25 @@ impl Row {
             submit_to_schedule_p99_us: max(|r| r.submit_to_schedule_p99_us),
             invariants_ok: rows.iter().all(|r| r.invariants_ok),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sum_shows_an_engine_a_signal_killed_as_its_worst_exit() {
+        let ok = Row {
+            exit_code: Some(0),
+            ..Row::default()
+        };
+        let killed = Row {
+            exit_code: None,
+            signal: Some(9),
+            ..Row::default()
+        };
+        assert_eq!(Row::sum(&[ok.clone(), killed]).exit_code, Some(137));
+        assert_eq!(Row::sum(&[ok]).exit_code, Some(0));
     }
 }
