@@ -13,6 +13,7 @@ use crossbeam_queue::SegQueue;
 use serde::Serialize;
 
 use super::config::{StressConfig, HANG_DEADLINES};
+use super::prompt_sources::{filled_until, LoadEvent};
 use kvsched::connector::{KvConnector, LoadJob, LoadResult, LookupQuery, LookupResult, Prepared};
 use kvsched::kv::TierConnector;
 use kvsched_testkit::hash_str;
@@ -156,9 +157,9 @@ pub(super) struct FaultConnector {
     pub(super) hangs: AtomicU64,
     pub(super) panics: AtomicU64,
     pub(super) offers: SegQueue<Arc<str>>,
-    /// Every load a worker started (`false`), and again once it returned every block
-    /// (`true`): request and token range, for the prompt-token sources.
-    pub(super) started: SegQueue<(Arc<str>, u64, u64, bool)>,
+    /// Every load a worker started, and again once it returned, with how far it filled its
+    /// blocks: request and token range, for the prompt-token sources.
+    pub(super) started: SegQueue<(Arc<str>, u64, u64, LoadEvent)>,
 }
 
 impl FaultConnector {
@@ -227,8 +228,12 @@ impl KvConnector for FaultConnector {
     }
 
     fn load(&self, job: &LoadJob) -> LoadResult {
-        self.started
-            .push((job.request.clone(), job.start_tokens, job.end_tokens, false));
+        self.started.push((
+            job.request.clone(),
+            job.start_tokens,
+            job.end_tokens,
+            LoadEvent::Started,
+        ));
         if self.hang_rate > 0.0 || self.panic_rate > 0.0 {
             let mut rng = SplitMix64::new(
                 self.seed
@@ -255,10 +260,16 @@ impl KvConnector for FaultConnector {
             }
         }
         let result = self.inner.load(&self.bounded(job));
-        if result == LoadResult::Ok {
-            self.started
-                .push((job.request.clone(), job.start_tokens, job.end_tokens, true));
-        }
+        let filled = match &result {
+            LoadResult::Ok => job.end_tokens,
+            LoadResult::Failed(bad) => filled_until(job, &bad.clone().into_flat()),
+        };
+        self.started.push((
+            job.request.clone(),
+            job.start_tokens,
+            job.end_tokens,
+            LoadEvent::Filled(filled),
+        ));
         result
     }
 }

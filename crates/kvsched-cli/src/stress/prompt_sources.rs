@@ -5,15 +5,16 @@
 //! The engine's own accounting, not a model: per live request it keeps the lowest
 //! `num_computed_tokens` of any step that computed prompt tokens (`L`: everything at and
 //! past it the engine computed at least once, everything below it it never computed) and
-//! the token ranges of every load run for it, with whether the load filled all its blocks —
-//! asynchronous ones as the connector's workers start and finish them
-//! ([`FaultConnector`](super::faults::FaultConnector) records them), synchronous ones from
-//! the plans that carry them and the failed blocks of the engine's output. When the request
-//! finishes, its prompt of `P` tokens splits into
+//! the token ranges of every load run for it, and how far each filled its blocks (all of
+//! its range, or up to its first failed block, or nothing) — asynchronous ones as the
+//! connector's workers start and finish them ([`FaultConnector`](super::faults::FaultConnector)
+//! records them), synchronous ones from the plans that carry them and the failed blocks of
+//! the engine's output. When the request finishes, its prompt of `P` tokens splits into
 //!
-//! * `tier_hit`: tokens below `L` inside a load's range (a load that failed at a block
-//!   rolls the request back below that block, so what is left below `L` was loaded and
-//!   verified);
+//! * `tier_hit`: tokens below `L` that a load filled (verified chunks; the part of a failed
+//!   load below its first failed block among them, and never the rest: a request whose load
+//!   failed and that was admitted again over blocks another request computed meanwhile has
+//!   those tokens from the device, not the tier);
 //! * `device_hit`: the rest below `L`, which no load covered: the device prefix cache;
 //! * `computed`: `P − L`, of which `computed_after_failed_load` lie inside the range of a
 //!   load that failed (a damaged or missing chunk, a tier error, a passed deadline, a
@@ -30,7 +31,9 @@ use crossbeam_queue::SegQueue;
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
+use kvsched::connector::LoadJob;
 use kvsched::runtime::{EndState, StepOutput, StepPlan};
+use kvsched::BlockRef;
 
 /// The prompt tokens of the finished requests, by source (the JSON's `prompt_tokens`).
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -55,9 +58,29 @@ struct Track {
     /// The lowest `num_computed_tokens` of a step that computed prompt tokens (`prompt_len`
     /// until one did).
     lowest_computed: u64,
-    /// Token ranges of the loads run for it, and whether each failed (until it is known to
-    /// have filled every block).
-    loads: Vec<(u64, u64, bool)>,
+    /// The loads run for it: token range, whether it failed (until it is known to have
+    /// filled every block), and the end of what it filled (its start until it is known).
+    loads: Vec<Load>,
+}
+
+/// One load of a request: tokens `start..end`, whether it failed (until known to have
+/// filled every block), and `filled`, the end of the tokens it filled (`start` until known).
+#[derive(Clone, Copy, Debug)]
+struct Load {
+    start: u64,
+    end: u64,
+    failed: bool,
+    filled: u64,
+}
+
+/// What a load event says: it started, or it ended having filled its blocks up to `filled`
+/// (its end: all of them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum LoadEvent {
+    /// A worker (or the engine) started it.
+    Started,
+    /// It ended, its blocks filled up to token `filled`.
+    Filled(u64),
 }
 
 /// The per-request accounting of a run and its totals.
@@ -80,21 +103,30 @@ impl PromptSources {
         );
     }
 
-    /// A load of tokens `start..end` for request `id` started (`ok` false) or filled every
-    /// block (`ok` true, after its start).
-    pub(super) fn loaded(&mut self, id: &str, start: u64, end: u64, ok: bool) {
+    /// A load of tokens `start..end` for request `id` started, or ended (after its start)
+    /// having filled its blocks up to a token: all of them, the load succeeded.
+    pub(super) fn loaded(&mut self, id: &str, start: u64, end: u64, event: LoadEvent) {
         let Some(t) = self.live.get_mut(id).filter(|_| end > start) else {
             return;
         };
-        if !ok {
-            t.loads.push((start, end, true));
-        } else if let Some(l) = t
-            .loads
-            .iter_mut()
-            .rev()
-            .find(|l| l.0 == start && l.1 == end && l.2)
-        {
-            l.2 = false;
+        match event {
+            LoadEvent::Started => t.loads.push(Load {
+                start,
+                end,
+                failed: true,
+                filled: start,
+            }),
+            LoadEvent::Filled(upto) => {
+                if let Some(l) = t
+                    .loads
+                    .iter_mut()
+                    .rev()
+                    .find(|l| l.start == start && l.end == end && l.filled == start)
+                {
+                    l.filled = upto.clamp(start, end);
+                    l.failed = upto < end;
+                }
+            }
         }
     }
 
@@ -102,11 +134,11 @@ impl PromptSources {
     /// its sync loads, where its requests compute from, how they ended.
     pub(super) fn observe(
         &mut self,
-        started: &SegQueue<(Arc<str>, u64, u64, bool)>,
+        started: &SegQueue<(Arc<str>, u64, u64, LoadEvent)>,
         plan: &StepPlan,
     ) {
-        while let Some((id, start, end, ok)) = started.pop() {
-            self.loaded(&id, start, end, ok);
+        while let Some((id, start, end, event)) = started.pop() {
+            self.loaded(&id, start, end, event);
         }
         for s in &plan.scheduled {
             let Some(t) = self.live.get_mut(&s.id) else {
@@ -128,14 +160,14 @@ impl PromptSources {
             let Some(job) = &s.sync_load else {
                 continue;
             };
-            let failed = job
-                .all_loaded_blocks()
-                .iter()
-                .any(|b| out.invalid_blocks.contains(b));
-            self.loaded(&s.id, job.start_tokens, job.end_tokens, false);
-            if !failed {
-                self.loaded(&s.id, job.start_tokens, job.end_tokens, true);
-            }
+            let filled = filled_until(job, &out.invalid_blocks);
+            self.loaded(&s.id, job.start_tokens, job.end_tokens, LoadEvent::Started);
+            self.loaded(
+                &s.id,
+                job.start_tokens,
+                job.end_tokens,
+                LoadEvent::Filled(filled),
+            );
         }
     }
 
@@ -148,9 +180,14 @@ impl PromptSources {
             return;
         }
         let low = t.lowest_computed;
-        let all: Vec<(u64, u64)> = t.loads.iter().map(|l| (l.0, l.1)).collect();
-        let failed: Vec<(u64, u64)> = t.loads.iter().filter(|l| l.2).map(|l| (l.0, l.1)).collect();
-        let tier = covered(&all, 0, low);
+        let filled: Vec<(u64, u64)> = t.loads.iter().map(|l| (l.start, l.filled)).collect();
+        let failed: Vec<(u64, u64)> = t
+            .loads
+            .iter()
+            .filter(|l| l.failed)
+            .map(|l| (l.start, l.end))
+            .collect();
+        let tier = covered(&filled, 0, low);
         let n = &mut self.totals;
         n.requests += 1;
         n.total += t.prompt_len;
@@ -164,6 +201,19 @@ impl PromptSources {
     pub(super) fn totals(&self) -> PromptTokens {
         self.totals.clone()
     }
+}
+
+/// The end of the tokens `job` filled when `invalid` names its failed blocks: the start of
+/// its first failed block in any group (every group's blocks below it were filled), its end
+/// when none failed.
+pub(super) fn filled_until(job: &LoadJob, invalid: &[BlockRef]) -> u64 {
+    let mut first = job.end_tokens;
+    for (table, &size) in job.block_tables.iter().zip(&job.block_sizes) {
+        if let Some(i) = table.iter().position(|b| invalid.contains(b)) {
+            first = first.min(i as u64 * size);
+        }
+    }
+    first.max(job.start_tokens)
 }
 
 /// Tokens of `lo..hi` inside at least one of `ranges`.
@@ -205,9 +255,9 @@ mod tests {
         p.add(&b, 100);
         // a: device prefix 0..32, a load 32..64 that landed, a load 64..96 that failed and
         // was recomputed from 64.
-        p.loaded("a", 32, 64, false);
-        p.loaded("a", 32, 64, true);
-        p.loaded("a", 64, 96, false);
+        p.loaded("a", 32, 64, LoadEvent::Started);
+        p.loaded("a", 32, 64, LoadEvent::Filled(64));
+        p.loaded("a", 64, 96, LoadEvent::Started);
         if let Some(t) = p.live.get_mut("a") {
             t.lowest_computed = 64;
         }
@@ -219,5 +269,53 @@ mod tests {
             (1, 100, 32, 32, 36)
         );
         assert_eq!(t.computed_after_failed_load, 32);
+    }
+
+    #[test]
+    fn a_failed_load_counts_as_tier_only_what_it_filled() {
+        let mut p = PromptSources::default();
+        let (a, b): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
+        p.add(&a, 100);
+        p.add(&b, 100);
+        // a: a load of 0..64 failed at its first block, and never ran a step; admitted again
+        // over blocks another request computed meanwhile, it computes from 80: its 0..80 came
+        // from the device, none from the tier.
+        p.loaded("a", 0, 64, LoadEvent::Started);
+        p.loaded("a", 0, 64, LoadEvent::Filled(0));
+        // b: a load of 0..64 that filled up to 32 (its block at 32 failed); b computes from 32.
+        p.loaded("b", 0, 64, LoadEvent::Started);
+        p.loaded("b", 0, 64, LoadEvent::Filled(32));
+        for (id, low) in [("a", 80), ("b", 32)] {
+            if let Some(t) = p.live.get_mut(id) {
+                t.lowest_computed = low;
+            }
+        }
+        p.ended("a", EndState::Finished);
+        let t = p.totals();
+        assert_eq!((t.device_hit, t.tier_hit, t.computed), (80, 0, 20));
+        p.ended("b", EndState::Finished);
+        let t = p.totals();
+        assert_eq!((t.device_hit, t.tier_hit, t.computed), (80, 32, 88));
+        assert_eq!(t.computed_after_failed_load, 32);
+    }
+
+    #[test]
+    fn a_load_is_filled_up_to_its_first_failed_block_in_any_group() {
+        let r = |id| BlockRef { id, generation: 1 };
+        let mut job = LoadJob::new(
+            "r",
+            &[0; 64],
+            16,
+            64,
+            vec![vec![r(1), r(2), r(3), r(4)], vec![r(5), r(6)]],
+            vec![16, 32],
+        );
+        assert_eq!(filled_until(&job, &[]), 64);
+        assert_eq!(filled_until(&job, &[r(4)]), 48);
+        assert_eq!(filled_until(&job, &[r(4), r(6)]), 32);
+        // A block below the load's start: nothing of it filled.
+        assert_eq!(filled_until(&job, &[r(5)]), 16);
+        job.end_tokens = 40;
+        assert_eq!(filled_until(&job, &[r(9)]), 40);
     }
 }
