@@ -1,8 +1,10 @@
 //! How much of a lookup hit an admitted request loads: all of it under the `always` load
 //! policy, none under `never`; under `cost`, what `runtime::policy::load_cost` decides from
 //! the tier's measured estimate (`runtime::load_estimate`) and the requests waiting behind
-//! this one, a probe granted now and then. What a decision leaves to recompute is counted
-//! (`Metrics::cost_declined_*`, `cost_partial_requests`).
+//! this one, a probe granted now and then — at least one resume unit, so a tier written off
+//! is measured again. What a decision leaves to recompute is counted
+//! (`Metrics::cost_declined_*`, `cost_partial_requests`; `cost_probes` counts probes that
+//! loaded more than the decision would have).
 
 use std::time::Instant;
 
@@ -41,15 +43,28 @@ impl<S: Strategy> Shard<S> {
             compute_rate: settings.compute_rate,
             waiting_behind,
         };
-        let mut decision = load_tokens(settings.load_policy, &hit, engine, false);
+        let decision = load_tokens(settings.load_policy, &hit, engine, false);
+        let mut end = external_end(env.geo, prompt_len, local, decision.load);
         let probe = settings.load_policy == LoadPolicy::Cost
-            && decision.load < hit[0].tokens
+            && end < full
             && env.estimate.try_probe(now, settings.load_probe_interval);
         if probe {
-            decision = load_tokens(settings.load_policy, &hit, engine, true);
-            counters.cost_probes += 1;
+            let probed = load_tokens(settings.load_policy, &hit, engine, true);
+            // At least one resume unit (`S` tokens) past the local prefix: a probe shorter
+            // than that (a tier measured failing every load asks for one token) would round
+            // down to nothing and measure nothing, and the tier would never be loaded again.
+            // (Planted bug `probe-rounds-to-nothing`, scripts/plants.sh.)
+            let unit = if planted!("probe-rounds-to-nothing") {
+                0
+            } else {
+                env.geo.scheduler_block_size()
+            };
+            let probe_end = external_end(env.geo, prompt_len, local, probed.load.max(unit));
+            if probe_end > end {
+                end = probe_end.min(full);
+                counters.cost_probes += 1;
+            }
         }
-        let end = external_end(env.geo, prompt_len, local, decision.load);
         if end < full {
             counters.cost_declined_requests += 1;
             counters.cost_declined_tokens += full - end;

@@ -1,0 +1,97 @@
+//! The `cost` load policy writes a tier off only until its next probe: a tier whose first
+//! load failed (measured failing every load) is asked again once `load_probe_interval` has
+//! passed without a measured load, with at least one resume unit — a probe of what the
+//! estimate asks for, one token, rounds down to nothing and would measure nothing — and
+//! once the probe lands the tier is loaded again.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kvsched::connector::{KvConnector, LoadJob, LoadResult, LookupQuery, LookupResult};
+use kvsched::{CacheGroup, LoadPolicy, Runtime, Settings, StepOutput, SubmitRequest};
+
+/// Offers every prompt but its last 16 tokens as an async load; the first load fails, every
+/// later one lands.
+struct FirstLoadFails {
+    loads: AtomicU64,
+}
+
+impl KvConnector for FirstLoadFails {
+    fn lookup(&self, q: LookupQuery<'_>) -> LookupResult {
+        LookupResult {
+            external_tokens: (q.prompt.len() as u64)
+                .saturating_sub(16)
+                .saturating_sub(q.local_tokens),
+            load_async: true,
+        }
+    }
+    fn load(&self, job: &LoadJob) -> LoadResult {
+        if self.loads.fetch_add(1, Ordering::SeqCst) == 0 {
+            LoadResult::all_failed(job)
+        } else {
+            LoadResult::Ok
+        }
+    }
+}
+
+#[test]
+fn a_tier_written_off_after_one_failure_is_probed_and_loaded_again() {
+    let conn = Arc::new(FirstLoadFails {
+        loads: AtomicU64::new(0),
+    });
+    let mut rt = Runtime::builder()
+        .groups(vec![CacheGroup::full_attention(16)])
+        .pool_blocks(4096)
+        .shards(1)
+        .workers(1)
+        .settings(
+            Settings::default()
+                .with_load_policy(LoadPolicy::Cost)
+                // Recomputing is slow (1,000 tokens a second): a tier that lands its loads
+                // pays for them many times over.
+                .with_compute_rate(Some(1_000.0))
+                .with_load_probe_interval(Duration::from_millis(5)),
+        )
+        .connector(conn.clone())
+        .build()
+        .expect("runtime");
+    let mut out = StepOutput::default();
+    let mut next = 0u32;
+    let t0 = Instant::now();
+    // Distinct prompts of 10 blocks and a token, one arriving every millisecond for 300 ms.
+    while t0.elapsed() < Duration::from_millis(300) || rt.live() > 0 {
+        if t0.elapsed() < Duration::from_millis(300) && rt.live() < 8 {
+            let prompt = (0..161).map(|t| next * 1000 + t).collect();
+            rt.submit(SubmitRequest {
+                id: format!("p{next}"),
+                prompt,
+                max_new_tokens: 1,
+                priority: 0,
+                load_deadline: None,
+            })
+            .expect("submit");
+            next += 1;
+        }
+        rt.update(std::mem::take(&mut out));
+        let plan = rt.schedule().expect("step");
+        out = StepOutput::for_plan(&plan);
+        out.sampled.extend(
+            plan.scheduled
+                .iter()
+                .filter(|s| s.samples)
+                .map(|s| s.id.clone()),
+        );
+        if plan.scheduled.is_empty() {
+            rt.wait_for_work(Duration::from_millis(1));
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "the run hung");
+    }
+    let m = rt.shutdown().metrics;
+    assert!(m.loads_failed >= 1, "{m:?}");
+    assert!(m.cost_probes >= 1, "no probe after the failure: {m:?}");
+    assert!(
+        m.loads_ok >= 10,
+        "the tier was not loaded again after one failed load: {m:?}"
+    );
+}
