@@ -320,13 +320,20 @@ impl ModelDriver {
 
     pub(super) fn violations(&self) -> Vec<String> {
         let c = self.engine.counts();
-        if c.token_mismatches == 0 && c.logit_mismatches == 0 {
-            return Vec::new();
+        let mut out = Vec::new();
+        if c.token_mismatches != 0 || c.logit_mismatches != 0 {
+            out.push(format!(
+                "model: {} of {} kept tokens ({} logits) differ from the requests decoded alone, in {} requests, in mode safe",
+                c.token_mismatches, c.tokens_checked, c.logit_mismatches, c.requests_affected
+            ));
         }
-        vec![format!(
-            "model: {} of {} kept tokens ({} logits) differ from the requests decoded alone, in {} requests, in mode safe",
-            c.token_mismatches, c.tokens_checked, c.logit_mismatches, c.requests_affected
-        )]
+        if c.scheduled_past_tokens != 0 {
+            out.push(format!(
+                "model: {} scheduled requests the model could not run (unknown, or past the tokens they have)",
+                c.scheduled_past_tokens
+            ));
+        }
+        out
     }
 }
 

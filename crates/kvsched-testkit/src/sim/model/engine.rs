@@ -31,6 +31,10 @@ pub struct ModelCounts {
     pub requests_affected: u64,
     /// Reads through a null entry or of an unreadable block (their values count as 0).
     pub unreadable_reads: u64,
+    /// Requests a plan scheduled that the engine could not run: unknown to it, or scheduled
+    /// past the tokens it has (a scheduler bug: the step skips them, and any sample the
+    /// driver reports for them is no token the model produced).
+    pub scheduled_past_tokens: u64,
     /// Tokens the model computed (prefill, decode and recompute).
     pub tokens_computed: u64,
     /// Sync loads run, and those that reported invalid blocks.
@@ -195,7 +199,8 @@ impl ModelEngine {
     }
 
     /// Runs a step: the plan's sync loads through `connector`, then every layer over the
-    /// whole batch. A request scheduled past the tokens it has is skipped.
+    /// whole batch. A request unknown to the engine or scheduled past the tokens it has is
+    /// skipped and counted (`scheduled_past_tokens`).
     pub fn run_step(&mut self, plan: &StepPlan, connector: Option<&dyn KvConnector>) -> ModelStep {
         let mut step = ModelStep::default();
         for s in &plan.scheduled {
@@ -213,11 +218,13 @@ impl ModelEngine {
         // Hidden states of every scheduled token, request by request.
         let mut batch: Vec<(&ScheduledRequest, Vec<Vec<f32>>)> = Vec::new();
         for s in &plan.scheduled {
-            let Some(seq) = self.seqs.get(&s.id) else {
-                continue;
-            };
             let (n, k) = (s.num_computed_tokens as usize, s.num_tokens as usize);
-            let Some(tokens) = seq.tokens.get(n..n + k) else {
+            let Some(tokens) = self
+                .seqs
+                .get(&s.id)
+                .and_then(|seq| seq.tokens.get(n..n.saturating_add(k)))
+            else {
+                self.counters.scheduled_past_tokens += 1;
                 continue;
             };
             let xs = tokens
