@@ -220,6 +220,11 @@ pub trait KvConnector: Send + Sync + 'static {
     }
     /// Performs one load. A panic here is caught by the worker and reported as a failure of
     /// every block of the load.
+    ///
+    /// Every write into a destination happens before this returns, each after
+    /// [`LoadJob::may_write`] allowed it: the blocks become readable once the completion is
+    /// applied, so a write after the return (even one `may_write` allows, as the blocks are
+    /// still this load's until then) could change bytes a reader already takes as loaded.
     fn load(&self, job: &LoadJob) -> LoadResult;
 }
 

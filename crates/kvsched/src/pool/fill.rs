@@ -16,7 +16,8 @@
 //!
 //! So a late load can never write into a block that was handed to anyone else: the block
 //! cannot be reallocated before the bit is cleared, and the bit is cleared only after the
-//! load is done writing. `loom-tests/tests/fill_handoff.rs` checks this on these types.
+//! load is done writing. `loom-tests/tests/fill_late_load_vs_reuse.rs` checks this on these
+//! types.
 
 use super::{transition, BlockPool, BlockRef, PoolError, State};
 use crate::sync::Ordering;

@@ -19,6 +19,8 @@ pub struct Report {
     /// Loads still running when shutdown stopped waiting (see [`Runtime::shutdown`]).
     pub loads_abandoned: u64,
     /// Blocks still held after shutdown: those of abandoned loads (0 when none was abandoned).
+    /// Their bytes in the engine's KV memory may still be written by a detached worker: see
+    /// [`Runtime::shutdown`](crate::Runtime::shutdown) before reusing that memory.
     pub blocks_abandoned: u64,
     /// The pool's census after every block was released.
     pub census: Census,

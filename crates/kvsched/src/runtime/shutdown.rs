@@ -16,6 +16,14 @@ impl Runtime {
     /// releases every block and reports. Loads still running at the timeout are abandoned:
     /// their requests are cancelled, but their blocks stay held (a detached worker may still
     /// write them) and are counted in [`Report::loads_abandoned`] / [`Report::blocks_abandoned`].
+    ///
+    /// "Held" is held in this runtime's pool, which ends here. A detached worker may still
+    /// write those blocks' bytes in the engine's KV memory until its connector call returns
+    /// (a hung store: possibly never). With loads abandoned, do not hand the same KV memory
+    /// to a new runtime: its pool would give out the same block ids, and the old write could
+    /// land in them. Use fresh KV memory, or wait until the connector's calls have returned.
+    /// Dropping a runtime without `shutdown` is the same, without a report: its workers are
+    /// waited for one second, then detached.
     pub fn shutdown(mut self) -> Report {
         // Closed under the write lock: a submit holding the read lock has pushed its
         // command before this returns, so the last step below sees it.
