@@ -69,6 +69,19 @@ fn json(out: &Output) -> Value {
     })
 }
 
+/// The JSON report of `kvsched stress ARGS`, which must have succeeded.
+fn succeeded(args: &[&str]) -> Value {
+    let out = stress(args);
+    let r = json(&out);
+    assert!(
+        out.status.success(),
+        "{:?}: {r:#}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    r
+}
+
 /// Each engine's requests add up, and the parent says so.
 fn assert_accounted(r: &Value, engines: usize, requests: u64) {
     assert_eq!(r["every_request_accounted"], Value::Bool(true), "{r:#}");
@@ -125,14 +138,7 @@ fn engines_load_the_chunks_other_engines_saved_and_account_for_every_request() {
     let run = || {
         let mut args = vec!["--store", url.as_str(), "--engines", "2", "--json"];
         args.extend(SMALL);
-        let out = stress(&args);
-        let r = json(&out);
-        assert!(
-            out.status.success(),
-            "{:?}: {r:#}\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let r = succeeded(&args);
         assert_accounted(&r, 2, 400);
         assert_eq!(r["invariants"]["ok"], Value::Bool(true));
         assert_eq!(r["server"]["owned"], Value::Bool(false));
@@ -180,14 +186,7 @@ fn the_engines_ride_out_a_server_restart() {
         "--duration",
         "60",
     ];
-    let out = stress(&args);
-    let r = json(&out);
-    assert!(
-        out.status.success(),
-        "{:?}: {r:#}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let r = succeeded(&args);
     assert_eq!(r["redis_restarts"]["requested"], Value::from(1));
     assert_eq!(r["redis_restarts"]["done"], Value::from(1), "{r:#}");
     assert_accounted(&r, 2, 600);
