@@ -58,19 +58,28 @@ struct Track {
     /// The lowest `num_computed_tokens` of a step that computed prompt tokens (`prompt_len`
     /// until one did).
     lowest_computed: u64,
-    /// The loads run for it: token range, whether it failed (until it is known to have
-    /// filled every block), and the end of what it filled (its start until it is known).
+    /// The loads run for it.
     loads: Vec<Load>,
 }
 
-/// One load of a request: tokens `start..end`, whether it failed (until known to have
-/// filled every block), and `filled`, the end of the tokens it filled (`start` until known).
+/// One load of a request: tokens `start..end`, and the end of the tokens it filled once it
+/// ended (`None` while running, or for good when it never returned: a panic). It failed
+/// unless it filled all of them.
 #[derive(Clone, Copy, Debug)]
 struct Load {
     start: u64,
     end: u64,
-    failed: bool,
-    filled: u64,
+    filled: Option<u64>,
+}
+
+impl Load {
+    fn filled(&self) -> u64 {
+        self.filled.unwrap_or(self.start)
+    }
+
+    fn failed(&self) -> bool {
+        self.filled() < self.end
+    }
 }
 
 /// What a load event says: it started, or it ended having filled its blocks up to `filled`
@@ -113,18 +122,16 @@ impl PromptSources {
             LoadEvent::Started => t.loads.push(Load {
                 start,
                 end,
-                failed: true,
-                filled: start,
+                filled: None,
             }),
             LoadEvent::Filled(upto) => {
                 if let Some(l) = t
                     .loads
                     .iter_mut()
                     .rev()
-                    .find(|l| l.start == start && l.end == end && l.filled == start)
+                    .find(|l| l.start == start && l.end == end && l.filled.is_none())
                 {
-                    l.filled = upto.clamp(start, end);
-                    l.failed = upto < end;
+                    l.filled = Some(upto.clamp(start, end));
                 }
             }
         }
@@ -180,11 +187,11 @@ impl PromptSources {
             return;
         }
         let low = t.lowest_computed;
-        let filled: Vec<(u64, u64)> = t.loads.iter().map(|l| (l.start, l.filled)).collect();
+        let filled: Vec<(u64, u64)> = t.loads.iter().map(|l| (l.start, l.filled())).collect();
         let failed: Vec<(u64, u64)> = t
             .loads
             .iter()
-            .filter(|l| l.failed)
+            .filter(|l| l.failed())
             .map(|l| (l.start, l.end))
             .collect();
         let tier = covered(&filled, 0, low);

@@ -93,11 +93,7 @@ impl Inner {
         self.shards[i].inbox.push(Command::Submit(Box::new(
             NewRequest::new(&self.geo, req, id, key).with_prepared(prepared),
         )));
-        // An engine idle in `wait_for_work` has a request to admit. (Planted bug
-        // `submit-wakes-nobody`, scripts/plants.sh: it sleeps on.)
-        if !planted!("submit-wakes-nobody") {
-            self.signal.notify();
-        }
+        self.queued();
         Ok(())
     }
 
@@ -111,6 +107,12 @@ impl Inner {
         }
         let i = self.shard_of(id);
         self.shards[i].inbox.push(Command::Cancel(id.into()));
+        self.queued();
+    }
+
+    /// A command was queued: an engine idle in `wait_for_work` has work for a step.
+    /// (Planted bug `submit-wakes-nobody`, scripts/plants.sh: it sleeps on.)
+    fn queued(&self) {
         if !planted!("submit-wakes-nobody") {
             self.signal.notify();
         }
