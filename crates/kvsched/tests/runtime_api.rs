@@ -396,8 +396,12 @@ fn wait_for_work_wakes_on_a_completion_and_times_out_otherwise() {
     drop(rt.shutdown());
 }
 
-/// A connector whose loads never return (until the process exits).
-struct Hang;
+/// A connector whose loads never return (until the process exits); it records the blocks of
+/// every load it started.
+#[derive(Default)]
+struct Hang {
+    started: std::sync::Mutex<Vec<u64>>,
+}
 
 impl KvConnector for Hang {
     fn lookup(&self, q: LookupQuery<'_>) -> LookupResult {
@@ -406,7 +410,10 @@ impl KvConnector for Hang {
             load_async: true,
         }
     }
-    fn load(&self, _: &LoadJob) -> LoadResult {
+    fn load(&self, job: &LoadJob) -> LoadResult {
+        if let Ok(mut started) = self.started.lock() {
+            started.extend(job.block_tables.iter().flatten().map(|b| b.id));
+        }
         loop {
             std::thread::park();
         }
@@ -415,10 +422,11 @@ impl KvConnector for Hang {
 
 #[test]
 fn shutdown_is_bounded_and_reports_loads_still_running() {
+    let hang = Arc::new(Hang::default());
     let mut rt = Runtime::builder()
         .shards(2)
         .workers(1)
-        .connector(Arc::new(Hang))
+        .connector(hang.clone())
         .shutdown_timeout(Duration::from_millis(100))
         .build()
         .unwrap();
@@ -438,6 +446,11 @@ fn shutdown_is_bounded_and_reports_loads_still_running() {
     assert_eq!(report.loads_abandoned, 1);
     assert_eq!(report.loads_cancelled, 2);
     assert_eq!(report.blocks_abandoned, 7); // ceil(100 / 16) blocks of the running load
+
+    // The ids listed are exactly the running load's destination blocks.
+    let mut started = hang.started.lock().unwrap().clone();
+    started.sort_unstable();
+    assert_eq!(report.abandoned_block_ids, started);
     assert_eq!(report.metrics.cancelled, 3);
     assert!(report.violations.is_empty(), "{:?}", report.violations);
     assert!(report.census.conserved());

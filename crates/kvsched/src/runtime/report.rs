@@ -3,6 +3,7 @@
 //! [`Display`]: std::fmt::Display
 
 use crate::pool::Census;
+use crate::rules::geometry::BlockId;
 use crate::runtime::policy::load_cost::TierEstimate;
 use crate::runtime::shard::{EndState, Metrics};
 #[cfg(doc)]
@@ -22,6 +23,9 @@ pub struct Report {
     /// Their bytes in the engine's KV memory may still be written by a detached worker: see
     /// [`Runtime::shutdown`](crate::Runtime::shutdown) before reusing that memory.
     pub blocks_abandoned: u64,
+    /// The ids of those blocks, ascending, each once: the part of the engine's KV memory a
+    /// detached worker may still write. Every other block's memory is free to reuse.
+    pub abandoned_block_ids: Vec<BlockId>,
     /// The pool's census after every block was released.
     pub census: Census,
     /// Requests still live at shutdown (all cancelled), with their ids.
@@ -46,6 +50,7 @@ impl Report {
             loads_cancelled: 0,
             loads_abandoned: 0,
             blocks_abandoned: 0,
+            abandoned_block_ids: Vec::new(),
             census,
             cancelled_at_shutdown: Vec::new(),
             ended_at_shutdown: Vec::new(),

@@ -15,13 +15,15 @@ impl Runtime {
     /// flight (those that finish are applied), cancels every live request and queued load,
     /// releases every block and reports. Loads still running at the timeout are abandoned:
     /// their requests are cancelled, but their blocks stay held (a detached worker may still
-    /// write them) and are counted in [`Report::loads_abandoned`] / [`Report::blocks_abandoned`].
+    /// write them) and are counted in [`Report::loads_abandoned`] / [`Report::blocks_abandoned`],
+    /// their ids listed in [`Report::abandoned_block_ids`].
     ///
     /// "Held" is held in this runtime's pool, which ends here. A detached worker may still
     /// write those blocks' bytes in the engine's KV memory until its connector call returns
     /// (a hung store: possibly never). With loads abandoned, do not hand the same KV memory
     /// to a new runtime: its pool would give out the same block ids, and the old write could
-    /// land in them. Use fresh KV memory, or wait until the connector's calls have returned.
+    /// land in them. Give the new runtime fresh KV memory, at least for the ids in
+    /// [`Report::abandoned_block_ids`], or wait until the connector's calls have returned.
     /// Dropping a runtime without `shutdown` is the same, without a report: its workers are
     /// waited for one second, then detached.
     pub fn shutdown(mut self) -> Report {
@@ -85,6 +87,7 @@ impl Runtime {
             })
             .unwrap_or_default();
         let mut cancelled_ids = Vec::new();
+        let mut abandoned_ids = Vec::new();
         let mut violations = Vec::new();
         if let Some(e) = self.poisoned() {
             violations.push(e.to_string());
@@ -108,6 +111,7 @@ impl Runtime {
                 }
             };
             self.metrics += &res.counters;
+            abandoned_ids.extend(s.state.lock().abandoned_ids());
             for (id, _) in &res.ended {
                 cancelled_ids.push(id.to_string());
                 self.metrics.cancelled += 1;
@@ -117,10 +121,13 @@ impl Runtime {
         self.stop_shards();
         violations.extend(self.invariant_violations());
         let census = self.inner.pool.census();
+        abandoned_ids.sort_unstable();
+        abandoned_ids.dedup();
         let load_estimate = self.load_estimate();
         Report {
             loads_abandoned: self.metrics.loads_abandoned,
             blocks_abandoned: census.referenced as u64,
+            abandoned_block_ids: abandoned_ids,
             metrics: self.metrics(),
             loads_cancelled,
             census,

@@ -206,6 +206,12 @@ impl<S: Strategy> Shard<S> {
         std::mem::take(&mut self.result)
     }
 
+    /// Ids of the blocks of loads abandoned at shutdown (held for good; a detached worker may
+    /// still write them), with repeats when several references were held.
+    pub fn abandoned_ids(&self) -> impl Iterator<Item = BlockId> + '_ {
+        self.abandoned.iter().map(|b| b.id)
+    }
+
     /// Blocks each live request holds a reference on, for invariant checks.
     pub fn held_blocks(&self, null: BlockId) -> Vec<BlockId> {
         self.parked
