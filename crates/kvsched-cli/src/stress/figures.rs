@@ -362,6 +362,9 @@ pub(super) fn sections() -> Vec<Section> {
                 row!("events.late_completions", "late completions (dropped)", needs load_deadlines, |r| c(
                     r.events.late_completions
                 )),
+                row!("events.late_load_stalls", "stalls waiting for late loads", needs load_deadlines, |r| c(
+                    r.events.late_load_stalls
+                )),
                 row!(
                     "events.connector_panics",
                     "connector panics caught",

@@ -154,6 +154,7 @@ impl Events {
             loads_dropped_unstarted: add(self.loads_dropped_unstarted, o.loads_dropped_unstarted),
             cross_shard_preemptions: add(self.cross_shard_preemptions, o.cross_shard_preemptions),
             no_progress_steps: add(self.no_progress_steps, o.no_progress_steps),
+            late_load_stalls: add(self.late_load_stalls, o.late_load_stalls),
             aligned_chunk_tokens: add(self.aligned_chunk_tokens, o.aligned_chunk_tokens),
             parallel_steps: add(self.parallel_steps, o.parallel_steps),
         }

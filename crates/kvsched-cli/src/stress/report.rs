@@ -229,6 +229,9 @@ pub struct Events {
     /// Steps that found no progress possible and nothing to preempt (an invariant
     /// violation in a stress run).
     pub no_progress_steps: u64,
+    /// The same stalls while blocks were parked for late loads: the pool waited for them.
+    #[serde(default)]
+    pub late_load_stalls: u64,
     /// Prompt tokens prefill chunks gave back to the budget to end on a block end (a Mamba
     /// `align` group: `runtime::policy::alignment`).
     #[serde(default)]
@@ -263,6 +266,7 @@ impl Events {
             loads_dropped_unstarted: m.loads_dropped_unstarted,
             cross_shard_preemptions: m.cross_shard_preemptions,
             no_progress_steps: m.no_progress_steps,
+            late_load_stalls: m.late_load_stalls,
             aligned_chunk_tokens: m.aligned_chunk_tokens,
             parallel_steps: m.parallel_steps,
         }

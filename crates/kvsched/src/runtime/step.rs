@@ -351,7 +351,9 @@ impl Runtime {
     /// live requests and no progress — nothing scheduled, ended, recovered or loading, no load
     /// started — the latest running request in canonical order (lowest priority, latest
     /// admission), whichever shard holds it, is preempted at the next step. With no running
-    /// request to preempt the stall is counted in [`Metrics::no_progress_steps`].
+    /// request to preempt the stall is counted: in [`Metrics::late_load_stalls`] while blocks
+    /// are parked for late loads (the pool waits for them), else in
+    /// [`Metrics::no_progress_steps`].
     fn resolve_stall(&mut self, p: &Progress) {
         if p.moved || (p.waiting == 0 && p.latest.is_none()) {
             self.stalled_steps = 0;
@@ -376,6 +378,7 @@ impl Runtime {
             Some((key, shard)) => self.inner.shards[shard]
                 .inbox
                 .push(Command::Preempt(key.seq())),
+            None if p.parked > 0 => self.metrics.late_load_stalls += 1,
             None => self.metrics.no_progress_steps += 1,
         }
     }
@@ -557,12 +560,16 @@ struct Progress {
     waiting: usize,
     /// The latest running request over all shards, with its shard.
     latest: Option<(RequestKey, usize)>,
+    /// Loads parked past their deadline over all shards: their blocks come back when they
+    /// return.
+    parked: usize,
 }
 
 impl Progress {
     fn add(&mut self, shard: usize, res: &ShardStepResult, loads: usize) {
         self.moved |= !res.ended.is_empty() || res.loading > 0 || loads > 0;
         self.waiting += res.waiting;
+        self.parked += res.parked;
         if let Some(k) = res.latest_running {
             if self.latest.is_none_or(|(best, _)| k > best) {
                 self.latest = Some((k, shard));

@@ -82,11 +82,14 @@ pub struct Metrics {
     pub cross_shard_preemptions: u64,
     /// Stalls the runtime could not resolve by preempting: after two steps in a row with live
     /// requests, no load in flight, nothing computed, ended or recovered, no running request
-    /// to preempt. Counted once per such pair. Besides a pool too small for any waiting
-    /// request, this counts waits for late completions: blocks parked for an expired load
-    /// that a worker started come back only when it returns (temporary, unless the load
-    /// never returns).
+    /// to preempt, and no block parked for a late load. Counted once per such pair: a pool too
+    /// small for any waiting request.
     pub no_progress_steps: u64,
+    /// The same stalls while blocks are parked for loads past their deadline that a worker
+    /// started: they come back when those loads return, so the pool waits for them
+    /// (temporary, unless a load never returns; [`Metrics::deadlines_expired`] counts the
+    /// loads). Counted once per pair of steps, apart from `no_progress_steps`.
+    pub late_load_stalls: u64,
     /// Blocks a load's failure or a step output named that were not the load's own (another
     /// request's, or no sync load's destination in that step): ignored.
     pub foreign_blocks: u64,
@@ -151,6 +154,7 @@ impl std::ops::AddAssign<&Metrics> for Metrics {
         self.length_capped += other.length_capped;
         self.cross_shard_preemptions += other.cross_shard_preemptions;
         self.no_progress_steps += other.no_progress_steps;
+        self.late_load_stalls += other.late_load_stalls;
         self.foreign_blocks += other.foreign_blocks;
         self.unexpected_samples += other.unexpected_samples;
         self.sync_loads_ok += other.sync_loads_ok;

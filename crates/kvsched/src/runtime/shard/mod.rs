@@ -95,6 +95,8 @@ pub struct ShardStepResult {
     pub waiting: usize,
     /// The shard's latest running request, for cross-shard preemption.
     pub latest_running: Option<RequestKey>,
+    /// Loads past their deadline whose blocks are parked until they return.
+    pub parked: usize,
 }
 
 /// The settings a step runs with (a snapshot; never changes mid-step).
@@ -315,6 +317,7 @@ impl<S: Strategy> Shard<S> {
         self.result.loading = self.loading.len();
         self.result.waiting = self.waiting.len();
         self.result.latest_running = self.latest_running();
+        self.result.parked = self.parked.len();
         std::mem::take(&mut self.result)
     }
 
