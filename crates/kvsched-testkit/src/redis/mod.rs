@@ -10,6 +10,7 @@
 
 mod cluster;
 mod options;
+mod private_dir;
 mod redact;
 mod server;
 

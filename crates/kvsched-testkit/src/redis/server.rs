@@ -19,18 +19,18 @@
 use std::fs;
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::net::TcpListener;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
 
 use parking_lot::{Condvar, Mutex};
 
 use super::options::{quote, LocalRedisOptions};
+use super::private_dir::private_dir;
 use super::redact::Redactor;
 use crate::process::die_with_parent;
 
@@ -168,34 +168,6 @@ impl Drop for Keeper {
             let _ = t.join();
         }
     }
-}
-
-/// A private directory under the system's temporary directory.
-fn private_dir() -> Result<PathBuf, ServerError> {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let base = std::env::temp_dir();
-    for _ in 0..100 {
-        // Relaxed: a counter for unique names, nothing else is published through it.
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        let dir = base.join(format!("kvsched-redis-{}-{n}-{nanos}", std::process::id()));
-        match fs::DirBuilder::new().mode(0o700).create(&dir) {
-            Ok(()) => return Ok(dir),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
-            Err(source) => {
-                return Err(ServerError::Io {
-                    what: format!("create {}", dir.display()),
-                    source,
-                })
-            }
-        }
-    }
-    Err(ServerError::Io {
-        what: "create a temporary directory".into(),
-        source: io::Error::from(io::ErrorKind::AlreadyExists),
-    })
 }
 
 /// `count` distinct free loopback ports (bound together, then released).
