@@ -173,6 +173,13 @@ def test_values_json_cannot_hold_are_errors_on_their_field():
     with pytest.raises(kvsched.ScenarioError) as e:
         kvsched.recover({**BASE, "groups": [{("kind",): 1}]})
     assert e.value.field == "groups[0]"
+    # A key that is not a str: json.dumps would write it as one; the error names its dict.
+    with pytest.raises(kvsched.ScenarioError) as e:
+        kvsched.recover({**BASE, 1: 2})
+    assert e.value.field == "scenario" and "keys must be strings" in e.value.problem
+    with pytest.raises(kvsched.ScenarioError) as e:
+        kvsched.recover({**BASE, "groups": [{**BASE["groups"][0], None: 1}]})
+    assert e.value.field == "groups[0]"
     # An int past Python's digit limit for writing it.
     with pytest.raises(kvsched.ScenarioError) as e:
         kvsched.recover({**BASE, "invalid_blocks": [10**5000]})

@@ -69,7 +69,15 @@ def recover(scenario: dict[str, Any], *, explain: bool = False) -> dict[str, Any
         text = json.dumps(scenario, allow_nan=True)
     except (TypeError, ValueError, RecursionError):
         raise _unencodable(scenario, "") from None
-    return json.loads(recover_json(text, explain=explain))
+    try:
+        return json.loads(recover_json(text, explain=explain))
+    except ScenarioError:
+        # json.dumps writes a key that is not a str (an int, a float, a bool, None) as a
+        # string: the parser's error would name the field "1". Name the dict holding it.
+        found = _find_unencodable(scenario, "", 0)
+        if found is not None:
+            raise found from None
+        raise
 
 
 def _unencodable(value: Any, path: str) -> ScenarioError:
