@@ -77,6 +77,15 @@ declare -A TESTS=(
   # whose failed load hit only that group (a window or Mamba block) is not rolled back: the
   # tiny model reads what the load never wrote and its tokens differ.
   [scan-one-group-less]="kvsched-cli --test cli_stress_model"
+  # rules/recovery/decide.rs: in mode safe a request with only old hits returns to P even
+  # where a Mamba group holds no state there (the discarded step advanced it in place).
+  [old-hits-back-to-p]="kvsched --test rules_props"
+  # rules/recovery/decide.rs: in mode safe a request with only old hits evicts nothing, so
+  # the blocks its discarded step wrote after reading a failed block stay in the prefix cache.
+  [old-hits-evict-nothing]="kvsched --test rules_props;kvsched --test rules_examples"
+  # rules/recovery/decide.rs: an id owned by a different request in each of two groups (one
+  # pool per group) is waited for with its least owner only.
+  [waits-one-owner-per-id]="kvsched --test rules_examples"
   # kv/tier_load.rs: a loaded chunk's payload is taken from after its header unverified
   # (no checksum, MAC, key or length check) and written into KV memory.
   [load-unverified]="kvsched --test kv_zero_copy"
@@ -174,6 +183,7 @@ ORDER=(decide-early claim-store late-leak deadline-compact-in-flight load-queue-
   branch-state-uncached mamba-state-one-block-late mamba-state-into-null tier-present-after-failed-load scan-one-group-less load-unverified save-payload-offset epoch-not-bumped-on-whole-block-write failed-copy-left-unpoisoned load-pieces-drop-tail vector-store-skips-round
   probe-hits-unindexed vllm-admits-before-schedule cost-ignores-failures pack-offset-past-table failure-share-read-per-token
   handoff-count-after-release inbox-apply-under-lock merge-larger-first probe-offer-never-wakes allocatable-release-uncounted
+  old-hits-back-to-p old-hits-evict-nothing waits-one-owner-per-id
   quarantine-deadline-uncounted prompt-keys-one-group prepare-under-open-lock sync-newer-generation-ignored
   wait-past-deadline submit-wakes-nobody tier-panic-escapes held-without-value
   rescan-deletes-temps probe-rounds-to-nothing)

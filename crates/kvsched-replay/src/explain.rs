@@ -317,7 +317,9 @@ fn earliest_new(rule: BoundaryRule) -> Option<u64> {
     match rule {
         BoundaryRule::VllmRoundDown { earliest_new }
         | BoundaryRule::SafeResumable { earliest_new } => Some(earliest_new),
-        BoundaryRule::NoHit | BoundaryRule::OldHitsOnly => None,
+        BoundaryRule::NoHit
+        | BoundaryRule::OldHitsOnly
+        | BoundaryRule::SafeOldHitsResumable { .. } => None,
     }
 }
 
@@ -334,6 +336,7 @@ fn rule_name(rule: BoundaryRule) -> &'static str {
         BoundaryRule::OldHitsOnly => "old_hits_only",
         BoundaryRule::VllmRoundDown { .. } => "vllm_round_down",
         BoundaryRule::SafeResumable { .. } => "safe_resumable",
+        BoundaryRule::SafeOldHitsResumable { .. } => "safe_old_hits_resumable",
     }
 }
 
@@ -359,6 +362,25 @@ fn rule_reason(
             "mode vllm: the earliest new hit rounded down to S, floor({earliest_new} / {s}) · \
              {s} = {boundary}"
         ),
+        BoundaryRule::SafeOldHitsResumable { pre_step } => {
+            let discarded = if scheduled > 0 {
+                format!("; the step's {scheduled} tokens are discarded")
+            } else {
+                String::new()
+            };
+            if boundary > 0 {
+                format!(
+                    "mode safe: only old hits, but not every group can resume at P = {pre_step}: \
+                     the largest multiple of S below it from which every group can resume{discarded}"
+                )
+            } else {
+                format!(
+                    "mode safe: only old hits, but not every group can resume at P = {pre_step}, \
+                     nor at a multiple of S in (0, {pre_step}]; every group can resume at \
+                     0{discarded}"
+                )
+            }
+        }
         BoundaryRule::SafeResumable { earliest_new } => {
             let top = geo.round_down_to_s(earliest_new);
             if boundary == top {

@@ -211,3 +211,26 @@ fn safe_window_1_short_table_resumes() {
     // sliding-window entry (tokens [12, 12)).
     assert_eq!(out.requests[0].num_computed_tokens, 12);
 }
+
+/// docs/rules.md#one-id-two-owners: with one pool per group, id 7 stands in group 0 of R1 and in
+/// group 1 of R2, each its owner there; R3 holds 7 in both groups and waits for both owners
+/// (waiting for R1 alone, it could read group 1's block 7 while R2 still rewrites it).
+#[test]
+fn one_id_two_owners_are_both_waited_for() {
+    let g = geo(
+        vec![
+            CacheGroup::full_attention(16),
+            CacheGroup::full_attention(16),
+        ],
+        None,
+    );
+    let reqs = vec![
+        async_req("R1", 32, vec![vec![7, 2], vec![10, 11]]),
+        async_req("R2", 32, vec![vec![20, 21], vec![7, 31]]),
+        async_req("R3", 32, vec![vec![7, 41], vec![7, 51]]),
+    ];
+    let out = run(&g, Mode::Safe, Policy::Recompute, &reqs, &[7]);
+    check(&out, 0, 0, 32, &[7], &[], &[2, 7, 10, 11]);
+    check(&out, 1, 0, 32, &[7], &[], &[7, 20, 21, 31]);
+    check(&out, 2, 32, 0, &[], &[(7, 0), (7, 1)], &[]);
+}

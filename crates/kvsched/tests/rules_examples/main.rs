@@ -152,12 +152,15 @@ fn s6_shared_prefix_sync() {
             check_lists(&out, &[0, 1], &[], &[0, 1], &[], total, &tail);
 
             // Mode `safe` (docs/rules.md#sharers-wait-for-the-owner and #evict-on-recompute-too): the same boundaries (one scan class, so the same
-            // ownership); R2 waits for R1 on each shared invalid block starting below 800.
+            // ownership); R2 waits for R1 on each shared invalid block starting below 800, and
+            // evicts the blocks its discarded step wrote after reading them (from index 50).
             let out = run(&g, Mode::Safe, Policy::Recompute, &reqs, &ids);
             let waits: Vec<(BlockId, usize)> = ids.iter().map(|&b| (b, 0)).collect();
+            let r2_tail = r2_table[50..].to_vec();
+            let both: Vec<BlockId> = tail.iter().chain(&r2_tail).copied().collect();
             check(&out, 0, r1_nct, r1_tokens, &ids, &[], &tail);
-            check(&out, 1, 800, s2, &[], &waits, &[]);
-            check_lists(&out, &[0, 1], &[0, 1], &[], &[], total, &tail);
+            check(&out, 1, 800, s2, &[], &waits, &r2_tail);
+            check_lists(&out, &[0, 1], &[0, 1], &[], &[], total, &both);
         }
     }
 }
@@ -399,12 +402,13 @@ fn s6_async_and_sync_sharing() {
     check(&out, 0, 0, 32, &[p], &[], &[p, r, r2]);
     check_lists(&out, &[1, 0], &[], &[1, 0], &[], 64, &[p, r, r2]);
 
+    // Mode `safe`: S1, a sharer, also evicts r2, which its discarded step wrote after reading p.
     let out = run(&g, Mode::Safe, Policy::Recompute, &reqs, &[p]);
     check(&out, 1, 0, 32, &[p], &[], &[p, q]);
-    check(&out, 0, 32, 16, &[], &[(p, 1)], &[]);
+    check(&out, 0, 32, 16, &[], &[(p, 1)], &[r2]);
     assert_eq!(out.requests[0].disposition, Disposition::Skip);
-    check_lists(&out, &[1, 0], &[0], &[], &[1], 48, &[p, q]);
+    check_lists(&out, &[1, 0], &[0], &[], &[1], 48, &[p, q, r2]);
     let out = run(&g, Mode::Safe, Policy::Fail, &reqs, &[p]);
-    check(&out, 0, 32, 16, &[], &[], &[]);
-    check_lists(&out, &[1, 0], &[], &[1, 0], &[], 48, &[p, q]);
+    check(&out, 0, 32, 16, &[], &[], &[r2]);
+    check_lists(&out, &[1, 0], &[], &[1, 0], &[], 48, &[p, q, r2]);
 }

@@ -28,7 +28,8 @@ use strategies::{case_strategy, config};
 // properties
 
 /// (a) Every boundary of a request with a new hit is a multiple of `S` and at most `P`; a
-/// request with only old hits returns to `P`.
+/// request with only old hits returns to `P` in mode `vllm`, and in mode `safe` to `P` or, when
+/// some group cannot resume there, to a multiple of `S` below it (its step discarded too).
 fn check_boundaries(case: &Case) -> Result<(), TestCaseError> {
     let s = case.s();
     for mode in MODES {
@@ -43,9 +44,19 @@ fn check_boundaries(case: &Case) -> Result<(), TestCaseError> {
                     prop_assert!(d.num_computed_tokens <= p, "{}", ctx);
                     prop_assert_eq!(d.affected_tokens, p - d.num_computed_tokens, "{}", ctx);
                 } else if !own[r].is_empty() {
-                    prop_assert_eq!(d.num_computed_tokens, p, "{}", ctx);
                     let q = &case.requests[r];
-                    prop_assert_eq!(d.affected_tokens, q.num_scheduled_tokens, "{}", ctx);
+                    let nct = d.num_computed_tokens;
+                    if mode == Mode::Vllm || nct == p {
+                        prop_assert_eq!(nct, p, "{}", ctx);
+                    } else {
+                        prop_assert!(nct % s == 0 && nct < p, "{}", ctx);
+                    }
+                    prop_assert_eq!(
+                        d.affected_tokens,
+                        q.num_scheduled_tokens + (p - nct),
+                        "{}",
+                        ctx
+                    );
                 }
             }
         }
@@ -133,9 +144,10 @@ fn check_null(case: &Case) -> Result<(), TestCaseError> {
 }
 
 /// (d) Mode `safe`: the boundary is the largest multiple of `S` at or below the earliest new
-/// hit from which every group can resume (else 0); `waits_for` holds exactly the old hits
-/// starting below the new computed length, one per id; evictions are every non-null entry at
-/// or past the boundary of each request with a new hit.
+/// hit from which every group can resume (else 0); a request with only old hits returns to
+/// `P` if every group can resume there, else to the largest such multiple of `S` below `P`;
+/// `waits_for` holds exactly the old hits starting below the new computed length, one per id;
+/// evictions are every non-null entry at or past the boundary of each affected request.
 fn check_safe(case: &Case) -> Result<(), TestCaseError> {
     let s = case.s();
     let own = ownership(case, Mode::Safe);
@@ -165,32 +177,43 @@ fn check_safe(case: &Case) -> Result<(), TestCaseError> {
                     );
                     c += s;
                 }
+            } else if !own[r].is_empty() {
+                // Only old hits.
+                let p = case.p(r);
+                if can_resume(case, r, &own[r], p) {
+                    prop_assert_eq!(nct, p, "request {}", r);
+                } else {
+                    prop_assert_eq!(nct % s, 0);
+                    prop_assert!(nct < p && can_resume(case, r, &own[r], nct));
+                    let mut c = nct + s;
+                    while c <= p {
+                        prop_assert!(
+                            !can_resume(case, r, &own[r], c),
+                            "request {}: {} chosen but {} resumable",
+                            r,
+                            nct,
+                            c
+                        );
+                        c += s;
+                    }
+                }
+            }
+            if own[r].is_empty() {
+                prop_assert!(d.evicted_blocks.is_empty());
+            } else {
                 let ev = non_null_from(case, r, nct);
                 evicted_union.extend(ev.iter().copied());
                 prop_assert_eq!(&d.evicted_blocks, &ev.into_iter().collect::<Vec<_>>());
-            } else {
-                prop_assert!(d.evicted_blocks.is_empty());
             }
             let mut waits: Vec<(BlockId, usize)> = Vec::new();
             if policy == Policy::Recompute {
-                // One entry per id; with several owners, the earliest in canonical order.
-                let rank: HashMap<usize, usize> = case
-                    .canonical()
-                    .into_iter()
-                    .enumerate()
-                    .map(|(pos, i)| (i, pos))
+                // One entry per (id, owner): every owner of an id is waited for.
+                let pairs: BTreeSet<(BlockId, usize)> = own[r]
+                    .iter()
+                    .filter(|&&(h, o)| o != r && h.pos < nct)
+                    .map(|&(h, o)| (h.id, o))
                     .collect();
-                let mut by_id: HashMap<BlockId, usize> = HashMap::new();
-                for &(h, o) in &own[r] {
-                    if o != r && h.pos < nct {
-                        let e = by_id.entry(h.id).or_insert(o);
-                        if rank[&o] < rank[e] {
-                            *e = o;
-                        }
-                    }
-                }
-                waits = by_id.into_iter().collect();
-                waits.sort_unstable();
+                waits = pairs.into_iter().collect();
             }
             prop_assert_eq!(&d.waits_for, &waits, "request {}", r);
         }
@@ -343,6 +366,12 @@ fn check_explained(case: &Case) -> Result<(), TestCaseError> {
                 let earliest = min_new_pos(&own[r], r);
                 match (earliest, mode) {
                     (None, _) if own[r].is_empty() => prop_assert_eq!(rule, BoundaryRule::NoHit),
+                    (None, Mode::Safe) if boundary != case.p(r) => prop_assert_eq!(
+                        rule,
+                        BoundaryRule::SafeOldHitsResumable {
+                            pre_step: case.p(r)
+                        }
+                    ),
                     (None, _) => prop_assert_eq!(rule, BoundaryRule::OldHitsOnly),
                     (Some(e), Mode::Vllm) => {
                         prop_assert_eq!(rule, BoundaryRule::VllmRoundDown { earliest_new: e })

@@ -71,7 +71,10 @@ pub fn min_new_pos(owned: &[(Hit, usize)], r: usize) -> Option<u64> {
         .min()
 }
 
-/// The resumable boundary (docs/rules.md#the-resumable-boundary): can request `r` resume at `c` (a multiple of `S`)?
+/// The resumable boundary (docs/rules.md#the-resumable-boundary): can request `r` resume at `c`
+/// (a multiple of `S`, or, for a request with only old hits, its pre-step length
+/// (docs/rules.md#only-old-hits-in-mode-safe): a Mamba group then needs `c` to be a multiple of
+/// its block size, the only lengths whose state is kept)?
 pub fn can_resume(case: &Case, r: usize, owned: &[(Hit, usize)], c: u64) -> bool {
     if c == 0 {
         return true;
@@ -91,13 +94,13 @@ pub fn can_resume(case: &Case, r: usize, owned: &[(Hit, usize)], c: u64) -> bool
             i < table.len() && table[i] != null && !mine.contains(&(g, i))
         };
         match group.kind {
-            GroupKind::FullAttention => (0..c / b).all(usable),
+            GroupKind::FullAttention => (0..c.div_ceil(b)).all(usable),
             GroupKind::SlidingWindow { window } => {
                 // entries holding tokens [max(0, c - window + 1), c)
                 let first_token = (c + 1).saturating_sub(window);
                 (first_token / b..=(c - 1) / b).all(usable)
             }
-            GroupKind::Mamba { .. } => usable(c / b - 1),
+            GroupKind::Mamba { .. } => c % b == 0 && usable(c / b - 1),
         }
     })
 }

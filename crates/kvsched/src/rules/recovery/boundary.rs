@@ -145,6 +145,43 @@ pub(super) fn resumable_boundary<O: Clone, T: Trace<O>>(
     0
 }
 
+/// Whether every group can resume at the pre-step length `p` of a request with only old hits
+/// (`docs/rules.md#only-old-hits-in-mode-safe`): the entries holding tokens below `p` that a
+/// group needs are real (present and non-null) — `full_attention` every entry below
+/// `ceil(p / b)`, `sliding_window` those holding tokens `[max(0, p − window + 1), p)` — and a
+/// `mamba` group holds the state after `p` tokens: `p` is a multiple of `b` and entry
+/// `p / b − 1` is real (the state of a length inside a block is the one a step advances in
+/// place, so a discarded step leaves none). Old hits count as real: the request waits for
+/// their owners. Cost: one pass over the entries below `p`.
+pub(super) fn resumable_at_pre_step(geo: &Geometry, req: RequestView<'_>, p: u64) -> bool {
+    if p == 0 {
+        return true;
+    }
+    let null = geo.null_block();
+    geo.groups()
+        .iter()
+        .zip(req.block_tables)
+        .all(|(group, table)| {
+            let b = group.block_size;
+            let hi = p.div_ceil(b);
+            let lo = match group.kind {
+                GroupKind::FullAttention => 0,
+                GroupKind::SlidingWindow { window } => p.saturating_sub(window - 1) / b,
+                GroupKind::Mamba { .. } if p % b != 0 => return false,
+                GroupKind::Mamba { .. } => hi - 1,
+            };
+            if lo >= hi {
+                return true;
+            }
+            let (Ok(lo), Ok(hi)) = (usize::try_from(lo), usize::try_from(hi)) else {
+                return false;
+            };
+            table
+                .get(lo..hi)
+                .is_some_and(|entries| entries.iter().all(|&id| id != null))
+        })
+}
+
 /// The first unusable entry in `[lo, hi)` of a group whose `prefix` counts (over its first
 /// `prefix.len() − 1` entries) show one, for a rejection's reason: found by binary search on
 /// the counts. An unusable entry that is not null is one of the request's own new hits.

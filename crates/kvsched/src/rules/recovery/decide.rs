@@ -2,7 +2,7 @@
 //! — the boundary it rolls back to, where it goes, what it claims, waits for and evicts.
 
 use crate::rules::geometry::{BlockId, Geometry};
-use crate::rules::recovery::boundary::resumable_boundary;
+use crate::rules::recovery::boundary::{resumable_at_pre_step, resumable_boundary};
 use crate::rules::recovery::trace::{BoundaryRule, Event, NoTrace, Trace};
 use crate::rules::recovery::{scan_len, Hit, Mode, Policy, RequestClass, RequestView};
 
@@ -35,16 +35,19 @@ pub struct Decision<O> {
     pub disposition: Disposition,
     /// The resulting computed length (unchanged when unaffected).
     pub num_computed_tokens: u64,
-    /// Tokens to recompute (or discarded for old-hit-only sync requests).
+    /// Tokens to recompute: `P −` the new computed length, plus, for a request with only old
+    /// hits, the step's scheduled tokens, which are discarded.
     pub affected_tokens: u64,
     /// Ids of the new hits, ascending, deduplicated.
     pub claimed_blocks: Vec<BlockId>,
-    /// Old-hit blocks starting below the new computed length, one per id, ascending, with the
-    /// owner. When an id has several owners (one id in two groups' tables, with per-group
-    /// pools), the least `O` — the earliest in canonical order. Mode `safe` + `recompute` only.
+    /// Old-hit blocks starting below the new computed length, with their owner, one entry
+    /// per (id, owner), ascending. An id has several owners only with one pool per group (the
+    /// id in two groups' tables, owned by a different request in each): the request waits
+    /// for every one of them. Mode `safe` + `recompute` only.
     pub waits_for: Vec<(BlockId, O)>,
     /// Blocks whose prefix-cache entry this request's rollback clears *as applied* under the
-    /// mode and policy: non-null entries at indices `≥ boundary / b_g` in every group.
+    /// mode and policy: non-null entries at indices `≥ boundary / b_g` in every group (mode
+    /// `safe`: every affected request; `vllm`: sync requests with a new hit under `fail`).
     /// Ascending, deduplicated.
     pub evicted_blocks: Vec<BlockId>,
 }
@@ -136,7 +139,22 @@ pub fn decide_traced<O: Ord + Clone, T: Trace<O>>(
             };
             (boundary, p.saturating_sub(boundary), rule)
         }
-        None => (p, req.num_scheduled_tokens, BoundaryRule::OldHitsOnly),
+        // Only old hits. Mode `safe` returns to `P` only where every group can resume: a
+        // Mamba state inside a block is the one the discarded step advanced in place.
+        // Planted bug for the rules' properties: back to `P` whether or not it is resumable.
+        None => match mode {
+            Mode::Safe
+                if !planted!("old-hits-back-to-p") && !resumable_at_pre_step(geo, req, p) =>
+            {
+                let boundary = resumable_boundary(geo, req, hits, owners, p, trace);
+                (
+                    boundary,
+                    req.num_scheduled_tokens.saturating_add(p - boundary),
+                    BoundaryRule::SafeOldHitsResumable { pre_step: p },
+                )
+            }
+            _ => (p, req.num_scheduled_tokens, BoundaryRule::OldHitsOnly),
+        },
     };
     if T::ON {
         trace.event(Event::Chosen {
@@ -176,15 +194,27 @@ pub fn decide_traced<O: Ord + Clone, T: Trace<O>>(
             }
         }
     }
-    // One entry per id: the least owner.
+    // One entry per (id, owner): an id with an owner in each of two groups (one pool per
+    // group) is waited for until both have rewritten it.
     waits_for.sort_unstable();
-    waits_for.dedup_by(|later, first| later.0 == first.0);
+    if planted!("waits-one-owner-per-id") {
+        // Planted bug for the rules' examples: one entry per id, its least owner only.
+        waits_for.dedup_by(|later, first| later.0 == first.0);
+    } else {
+        waits_for.dedup();
+    }
 
-    let applies_eviction = min_new.is_some()
-        && match mode {
-            Mode::Safe => true,
-            Mode::Vllm => req.class == RequestClass::Sync && policy == Policy::Fail,
-        };
+    // Mode `safe`: every affected request, whatever wrote its entries from the boundary on
+    // (a load that failed, or a step that read a block that did) may have left garbage in
+    // them. Mode `vllm`: sync requests with a new hit under `fail`.
+    let applies_eviction = match mode {
+        // Planted bug for the rules' properties: a request with only old hits evicts nothing.
+        Mode::Safe if planted!("old-hits-evict-nothing") => min_new.is_some(),
+        Mode::Safe => true,
+        Mode::Vllm => {
+            min_new.is_some() && req.class == RequestClass::Sync && policy == Policy::Fail
+        }
+    };
     let evicted_blocks = if applies_eviction {
         entries_from(geo, req, nct)
     } else {

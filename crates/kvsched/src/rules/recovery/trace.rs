@@ -45,8 +45,16 @@ pub enum Unusable {
 pub enum BoundaryRule {
     /// No hit: `num_computed_tokens` unchanged.
     NoHit,
-    /// Only old hits: back to the pre-step length `P`.
+    /// Only old hits: back to the pre-step length `P` (in mode `safe`, when every group can
+    /// resume there).
     OldHitsOnly,
+    /// Mode `safe`, only old hits, and some group cannot resume at `P`: the largest multiple
+    /// of `S` at or below `P` from which every group can resume, else 0
+    /// (`docs/rules.md#only-old-hits-in-mode-safe`).
+    SafeOldHitsResumable {
+        /// The pre-step length `P`.
+        pre_step: u64,
+    },
     /// Mode `vllm`: `floor(earliest_new / S) · S`.
     VllmRoundDown {
         /// The earliest new-hit position.
@@ -110,7 +118,7 @@ pub enum Event<O> {
         position: u64,
         /// The request that owns it.
         owner: O,
-        /// Whether this old hit is a wait edge (before the per-id dedup of `waits_for`).
+        /// Whether this old hit is a wait edge (before `waits_for` keeps one entry per id and owner).
         waits: bool,
     },
 }
@@ -169,7 +177,7 @@ pub struct OldHit<O> {
     pub position: u64,
     /// Its owner.
     pub owner: O,
-    /// Whether the request waits for it (before the per-id dedup of `waits_for`).
+    /// Whether the request waits for it (before `waits_for` keeps one entry per id and owner).
     pub waits: bool,
 }
 
