@@ -207,13 +207,20 @@ fn check_safe(case: &Case) -> Result<(), TestCaseError> {
             }
             let mut waits: Vec<(BlockId, usize)> = Vec::new();
             if policy == Policy::Recompute {
-                // One entry per (id, owner): every owner of an id is waited for.
-                let pairs: BTreeSet<(BlockId, usize)> = own[r]
+                // One entry per (id, owner): every owner of an id is waited for, ascending by
+                // id, then by the owner's canonical order.
+                let rank: HashMap<usize, usize> = case
+                    .canonical()
+                    .into_iter()
+                    .enumerate()
+                    .map(|(pos, i)| (i, pos))
+                    .collect();
+                let pairs: BTreeSet<(BlockId, usize, usize)> = own[r]
                     .iter()
                     .filter(|&&(h, o)| o != r && h.pos < nct)
-                    .map(|&(h, o)| (h.id, o))
+                    .map(|&(h, o)| (h.id, rank[&o], o))
                     .collect();
-                waits = pairs.into_iter().collect();
+                waits = pairs.into_iter().map(|(id, _, o)| (id, o)).collect();
             }
             prop_assert_eq!(&d.waits_for, &waits, "request {}", r);
         }

@@ -41,7 +41,7 @@ pub struct Decision<O> {
     /// Ids of the new hits, ascending, deduplicated.
     pub claimed_blocks: Vec<BlockId>,
     /// Old-hit blocks starting below the new computed length, with their owner, one entry
-    /// per (id, owner), ascending. An id has several owners only with one pool per group (the
+    /// per (id, owner), ascending (by id, then by owner: canonical order). An id has several owners only with one pool per group (the
     /// id in two groups' tables, owned by a different request in each): the request waits
     /// for every one of them. Mode `safe` + `recompute` only.
     pub waits_for: Vec<(BlockId, O)>,
