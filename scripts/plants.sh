@@ -86,6 +86,9 @@ declare -A TESTS=(
   # rules/recovery/decide.rs: an id owned by a different request in each of two groups (one
   # pool per group) is waited for with its least owner only.
   [waits-one-owner-per-id]="kvsched --test rules_examples"
+  # runtime/signal.rs: only completions, submits and cancels wake an engine waiting for work,
+  # so blocks freed inside a step, or a stall the next steps resolve, wait for one.
+  [wait-ignores-pending-work]="kvsched --test runtime_wait"
   # kv/tier_load.rs: a loaded chunk's payload is taken from after its header unverified
   # (no checksum, MAC, key or length check) and written into KV memory.
   [load-unverified]="kvsched --test kv_zero_copy"
@@ -183,7 +186,7 @@ ORDER=(decide-early claim-store late-leak deadline-compact-in-flight load-queue-
   branch-state-uncached mamba-state-one-block-late mamba-state-into-null tier-present-after-failed-load scan-one-group-less load-unverified save-payload-offset epoch-not-bumped-on-whole-block-write failed-copy-left-unpoisoned load-pieces-drop-tail vector-store-skips-round
   probe-hits-unindexed vllm-admits-before-schedule cost-ignores-failures pack-offset-past-table failure-share-read-per-token
   handoff-count-after-release inbox-apply-under-lock merge-larger-first probe-offer-never-wakes allocatable-release-uncounted
-  old-hits-back-to-p old-hits-evict-nothing waits-one-owner-per-id
+  old-hits-back-to-p old-hits-evict-nothing waits-one-owner-per-id wait-ignores-pending-work
   quarantine-deadline-uncounted prompt-keys-one-group prepare-under-open-lock sync-newer-generation-ignored
   wait-past-deadline submit-wakes-nobody tier-panic-escapes held-without-value
   rescan-deletes-temps probe-rounds-to-nothing)

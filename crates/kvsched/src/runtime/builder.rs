@@ -229,6 +229,7 @@ impl Builder {
             expect_output: false,
             answered: true,
             stalled_steps: 0,
+            work_pending: false,
             panicked: None,
             handed: Default::default(),
             merge: Default::default(),

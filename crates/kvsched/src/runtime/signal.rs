@@ -1,8 +1,8 @@
 //! Wake-ups for an idle engine: workers count every delivered completion, and submits and
 //! cancels every queued command, and unpark the engine thread; [`Runtime::poll_work`] /
 //! [`Runtime::wait_for_work`] compare that count with the one read when the last
-//! [`Runtime::schedule`] began draining, and end at the earliest deadline of a load in
-//! flight.
+//! [`Runtime::schedule`] began draining, end at the earliest deadline of a load in flight,
+//! and return at once when the last step left the next one work no event announces.
 //!
 //! A delivery costs one atomic add and one swap of the engine's parker state; it takes a lock
 //! only when the engine is actually asleep in `wait_for_work` (or waiting for its shards).
@@ -44,10 +44,12 @@ impl WorkSignal {
 impl Runtime {
     /// Non-blocking: whether a step now has something new to do — a load completed, or a
     /// request was submitted or cancelled, since the last [`Runtime::schedule`] began
-    /// draining, or the deadline of a load in flight has passed.
+    /// draining, or the deadline of a load in flight has passed, or the last step left the
+    /// next one work (see [`Runtime::wait_for_work`]).
     pub fn poll_work(&self) -> bool {
         // Acquire: pairs with the Release increment in `WorkSignal::notify`.
-        self.signal.events.load(Ordering::Acquire) != self.events_at_schedule
+        self.pending_work()
+            || self.signal.events.load(Ordering::Acquire) != self.events_at_schedule
             || self.next_deadline().is_some_and(|d| Instant::now() >= d)
     }
 
@@ -59,8 +61,17 @@ impl Runtime {
     /// the wait ends there whatever `timeout` says, so a load that never completes cannot
     /// keep an idle engine asleep past its deadline.
     ///
+    /// It also returns `true` at once when the last step left the next one work that no
+    /// event announces: blocks freed in that step (a request ending at its length cap after
+    /// the step's admissions) while requests wait, blocks handed over to a waiter (taken up
+    /// in the next step's report), or a stall across shards the next steps resolve by
+    /// preempting.
+    ///
     /// A `timeout` too large to represent as an instant waits until one of those happens.
     pub fn wait_for_work(&self, timeout: Duration) -> bool {
+        if self.pending_work() {
+            return true;
+        }
         let before = self.events_at_schedule;
         // Planted bug `wait-past-deadline` (scripts/plants.sh): the wait ignores the loads'
         // deadlines, so an idle engine sleeps past a hung load's.
@@ -89,6 +100,13 @@ impl Runtime {
                 }
             }
         }
+    }
+
+    /// Whether the last step left the next one work that no event announces.
+    fn pending_work(&self) -> bool {
+        // Planted bug `wait-ignores-pending-work` (scripts/plants.sh): only events wake the
+        // engine, so blocks freed inside a step, or a stall to resolve, wait for one.
+        self.work_pending && !planted!("wait-ignores-pending-work")
     }
 
     /// The earliest deadline of an async load in flight, over the shards. Between steps no

@@ -98,6 +98,9 @@ pub struct Runtime {
     pub(super) answered: bool,
     /// Consecutive steps without progress (see [`Runtime::schedule`]).
     pub(super) stalled_steps: u32,
+    /// The latest step left the next one work that no event announces (see
+    /// [`Runtime::wait_for_work`]): `poll_work` and `wait_for_work` return `true` at once.
+    pub(super) work_pending: bool,
     /// Set once a shard panicked: (shard, step, message). No step runs after it.
     pub(super) panicked: Option<(usize, u64, String)>,
     /// What the latest plan handed out (sync destinations, reads).
@@ -342,7 +345,14 @@ impl Runtime {
             waiting: progress.waiting,
         };
         progress.moved |= !plan.scheduled.is_empty() || !plan.recovery.report.is_empty();
-        self.resolve_stall(&progress);
+        let stall_resolves = self.resolve_stall(&progress);
+        // Work for the next step that no completion, submit or cancel announces: blocks a
+        // request ending in this step freed (it may have ended after the admissions, at its
+        // length cap) while requests wait, hand-offs for the next report, a stall that the
+        // next steps resolve by preempting.
+        self.work_pending = stall_resolves
+            || !self.handoffs.is_empty()
+            || (progress.waiting > 0 && !plan.ended.is_empty());
         plan
     }
 
@@ -353,15 +363,17 @@ impl Runtime {
     /// admission), whichever shard holds it, is preempted at the next step. With no running
     /// request to preempt the stall is counted: in [`Metrics::late_load_stalls`] while blocks
     /// are parked for late loads (the pool waits for them), else in
-    /// [`Metrics::no_progress_steps`].
-    fn resolve_stall(&mut self, p: &Progress) {
+    /// [`Metrics::no_progress_steps`]. Returns whether the next step goes on resolving the
+    /// stall (counting it towards a preemption, or applying one): work for the next step
+    /// that no event announces.
+    fn resolve_stall(&mut self, p: &Progress) -> bool {
         if p.moved || (p.waiting == 0 && p.latest.is_none()) {
             self.stalled_steps = 0;
-            return;
+            return false;
         }
         self.stalled_steps += 1;
         if self.stalled_steps < STALL_STEPS {
-            return;
+            return p.latest.is_some();
         }
         self.stalled_steps = 0;
         // Planted bug for the liveness tests: never preempt across shards.
@@ -375,12 +387,16 @@ impl Runtime {
             p
         };
         match p.latest {
-            Some((key, shard)) => self.inner.shards[shard]
-                .inbox
-                .push(Command::Preempt(key.seq())),
+            Some((key, shard)) => {
+                self.inner.shards[shard]
+                    .inbox
+                    .push(Command::Preempt(key.seq()));
+                return true;
+            }
             None if p.parked > 0 => self.metrics.late_load_stalls += 1,
             None => self.metrics.no_progress_steps += 1,
         }
+        false
     }
 
     /// Applies the engine's output for the last step. It takes effect at the next

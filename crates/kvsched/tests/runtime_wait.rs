@@ -1,0 +1,146 @@
+//! An engine that waits whenever a plan schedules nothing (`wait_for_work`) is woken for
+//! work a step leaves to the next one, not only for completions, submits and cancels:
+//! blocks a request ending at its length cap frees while another waits for admission, and a
+//! stall across shards that the next steps resolve by preempting.
+//!
+//! These scenarios have no connector and no thread but the engine's, so no event would ever
+//! come: an empty plan with live requests must itself say there is work (`poll_work`), or the
+//! engine, waiting with no timeout, would sleep for good.
+
+use std::sync::mpsc;
+use std::time::Duration;
+
+use kvsched::{CacheGroup, EndState, Runtime, StepOutput, SubmitRequest};
+
+/// Runs `f` on its own thread; fails the test if it has not returned within a minute (a hang
+/// guard, not a timing assertion: each scenario takes milliseconds).
+fn guarded<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(v) => v,
+        Err(mpsc::RecvTimeoutError::Disconnected) => panic!("{what}: the scenario panicked"),
+        Err(mpsc::RecvTimeoutError::Timeout) => panic!("{what}: hung (no result after 60 s)"),
+    }
+}
+
+fn req(id: &str, prompt: Vec<u32>, max_new_tokens: u32) -> SubmitRequest {
+    SubmitRequest {
+        id: id.into(),
+        prompt,
+        max_new_tokens,
+        priority: 0,
+        load_deadline: None,
+    }
+}
+
+/// The engine loop: update, schedule, sample everything scheduled; on an empty plan with live
+/// requests, `poll_work` must say there is work, and `wait_for_work` with no timeout returns.
+/// `before` runs before every step (to submit). Returns every end and the empty plans seen.
+fn drive(
+    rt: &mut Runtime,
+    mut before: impl FnMut(&mut Runtime, &kvsched::StepPlan),
+) -> (Vec<(String, EndState)>, usize) {
+    let mut ended = Vec::new();
+    let mut empty = 0;
+    let mut plan = rt.schedule().expect("step");
+    for _ in 0..10_000 {
+        ended.extend(plan.ended.iter().map(|(id, e)| (id.to_string(), *e)));
+        rt.update(StepOutput::all_sampled(&plan));
+        before(rt, &plan);
+        if rt.live() == 0 {
+            break;
+        }
+        if plan.scheduled.is_empty() {
+            empty += 1;
+            assert!(
+                rt.poll_work(),
+                "step {}: empty plan, {} live, and nothing says there is work",
+                plan.step,
+                rt.live()
+            );
+            assert!(rt.wait_for_work(Duration::MAX));
+        }
+        plan = rt.schedule().expect("step");
+    }
+    (ended, empty)
+}
+
+/// A request with no token limit grows until the pool is full and ends at its length cap
+/// inside a step, after that step's admissions; the request waiting for those blocks is
+/// admitted at the next step, which the engine is told to take.
+#[test]
+fn blocks_freed_at_a_length_cap_wake_the_engine_for_a_waiting_request() {
+    for shards in [1, 2] {
+        for waiter in ["B", "B1", "B2", "B3"] {
+            let ended = guarded("length cap", move || {
+                let mut rt = Runtime::builder()
+                    .groups(vec![CacheGroup::full_attention(16)])
+                    .pool_blocks(8) // 7 usable blocks: 112 tokens
+                    .shards(shards)
+                    .build()
+                    .unwrap();
+                rt.submit(req("A", vec![1; 16], 0)).unwrap();
+                let mut submitted = false;
+                let (ended, _) = drive(&mut rt, |rt, plan| {
+                    // B needs 5 blocks; once A holds 5 of the 7, B waits for admission.
+                    let grown = plan
+                        .scheduled
+                        .first()
+                        .is_some_and(|s| s.num_computed_tokens >= 70);
+                    if !submitted && grown {
+                        rt.submit(req(waiter, vec![2; 64], 2)).unwrap();
+                        submitted = true;
+                    }
+                });
+                drop(rt.shutdown());
+                ended
+            });
+            let mut ended = ended;
+            ended.sort_by(|a, b| a.0.cmp(&b.0));
+            assert_eq!(
+                ended,
+                [
+                    ("A".to_owned(), EndState::Finished),
+                    (waiter.to_owned(), EndState::Finished)
+                ],
+                "{shards} shards, waiter {waiter}"
+            );
+        }
+    }
+}
+
+/// Two requests on two shards each hold part of the pool and cannot both grow: the runtime
+/// preempts one after two steps in a row without progress. Those steps' plans are empty; the
+/// engine is told to take them.
+#[test]
+fn a_stall_across_shards_wakes_the_engine_until_a_preemption_resolves_it() {
+    let mut stalls_resolved = 0;
+    for other in ["B", "B1", "B2", "B3"] {
+        let (ended, preempted) = guarded("stall", move || {
+            let mut rt = Runtime::builder()
+                .groups(vec![CacheGroup::full_attention(16)])
+                .pool_blocks(8) // 7 usable blocks; each request needs 5 at its full length
+                .shards(2)
+                .build()
+                .unwrap();
+            for id in ["A", other] {
+                rt.submit(req(id, vec![id.len() as u32; 16], 60)).unwrap();
+            }
+            let (ended, _) = drive(&mut rt, |_, _| {});
+            let report = rt.shutdown();
+            assert!(report.violations.is_empty(), "{report}");
+            (ended, report.metrics.cross_shard_preemptions)
+        });
+        assert_eq!(ended.len(), 2, "{other}: {ended:?}");
+        assert!(ended.iter().all(|(_, e)| *e == EndState::Finished));
+        stalls_resolved += preempted;
+    }
+    // Ids on two shards stall; a preemption across shards resolved each such stall.
+    assert!(
+        stalls_resolved > 0,
+        "no pair of ids stalled: the scenario tests nothing"
+    );
+}
