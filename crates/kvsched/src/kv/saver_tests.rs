@@ -164,11 +164,12 @@ fn a_failed_put_counts_each_chunk_the_tier_does_not_hold() {
 
 /// Puts that keep failing pause saving: chunks taken off the queue while paused are counted,
 /// not tried; a failure right after the pause doubles it (up to the cap); a stored batch
-/// resets it.
+/// resets it. The pauses are long (1 s, then 2 s) so that a loaded machine's delays between
+/// the test's calls (hundreds of ms) cannot end one early.
 #[test]
 fn saves_that_keep_failing_pause_and_count_what_they_skip() {
     let tier = Arc::new(Filling::default());
-    let pause = std::time::Duration::from_millis(300);
+    let pause = std::time::Duration::from_millis(1000);
     let s = saver(
         &tier,
         SaveBackoff {
@@ -185,11 +186,11 @@ fn saves_that_keep_failing_pause_and_count_what_they_skip() {
     offer(&s, 3..13);
     assert_eq!(tier.puts.load(Ordering::SeqCst), 2, "no put while paused");
     assert_eq!((r(&c.skipped), r(&c.failed_chunks)), (10, 2));
-    std::thread::sleep(pause + std::time::Duration::from_millis(50));
+    std::thread::sleep(pause + std::time::Duration::from_millis(100));
     offer(&s, 13..14);
     assert_eq!((tier.puts.load(Ordering::SeqCst), r(&c.pauses)), (3, 2));
     // The second pause is twice as long: still paused after the first one's length.
-    std::thread::sleep(pause + std::time::Duration::from_millis(50));
+    std::thread::sleep(pause + std::time::Duration::from_millis(100));
     offer(&s, 14..15);
     assert_eq!(tier.puts.load(Ordering::SeqCst), 3, "still paused");
     tier.room.store(100, Ordering::SeqCst);
