@@ -4,7 +4,6 @@
 //! share prefixes exactly as the trace says; the reference shares say how much of the
 //! prompt tokens a prefix cache could serve at all (infinite) and with a given capacity (LRU).
 
-use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,6 +13,7 @@ use serde_json::Value;
 
 use super::config::{StressConfig, StressError};
 use super::limits::DEFAULT_DURATION_S;
+use super::trace_reference::TraceReference;
 use super::values::MAX_DURATION_S;
 
 /// The largest trace file read (the bundled trace is 3 MB).
@@ -56,25 +56,6 @@ pub struct TraceArgs {
 pub(crate) struct TraceCut {
     pub(crate) asked: u64,
     pub(crate) in_time: u64,
-}
-
-/// The share of the replayed requests' prompt tokens a prefix cache could serve, counted on
-/// the trace's 512-token blocks ([`cache_served`]).
-#[derive(Clone, Debug, Serialize)]
-pub(crate) struct TraceReference {
-    pub(crate) requests: u64,
-    pub(crate) prompt_tokens: u64,
-    /// An unbounded prefix cache.
-    pub(crate) infinite_cache_share: f64,
-    /// An LRU cache as large as the device pool.
-    pub(crate) device_pool_lru_share: f64,
-    /// The device pool, in 512-token blocks.
-    pub(crate) device_pool_blocks_512: u64,
-    /// An LRU cache as large as the device pool and the tier together (the unbounded share
-    /// when the tier is unbounded: a Redis store without `--redis-maxmemory`).
-    pub(crate) device_and_tier_lru_share: f64,
-    /// The tier, in 512-token blocks of chunks (`null`: unbounded).
-    pub(crate) tier_blocks_512: Option<u64>,
 }
 
 impl Default for TraceArgs {
@@ -193,51 +174,9 @@ pub(crate) fn load(cfg: &StressConfig) -> Result<StressConfig, StressError> {
     let mut out = cfg.clone();
     out.trace.cut_by_duration = (in_time < asked).then_some(TraceCut { asked, in_time });
     out.requests = reqs.len() as u64;
-    let pool_tokens = cfg.pool_blocks as u64 * cfg.scheduler_block_size();
-    let blocks_512 = pool_tokens / TRACE_BLOCK_TOKENS;
-    let (total, infinite) = cache_served(&reqs, None);
-    let (_, lru) = cache_served(&reqs, Some(blocks_512));
-    let tier_blocks_512 = tier_tokens(cfg).map(|t| t / TRACE_BLOCK_TOKENS);
-    let with_tier = match tier_blocks_512 {
-        Some(t) => cache_served(&reqs, Some(blocks_512.saturating_add(t))).1,
-        None => infinite,
-    };
-    let share = |n: u64| (n as f64 / total.max(1) as f64 * 1e4).round() / 1e4;
-    out.trace.trace_reference = Some(TraceReference {
-        requests: reqs.len() as u64,
-        prompt_tokens: total,
-        infinite_cache_share: share(infinite),
-        device_pool_lru_share: share(lru),
-        device_pool_blocks_512: blocks_512,
-        device_and_tier_lru_share: share(with_tier),
-        tier_blocks_512,
-    });
+    out.trace.trace_reference = Some(super::trace_reference::reference(cfg, &reqs));
     out.trace.loaded = Some(Arc::new(reqs));
     Ok(out)
-}
-
-/// How many tokens of KV the tier of `cfg` holds (`None`: unbounded): its capacity over the
-/// stored bytes per token, each chunk one block of one group behind its header.
-fn tier_tokens(cfg: &StressConfig) -> Option<u64> {
-    let capacity = if cfg.store.is_redis() {
-        cfg.redis_maxmemory?
-    } else {
-        cfg.store_capacity
-    };
-    let header = kvsched::kv::HEADER_LEN as f64;
-    let per_token: f64 = cfg
-        .groups
-        .groups()
-        .iter()
-        .map(|g| {
-            let payload = match g.kind {
-                kvsched::rules::geometry::GroupKind::Mamba { .. } => cfg.mamba_state_bytes,
-                _ => cfg.kv_bytes_per_token.saturating_mul(g.block_size),
-            };
-            (header + payload as f64) / g.block_size.max(1) as f64
-        })
-        .sum();
-    Some((capacity as f64 / per_token.max(1e-9)) as u64)
 }
 
 /// The arrival of trace request `r` from the start of the run, at `speed`.
@@ -386,49 +325,9 @@ pub(crate) fn prompt_tokens(r: &TraceRequest) -> Vec<u32> {
     out
 }
 
-/// Tokens of block `i` of `r` (512, or what the last block holds).
-fn block_len(r: &TraceRequest, i: usize) -> u64 {
-    (r.input_length - i as u64 * TRACE_BLOCK_TOKENS).min(TRACE_BLOCK_TOKENS)
-}
-
-/// Prompt tokens in all of `reqs`, and those a prefix cache of `capacity` 512-token blocks
-/// (`None`: unbounded) would serve: each request reads its blocks in order until the first
-/// one the cache does not hold, then inserts all its blocks as most recently used (LRU).
-pub(crate) fn cache_served(reqs: &[TraceRequest], capacity: Option<u64>) -> (u64, u64) {
-    let (mut total, mut served) = (0u64, 0u64);
-    // id → last use; last use → id (the oldest first).
-    let mut used: HashMap<u64, u64> = HashMap::new();
-    let mut order: BTreeMap<u64, u64> = BTreeMap::new();
-    let mut tick = 0u64;
-    for r in reqs {
-        total += r.input_length;
-        for (i, h) in r.hash_ids.iter().enumerate() {
-            if !used.contains_key(h) {
-                break;
-            }
-            served += block_len(r, i);
-        }
-        for h in &r.hash_ids {
-            tick += 1;
-            if let Some(old) = used.insert(*h, tick) {
-                order.remove(&old);
-            }
-            order.insert(tick, *h);
-        }
-        if let Some(cap) = capacity {
-            while used.len() as u64 > cap {
-                let Some((_, h)) = order.pop_first() else {
-                    break;
-                };
-                used.remove(&h);
-            }
-        }
-    }
-    (total, served)
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::trace_reference::cache_served;
     use super::*;
 
     fn bundled_path() -> PathBuf {
