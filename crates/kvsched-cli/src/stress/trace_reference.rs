@@ -27,7 +27,8 @@ pub(crate) struct TraceReference {
     pub(crate) infinite_cache_share: f64,
     /// An LRU cache as large as the device pool.
     pub(crate) device_pool_lru_share: f64,
-    /// The device pool, in 512-token blocks.
+    /// The device pool, in 512-token blocks: how many 512-token prefixes of every cache
+    /// group's blocks it holds ([`pool_blocks_512`]).
     pub(crate) device_pool_blocks_512: u64,
     /// An LRU cache as large as the device pool and the tier together (the unbounded share
     /// when the tier is unbounded: a Redis store without `--redis-maxmemory`).
@@ -58,9 +59,36 @@ pub(crate) fn reference(cfg: &StressConfig, reqs: &[TraceRequest]) -> TraceRefer
     }
 }
 
-/// The device pool of `cfg` in 512-token blocks.
+/// The device pool of `cfg` in 512-token blocks: the most `n` such that a prefix of
+/// `n × 512` tokens, in the blocks of every cache group (each group draws its own blocks
+/// from the one pool, the count `trace_fit::check_fits` makes), fits `--pool-blocks`.
 pub(crate) fn pool_blocks_512(cfg: &StressConfig) -> u64 {
-    cfg.pool_blocks as u64 * cfg.scheduler_block_size() / TRACE_BLOCK_TOKENS
+    let groups = cfg.groups.groups();
+    let pool = cfg.pool_blocks as u64;
+    let cost = |n: u64| -> u64 {
+        let tokens = n.saturating_mul(TRACE_BLOCK_TOKENS);
+        groups
+            .iter()
+            .map(|g| g.blocks_for_tokens(tokens))
+            .fold(0u64, u64::saturating_add)
+    };
+    // A group of block size `b` costs at least ⌈n × 512 / b⌉ blocks, so `hi` past
+    // `pool × b_max / 512` costs more than the pool holds (and the cost grows with `n`).
+    let widest = groups.iter().map(|g| g.block_size).max().unwrap_or(1);
+    let (mut lo, mut hi) = (0u64, pool.saturating_mul(widest) / TRACE_BLOCK_TOKENS + 1);
+    if cost(hi) <= pool {
+        return hi;
+    }
+    // Invariant: cost(lo) ≤ pool < cost(hi).
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if cost(mid) <= pool {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
 }
 
 /// How many tokens of KV the tier of `cfg` holds (`None`: unbounded): its capacity over the
@@ -210,5 +238,16 @@ mod tests {
         assert_eq!(cache_served(&reqs, Some(1)), (2048, 0));
         // Capacity 2: both blocks held: 1,023 served.
         assert_eq!(cache_served(&reqs, Some(2)), (2048, 1023));
+    }
+
+    /// The device pool in 512-token blocks counts every group's blocks: dense (16-token
+    /// blocks) 16,384 / 32 = 512; hybrid-mamba (16 + 64) 16,384 / (32 + 8) = 409.
+    #[test]
+    fn the_pool_counts_the_blocks_of_every_group() {
+        let mut cfg = StressConfig::default();
+        assert_eq!(cfg.pool_blocks, 16_384);
+        assert_eq!(pool_blocks_512(&cfg), 512);
+        cfg.groups = "hybrid-mamba".parse().expect("preset");
+        assert_eq!(pool_blocks_512(&cfg), 409);
     }
 }
