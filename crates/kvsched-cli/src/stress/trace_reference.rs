@@ -20,7 +20,7 @@ use super::trace::{TraceRequest, TRACE_BLOCK_TOKENS};
 /// The share of the replayed requests' prompt tokens a prefix cache could serve, counted on
 /// the trace's 512-token blocks ([`cache_served`]).
 #[derive(Clone, Debug, Serialize)]
-pub(crate) struct TraceReference {
+pub struct TraceReference {
     pub(crate) requests: u64,
     pub(crate) prompt_tokens: u64,
     /// An unbounded prefix cache.
