@@ -27,7 +27,8 @@ pub struct TraceArgs {
     /// line with `timestamp` in ms, `input_length`, `output_length`, `hash_ids` of 512-token
     /// blocks): its arrivals, prompt and output lengths, and prompts whose tokens follow the
     /// block ids, so they share prefixes as in the trace. `--requests`, `--rate`,
-    /// `--prompt-tokens` and `--prefix-share` are then unused.
+    /// `--prompt-tokens` and `--prefix-share` are then unused. Limits: a file of at most 256
+    /// MiB, lines of at most 1 MiB, prompts of at most 2^24 tokens.
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
     /// Replay the trace X times faster than it was recorded (arrival = timestamp / X).
@@ -48,6 +49,12 @@ pub struct TraceArgs {
     /// JSON's `config.trace.cut_by_duration`).
     #[arg(skip)]
     pub(crate) cut_by_duration: Option<TraceCut>,
+    /// Set when `--duration` was left out, so that the replay's length follows the trace
+    /// ([`follow_trace_duration`]): a replay cut short was cut at the longest duration, not
+    /// at a `--duration` given.
+    #[arg(skip)]
+    #[serde(skip)]
+    pub(crate) duration_followed: bool,
 }
 
 /// A replay cut short by `--duration`: of the `asked` requests, the first `in_time` arrive
@@ -67,6 +74,7 @@ impl Default for TraceArgs {
             loaded: None,
             trace_reference: None,
             cut_by_duration: None,
+            duration_followed: false,
         }
     }
 }
@@ -101,7 +109,12 @@ fn read(cfg: &StressConfig) -> Result<Option<Vec<TraceRequest>>, StressError> {
             "{shown}: over {MAX_TRACE_BYTES} bytes"
         )));
     }
-    let text = std::fs::read_to_string(path).map_err(|e| trace_error(format!("{shown}: {e}")))?;
+    let bytes = std::fs::read(path).map_err(|e| trace_error(format!("{shown}: {e}")))?;
+    let text = String::from_utf8(bytes).map_err(|e| {
+        let valid = &e.as_bytes()[..e.utf8_error().valid_up_to()];
+        let line = valid.iter().filter(|&&b| b == b'\n').count() + 1;
+        trace_error(format!("{shown}: line {line}: line: not UTF-8"))
+    })?;
     let limit = usize::try_from(cfg.trace.trace_requests).unwrap_or(usize::MAX);
     let reqs = parse(&text, Some(limit)).map_err(|e| trace_error(format!("{shown}: {e}")))?;
     if reqs.is_empty() {
@@ -111,9 +124,10 @@ fn read(cfg: &StressConfig) -> Result<Option<Vec<TraceRequest>>, StressError> {
 }
 
 /// For a command line that replays a trace and leaves out `--duration`: `--duration` becomes
-/// the replay's last arrival plus the default (20 s), so that the default run replays every
-/// request `--trace-requests` asks for and lets the last ones finish. Without `--trace`, or
-/// when `--duration` was given, `cfg` is left as it is.
+/// the replay's last arrival plus the default (20 s), at most [`MAX_DURATION_S`], so that the
+/// default run replays every request `--trace-requests` asks for that arrives within a day of
+/// replay and lets the last ones finish. Without `--trace`, or when `--duration` was given,
+/// `cfg` is left as it is.
 pub fn follow_trace_duration(
     cfg: &mut StressConfig,
     duration_given: bool,
@@ -124,6 +138,7 @@ pub fn follow_trace_duration(
     let Some(reqs) = read(cfg)? else {
         return Ok(());
     };
+    cfg.trace.duration_followed = true;
     let last = reqs
         .last()
         .map_or(Duration::ZERO, |r| arrival(r, cfg.trace.trace_speed));
@@ -139,11 +154,21 @@ pub(crate) fn load(cfg: &StressConfig) -> Result<StressConfig, StressError> {
         return Ok(cfg.clone());
     };
     let asked = reqs.len() as u64;
+    let first_ms = reqs.first().map_or(0, |r| r.arrival_ms);
     let horizon = cfg.duration();
     let reqs: Vec<TraceRequest> = reqs
         .into_iter()
         .take_while(|r| arrival(r, cfg.trace.trace_speed) < horizon)
         .collect();
+    if reqs.is_empty() && cfg.trace.duration_followed {
+        // Without `--duration` the replay lasts until after its last arrival, at most
+        // MAX_DURATION_S: the first request comes after that.
+        return Err(trace_error(format!(
+            "no request of the trace arrives within the longest replay ({MAX_DURATION_S} s) at \
+             --trace-speed {} (its first at {} ms)",
+            cfg.trace.trace_speed, first_ms
+        )));
+    }
     if reqs.is_empty() {
         return Err(StressError::Config {
             flag: "--duration",
@@ -226,9 +251,22 @@ fn bad(line: usize, field: &'static str, problem: impl Into<String>) -> TraceErr
 fn number(obj: &Value, line: usize, field: &'static str) -> Result<u64, TraceError> {
     match obj.get(field) {
         None => Err(bad(line, field, "missing")),
-        Some(v) => v
-            .as_u64()
-            .ok_or_else(|| bad(line, field, format!("{v} is not a whole number ≥ 0"))),
+        Some(v) => whole(v).map_err(|problem| bad(line, field, problem)),
+    }
+}
+
+/// `v` as a whole number ≥ 0 that fits 64 bits, or why not: a whole number past
+/// `u64::MAX` (`1e+23`, which JSON reads as a float) is out of range, not "not whole".
+fn whole(v: &Value) -> Result<u64, String> {
+    if let Some(n) = v.as_u64() {
+        return Ok(n);
+    }
+    match v.as_f64() {
+        // 2^64 and above (a whole float below it, `1.0`, is a float, not a count).
+        Some(x) if x.is_finite() && x >= 18_446_744_073_709_551_616.0 => {
+            Err(format!("{v} is out of range (at most {})", u64::MAX))
+        }
+        _ => Err(format!("{v} is not a whole number ≥ 0")),
     }
 }
 
@@ -290,10 +328,7 @@ pub(crate) fn parse(text: &str, limit: Option<usize>) -> Result<Vec<TraceRequest
         }
         let hash_ids = ids
             .iter()
-            .map(|v| {
-                v.as_u64()
-                    .ok_or_else(|| bad(line, "hash_ids", format!("{v} is not a whole number ≥ 0")))
-            })
+            .map(|v| whole(v).map_err(|problem| bad(line, "hash_ids", problem)))
             .collect::<Result<Vec<u64>, _>>()?;
         out.push(TraceRequest {
             arrival_ms,
