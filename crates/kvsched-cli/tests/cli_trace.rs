@@ -82,6 +82,61 @@ fn a_bad_trace_is_one_line_naming_the_flag_and_the_line() {
     assert_eq!(out.status.code(), Some(2));
 }
 
+/// A timestamp past 64 bits is out of range (not "not whole"); bytes that are not UTF-8 are
+/// refused naming their line; a first arrival past the longest replay names `--trace` when no
+/// `--duration` was given; and a replay cut at the longest one says so, not `--duration`.
+#[test]
+fn a_trace_out_of_range_or_not_utf8_is_refused_naming_what_is_wrong() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ok =
+        "{\"timestamp\": 0, \"input_length\": 600, \"output_length\": 1, \"hash_ids\": [1, 2]}\n";
+    let refused = |name: &str, body: &[u8], want: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, body).expect("write");
+        let out = stress(&["--trace", path.to_str().expect("utf-8 path")]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains(want), "want {want:?}: {err}");
+    };
+    refused(
+        "big.jsonl",
+        b"{\"timestamp\": 99999999999999999999999, \"input_length\": 600, \"output_length\": 1, \"hash_ids\": [1, 2]}\n",
+        "line 1: timestamp: 1e+23 is out of range (at most 18446744073709551615)",
+    );
+    let mut utf8 = ok.as_bytes().to_vec();
+    utf8.extend_from_slice(b"\xff\xfe\n");
+    refused("utf8.jsonl", &utf8, "line 2: line: not UTF-8");
+    refused(
+        "late.jsonl",
+        b"{\"timestamp\": 18446744073709551615, \"input_length\": 600, \"output_length\": 1, \"hash_ids\": [1, 2]}\n",
+        "error: --trace: no request of the trace arrives within the longest replay (86400 s)",
+    );
+    let path = dir.path().join("second_late.jsonl");
+    std::fs::write(
+        &path,
+        format!("{ok}{{\"timestamp\": 18446744073709551615, \"input_length\": 600, \"output_length\": 1, \"hash_ids\": [1, 3]}}\n"),
+    )
+    .expect("write");
+    let out = stress(&[
+        "--trace",
+        path.to_str().expect("utf-8 path"),
+        "--store",
+        "memory",
+        "--verify",
+        "off",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let text = String::from_utf8_lossy(&out.stdout).replace("\n  ", " ");
+    assert!(
+        text.contains(
+            "trace: 1 requests (of the first 2, those arriving within the longest replay, 86400 s)"
+        ),
+        "{text}"
+    );
+}
+
 /// A trace request the device pool cannot hold (its prompt, or an output length past what a
 /// submit carries) is refused up front in one line naming `--trace` and the request, not
 /// found out by the run's submits.

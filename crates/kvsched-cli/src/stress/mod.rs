@@ -142,6 +142,7 @@ mod step_cost;
 mod store;
 mod trace;
 mod trace_fit;
+mod trace_reference;
 mod values;
 mod workload;
 

@@ -37,7 +37,6 @@ pub fn render_svg(report: &StressReport) -> String {
         o,
         r##"<rect x="0" y="0" width="{WIDTH}" height="{HEIGHT}" fill="#ffffff"/>"##
     );
-    let c = &report.config;
     let _ = writeln!(
         o,
         r##"<text x="{}" y="30" text-anchor="middle" font-size="19" font-weight="bold" fill="#222">kvsched stress: latency percentiles{}</text>"##,
@@ -48,28 +47,11 @@ pub fn render_svg(report: &StressReport) -> String {
             " — kvsched vs the mutex baseline".to_owned()
         }
     );
-    let runs = report.runs.len();
-    let subtitle = format!(
-        "{} · {} shards · {} workers · rate {} · {} requests{} · lower is better",
-        c.groups.name(),
-        c.shards,
-        c.workers,
-        match c.rate {
-            Rate::Max => format!("max ({} live)", c.live),
-            r => r.to_string(),
-        },
-        c.requests,
-        if runs > 1 {
-            format!(" · {runs} runs each, one line per run")
-        } else {
-            String::new()
-        }
-    );
     let _ = writeln!(
         o,
         r##"<text x="{}" y="54" text-anchor="middle" font-size="13" fill="#555">{}</text>"##,
         WIDTH / 2.0,
-        escape(&subtitle)
+        escape(&subtitle(report))
     );
     let panels: [(&str, CurveOf); 2] = [
         ("step overhead: schedule() + update() per step", |r| {
@@ -88,6 +70,45 @@ pub fn render_svg(report: &StressReport) -> String {
     }
     o.push_str("</svg>\n");
     o
+}
+
+/// The most characters of a trace's file name the subtitle shows.
+const MAX_TRACE_NAME: usize = 40;
+
+/// The line under the title: the geometry, shards, workers, the arrivals (the rate, or the
+/// trace and its speed-up), the requests and the runs.
+fn subtitle(report: &StressReport) -> String {
+    let c = &report.config;
+    let runs = report.runs.len();
+    let arrivals = match (&c.trace.trace, c.rate) {
+        (Some(t), _) => {
+            // The file's name, cut to fit the line (the header has the whole path).
+            let name = t.file_name().unwrap_or(t.as_os_str()).to_string_lossy();
+            let shown: String = if name.chars().count() > MAX_TRACE_NAME {
+                name.chars()
+                    .take(MAX_TRACE_NAME - 1)
+                    .chain(std::iter::once('…'))
+                    .collect()
+            } else {
+                name.into_owned()
+            };
+            format!("trace {shown} at {}× speed", c.trace.trace_speed)
+        }
+        (None, Rate::Max) => format!("rate max ({} live)", c.live),
+        (None, r) => format!("rate {r}"),
+    };
+    format!(
+        "{} · {} shards · {} workers · {arrivals} · {} requests{} · lower is better",
+        c.groups.name(),
+        c.shards,
+        c.workers,
+        c.requests,
+        if runs > 1 {
+            format!(" · {runs} runs each, one line per run")
+        } else {
+            String::new()
+        }
+    )
 }
 
 /// The percentile ticks: x in nines, label.
@@ -364,5 +385,28 @@ mod tests {
         assert_eq!(duration_label(1e7), "10 s");
         assert_eq!(duration_label(0.1), "0.1 µs");
         assert_eq!(escape("a < b & \"c\""), "a &lt; b &amp; &quot;c&quot;");
+    }
+
+    /// A trace run's subtitle names the trace and its speed-up, not the unused `--rate`.
+    #[test]
+    fn a_trace_runs_subtitle_names_the_trace_and_its_speed() {
+        let mut cfg = crate::stress::config::StressConfig::default();
+        let report = |cfg: &crate::stress::config::StressConfig| {
+            StressReport::of(vec![RunReport::default()], Vec::new(), cfg.clone())
+                .expect("a report of one run")
+        };
+        assert!(subtitle(&report(&cfg)).contains(" · rate 2000/s · "));
+        cfg.trace.trace = Some("traces/t.jsonl".into());
+        cfg.trace.trace_speed = 50.0;
+        let line = subtitle(&report(&cfg));
+        assert!(line.contains(" · trace t.jsonl at 50× speed · "), "{line}");
+        assert!(!line.contains("rate"), "{line}");
+        assert!(render_svg(&report(&cfg)).contains(&escape(&line)));
+        cfg.trace.trace = Some(format!("{}.jsonl", "x".repeat(60)).into());
+        let line = subtitle(&report(&cfg));
+        assert!(
+            line.contains(&format!(" · trace {}… at 50× speed · ", "x".repeat(39))),
+            "{line}"
+        );
     }
 }

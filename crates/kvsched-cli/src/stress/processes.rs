@@ -189,6 +189,12 @@ pub fn run_engines(
     // A user's server that cannot be reached (a wrong password, nothing listening) is bad
     // input: one line, before any engine runs.
     super::store::check_user_store(cfg).map_err(|e| e.to_string())?;
+    // On a trace, the reference of every request the engines replay together (each engine's
+    // own report has that of its share); a bad trace is refused here, before any engine runs.
+    let trace_reference = super::trace::load(cfg)
+        .map_err(|e| e.to_string())?
+        .trace
+        .trace_reference;
     let interrupt = Interrupt::install();
     let mut server = OwnedServer::start(&plan)?;
     let store = match &server {
@@ -255,7 +261,8 @@ pub fn run_engines(
         Some(url) if plan.store == StoreSpec::Redis => url.clone(),
         _ => cfg.store.shown(),
     };
-    let combined = Combined::of(&plan, &shown, info, outcomes, restarts);
+    let mut combined = Combined::of(&plan, &shown, info, outcomes, restarts);
+    combined.trace_reference = trace_reference;
     let text = if json {
         combined.render_json()
     } else {

@@ -4,7 +4,6 @@
 //! share prefixes exactly as the trace says; the reference shares say how much of the
 //! prompt tokens a prefix cache could serve at all (infinite) and with a given capacity (LRU).
 
-use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,6 +13,7 @@ use serde_json::Value;
 
 use super::config::{StressConfig, StressError};
 use super::limits::DEFAULT_DURATION_S;
+use super::trace_reference::TraceReference;
 use super::values::MAX_DURATION_S;
 
 /// The largest trace file read (the bundled trace is 3 MB).
@@ -27,7 +27,8 @@ pub struct TraceArgs {
     /// line with `timestamp` in ms, `input_length`, `output_length`, `hash_ids` of 512-token
     /// blocks): its arrivals, prompt and output lengths, and prompts whose tokens follow the
     /// block ids, so they share prefixes as in the trace. `--requests`, `--rate`,
-    /// `--prompt-tokens` and `--prefix-share` are then unused.
+    /// `--prompt-tokens` and `--prefix-share` are then unused. Limits: a file of at most 256
+    /// MiB, lines of at most 1 MiB, prompts of at most 2^24 tokens.
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
     /// Replay the trace X times faster than it was recorded (arrival = timestamp / X).
@@ -48,6 +49,12 @@ pub struct TraceArgs {
     /// JSON's `config.trace.cut_by_duration`).
     #[arg(skip)]
     pub(crate) cut_by_duration: Option<TraceCut>,
+    /// Set when `--duration` was left out, so that the replay's length follows the trace
+    /// ([`follow_trace_duration`]): a replay cut short was cut at the longest duration, not
+    /// at a `--duration` given.
+    #[arg(skip)]
+    #[serde(skip)]
+    pub(crate) duration_followed: bool,
 }
 
 /// A replay cut short by `--duration`: of the `asked` requests, the first `in_time` arrive
@@ -56,25 +63,6 @@ pub struct TraceArgs {
 pub(crate) struct TraceCut {
     pub(crate) asked: u64,
     pub(crate) in_time: u64,
-}
-
-/// The share of the replayed requests' prompt tokens a prefix cache could serve, counted on
-/// the trace's 512-token blocks ([`cache_served`]).
-#[derive(Clone, Debug, Serialize)]
-pub(crate) struct TraceReference {
-    pub(crate) requests: u64,
-    pub(crate) prompt_tokens: u64,
-    /// An unbounded prefix cache.
-    pub(crate) infinite_cache_share: f64,
-    /// An LRU cache as large as the device pool.
-    pub(crate) device_pool_lru_share: f64,
-    /// The device pool, in 512-token blocks.
-    pub(crate) device_pool_blocks_512: u64,
-    /// An LRU cache as large as the device pool and the tier together (the unbounded share
-    /// when the tier is unbounded: a Redis store without `--redis-maxmemory`).
-    pub(crate) device_and_tier_lru_share: f64,
-    /// The tier, in 512-token blocks of chunks (`null`: unbounded).
-    pub(crate) tier_blocks_512: Option<u64>,
 }
 
 impl Default for TraceArgs {
@@ -86,6 +74,7 @@ impl Default for TraceArgs {
             loaded: None,
             trace_reference: None,
             cut_by_duration: None,
+            duration_followed: false,
         }
     }
 }
@@ -120,7 +109,12 @@ fn read(cfg: &StressConfig) -> Result<Option<Vec<TraceRequest>>, StressError> {
             "{shown}: over {MAX_TRACE_BYTES} bytes"
         )));
     }
-    let text = std::fs::read_to_string(path).map_err(|e| trace_error(format!("{shown}: {e}")))?;
+    let bytes = std::fs::read(path).map_err(|e| trace_error(format!("{shown}: {e}")))?;
+    let text = String::from_utf8(bytes).map_err(|e| {
+        let valid = &e.as_bytes()[..e.utf8_error().valid_up_to()];
+        let line = valid.iter().filter(|&&b| b == b'\n').count() + 1;
+        trace_error(format!("{shown}: line {line}: line: not UTF-8"))
+    })?;
     let limit = usize::try_from(cfg.trace.trace_requests).unwrap_or(usize::MAX);
     let reqs = parse(&text, Some(limit)).map_err(|e| trace_error(format!("{shown}: {e}")))?;
     if reqs.is_empty() {
@@ -130,9 +124,10 @@ fn read(cfg: &StressConfig) -> Result<Option<Vec<TraceRequest>>, StressError> {
 }
 
 /// For a command line that replays a trace and leaves out `--duration`: `--duration` becomes
-/// the replay's last arrival plus the default (20 s), so that the default run replays every
-/// request `--trace-requests` asks for and lets the last ones finish. Without `--trace`, or
-/// when `--duration` was given, `cfg` is left as it is.
+/// the replay's last arrival plus the default (20 s), at most [`MAX_DURATION_S`], so that the
+/// default run replays every request `--trace-requests` asks for that arrives within a day of
+/// replay and lets the last ones finish. Without `--trace`, or when `--duration` was given,
+/// `cfg` is left as it is.
 pub fn follow_trace_duration(
     cfg: &mut StressConfig,
     duration_given: bool,
@@ -143,6 +138,7 @@ pub fn follow_trace_duration(
     let Some(reqs) = read(cfg)? else {
         return Ok(());
     };
+    cfg.trace.duration_followed = true;
     let last = reqs
         .last()
         .map_or(Duration::ZERO, |r| arrival(r, cfg.trace.trace_speed));
@@ -158,11 +154,21 @@ pub(crate) fn load(cfg: &StressConfig) -> Result<StressConfig, StressError> {
         return Ok(cfg.clone());
     };
     let asked = reqs.len() as u64;
+    let first_ms = reqs.first().map_or(0, |r| r.arrival_ms);
     let horizon = cfg.duration();
     let reqs: Vec<TraceRequest> = reqs
         .into_iter()
         .take_while(|r| arrival(r, cfg.trace.trace_speed) < horizon)
         .collect();
+    if reqs.is_empty() && cfg.trace.duration_followed {
+        // Without `--duration` the replay lasts until after its last arrival, at most
+        // MAX_DURATION_S: the first request comes after that.
+        return Err(trace_error(format!(
+            "no request of the trace arrives within the longest replay ({MAX_DURATION_S} s) at \
+             --trace-speed {} (its first at {} ms)",
+            cfg.trace.trace_speed, first_ms
+        )));
+    }
     if reqs.is_empty() {
         return Err(StressError::Config {
             flag: "--duration",
@@ -193,51 +199,9 @@ pub(crate) fn load(cfg: &StressConfig) -> Result<StressConfig, StressError> {
     let mut out = cfg.clone();
     out.trace.cut_by_duration = (in_time < asked).then_some(TraceCut { asked, in_time });
     out.requests = reqs.len() as u64;
-    let pool_tokens = cfg.pool_blocks as u64 * cfg.scheduler_block_size();
-    let blocks_512 = pool_tokens / TRACE_BLOCK_TOKENS;
-    let (total, infinite) = cache_served(&reqs, None);
-    let (_, lru) = cache_served(&reqs, Some(blocks_512));
-    let tier_blocks_512 = tier_tokens(cfg).map(|t| t / TRACE_BLOCK_TOKENS);
-    let with_tier = match tier_blocks_512 {
-        Some(t) => cache_served(&reqs, Some(blocks_512.saturating_add(t))).1,
-        None => infinite,
-    };
-    let share = |n: u64| (n as f64 / total.max(1) as f64 * 1e4).round() / 1e4;
-    out.trace.trace_reference = Some(TraceReference {
-        requests: reqs.len() as u64,
-        prompt_tokens: total,
-        infinite_cache_share: share(infinite),
-        device_pool_lru_share: share(lru),
-        device_pool_blocks_512: blocks_512,
-        device_and_tier_lru_share: share(with_tier),
-        tier_blocks_512,
-    });
+    out.trace.trace_reference = Some(super::trace_reference::reference(cfg, &reqs));
     out.trace.loaded = Some(Arc::new(reqs));
     Ok(out)
-}
-
-/// How many tokens of KV the tier of `cfg` holds (`None`: unbounded): its capacity over the
-/// stored bytes per token, each chunk one block of one group behind its header.
-fn tier_tokens(cfg: &StressConfig) -> Option<u64> {
-    let capacity = if cfg.store.is_redis() {
-        cfg.redis_maxmemory?
-    } else {
-        cfg.store_capacity
-    };
-    let header = kvsched::kv::HEADER_LEN as f64;
-    let per_token: f64 = cfg
-        .groups
-        .groups()
-        .iter()
-        .map(|g| {
-            let payload = match g.kind {
-                kvsched::rules::geometry::GroupKind::Mamba { .. } => cfg.mamba_state_bytes,
-                _ => cfg.kv_bytes_per_token.saturating_mul(g.block_size),
-            };
-            (header + payload as f64) / g.block_size.max(1) as f64
-        })
-        .sum();
-    Some((capacity as f64 / per_token.max(1e-9)) as u64)
 }
 
 /// The arrival of trace request `r` from the start of the run, at `speed`.
@@ -287,9 +251,22 @@ fn bad(line: usize, field: &'static str, problem: impl Into<String>) -> TraceErr
 fn number(obj: &Value, line: usize, field: &'static str) -> Result<u64, TraceError> {
     match obj.get(field) {
         None => Err(bad(line, field, "missing")),
-        Some(v) => v
-            .as_u64()
-            .ok_or_else(|| bad(line, field, format!("{v} is not a whole number ≥ 0"))),
+        Some(v) => whole(v).map_err(|problem| bad(line, field, problem)),
+    }
+}
+
+/// `v` as a whole number ≥ 0 that fits 64 bits, or why not: a whole number past
+/// `u64::MAX` (`1e+23`, which JSON reads as a float) is out of range, not "not whole".
+fn whole(v: &Value) -> Result<u64, String> {
+    if let Some(n) = v.as_u64() {
+        return Ok(n);
+    }
+    match v.as_f64() {
+        // 2^64 and above (a whole float below it, `1.0`, is a float, not a count).
+        Some(x) if x.is_finite() && x >= 18_446_744_073_709_551_616.0 => {
+            Err(format!("{v} is out of range (at most {})", u64::MAX))
+        }
+        _ => Err(format!("{v} is not a whole number ≥ 0")),
     }
 }
 
@@ -351,10 +328,7 @@ pub(crate) fn parse(text: &str, limit: Option<usize>) -> Result<Vec<TraceRequest
         }
         let hash_ids = ids
             .iter()
-            .map(|v| {
-                v.as_u64()
-                    .ok_or_else(|| bad(line, "hash_ids", format!("{v} is not a whole number ≥ 0")))
-            })
+            .map(|v| whole(v).map_err(|problem| bad(line, "hash_ids", problem)))
             .collect::<Result<Vec<u64>, _>>()?;
         out.push(TraceRequest {
             arrival_ms,
@@ -386,49 +360,9 @@ pub(crate) fn prompt_tokens(r: &TraceRequest) -> Vec<u32> {
     out
 }
 
-/// Tokens of block `i` of `r` (512, or what the last block holds).
-fn block_len(r: &TraceRequest, i: usize) -> u64 {
-    (r.input_length - i as u64 * TRACE_BLOCK_TOKENS).min(TRACE_BLOCK_TOKENS)
-}
-
-/// Prompt tokens in all of `reqs`, and those a prefix cache of `capacity` 512-token blocks
-/// (`None`: unbounded) would serve: each request reads its blocks in order until the first
-/// one the cache does not hold, then inserts all its blocks as most recently used (LRU).
-pub(crate) fn cache_served(reqs: &[TraceRequest], capacity: Option<u64>) -> (u64, u64) {
-    let (mut total, mut served) = (0u64, 0u64);
-    // id → last use; last use → id (the oldest first).
-    let mut used: HashMap<u64, u64> = HashMap::new();
-    let mut order: BTreeMap<u64, u64> = BTreeMap::new();
-    let mut tick = 0u64;
-    for r in reqs {
-        total += r.input_length;
-        for (i, h) in r.hash_ids.iter().enumerate() {
-            if !used.contains_key(h) {
-                break;
-            }
-            served += block_len(r, i);
-        }
-        for h in &r.hash_ids {
-            tick += 1;
-            if let Some(old) = used.insert(*h, tick) {
-                order.remove(&old);
-            }
-            order.insert(tick, *h);
-        }
-        if let Some(cap) = capacity {
-            while used.len() as u64 > cap {
-                let Some((_, h)) = order.pop_first() else {
-                    break;
-                };
-                used.remove(&h);
-            }
-        }
-    }
-    (total, served)
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::trace_reference::cache_served;
     use super::*;
 
     fn bundled_path() -> PathBuf {

@@ -26,6 +26,9 @@
 //! * `every_request_accounted`: every engine's `accounted`;
 //! * `total`: the engines' reports merged field by field (the rules are in
 //!   [`merge`](mod@super::super::merge)), `null` without reports;
+//! * `trace_reference`: on a trace, what a prefix cache could serve of all the engines'
+//!   requests (the keys of an engine's `config.trace_reference`, computed on every request
+//!   replayed), `null` without a trace;
 //! * `invariants`: `{ok, violations}` — the engines' own violations prefixed `e{i}: `, and
 //!   the parent's (an engine without a report, one whose requests do not add up, garbage
 //!   reads in mode `safe`, an engine killed as overdue, a restart that did not happen);
@@ -36,6 +39,7 @@ use serde_json::error::Category;
 
 use super::super::report::RunReport;
 use super::super::store::StoreSpec;
+use super::super::trace_reference::TraceReference;
 use super::args::Plan;
 use super::rows::Row;
 
@@ -107,6 +111,8 @@ pub struct Combined {
     pub every_request_accounted: bool,
     /// The engines' reports merged.
     pub total: Option<RunReport>,
+    /// On a trace, the reference of every engine's requests together.
+    pub trace_reference: Option<TraceReference>,
     /// The verdict.
     pub invariants: Verdict,
     /// The parent's exit code.
@@ -261,6 +267,7 @@ impl Combined {
             sum,
             cross_engine_hit_ratio: ratio,
             total: RunReport::merge_engines(&reports),
+            trace_reference: None,
             invariants: Verdict {
                 ok: violations.is_empty() && exit_code == 0,
                 violations,
@@ -391,6 +398,9 @@ impl Combined {
             )),
             _ => out.push_str("cross-engine hit ratio: — (no chunks loaded)\n"),
         }
+        if let Some(t) = &self.total {
+            prompt_lines(t, self.trace_reference.as_ref(), &mut out);
+        }
         out.push_str(&format!(
             "every request accounted for in every engine (submitted = finished + failed + cancelled): {}\n",
             if self.every_request_accounted { "yes" } else { "NO" }
@@ -413,6 +423,50 @@ impl Combined {
             }
         }
         out
+    }
+}
+
+/// The prompt tokens of every engine's finished requests by source (device prefix cache,
+/// tier, computed), as the report of one run gives them, and on a trace the reference of all
+/// the engines' requests.
+fn prompt_lines(total: &RunReport, reference: Option<&TraceReference>, out: &mut String) {
+    let p = &total.prompt_tokens;
+    let pct = |n: u64| format!("{:.1}%", n as f64 * 100.0 / p.total.max(1) as f64);
+    out.push_str(&format!(
+        "prompt tokens of the {} finished requests of every engine, by source\n",
+        thousands(p.requests)
+    ));
+    let rows = [
+        ("prompt tokens", p.total, String::new()),
+        ("device prefix cache", p.device_hit, pct(p.device_hit)),
+        ("tier (loaded, verified)", p.tier_hit, pct(p.tier_hit)),
+        ("computed", p.computed, pct(p.computed)),
+        (
+            "of which after a failed load",
+            p.computed_after_failed_load,
+            pct(p.computed_after_failed_load),
+        ),
+    ];
+    let width = rows
+        .iter()
+        .map(|(_, n, _)| thousands(*n).len())
+        .max()
+        .unwrap_or(0);
+    for (label, n, share) in rows {
+        let line = format!("  {label:<30}{:>width$}  {share:>6}", thousands(n));
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    if let Some(t) = reference {
+        let served = p.device_hit.saturating_add(p.tier_hit);
+        let share = served as f64 / p.total.max(1) as f64;
+        out.push_str(&format!(
+            "reference, the trace's {} requests of every engine on its 512-token blocks: a prefix cache would serve {:.1}% if unbounded; the engines served {:.1}% from cache, {:.0}% of the unbounded share\n",
+            thousands(t.requests),
+            t.infinite_cache_share * 100.0,
+            share * 100.0,
+            share / t.infinite_cache_share.max(1e-9) * 100.0,
+        ));
     }
 }
 

@@ -353,3 +353,55 @@ fn merged_reports_keep_each_engine_and_refuse_a_wrong_shape() {
     );
     assert_eq!(c.exit_code, 1);
 }
+
+/// The human report says where every engine's prompt tokens came from (the merged
+/// `prompt_tokens`) and, on a trace, what a prefix cache could serve of all their requests.
+#[test]
+fn the_human_report_splits_the_prompt_tokens_and_gives_the_trace_reference() {
+    let tokens = |device: u64, tier: u64, computed: u64| {
+        json!({"requests": 5, "total": device + tier + computed, "device_hit": device,
+               "tier_hit": tier, "computed": computed, "computed_after_failed_load": 10})
+    };
+    let (mut a, mut b) = (report(5, 5, 0, 0, 0), report(5, 5, 0, 0, 0));
+    a["prompt_tokens"] = tokens(100, 200, 700);
+    b["prompt_tokens"] = tokens(300, 400, 2300);
+    let mut c = Combined::of(
+        &plan(2, 0, true),
+        "x",
+        None,
+        vec![outcome(0, 0, &a), outcome(1, 0, &b)],
+        Vec::new(),
+    );
+    // 4,000 tokens: device 400 (10.0%), tier 600 (15.0%), computed 3,000 (75.0%), 20 of
+    // them after a failed load (0.5%).
+    let text = c.render_human();
+    for line in [
+        "prompt tokens of the 10 finished requests of every engine, by source\n",
+        "  prompt tokens                 4,000\n",
+        "  device prefix cache             400   10.0%\n",
+        "  tier (loaded, verified)         600   15.0%\n",
+        "  computed                      3,000   75.0%\n",
+        "  of which after a failed load     20    0.5%\n",
+    ] {
+        assert!(text.contains(line), "missing {line:?} in\n{text}");
+    }
+    assert!(!text.contains("reference"), "{text}");
+    // Served 1,000 of 4,000 (25.0%) against an unbounded 50.0%: 50% of it.
+    let mut cfg = StressConfig::default();
+    cfg.trace.trace = Some(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../traces/mooncake_conversation_trace.jsonl"),
+    );
+    cfg.trace.trace_requests = 10;
+    let mut reference = crate::stress::trace::load(&cfg)
+        .expect("the bundled trace")
+        .trace
+        .trace_reference
+        .expect("a reference");
+    reference.infinite_cache_share = 0.5;
+    c.trace_reference = Some(reference);
+    let text = c.render_human();
+    assert!(text.contains("reference, the trace's 10 requests of every engine on its 512-token blocks: a prefix cache would serve 50.0% if unbounded; the engines served 25.0% from cache, 50% of the unbounded share"), "{text}");
+    let j: Value = serde_json::from_str(&c.render_json()).expect("json");
+    assert_eq!(j["trace_reference"]["requests"], json!(10));
+}

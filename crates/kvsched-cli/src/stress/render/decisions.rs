@@ -6,6 +6,7 @@
 
 use super::cells::{count, counted};
 use crate::stress::report::{RunReport, StressReport};
+use crate::stress::values::Rate;
 
 /// The decision totals compared, each with its label.
 fn totals(r: &RunReport) -> [(&'static str, u64); 13] {
@@ -60,6 +61,16 @@ pub(super) fn causes(report: &StressReport) -> Vec<String> {
             }
         ));
     }
+    let open_loop = match (&c.trace.trace, c.rate) {
+        (Some(_), _) => Some("a trace"),
+        (None, Rate::Max) => None,
+        (None, _) => Some("--rate N"),
+    };
+    if let Some(arrivals) = open_loop {
+        why.push(format!(
+            "open-loop arrivals ({arrivals}): a request is submitted when the wall clock reaches its arrival, so a step of one scheduler takes in other requests than the same step of the other whenever their steps take different times (--rate max, a closed loop, removes this)"
+        ));
+    }
     if !c.store.is_real() && k.kv.transfer_damage > 0 {
         why.push(format!(
             "sim-store damage: --failure-rate {} damages that share of the chunks the sim store reads, in the order the reads reach it, so a load damaged in one scheduler may arrive intact in the other (--failure-rate 0 removes this)",
@@ -112,9 +123,47 @@ pub(super) fn decisions_notes(report: &StressReport, notes: &mut Vec<String>) {
     let why = causes(report);
     if why.is_empty() {
         notes.push(format!(
-            "why: no known cause (one shard, --lockstep, no sim-store damage, no deadline, retry or quarantine event): {} has diverged from the shards' algorithm",
+            "why: no known cause (one shard, --lockstep, a closed loop, no sim-store damage, no deadline, retry or quarantine event): {} has diverged from the shards' algorithm",
             b.scheduler
         ));
     }
     notes.extend(why.into_iter().map(|w| format!("why: {w}")));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stress::config::StressConfig;
+
+    /// The causes of a one-shard, lockstep run with a baseline whose runs made no load.
+    fn causes_of(edit: impl FnOnce(&mut StressConfig)) -> Vec<String> {
+        let mut cfg = StressConfig {
+            shards: 1,
+            lockstep: true,
+            ..StressConfig::default()
+        };
+        edit(&mut cfg);
+        let run = RunReport::default();
+        let report =
+            StressReport::of(vec![run.clone()], vec![run], cfg).expect("a report of one run");
+        causes(&report)
+    }
+
+    /// Open-loop arrivals follow the wall clock, so they are a cause; a closed loop is not.
+    #[test]
+    fn open_loop_arrivals_are_named_as_a_cause() {
+        let rate = causes_of(|c| c.rate = Rate::PerSecond(2000.0));
+        assert_eq!(rate.len(), 1, "{rate:?}");
+        assert!(
+            rate[0].starts_with("open-loop arrivals (--rate N)"),
+            "{rate:?}"
+        );
+        let trace = causes_of(|c| c.trace.trace = Some("t.jsonl".into()));
+        assert_eq!(trace.len(), 1, "{trace:?}");
+        assert!(
+            trace[0].starts_with("open-loop arrivals (a trace)"),
+            "{trace:?}"
+        );
+        assert_eq!(causes_of(|c| c.rate = Rate::Max), Vec::<String>::new());
+    }
 }

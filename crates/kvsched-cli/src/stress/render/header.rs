@@ -58,10 +58,15 @@ pub(super) fn settings(c: &StressConfig, o: &mut String) {
             .trace
             .cut_by_duration
             .map(|cut| {
+                let within = if c.trace.duration_followed {
+                    // No `--duration`: the replay was cut at the longest one.
+                    format!("the longest replay, {} s", c.duration_s)
+                } else {
+                    format!("--duration {} s", c.duration_s)
+                };
                 format!(
-                    " (of the first {}, those arriving within --duration {} s)",
+                    " (of the first {}, those arriving within {within})",
                     super::cells::count(cut.asked),
-                    c.duration_s
                 )
             })
             .unwrap_or_default();
