@@ -392,6 +392,31 @@ impl TierConnector {
     }
 }
 
+/// Dropping stops every background thread of the connector (the saves and probes still
+/// queued are dropped, counted in `saves_dropped`) and waits for them until one deadline,
+/// `drop_timeout` after the drop began: a batch a save thread holds is finished by then or
+/// never waited for. A thread still inside a tier call at the deadline (a hung tier) is left
+/// to end on its own when the call returns; so a drop takes at most `drop_timeout`, however
+/// many of its threads hang.
+impl Drop for TierConnector {
+    fn drop(&mut self) {
+        let started = std::time::Instant::now();
+        // Every thread is told first, so that they all wind down within the one deadline.
+        self.saver.stop();
+        self.prober.stop();
+        if let Some(g) = &self.gets {
+            g.stop();
+        }
+        let deadline = started.checked_add(self.cfg.drop_timeout);
+        self.saver.join_until(deadline);
+        self.prober.join_until(deadline);
+        if let Some(g) = &mut self.gets {
+            let short = started + super::bounded::JOIN_WAIT;
+            g.join_until(deadline.map_or(short, |d| d.min(short)));
+        }
+    }
+}
+
 impl KvConnector for TierConnector {
     /// The prompt's chunk keys: the lookups of the request then derive none.
     fn prepare(&self, _request: &str, prompt: &[u32]) -> Option<Prepared> {
