@@ -308,7 +308,10 @@ impl TierConnector {
         Ok(true)
     }
 
-    /// Waits until every queued save and probe is done.
+    /// Waits until every queued save and probe is done, for as long as that takes: against a
+    /// tier whose calls never return (a store that stopped answering, without timeouts of
+    /// its own) it never returns. Whoever must not wait for good — before exiting, at the
+    /// end of a run with a deadline — calls [`flush_for`](Self::flush_for) instead.
     pub fn flush(&self) {
         self.saver.flush();
         self.prober.flush_until(None);
