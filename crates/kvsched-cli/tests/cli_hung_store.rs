@@ -1,8 +1,9 @@
 //! `kvsched stress --store redis://…` against a store that stops answering (feature `redis`):
 //! a fake server here answers the tool's `PING` and never any data command, and the URL's
 //! `timeout_ms=60000` lets each call wait a minute. `--duration` still bounds the run, with
-//! `--lockstep` too. Each child runs under a hang guard (killed after three minutes); the
-//! bounds asserted are several times what is expected, far below what the waits were before.
+//! `--lockstep` too, and the report comes a few seconds after it. Each child runs under a hang
+//! guard (killed after three minutes); the bounds asserted are several times what is
+//! expected, far below what the waits were before.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -99,4 +100,18 @@ fn lockstep_ends_at_duration_on_a_store_that_stopped_answering() {
     assert_eq!(v["timed_out"], true, "{}", v["elapsed_s"]);
     let took = elapsed(&v);
     assert!(took < Duration::from_secs(20), "the run took {took:?}");
+}
+
+/// After the run, the saves get 2 s to be stored and a save thread stuck in the store 2 s
+/// more: the report comes about 4 s after the run's end. Before, the connector's drop waited
+/// the library's 10 s for the save thread and then 10 s more for the probe thread (22 s).
+#[test]
+fn a_store_that_stopped_answering_holds_the_report_a_few_seconds() {
+    let url = silent_store();
+    let (v, wall) = stress_guarded(&["--store", &url, "--requests", "20000", "--duration", "3"]);
+    let after = wall.saturating_sub(elapsed(&v));
+    assert!(
+        after < Duration::from_secs(9),
+        "the report came {after:?} after the run ({wall:?} in all)"
+    );
 }
