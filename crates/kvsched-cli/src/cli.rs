@@ -6,8 +6,8 @@
 //!   (exit 1 when an invariant was violated).
 //!
 //! Errors print `error: <one line>` on stderr. Bad input and usage errors exit with code 2;
-//! output that cannot be written (a closed stdout, a full disk, a plot file that stops taking
-//! bytes) exits with code 1, or quietly with 141 when the
+//! output that cannot be written (a closed stdout, a full disk, a file-size limit, a plot file
+//! that stops taking bytes) exits with code 1, or quietly with 141 when the
 //! reader went away (a broken pipe).
 
 use std::ffi::OsString;

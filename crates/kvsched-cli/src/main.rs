@@ -19,5 +19,21 @@ use std::process::ExitCode;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
+    ignore_file_size_signal();
     cli::main()
+}
+
+/// Under a file-size limit (`ulimit -f`) the first write past it would kill the process with
+/// `SIGXFSZ` — no message, the output cut short, a disk store's pack left half-written.
+/// Ignored, such a write fails with `EFBIG` and takes the path of any failed write: the report
+/// or outcome that cannot be written is one `error:` line and exit 1, a disk store's save
+/// fails (counted) and its temporary file is removed. The program's call, made here before
+/// any thread starts: the library never changes a signal's disposition. Ignoring is inherited
+/// by the processes it starts (`--engines`' children, a private `redis-server`).
+fn ignore_file_size_signal() {
+    #[cfg(unix)]
+    // SAFETY: sets the disposition of one signal to "ignore"; no handler, no pointer.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+    }
 }

@@ -1,9 +1,9 @@
 //! `TierConnector` misuse: a group index past the configured groups is an error, a job with
 //! more groups than the configuration fails their blocks, and dropping a connector over a
-//! hung tier returns within its drop timeout; a save CPU share outside (0, 1] or a save
-//! batch of 0 is refused, naming the field.
+//! hung tier returns within its drop timeout (one for all its threads); a save CPU share
+//! outside (0, 1] or a save batch of 0 is refused, naming the field.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -114,6 +114,71 @@ fn dropping_a_connector_over_a_hung_put_returns_within_its_drop_timeout() {
     let took = t0.elapsed();
     assert!(took < Duration::from_secs(2), "drop took {took:?}");
     hung.release.store(true, Ordering::SeqCst);
+}
+
+/// A tier whose `put` and `exists` never return until released, counting the calls inside.
+#[derive(Default)]
+struct HungAll {
+    release: AtomicBool,
+    inside: AtomicUsize,
+}
+
+impl HungAll {
+    fn hang(&self) {
+        self.inside.fetch_add(1, Ordering::SeqCst);
+        while !self.release.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.inside.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Tier for HungAll {
+    fn name(&self) -> &str {
+        "hung-all"
+    }
+    fn exists(&self, keys: &[ChunkKey], _: &CancelToken) -> Result<Vec<bool>, TierError> {
+        self.hang();
+        Ok(vec![false; keys.len()])
+    }
+    fn get(&self, keys: &[ChunkKey], _: &CancelToken) -> Result<Vec<Option<Vec<u8>>>, TierError> {
+        Ok(vec![None; keys.len()])
+    }
+    fn put(&self, _: &[(ChunkKey, Vec<u8>)]) -> Result<(), TierError> {
+        self.hang();
+        Ok(())
+    }
+}
+
+/// The drop's `drop_timeout` bounds the whole drop: with the save thread stuck in `put` and
+/// the probe thread in `exists`, it returns about `drop_timeout` after it began, not once per
+/// thread (before, the saver and then the prober each waited the full 3 s: 6 s).
+#[test]
+fn one_drop_timeout_bounds_a_drop_with_save_and_probe_threads_hung() {
+    let hung = Arc::new(HungAll::default());
+    let c = connector(
+        hung.clone(),
+        one_group().with_drop_timeout(Duration::from_secs(3)),
+    );
+    let memory = Arc::clone(c.memory());
+    memory.write(0, 1, 0, &[3; 128]).expect("write");
+    let prompt: Vec<u32> = (1..=65).collect();
+    assert_eq!(c.save_blocks(&prompt, &[(0, 0, 1)]), 1);
+    let probe = c.prefetch(&prompt);
+    let t0 = Instant::now();
+    while hung.inside.load(Ordering::SeqCst) < 2 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "threads never called"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(!probe.is_ready());
+    let t0 = Instant::now();
+    drop(c);
+    let took = t0.elapsed();
+    hung.release.store(true, Ordering::SeqCst);
+    assert!(took < Duration::from_millis(5500), "drop took {took:?}");
 }
 
 #[test]

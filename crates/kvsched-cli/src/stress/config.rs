@@ -191,8 +191,9 @@ pub struct StressConfig {
     /// Before every step, wait until every asynchronous load dispatched so far has delivered
     /// its completion, so that no decision depends on when a worker finishes a load: on the
     /// same seed kvsched and the baseline then see the same inputs at every step. Loads then
-    /// never pass their deadline (each lands before the step that would expire it). Meant for
-    /// comparing decisions (with `--load-latency-us 0..0`), not for measuring latency.
+    /// never pass their deadline (each lands before the step that would expire it). The wait
+    /// ends when --duration is up, however long the store takes. Meant for comparing
+    /// decisions (with `--load-latency-us 0..0`), not for measuring latency.
     #[arg(long)]
     pub lockstep: bool,
     /// Run each scheduler N times (1–100), interleaved ABBA (kvsched, baseline, baseline,

@@ -267,13 +267,17 @@ impl<'a, S: Scheduler> Engine<'a, S> {
     }
 
     /// `--lockstep`: waits until every asynchronous load dispatched so far has delivered its
-    /// completion (at most until the run's `--duration` is up) and every save offered so far
-    /// is stored, so the next step takes them all and its lookups see the same store.
+    /// completion and every save offered so far is stored, so the next step takes them all
+    /// and its lookups see the same store — both at most until the run's `--duration` is up
+    /// (a store that stopped answering would otherwise hold the step for good).
     fn wait_for_loads(&self) {
-        while self.sched.loads_in_flight() > 0 && self.start.elapsed() < self.duration {
+        let end = self.start + self.duration;
+        while self.sched.loads_in_flight() > 0 && Instant::now() < end {
             std::thread::sleep(Duration::from_micros(20));
         }
-        self.conn.inner.flush();
+        self.conn
+            .inner
+            .flush_for(end.saturating_duration_since(Instant::now()));
     }
 
     /// The step: the last output in (timed) and its KV reads settled with the outputs to

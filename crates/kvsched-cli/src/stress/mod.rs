@@ -342,10 +342,17 @@ const SAVE_QUEUE_BYTES: usize = 64 << 20;
 /// Most keys a run's connector index remembers (16 bytes each and the set's overhead).
 const MAX_INDEX_KEYS: usize = 1 << 24;
 
+/// How long dropping a run's connector waits for its threads (the library's default is
+/// 10 s): the run's end has given its saves 2 s to be stored already, so a thread still in a
+/// store call then waits on a store that stopped answering, and the report waits for it no
+/// longer than this.
+const CONNECTOR_DROP_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// The connector of a run over `groups` with chunks of at most `chunk_bytes`: the run's tag,
 /// async share and seed, a save queue of [`SAVE_QUEUE_BYTES`], an index of the keys of as
-/// many chunks as the store holds; a disk store's saves (kernel
-/// work) take a quarter of a core at most, in puts of up to 1,024 chunks (one pack file each).
+/// many chunks as the store holds, a drop that waits [`CONNECTOR_DROP_WAIT`] at most; a disk
+/// store's saves (kernel work) take a quarter of a core at most, in puts of up to 1,024
+/// chunks (one pack file each).
 fn connector_config(
     cfg: &StressConfig,
     groups: &[CacheGroup],
@@ -370,6 +377,7 @@ fn connector_config(
         .with_tag(cfg.kv_tag())
         .with_async_ratio(cfg.async_ratio)
         .with_seed(cfg.seed ^ 0x5eed_c0de)
+        .with_drop_timeout(CONNECTOR_DROP_WAIT)
         .with_save_cpu_share(if matches!(cfg.store, store::StoreSpec::Disk(_)) {
             0.25
         } else {

@@ -66,6 +66,9 @@ pub(crate) struct BoundedGets {
 
 /// How often a waiting caller checks its load's cancellation token.
 const CANCEL_POLL: Duration = Duration::from_millis(5);
+/// How long a drop waits for the get threads at most (one inside a get that never returns
+/// is left behind).
+pub(crate) const JOIN_WAIT: Duration = Duration::from_millis(200);
 
 impl BoundedGets {
     /// Up to `threads` threads (at least 1) calling `tier`; one starts now, the others when
@@ -163,21 +166,32 @@ impl BoundedGets {
     pub(crate) fn busy(&self) -> usize {
         self.shared.busy.load(Ordering::Relaxed)
     }
-}
 
-impl Drop for BoundedGets {
-    fn drop(&mut self) {
+    /// Stops the threads without waiting for them: what a connector's drop does to all its
+    /// threads first, so that they wind down together.
+    pub(crate) fn stop(&self) {
         shutdown(&self.shared);
-        // A thread inside a get that never returns is left behind (detached).
-        let until = Instant::now() + Duration::from_millis(200);
+    }
+
+    /// Waits for the threads until `deadline`, after [`stop`](Self::stop); one inside a get
+    /// that never returns is left behind (detached). Once it has run, dropping waits for
+    /// nothing.
+    pub(crate) fn join_until(&mut self, deadline: Instant) {
         for h in self.threads.get_mut().drain(..) {
-            while !h.is_finished() && Instant::now() < until {
+            while !h.is_finished() && Instant::now() < deadline {
                 thread::sleep(Duration::from_millis(1));
             }
             if h.is_finished() {
                 let _ = h.join();
             }
         }
+    }
+}
+
+impl Drop for BoundedGets {
+    fn drop(&mut self) {
+        shutdown(&self.shared);
+        self.join_until(Instant::now() + JOIN_WAIT);
     }
 }
 

@@ -220,21 +220,36 @@ impl Prober {
             thread::sleep(Duration::from_micros(200));
         }
     }
-}
 
-impl Drop for Prober {
-    fn drop(&mut self) {
+    /// Stops the thread without waiting for it (work still queued is dropped): what a
+    /// connector's drop does to all its threads first, so that they wind down together.
+    pub(crate) fn stop(&self) {
         self.shared.queue.lock().stop = true;
         self.shared.ready.notify_all();
-        let Some(h) = self.thread.take() else { return };
-        let deadline = Instant::now() + self.drop_timeout;
-        while !h.is_finished() && Instant::now() < deadline {
+    }
+
+    /// Waits for the thread until `deadline` (`None`: for good), after [`stop`](Self::stop);
+    /// one still inside a tier call then is detached, to end when that call returns (the
+    /// queue is stopped). Whether it ended. Once it has run, dropping waits for nothing.
+    pub(crate) fn join_until(&mut self, deadline: Option<Instant>) -> bool {
+        let Some(h) = self.thread.take() else {
+            return true;
+        };
+        while !h.is_finished() && deadline.is_none_or(|d| Instant::now() < d) {
             thread::sleep(Duration::from_millis(1));
         }
         if h.is_finished() {
             let _ = h.join();
+            return true;
         }
-        // Else detached: it ends when its tier call returns (the queue is stopped).
+        false
+    }
+}
+
+impl Drop for Prober {
+    fn drop(&mut self) {
+        self.stop();
+        self.join_until(Instant::now().checked_add(self.drop_timeout));
     }
 }
 

@@ -275,6 +275,37 @@ impl Saver {
             thread::sleep(std::time::Duration::from_micros(200));
         }
     }
+
+    /// Stops the threads without waiting for them (see [`stop`]): what a connector's drop
+    /// does to all its threads first, so that they wind down together.
+    pub(crate) fn stop(&self) {
+        stop(&self.shared);
+    }
+
+    /// Waits for the threads until `deadline` (`None`: for good), after [`stop`](Self::stop);
+    /// a thread still inside a tier call then is detached, to end when that call returns (the
+    /// queue is stopped). Whether every thread ended. Once it has run, dropping waits for
+    /// nothing.
+    pub(crate) fn join_until(&mut self, deadline: Option<Instant>) -> bool {
+        let mut left = 0;
+        for h in self.threads.drain(..) {
+            while !h.is_finished() && deadline.is_none_or(|d| Instant::now() < d) {
+                thread::sleep(std::time::Duration::from_millis(1));
+            }
+            if h.is_finished() {
+                let _ = h.join();
+            } else {
+                left += 1;
+            }
+        }
+        if left > 0 {
+            tracing::warn!(
+                threads = left,
+                "tier connector dropped with save threads still in a tier call"
+            );
+        }
+        left == 0
+    }
 }
 
 /// Stops the threads: the work still queued is dropped (saves counted in `dropped`), a batch
@@ -296,25 +327,8 @@ fn stop(shared: &Shared) {
 impl Drop for Saver {
     fn drop(&mut self) {
         stop(&self.shared);
-        let deadline = std::time::Instant::now() + self.drop_timeout;
-        let mut left = 0;
-        for h in self.threads.drain(..) {
-            while !h.is_finished() && std::time::Instant::now() < deadline {
-                thread::sleep(std::time::Duration::from_millis(1));
-            }
-            if h.is_finished() {
-                let _ = h.join();
-            } else {
-                // Detached: it ends when its tier call returns (the queue is stopped).
-                left += 1;
-            }
-        }
-        if left > 0 {
-            tracing::warn!(
-                threads = left,
-                "tier connector dropped with save threads still in a tier call"
-            );
-        }
+        let deadline = Instant::now().checked_add(self.drop_timeout);
+        self.join_until(deadline);
     }
 }
 

@@ -51,9 +51,11 @@ pub struct TierConnectorConfig {
     /// [`TierConnector`]); they start on demand, when gets queue behind busy ones (default
     /// 64). At most this many gets can hang at once.
     pub get_threads: usize,
-    /// How long dropping the connector waits for its save threads to finish the work queued
-    /// (default 10 s, as the runtime's shutdown). Threads still inside a tier call then (a
-    /// hung tier) are left to finish on their own; the drop returns.
+    /// How long dropping the connector waits, in all, for its threads (default 10 s, as the
+    /// runtime's shutdown): the save threads finishing the batch each holds (what is still
+    /// queued is dropped), the probe thread and the get threads, all until one deadline.
+    /// Threads still inside a tier call then (a hung tier) are left to finish on their own;
+    /// the drop returns, at most this long after it began.
     pub drop_timeout: std::time::Duration,
     /// When saves that keep failing pause saving (see [`SaveBackoff`]).
     pub save_backoff: SaveBackoff,

@@ -308,7 +308,10 @@ impl TierConnector {
         Ok(true)
     }
 
-    /// Waits until every queued save and probe is done.
+    /// Waits until every queued save and probe is done, for as long as that takes: against a
+    /// tier whose calls never return (a store that stopped answering, without timeouts of
+    /// its own) it never returns. Whoever must not wait for good — before exiting, at the
+    /// end of a run with a deadline — calls [`flush_for`](Self::flush_for) instead.
     pub fn flush(&self) {
         self.saver.flush();
         self.prober.flush_until(None);
@@ -388,6 +391,31 @@ impl TierConnector {
             bad[g].push(dest);
         } else if let Some(r) = job.block_tables.get(g).and_then(|t| t.get(i)) {
             bad[g].push(*r);
+        }
+    }
+}
+
+/// Dropping stops every background thread of the connector (the saves and probes still
+/// queued are dropped, counted in `saves_dropped`) and waits for them until one deadline,
+/// `drop_timeout` after the drop began: a batch a save thread holds is finished by then or
+/// never waited for. A thread still inside a tier call at the deadline (a hung tier) is left
+/// to end on its own when the call returns; so a drop takes at most `drop_timeout`, however
+/// many of its threads hang.
+impl Drop for TierConnector {
+    fn drop(&mut self) {
+        let started = std::time::Instant::now();
+        // Every thread is told first, so that they all wind down within the one deadline.
+        self.saver.stop();
+        self.prober.stop();
+        if let Some(g) = &self.gets {
+            g.stop();
+        }
+        let deadline = started.checked_add(self.cfg.drop_timeout);
+        self.saver.join_until(deadline);
+        self.prober.join_until(deadline);
+        if let Some(g) = &mut self.gets {
+            let short = started + super::bounded::JOIN_WAIT;
+            g.join_until(deadline.map_or(short, |d| d.min(short)));
         }
     }
 }
