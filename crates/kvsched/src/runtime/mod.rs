@@ -103,6 +103,8 @@ mod shutdown;
 #[cfg(not(kvsched_loom))]
 mod signal;
 #[cfg(not(kvsched_loom))]
+mod stall;
+#[cfg(not(kvsched_loom))]
 mod step;
 #[cfg(not(kvsched_loom))]
 mod step_mode;

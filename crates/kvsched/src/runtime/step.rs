@@ -8,7 +8,6 @@ use std::time::Duration;
 use crate::pool::BlockRef;
 use crate::rules::geometry::{BlockId, Geometry};
 use crate::runtime::builder::Builder;
-use crate::runtime::claim::RequestKey;
 use crate::runtime::discard::{discarded, HandedOut};
 use crate::runtime::error::RuntimeError;
 #[cfg(doc)]
@@ -17,9 +16,10 @@ use crate::runtime::handoff::{ShardOutcome, StepScratch};
 use crate::runtime::merge::{in_request_order, MergeScratch};
 use crate::runtime::plan::{StepOutput, StepPlan};
 use crate::runtime::policy::trust::{sync_report, SyncReport};
-use crate::runtime::shard::{Command, EndState, Metrics, ShardStepResult};
+use crate::runtime::shard::{Command, EndState, Metrics};
 use crate::runtime::shared::{Inner, MAX_QUEUED_LOADS};
 use crate::runtime::signal::WorkSignal;
+use crate::runtime::stall::Progress;
 use crate::runtime::step_mode::{LastStep, StepWork};
 use crate::runtime::worker::WorkerPool;
 use crate::sync::{thread, Arc, Ordering, Parker, Unparker};
@@ -356,49 +356,6 @@ impl Runtime {
         plan
     }
 
-    /// Pool pressure across shards can leave every shard unable to grow or admit: each holds
-    /// part of the pool and preempts only its own requests. After [`STALL_STEPS`] steps with
-    /// live requests and no progress — nothing scheduled, ended, recovered or loading, no load
-    /// started — the latest running request in canonical order (lowest priority, latest
-    /// admission), whichever shard holds it, is preempted at the next step. With no running
-    /// request to preempt the stall is counted: in [`Metrics::late_load_stalls`] while blocks
-    /// are parked for late loads (the pool waits for them), else in
-    /// [`Metrics::no_progress_steps`]. Returns whether the next step goes on resolving the
-    /// stall (counting it towards a preemption, or applying one): work for the next step
-    /// that no event announces.
-    fn resolve_stall(&mut self, p: &Progress) -> bool {
-        if p.moved || (p.waiting == 0 && p.latest.is_none()) {
-            self.stalled_steps = 0;
-            return false;
-        }
-        self.stalled_steps += 1;
-        if self.stalled_steps < STALL_STEPS {
-            return p.latest.is_some();
-        }
-        self.stalled_steps = 0;
-        // Planted bug for the liveness tests: never preempt across shards.
-        let never = Progress {
-            latest: None,
-            ..Progress::default()
-        };
-        let p = if planted!("no-cross-shard-preempt") {
-            &never
-        } else {
-            p
-        };
-        match p.latest {
-            Some((key, shard)) => {
-                self.inner.shards[shard]
-                    .inbox
-                    .push(Command::Preempt(key.seq()));
-                return true;
-            }
-            None if p.parked > 0 => self.metrics.late_load_stalls += 1,
-            None => self.metrics.no_progress_steps += 1,
-        }
-        false
-    }
-
     /// Applies the engine's output for the last step. It takes effect at the next
     /// [`Runtime::schedule`], after that step's recovery (which may discard it).
     ///
@@ -561,36 +518,6 @@ impl Runtime {
         // Relaxed: a hint; submissions racing this read change only which mode runs.
         let submitted = self.inner.submitted.load(Ordering::Relaxed);
         submitted.saturating_sub(m.finished + m.failed + m.cancelled) as usize
-    }
-}
-
-/// Steps without progress before the runtime preempts across shards.
-const STALL_STEPS: u32 = 2;
-
-/// What a step's shards did, for stall detection.
-#[derive(Default)]
-struct Progress {
-    /// Something was ended, started loading, or is still loading.
-    moved: bool,
-    /// Requests waiting for admission.
-    waiting: usize,
-    /// The latest running request over all shards, with its shard.
-    latest: Option<(RequestKey, usize)>,
-    /// Loads parked past their deadline over all shards: their blocks come back when they
-    /// return.
-    parked: usize,
-}
-
-impl Progress {
-    fn add(&mut self, shard: usize, res: &ShardStepResult, loads: usize) {
-        self.moved |= !res.ended.is_empty() || res.loading > 0 || loads > 0;
-        self.waiting += res.waiting;
-        self.parked += res.parked;
-        if let Some(k) = res.latest_running {
-            if self.latest.is_none_or(|(best, _)| k > best) {
-                self.latest = Some((k, shard));
-            }
-        }
     }
 }
 

@@ -1,0 +1,85 @@
+//! Stalls across shards: each shard preempts only its own requests, so pool pressure spread
+//! over shards can leave every shard unable to grow or admit. [`Progress`] sums what a step's
+//! shards did; [`Runtime::resolve_stall`] counts steps without progress and preempts across
+//! shards (`docs/runtime.md#liveness`).
+
+use crate::runtime::claim::RequestKey;
+#[cfg(doc)]
+use crate::runtime::shard::Metrics;
+use crate::runtime::shard::{Command, ShardStepResult};
+use crate::runtime::step::Runtime;
+
+/// Steps without progress before the runtime preempts across shards.
+const STALL_STEPS: u32 = 2;
+
+/// What a step's shards did, for stall detection.
+#[derive(Default)]
+pub(super) struct Progress {
+    /// Something was ended, started loading, or is still loading.
+    pub(super) moved: bool,
+    /// Requests waiting for admission.
+    pub(super) waiting: usize,
+    /// The latest running request over all shards, with its shard.
+    pub(super) latest: Option<(RequestKey, usize)>,
+    /// Loads parked past their deadline over all shards: their blocks come back when they
+    /// return.
+    pub(super) parked: usize,
+}
+
+impl Progress {
+    pub(super) fn add(&mut self, shard: usize, res: &ShardStepResult, loads: usize) {
+        self.moved |= !res.ended.is_empty() || res.loading > 0 || loads > 0;
+        self.waiting += res.waiting;
+        self.parked += res.parked;
+        if let Some(k) = res.latest_running {
+            if self.latest.is_none_or(|(best, _)| k > best) {
+                self.latest = Some((k, shard));
+            }
+        }
+    }
+}
+
+impl Runtime {
+    /// Pool pressure across shards can leave every shard unable to grow or admit: each holds
+    /// part of the pool and preempts only its own requests. After [`STALL_STEPS`] steps with
+    /// live requests and no progress — nothing scheduled, ended, recovered or loading, no load
+    /// started — the latest running request in canonical order (lowest priority, latest
+    /// admission), whichever shard holds it, is preempted at the next step. With no running
+    /// request to preempt the stall is counted: in [`Metrics::late_load_stalls`] while blocks
+    /// are parked for late loads (the pool waits for them), else in
+    /// [`Metrics::no_progress_steps`]. Returns whether the next step goes on resolving the
+    /// stall (counting it towards a preemption, or applying one): work for the next step
+    /// that no event announces.
+    pub(super) fn resolve_stall(&mut self, p: &Progress) -> bool {
+        if p.moved || (p.waiting == 0 && p.latest.is_none()) {
+            self.stalled_steps = 0;
+            return false;
+        }
+        self.stalled_steps += 1;
+        if self.stalled_steps < STALL_STEPS {
+            return p.latest.is_some();
+        }
+        self.stalled_steps = 0;
+        // Planted bug for the liveness tests: never preempt across shards.
+        let never = Progress {
+            latest: None,
+            ..Progress::default()
+        };
+        let p = if planted!("no-cross-shard-preempt") {
+            &never
+        } else {
+            p
+        };
+        match p.latest {
+            Some((key, shard)) => {
+                self.inner.shards[shard]
+                    .inbox
+                    .push(Command::Preempt(key.seq()));
+                return true;
+            }
+            None if p.parked > 0 => self.metrics.late_load_stalls += 1,
+            None => self.metrics.no_progress_steps += 1,
+        }
+        false
+    }
+}
