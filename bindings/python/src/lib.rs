@@ -8,8 +8,10 @@ use pyo3::prelude::*;
 
 mod recover;
 mod tier;
+mod tier_bounded;
 mod tier_index;
 mod tier_jobs;
+mod tier_ops;
 mod tier_region;
 mod tier_store;
 

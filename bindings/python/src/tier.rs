@@ -5,6 +5,10 @@
 //! stores is a chunk of the chunk format (`docs/kv-format.md`: header, checksum, and the keyed
 //! MAC when a key is given), checked on every load, so a damaged, forged or evicted chunk is a
 //! failed job, never wrong KV.
+//!
+//! The class is frozen: every method takes `&self`, so `shutdown` may run while other threads
+//! call the tier (they then see it stopped: jobs fail at once), and no call ever meets a
+//! borrow error. Dropping it stops and joins the threads with the GIL released.
 
 use std::time::Duration;
 
@@ -16,6 +20,7 @@ use pyo3::types::PyDict;
 use kvsched::kv::{ChunkCodec, ChunkKey};
 use kvsched::sync::Ordering;
 
+use crate::tier_index::Index;
 use crate::tier_jobs::Jobs;
 use crate::tier_region::Region;
 use crate::tier_store::{Store, StoreArgs};
@@ -25,7 +30,7 @@ fn bad(field: &str, problem: impl std::fmt::Display) -> PyErr {
 }
 
 /// A kvsched tier serving vLLM's secondary-tier calls on a host KV buffer.
-#[pyclass(module = "kvsched._native")]
+#[pyclass(module = "kvsched._native", frozen)]
 pub struct NativeTier {
     // Field order matters: `jobs` (the threads using the buffer) drops, and joins, first.
     jobs: Jobs,
@@ -111,10 +116,11 @@ impl NativeTier {
         if !(1..=256).contains(&threads) {
             return Err(bad("threads", format!("must be 1 to 256, got {threads}")));
         }
+        let chunk_bytes = ChunkCodec::new(mac_key).encoded_len(block_bytes) as u64;
         let opened = Store::open(&StoreArgs {
             kind: store,
             capacity_bytes,
-            max_value_bytes: ChunkCodec::new(mac_key).encoded_len(block_bytes) as u64,
+            max_value_bytes: chunk_bytes,
             path,
             url,
         })
@@ -128,6 +134,7 @@ impl NativeTier {
             region,
             ChunkCodec::new(mac_key),
             probe.unwrap_or_else(|| opened.shared()),
+            Index::cap_for(capacity_bytes, chunk_bytes),
             threads,
         )
         .map_err(|e| PyRuntimeError::new_err(format!("cannot start the tier's threads: {e}")))?;
@@ -202,8 +209,8 @@ impl NativeTier {
             .map_err(|e| PyRuntimeError::new_err(e.to_string()))
     }
 
-    /// Counters: blocks stored and loaded, failed jobs, missing and bad chunks, probes, keys
-    /// answered present.
+    /// Counters: blocks stored and loaded, failed jobs, missing and bad chunks, probes; and
+    /// the keys the index holds answered present, failed and absent (each set bounded).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let c = self.jobs.counters();
         let d = PyDict::new(py);
@@ -218,13 +225,35 @@ impl NativeTier {
         ] {
             d.set_item(name, v.load(Ordering::Relaxed))?;
         }
-        d.set_item("present_keys", self.jobs.present_len())?;
+        let lens = self.jobs.index_lens();
+        d.set_item("present_keys", lens.present)?;
+        d.set_item("failed_keys", lens.failed)?;
+        d.set_item("absent_keys", lens.absent)?;
         Ok(d)
     }
 
-    /// Stops the threads (queued jobs are dropped). Idempotent.
-    fn shutdown(&mut self, py: Python<'_>) {
+    /// Stops and joins the threads without the GIL (queued jobs are dropped, running ones
+    /// cancelled). Idempotent; other threads may call the tier meanwhile.
+    fn shutdown(&self, py: Python<'_>) {
         py.detach(|| self.jobs.stop());
+    }
+
+    /// Whether this is a process forked from the one that created the tier (where it runs
+    /// nothing: every job fails at once).
+    fn forked(&self) -> bool {
+        self.jobs.forked()
+    }
+}
+
+impl Drop for NativeTier {
+    fn drop(&mut self) {
+        // Joining waits for the running jobs (a store's `put` up to the store's call timeout):
+        // without the GIL, so the other Python threads run meanwhile. During interpreter
+        // shutdown there is no detaching; the join then holds the GIL, as it must.
+        let jobs = &self.jobs;
+        if Python::try_attach(|py| py.detach(|| jobs.stop())).is_none() {
+            jobs.stop();
+        }
     }
 }
 

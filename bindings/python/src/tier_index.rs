@@ -17,10 +17,25 @@
 //!
 //! A load that misses (the chunk was evicted, or the store lost it) makes the key unknown
 //! again; a load that finds a bad chunk makes it failed.
+//!
+//! # Memory
+//!
+//! The present and failed sets each hold at most `cap` keys ([`BoundedSet`]; the tier sizes
+//! `cap` from its capacity, [`Index::cap_for`]), the absent set at most `cap` or
+//! [`Index::ABSENT_CAP`], whichever is less (an absent answer is only kept until the retry
+//! that follows its probe), each dropping the oldest first: the store evicts
+//! behind the index's back, and an absent key need never be asked again, so neither set can
+//! be pruned by what happens to its keys alone. Dropping a key only makes it unknown, which is
+//! always a correct state: a private tier answers `False` (a lost hit, recomputed), a shared
+//! one probes the store again; a failed key dropped is probed again too, and a probe that
+//! finds the bad chunk still present costs one more failed load, never wrong KV (every load is
+//! checked). The storing and probing sets hold only keys of jobs in flight.
 
 use std::collections::{HashMap, HashSet};
 
 use kvsched::kv::ChunkKey;
+
+use crate::tier_bounded::BoundedSet;
 
 /// The answer of a lookup, and whether it asks for a probe.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,23 +60,52 @@ pub(crate) enum LoadMiss {
 }
 
 /// The tier's knowledge of its keys (see the module docs).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Index {
-    present: HashSet<ChunkKey>,
-    failed: HashSet<ChunkKey>,
+    present: BoundedSet,
+    failed: BoundedSet,
     storing: HashMap<ChunkKey, u32>,
     probing: HashSet<ChunkKey>,
-    absent: HashSet<ChunkKey>,
+    absent: BoundedSet,
     probe_unknown: bool,
 }
 
+/// The lengths of an [`Index`]'s key sets, for `stats()`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct IndexLens {
+    pub present: usize,
+    pub failed: usize,
+    pub absent: usize,
+}
+
 impl Index {
-    /// An empty index; `probe_unknown`: probe the store for keys it does not know.
-    pub(crate) fn new(probe_unknown: bool) -> Index {
+    /// The fewest keys each set may hold, whatever the capacity.
+    pub(crate) const MIN_CAP: usize = 1024;
+
+    /// The most keys the absent set holds, whatever the capacity.
+    pub(crate) const ABSENT_CAP: usize = 1 << 16;
+
+    /// An empty index whose present and failed sets hold at most `cap` keys each, and its
+    /// absent set at most `cap` or [`Self::ABSENT_CAP`]; `probe_unknown`: probe the store for
+    /// keys it does not know.
+    pub(crate) fn new(probe_unknown: bool, cap: usize) -> Index {
         Index {
+            present: BoundedSet::new(cap),
+            failed: BoundedSet::new(cap),
+            storing: HashMap::new(),
+            probing: HashSet::new(),
+            absent: BoundedSet::new(cap.min(Self::ABSENT_CAP)),
             probe_unknown,
-            ..Index::default()
         }
+    }
+
+    /// The bound of each key set for a store of `capacity_bytes` holding chunks of
+    /// `chunk_bytes`: as many keys as the store can hold chunks, at least [`Self::MIN_CAP`].
+    pub(crate) fn cap_for(capacity_bytes: u64, chunk_bytes: u64) -> usize {
+        let chunks = capacity_bytes / chunk_bytes.max(1);
+        usize::try_from(chunks)
+            .unwrap_or(usize::MAX)
+            .max(Self::MIN_CAP)
     }
 
     /// The answer for `key`; on [`Lookup::Probe`] the key is marked probing.
@@ -131,9 +175,13 @@ impl Index {
         }
     }
 
-    /// Keys answered present.
-    pub(crate) fn present_len(&self) -> usize {
-        self.present.len()
+    /// The lengths of the key sets.
+    pub(crate) fn lens(&self) -> IndexLens {
+        IndexLens {
+            present: self.present.len(),
+            failed: self.failed.len(),
+            absent: self.absent.len(),
+        }
     }
 }
 
@@ -145,7 +193,7 @@ mod tests {
 
     #[test]
     fn a_failed_load_is_never_present_again_until_restored() {
-        let mut ix = Index::new(true);
+        let mut ix = Index::new(true, 16);
         assert_eq!(ix.lookup(K), Lookup::Probe);
         assert_eq!(ix.lookup(K), Lookup::Retry);
         ix.end_probe(K, true);
@@ -162,16 +210,50 @@ mod tests {
 
     #[test]
     fn absent_is_answered_once_then_probed_again() {
-        let mut ix = Index::new(true);
+        let mut ix = Index::new(true, 16);
         assert_eq!(ix.lookup(K), Lookup::Probe);
         ix.end_probe(K, false);
         assert_eq!(ix.lookup(K), Lookup::Miss);
         assert_eq!(ix.lookup(K), Lookup::Probe);
-        let mut private = Index::new(false);
+        let mut private = Index::new(false, 16);
         assert_eq!(private.lookup(K), Lookup::Miss);
         assert!(private.begin_store(K));
         assert!(!private.begin_store(K));
         private.end_store(K, false);
         assert_eq!(private.lookup(K), Lookup::Miss);
+    }
+
+    #[test]
+    fn the_key_sets_stay_bounded_and_a_dropped_key_is_unknown_again() {
+        let mut shared = Index::new(true, 4);
+        let mut private = Index::new(false, 4);
+        for i in 0..1000 {
+            let k = ChunkKey(i);
+            for ix in [&mut shared, &mut private] {
+                assert!(ix.begin_store(k));
+                ix.end_store(k, true);
+            }
+            // Asked once, found absent, never asked again.
+            let a = ChunkKey(1 << 20 | i);
+            assert_eq!(shared.lookup(a), Lookup::Probe);
+            shared.end_probe(a, false);
+            let b = ChunkKey(1 << 21 | i);
+            shared.load_missed(b, LoadMiss::Bad);
+            for ix in [&shared, &private] {
+                let l = ix.lens();
+                assert!(l.present <= 4 && l.absent <= 4 && l.failed <= 4, "{l:?}");
+            }
+        }
+        assert_eq!(shared.lookup(ChunkKey(999)), Lookup::Hit);
+        // Dropped from present: a shared tier asks the store again, a private one says no.
+        assert_eq!(shared.lookup(ChunkKey(0)), Lookup::Probe);
+        assert_eq!(private.lookup(ChunkKey(0)), Lookup::Miss);
+        assert_eq!(private.lookup(ChunkKey(999)), Lookup::Hit);
+        assert_eq!(Index::cap_for(1 << 30, 1 << 20), Index::MIN_CAP);
+        assert_eq!(Index::cap_for(1 << 30, 1 << 10), 1 << 20);
+        assert_eq!(Index::cap_for(5, 0), Index::MIN_CAP);
+        let big = Index::new(true, 1 << 24);
+        assert_eq!(big.absent.cap(), Index::ABSENT_CAP);
+        assert_eq!(big.present.cap(), 1 << 24);
     }
 }

@@ -3,8 +3,19 @@
 //! finished-job list vLLM polls and the [`Index`] the results update.
 //!
 //! Every call from Python only enqueues (a lock held for a push) or drains (a lock held for a
-//! swap): tier I/O, checksums and MACs run on these threads, which never touch Python, so they
-//! run while the interpreter holds or releases the GIL as it likes.
+//! swap): tier I/O, checksums and MACs run on these threads ([`tier_ops`](crate::tier_ops)),
+//! which never touch Python, so they run while the interpreter holds or releases the GIL as it
+//! likes. Every method takes `&self`: [`Jobs::stop`] may run while other threads submit, poll
+//! or wait, and they then see a stopped pool (jobs fail at once), never a half-torn one.
+//!
+//! # Fork
+//!
+//! A forked child inherits the pool's state but none of its threads, and any of its locks a
+//! worker held at the fork stays locked in the child. The pool records the creating process;
+//! in any other process it runs nothing and touches none of the workers' locks: every store
+//! and load fails at once (reported by `take_finished`), `lookup` answers `false`, `wait_idle`
+//! answers `true`, and `stop` (and drop) joins nothing. A tier is created after the fork to be
+//! used in the child.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -12,9 +23,10 @@ use std::time::{Duration, Instant};
 use kvsched::connector::CancelToken;
 use kvsched::kv::{ChunkCodec, ChunkKey, Tier};
 use kvsched::sync::condvar::Condvar;
-use kvsched::sync::{thread, Arc, AtomicU64, Mutex, Ordering};
+use kvsched::sync::{thread, Arc, AtomicU64, Mutex};
 
-use crate::tier_index::{Index, LoadMiss, Lookup};
+use crate::tier_index::{Index, IndexLens, Lookup};
+use crate::tier_ops::{run_load, run_probe, run_store};
 use crate::tier_region::Region;
 use crate::tier_store::Store;
 
@@ -54,33 +66,43 @@ pub(crate) struct Counters {
     pub probes: AtomicU64,
 }
 
-struct Shared {
+/// What the workers share with the pool.
+pub(crate) struct Shared {
     queue: Mutex<Queue>,
     work: Condvar,
     idle: Condvar,
     finished: Mutex<Vec<(u64, bool)>>,
-    index: Mutex<Index>,
-    tier: Arc<dyn Tier>,
-    store: Store,
-    codec: ChunkCodec,
-    region: Region,
-    cancel: CancelToken,
-    counters: Counters,
+    pub(crate) index: Mutex<Index>,
+    pub(crate) tier: Arc<dyn Tier>,
+    pub(crate) store: Store,
+    pub(crate) codec: ChunkCodec,
+    pub(crate) region: Region,
+    pub(crate) cancel: CancelToken,
+    pub(crate) counters: Counters,
 }
 
 /// The worker pool and its state.
 pub(crate) struct Jobs {
     shared: Arc<Shared>,
-    workers: Vec<thread::JoinHandle<()>>,
+    /// Taken (and joined) by the first `stop`; held while joining, so a concurrent `stop`
+    /// returns only once the workers are gone.
+    workers: Mutex<Vec<thread::JoinHandle<()>>>,
+    /// The process that started the workers.
+    pid: u32,
+    /// The results of the jobs submitted in a forked child (all failed): only ever locked in
+    /// a child, by the thread calling, so never held at a fork by a thread the child lacks.
+    child_finished: Mutex<Vec<(u64, bool)>>,
 }
 
 impl Jobs {
-    /// Starts `threads` workers (at least 1) over `tier`, `region` and `codec`.
+    /// Starts `threads` workers (at least 1) over `tier`, `region` and `codec`; the index's
+    /// key sets hold at most `index_cap` keys each.
     pub(crate) fn start(
         store: Store,
         region: Region,
         codec: ChunkCodec,
         probe_unknown: bool,
+        index_cap: usize,
         threads: usize,
     ) -> std::io::Result<Jobs> {
         let shared = Arc::new(Shared {
@@ -88,7 +110,7 @@ impl Jobs {
             work: Condvar::new(),
             idle: Condvar::new(),
             finished: Mutex::new(Vec::new()),
-            index: Mutex::new(Index::new(probe_unknown)),
+            index: Mutex::new(Index::new(probe_unknown, index_cap)),
             tier: store.tier(),
             store,
             codec,
@@ -96,22 +118,33 @@ impl Jobs {
             cancel: CancelToken::new(),
             counters: Counters::default(),
         });
-        let mut jobs = Jobs {
+        let jobs = Jobs {
             shared,
-            workers: Vec::new(),
+            workers: Mutex::new(Vec::new()),
+            pid: std::process::id(),
+            child_finished: Mutex::new(Vec::new()),
         };
         for n in 0..threads.max(1) {
             let s = jobs.shared.clone();
+            // A worker that fails to start stops those started (`jobs` drops).
             let h = thread::Builder::new()
                 .name(format!("kvsched-tier-{n}"))
                 .spawn(move || worker(&s))?;
-            jobs.workers.push(h);
+            jobs.workers.lock().push(h);
         }
         Ok(jobs)
     }
 
+    /// Whether this is a forked child of the process that started the workers.
+    pub(crate) fn forked(&self) -> bool {
+        std::process::id() != self.pid
+    }
+
     /// The lookup answer for `key`, enqueueing a probe when the index asks for one.
     pub(crate) fn lookup(&self, key: ChunkKey) -> Option<bool> {
+        if self.forked() {
+            return Some(false);
+        }
         let answer = self.shared.index.lock().lookup(key);
         match answer {
             Lookup::Hit => Some(true),
@@ -132,6 +165,9 @@ impl Jobs {
     /// Enqueues a store: the keys already present or being stored are dropped from it here
     /// (vLLM leaves that filtering to the tier).
     pub(crate) fn submit_store(&self, id: u64, keys: Vec<ChunkKey>, blocks: Vec<u64>) {
+        if self.forked() {
+            return self.submit_load(id, keys, blocks);
+        }
         let (keys, blocks) = {
             let mut ix = self.shared.index.lock();
             keys.into_iter()
@@ -158,6 +194,12 @@ impl Jobs {
     }
 
     fn enqueue(&self, job: Job) {
+        if self.forked() {
+            if job.op != Op::Probe {
+                self.child_finished.lock().push((job.id, false));
+            }
+            return;
+        }
         let mut q = self.shared.queue.lock();
         if q.stop {
             // Stopped: nothing will run it. A store or load fails at once (vLLM recomputes);
@@ -190,11 +232,18 @@ impl Jobs {
 
     /// The jobs finished since the last call: `(job id, success)`, in completion order.
     pub(crate) fn take_finished(&self) -> Vec<(u64, bool)> {
+        if self.forked() {
+            return std::mem::take(&mut *self.child_finished.lock());
+        }
         std::mem::take(&mut *self.shared.finished.lock())
     }
 
-    /// Waits until no job is queued or running, at most `timeout`; whether that happened.
+    /// Waits until no job is queued or running, at most `timeout`; whether that happened (in
+    /// a forked child nothing runs: `true`).
     pub(crate) fn wait_idle(&self, timeout: Duration) -> bool {
+        if self.forked() {
+            return true;
+        }
         let deadline = Instant::now() + timeout;
         let mut q = self.shared.queue.lock();
         while q.open > 0 {
@@ -212,14 +261,36 @@ impl Jobs {
         &self.shared.counters
     }
 
-    /// Keys answered present.
-    pub(crate) fn present_len(&self) -> usize {
-        self.shared.index.lock().present_len()
+    /// The lengths of the index's key sets (in a forked child, where a worker may have held
+    /// the index's lock at the fork, all zero unless the lock is free).
+    pub(crate) fn index_lens(&self) -> IndexLens {
+        let zero = IndexLens {
+            present: 0,
+            failed: 0,
+            absent: 0,
+        };
+        if self.forked() {
+            return self.shared.index.try_lock().map_or(zero, |ix| ix.lens());
+        }
+        self.shared.index.lock().lens()
     }
 
-    /// Stops the workers (queued jobs are dropped, running tier calls are cancelled) and joins
-    /// them. Idempotent.
-    pub(crate) fn stop(&mut self) {
+    /// Stops the workers and joins them: queued jobs are dropped, running loads and probes
+    /// are cancelled, a running store stops at its next batch (its current `put` is bounded by
+    /// the store's own call timeout). Idempotent, and safe to call while other threads use
+    /// the pool; a concurrent call returns once the workers are joined. In a forked child it
+    /// joins nothing (the workers are the parent's).
+    pub(crate) fn stop(&self) {
+        if self.forked() {
+            if let Some(mut workers) = self.workers.try_lock() {
+                // Not the child's threads: joining or detaching them is meaningless here.
+                for h in workers.drain(..) {
+                    std::mem::forget(h);
+                }
+            }
+            return;
+        }
+        let mut workers = self.workers.lock();
         {
             let mut q = self.shared.queue.lock();
             q.stop = true;
@@ -228,9 +299,10 @@ impl Jobs {
         }
         self.shared.cancel.cancel();
         self.shared.work.notify_all();
-        for h in self.workers.drain(..) {
+        for h in workers.drain(..) {
             let _ = h.join();
         }
+        drop(workers);
         self.shared.idle.notify_all();
     }
 }
@@ -271,83 +343,6 @@ fn worker(s: &Shared) {
         if q.open == 0 {
             s.idle.notify_all();
         }
-    }
-}
-
-fn run_store(s: &Shared, job: &Job) -> bool {
-    let mut chunks = Vec::with_capacity(job.keys.len());
-    let mut ok = true;
-    for (&key, &block) in job.keys.iter().zip(&job.blocks) {
-        match s.region.read(block) {
-            Some(payload) => chunks.push((key, s.codec.encode(key, 0, 0, &payload))),
-            None => ok = false,
-        }
-    }
-    ok = ok && (chunks.is_empty() || s.tier.put(&chunks).is_ok());
-    let mut ix = s.index.lock();
-    for &key in &job.keys {
-        ix.end_store(key, ok);
-    }
-    drop(ix);
-    let c = &s.counters;
-    if ok {
-        c.stored_blocks
-            .fetch_add(job.keys.len() as u64, Ordering::Relaxed);
-    } else {
-        c.failed_stores.fetch_add(1, Ordering::Relaxed);
-    }
-    ok
-}
-
-fn run_load(s: &Shared, job: &Job) -> bool {
-    let block_bytes = s.region.block_bytes() as u64;
-    let got = s.tier.get(&job.keys, &s.cancel);
-    let mut misses: Vec<(ChunkKey, LoadMiss)> = Vec::new();
-    match got {
-        Ok(values) => {
-            for ((&key, &block), value) in job.keys.iter().zip(&job.blocks).zip(values) {
-                let Some(value) = value else {
-                    misses.push((key, LoadMiss::Absent));
-                    continue;
-                };
-                match s.codec.decode(&value, key, 0, block_bytes) {
-                    Ok(payload) if s.region.write(block, payload) => {}
-                    Ok(_) => misses.push((key, LoadMiss::Absent)),
-                    Err(_) => misses.push((key, LoadMiss::Bad)),
-                }
-            }
-        }
-        Err(_) => misses.extend(job.keys.iter().map(|&k| (k, LoadMiss::Absent))),
-    }
-    let c = &s.counters;
-    let ok = misses.is_empty() && job.keys.len() == job.blocks.len();
-    if ok {
-        c.loaded_blocks
-            .fetch_add(job.keys.len() as u64, Ordering::Relaxed);
-        return true;
-    }
-    c.failed_loads.fetch_add(1, Ordering::Relaxed);
-    let mut ix = s.index.lock();
-    for &(key, why) in &misses {
-        let counter = match why {
-            LoadMiss::Absent => &c.missing_chunks,
-            LoadMiss::Bad => &c.bad_chunks,
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-        ix.load_missed(key, why);
-    }
-    false
-}
-
-fn run_probe(s: &Shared, job: &Job) {
-    s.counters.probes.fetch_add(1, Ordering::Relaxed);
-    let found = s
-        .store
-        .probe(&job.keys, &s.cancel)
-        .unwrap_or_else(|_| vec![false; job.keys.len()]);
-    let mut ix = s.index.lock();
-    for (&key, exists) in job.keys.iter().zip(found) {
-        ix.end_probe(key, exists);
     }
 }
 

@@ -8,7 +8,8 @@
 //!
 //! * **lifetime**: the buffer export (`PyUntypedBuffer`) is owned by the `NativeTier` that
 //!   owns the worker threads, and `NativeTier` joins every worker (its `Drop` and `shutdown`)
-//!   before the export is released; the pointer is never used after that;
+//!   before the export is released; the pointer is never used after that (in a process
+//!   forked from the one that started them there are no workers: none runs there);
 //! * **no overlapping access to a slot**: vLLM's contract for `submit_store` / `submit_load`
 //!   is that a job's primary-tier slots are pinned for the job's duration and that no one
 //!   else writes a slot a load is filling. The region checks bounds; the slots' exclusivity

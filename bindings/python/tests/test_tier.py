@@ -366,6 +366,63 @@ def test_bad_buffers_and_jobs():
         KvschedTierManager(None, memoryview(bytearray(100)), "kvsched", num_blocks=-1)
 
 
+BAD_VIEWS = [
+    # (view, num_blocks, exception, field)
+    (memoryview(bytearray(2 * N * BS))[::2], N, ValueError, "primary_kv_view"),
+    (memoryview(bytearray(0)), N, ValueError, "primary_kv_view"),
+    (memoryview(bytearray(8)).cast("B", [8, 1])[:0], None, ValueError, "primary_kv_view"),
+    ([0] * N, N, TypeError, "primary_kv_view"),
+    (kv_buffer(N, BS)[1], 2 * N, ValueError, "num_blocks"),
+    (kv_buffer(N, BS)[1], 1, ValueError, "num_blocks"),
+]
+
+
+@pytest.mark.parametrize("view,num_blocks,exc,field", BAD_VIEWS,
+                         ids=["strided", "empty", "empty-2d", "list", "more-blocks", "one-block"])
+def test_bad_views_name_the_argument(view, num_blocks, exc, field):
+    with pytest.raises(exc, match=f"^{field}:"):
+        KvschedTierManager(None, view, "kvsched", num_blocks=num_blocks)
+
+
+def test_a_2d_view_that_is_not_c_contiguous_names_the_argument():
+    np = pytest.importorskip("numpy")
+    for a in (np.asfortranarray(np.zeros((N, BS), np.uint8)), np.zeros((N, 2 * BS), np.uint8)[:, ::2]):
+        with pytest.raises(ValueError, match="^primary_kv_view: must be C-contiguous"):
+            KvschedTierManager(None, memoryview(a), "kvsched")
+
+
+@pytest.mark.parametrize("kw,exc,field", [
+    ({"store": "disk", "path": 5}, TypeError, "path"),
+    ({"store": 5}, TypeError, "store"),
+    ({"store": "redis", "url": b"redis://x"}, TypeError, "url"),
+    ({"probe": "yes"}, TypeError, "probe"),
+])
+def test_arguments_of_the_wrong_type_name_the_argument(kw, exc, field):
+    _, view = kv_buffer(N, BS)
+    with pytest.raises(exc, match=f"^{field}:"):
+        KvschedTierManager(None, view, "kvsched", **kw)
+
+
+def test_a_bytes_path_is_a_path(tmp_path):
+    tier, c = make(store="disk", path=str(tmp_path / "b").encode())
+    assert c.store([key(1)], [0]) and (tmp_path / "b").is_dir()
+
+
+@pytest.mark.parametrize("keys,block_ids,field", [
+    ([key(1)], None, "block_ids"),
+    ([key(1)], 5, "block_ids"),
+    (None, [0], "keys"),
+    (b"k1", [0], "keys"),
+])
+def test_jobs_without_sequences_name_the_field(keys, block_ids, field):
+    from tier_caller import JobMetadata
+
+    tier, _ = make()
+    for submit in (tier.submit_store, tier.submit_load):
+        with pytest.raises(TypeError, match=f"^{field}:"):
+            submit(JobMetadata(1, keys, block_ids))
+
+
 @pytest.mark.parametrize("bad", [32, True, [0] * 32, 3.5])
 def test_a_mac_key_that_is_no_bytes_or_text_is_a_type_error(bad):
     # bytes(32) is 32 zero bytes: an int taken for a key would be one anyone can guess.

@@ -16,6 +16,12 @@ recomputes the blocks), never delivers wrong KV, and the tier stops answering "p
 chunk it failed to load (vLLM #49328). Copies, checksums and tier I/O run on kvsched's threads,
 outside the GIL; the methods only enqueue and drain.
 
+Any thread may call any method at any time, ``shutdown`` included: calls during or after a
+shutdown return, and jobs submitted then fail at once. A tier is used in the process that
+created it: after ``os.fork()`` the child has none of its threads, so in the child every store
+and load fails at once, ``lookup`` answers ``False``, and ``shutdown`` (or dropping the tier)
+does nothing; create the tier after the fork to use it in the child.
+
 When vLLM is installed, the class subclasses vLLM's ``SecondaryTierManager`` and returns its
 ``JobResult``; without vLLM it stands alone with the same methods and a ``JobResult`` of the
 same fields.
@@ -94,6 +100,63 @@ def _mac_key(value: Any) -> bytes | None:
 _U64_MAX = (1 << 64) - 1
 
 
+def _view(value: Any, num_blocks: Any) -> tuple[memoryview, int]:
+    """``primary_kv_view`` as a flat byte view and its number of blocks, each problem a
+    ``TypeError`` or ``ValueError`` naming the argument."""
+    try:
+        view = memoryview(value)
+    except TypeError:
+        raise TypeError(
+            f"primary_kv_view: expected a buffer (memoryview, bytearray, array, tensor), "
+            f"not {type(value).__name__}"
+        ) from None
+    if not view.c_contiguous:
+        raise ValueError(f"primary_kv_view: must be C-contiguous (shape {view.shape})")
+    if view.nbytes == 0:
+        raise ValueError(f"primary_kv_view: is empty (shape {view.shape})")
+    if num_blocks is None:
+        if view.ndim < 2:
+            raise ValueError("num_blocks: required for a 1-D primary_kv_view")
+        num_blocks = view.shape[0]
+    num_blocks = _uint("num_blocks", num_blocks)
+    if view.ndim >= 2 and num_blocks != view.shape[0]:
+        raise ValueError(
+            f"num_blocks: {num_blocks} contradicts the primary_kv_view's first dimension "
+            f"({view.shape[0]} blocks)"
+        )
+    flat = view if view.format == "B" and view.ndim == 1 else view.cast("B")
+    return flat, num_blocks
+
+
+def _text(field: str, value: Any) -> str | None:
+    """An optional ``str`` argument, a ``TypeError`` naming ``field`` for anything else."""
+    if value is None or isinstance(value, str):
+        return value
+    raise TypeError(f"{field}: expected a str, not {type(value).__name__}")
+
+
+def _path(value: Any) -> str | None:
+    """The disk tier's directory: a ``str``, ``bytes`` or path-like object."""
+    if value is None:
+        return None
+    try:
+        return os.fsdecode(os.fspath(value))
+    except TypeError:
+        raise TypeError(
+            f"path: expected a str, bytes or os.PathLike, not {type(value).__name__}"
+        ) from None
+
+
+def _seq(field: str, value: Any) -> list[Any]:
+    """A job's ``keys`` or ``block_ids`` as a list (a numpy or torch array through
+    ``tolist``), a ``TypeError`` naming ``field`` for what is no sequence."""
+    if hasattr(value, "tolist") and not isinstance(value, (bytes, bytearray, str)):
+        value = value.tolist()
+    if isinstance(value, (bytes, bytearray, str)) or not isinstance(value, Iterable):
+        raise TypeError(f"{field}: expected a sequence, not {type(value).__name__}")
+    return list(value)
+
+
 def _uint(field: str, value: Any, most: int = _U64_MAX) -> int:
     """``value`` as a whole number in ``0..=most``: a ``TypeError`` for anything but an integer
     (``bool`` and floats included: 1.7 is no block id), a ``ValueError`` out of range, each
@@ -112,12 +175,13 @@ class KvschedTierManager(_Base):  # type: ignore[misc,valid-type]
     Args:
         offloading_spec: vLLM's offloading configuration (kept, not read); vLLM versions
             that pass ``vllm_config=`` instead are served the same.
-        primary_kv_view: memoryview of the primary tier's host KV buffer; its first dimension
-            is the number of blocks (a 1-D buffer needs ``num_blocks``).
+        primary_kv_view: memoryview of the primary tier's host KV buffer (writable,
+            C-contiguous, not empty); its first dimension is the number of blocks (a 1-D
+            buffer needs ``num_blocks``).
         tier_type: the tier type vLLM registered this class under.
         store: ``"memory"``, ``"disk"`` or ``"redis"``.
         capacity_bytes: bound of a memory or disk tier (default 1 GiB).
-        path: the disk tier's directory.
+        path: the disk tier's directory (``str``, ``bytes`` or path-like).
         url: the Redis tier's URL (``redis://host:port``, ``rediss://``, a cluster's seeds as
             ``redis://h1:p1,h2:p2`` or ``?cluster=yes``; see ``docs/kv.md``).
         mac_key: 32 bytes, 64 hex digits, or ``env:NAME``; every engine on a shared store must
@@ -127,7 +191,15 @@ class KvschedTierManager(_Base):  # type: ignore[misc,valid-type]
             one store must use different tags.
         probe: ask the store about keys this tier did not write (default: for disk and Redis,
             which other engines may share); such a lookup answers ``None`` (retry) once.
-        num_blocks: the number of blocks of a 1-D ``primary_kv_view``.
+        num_blocks: the number of blocks of a 1-D ``primary_kv_view`` (of a view of more
+            dimensions it must equal the first).
+
+    Each key set of the tier's index (keys known present, failed, absent) holds at most as
+    many keys as ``capacity_bytes`` holds chunks (at least 1024; the absent set at most 65536),
+    the oldest dropped first: a
+    dropped key is asked of the store again (shared stores) or answered ``False`` (memory).
+    A store job hands the store its chunks in batches of about 4 MiB, so its memory beyond the
+    buffer is bounded whatever its length.
     """
 
     def __init__(
@@ -157,23 +229,19 @@ class KvschedTierManager(_Base):  # type: ignore[misc,valid-type]
         self._offloading_spec = offloading_spec if offloading_spec is not None else vllm_config
         self._primary_kv_view = primary_kv_view
         self.tier_type = tier_type
-        view = memoryview(primary_kv_view)
-        if num_blocks is None:
-            if view.ndim < 2:
-                raise ValueError("num_blocks: required for a 1-D primary_kv_view")
-            num_blocks = view.shape[0]
-        num_blocks = _uint("num_blocks", num_blocks)
+        flat, num_blocks = _view(primary_kv_view, num_blocks)
         capacity_bytes = _uint("capacity_bytes", capacity_bytes)
         threads = _uint("threads", threads)
         tag = _uint("tag", tag)
-        flat = view if view.format == "B" and view.ndim == 1 else view.cast("B")
+        if probe is not None and not isinstance(probe, bool):
+            raise TypeError(f"probe: expected a bool or None, not {type(probe).__name__}")
         self._native = _native.NativeTier(
             flat,
             num_blocks,
-            store,
+            _text("store", store),
             capacity_bytes=capacity_bytes,
-            path=None if path is None else os.fspath(path),
-            url=url,
+            path=_path(path),
+            url=_text("url", url),
             mac_key=_mac_key(mac_key),
             threads=threads,
             tag=tag,
@@ -217,7 +285,13 @@ class KvschedTierManager(_Base):  # type: ignore[misc,valid-type]
         return self._native.wait_idle(timeout)
 
     def shutdown(self) -> None:
-        """Stops the tier's threads; queued jobs are dropped."""
+        """Stops the tier's threads and waits for them (GIL released): queued jobs are
+        dropped, running loads and probes cancelled, a running store stops at its next batch
+        of about 4 MiB (a batch already handed to the store is bounded by the store's call
+        timeout: Redis's ``timeout_ms``, 2 s by default; memory and disk puts do not wait on a
+        network). Idempotent; calls from other threads meanwhile and after return normally,
+        their jobs failing at once. Dropping the tier does the same. In a forked child it does
+        nothing."""
         self._native.shutdown()
 
     # --- kvsched's own -------------------------------------------------------------------
@@ -227,14 +301,13 @@ class KvschedTierManager(_Base):  # type: ignore[misc,valid-type]
         return self._native.block_bytes
 
     def stats(self) -> dict[str, int]:
-        """Blocks stored and loaded, failed stores and loads, missing and bad chunks, probes,
-        keys answered present."""
+        """Blocks stored and loaded, failed stores and loads, missing and bad chunks, probes;
+        the keys the index holds as present, failed and absent."""
         return self._native.stats()
 
     def _job(self, job_metadata: Any) -> tuple[list[bytes], list[int]]:
-        keys = [offload_key_bytes(k) for k in job_metadata.keys]
-        ids = job_metadata.block_ids
-        ids = ids.tolist() if hasattr(ids, "tolist") else ids
+        keys = [offload_key_bytes(k) for k in _seq("keys", job_metadata.keys)]
+        ids = _seq("block_ids", job_metadata.block_ids)
         blocks = [_uint(f"block_ids[{i}]", b) for i, b in enumerate(ids)]
         return keys, blocks
 

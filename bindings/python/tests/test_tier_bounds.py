@@ -1,0 +1,89 @@
+"""The tier's memory stays bounded: its index over ever new keys, whatever the store evicts or
+nobody asks again, and a store job's transient memory, whatever the job's length."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from kvsched.tier import KvschedTierManager
+from tier_caller import Caller, JobMetadata, key, kv_buffer
+
+BS = 64
+N = 64
+MAC = bytes(range(32))
+MIN_CAP = 1024  # the index's floor per key set
+
+
+def test_the_present_set_stays_bounded_as_the_store_evicts():
+    # Room for about 450 chunks of 64 + 80 bytes: the index keeps at most MIN_CAP keys.
+    _, view = kv_buffer(N, BS)
+    tier = KvschedTierManager(None, view, "kvsched", mac_key=MAC, capacity_bytes=64 << 10)
+    c = Caller(tier, view)
+    total = 0
+    for j in range(80):
+        tier.submit_store(JobMetadata(j, [key(total + i) for i in range(N)], list(range(N))))
+        total += N
+        if j % 16 == 15:
+            assert tier.drain_jobs(60)
+            assert tier.stats()["present_keys"] <= MIN_CAP
+    assert tier.drain_jobs(60)
+    assert all(r.success for r in tier.get_finished())
+    st = tier.stats()
+    assert st["stored_blocks"] == total and st["present_keys"] <= MIN_CAP, st
+    # The newest keys are still answered present and load; the oldest, dropped from the
+    # index (and long evicted), are answered absent, not promised.
+    assert c.lookup(key(total - 1)) is True
+    assert c.load([key(total - 1)], [0])
+    assert c.lookup(key(0)) is False
+
+
+def test_the_absent_set_stays_bounded_over_keys_asked_once(tmp_path):
+    _, view = kv_buffer(8, BS)
+    tier = KvschedTierManager(None, view, "kvsched", store="disk", path=str(tmp_path / "d"),
+                              capacity_bytes=64 << 10)
+    for i in range(3 * MIN_CAP):
+        assert tier.lookup(key(i)) is None  # probed: asked of the shared store
+        if i % 256 == 255:
+            assert tier.drain_jobs(60)
+    assert tier.drain_jobs(60)
+    st = tier.stats()
+    assert st["probes"] == 3 * MIN_CAP and st["absent_keys"] <= MIN_CAP, st
+    # The newest answer is kept (once); a key whose answer was dropped is probed again.
+    assert tier.lookup(key(3 * MIN_CAP - 1)) is False
+    assert tier.lookup(key(0)) is None
+
+
+_BIG_JOB = """
+import resource, sys
+from kvsched.tier import KvschedTierManager
+BS, N, K = 1 << 20, 64, 384
+raw = bytearray(N * BS)
+view = memoryview(raw).cast("B", [N, BS])
+for i in range(N):  # touch every page: the buffer is part of the baseline
+    raw[i * BS:(i + 1) * BS] = bytes([i]) * BS
+class Job:
+    def __init__(self, job_id, keys, block_ids):
+        self.job_id, self.keys, self.block_ids = job_id, keys, block_ids
+t = KvschedTierManager(None, view, "kvsched", mac_key=bytes(range(32)),
+                       capacity_bytes=64 << 20, threads=1)
+def hwm():
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) >> 10 for l in f if l.startswith("VmHWM"))
+before = hwm()
+t.submit_store(Job(1, [i.to_bytes(8, "little") for i in range(K)], [i % N for i in range(K)]))
+assert t.drain_jobs(300)
+ok = [r.success for r in t.get_finished()]
+print(ok, hwm() - before)
+"""
+
+
+def test_a_long_store_jobs_memory_is_bounded():
+    # 384 blocks of 1 MiB in one job, into a 64 MiB memory store: encoded all at once, the
+    # job held 384 MiB beyond the buffer; in batches, the store's 64 MiB and a few MiB more.
+    r = subprocess.run([sys.executable, "-c", _BIG_JOB], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr
+    ok, growth = r.stdout.split("] ")
+    assert ok == "[True", r.stdout
+    assert int(growth) < 200, f"peak memory grew by {growth} MiB during the job"

@@ -1,0 +1,202 @@
+"""The tier's life cycle: `shutdown` while other threads call it, use after `os.fork()`, and
+dropping a tier whose store is stuck on a server that never answers."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+from kvsched.tier import KvschedTierManager
+from tier_caller import Caller, JobMetadata, key, kv_buffer
+
+BS = 64 << 10
+N = 256
+MAC = bytes(range(32))
+
+
+def _busy_tier(threads: int = 4) -> tuple[KvschedTierManager, Caller]:
+    """A tier with 128 blocks stored and a few hundred loads of them queued, so that a
+    shutdown has running jobs to wait for."""
+    _, view = kv_buffer(N, BS)
+    tier = KvschedTierManager(None, view, "kvsched", mac_key=MAC, threads=threads)
+    c = Caller(tier, view)
+    keys = [key(i) for i in range(128)]
+    assert c.store(keys, list(range(128)))
+    for j in range(400):
+        tier.submit_load(JobMetadata(10_000 + j, keys, list(range(128, 256))))
+    return tier, c
+
+
+def test_shutdown_while_other_threads_call_the_tier():
+    tier, _ = _busy_tier()
+    errors: dict[str, str] = {}
+    go, done = threading.Event(), threading.Event()
+    calls = {
+        "lookup": lambda: tier.lookup(key(1)),
+        "get_finished": tier.get_finished,
+        "submit_load": lambda: tier.submit_load(JobMetadata(1 << 40, [key(1)], [200])),
+        "submit_store": lambda: tier.submit_store(JobMetadata(1 << 41, [key(7)], [201])),
+        "stats": tier.stats,
+        "drain_jobs": lambda: tier.drain_jobs(0.01),
+    }
+
+    def call(name, f):
+        go.wait()
+        while not done.is_set():
+            try:
+                f()
+            except Exception as e:  # noqa: BLE001 - any exception is the failure
+                errors.setdefault(name, repr(e))
+                return
+
+    threads = [threading.Thread(target=call, args=kv) for kv in calls.items()]
+    for t in threads:
+        t.start()
+    go.set()
+    time.sleep(0.02)
+    tier.shutdown()
+    time.sleep(0.05)  # the callers keep calling the stopped tier
+    done.set()
+    for t in threads:
+        t.join(timeout=60)
+    assert errors == {}
+    # Stopped for good: a job submitted now fails at once.
+    tier.get_finished()
+    tier.submit_load(JobMetadata(5, [key(1)], [0]))
+    assert [(r.job_id, r.success) for r in tier.get_finished()] == [(5, False)]
+
+
+def test_shutdown_while_a_thread_waits_in_drain_jobs_stops_the_tier():
+    tier, _ = _busy_tier(threads=1)
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(tier.drain_jobs(60.0)))
+    waiter.start()
+    time.sleep(0.05)
+    tier.shutdown()  # raised "Already borrowed" and left the tier running
+    waiter.join(timeout=60)
+    assert got == [True]
+    tier.get_finished()
+    tier.submit_store(JobMetadata(999, [key(5000)], [0]))
+    assert [(r.job_id, r.success) for r in tier.get_finished()] == [(999, False)]
+
+
+_FORK = """
+import os, sys, time
+from kvsched.tier import KvschedTierManager, JobResult
+raw = bytearray(8 * 256)
+view = memoryview(raw).cast("B", [8, 256])
+class Job:
+    def __init__(self, job_id, keys, block_ids):
+        self.job_id, self.keys, self.block_ids = job_id, keys, block_ids
+t = KvschedTierManager(None, view, "kvsched", mac_key=bytes(range(32)))
+t.submit_store(Job(1, [b"k1"], [0]))
+assert t.drain_jobs(30)
+assert [(r.job_id, r.success) for r in t.get_finished()] == [(1, True)]
+assert t.lookup(b"k1") is True
+pid = os.fork()
+if pid == 0:
+    out = {}
+    out["lookup"] = t.lookup(b"k1")
+    t.submit_load(Job(2, [b"k1"], [1]))
+    t.submit_store(Job(3, [b"k2"], [2]))
+    out["finished"] = [(r.job_id, r.success) for r in t.get_finished()]
+    out["drain"] = t.drain_jobs(1.0)
+    if MODE == "shutdown":
+        t.shutdown()
+        t.shutdown()
+        t.submit_load(Job(4, [b"k1"], [1]))
+        out["after"] = [(r.job_id, r.success) for r in t.get_finished()]
+    print("child", out, flush=True)
+    sys.exit(0)  # the tier still alive: dropped at the child's exit
+_, status = os.waitpid(pid, 0)
+print("parent", os.waitstatus_to_exitcode(status), flush=True)
+t.submit_load(Job(5, [b"k1"], [1]))
+assert t.drain_jobs(30)
+print("parent-load", [(r.job_id, r.success) for r in t.get_finished()], flush=True)
+"""
+
+
+def _run_fork(mode: str) -> str:
+    script = f"MODE = {mode!r}\n" + _FORK
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "Panic" not in r.stderr and "Traceback" not in r.stderr, r.stderr
+    return r.stdout
+
+
+def test_a_forked_child_fails_every_job_at_once_and_exits_cleanly():
+    for mode in ("shutdown", "exit"):
+        out = _run_fork(mode)
+        child = next(line for line in out.splitlines() if line.startswith("child "))
+        assert "'lookup': False" in child, out
+        assert "'finished': [(2, False), (3, False)]" in child, out
+        assert "'drain': True" in child, out
+        if mode == "shutdown":
+            assert "'after': [(4, False)]" in child, out
+        assert "parent 0" in out, out
+        # The parent's tier is untouched by the child.
+        assert "parent-load [(5, True)]" in out, out
+
+
+def _silent_server() -> tuple[socket.socket, list[socket.socket]]:
+    """A TCP server that accepts connections and never answers (a hung Redis)."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(64)
+    held: list[socket.socket] = []
+
+    def accept():
+        while True:
+            try:
+                held.append(srv.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    return srv, held
+
+
+def test_dropping_a_tier_with_a_stuck_store_lets_other_threads_run():
+    from kvsched import _native
+
+    if not getattr(_native, "HAS_REDIS", True):
+        import pytest
+
+        pytest.skip("a build without the Redis tier")
+    srv, held = _silent_server()
+    try:
+        _, view = kv_buffer(8, 256)
+        url = f"redis://127.0.0.1:{srv.getsockname()[1]}?timeout_ms=3000"
+        tier = KvschedTierManager(None, view, "kvsched", store="redis", url=url)
+        tier.submit_store(JobMetadata(1, [key(1)], [0]))
+        time.sleep(0.3)  # the store is now waiting for an answer that never comes
+        ticks = [0]
+        stop = threading.Event()
+
+        def tick():
+            while not stop.is_set():
+                ticks[0] += 1
+                time.sleep(0.001)
+
+        ticker = threading.Thread(target=tick)
+        ticker.start()
+        time.sleep(0.1)
+        t0, k0 = time.monotonic(), ticks[0]
+        del tier  # waits for the store's put, which only its call timeout ends
+        elapsed, ran = time.monotonic() - t0, ticks[0] - k0
+        stop.set()
+        ticker.join()
+        # The drop waited for the stuck put (that is what this test is about), bounded by the
+        # store's call timeout (a generous bound for a loaded machine), and with the GIL
+        # released meanwhile: the ticker ran (holding the GIL, it did not tick once).
+        assert 1.0 < elapsed < 60, elapsed
+        assert ran >= 10, (elapsed, ran)
+    finally:
+        srv.close()
+        for s in held:
+            s.close()
