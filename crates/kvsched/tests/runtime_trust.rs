@@ -213,3 +213,53 @@ fn an_always_failing_connector_reports_no_phantom_handoffs_or_stale_blocks() {
     assert_eq!(m.handoffs, 0, "{m:?}");
     assert_eq!(m.stale_blocks, 0, "{m:?}");
 }
+
+/// A load that starts past a prefix the device already holds (written by an earlier request,
+/// not by the load) and fails naming none of its own blocks fails the whole load — its own
+/// blocks, from its start on — and nothing below: the request resumes at the load's start.
+#[test]
+fn a_failed_load_past_a_local_prefix_rolls_back_its_own_blocks_only() {
+    let conn = Arc::new(Scripted {
+        sync: false,
+        // Names only a block no job has: none of its own.
+        answer: |_, _| {
+            LoadResult::Failed(InvalidBlocks::Flat(vec![BlockRef {
+                id: 1_000_000,
+                generation: 0,
+            }]))
+        },
+        jobs: Mutex::new(Vec::new()),
+    });
+    let mut rt = Runtime::builder()
+        .shards(1)
+        .workers(1)
+        .connector(conn.clone())
+        .build()
+        .unwrap();
+    // `plain-a` computes the first 96 tokens; `b` finds them in the prefix cache and loads the
+    // rest.
+    rt.submit(req("plain-a", (0..96).collect())).unwrap();
+    let (_, mut plans) = drive(&mut rt, &conn, 500);
+    rt.submit(req("b", (0..192).collect())).unwrap();
+    let (m, more) = drive(&mut rt, &conn, 500);
+    plans.extend(more);
+    let report = rt.shutdown();
+    assert!(report.violations.is_empty(), "{report}");
+    let jobs = conn.jobs.lock().unwrap();
+    let load = jobs.first().expect("b loaded");
+    assert_eq!(
+        load.start_tokens, 96,
+        "the load starts past the local prefix"
+    );
+    let rolled: Vec<_> = plans
+        .iter()
+        .flat_map(|p| &p.recovery.recovered)
+        .filter(|r| &*r.id == "b")
+        .collect();
+    let first = rolled.first().expect("b's failed load rolled back");
+    assert_eq!(
+        first.decision.num_computed_tokens, 96,
+        "back to the load's start, the prefix kept: {first:?} ({m:?})"
+    );
+    assert_eq!(report.metrics.finished, 2);
+}

@@ -499,6 +499,10 @@ mod tests {
                 codec.seal(&mut short, ChunkKey(77), 2, 16),
                 Err(ChunkError::Truncated { .. })
             ));
+            // Exactly the room: an empty payload seals.
+            let mut room = vec![0; off];
+            assert_eq!(codec.seal(&mut room, ChunkKey(1), 0, 0), Ok(()));
+            assert_eq!(room, codec.encode(ChunkKey(1), 0, 0, &[]));
         }
     }
 

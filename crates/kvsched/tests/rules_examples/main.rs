@@ -8,6 +8,7 @@
 //! docs/rules.md#mode-safe (noted at each such place).
 
 mod edges;
+mod explain;
 mod helpers;
 mod validation;
 
