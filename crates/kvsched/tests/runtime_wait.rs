@@ -144,3 +144,37 @@ fn a_stall_across_shards_wakes_the_engine_until_a_preemption_resolves_it() {
         "no pair of ids stalled: the scenario tests nothing"
     );
 }
+
+/// Requests on two shards share a small pool: one with no token limit grows until it cannot,
+/// while the others run to their limits. When one ends, the blocks it frees let a running
+/// request on the other shard grow at the next step (the shard that could not grow stepped
+/// before the end): the engine is told to take it.
+#[test]
+fn blocks_freed_on_one_shard_wake_the_engine_for_a_request_running_on_another() {
+    for ids in [
+        ["A", "B", "C"],
+        ["B", "A", "C"],
+        ["A1", "B2", "C3"],
+        ["B2", "A1", "C3"],
+    ] {
+        for limits in [[0, 40, 20], [0, 20, 60], [70, 0, 30]] {
+            let ended = guarded("cross-shard growth", move || {
+                let mut rt = Runtime::builder()
+                    .groups(vec![CacheGroup::full_attention(16)])
+                    .pool_blocks(9) // 8 usable blocks
+                    .shards(2)
+                    .build()
+                    .unwrap();
+                for (id, limit) in ids.iter().zip(limits) {
+                    rt.submit(req(id, vec![id.len() as u32; 16], limit))
+                        .unwrap();
+                }
+                let (ended, _) = drive(&mut rt, |_, _| {});
+                let report = rt.shutdown();
+                assert!(report.violations.is_empty(), "{report}");
+                ended
+            });
+            assert_eq!(ended.len(), 3, "{ids:?} {limits:?}: {ended:?}");
+        }
+    }
+}

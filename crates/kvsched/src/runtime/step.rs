@@ -60,7 +60,7 @@ use crate::sync::{thread, Arc, Ordering, Parker, Unparker};
 ///             out.sampled.push(s.id.clone());
 ///         }
 ///     }
-///     if plan.scheduled.is_empty() {
+///     if plan.scheduled.is_empty() && rt.live() > 0 {
 ///         rt.wait_for_work(Duration::from_millis(1));
 ///     }
 /// }
@@ -347,12 +347,12 @@ impl Runtime {
         progress.moved |= !plan.scheduled.is_empty() || !plan.recovery.report.is_empty();
         let stall_resolves = self.resolve_stall(&progress);
         // Work for the next step that no completion, submit or cancel announces: blocks a
-        // request ending in this step freed (it may have ended after the admissions, at its
-        // length cap) while requests wait, hand-offs for the next report, a stall that the
-        // next steps resolve by preempting.
-        self.work_pending = stall_resolves
-            || !self.handoffs.is_empty()
-            || (progress.waiting > 0 && !plan.ended.is_empty());
+        // request ending in this step freed (after the admissions, at its length cap, or on
+        // another shard than a request that could not grow) while other requests wait or run,
+        // hand-offs for the next report, a stall that the next steps resolve by preempting.
+        let others_live = progress.waiting > 0 || progress.latest.is_some();
+        self.work_pending =
+            stall_resolves || !self.handoffs.is_empty() || (others_live && !plan.ended.is_empty());
         plan
     }
 

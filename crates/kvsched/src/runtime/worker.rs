@@ -283,6 +283,9 @@ mod pool_impl {
             }
             // A timeout past what an Instant can hold waits for the loads as long as they take.
             let deadline = Instant::now().checked_add(timeout);
+            // The pause between checks doubles up to 5 ms: a load that ends soon is seen soon,
+            // one that hangs costs the wait next to nothing.
+            let mut pause = Duration::from_micros(100);
             while self.handles.iter().any(|h| !h.is_finished()) {
                 // Planted bug (loom-tests/plants.sh): no drain while waiting, so a worker
                 // blocked on a full queue never finishes.
@@ -295,7 +298,8 @@ mod pool_impl {
                     self.shared.abandon.store(true, Ordering::Release);
                     break;
                 }
-                thread::sleep(Duration::from_micros(100));
+                thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(5));
             }
             drain();
             let mut all_finished = true;
