@@ -6,38 +6,17 @@
 //! the test fails if it has not finished within a generous bound. That bound is a guard
 //! against hanging, never a timing assertion: each scenario takes well under a second.
 
-use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
 
 use kvsched::connector::{KvConnector, LoadJob, LoadResult, LookupQuery, LookupResult};
 
-use kvsched::{CacheGroup, EndState, Metrics, Runtime, Settings, StepOutput, SubmitRequest};
+use kvsched::{CacheGroup, EndState, Metrics, Runtime, Settings, StepOutput};
 use kvsched_testkit::SimEngine;
 use kvsched_testkit::{SimConfig, SimConnector};
 
-/// Runs `f` on its own thread; fails the test if it does not return within two minutes.
-fn guarded<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    match rx.recv_timeout(Duration::from_secs(120)) {
-        Ok(v) => v,
-        Err(mpsc::RecvTimeoutError::Disconnected) => panic!("{what}: the scenario panicked"),
-        Err(mpsc::RecvTimeoutError::Timeout) => panic!("{what}: hung (no result after 120 s)"),
-    }
-}
-
-fn req(id: &str, prompt: Vec<u32>, max_new_tokens: u32) -> SubmitRequest {
-    SubmitRequest {
-        id: id.into(),
-        prompt,
-        max_new_tokens,
-        priority: 0,
-        load_deadline: None,
-    }
-}
+mod support;
+use support::{guarded, req};
 
 /// Drives the engine loop (update → schedule → sample every request that samples) until no
 /// request is live or `max_steps` pass; returns the metrics and how each request ended.

@@ -7,34 +7,12 @@
 //! come: an empty plan with live requests must itself say there is work (`poll_work`), or the
 //! engine, waiting with no timeout, would sleep for good.
 
-use std::sync::mpsc;
 use std::time::Duration;
 
-use kvsched::{CacheGroup, EndState, Runtime, StepOutput, SubmitRequest};
+use kvsched::{CacheGroup, EndState, Runtime, StepOutput};
 
-/// Runs `f` on its own thread; fails the test if it has not returned within a minute (a hang
-/// guard, not a timing assertion: each scenario takes milliseconds).
-fn guarded<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    match rx.recv_timeout(Duration::from_secs(60)) {
-        Ok(v) => v,
-        Err(mpsc::RecvTimeoutError::Disconnected) => panic!("{what}: the scenario panicked"),
-        Err(mpsc::RecvTimeoutError::Timeout) => panic!("{what}: hung (no result after 60 s)"),
-    }
-}
-
-fn req(id: &str, prompt: Vec<u32>, max_new_tokens: u32) -> SubmitRequest {
-    SubmitRequest {
-        id: id.into(),
-        prompt,
-        max_new_tokens,
-        priority: 0,
-        load_deadline: None,
-    }
-}
+mod support;
+use support::{guarded, req};
 
 /// The engine loop: update, schedule, sample everything scheduled; on an empty plan with live
 /// requests, `poll_work` must say there is work, and `wait_for_work` with no timeout returns.
