@@ -1,7 +1,7 @@
 //! The resumable boundary of mode `safe` (`docs/rules.md#the-resumable-boundary`): where a
 //! request with a new hit can restart so that every cache group has the state it needs.
 
-use crate::rules::geometry::{Geometry, GroupKind};
+use crate::rules::geometry::{CacheGroup, Geometry, GroupKind};
 use crate::rules::recovery::trace::{Candidates, Event, ShortTable, Trace, Unusable};
 use crate::rules::recovery::{scan_len, Hit, HitOwner, RequestView};
 
@@ -109,17 +109,12 @@ pub(super) fn resumable_boundary<O: Clone, T: Trace<O>>(
             .zip(&offsets)
             .enumerate()
         {
-            let b = group.block_size;
-            let n = scan_len(start / b, table.len());
-            let hi = c / b; // ≤ n by construction of `start`, except for a one-token window
-            let lo = match group.kind {
-                GroupKind::FullAttention => 0,
-                GroupKind::SlidingWindow { window } => c.saturating_sub(window - 1) / b,
-                GroupKind::Mamba { .. } => hi - 1,
-            };
-            if lo >= hi {
+            let n = scan_len(start / group.block_size, table.len());
+            // `c` is a multiple of `S`, so of `b`: a range always exists; `hi ≤ n` by
+            // construction of `start`, except for a one-token window.
+            let Some((lo, hi)) = needed_entries(group, c).filter(|(lo, hi)| lo < hi) else {
                 continue;
-            }
+            };
             let (lo, hi) = (lo as usize, hi as usize);
             let prefix = &count[off..=off + n];
             if hi < prefix.len() && prefix[hi] == prefix[lo] {
@@ -161,25 +156,35 @@ pub(super) fn resumable_at_pre_step(geo: &Geometry, req: RequestView<'_>, p: u64
     geo.groups()
         .iter()
         .zip(req.block_tables)
-        .all(|(group, table)| {
-            let b = group.block_size;
-            let hi = p.div_ceil(b);
-            let lo = match group.kind {
-                GroupKind::FullAttention => 0,
-                GroupKind::SlidingWindow { window } => p.saturating_sub(window - 1) / b,
-                GroupKind::Mamba { .. } if p % b != 0 => return false,
-                GroupKind::Mamba { .. } => hi - 1,
-            };
-            if lo >= hi {
-                return true;
+        .all(|(group, table)| match needed_entries(group, p) {
+            None => false,
+            Some((lo, hi)) if lo >= hi => true,
+            Some((lo, hi)) => {
+                let (Ok(lo), Ok(hi)) = (usize::try_from(lo), usize::try_from(hi)) else {
+                    return false;
+                };
+                table
+                    .get(lo..hi)
+                    .is_some_and(|entries| entries.iter().all(|&id| id != null))
             }
-            let (Ok(lo), Ok(hi)) = (usize::try_from(lo), usize::try_from(hi)) else {
-                return false;
-            };
-            table
-                .get(lo..hi)
-                .is_some_and(|entries| entries.iter().all(|&id| id != null))
         })
+}
+
+/// The entries `[lo, hi)` a group needs real to resume at `c > 0`
+/// (`docs/rules.md#the-resumable-boundary`): `full_attention` every entry holding a token
+/// below `c`, `sliding_window` those holding tokens `[max(0, c − window + 1), c)`, `mamba`
+/// entry `c / b − 1`, the state after `c` tokens — `None` when `c` is not a multiple of `b`,
+/// whose state no entry holds.
+fn needed_entries(group: &CacheGroup, c: u64) -> Option<(u64, u64)> {
+    let b = group.block_size;
+    let hi = c.div_ceil(b);
+    let lo = match group.kind {
+        GroupKind::FullAttention => 0,
+        GroupKind::SlidingWindow { window } => c.saturating_sub(window - 1) / b,
+        GroupKind::Mamba { .. } if c % b != 0 => return None,
+        GroupKind::Mamba { .. } => hi - 1,
+    };
+    Some((lo, hi))
 }
 
 /// The first unusable entry in `[lo, hi)` of a group whose `prefix` counts (over its first
