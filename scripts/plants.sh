@@ -92,6 +92,12 @@ declare -A TESTS=(
   # runtime/policy/trust.rs: an async load's own blocks counted from the table's start, so a
   # failure of a load past a local prefix rolls the prefix back too.
   [load-blocks-from-zero]="kvsched --test runtime_trust"
+  # kv/tier_connector.rs: a connector's drop waits for its probe thread from a deadline of
+  # its own, after the save threads', so it takes up to twice drop_timeout.
+  [drop-deadline-per-thread]="kvsched --test kv_connector_misuse"
+  # stress/drive.rs: --lockstep waits for saves with no end, so a store that stopped answering
+  # holds the run past --duration.
+  [lockstep-flush-unbounded]="kvsched-cli --test cli_hung_store"
   # kv/tier_load.rs: a loaded chunk's payload is taken from after its header unverified
   # (no checksum, MAC, key or length check) and written into KV memory.
   [load-unverified]="kvsched --test kv_zero_copy"
@@ -190,7 +196,7 @@ ORDER=(decide-early claim-store late-leak deadline-compact-in-flight load-queue-
   probe-hits-unindexed vllm-admits-before-schedule cost-ignores-failures pack-offset-past-table failure-share-read-per-token
   handoff-count-after-release inbox-apply-under-lock merge-larger-first probe-offer-never-wakes allocatable-release-uncounted
   old-hits-back-to-p old-hits-evict-nothing waits-one-owner-per-id wait-ignores-pending-work
-  load-blocks-from-zero
+  load-blocks-from-zero drop-deadline-per-thread lockstep-flush-unbounded
   quarantine-deadline-uncounted prompt-keys-one-group prepare-under-open-lock sync-newer-generation-ignored
   wait-past-deadline submit-wakes-nobody tier-panic-escapes held-without-value
   rescan-deletes-temps probe-rounds-to-nothing)

@@ -275,9 +275,14 @@ impl<'a, S: Scheduler> Engine<'a, S> {
         while self.sched.loads_in_flight() > 0 && Instant::now() < end {
             std::thread::sleep(Duration::from_micros(20));
         }
-        self.conn
-            .inner
-            .flush_for(end.saturating_duration_since(Instant::now()));
+        if cfg!(kvsched_plant = "lockstep-flush-unbounded") {
+            // Planted bug for the hung-store tests: the wait for saves has no end.
+            self.conn.inner.flush();
+        } else {
+            self.conn
+                .inner
+                .flush_for(end.saturating_duration_since(Instant::now()));
+        }
     }
 
     /// The step: the last output in (timed) and its KV reads settled with the outputs to

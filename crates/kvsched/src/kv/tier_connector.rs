@@ -412,7 +412,14 @@ impl Drop for TierConnector {
         }
         let deadline = started.checked_add(self.cfg.drop_timeout);
         self.saver.join_until(deadline);
-        self.prober.join_until(deadline);
+        // Planted bug for the misuse tests: the probe thread gets a deadline of its own, so a
+        // drop with both threads hung waits twice `drop_timeout`.
+        let prober_deadline = if planted!("drop-deadline-per-thread") {
+            std::time::Instant::now().checked_add(self.cfg.drop_timeout)
+        } else {
+            deadline
+        };
+        self.prober.join_until(prober_deadline);
         if let Some(g) = &mut self.gets {
             let short = started + super::bounded::JOIN_WAIT;
             g.join_until(deadline.map_or(short, |d| d.min(short)));
