@@ -15,8 +15,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# plant → the test targets that must fail, `;`-separated: `PKG --test FILE`, `PKG --lib FILTER`
-# or `kvsched-cli --bin kvsched FILTER` (the command line's unit tests).
+# plant → the test targets that must fail, `;`-separated: `PKG --test FILE`, `PKG --lib FILTER`,
+# `kvsched-cli --bin kvsched FILTER` (the command line's unit tests) or `pytest FILE::TEST` (a
+# test of bindings/python/tests against the package built with the plant by `maturin build`
+# and installed into a venv of target-plants/ that the first such plant creates: it needs PyPI).
 declare -A TESTS=(
   # runtime/handoff.rs + the CLI's parallel.rs: deciding before every shard has claimed.
   # (Only reports with shared blocks tell: in the runtime every invalid block has one holder,
@@ -189,6 +191,18 @@ declare -A TESTS=(
   # runtime/shard/load_choice.rs: a cost probe loads what the estimate asks for, which for a
   # tier measured failing every load rounds down to nothing: the tier is never loaded again.
   [probe-rounds-to-nothing]="kvsched --test runtime_load_probe"
+  # bindings/python (pytest on the extension built with the plant): the vLLM secondary tier's
+  # fork, drop and bounded-memory guarantees.
+  # tier_jobs.rs: a forked child takes itself for the parent, queues jobs for workers it does
+  # not have and joins threads it never had.
+  [tier-fork-unchecked]="pytest test_tier_lifecycle.py::test_a_forked_child_fails_every_job_at_once_and_exits_cleanly"
+  # tier.rs: dropping the tier joins its store with the GIL held; other threads stop while the
+  # store waits on a silent server.
+  [tier-drop-holds-gil]="pytest test_tier_lifecycle.py::test_dropping_a_tier_with_a_stuck_store_lets_other_threads_run"
+  # tier_bounded.rs: the index's key sets keep every key ever stored or asked.
+  [tier-index-unbounded]="kvsched-python --lib tier_bounded;pytest test_tier_bounds.py::test_the_present_set_stays_bounded_as_the_store_evicts;pytest test_tier_bounds.py::test_the_absent_set_stays_bounded_over_keys_asked_once"
+  # tier_ops.rs: a store job is handed to the store as one batch, its encoded size held at once.
+  [tier-store-one-batch]="pytest test_tier_bounds.py::test_a_long_store_jobs_memory_is_bounded"
 )
 ORDER=(decide-early claim-store late-leak deadline-compact-in-flight load-queue-unbounded panic-ok trust-stale end-while-loading no-cross-shard-preempt lookup-uncaught shard-panic-escapes
   mamba-align-cache-unwritten saver-flush-early register-unwritten reoffer-unwritten park-unstarted baseline-no-second-chance holder-release-unrecorded unaligned-chunks prompt-end-state-uncached
@@ -199,12 +213,27 @@ ORDER=(decide-early claim-store late-leak deadline-compact-in-flight load-queue-
   load-blocks-from-zero drop-deadline-per-thread lockstep-flush-unbounded
   quarantine-deadline-uncounted prompt-keys-one-group prepare-under-open-lock sync-newer-generation-ignored
   wait-past-deadline submit-wakes-nobody tier-panic-escapes held-without-value
-  rescan-deletes-temps probe-rounds-to-nothing)
+  rescan-deletes-temps probe-rounds-to-nothing
+  tier-fork-unchecked tier-drop-holds-gil tier-index-unbounded tier-store-one-batch)
 
 if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi
 
 rows=()
 bad=0
+venv="$PWD/target-plants/venv"
+# Builds the Python extension with the current plant into the plants' venv (created with
+# maturin, pytest and hypothesis the first time).
+python_plant_build() {
+  if [ ! -x "$venv/bin/maturin" ]; then
+    python3 -m venv "$venv" && "$venv/bin/pip" install --quiet maturin pytest hypothesis || return 1
+  fi
+  # A wheel installed into the venv, as CI installs the package: nothing is written into
+  # the source tree.
+  rm -rf target-plants/wheels
+  (cd bindings/python && CARGO_TARGET_DIR="$PWD/../../target-plants" \
+    "$venv/bin/maturin" build --interpreter "$venv/bin/python" --out ../../target-plants/wheels) &&
+    "$venv/bin/pip" install --quiet --force-reinstall --no-deps target-plants/wheels/*.whl
+}
 for plant in "${plants[@]}"; do
   if [ -z "${TESTS[$plant]:-}" ]; then
     echo "unknown plant '$plant' (known: ${ORDER[*]})" >&2
@@ -216,12 +245,29 @@ for plant in "${plants[@]}"; do
   export KVSCHED_PLANT="$plant"
   export RUSTC_WRAPPER="$PWD/scripts/plant-rustc"
   cargo clean --quiet --target-dir "$dir" -p kvsched -p kvsched-testkit -p kvsched-replay \
-    -p kvsched-cli
+    -p kvsched-cli -p kvsched-python
   echo "== plant $plant ($dir)"
   IFS=';' read -ra targets <<<"${TESTS[$plant]}"
   for t in "${targets[@]}"; do
     read -ra args <<<"$t"
     log="$logs/$(printf '%s' "$t" | tr -c 'A-Za-z0-9_' '_').log"
+    if [ "${args[0]}" = pytest ]; then
+      if ! python_plant_build >"$log.build" 2>&1; then
+        tail -n 30 "$log.build" >&2
+        rows+=("$plant|$t|BUILD FAILED")
+        bad=1
+        continue
+      fi
+      if (cd bindings/python && "$venv/bin/python" -m pytest -q -p no:cacheprovider \
+        "tests/${args[1]}") >"$log" 2>&1; then
+        rows+=("$plant|$t|NOT CAUGHT")
+        bad=1
+      else
+        first=$(grep -m1 -E "^E +|Error" "$log" | cut -c1-100 || true)
+        rows+=("$plant|$t|caught: ${first:-tests failed}")
+      fi
+      continue
+    fi
     if ! cargo test --target-dir "$dir" --quiet -p "${args[@]}" --no-run >"$log.build" 2>&1; then
       tail -n 30 "$log.build" >&2
       rows+=("$plant|$t|BUILD FAILED")

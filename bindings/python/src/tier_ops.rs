@@ -34,7 +34,9 @@ pub(crate) fn run_store(s: &Shared, job: &Job) -> bool {
         drop(payload);
         batch_bytes += chunk.len();
         batch.push((key, chunk));
-        if batch_bytes >= STORE_BATCH_BYTES {
+        // The plant `tier-store-one-batch` (scripts/plants.sh): the whole job is one batch,
+        // its encoded size held at once.
+        if batch_bytes >= STORE_BATCH_BYTES && !cfg!(kvsched_plant = "tier-store-one-batch") {
             ok = s.tier.put(&batch).is_ok();
             batch.clear();
             batch_bytes = 0;
