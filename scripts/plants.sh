@@ -221,6 +221,7 @@ if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi
 rows=()
 bad=0
 venv="$PWD/target-plants/venv"
+python_built=""
 # Builds the Python extension with the current plant into the plants' venv (created with
 # maturin, pytest and hypothesis the first time).
 python_plant_build() {
@@ -230,6 +231,9 @@ python_plant_build() {
   # A wheel installed into the venv, as CI installs the package: nothing is written into
   # the source tree.
   rm -rf target-plants/wheels
+  # The wheel is a release build: its crates are cleaned in that profile too.
+  cargo clean --quiet --release --target-dir target-plants -p kvsched -p kvsched-replay \
+    -p kvsched-python || return 1
   (cd bindings/python && CARGO_TARGET_DIR="$PWD/../../target-plants" \
     "$venv/bin/maturin" build --interpreter "$venv/bin/python" --out ../../target-plants/wheels) &&
     "$venv/bin/pip" install --quiet --force-reinstall --no-deps target-plants/wheels/*.whl
@@ -252,12 +256,13 @@ for plant in "${plants[@]}"; do
     read -ra args <<<"$t"
     log="$logs/$(printf '%s' "$t" | tr -c 'A-Za-z0-9_' '_').log"
     if [ "${args[0]}" = pytest ]; then
-      if ! python_plant_build >"$log.build" 2>&1; then
+      if [ "$python_built" != "$plant" ] && ! python_plant_build >"$log.build" 2>&1; then
         tail -n 30 "$log.build" >&2
         rows+=("$plant|$t|BUILD FAILED")
         bad=1
         continue
       fi
+      python_built="$plant"
       if (cd bindings/python && "$venv/bin/python" -m pytest -q -p no:cacheprovider \
         "tests/${args[1]}") >"$log" 2>&1; then
         rows+=("$plant|$t|NOT CAUGHT")
