@@ -191,6 +191,9 @@ declare -A TESTS=(
   # runtime/shard/load_choice.rs: a cost probe loads what the estimate asks for, which for a
   # tier measured failing every load rounds down to nothing: the tier is never loaded again.
   [probe-rounds-to-nothing]="kvsched --test runtime_load_probe"
+  # kv/disk/scan.rs: opening a tier deletes the temporary file of a put in flight in a live
+  # process (another tier on the directory), whose link into place then fails.
+  [open-deletes-live-temps]="kvsched --test kv_disk"
   # bindings/python (pytest on the extension built with the plant): the vLLM secondary tier's
   # fork, drop and bounded-memory guarantees.
   # tier_jobs.rs: a forked child takes itself for the parent, queues jobs for workers it does
@@ -213,7 +216,7 @@ ORDER=(decide-early claim-store late-leak deadline-compact-in-flight load-queue-
   load-blocks-from-zero drop-deadline-per-thread lockstep-flush-unbounded
   quarantine-deadline-uncounted prompt-keys-one-group prepare-under-open-lock sync-newer-generation-ignored
   wait-past-deadline submit-wakes-nobody tier-panic-escapes held-without-value
-  rescan-deletes-temps probe-rounds-to-nothing
+  rescan-deletes-temps probe-rounds-to-nothing open-deletes-live-temps
   tier-fork-unchecked tier-drop-holds-gil tier-index-unbounded tier-store-one-batch)
 
 if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi

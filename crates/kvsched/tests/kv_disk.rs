@@ -171,14 +171,22 @@ fn stale_temp_files_are_removed_at_open_and_foreign_files_kept() {
     let root = dir.path();
     fs::write(root.join("0000000000000007.tmp"), b"half a pac").unwrap();
     fs::write(root.join("x.tmp"), b"").unwrap();
+    // A put in flight in a live process (this one: another tier on the directory) is left
+    // alone; a dead process's is deleted.
+    let live = root.join(format!("0000000000000008.{}.tmp", std::process::id()));
+    fs::write(&live, b"a pack being written").unwrap();
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let dead = root.join(format!("0000000000000009.{}.tmp", child.id()));
+    child.wait().unwrap();
+    fs::write(&dead, b"a pack never finished").unwrap();
     fs::write(root.join("README"), b"keep me").unwrap();
     // A chunk file of the earlier one-file-per-chunk layout: left alone, not counted.
     let old = root.join(&format!("{}", key(2))[..2]);
     fs::create_dir_all(&old).unwrap();
     fs::write(old.join(format!("{}.chunk", key(2))), b"an old chunk").unwrap();
     let t = DiskTier::open(dir.path(), cfg(1 << 20)).unwrap();
-    assert_eq!(t.counts().stale_temps_removed, 2);
-    assert!(temp_files(dir.path()).is_empty());
+    assert_eq!(t.counts().stale_temps_removed, 3);
+    assert_eq!(temp_files(dir.path()), vec![live]);
     assert!(root.join("README").exists() && old.join(format!("{}.chunk", key(2))).exists());
     assert_eq!(
         (t.counts().entries, t.counts().bytes),

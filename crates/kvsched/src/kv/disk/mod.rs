@@ -79,7 +79,8 @@ pub struct DiskCounts {
 /// **Crash safety.** A pack is written as `<n>.<pid>.tmp`, then hard-linked as `<m>.pack`
 /// (never replacing a pack already there: a number taken is skipped) and the temporary name
 /// removed: a reader sees the whole pack or none of it. A process killed mid-put leaves at most a temporary
-/// file, which the next [`open`] deletes. Torn or cut packs (a power loss without
+/// file, which the next [`open`] deletes; [`open`] leaves alone the temporary files of
+/// processes still running (on Unix), puts in flight of other tiers on the directory. Torn or cut packs (a power loss without
 /// [`DiskConfig::fsync`], damage at rest) are refused at open when their table is; a value
 /// damaged or cut inside an intact table is returned as it is, and the chunk codec's length
 /// and checksum checks refuse it at load.

@@ -37,8 +37,35 @@ pub(super) struct Scan {
     pub ignored: Vec<u64>,
 }
 
-/// Walks `ROOT`: deletes every `*.tmp` file it can (one it cannot — a directory of that
-/// name, another user's file — is left: no pack, nothing reads it), lists every
+/// Elsewhere than on Unix every temporary file is taken for a dead process's.
+#[cfg(not(unix))]
+fn writer_alive(_name: &str) -> bool {
+    false
+}
+
+/// Whether the temporary file `name` (`<n>.<pid>.tmp`, as a put names it) belongs to a
+/// process that is still running: its put may be in flight. A name without a pid is no
+/// put's.
+#[cfg(unix)]
+fn writer_alive(name: &str) -> bool {
+    let Some(pid) = name
+        .strip_suffix(TEMP_EXT)
+        .and_then(|n| n.strip_suffix('.'))
+        .and_then(|n| n.rsplit_once('.'))
+        .and_then(|(_, pid)| pid.parse::<libc::pid_t>().ok())
+        .filter(|&pid| pid > 0)
+    else {
+        return false;
+    };
+    // SAFETY: `kill` with signal 0 sends nothing; it only checks that `pid` names a process
+    // (a positive pid: one process, never a group).
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// Walks `ROOT`: deletes every `*.tmp` file it can but those of live processes, puts in
+/// flight (one it cannot — a directory of that name, another user's file — is left: no pack,
+/// nothing reads it), lists every
 /// `<16 hex digits>.pack` regular file of at most `pack_limit` bytes (a longer one the tier
 /// never wrote: counted in `oversized`) whose table is intact, each value inside the file
 /// and at most `limit` bytes (else counted in `refused`), and skips anything else (the
@@ -70,8 +97,15 @@ pub(super) fn scan(
             .is_some_and(|n| n.ends_with('.'))
         {
             // Planted bug `rescan-deletes-temps` (scripts/plants.sh): a rescan deletes the
-            // temporary file of a put in flight, whose link into place then fails.
-            if seen.is_none() || planted!("rescan-deletes-temps") {
+            // temporary file of a put in flight, whose link into place then fails. At open,
+            // a temporary file of a live process (another `DiskTier` on the directory, this
+            // process's included) is a put in flight too, and left alone.
+            let in_flight = if seen.is_none() {
+                writer_alive(name) && !planted!("open-deletes-live-temps")
+            } else {
+                !planted!("rescan-deletes-temps")
+            };
+            if !in_flight {
                 match fs::remove_file(&path) {
                     Ok(()) => s.stale += 1,
                     Err(e) if e.kind() == io::ErrorKind::NotFound => {}
