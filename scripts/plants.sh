@@ -241,6 +241,22 @@ python_plant_build() {
     "$venv/bin/maturin" build --interpreter "$venv/bin/python" --out ../../target-plants/wheels) &&
     "$venv/bin/pip" install --quiet --force-reinstall --no-deps target-plants/wheels/*.whl
 }
+# Builds target `args` (the test targets' syntax above) with the current plant.
+build_target() {
+  if [ "${args[0]}" = pytest ]; then
+    [ "$python_built" = "$plant" ] || { python_plant_build && python_built="$plant"; }
+  else
+    cargo test --target-dir "$dir" --quiet -p "${args[@]}" --no-run
+  fi
+}
+# Runs target `args`: its status is the tests' (non-zero: the plant was caught).
+run_target() {
+  if [ "${args[0]}" = pytest ]; then
+    (cd bindings/python && "$venv/bin/python" -m pytest -q -p no:cacheprovider "tests/${args[1]}")
+  else
+    cargo test --target-dir "$dir" --quiet -p "${args[@]}"
+  fi
+}
 for plant in "${plants[@]}"; do
   if [ -z "${TESTS[$plant]:-}" ]; then
     echo "unknown plant '$plant' (known: ${ORDER[*]})" >&2
@@ -258,35 +274,17 @@ for plant in "${plants[@]}"; do
   for t in "${targets[@]}"; do
     read -ra args <<<"$t"
     log="$logs/$(printf '%s' "$t" | tr -c 'A-Za-z0-9_' '_').log"
-    if [ "${args[0]}" = pytest ]; then
-      if [ "$python_built" != "$plant" ] && ! python_plant_build >"$log.build" 2>&1; then
-        tail -n 30 "$log.build" >&2
-        rows+=("$plant|$t|BUILD FAILED")
-        bad=1
-        continue
-      fi
-      python_built="$plant"
-      if (cd bindings/python && "$venv/bin/python" -m pytest -q -p no:cacheprovider \
-        "tests/${args[1]}") >"$log" 2>&1; then
-        rows+=("$plant|$t|NOT CAUGHT")
-        bad=1
-      else
-        first=$(grep -m1 -E "^E +|Error" "$log" | cut -c1-100 || true)
-        rows+=("$plant|$t|caught: ${first:-tests failed}")
-      fi
-      continue
-    fi
-    if ! cargo test --target-dir "$dir" --quiet -p "${args[@]}" --no-run >"$log.build" 2>&1; then
+    if ! build_target >"$log.build" 2>&1; then
       tail -n 30 "$log.build" >&2
       rows+=("$plant|$t|BUILD FAILED")
       bad=1
       continue
     fi
-    if cargo test --target-dir "$dir" --quiet -p "${args[@]}" >"$log" 2>&1; then
+    if run_target >"$log" 2>&1; then
       rows+=("$plant|$t|NOT CAUGHT")
       bad=1
     else
-      first=$(grep -m1 -E "panicked at|assertion" "$log" | cut -c1-100 || true)
+      first=$(grep -m1 -E "panicked at|assertion|^E +|Error" "$log" | cut -c1-100 || true)
       rows+=("$plant|$t|caught: ${first:-tests failed}")
     fi
   done
