@@ -183,6 +183,19 @@ impl Inner {
         }
     }
 
+    /// Test hook: shard `i`'s claims, when `slow_claims_in_shard` names it, start only after
+    /// a pause far longer than any other shard's claims and decisions take.
+    #[cfg(test)]
+    fn test_slow_claims(&self, i: usize) {
+        if self
+            .slow_claims_in_shard
+            .compare_exchange(i, usize::MAX, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
+            thread::sleep(Duration::from_millis(300));
+        }
+    }
+
     /// One shard's part of a step run in parallel: every shard runs it concurrently, meeting
     /// at the phase barrier between publishing and claiming, and between claiming and
     /// deciding (skipped by every shard alike when the report is empty).
@@ -213,6 +226,8 @@ impl Inner {
         let (ids, report) = self.step_report(engine_share);
         if !report.is_empty() {
             self.guarded(i, &mut failed, || {
+                #[cfg(test)]
+                self.test_slow_claims(i);
                 shard.claim(&self.env(i), settings, &report, &ids);
             });
             // Barrier 2: every hit of every shard is claimed before anyone decides.
