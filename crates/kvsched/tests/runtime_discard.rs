@@ -3,7 +3,8 @@
 //! recovery must discard exactly those (sync requests in `skip`, or failed under `fail`), on
 //! random workloads with shared prefixes, several shards, hybrid geometries and both modes.
 //! A block a failed sync load shares between its running loader and a loading request is
-//! claimed once per scan in mode `vllm`, which keeps a marked set per scan.
+//! claimed once per scan in mode `vllm`, which keeps a marked set per scan, and an owner that
+//! ends there before recomputing it hands nothing off (mode `vllm` has no pending marks).
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Condvar, Mutex};
@@ -280,4 +281,43 @@ fn mode_vllm_claims_a_block_shared_across_the_scans_once_in_each() {
             ("loading".to_string(), RequestClass::Async)
         ]
     );
+}
+
+/// Mode `vllm` has no pending marks and no hand-offs (sharers never wait for an owner): an
+/// owner that ends before it recomputed a block another request holds hands nothing off.
+#[test]
+fn mode_vllm_hands_off_nothing_when_an_owner_ends_before_recomputing() {
+    let conn = Arc::new(Staged::default());
+    let mut rt = staged_runtime(Mode::Vllm, &conn);
+    rt.submit(staged_request("loader")).expect("submit");
+    rt.submit(staged_request("loading")).expect("submit");
+    let plan = rt.schedule().expect("step");
+    let failed = plan
+        .scheduled
+        .iter()
+        .find_map(|s| s.sync_load.as_deref())
+        .map(|j| j.all_loaded_blocks()[0])
+        .expect("the loader's sync load");
+    let mut out = StepOutput::all_sampled(&plan);
+    out.invalid_blocks.push(failed);
+    rt.update(out);
+    let plan = rt.schedule().expect("step");
+    assert!(
+        plan.recovery
+            .recovered
+            .iter()
+            .any(|r| &*r.id == "loader" && r.decision.claimed_blocks.contains(&failed.id)),
+        "{:?}",
+        plan.recovery
+    );
+    // The loader ends before its recompute comes back.
+    rt.cancel("loader");
+    rt.update(StepOutput::for_plan(&plan));
+    for _ in 0..2 {
+        let plan = rt.schedule().expect("step");
+        rt.update(StepOutput::for_plan(&plan));
+    }
+    conn.open();
+    let m = rt.shutdown().metrics;
+    assert_eq!(m.handoffs, 0, "{m:?}");
 }
