@@ -2,12 +2,15 @@
 //! whose step read a block one of the step's sync loads failed to fill. The next plan's
 //! recovery must discard exactly those (sync requests in `skip`, or failed under `fail`), on
 //! random workloads with shared prefixes, several shards, hybrid geometries and both modes.
+//! A block a failed sync load shares between its running loader and a loading request is
+//! claimed once per scan in mode `vllm`, which keeps a marked set per scan, and an owner that
+//! ends there before recomputing it hands nothing off (mode `vllm` has no pending marks).
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use kvsched::connector::{KvConnector, LoadResult};
+use kvsched::connector::{KvConnector, LoadJob, LoadResult, LookupQuery, LookupResult};
 
 use kvsched::rules::recovery::{Disposition, RequestClass};
 use kvsched::{BlockRef, CacheGroup, MambaMode, Mode, Policy, Runtime, StepOutput, SubmitRequest};
@@ -164,4 +167,157 @@ fn failed_blocks_named_at_a_newer_generation_are_still_discarded() {
         }
     }
     assert!(checked > 10, "only {checked} discards checked");
+}
+
+/// Prompts starting with token 7: a sync load of their first 64 tokens when nothing is
+/// local, else an async load of what they lack of their first 96, which lands only once the
+/// gate opens. Records each lookup's local tokens.
+#[derive(Default)]
+struct Staged {
+    open: Mutex<bool>,
+    opened: Condvar,
+    local: Mutex<Vec<(String, u64)>>,
+}
+
+impl Staged {
+    fn open(&self) {
+        *self.open.lock().expect("gate") = true;
+        self.opened.notify_all();
+    }
+}
+
+impl KvConnector for Staged {
+    fn lookup(&self, q: LookupQuery<'_>) -> LookupResult {
+        if q.prompt.first() != Some(&7) {
+            return LookupResult::default();
+        }
+        self.local
+            .lock()
+            .expect("lookups")
+            .push((q.request.to_string(), q.local_tokens));
+        if q.local_tokens == 0 {
+            return LookupResult {
+                external_tokens: 64,
+                load_async: false,
+            };
+        }
+        LookupResult {
+            external_tokens: 96u64.saturating_sub(q.local_tokens),
+            load_async: true,
+        }
+    }
+    fn load(&self, _: &LoadJob) -> LoadResult {
+        // A hang guard, not a timing assertion: the test opens the gate.
+        let open = self.open.lock().expect("gate");
+        let _ = self
+            .opened
+            .wait_timeout_while(open, Duration::from_secs(60), |open| !*open);
+        LoadResult::Ok
+    }
+}
+
+fn staged_runtime(mode: Mode, conn: &Arc<Staged>) -> Runtime {
+    let dyn_conn: Arc<dyn KvConnector> = conn.clone();
+    Runtime::builder()
+        .groups(vec![CacheGroup::full_attention(16)])
+        .pool_blocks(256)
+        .mode(mode)
+        .connector(dyn_conn)
+        .build()
+        .expect("runtime")
+}
+
+fn staged_request(id: &str) -> SubmitRequest {
+    SubmitRequest {
+        id: id.into(),
+        prompt: (0..120).map(|t| if t == 0 { 7 } else { 500 + t }).collect(),
+        max_new_tokens: 4,
+        priority: 0,
+        load_deadline: None,
+    }
+}
+
+/// Mode `vllm` scans the async and the sync requests with a marked set each (docs/rules.md,
+/// "The two scans"): a failed block that a running request (the sync load's loader) and a
+/// loading one (a later request with the same prompt, admitted in the same step, which reuses
+/// the loader's blocks and loads more) both hold is claimed once in each scan.
+#[test]
+fn mode_vllm_claims_a_block_shared_across_the_scans_once_in_each() {
+    let conn = Arc::new(Staged::default());
+    let mut rt = staged_runtime(Mode::Vllm, &conn);
+    rt.submit(staged_request("loader")).expect("submit");
+    rt.submit(staged_request("loading")).expect("submit");
+    let plan = rt.schedule().expect("step");
+    let failed = plan
+        .scheduled
+        .iter()
+        .find_map(|s| s.sync_load.as_deref())
+        .map(|j| j.all_loaded_blocks()[0])
+        .expect("the loader's sync load");
+    let local = conn.local.lock().expect("lookups").clone();
+    assert_eq!(
+        local,
+        [("loader".to_string(), 0), ("loading".to_string(), 64)],
+        "the later request reuses the loader's blocks"
+    );
+    let mut out = StepOutput::all_sampled(&plan);
+    out.invalid_blocks.push(failed);
+    rt.update(out);
+    let plan = rt.schedule().expect("step");
+    let mut claimants: Vec<(String, RequestClass)> = plan
+        .recovery
+        .recovered
+        .iter()
+        .filter(|r| r.decision.claimed_blocks.contains(&failed.id))
+        .map(|r| (r.id.to_string(), r.class))
+        .collect();
+    claimants.sort_by(|a, b| a.0.cmp(&b.0));
+    conn.open();
+    let _ = rt.shutdown();
+    assert_eq!(
+        claimants,
+        [
+            ("loader".to_string(), RequestClass::Sync),
+            ("loading".to_string(), RequestClass::Async)
+        ]
+    );
+}
+
+/// Mode `vllm` has no pending marks and no hand-offs (sharers never wait for an owner): an
+/// owner that ends before it recomputed a block another request holds hands nothing off.
+#[test]
+fn mode_vllm_hands_off_nothing_when_an_owner_ends_before_recomputing() {
+    let conn = Arc::new(Staged::default());
+    let mut rt = staged_runtime(Mode::Vllm, &conn);
+    rt.submit(staged_request("loader")).expect("submit");
+    rt.submit(staged_request("loading")).expect("submit");
+    let plan = rt.schedule().expect("step");
+    let failed = plan
+        .scheduled
+        .iter()
+        .find_map(|s| s.sync_load.as_deref())
+        .map(|j| j.all_loaded_blocks()[0])
+        .expect("the loader's sync load");
+    let mut out = StepOutput::all_sampled(&plan);
+    out.invalid_blocks.push(failed);
+    rt.update(out);
+    let plan = rt.schedule().expect("step");
+    assert!(
+        plan.recovery
+            .recovered
+            .iter()
+            .any(|r| &*r.id == "loader" && r.decision.claimed_blocks.contains(&failed.id)),
+        "{:?}",
+        plan.recovery
+    );
+    // The loader ends before its recompute comes back.
+    rt.cancel("loader");
+    rt.update(StepOutput::for_plan(&plan));
+    for _ in 0..2 {
+        let plan = rt.schedule().expect("step");
+        rt.update(StepOutput::for_plan(&plan));
+    }
+    conn.open();
+    let m = rt.shutdown().metrics;
+    assert_eq!(m.handoffs, 0, "{m:?}");
 }

@@ -334,6 +334,18 @@ mod tests {
     }
 
     #[test]
+    fn kind_names_are_the_scenario_spellings() {
+        assert_eq!(GroupKind::FullAttention.name(), "full_attention");
+        assert_eq!(
+            GroupKind::SlidingWindow { window: 4 }.name(),
+            "sliding_window"
+        );
+        for mode in [MambaMode::Align, MambaMode::All] {
+            assert_eq!(GroupKind::Mamba { mode }.name(), "mamba");
+        }
+    }
+
+    #[test]
     fn token_block_arithmetic() {
         let g = CacheGroup::full_attention(16);
         assert_eq!(g.blocks_for_tokens(0), 0);

@@ -269,6 +269,20 @@ mod tests {
     }
 
     #[test]
+    fn the_class_bit_is_set_or_cleared_and_the_key_space_is_used_to_its_end() {
+        let a = RequestKey::new(false, 3, 9);
+        let s = a.with_sync(true);
+        assert!(s.is_sync() && !a.is_sync());
+        // Setting the class a key already has leaves it as it is.
+        assert_eq!(s.with_sync(true), s);
+        assert_eq!(a.with_sync(false), a);
+        // MAX_SEQ is the largest sequence number a key holds: with the latest class and
+        // priority it is the last key below the unclaimed word.
+        let last = RequestKey::new(true, i16::MAX, RequestKey::MAX_SEQ);
+        assert_eq!(last.raw(), RequestKey::EMPTY - 1);
+    }
+
+    #[test]
     fn least_key_wins_per_scan() {
         let t = ClaimTable::new(8);
         let (k1, k2) = (RequestKey::new(false, 0, 2), RequestKey::new(false, 0, 1));

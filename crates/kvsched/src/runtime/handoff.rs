@@ -183,6 +183,19 @@ impl Inner {
         }
     }
 
+    /// Test hook: shard `i`'s claims, when `slow_claims_in_shard` names it, start only after
+    /// a pause far longer than any other shard's claims and decisions take.
+    #[cfg(test)]
+    fn test_slow_claims(&self, i: usize) {
+        if self
+            .slow_claims_in_shard
+            .compare_exchange(i, usize::MAX, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
+            thread::sleep(Duration::from_millis(300));
+        }
+    }
+
     /// One shard's part of a step run in parallel: every shard runs it concurrently, meeting
     /// at the phase barrier between publishing and claiming, and between claiming and
     /// deciding (skipped by every shard alike when the report is empty).
@@ -213,6 +226,8 @@ impl Inner {
         let (ids, report) = self.step_report(engine_share);
         if !report.is_empty() {
             self.guarded(i, &mut failed, || {
+                #[cfg(test)]
+                self.test_slow_claims(i);
                 shard.claim(&self.env(i), settings, &report, &ids);
             });
             // Barrier 2: every hit of every shard is claimed before anyone decides.
@@ -406,4 +421,63 @@ pub(super) fn spawn_shard_threads(inner: &Arc<Inner>) -> Result<ShardThreads, Ru
         }
     }
     Ok((threads, unparkers))
+}
+
+#[cfg(all(test, not(kvsched_loom)))]
+mod tests {
+    use std::time::Duration;
+
+    use crate::rules::recovery::{Mode, Policy};
+    use crate::runtime::policy::load_cost::LoadPolicy;
+    use crate::runtime::{Runtime, Settings};
+
+    /// A change made by `update_settings` applies from the next step on every shard: each
+    /// setting a shard's step reads comes from the live snapshot the step started with, none
+    /// from the settings the runtime was built with (the shard's static share holds only its
+    /// budgets and its recording flag).
+    #[test]
+    fn every_shard_steps_with_the_live_settings() {
+        let rt = Runtime::builder()
+            .shards(3)
+            .settings(Settings::default())
+            .build()
+            .expect("runtime");
+        let live = Settings {
+            mode: Mode::Vllm,
+            policy: Policy::Fail,
+            load_deadline: Some(Duration::from_millis(7)),
+            max_load_retries: 9,
+            quarantine_after: 11,
+            quarantine_for: Duration::from_secs(13),
+            load_policy: LoadPolicy::Cost,
+            compute_rate: Some(17.0),
+            load_probe_interval: Duration::from_millis(19),
+        };
+        rt.update_settings(live.clone()).expect("valid settings");
+        let snapshot = rt.inner.live_settings.load_full();
+        for i in 0..3 {
+            let s = rt.inner.step_settings(i, &snapshot);
+            assert_eq!(
+                (s.mode, s.policy, s.load_deadline, s.max_load_retries),
+                (
+                    live.mode,
+                    live.policy,
+                    live.load_deadline,
+                    live.max_load_retries
+                ),
+                "shard {i}"
+            );
+            assert_eq!(
+                (s.quarantine_after, s.quarantine_for, s.load_policy),
+                (live.quarantine_after, live.quarantine_for, live.load_policy),
+                "shard {i}"
+            );
+            assert_eq!(
+                (s.compute_rate, s.load_probe_interval),
+                (17.0, live.load_probe_interval),
+                "shard {i}"
+            );
+        }
+        let _ = rt.shutdown();
+    }
 }

@@ -52,6 +52,8 @@ mod builder;
 pub mod claim;
 #[cfg(not(any(kvsched_loom, feature = "internals")))]
 pub(crate) mod claim;
+#[cfg(all(test, not(kvsched_loom)))]
+mod claim_barrier_tests;
 #[cfg(all(not(kvsched_loom), feature = "internals"))]
 pub mod discard;
 #[cfg(all(not(kvsched_loom), not(feature = "internals")))]

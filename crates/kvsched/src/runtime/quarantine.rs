@@ -168,6 +168,72 @@ mod tests {
         assert!(!q.record_failure(9, t0, 0, d), "0 disables quarantine");
     }
 
+    #[test]
+    fn streaks_of_prefixes_sharing_a_shard_are_counted_apart() {
+        let q = Quarantine::default();
+        let t0 = Instant::now();
+        let d = Duration::from_secs(10);
+        let same: Vec<u64> = (1..)
+            .filter(|&key| std::ptr::eq(q.shard(key), &q.shards[0]))
+            .take(3)
+            .collect();
+        // Another prefix's failure in the same (far from full) shard does not end a streak.
+        assert!(!q.record_failure(same[0], t0, 2, d));
+        assert!(!q.record_failure(same[1], t0, 2, d));
+        assert!(!q.record_failure(same[2], t0, 3, d));
+        assert!(
+            q.record_failure(same[0], t0, 2, d),
+            "the second consecutive failure"
+        );
+        assert!(q.record_failure(same[1], t0, 2, d));
+        assert!(q.is_quarantined(same[0], t0) && q.is_quarantined(same[1], t0));
+        assert!(!q.is_quarantined(same[2], t0));
+        deadlines_counted(&q);
+    }
+
+    #[test]
+    fn a_quarantine_past_what_an_instant_holds_lasts_a_century() {
+        let q = Quarantine::default();
+        let t0 = Instant::now();
+        assert!(q.record_failure(5, t0, 1, Duration::MAX));
+        let years = |n: u64| t0 + Duration::from_secs(n * 365 * 86_400);
+        assert!(q.is_quarantined(5, years(50)));
+        assert!(!q.is_quarantined(5, years(101)));
+    }
+
+    #[test]
+    fn a_prefix_quarantined_again_before_its_end_was_met_is_counted_once() {
+        let q = Quarantine::default();
+        let t0 = Instant::now();
+        let d = Duration::from_secs(10);
+        assert!(q.record_failure(4, t0, 1, d));
+        // The quarantine ended unchecked; the prefix fails again and is quarantined anew.
+        let later = t0 + Duration::from_secs(20);
+        assert!(q.record_failure(4, later, 1, d));
+        deadlines_counted(&q);
+        assert!(q.is_quarantined(4, later));
+        assert!(!q.is_quarantined(4, later + d));
+        deadlines_counted(&q);
+        assert_eq!(q.with_deadline.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn a_streak_begun_during_a_quarantine_outlives_its_end() {
+        let q = Quarantine::default();
+        let t0 = Instant::now();
+        let d = Duration::from_secs(10);
+        assert!(!q.record_failure(6, t0, 2, d));
+        assert!(q.record_failure(6, t0, 2, d));
+        // A load started before the quarantine fails while it is in force.
+        assert!(!q.record_failure(6, t0 + Duration::from_secs(1), 2, d));
+        let end = t0 + d + Duration::from_secs(1);
+        assert!(!q.is_quarantined(6, end));
+        assert!(
+            q.record_failure(6, end, 2, d),
+            "the streak's second failure"
+        );
+    }
+
     fn entries(q: &Quarantine) -> usize {
         q.shards.iter().map(|s| s.lock().len()).sum()
     }
@@ -216,8 +282,9 @@ mod tests {
         assert_eq!(quarantined, MAX_SHARD_ENTRIES, "none replaced");
         assert!(full.is_quarantined(one_shard[0], t0));
         deadlines_counted(&full);
-        // Once they end, new prefixes are counted again.
-        let later = t0 + Duration::from_secs(11);
+        // Once they end (a quarantine is over at its deadline), new prefixes are counted
+        // again.
+        let later = t0 + d;
         let last = one_shard[2 * MAX_SHARD_ENTRIES - 1];
         assert!(full.record_failure(last, later, 1, d));
         assert!(full.is_quarantined(last, later));

@@ -80,6 +80,10 @@ pub(super) struct Inner {
     /// Test hook: the shard whose next step panics (`usize::MAX`: none).
     #[cfg(test)]
     pub(super) panic_in_shard: AtomicUsize,
+    /// Test hook: the shard whose claims in the next parallel step start late (`usize::MAX`:
+    /// none).
+    #[cfg(test)]
+    pub(super) slow_claims_in_shard: AtomicUsize,
 }
 
 impl Inner {
@@ -130,6 +134,8 @@ impl Inner {
             poison: Mutex::new(None),
             #[cfg(test)]
             panic_in_shard: AtomicUsize::new(usize::MAX),
+            #[cfg(test)]
+            slow_claims_in_shard: AtomicUsize::new(usize::MAX),
         }
     }
 

@@ -130,8 +130,8 @@ fn step(
 /// A request's async load fails at its first block, so recovery restarts it from 0 and it
 /// releases everything while owning that block. `sharer` makes another request hold the
 /// failed block too. Returns the step's result, the failed block and the blocks the other
-/// shard took as they were freed.
-fn restart_owner(sharer: bool) -> (ShardStepResult, BlockRef, Vec<BlockRef>) {
+/// shard took as they were freed, and the failed block's pending mark after the step.
+fn restart_owner(sharer: bool) -> (ShardStepResult, BlockRef, Vec<BlockRef>, Option<u64>) {
     let geo = Geometry::new(vec![CacheGroup::full_attention(16)], None, 0).expect("geometry");
     let pool = TakenAtOnce {
         pool: Arc::new(BlockPool::new(BLOCKS).expect("pool")),
@@ -196,22 +196,27 @@ fn restart_owner(sharer: bool) -> (ShardStepResult, BlockRef, Vec<BlockRef>) {
         "the load's owner restarts from 0 owning the failed block: {decided:?}"
     );
     let taken = pool.taken.borrow().clone();
-    (res, first, taken)
+    (res, first, taken, claims.pending_owner(first.id))
 }
 
 #[test]
 fn a_freed_owned_block_another_shard_took_is_not_handed_off() {
-    let (res, first, taken) = restart_owner(false);
+    let (res, first, taken, pending) = restart_owner(false);
     // The interleaving happened: the failed block is in the other shard's hands.
     assert!(taken.iter().any(|b| b.id == first.id), "{taken:?}");
     assert!(res.handoffs.is_empty(), "{:?}", res.handoffs);
     assert_eq!(res.counters.handoffs, 0);
+    // Its owner's mark is gone with it: a later sharer of the block's new contents would
+    // otherwise wait for a recompute nobody owns.
+    assert_eq!(pending, None, "the freed block keeps no pending mark");
 }
 
 #[test]
 fn an_owned_block_another_request_holds_is_handed_off() {
-    let (res, first, taken) = restart_owner(true);
+    let (res, first, taken, pending) = restart_owner(true);
     assert!(taken.iter().all(|b| b.id != first.id), "{taken:?}");
     assert_eq!(res.handoffs, [first]);
     assert_eq!(res.counters.handoffs, 1);
+    // Orphaned until the next step re-claims it: nobody reads it meanwhile.
+    assert_eq!(pending, Some(crate::runtime::claim::ORPHANED));
 }
