@@ -21,9 +21,10 @@ cd "$(dirname "$0")/.."
 # and installed into a venv of target-plants/ that the first such plant creates: it needs PyPI).
 declare -A TESTS=(
   # runtime/handoff.rs + the CLI's parallel.rs: deciding before every shard has claimed.
-  # (Only reports with shared blocks tell: in the runtime every invalid block has one holder,
-  # so the claim path's random shared scenarios catch these two.)
-  [decide-early]="kvsched-cli --bin kvsched tests::claim_path"
+  # (Only reports with shared blocks tell: the claim path's random shared scenarios, and in
+  # the runtime a block two requests on different shards hold, the earlier one's shard
+  # claiming late.)
+  [decide-early]="kvsched-cli --bin kvsched tests::claim_path;kvsched --lib runtime::claim_barrier_tests"
   # runtime/claim.rs: a claim is a plain store, so the last writer wins instead of the least key.
   [claim-store]="kvsched-cli --bin kvsched tests::claim_path"
   # runtime/policy/alignment.rs: prefill chunks of a Mamba align geometry end where the
