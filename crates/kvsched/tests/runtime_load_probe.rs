@@ -59,9 +59,18 @@ fn a_tier_written_off_after_one_failure_is_probed_and_loaded_again() {
     let mut out = StepOutput::default();
     let mut next = 0u32;
     let t0 = Instant::now();
-    // Distinct prompts of 10 blocks and a token, one arriving every millisecond for 300 ms.
-    while t0.elapsed() < Duration::from_millis(300) || rt.live() > 0 {
-        if t0.elapsed() < Duration::from_millis(300) && rt.live() < 8 {
+    // Distinct prompts of 10 blocks and a token, at most 8 live, arriving until the tier has
+    // been probed and has landed 10 loads, or for 30 s (a machine so loaded that the failed
+    // load lands late delays the probe, not the verdict).
+    let arriving = |m: &kvsched::Metrics| {
+        !(m.cost_probes >= 1 && m.loads_ok >= 10) && t0.elapsed() < Duration::from_secs(30)
+    };
+    loop {
+        let open = arriving(&rt.metrics());
+        if !open && rt.live() == 0 {
+            break;
+        }
+        if open && rt.live() < 8 {
             let prompt = (0..161).map(|t| next * 1000 + t).collect();
             rt.submit(SubmitRequest {
                 id: format!("p{next}"),
@@ -85,7 +94,7 @@ fn a_tier_written_off_after_one_failure_is_probed_and_loaded_again() {
         if plan.scheduled.is_empty() {
             rt.wait_for_work(Duration::from_millis(1));
         }
-        assert!(t0.elapsed() < Duration::from_secs(60), "the run hung");
+        assert!(t0.elapsed() < Duration::from_secs(90), "the run hung");
     }
     let m = rt.shutdown().metrics;
     assert!(m.loads_failed >= 1, "{m:?}");
