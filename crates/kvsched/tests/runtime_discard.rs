@@ -13,7 +13,9 @@ use std::time::Duration;
 use kvsched::connector::{KvConnector, LoadJob, LoadResult, LookupQuery, LookupResult};
 
 use kvsched::rules::recovery::{Disposition, RequestClass};
-use kvsched::{BlockRef, CacheGroup, MambaMode, Mode, Policy, Runtime, StepOutput, SubmitRequest};
+use kvsched::{
+    BlockRef, CacheGroup, MambaMode, Mode, Policy, Runtime, StepOutput, StepPlan, SubmitRequest,
+};
 use kvsched_testkit::{SimConfig, SimConnector, SplitMix64};
 
 /// The engine's report of a failed block: as the plan named it, or (`newer`) at a generation
@@ -237,14 +239,11 @@ fn staged_request(id: &str) -> SubmitRequest {
     }
 }
 
-/// Mode `vllm` scans the async and the sync requests with a marked set each (docs/rules.md,
-/// "The two scans"): a failed block that a running request (the sync load's loader) and a
-/// loading one (a later request with the same prompt, admitted in the same step, which reuses
-/// the loader's blocks and loads more) both hold is claimed once in each scan.
-#[test]
-fn mode_vllm_claims_a_block_shared_across_the_scans_once_in_each() {
-    let conn = Arc::new(Staged::default());
-    let mut rt = staged_runtime(Mode::Vllm, &conn);
+/// Mode `vllm`: the loader and a later request with the same prompt are admitted in one step,
+/// and the engine reports the loader's first loaded block unwritten. The runtime, that block
+/// and the plan of the step that recovers.
+fn loaders_first_block_fails(conn: &Arc<Staged>) -> (Runtime, BlockRef, StepPlan) {
+    let mut rt = staged_runtime(Mode::Vllm, conn);
     rt.submit(staged_request("loader")).expect("submit");
     rt.submit(staged_request("loading")).expect("submit");
     let plan = rt.schedule().expect("step");
@@ -254,16 +253,27 @@ fn mode_vllm_claims_a_block_shared_across_the_scans_once_in_each() {
         .find_map(|s| s.sync_load.as_deref())
         .map(|j| j.all_loaded_blocks()[0])
         .expect("the loader's sync load");
+    let mut out = StepOutput::all_sampled(&plan);
+    out.invalid_blocks.push(failed);
+    rt.update(out);
+    let plan = rt.schedule().expect("step");
+    (rt, failed, plan)
+}
+
+/// Mode `vllm` scans the async and the sync requests with a marked set each (docs/rules.md,
+/// "The two scans"): a failed block that a running request (the sync load's loader) and a
+/// loading one (a later request with the same prompt, admitted in the same step, which reuses
+/// the loader's blocks and loads more) both hold is claimed once in each scan.
+#[test]
+fn mode_vllm_claims_a_block_shared_across_the_scans_once_in_each() {
+    let conn = Arc::new(Staged::default());
+    let (rt, failed, plan) = loaders_first_block_fails(&conn);
     let local = conn.local.lock().expect("lookups").clone();
     assert_eq!(
         local,
         [("loader".to_string(), 0), ("loading".to_string(), 64)],
         "the later request reuses the loader's blocks"
     );
-    let mut out = StepOutput::all_sampled(&plan);
-    out.invalid_blocks.push(failed);
-    rt.update(out);
-    let plan = rt.schedule().expect("step");
     let mut claimants: Vec<(String, RequestClass)> = plan
         .recovery
         .recovered
@@ -288,20 +298,7 @@ fn mode_vllm_claims_a_block_shared_across_the_scans_once_in_each() {
 #[test]
 fn mode_vllm_hands_off_nothing_when_an_owner_ends_before_recomputing() {
     let conn = Arc::new(Staged::default());
-    let mut rt = staged_runtime(Mode::Vllm, &conn);
-    rt.submit(staged_request("loader")).expect("submit");
-    rt.submit(staged_request("loading")).expect("submit");
-    let plan = rt.schedule().expect("step");
-    let failed = plan
-        .scheduled
-        .iter()
-        .find_map(|s| s.sync_load.as_deref())
-        .map(|j| j.all_loaded_blocks()[0])
-        .expect("the loader's sync load");
-    let mut out = StepOutput::all_sampled(&plan);
-    out.invalid_blocks.push(failed);
-    rt.update(out);
-    let plan = rt.schedule().expect("step");
+    let (mut rt, failed, plan) = loaders_first_block_fails(&conn);
     assert!(
         plan.recovery
             .recovered
