@@ -1,0 +1,151 @@
+//! Shutdown with loads in flight: a cooperative connector is told to stop (its load's cancel
+//! token fires before shutdown waits for the workers), and a load that passed its deadline
+//! and is still running when the wait ends is abandoned, its parked blocks held for good.
+//!
+//! Every scenario runs under a hang guard ([`guarded`]); no duration is asserted.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kvsched::connector::{KvConnector, LoadJob, LoadResult, LookupQuery, LookupResult};
+use kvsched::{Runtime, SubmitRequest};
+
+mod support;
+use support::guarded;
+
+/// A request of a 100-token prompt, `load_deadline` its own (`None`: the runtime's).
+fn req(id: &str, load_deadline: Option<Duration>) -> SubmitRequest {
+    SubmitRequest {
+        load_deadline,
+        ..support::req(id, (0..100).collect(), 2)
+    }
+}
+
+/// Everything past the first token is external, loaded asynchronously.
+fn async_hit(q: &LookupQuery<'_>) -> LookupResult {
+    LookupResult {
+        external_tokens: (q.prompt.len() as u64 - 1) / 16 * 16,
+        load_async: true,
+    }
+}
+
+/// Waits (at most 30 s) until `done` holds.
+fn wait_until(what: &str, done: impl Fn() -> bool) {
+    let t0 = Instant::now();
+    while !done() {
+        assert!(t0.elapsed() < Duration::from_secs(30), "{what}: never");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A load waits for its cancel token (30 s at most) and notes whether it fired.
+#[derive(Default)]
+struct Cooperative {
+    started: AtomicUsize,
+    saw_cancel: AtomicUsize,
+}
+
+impl KvConnector for Cooperative {
+    fn lookup(&self, q: LookupQuery<'_>) -> LookupResult {
+        async_hit(&q)
+    }
+    fn load(&self, job: &LoadJob) -> LoadResult {
+        self.started.fetch_add(1, Ordering::SeqCst);
+        let t0 = Instant::now();
+        while !job.cancel.is_cancelled() && t0.elapsed() < Duration::from_secs(30) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        if job.cancel.is_cancelled() {
+            self.saw_cancel.fetch_add(1, Ordering::SeqCst);
+        }
+        LoadResult::all_failed(job)
+    }
+}
+
+#[test]
+fn shutdown_cancels_the_loads_in_flight_before_waiting_for_them() {
+    let conn = Arc::new(Cooperative::default());
+    let c = conn.clone();
+    let report = guarded("cooperative shutdown", move || {
+        let mut rt = Runtime::builder()
+            .shards(1)
+            .workers(1)
+            .connector(c.clone())
+            // Long enough that the load, told nothing, would return on its own first.
+            .shutdown_timeout(Duration::from_secs(100))
+            .build()
+            .unwrap();
+        rt.submit(req("c", None)).unwrap();
+        rt.schedule().expect("step");
+        wait_until("the load starts", || c.started.load(Ordering::SeqCst) == 1);
+        rt.shutdown()
+    });
+    assert_eq!(
+        conn.saw_cancel.load(Ordering::SeqCst),
+        1,
+        "the running load was not told to stop"
+    );
+    assert_eq!(report.loads_abandoned, 0);
+    assert!(report.abandoned_block_ids.is_empty());
+    assert_eq!(report.cancelled_at_shutdown, vec!["c".to_string()]);
+    assert!(report.violations.is_empty(), "{:?}", report.violations);
+    assert!(report.census.conserved());
+}
+
+/// A load never returns; the ids of the blocks it loads are noted.
+#[derive(Default)]
+struct Hang {
+    started: Mutex<Vec<u64>>,
+}
+
+impl KvConnector for Hang {
+    fn lookup(&self, q: LookupQuery<'_>) -> LookupResult {
+        async_hit(&q)
+    }
+    fn load(&self, job: &LoadJob) -> LoadResult {
+        if let Ok(mut started) = self.started.lock() {
+            started.extend(job.all_loaded_blocks().iter().map(|b| b.id));
+        }
+        loop {
+            std::thread::park();
+        }
+    }
+}
+
+#[test]
+fn a_timed_out_load_still_running_at_shutdown_is_abandoned_with_its_parked_blocks() {
+    let hang = Arc::new(Hang::default());
+    let h = hang.clone();
+    let (report, started) = guarded("parked at shutdown", move || {
+        let mut rt = Runtime::builder()
+            .shards(1)
+            .workers(1)
+            .connector(h.clone())
+            .shutdown_timeout(Duration::from_millis(100))
+            .build()
+            .unwrap();
+        rt.submit(req("p", Some(Duration::from_millis(10))))
+            .unwrap();
+        rt.schedule().expect("step");
+        wait_until("the load starts", || {
+            h.started.lock().map(|s| !s.is_empty()).unwrap_or(false)
+        });
+        // Past the deadline: the next step fails the load, which is running, so its blocks
+        // are parked until it returns (never), and the request starts over.
+        std::thread::sleep(Duration::from_millis(30));
+        rt.schedule().expect("step");
+        let started = h.started.lock().map(|s| s.clone()).unwrap_or_default();
+        (rt.shutdown(), started)
+    });
+    // (The second attempt's load, never started, may expire too while shutdown waits.)
+    assert!(report.metrics.deadlines_expired >= 1, "{report}");
+    // The parked load is the one abandoned: its blocks stay held, listed by id.
+    assert_eq!(report.loads_abandoned, 1, "{report}");
+    assert_eq!(report.blocks_abandoned, 6); // the 96 tokens it loads, 16 a block
+    let mut started = started;
+    started.sort_unstable();
+    assert_eq!(report.abandoned_block_ids, started);
+    assert!(report.violations.is_empty(), "{:?}", report.violations);
+    assert!(report.census.conserved());
+}
