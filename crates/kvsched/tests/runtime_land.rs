@@ -1,0 +1,122 @@
+//! A load that passes its deadline while its worker still runs it: its blocks are parked
+//! (the late load may still write them) and, when the request keeps a local prefix, the
+//! parked positions are given fresh blocks, so the request runs on a whole table.
+//!
+//! The scenario runs under a hang guard ([`guarded`]); no duration is asserted.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kvsched::connector::{KvConnector, LoadJob, LoadResult, LookupQuery, LookupResult};
+use kvsched::{EndState, Runtime, StepOutput, SubmitRequest};
+
+mod support;
+use support::guarded;
+
+/// A prompt with a local prefix hit gets the rest (whole blocks) from the store,
+/// asynchronously; a load never returns.
+#[derive(Default)]
+struct HangPastLocal {
+    started: AtomicUsize,
+}
+
+impl KvConnector for HangPastLocal {
+    fn lookup(&self, q: LookupQuery<'_>) -> LookupResult {
+        let whole = (q.prompt.len() as u64 - 1) / 16 * 16;
+        LookupResult {
+            external_tokens: if q.local_tokens > 0 {
+                whole.saturating_sub(q.local_tokens)
+            } else {
+                0
+            },
+            load_async: true,
+        }
+    }
+    fn load(&self, _job: &LoadJob) -> LoadResult {
+        self.started.fetch_add(1, Ordering::SeqCst);
+        loop {
+            std::thread::park();
+        }
+    }
+}
+
+#[test]
+fn a_timed_out_load_past_a_local_prefix_leaves_no_hole_in_the_table() {
+    let conn = Arc::new(HangPastLocal::default());
+    let c = conn.clone();
+    let (report, null_seen, b_ran) = guarded("timed-out load past a local prefix", move || {
+        let mut rt = Runtime::builder()
+            .shards(1)
+            .workers(1)
+            .connector(c.clone())
+            .shutdown_timeout(Duration::from_millis(100))
+            .build()
+            .unwrap();
+        // "a" caches the prefix 0..96 (six blocks) and finishes.
+        rt.submit(support::req("a", (0..100).collect(), 2)).unwrap();
+        let mut a_done = false;
+        let mut a_blocks: Vec<u64> = Vec::new();
+        for _ in 0..100 {
+            let plan = rt.schedule().expect("step");
+            if let Some(s) = plan.scheduled.iter().find(|s| &*s.id == "a") {
+                a_blocks = s.block_tables[0].iter().map(|b| b.id).collect();
+            }
+            a_done |= plan
+                .ended
+                .iter()
+                .any(|(id, e)| &**id == "a" && *e == EndState::Finished);
+            rt.update(StepOutput::all_sampled(&plan));
+            if a_done {
+                break;
+            }
+        }
+        assert!(a_done, "a never finished");
+        // "b" shares the first 64 tokens: 4 local blocks, the next 32 tokens loaded.
+        let prompt: Vec<u32> = (0..64).chain(1000..1036).collect();
+        rt.submit(SubmitRequest {
+            load_deadline: Some(Duration::from_millis(10)),
+            ..support::req("b", prompt, 2)
+        })
+        .unwrap();
+        let plan = rt.schedule().expect("step");
+        rt.update(StepOutput::all_sampled(&plan));
+        let t0 = Instant::now();
+        while c.started.load(Ordering::SeqCst) == 0 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "the load never started"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_millis(30)); // past the deadline
+                                                       // From here "b" runs: every step that schedules it hands the engine its table.
+        let mut null_seen = false;
+        let mut prefix_kept = true;
+        let mut b_ran = false;
+        for _ in 0..20 {
+            let plan = rt.schedule().expect("step");
+            for s in plan.scheduled.iter().filter(|s| &*s.id == "b") {
+                b_ran = true;
+                null_seen |= s
+                    .block_tables
+                    .iter()
+                    .flat_map(|t| t.iter())
+                    .any(|b| b.id == 0);
+                // The local prefix's four blocks are not the load's: they stay.
+                let ids: Vec<u64> = s.block_tables[0].iter().map(|b| b.id).collect();
+                prefix_kept &= ids.get(..4) == a_blocks.get(..4);
+            }
+            rt.update(StepOutput::all_sampled(&plan));
+        }
+        (rt.shutdown(), null_seen, b_ran && prefix_kept)
+    });
+    assert!(b_ran, "b never ran on its local prefix's blocks: {report}");
+    assert!(
+        !null_seen,
+        "b ran with the null block in its table: {report}"
+    );
+    assert!(report.metrics.deadlines_expired >= 1, "{report}");
+    assert!(report.violations.is_empty(), "{:?}", report.violations);
+    assert!(report.census.conserved());
+}
