@@ -138,9 +138,11 @@ fn a_timed_out_load_still_running_at_shutdown_is_abandoned_with_its_parked_block
         let started = h.started.lock().map(|s| s.clone()).unwrap_or_default();
         (rt.shutdown(), started)
     });
-    // (The second attempt's load, never started, may expire too while shutdown waits.)
+    // The second attempt's load, queued behind the stuck one, expires in shutdown's last
+    // step; its cancel token already fired, so its blocks are parked too. It never started:
+    // its blocks are released. The first attempt's is the one load abandoned: its blocks stay
+    // held, listed by id.
     assert!(report.metrics.deadlines_expired >= 1, "{report}");
-    // The parked load is the one abandoned: its blocks stay held, listed by id.
     assert_eq!(report.loads_abandoned, 1, "{report}");
     assert_eq!(report.blocks_abandoned, 6); // the 96 tokens it loads, 16 a block
     let mut started = started;
