@@ -75,7 +75,8 @@ fn a_timed_out_load_past_a_local_prefix_leaves_no_hole_in_the_table() {
         // "b" shares the first 64 tokens: 4 local blocks, the next 32 tokens loaded.
         let prompt: Vec<u32> = (0..64).chain(1000..1036).collect();
         rt.submit(SubmitRequest {
-            load_deadline: Some(Duration::from_millis(10)),
+            // One the worker surely starts the load within (one taken after it is not run).
+            load_deadline: Some(Duration::from_secs(1)),
             ..support::req("b", prompt, 2)
         })
         .unwrap();
@@ -89,8 +90,8 @@ fn a_timed_out_load_past_a_local_prefix_leaves_no_hole_in_the_table() {
             );
             std::thread::sleep(Duration::from_millis(1));
         }
-        std::thread::sleep(Duration::from_millis(30)); // past the deadline
-                                                       // From here "b" runs: every step that schedules it hands the engine its table.
+        std::thread::sleep(Duration::from_millis(1200)); // past the deadline
+                                                         // From here "b" runs: every step that schedules it hands the engine its table.
         let mut null_seen = false;
         let mut prefix_kept = true;
         let mut b_ran = false;

@@ -122,18 +122,20 @@ fn a_timed_out_load_still_running_at_shutdown_is_abandoned_with_its_parked_block
             .shards(1)
             .workers(1)
             .connector(h.clone())
-            .shutdown_timeout(Duration::from_millis(100))
+            // Past the next attempt's deadline (below), however slow the machine.
+            .shutdown_timeout(Duration::from_secs(2))
             .build()
             .unwrap();
-        rt.submit(req("p", Some(Duration::from_millis(10))))
-            .unwrap();
+        // A deadline the worker surely starts the load within (a load taken after its
+        // deadline is not run).
+        rt.submit(req("p", Some(Duration::from_secs(1)))).unwrap();
         rt.schedule().expect("step");
         wait_until("the load starts", || {
             h.started.lock().map(|s| !s.is_empty()).unwrap_or(false)
         });
         // Past the deadline: the next step fails the load, which is running, so its blocks
         // are parked until it returns (never), and the request starts over.
-        std::thread::sleep(Duration::from_millis(30));
+        std::thread::sleep(Duration::from_millis(1200));
         rt.schedule().expect("step");
         let started = h.started.lock().map(|s| s.clone()).unwrap_or_default();
         (rt.shutdown(), started)
