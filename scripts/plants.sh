@@ -195,6 +195,11 @@ declare -A TESTS=(
   # kv/disk/scan.rs: opening a tier deletes the temporary file of a put in flight in a live
   # process (another tier on the directory), whose link into place then fails.
   [open-deletes-live-temps]="kvsched --test kv_disk"
+  # runtime/shard/end.rs: shutdown fires no load's cancel token; it waits out every running load.
+  [shutdown-leaves-loads-running]="kvsched --test runtime_shutdown"
+  # runtime/shard/land.rs: a request whose load timed out past a local prefix keeps the null
+  # block at the parked positions, and reads it.
+  [parked-positions-unfilled]="kvsched --test runtime_land"
   # bindings/python (pytest on the extension built with the plant): the vLLM secondary tier's
   # fork, drop and bounded-memory guarantees.
   # tier_jobs.rs: a forked child takes itself for the parent, queues jobs for workers it does
@@ -218,6 +223,7 @@ ORDER=(decide-early claim-store late-leak deadline-compact-in-flight load-queue-
   quarantine-deadline-uncounted prompt-keys-one-group prepare-under-open-lock sync-newer-generation-ignored
   wait-past-deadline submit-wakes-nobody tier-panic-escapes held-without-value
   rescan-deletes-temps probe-rounds-to-nothing open-deletes-live-temps
+  shutdown-leaves-loads-running parked-positions-unfilled
   tier-fork-unchecked tier-drop-holds-gil tier-index-unbounded tier-store-one-batch)
 
 if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi

@@ -129,6 +129,11 @@ impl<S: Strategy> Shard<S> {
 
     /// Fires the cancellation token of every load in flight (shutdown).
     pub fn cancel_loads(&mut self) {
+        // Planted bug `shutdown-leaves-loads-running` (scripts/plants.sh): no token fires, and
+        // shutdown waits out every running load.
+        if planted!("shutdown-leaves-loads-running") {
+            return;
+        }
         for r in self.reqs.values_mut() {
             r.cancel_load();
         }

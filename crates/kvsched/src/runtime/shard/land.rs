@@ -37,8 +37,13 @@ impl<S: Strategy> Shard<S> {
             }
             r.num_computed_tokens = r.num_computed_tokens.min(r.load_cap);
             r.load_cap = u64::MAX;
-            // Refill the parked positions with fresh blocks (they are recomputed).
-            if r.num_computed_tokens > 0 && !holes.is_empty() {
+            // Refill the parked positions with fresh blocks (they are recomputed). Planted bug
+            // `parked-positions-unfilled` (scripts/plants.sh): a request resuming past a local
+            // prefix keeps the null block where its timed-out load's blocks were.
+            if r.num_computed_tokens > 0
+                && !holes.is_empty()
+                && !planted!("parked-positions-unfilled")
+            {
                 let mut fresh = Vec::with_capacity(holes.len());
                 if env.pool.allocate_n(holes.len(), &mut fresh) {
                     for (&(g, i), b) in holes.iter().zip(fresh) {
