@@ -100,20 +100,19 @@ impl Inner {
         }
     }
 
-    /// Phase 1 of shard `i`: apply commands and completions; returns its share of the report
-    /// (those claim words reset).
-    fn phase_publish(&self, i: usize, shard: &mut Shard, settings: &StepSettings) -> Vec<BlockId> {
+    /// Phase 1 of shard `i` at `now`: apply commands and completions; returns its share of
+    /// the report (those claim words reset).
+    fn phase_publish(
+        &self,
+        i: usize,
+        shard: &mut Shard,
+        settings: &StepSettings,
+        now: Instant,
+    ) -> Vec<BlockId> {
         let slot = &self.shards[i];
         let completions = std::iter::from_fn(|| slot.completions.pop());
-        slot.inbox.take(|commands| {
-            shard.publish(
-                &self.env(i),
-                settings,
-                Instant::now(),
-                commands,
-                completions,
-            )
-        })
+        slot.inbox
+            .take(|commands| shard.publish(&self.env(i), settings, now, commands, completions))
     }
 
     /// The step's whole report: the engine's share and every shard's, once all are published
@@ -135,15 +134,21 @@ impl Inner {
         (ids, report)
     }
 
-    /// Phase 3 of shard `i`, once every hit of every shard is claimed: decide, land, admit,
-    /// schedule; returns the shard's result and the loads it started.
-    fn phase_finish(&self, i: usize, shard: &mut Shard, settings: &StepSettings) -> ShardOutcome {
+    /// Phase 3 of shard `i` at `now`, once every hit of every shard is claimed: decide, land,
+    /// admit, schedule; returns the shard's result and the loads it started.
+    fn phase_finish(
+        &self,
+        i: usize,
+        shard: &mut Shard,
+        settings: &StepSettings,
+        now: Instant,
+    ) -> ShardOutcome {
         let slot = &self.shards[i];
         let mut loads = Vec::new();
         // Relaxed: set by the engine thread before the `go` Release that started this step
         // (or on this very thread, for a step run inline).
         let draining = self.draining.load(Ordering::Relaxed);
-        let res = shard.finish_step(&self.env(i), settings, Instant::now(), draining, &mut loads);
+        let res = shard.finish_step(&self.env(i), settings, now, draining, &mut loads);
         if !res.ended.is_empty() {
             let mut live = slot.ids.lock();
             for (id, _) in &res.ended {
@@ -218,7 +223,7 @@ impl Inner {
         self.guarded(i, &mut failed, || {
             #[cfg(test)]
             self.test_panic(i);
-            let mine = self.phase_publish(i, &mut shard, settings);
+            let mine = self.phase_publish(i, &mut shard, settings, Instant::now());
             *self.shards[i].published.lock() = mine;
         });
         // Barrier 1: every share of the report is published and its claim words reset.
@@ -237,7 +242,7 @@ impl Inner {
         }
         let early = planted!("decide-early") && !report.is_empty();
         self.guarded(i, &mut failed, || {
-            let outcome = self.phase_finish(i, &mut shard, settings);
+            let outcome = self.phase_finish(i, &mut shard, settings, Instant::now());
             *self.shards[i].result.lock() = Some(outcome);
         });
         if early {
@@ -283,11 +288,14 @@ impl Inner {
         let mut shards: SmallVec<[_; INLINE_GUARDS]> =
             self.shards.iter().map(|s| s.state.lock()).collect();
         let mut ids = engine_share;
+        // One clock read per phase, not per shard: the shards of an inline step run back to
+        // back, and their deadlines and load timings are judged at the same instant.
+        let now = Instant::now();
         for (i, shard) in shards.iter_mut().enumerate() {
             self.guarded(i, &mut failed[i], || {
                 #[cfg(test)]
                 self.test_panic(i);
-                ids.extend(self.phase_publish(i, shard, &settings[i]));
+                ids.extend(self.phase_publish(i, shard, &settings[i], now));
             });
         }
         let (ids, report) = self.report_of(ids);
@@ -311,12 +319,13 @@ impl Inner {
             0 => Vec::new(),
             n => Vec::with_capacity(n.next_power_of_two()),
         };
+        let now = Instant::now();
         for (i, shard) in shards.iter_mut().enumerate() {
             shard.schedule_after(std::mem::take(&mut list));
             // The outcome goes straight into its slot of `results`: it is a large value
             // (its lists and a step's counters), copied once, not once per hand-over.
             self.guarded(i, &mut failed[i], || {
-                results.push((i, self.phase_finish(i, shard, &settings[i])));
+                results.push((i, self.phase_finish(i, shard, &settings[i], now)));
             });
             if i + 1 < k {
                 if let Some((j, (res, _))) = results.last_mut() {
