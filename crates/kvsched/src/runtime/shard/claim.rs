@@ -93,6 +93,11 @@ impl<S: Strategy> Shard<S> {
             self.result.evicted.extend_from_slice(&d.evicted_blocks);
             r.waits = d.waits_for.iter().map(|(b, _)| *b).collect();
             r.waits_step = self.step;
+            // A new hit of mode vllm: rolled back to the hit rounded down to `S`, resumable or
+            // not (a failed request ends: nothing of it is read again).
+            r.rounded_down |= settings.mode == Mode::Vllm
+                && !d.claimed_blocks.is_empty()
+                && d.disposition != Disposition::Failed;
             let nct = d.num_computed_tokens;
             match d.disposition {
                 Disposition::Unaffected => {}

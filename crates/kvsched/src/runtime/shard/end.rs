@@ -77,6 +77,7 @@ impl<S: Strategy> Shard<S> {
         }
         r.written = 0;
         r.waits.clear();
+        r.rounded_down = false;
     }
 
     /// Block `id` at its current generation if a request other than `r` holds it: its count

@@ -29,7 +29,7 @@ use rustc_hash::FxHashMap;
 
 use crate::connector::{KvConnector, LoadJob};
 use crate::pool::BlockRef;
-use crate::rules::geometry::{BlockId, Geometry};
+use crate::rules::geometry::{BlockId, CacheGroup, Geometry, GroupKind, MambaMode};
 use crate::rules::recovery::{Hit, Mode, Policy, RequestClass};
 use crate::runtime::claim::RequestKey;
 use crate::runtime::load_estimate::LoadEstimate;
@@ -346,6 +346,90 @@ impl<S: Strategy> Shard<S> {
             Phase::Running => self.running.insert(k, ()),
         };
     }
+}
+
+/// A running request's table entry that holds no real block though the request needs one
+/// ([`Shard::unbacked_entries`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnbackedEntry {
+    /// The request's id.
+    pub id: StdArc<str>,
+    /// Its computed length.
+    pub computed: u64,
+    /// The cache group.
+    pub group: usize,
+    /// The entry: the null block, or past the end of a table too short.
+    pub index: usize,
+}
+
+impl<S: Strategy> Shard<S> {
+    /// The entries its running requests need and do not hold a real block in: the null block,
+    /// or past the end of a short table (docs/runtime.md, "Invariants"). A request computed up
+    /// to `c` tokens (its last schedule's included), whose last step computes from `p` (`p = c`
+    /// when it is not scheduled), needs in a group of block size `b`: every entry holding a
+    /// token below `c` (full attention, Mamba `all`); the entries holding tokens
+    /// `[p − window + 1, c)` (a sliding window: those its step attends to); the entries holding
+    /// tokens `p − 1` and `c − 1`, the states after `p` and after `c` tokens (Mamba `align`).
+    /// Only the first two kinds are checked for a request mode vllm rolled back (a window or a
+    /// state may then be missing: vLLM's recovery). Waiting requests hold nothing; a loading
+    /// request's table is read only once its load lands.
+    pub fn unbacked_entries(&self, geo: &Geometry) -> Vec<UnbackedEntry> {
+        let null = geo.null_block();
+        let mut out = Vec::new();
+        for r in self.reqs.values().filter(|r| r.phase == Phase::Running) {
+            let c = r.num_computed_tokens;
+            let p = if r.last_scheduled > 0 {
+                r.pre_step.min(c)
+            } else {
+                c
+            };
+            for (g, (grp, table)) in geo.groups().iter().zip(&r.tables).enumerate() {
+                for i in needed_entries(grp, p, c, r.rounded_down) {
+                    if table.get(i).is_none_or(|&id| id == null) {
+                        out.push(UnbackedEntry {
+                            id: r.id.clone(),
+                            computed: c,
+                            group: g,
+                            index: i,
+                        });
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// The entries of group `grp` that a running request whose step computes its tokens `p..c`
+/// needs real ([`Shard::unbacked_entries`]); with `every_only`, none of a group that may hold
+/// null entries (a sliding window, Mamba `align`).
+fn needed_entries(
+    grp: &CacheGroup,
+    p: u64,
+    c: u64,
+    every_only: bool,
+) -> impl Iterator<Item = usize> {
+    let b = grp.block_size;
+    let hi = c.div_ceil(b);
+    // The entry holding token `t − 1`, where the state after `t` tokens is (none at 0).
+    let state = |t: u64| t.checked_sub(1).map(|last| last / b);
+    let (range, states) = match grp.kind {
+        GroupKind::FullAttention
+        | GroupKind::Mamba {
+            mode: MambaMode::All,
+        } => (0..hi, [None, None]),
+        _ if every_only => (0..0, [None, None]),
+        GroupKind::SlidingWindow { window } => (p.saturating_sub(window - 1) / b..hi, [None, None]),
+        GroupKind::Mamba {
+            mode: MambaMode::Align,
+        } => {
+            let last = state(c);
+            (0..0, [state(p).filter(|&s| Some(s) != last), last])
+        }
+    };
+    range
+        .chain(states.into_iter().flatten())
+        .map(|i| usize::try_from(i).unwrap_or(usize::MAX))
 }
 
 /// The first key after `after` (the first key when `None`): a cursor that stays valid while

@@ -197,6 +197,11 @@ pub(super) struct Req {
     pub(super) waits_step: u64,
     /// Blocks this request owns and has not recomputed yet.
     pub(super) owned_pending: Vec<BlockId>,
+    /// Mode `vllm` rolled it back to a multiple of `S` (a new hit) without asking whether each
+    /// group can resume there: a window or Mamba `align` entry it needs may be the null block
+    /// until its blocks are released (`Shard::unbacked_entries` then checks only the groups
+    /// that keep every entry).
+    pub(super) rounded_down: bool,
     pub(super) attempt: u32,
     /// Start of the in-flight load (tokens).
     pub(super) load_start: u64,
@@ -260,6 +265,7 @@ impl Req {
             waits: Vec::new(),
             waits_step: 0,
             owned_pending: Vec::new(),
+            rounded_down: false,
             attempt: 0,
             load_start: 0,
             load_end: 0,
