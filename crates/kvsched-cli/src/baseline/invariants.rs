@@ -1,6 +1,7 @@
 //! The invariants of docs/runtime.md ("Invariants") checkable between steps: pool
 //! conservation, no double free, every reference count matching the requests holding the
-//! block, the shard's holder index in step with its tables, request accounts.
+//! block, the shard's holder index in step with its tables, a real block wherever a running
+//! request needs one, request accounts.
 
 use super::state::State;
 use kvsched::rules::geometry::BlockId;
@@ -41,6 +42,19 @@ impl State {
             if n != rc {
                 v.push(format!("block {i}: held by {n} requests, ref count {rc}"));
             }
+        }
+        let unbacked = self.shard.unbacked_entries(&self.cx.geo);
+        for e in unbacked.iter().take(5) {
+            v.push(format!(
+                "request {} (computed {}): group {} entry {} holds no real block",
+                e.id, e.computed, e.group, e.index
+            ));
+        }
+        if unbacked.len() > 5 {
+            v.push(format!(
+                "… {} more entries of running requests that hold no real block",
+                unbacked.len() - 5
+            ));
         }
         let m = &self.metrics;
         let live = self.live.len() as u64;
