@@ -198,8 +198,10 @@ declare -A TESTS=(
   # runtime/shard/end.rs: shutdown fires no load's cancel token; it waits out every running load.
   [shutdown-leaves-loads-running]="kvsched --test runtime_shutdown"
   # runtime/shard/land.rs: a request whose load timed out past a local prefix keeps the null
-  # block at the parked positions, and reads it.
-  [parked-positions-unfilled]="kvsched --test runtime_land"
+  # block at the parked positions, and reads it. (runtime_faults' loads past their deadline:
+  # the invariant that a running request holds a real block where it needs one, checked
+  # after every step.)
+  [parked-positions-unfilled]="kvsched --test runtime_land;kvsched --test runtime_faults deadlines_alone"
   # bindings/python (pytest on the extension built with the plant): the vLLM secondary tier's
   # fork, drop and bounded-memory guarantees.
   # tier_jobs.rs: a forked child takes itself for the parent, queues jobs for workers it does
