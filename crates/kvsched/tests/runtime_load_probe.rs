@@ -61,12 +61,17 @@ fn a_tier_written_off_after_one_failure_is_probed_and_loaded_again() {
     let t0 = Instant::now();
     // Distinct prompts of 10 blocks and a token, at most 8 live, arriving until the tier has
     // been probed and has landed 10 loads, or for 30 s (a machine so loaded that the failed
-    // load lands late delays the probe, not the verdict).
-    let arriving = |m: &kvsched::Metrics| {
-        !(m.cost_probes >= 1 && m.loads_ok >= 10) && t0.elapsed() < Duration::from_secs(30)
+    // load lands late delays the probe, not the verdict). The second arrives only once the
+    // first request's load has failed: a request admitted before that failure is measured
+    // would load from a tier not yet measured at all, and loads landing beside the one
+    // failure would keep the tier from being written off, so there would be nothing to probe.
+    let arriving = |m: &kvsched::Metrics, next: u32| {
+        (next == 0 || m.loads_failed >= 1)
+            && !(m.cost_probes >= 1 && m.loads_ok >= 10)
+            && t0.elapsed() < Duration::from_secs(30)
     };
     loop {
-        let open = arriving(&rt.metrics());
+        let open = arriving(&rt.metrics(), next);
         if !open && rt.live() == 0 {
             break;
         }
