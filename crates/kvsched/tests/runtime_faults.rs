@@ -27,6 +27,8 @@ struct Faults {
     flip_settings: bool,
     /// No load fails on its own: any recovery must then come from a trusted stale report.
     no_failures: bool,
+    /// Every load takes 1–2 ms: the workers fall behind the arrivals, so loads queue.
+    slow_loads: bool,
 }
 
 fn quiet_simulated_panics() {
@@ -51,8 +53,12 @@ fn run(seed: u64, shards: usize, f: Faults, steps: usize) -> Metrics {
         failure_rate: if f.no_failures { 0.0 } else { 0.1 },
         shared_failure_share: 0.5,
         max_invalid_per_failure: 2,
-        latency_min: Duration::ZERO,
-        latency_max: Duration::from_micros(200),
+        latency_min: if f.slow_loads {
+            Duration::from_millis(1)
+        } else {
+            Duration::ZERO
+        },
+        latency_max: Duration::from_micros(if f.slow_loads { 2_000 } else { 200 }),
         panic_rate: f.panic,
         hang_rate: f.hang,
         hang: Duration::from_millis(8),
@@ -280,6 +286,10 @@ fn requests_ended_while_loading_keep_their_blocks_until_the_load_lands() {
         2,
         Faults {
             late_cancel: 0.3,
+            // Loads slower than the arrivals: some are still queued when their request ends,
+            // however the threads are scheduled (with loads of at most 200 µs, a machine that
+            // ran the workers ahead of the engine thread left none queued).
+            slow_loads: true,
             ..Faults::default()
         },
         600,
@@ -344,6 +354,7 @@ fn everything_mixed_with_live_settings_changes() {
         cancel: 0.1,
         flip_settings: true,
         no_failures: false,
+        slow_loads: false,
     };
     for (seed, shards) in [(10, 1), (11, 2), (12, 4)] {
         let m = run(seed, shards, all, 800);
