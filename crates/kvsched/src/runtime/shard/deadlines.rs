@@ -173,4 +173,115 @@ mod tests {
         }
         assert_eq!(last, Some(99_999));
     }
+
+    #[test]
+    fn entries_are_dropped_after_more_loads_than_min_compact_were_in_flight() {
+        let t0 = Instant::now();
+        let far = t0 + Duration::from_secs(100 * 365 * 86_400);
+        let mut d = Deadlines::default();
+        // Three times MIN_COMPACT loads in flight at once, then none of them: attempt 1.
+        let wide = 3 * MIN_COMPACT as u64;
+        for seq in 0..wide {
+            d.push(far, seq, 1, |_, a| a == 1);
+        }
+        assert_eq!(
+            d.len(),
+            wide as usize,
+            "every load still in flight keeps its entry"
+        );
+        // Then loads of attempt 2, each in flight until the next 10 have been dispatched.
+        for seq in 0..20 * MIN_COMPACT as u64 {
+            d.push(far, seq, 2, |s, a| a == 2 && s + 10 > seq);
+        }
+        assert!(d.len() <= 2 * MIN_COMPACT, "{} entries", d.len());
+    }
+
+    #[test]
+    fn a_push_asks_whether_loads_are_in_flight_amortised_once() {
+        let far = Instant::now() + Duration::from_secs(100 * 365 * 86_400);
+        let mut d = Deadlines::default();
+        let asked = std::cell::Cell::new(0u64);
+        // Every load stays in flight: each compaction keeps every entry, so the entries
+        // must double before the next one. Compacting more often makes a dispatch cost
+        // O(loads in flight) with many loads in flight.
+        let pushes = 8 * MIN_COMPACT as u64;
+        for seq in 0..pushes {
+            d.push(far, seq, 0, |_, _| {
+                asked.set(asked.get() + 1);
+                true
+            });
+        }
+        assert_eq!(d.len(), pushes as usize);
+        assert!(asked.get() <= 2 * pushes, "asked {} times", asked.get());
+    }
+
+    #[test]
+    fn an_out_of_order_entry_comes_due_after_a_compaction_empties_the_queue() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let mut d = Deadlines::default();
+        // Loads 0.. with a long deadline, in the queue, until one short of compacting.
+        for seq in 0..MIN_COMPACT as u64 - 1 {
+            d.push(at(60_000), seq, 0, |_, _| true);
+        }
+        // Load 5000's shorter deadline goes to the heap.
+        d.push(at(10), 5000, 0, |_, _| true);
+        // Loads 0.. have completed: the compaction before load 6000's push drops their
+        // entries, the queue is empty, and load 6000's entry is its only one. Once that is
+        // taken, load 5000's must still come due, though no later load is dispatched.
+        d.push(at(5), 6000, 0, |s, _| s >= 5000);
+        assert_eq!(d.len(), 2);
+        assert_eq!(d.pop_due(at(20)), Some((6000, 0)));
+        assert_eq!(
+            d.pop_due(at(20)),
+            Some((5000, 0)),
+            "with only the heap left"
+        );
+        assert_eq!(d.pop_due(at(20)), None);
+    }
+
+    #[test]
+    fn a_deadline_is_due_at_its_instant_in_the_queue_and_in_the_heap() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let mut d = Deadlines::default();
+        let all = |_, _| true;
+        d.push(at(20), 1, 0, all);
+        d.push(at(10), 2, 0, all); // the heap
+                                   // At or before `now`, from either side.
+        assert_eq!(d.pop_due(at(9)), None);
+        assert_eq!(d.pop_due(at(10)), Some((2, 0)));
+        assert_eq!(d.pop_due(at(10)), None);
+        assert_eq!(d.pop_due(at(20)), Some((1, 0)));
+    }
+
+    #[test]
+    fn next_is_the_earliest_deadline_of_a_load_in_flight_queue_or_heap() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let mut d = Deadlines::default();
+        let all = |_, _| true;
+        // An idle engine waits until this instant (`wait_for_work`): a later one would sleep
+        // past a hung load's deadline.
+        // The queue holds 10 (load 1) and 1000 (load 3); the heap 500 (load 2) and 5 (load 4).
+        for (ms, seq) in [(10, 1), (1000, 3), (500, 2), (5, 4)] {
+            d.push(at(ms), seq, 0, all);
+        }
+        assert_eq!(
+            d.next(all),
+            Some(at(5)),
+            "the heap's top, before the queue's front"
+        );
+        // As loads complete, their entries are dropped from whichever side is earlier.
+        let mut done = Vec::new();
+        for (seq, then) in [(4, Some(10)), (1, Some(500)), (2, Some(1000)), (3, None)] {
+            done.push(seq);
+            assert_eq!(
+                d.next(|s, _| !done.contains(&s)),
+                then.map(at),
+                "{done:?} done"
+            );
+        }
+        assert_eq!(d.len(), 0);
+    }
 }
