@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvsched::connector::{KvConnector, LoadJob, LoadResult, LookupQuery, LookupResult};
-use kvsched::{EndState, Runtime, StepOutput, SubmitRequest};
+use kvsched::{EndState, Report, Runtime, StepOutput, SubmitRequest};
 
 mod support;
 use support::guarded;
@@ -41,11 +41,14 @@ impl KvConnector for HangPastLocal {
     }
 }
 
-#[test]
-fn a_timed_out_load_past_a_local_prefix_leaves_no_hole_in_the_table() {
+/// "a" caches a 96-token prefix and finishes; "b" shares its first 64 tokens and loads the
+/// next `loaded` blocks, a load that hangs past its 1 s deadline; then "b" runs for up to 20
+/// steps. Returns shutdown's report, whether a table of "b" held the null block, and whether
+/// "b" ran, always on the local prefix's blocks.
+fn hang_past_local(loaded: u32) -> (Report, bool, bool) {
     let conn = Arc::new(HangPastLocal::default());
     let c = conn.clone();
-    let (report, null_seen, b_ran) = guarded("timed-out load past a local prefix", move || {
+    guarded("timed-out load past a local prefix", move || {
         let mut rt = Runtime::builder()
             .shards(1)
             .workers(1)
@@ -72,8 +75,9 @@ fn a_timed_out_load_past_a_local_prefix_leaves_no_hole_in_the_table() {
             }
         }
         assert!(a_done, "a never finished");
-        // "b" shares the first 64 tokens: 4 local blocks, the next 32 tokens loaded.
-        let prompt: Vec<u32> = (0..64).chain(1000..1036).collect();
+        // "b" shares the first 64 tokens: 4 local blocks, the next `loaded` blocks loaded
+        // (the last four tokens are computed).
+        let prompt: Vec<u32> = (0..64).chain(1000..1004 + 16 * loaded).collect();
         rt.submit(SubmitRequest {
             // One the worker surely starts the load within (one taken after it is not run).
             load_deadline: Some(Duration::from_secs(1)),
@@ -111,7 +115,12 @@ fn a_timed_out_load_past_a_local_prefix_leaves_no_hole_in_the_table() {
             rt.update(StepOutput::all_sampled(&plan));
         }
         (rt.shutdown(), null_seen, b_ran && prefix_kept)
-    });
+    })
+}
+
+#[test]
+fn a_timed_out_load_past_a_local_prefix_leaves_no_hole_in_the_table() {
+    let (report, null_seen, b_ran) = hang_past_local(2);
     assert!(b_ran, "b never ran on its local prefix's blocks: {report}");
     assert!(
         !null_seen,
@@ -120,4 +129,21 @@ fn a_timed_out_load_past_a_local_prefix_leaves_no_hole_in_the_table() {
     assert!(report.metrics.deadlines_expired >= 1, "{report}");
     assert!(report.violations.is_empty(), "{:?}", report.violations);
     assert!(report.census.conserved());
+}
+
+/// The blocks of a timed-out load are parked, and with them goes the request's claim on each
+/// (set when the deadline's report rolled the request back): none stays with the request to
+/// be handed off when it ends, since nobody waits on a parked block. An odd number of blocks,
+/// so that forgetting the claims of the wrong blocks cannot come out even.
+#[test]
+fn a_timed_out_loads_parked_blocks_are_not_handed_off() {
+    let (report, null_seen, b_ran) = hang_past_local(3);
+    assert!(b_ran && !null_seen, "{report}");
+    assert!(report.metrics.deadlines_expired >= 1, "{report}");
+    assert!(
+        report.ended_at_shutdown.is_empty() && report.cancelled_at_shutdown.is_empty(),
+        "b finished before shutdown: {report}"
+    );
+    assert_eq!(report.metrics.handoffs, 0, "{report}");
+    assert!(report.violations.is_empty(), "{:?}", report.violations);
 }
