@@ -1,8 +1,9 @@
 //! A load that passes its deadline while its worker still runs it: its blocks are parked
-//! (the late load may still write them) and, when the request keeps a local prefix, the
-//! parked positions are given fresh blocks, so the request runs on a whole table.
+//! (the late load may still write them), and the request's claims on them with them. When
+//! the request keeps a local prefix, the parked positions are given fresh blocks, so the
+//! request runs on a whole table; when it does not, it starts over and takes none.
 //!
-//! The scenario runs under a hang guard ([`guarded`]); no duration is asserted.
+//! The scenarios run under a hang guard ([`guarded`]); no duration is asserted.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -145,5 +146,105 @@ fn a_timed_out_loads_parked_blocks_are_not_handed_off() {
         "b finished before shutdown: {report}"
     );
     assert_eq!(report.metrics.handoffs, 0, "{report}");
+    assert!(report.violations.is_empty(), "{:?}", report.violations);
+}
+
+/// Request "b" is offered its whole blocks asynchronously, once; the load never returns.
+#[derive(Default)]
+struct HangFirstLookup {
+    offered: AtomicUsize,
+    started: AtomicUsize,
+}
+
+impl KvConnector for HangFirstLookup {
+    fn lookup(&self, q: LookupQuery<'_>) -> LookupResult {
+        let first = q.request == "b" && self.offered.fetch_add(1, Ordering::SeqCst) == 0;
+        LookupResult {
+            external_tokens: if first {
+                (q.prompt.len() as u64 - 1) / 16 * 16
+            } else {
+                0
+            },
+            load_async: true,
+        }
+    }
+    fn load(&self, _job: &LoadJob) -> LoadResult {
+        self.started.fetch_add(1, Ordering::SeqCst);
+        loop {
+            std::thread::park();
+        }
+    }
+}
+
+/// A request whose timed-out load started at token 0 starts over: it takes no fresh blocks
+/// for the parked positions (they would be freed at once), so it reclaims no cached block.
+/// Here the pool is full: "b" holds three blocks (two loading, one to compute) and "a", the
+/// same prompt computed while b's load hangs, left its two full blocks cached and one free.
+/// When b starts over it must find a's blocks in the prefix cache.
+#[test]
+fn a_timed_out_load_from_token_zero_reclaims_no_cached_block() {
+    let conn = Arc::new(HangFirstLookup::default());
+    let c = conn.clone();
+    let (report, a_blocks, b_tables) = guarded("timed-out load from token 0", move || {
+        let mut rt = Runtime::builder()
+            .shards(1)
+            .workers(1)
+            .pool_blocks(7) // six usable
+            .connector(c.clone())
+            .shutdown_timeout(Duration::from_millis(100))
+            .build()
+            .unwrap();
+        let prompt: Vec<u32> = (0..36).collect();
+        rt.submit(SubmitRequest {
+            load_deadline: Some(Duration::from_secs(1)),
+            ..support::req("b", prompt.clone(), 2)
+        })
+        .unwrap();
+        let plan = rt.schedule().expect("step");
+        rt.update(StepOutput::all_sampled(&plan));
+        let t0 = Instant::now();
+        while c.started.load(Ordering::SeqCst) == 0 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "the load never started"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        rt.submit(support::req("a", prompt, 2)).unwrap();
+        let mut a_done = false;
+        let mut a_blocks: Vec<u64> = Vec::new();
+        for _ in 0..20 {
+            let plan = rt.schedule().expect("step");
+            if let Some(s) = plan.scheduled.iter().find(|s| &*s.id == "a") {
+                a_blocks = s.block_tables[0].iter().map(|b| b.id).collect();
+            }
+            a_done |= plan.ended.iter().any(|(id, _)| &**id == "a");
+            rt.update(StepOutput::all_sampled(&plan));
+            if a_done {
+                break;
+            }
+        }
+        assert!(a_done, "a never finished");
+        // A few steps, well within the second b's load has.
+        assert_eq!(rt.metrics().deadlines_expired, 0, "b's deadline came first");
+        std::thread::sleep(Duration::from_millis(1200).saturating_sub(t0.elapsed()));
+        let mut b_tables = Vec::new();
+        for _ in 0..20 {
+            let plan = rt.schedule().expect("step");
+            for s in plan.scheduled.iter().filter(|s| &*s.id == "b") {
+                b_tables.push(s.block_tables[0].iter().map(|b| b.id).collect::<Vec<_>>());
+            }
+            rt.update(StepOutput::all_sampled(&plan));
+        }
+        (rt.shutdown(), a_blocks, b_tables)
+    });
+    assert!(report.metrics.deadlines_expired >= 1, "{report}");
+    assert_eq!(a_blocks.len(), 3, "{report}");
+    let first = b_tables.first().expect("b never ran after starting over");
+    assert_eq!(
+        first.get(..2),
+        a_blocks.get(..2),
+        "b started over without a's cached prefix: {report}"
+    );
     assert!(report.violations.is_empty(), "{:?}", report.violations);
 }
