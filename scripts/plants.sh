@@ -202,6 +202,12 @@ declare -A TESTS=(
   # the invariant that a running request holds a real block where it needs one, checked
   # after every step.)
   [parked-positions-unfilled]="kvsched --test runtime_land;kvsched --test runtime_faults deadlines_alone"
+  # runtime/shard/land.rs: parking a timed-out load's blocks forgets the claim of another
+  # block the request owns, and keeps the parked block's: the parked block is handed off.
+  [parked-claim-mismatched]="kvsched --test runtime_land a_timed_out_loads_parked_blocks_are_not_handed_off"
+  # runtime/shard/land.rs: a request starting over after its load timed out takes fresh blocks
+  # for the parked positions before it frees them all, evicting a cached prefix on a full pool.
+  [restart-fills-holes]="kvsched --test runtime_land a_timed_out_load_from_token_zero_reclaims_no_cached_block"
   # bindings/python (pytest on the extension built with the plant): the vLLM secondary tier's
   # fork, drop and bounded-memory guarantees.
   # tier_jobs.rs: a forked child takes itself for the parent, queues jobs for workers it does
@@ -225,7 +231,7 @@ ORDER=(decide-early claim-store late-leak deadline-compact-in-flight load-queue-
   quarantine-deadline-uncounted prompt-keys-one-group prepare-under-open-lock sync-newer-generation-ignored
   wait-past-deadline submit-wakes-nobody tier-panic-escapes held-without-value
   rescan-deletes-temps probe-rounds-to-nothing open-deletes-live-temps
-  shutdown-leaves-loads-running parked-positions-unfilled
+  shutdown-leaves-loads-running parked-positions-unfilled parked-claim-mismatched restart-fills-holes
   tier-fork-unchecked tier-drop-holds-gil tier-index-unbounded tier-store-one-batch)
 
 if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi

@@ -37,13 +37,17 @@ impl<S: Strategy> Shard<S> {
             }
             r.num_computed_tokens = r.num_computed_tokens.min(r.load_cap);
             r.load_cap = u64::MAX;
-            // Refill the parked positions with fresh blocks (they are recomputed). Planted bug
-            // `parked-positions-unfilled` (scripts/plants.sh): a request resuming past a local
-            // prefix keeps the null block where its timed-out load's blocks were.
-            if r.num_computed_tokens > 0
-                && !holes.is_empty()
-                && !planted!("parked-positions-unfilled")
-            {
+            // Refill the parked positions with fresh blocks (they are recomputed). Planted bugs
+            // (scripts/plants.sh): `parked-positions-unfilled`, a request resuming past a local
+            // prefix keeps the null block where its timed-out load's blocks were;
+            // `restart-fills-holes`, a request starting over takes fresh blocks too, freed at
+            // once, which reclaims cached prefixes for nothing.
+            let resumes = if planted!("restart-fills-holes") {
+                true
+            } else {
+                r.num_computed_tokens > 0
+            };
+            if resumes && !holes.is_empty() && !planted!("parked-positions-unfilled") {
                 let mut fresh = Vec::with_capacity(holes.len());
                 if env.pool.allocate_n(holes.len(), &mut fresh) {
                     for (&(g, i), b) in holes.iter().zip(fresh) {
@@ -92,7 +96,14 @@ impl<S: Strategy> Shard<S> {
                     continue;
                 }
                 self.index.remove(id, seq);
-                if let Some(p) = r.owned_pending.iter().position(|&x| x == id) {
+                // Planted bug `parked-claim-mismatched` (scripts/plants.sh): another owned
+                // block's claim is dropped, and the parked one is handed off later.
+                let mismatched = planted!("parked-claim-mismatched");
+                if let Some(p) = r
+                    .owned_pending
+                    .iter()
+                    .position(|&x| (x == id) != mismatched)
+                {
                     r.owned_pending.swap_remove(p);
                     env.claims.forget(id);
                 }
