@@ -35,10 +35,15 @@ impl KvConnector for HangPastLocal {
         }
     }
     fn load(&self, _job: &LoadJob) -> LoadResult {
-        self.started.fetch_add(1, Ordering::SeqCst);
-        loop {
-            std::thread::park();
-        }
+        hang(&self.started)
+    }
+}
+
+/// A load that counts itself started and never returns.
+fn hang(started: &AtomicUsize) -> LoadResult {
+    started.fetch_add(1, Ordering::SeqCst);
+    loop {
+        std::thread::park();
     }
 }
 
@@ -169,10 +174,7 @@ impl KvConnector for HangFirstLookup {
         }
     }
     fn load(&self, _job: &LoadJob) -> LoadResult {
-        self.started.fetch_add(1, Ordering::SeqCst);
-        loop {
-            std::thread::park();
-        }
+        hang(&self.started)
     }
 }
 
@@ -225,7 +227,7 @@ fn a_timed_out_load_from_token_zero_reclaims_no_cached_block() {
             }
         }
         assert!(a_done, "a never finished");
-        // A few steps, well within the second b's load has.
+        // A few steps, well within b's 1 s deadline.
         assert_eq!(rt.metrics().deadlines_expired, 0, "b's deadline came first");
         std::thread::sleep(Duration::from_millis(1200).saturating_sub(t0.elapsed()));
         let mut b_tables = Vec::new();
