@@ -47,6 +47,19 @@ fn hang(started: &AtomicUsize) -> LoadResult {
     }
 }
 
+/// Waits until a worker has started a load; returns when the wait began.
+fn wait_started(started: &AtomicUsize) -> Instant {
+    let t0 = Instant::now();
+    while started.load(Ordering::SeqCst) == 0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the load never started"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    t0
+}
+
 /// "a" caches a 96-token prefix and finishes; "b" shares its first 64 tokens and loads the
 /// next `loaded` blocks, a load that hangs past its 1 s deadline; then "b" runs for up to 20
 /// steps. Returns shutdown's report, whether a table of "b" held the null block, and whether
@@ -92,16 +105,10 @@ fn hang_past_local(loaded: u32) -> (Report, bool, bool) {
         .unwrap();
         let plan = rt.schedule().expect("step");
         rt.update(StepOutput::all_sampled(&plan));
-        let t0 = Instant::now();
-        while c.started.load(Ordering::SeqCst) == 0 {
-            assert!(
-                t0.elapsed() < Duration::from_secs(30),
-                "the load never started"
-            );
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        std::thread::sleep(Duration::from_millis(1200)); // past the deadline
-                                                         // From here "b" runs: every step that schedules it hands the engine its table.
+        wait_started(&c.started);
+        // Past the deadline. From here "b" runs: every step that schedules it hands the
+        // engine its table.
+        std::thread::sleep(Duration::from_millis(1200));
         let mut null_seen = false;
         let mut prefix_kept = true;
         let mut b_ran = false;
@@ -204,14 +211,7 @@ fn a_timed_out_load_from_token_zero_reclaims_no_cached_block() {
         .unwrap();
         let plan = rt.schedule().expect("step");
         rt.update(StepOutput::all_sampled(&plan));
-        let t0 = Instant::now();
-        while c.started.load(Ordering::SeqCst) == 0 {
-            assert!(
-                t0.elapsed() < Duration::from_secs(30),
-                "the load never started"
-            );
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        let t0 = wait_started(&c.started);
         rt.submit(support::req("a", prompt, 2)).unwrap();
         let mut a_done = false;
         let mut a_blocks: Vec<u64> = Vec::new();
