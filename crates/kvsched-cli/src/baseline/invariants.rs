@@ -6,6 +6,7 @@
 use super::state::State;
 use kvsched::rules::geometry::BlockId;
 use kvsched::runtime::shard::strategy::Pool;
+use kvsched::runtime::shard::UnbackedEntry;
 
 impl State {
     /// The violations of the invariants, one line each.
@@ -43,19 +44,9 @@ impl State {
                 v.push(format!("block {i}: held by {n} requests, ref count {rc}"));
             }
         }
-        let unbacked = self.shard.unbacked_entries(&self.cx.geo);
-        for e in unbacked.iter().take(5) {
-            v.push(format!(
-                "request {} (computed {}): group {} entry {} holds no real block",
-                e.id, e.computed, e.group, e.index
-            ));
-        }
-        if unbacked.len() > 5 {
-            v.push(format!(
-                "… {} more entries of running requests that hold no real block",
-                unbacked.len() - 5
-            ));
-        }
+        v.extend(UnbackedEntry::violations(
+            &self.shard.unbacked_entries(&self.cx.geo),
+        ));
         let m = &self.metrics;
         let live = self.live.len() as u64;
         if m.finished + m.failed + m.cancelled + live != m.submitted {

@@ -2,6 +2,7 @@
 //! `internals`; shutdown checks them in every build).
 
 use crate::rules::geometry::BlockId;
+use crate::runtime::shard::UnbackedEntry;
 use crate::runtime::step::Runtime;
 
 impl Runtime {
@@ -70,24 +71,13 @@ impl Runtime {
                 bad - 5
             ));
         }
-        let mut unbacked = 0;
-        for s in &self.inner.shards {
-            for e in s.state.lock().unbacked_entries(&self.inner.geo) {
-                if unbacked < 5 {
-                    v.push(format!(
-                        "request {} (computed {}): group {} entry {} holds no real block",
-                        e.id, e.computed, e.group, e.index
-                    ));
-                }
-                unbacked += 1;
-            }
-        }
-        if unbacked > 5 {
-            v.push(format!(
-                "… {} more entries of running requests that hold no real block",
-                unbacked - 5
-            ));
-        }
+        let unbacked: Vec<_> = self
+            .inner
+            .shards
+            .iter()
+            .flat_map(|s| s.state.lock().unbacked_entries(&self.inner.geo))
+            .collect();
+        v.extend(UnbackedEntry::violations(&unbacked));
         let m = self.metrics();
         let live = self.live() as u64;
         if m.finished + m.failed + m.cancelled + live != m.submitted {

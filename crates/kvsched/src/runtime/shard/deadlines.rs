@@ -247,8 +247,9 @@ mod tests {
         let mut d = Deadlines::default();
         let all = |_, _| true;
         d.push(at(20), 1, 0, all);
-        d.push(at(10), 2, 0, all); // the heap
-                                   // At or before `now`, from either side.
+        // The second, earlier than the queue's back, goes to the heap. Each comes due at or
+        // before `now`, from either side.
+        d.push(at(10), 2, 0, all);
         assert_eq!(d.pop_due(at(9)), None);
         assert_eq!(d.pop_due(at(10)), Some((2, 0)));
         assert_eq!(d.pop_due(at(10)), None);

@@ -362,6 +362,30 @@ pub struct UnbackedEntry {
     pub index: usize,
 }
 
+impl UnbackedEntry {
+    /// The invariant violations `entries` make: one line for each of the first five, then
+    /// one line counting the rest (the runtime's and the mutex baseline's checks).
+    pub fn violations(entries: &[UnbackedEntry]) -> Vec<String> {
+        let mut v: Vec<String> = entries
+            .iter()
+            .take(5)
+            .map(|e| {
+                format!(
+                    "request {} (computed {}): group {} entry {} holds no real block",
+                    e.id, e.computed, e.group, e.index
+                )
+            })
+            .collect();
+        if entries.len() > 5 {
+            v.push(format!(
+                "… {} more entries of running requests that hold no real block",
+                entries.len() - 5
+            ));
+        }
+        v
+    }
+}
+
 impl<S: Strategy> Shard<S> {
     /// The entries its running requests need and do not hold a real block in: the null block,
     /// or past the end of a short table (docs/runtime.md, "Invariants"). A request computed up
@@ -370,8 +394,8 @@ impl<S: Strategy> Shard<S> {
     /// token below `c` (full attention, Mamba `all`); the entries holding tokens
     /// `[p − window + 1, c)` (a sliding window: those its step attends to); the entries holding
     /// tokens `p − 1` and `c − 1`, the states after `p` and after `c` tokens (Mamba `align`).
-    /// Only the first two kinds are checked for a request mode vllm rolled back (a window or a
-    /// state may then be missing: vLLM's recovery). Waiting requests hold nothing; a loading
+    /// For a request mode vllm rolled back only full-attention and Mamba `all` groups are
+    /// checked (a window or a state may then be missing: vLLM's recovery). Waiting requests hold nothing; a loading
     /// request's table is read only once its load lands.
     pub fn unbacked_entries(&self, geo: &Geometry) -> Vec<UnbackedEntry> {
         let null = geo.null_block();
