@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The performance table of README (#performance): `kvsched stress --baseline mutex --repeat N`
+# The performance table of README (#performance; details in docs/performance.md): `kvsched stress --baseline mutex --repeat N`
 # on each load of the table, release build; prints a Markdown table of medians, each cell
 # kvsched / mutex. Step figures are the scheduler's: `schedule()` + `update()` on the engine
 # thread, wall and the thread's CPU time; CPU per finished request is the whole process.
