@@ -55,7 +55,12 @@ impl Loop {
             .collect();
         self.rt
             .submit(SubmitRequest {
-                id: format!("r{}", self.next),
+                // Shaped as an OpenAI-compatible server's ids (39 bytes): routing hashes them.
+                id: format!(
+                    "cmpl-{:016x}{:016x}-0",
+                    self.next.wrapping_mul(0x9E37_79B9_7F4A_7C15),
+                    self.next
+                ),
                 prompt,
                 max_new_tokens: OUTPUT_TOKENS,
                 priority: 0,

@@ -69,6 +69,16 @@ impl Workload {
         }
     }
 
+    /// Request `i`'s id, shaped as an OpenAI-compatible server names its requests
+    /// (`cmpl-<32 hex digits>-0`, 39 bytes), so routing and id lookups hash what they would in
+    /// an engine: 16 digits drawn from the seed and `i`, then `i` itself in hex (unique).
+    pub(super) fn id(&self, i: u64) -> String {
+        let drawn =
+            SplitMix64::new(self.seed ^ 0x1D5 ^ (i + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+                .next_u64();
+        format!("{}cmpl-{drawn:016x}{i:016x}-0", self.id_prefix)
+    }
+
     pub(super) fn request(&self, i: u64) -> Generated {
         let mut rng = SplitMix64::new(self.seed ^ (i + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
         if let Some(r) = self.trace.as_ref().and_then(|(t, _)| t.get(i as usize)) {
@@ -76,7 +86,7 @@ impl Workload {
             let cancel_after = (rng.unit() < self.cancel_ratio).then(|| 1 + rng.below(64));
             return Generated {
                 req: SubmitRequest {
-                    id: format!("{}r{i}", self.id_prefix),
+                    id: self.id(i),
                     prompt: prompt_tokens(r),
                     max_new_tokens: super::trace_fit::max_new_tokens(r),
                     priority: 0,
@@ -116,7 +126,7 @@ impl Workload {
             .then(|| 1 + frng.below(128));
         Generated {
             req: SubmitRequest {
-                id: format!("{}r{i}", self.id_prefix),
+                id: self.id(i),
                 prompt,
                 max_new_tokens,
                 priority: 0,
@@ -162,7 +172,9 @@ mod tests {
         let e3 = Workload::new(&cfg);
         for i in [0, 1, 99] {
             let (a, b) = (plain.request(i).req, e3.request(i).req);
-            assert_eq!((a.id, b.id), (format!("r{i}"), format!("e3-r{i}")));
+            assert_eq!(b.id, format!("e3-{}", a.id));
+            assert!(a.id.starts_with("cmpl-") && a.id.ends_with(&format!("{i:016x}-0")));
+            assert_eq!(a.id.len(), 39);
             assert_eq!(a.prompt, b.prompt);
         }
     }
