@@ -304,11 +304,7 @@ fn mode_vllm_reads_failed_sync_loads_and_mode_safe_does_not() {
                 ..Knobs::default()
             };
             let r = run(hybrid(MambaMode::All), &k, seed);
-            sum.tokens_checked += r.model.tokens_checked;
-            sum.token_mismatches += r.model.token_mismatches;
-            sum.logit_mismatches += r.model.logit_mismatches;
-            sum.sync_loads += r.model.sync_loads;
-            sum.sync_loads_failed += r.model.sync_loads_failed;
+            *sum += &r.model;
         }
     }
     eprintln!("vllm: {vllm:?}\nsafe: {safe:?}");

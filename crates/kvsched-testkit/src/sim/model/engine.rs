@@ -53,6 +53,39 @@ pub struct ModelCounts {
     pub tainted_reads: u64,
 }
 
+/// Sums the counts of several runs. Every field is named, so a field added to the counts
+/// without being summed here is a compile error, not a total that silently reads 0.
+impl std::ops::AddAssign<&ModelCounts> for ModelCounts {
+    fn add_assign(&mut self, other: &ModelCounts) {
+        let ModelCounts {
+            tokens_checked,
+            token_mismatches,
+            logit_mismatches,
+            requests_affected,
+            unreadable_reads,
+            scheduled_past_tokens,
+            tokens_computed,
+            sync_loads,
+            sync_loads_failed,
+            wrong_token_causes,
+            failed_load_sharers,
+            tainted_reads,
+        } = other;
+        self.tokens_checked += tokens_checked;
+        self.token_mismatches += token_mismatches;
+        self.logit_mismatches += logit_mismatches;
+        self.requests_affected += requests_affected;
+        self.unreadable_reads += unreadable_reads;
+        self.scheduled_past_tokens += scheduled_past_tokens;
+        self.tokens_computed += tokens_computed;
+        self.sync_loads += sync_loads;
+        self.sync_loads_failed += sync_loads_failed;
+        self.wrong_token_causes += wrong_token_causes;
+        self.failed_load_sharers += failed_load_sharers;
+        self.tainted_reads += tainted_reads;
+    }
+}
+
 /// One request as the engine knows it: its tokens (prompt, then kept samples) and the judge's
 /// reference.
 #[derive(Debug)]

@@ -61,6 +61,20 @@ impl WrongTokenCauses {
     }
 }
 
+/// Sums the causes of several runs (every field named, as for `ModelCounts`).
+impl std::ops::AddAssign<&WrongTokenCauses> for WrongTokenCauses {
+    fn add_assign(&mut self, other: &WrongTokenCauses) {
+        let WrongTokenCauses {
+            sharers_read_failed_load,
+            rolled_back_blocks_cached,
+            unattributed,
+        } = other;
+        self.sharers_read_failed_load += sharers_read_failed_load;
+        self.rolled_back_blocks_cached += rolled_back_blocks_cached;
+        self.unattributed += unattributed;
+    }
+}
+
 /// What a slot holds, when it is not what the request decoded alone would read.
 #[derive(Clone, Copy, Debug)]
 enum Mark {
