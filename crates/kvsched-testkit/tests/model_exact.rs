@@ -9,12 +9,13 @@ use std::time::Duration;
 use kvsched::connector::KvConnector;
 
 use kvsched::kv::{
-    HostKvMemory, KvLayout, KvMemory, MemoryTier, Tier, TierConnector, TierConnectorConfig,
+    ChunkKey, HostKvMemory, KvLayout, KvMemory, MemoryTier, Tier, TierConnector,
+    TierConnectorConfig,
 };
 use kvsched::{CacheGroup, MambaMode, Mode, Report, Runtime, StepOutput, StepPlan, SubmitRequest};
 use kvsched_testkit::SplitMix64;
 use kvsched_testkit::{FaultConfig, FaultyTier};
-use kvsched_testkit::{ModelCounts, ModelEngine, ModelShape, TinyModel};
+use kvsched_testkit::{ModelCounts, ModelEngine, ModelShape, TinyModel, WrongTokenCauses};
 
 struct Run {
     model: ModelCounts,
@@ -37,6 +38,8 @@ struct Knobs {
     burst: u32,
     /// Distinct shared prefixes.
     prefixes: u32,
+    /// The runtime's shards.
+    shards: usize,
 }
 
 impl Default for Knobs {
@@ -54,9 +57,13 @@ impl Default for Knobs {
             requests: 40,
             burst: 1,
             prefixes: 3,
+            shards: 2,
         }
     }
 }
+
+/// The layout tag the connectors store chunks under (part of every chunk's key).
+const TAG: u64 = 1;
 
 fn hybrid(mamba: MambaMode) -> Vec<CacheGroup> {
     vec![
@@ -83,7 +90,7 @@ fn stack(
             Arc::clone(&memory),
             TierConnectorConfig::default()
                 .with_groups(groups.to_vec())
-                .with_tag(1)
+                .with_tag(TAG)
                 .with_async_ratio(k.async_ratio)
                 .with_seed(seed),
         )
@@ -93,7 +100,7 @@ fn stack(
     let rt = Runtime::builder()
         .groups(groups.to_vec())
         .pool_blocks(k.pool)
-        .shards(2)
+        .shards(k.shards)
         .workers(2)
         .token_budget(k.budget)
         .mode(k.mode)
@@ -282,38 +289,142 @@ fn mode_safe_is_token_exact_under_damaged_chunks_preemption_and_lost_outputs() {
     assert!(checked > 500, "{checked} tokens checked");
 }
 
-/// vLLM's design end to end: sync-load destinations are cached at allocation, so requests
-/// admitted after the loader share blocks whose load then fails, and vLLM's rules send them
-/// back to their pre-step length while the loader recomputes: wrong outputs (vLLM #49250).
-/// The same workload in mode `safe` is exact.
+/// The workload that first demonstrated mode `vllm`: bursts of three requests on shared
+/// prefixes, sync loads of which 15 % of chunks are damaged, a budget of 32 (a recompute spans
+/// several steps). Mode `safe` is exact on it. Whether mode `vllm` keeps a wrong token on it
+/// depends on which requests meet in which shard's step, so on where each id lands: over
+/// seeds 1-3, 2 on two shards with FNV-1a routing (from rolled-back blocks left cached; no
+/// failed load had a sharer among them), none on one shard. So mode `vllm` is shown by
+/// `mode_vllm_sharers_read_a_failed_sync_load_and_mode_safe_has_none` instead.
 #[test]
-fn mode_vllm_reads_failed_sync_loads_and_mode_safe_does_not() {
-    let (mut vllm, mut safe) = (ModelCounts::default(), ModelCounts::default());
+fn mode_safe_is_exact_on_bursts_sharing_prefixes_whose_sync_loads_fail() {
+    let mut safe = ModelCounts::default();
     for seed in 1..=3u64 {
-        for (mode, sum) in [(Mode::Vllm, &mut vllm), (Mode::Safe, &mut safe)] {
-            let k = Knobs {
-                mode,
-                async_ratio: 0.0,
-                corrupt: 0.15,
-                // A recompute spans several steps, so a sharer sent back to its pre-step
-                // length reads blocks before the loader has rewritten them.
-                budget: 32,
-                burst: 3,
-                prefixes: 12,
-                requests: 60,
-                ..Knobs::default()
-            };
-            let r = run(hybrid(MambaMode::All), &k, seed);
-            *sum += &r.model;
+        let k = Knobs {
+            async_ratio: 0.0,
+            corrupt: 0.15,
+            budget: 32,
+            burst: 3,
+            prefixes: 12,
+            requests: 60,
+            ..Knobs::default()
+        };
+        let r = run(hybrid(MambaMode::All), &k, seed);
+        assert!(r.report.violations.is_empty(), "{:?}", r.report.violations);
+        safe += &r.model;
+    }
+    assert!(safe.tokens_checked > 1000, "{safe:?}");
+    assert!(safe.sync_loads_failed > 0, "{safe:?}");
+    assert_eq!(safe.logit_mismatches, 0, "{safe:?}");
+    assert_eq!(safe.failed_load_sharers, 0, "{safe:?}");
+}
+
+/// The requests of `damaged_prefix_burst`, and the tokens each generates.
+const BURST: u32 = 3;
+const BURST_NEW_TOKENS: u32 = 8;
+
+/// Three requests, all submitted before the first step, each a 256-token prefix and a
+/// 5-token suffix of its own, on Mamba `align` with a token budget of 40 (split between the
+/// shards). The tier holds each prefix with every chunk damaged at rest (one bit flipped: the
+/// load's checks refuse it), so any load of it fails. `shared`: the three prompts share one
+/// prefix; else each has its own. Returns the judge's counts.
+fn damaged_prefix_burst(mode: Mode, shards: usize, shared: bool) -> ModelCounts {
+    let groups = hybrid(MambaMode::Align);
+    let store = Arc::new(MemoryTier::new(64 << 20, 4));
+    let k = Knobs {
+        mode,
+        async_ratio: 0.0,
+        budget: 40,
+        shards,
+        ..Knobs::default()
+    };
+    let (mut rt, conn, mut engine) = stack(&groups, store.clone(), &k, 7);
+    let prefixes: Vec<Vec<u32>> = (0..if shared { 1 } else { BURST })
+        .map(|p| (0..256).map(|t| (p * 7 + t * 3) % 61).collect())
+        .collect();
+    for prefix in &prefixes {
+        for (g, i, bytes) in engine.reference_blocks(prefix) {
+            assert!(conn.store_now(prefix, g, i, &bytes).expect("store"));
+            let size = groups[g].block_size;
+            let key = ChunkKey::chain_blocks(TAG, g as u32, size, prefix, i + 1)[i];
+            let damaged = store.edit_stored(key, |v| {
+                let at = v.len() / 2;
+                v[at] ^= 1;
+                true
+            });
+            assert!(damaged, "group {g} block {i} not stored");
         }
     }
-    eprintln!("vllm: {vllm:?}\nsafe: {safe:?}");
-    assert!(safe.tokens_checked > 0 && vllm.tokens_checked > 0);
-    assert_eq!(safe.logit_mismatches, 0, "{safe:?}");
-    assert!(
-        vllm.token_mismatches > 0,
-        "vllm kept no wrong token: {vllm:?}"
-    );
+    for n in 0..BURST {
+        let prefix = &prefixes[n as usize % prefixes.len()];
+        let prompt = [&prefix[..], &[n + 1, 5, 9, 2, 4]].concat();
+        let id = format!("r{n}");
+        submit(&mut rt, &mut engine, id, prompt, BURST_NEW_TOKENS);
+    }
+    while rt.live() > 0 {
+        let plan = rt.schedule().expect("step");
+        answer(&mut rt, &mut engine, &conn, &plan, Vec::new());
+        rt.wait_for_work(Duration::from_millis(1));
+    }
+    let report = rt.shutdown();
+    assert!(report.violations.is_empty(), "{:?}", report.violations);
+    engine.counts()
+}
+
+/// vLLM #49250 end to end, by construction. In mode `vllm` the first of the three requests
+/// admitted (few are live, so shards step one after another) is admitted into its step with
+/// a sync load of the prefix, whose destinations enter the prefix cache at once (vLLM hashes
+/// blocks at allocation); the two admitted after it in the same step take them as their local
+/// prefix. The load fails. vLLM's rules give each failed block to the first request in
+/// canonical order that holds it, which recomputes from 0, and send a request whose every hit
+/// is claimed back to its pre-step length, 256, trusting the owner to rewrite the blocks. An
+/// owner's prefill chunks end on a block end (Mamba `align`), so each step it gives back what
+/// its shard's budget grants past the last block end it reaches (8 of 40 tokens on one shard,
+/// 4 of 20 on two), and a sharer behind it, decoding a token a step, takes them; on a shard of
+/// its own a sharer has a budget of its own. Until the owner has recomputed the prefix, the
+/// sharer attends to blocks still holding what the failed load left and resumes from its
+/// Mamba state: its outputs are wrong, and the judge traces each wrong token to the failed
+/// load it held.
+///
+/// Where each id lands changes who loads, who recomputes and where the sharer runs, not that
+/// one shares: this holds on one shard and on two, for every placement of the three ids.
+/// Controls: mode `safe` caches a block only once it is written, so each request loads the
+/// prefix itself and recomputes its own failure: no sharer, exact. Mode `vllm` with a prefix
+/// per request (each its own loader, nobody sharing) is exact too: the wrong outputs are the
+/// sharing's.
+#[test]
+fn mode_vllm_sharers_read_a_failed_sync_load_and_mode_safe_has_none() {
+    let samples = u64::from(BURST * BURST_NEW_TOKENS);
+    for shards in [1, 2] {
+        let vllm = damaged_prefix_burst(Mode::Vllm, shards, true);
+        let safe = damaged_prefix_burst(Mode::Safe, shards, true);
+        let unshared = damaged_prefix_burst(Mode::Vllm, shards, false);
+        eprintln!("{shards} shards\nvllm: {vllm:?}\nsafe: {safe:?}\nunshared: {unshared:?}");
+        for c in [&vllm, &safe, &unshared] {
+            assert_eq!(c.tokens_checked, samples, "{shards} shards: {c:?}");
+            assert!(c.sync_loads_failed > 0, "{shards} shards: {c:?}");
+        }
+        assert_eq!(vllm.failed_load_sharers, 2, "{shards} shards: {vllm:?}");
+        assert!(
+            vllm.token_mismatches > 0,
+            "{shards} shards: vllm kept no wrong token: {vllm:?}"
+        );
+        let causes = WrongTokenCauses {
+            sharers_read_failed_load: vllm.token_mismatches,
+            ..WrongTokenCauses::default()
+        };
+        assert_eq!(vllm.wrong_token_causes, causes, "{shards} shards: {vllm:?}");
+        assert_eq!(safe.failed_load_sharers, 0, "{shards} shards: {safe:?}");
+        assert_eq!(safe.logit_mismatches, 0, "{shards} shards: {safe:?}");
+        assert_eq!(
+            unshared.failed_load_sharers, 0,
+            "{shards} shards: {unshared:?}"
+        );
+        assert_eq!(
+            unshared.logit_mismatches, 0,
+            "{shards} shards: {unshared:?}"
+        );
+    }
 }
 
 /// A tier warmed with the model's own bytes of a prompt (what another engine would have
