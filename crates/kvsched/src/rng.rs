@@ -1,7 +1,7 @@
 //! Seeded, deterministic hashing: the same request id routes to the same shard and the same
 //! seed makes the same decisions on every run.
 
-/// FNV-1a of a string, to derive per-request seeds and shard routing.
+/// FNV-1a of a string, to derive per-request seeds.
 pub fn hash_str(s: &str) -> u64 {
     s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)

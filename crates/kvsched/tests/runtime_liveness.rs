@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvsched::connector::{KvConnector, LoadJob, LoadResult, LookupQuery, LookupResult};
+use kvsched::runtime::route::shard_of;
 
 use kvsched::{CacheGroup, EndState, Metrics, Runtime, Settings, StepOutput};
 use kvsched_testkit::SimEngine;
@@ -49,15 +50,6 @@ fn drive_with(
         }
     }
     (rt.metrics(), ended)
-}
-
-/// The shard a request id routes to (FNV-1a of the id, modulo the shard count): the test
-/// places requests on chosen shards with it.
-fn shard_of(id: &str, shards: u64) -> u64 {
-    let h = id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-    });
-    h % shards
 }
 
 /// A connector whose `lookup` panics for requests named `boom…` and offers nothing otherwise.
