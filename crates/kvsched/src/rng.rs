@@ -1,5 +1,5 @@
-//! Seeded, deterministic hashing: the same request id routes to the same shard and the same
-//! seed makes the same decisions on every run.
+//! Seeded, deterministic hashing: the same request id and seed make the same decisions on
+//! every run. (Shard routing hashes ids with its own hash: `runtime::route`.)
 
 /// FNV-1a of a string, to derive per-request seeds.
 pub fn hash_str(s: &str) -> u64 {
