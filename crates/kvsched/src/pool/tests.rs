@@ -257,3 +257,35 @@ fn a_filling_block_is_never_freed_cached_or_refilled() {
         Err(PoolError::NullBlock(0))
     );
 }
+
+#[test]
+fn an_unreferenced_block_has_no_fill_rights() {
+    let p = pool(3);
+    let b = alloc(&p);
+    assert_eq!(p.release(b), Ok(()));
+    // Free, at its current generation: no load may take its bytes.
+    assert!(p.is_current(b));
+    assert_eq!(p.begin_fill(b), Err(PoolError::FillState(b.id)));
+    assert!(!p.is_filling(b));
+    conserved(&p);
+}
+
+#[test]
+fn a_free_list_slot_that_is_not_free_is_skipped_and_counted() {
+    // The free list holds only count-0, uncached slots. Break that by hand, once with a
+    // referenced block and once with a cached, unreferenced one: allocation must hand out
+    // neither, count each, and take the next slot.
+    let p = pool(4);
+    let held = alloc(&p);
+    let cached = alloc(&p);
+    assert!(p.register(9, cached));
+    assert_eq!(p.release(cached), Ok(()));
+    p.free.push(cached.id as u32, false);
+    p.free.push(held.id as u32, false);
+    let got = alloc(&p);
+    assert_eq!(got.id, 3, "the one free slot");
+    assert_eq!(p.invariant_violations(), 2);
+    assert_eq!(p.ref_count(held.id), 1);
+    assert!(p.is_current(held));
+    assert_eq!(p.lookup(9), Some(cached), "still cached at its generation");
+}
