@@ -227,6 +227,25 @@ mod tests {
     }
 
     #[test]
+    fn a_block_released_twice_while_queued_keeps_its_second_chance() {
+        let p = pool(4);
+        let blocks: Vec<BlockRef> = (0..3).map(|_| alloc(&p)).collect();
+        for (i, r) in blocks.iter().enumerate() {
+            assert!(p.register(i as u64, *r));
+            assert_eq!(p.release(*r), Ok(()));
+        }
+        // Block 0 is revived and released twice while its first queue entry is pending: the
+        // second release must leave it touched, as the first did.
+        for _ in 0..2 {
+            assert_eq!(p.lookup(0), Some(blocks[0]));
+            assert_eq!(p.release(blocks[0]), Ok(()));
+        }
+        let order: Vec<BlockId> = (0..3).map(|_| alloc(&p).id).collect();
+        assert_eq!(order, [blocks[1].id, blocks[2].id, blocks[0].id]);
+        assert_eq!(p.allocate(), None);
+    }
+
+    #[test]
     fn stale_queue_entry_never_double_allocates() {
         // Released cached (queued), revived, evicted, released uncached → free list, while its
         // old queue entry is still pending: the block must be handed out once.

@@ -289,3 +289,49 @@ fn a_free_list_slot_that_is_not_free_is_skipped_and_counted() {
     assert!(p.is_current(held));
     assert_eq!(p.lookup(9), Some(cached), "still cached at its generation");
 }
+
+#[test]
+fn a_lookup_of_a_block_at_the_maximum_count_is_a_miss_that_keeps_it() {
+    let p = pool(2);
+    let a = alloc(&p);
+    assert!(p.register(4, a));
+    // Drive the count to the maximum directly, the cached flag kept.
+    let word = p.slots[1].state.load(Ordering::Relaxed);
+    p.slots[1].state.store(
+        word + ((State::RC_MAX - 1) << State::RC_SHIFT),
+        Ordering::Relaxed,
+    );
+    assert_eq!(p.ref_count(a.id), MAX_REF_COUNT);
+    assert_eq!(p.lookup(4), None);
+    assert_eq!(p.ref_count(a.id), MAX_REF_COUNT);
+    assert!(p.is_current(a));
+    assert!(p.contains_hash(4), "the entry stays");
+    assert_eq!(p.release(a), Ok(()));
+    assert_eq!(p.lookup(4), Some(a));
+    assert_eq!(p.ref_count(a.id), MAX_REF_COUNT);
+}
+
+#[test]
+fn a_stale_entry_of_a_block_cached_again_is_a_miss() {
+    // An entry of a block's older generation, the block cached again under another hash (as
+    // a registration racing the block's last release can leave, `register`): a lookup of the
+    // old hash must not revive it. `reclaim_one` leaves the old entry for its caller to drop,
+    // which makes one.
+    let p = pool(2);
+    let old = alloc(&p);
+    assert!(p.register(5, old));
+    assert_eq!(p.release(old), Ok(()));
+    let Some((new, entry)) = p.reclaim_one() else {
+        panic!("nothing to reclaim")
+    };
+    assert_eq!(entry, (5, old));
+    assert_eq!(new.generation, old.generation + 1);
+    assert!(p.register(6, new));
+    assert_eq!(p.lookup(5), None);
+    assert_eq!(p.ref_count(new.id), 1);
+    assert_eq!(p.lookup(6), Some(new));
+    assert_eq!(p.ref_count(new.id), 2);
+    p.remove_index_entry(entry.0, entry.1);
+    assert!(!p.contains_hash(5));
+    conserved(&p);
+}
