@@ -295,7 +295,8 @@ fn mode_safe_is_token_exact_under_damaged_chunks_preemption_and_lost_outputs() {
 /// depends on which requests meet in which shard's step, so on where each id lands: over
 /// seeds 1-3, 2 on two shards with FNV-1a routing (from rolled-back blocks left cached; no
 /// failed load had a sharer among them), none on one shard. So mode `vllm` is shown by
-/// `mode_vllm_sharers_read_a_failed_sync_load_and_mode_safe_has_none` instead.
+/// `mode_vllm_sharers_read_a_failed_sync_load_and_mode_safe_has_none` and
+/// `mode_vllm_hits_rolled_back_blocks_left_cached_and_mode_safe_has_none` instead.
 #[test]
 fn mode_safe_is_exact_on_bursts_sharing_prefixes_whose_sync_loads_fail() {
     let mut safe = ModelCounts::default();
@@ -317,6 +318,28 @@ fn mode_safe_is_exact_on_bursts_sharing_prefixes_whose_sync_loads_fail() {
     assert!(safe.sync_loads_failed > 0, "{safe:?}");
     assert_eq!(safe.logit_mismatches, 0, "{safe:?}");
     assert_eq!(safe.failed_load_sharers, 0, "{safe:?}");
+}
+
+/// Stores `prefix`'s blocks in `store` with every chunk damaged at rest (one bit flipped: the
+/// load's checks refuse it), so any load of it fails.
+fn store_damaged(
+    groups: &[CacheGroup],
+    store: &MemoryTier,
+    conn: &TierConnector,
+    engine: &ModelEngine,
+    prefix: &[u32],
+) {
+    for (g, i, bytes) in engine.reference_blocks(prefix) {
+        assert!(conn.store_now(prefix, g, i, &bytes).expect("store"));
+        let size = groups[g].block_size;
+        let key = ChunkKey::chain_blocks(TAG, g as u32, size, prefix, i + 1)[i];
+        let damaged = store.edit_stored(key, |v| {
+            let at = v.len() / 2;
+            v[at] ^= 1;
+            true
+        });
+        assert!(damaged, "group {g} block {i} not stored");
+    }
 }
 
 /// The requests of `damaged_prefix_burst`, and the tokens each generates.
@@ -343,17 +366,7 @@ fn damaged_prefix_burst(mode: Mode, shards: usize, shared: bool) -> ModelCounts 
         .map(|p| (0..256).map(|t| (p * 7 + t * 3) % 61).collect())
         .collect();
     for prefix in &prefixes {
-        for (g, i, bytes) in engine.reference_blocks(prefix) {
-            assert!(conn.store_now(prefix, g, i, &bytes).expect("store"));
-            let size = groups[g].block_size;
-            let key = ChunkKey::chain_blocks(TAG, g as u32, size, prefix, i + 1)[i];
-            let damaged = store.edit_stored(key, |v| {
-                let at = v.len() / 2;
-                v[at] ^= 1;
-                true
-            });
-            assert!(damaged, "group {g} block {i} not stored");
-        }
+        store_damaged(&groups, &store, &conn, &engine, prefix);
     }
     for n in 0..BURST {
         let prefix = &prefixes[n as usize % prefixes.len()];
@@ -455,5 +468,80 @@ fn a_tier_warmed_with_the_models_bytes_serves_exact_prefixes() {
         assert_eq!(c.tokens_checked, 24, "{c:?}");
         assert_eq!(c.logit_mismatches, 0, "{mamba:?}: {c:?}");
         assert!(conn.counts().chunks_loaded >= 4 * 4, "{:?}", conn.counts());
+    }
+}
+
+/// Two requests on Mamba `align`, a token budget of 40 (split between the shards): `r0`, a
+/// 256-token prefix the tier holds with every chunk damaged and a 5-token suffix, runs alone
+/// for one step, in which its sync load of the prefix fails; then `r1` is submitted, on the
+/// same prefix (`shared`) or on one of its own the tier does not hold. Returns the judge's
+/// counts.
+fn rolled_back_prefix(mode: Mode, shards: usize, shared: bool) -> ModelCounts {
+    let groups = hybrid(MambaMode::Align);
+    let store = Arc::new(MemoryTier::new(64 << 20, 4));
+    let k = Knobs {
+        mode,
+        async_ratio: 0.0,
+        budget: 40,
+        shards,
+        ..Knobs::default()
+    };
+    let (mut rt, conn, mut engine) = stack(&groups, store.clone(), &k, 7);
+    let prefix = |p: u32| (0..256).map(|t| (p * 7 + t * 3) % 61).collect::<Vec<u32>>();
+    store_damaged(&groups, &store, &conn, &engine, &prefix(0));
+    let prompt = [&prefix(0)[..], &[1, 5, 9, 2, 4]].concat();
+    submit(&mut rt, &mut engine, "r0".into(), prompt, BURST_NEW_TOKENS);
+    let plan = rt.schedule().expect("step");
+    answer(&mut rt, &mut engine, &conn, &plan, Vec::new());
+    let first = engine.counts();
+    assert_eq!(first.sync_loads_failed, 1, "{first:?}");
+    let prompt = [&prefix(u32::from(!shared))[..], &[2, 5, 9, 2, 4]].concat();
+    submit(&mut rt, &mut engine, "r1".into(), prompt, BURST_NEW_TOKENS);
+    while rt.live() > 0 {
+        let plan = rt.schedule().expect("step");
+        answer(&mut rt, &mut engine, &conn, &plan, Vec::new());
+        rt.wait_for_work(Duration::from_millis(1));
+    }
+    let report = rt.shutdown();
+    assert!(report.violations.is_empty(), "{:?}", report.violations);
+    engine.counts()
+}
+
+/// Rolled-back blocks left cached, by construction. In mode `vllm` `r0`'s sync load puts the
+/// prefix's destinations in the prefix cache (vLLM hashes blocks at allocation); the load
+/// fails and `r0` is rolled back to recompute the prefix, a block-aligned chunk a step, but
+/// its blocks stay cached (vLLM evicts them only under policy `fail`). `r1`, admitted after
+/// the failure, hits the whole prefix, computes its suffix over blocks `r0` has not rewritten
+/// yet and resumes from the Mamba state the load left: its outputs are wrong, and the judge
+/// traces each to blocks it reached through the prefix cache after the failure. `r1` shares no
+/// step with the failed load (no sharer), and this holds on one shard and on two, for every
+/// placement of the two ids. Controls: mode `safe` evicts rolled-back entries, so `r1` has no
+/// hit and computes the prefix itself; mode `vllm` with `r1` on a prefix of its own, the same.
+/// Both are exact: the wrong outputs are the hit on the rolled-back blocks.
+#[test]
+fn mode_vllm_hits_rolled_back_blocks_left_cached_and_mode_safe_has_none() {
+    for shards in [1, 2] {
+        let vllm = rolled_back_prefix(Mode::Vllm, shards, true);
+        let safe = rolled_back_prefix(Mode::Safe, shards, true);
+        let unshared = rolled_back_prefix(Mode::Vllm, shards, false);
+        eprintln!("{shards} shards\nvllm: {vllm:?}\nsafe: {safe:?}\nunshared: {unshared:?}");
+        for c in [&vllm, &safe, &unshared] {
+            assert_eq!(c.tokens_checked, 2 * u64::from(BURST_NEW_TOKENS), "{c:?}");
+            assert_eq!(c.failed_load_sharers, 0, "{shards} shards: {c:?}");
+        }
+        assert!(
+            vllm.token_mismatches > 0,
+            "{shards} shards: vllm kept no wrong token: {vllm:?}"
+        );
+        let causes = WrongTokenCauses {
+            rolled_back_blocks_cached: vllm.token_mismatches,
+            ..WrongTokenCauses::default()
+        };
+        assert_eq!(vllm.wrong_token_causes, causes, "{shards} shards: {vllm:?}");
+        assert_eq!(safe.logit_mismatches, 0, "{shards} shards: {safe:?}");
+        assert_eq!(
+            unshared.logit_mismatches, 0,
+            "{shards} shards: {unshared:?}"
+        );
     }
 }
