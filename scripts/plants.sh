@@ -86,6 +86,10 @@ declare -A TESTS=(
   # rules/recovery/decide.rs: in mode safe a request with only old hits evicts nothing, so
   # the blocks its discarded step wrote after reading a failed block stay in the prefix cache.
   [old-hits-evict-nothing]="kvsched --test rules_props;kvsched --test rules_examples"
+  # rules/recovery/decide.rs: mode vllm evicts a failed sync load's blocks under recompute,
+  # unlike vLLM: the model test's construction of rolled-back blocks left cached (a positive
+  # control, mode vllm's wrong tokens) must notice that the mechanism is gone.
+  [vllm-evicts-on-recompute]="kvsched-testkit --test model_exact"
   # rules/recovery/decide.rs: an id owned by a different request in each of two groups (one
   # pool per group) is waited for with its least owner only.
   [waits-one-owner-per-id]="kvsched --test rules_examples"
@@ -226,7 +230,7 @@ ORDER=(decide-early claim-store late-leak deadline-compact-in-flight load-queue-
   branch-state-uncached mamba-state-one-block-late mamba-state-into-null tier-present-after-failed-load scan-one-group-less load-unverified save-payload-offset epoch-not-bumped-on-whole-block-write failed-copy-left-unpoisoned load-pieces-drop-tail vector-store-skips-round
   probe-hits-unindexed vllm-admits-before-schedule cost-ignores-failures pack-offset-past-table failure-share-read-per-token
   handoff-count-after-release inbox-apply-under-lock merge-larger-first probe-offer-never-wakes allocatable-release-uncounted
-  old-hits-back-to-p old-hits-evict-nothing waits-one-owner-per-id wait-ignores-pending-work
+  old-hits-back-to-p old-hits-evict-nothing vllm-evicts-on-recompute waits-one-owner-per-id wait-ignores-pending-work
   load-blocks-from-zero drop-deadline-per-thread lockstep-flush-unbounded
   quarantine-deadline-uncounted prompt-keys-one-group prepare-under-open-lock sync-newer-generation-ignored
   wait-past-deadline submit-wakes-nobody tier-panic-escapes held-without-value

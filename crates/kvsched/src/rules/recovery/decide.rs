@@ -212,7 +212,11 @@ pub fn decide_traced<O: Ord + Clone, T: Trace<O>>(
         Mode::Safe if planted!("old-hits-evict-nothing") => min_new.is_some(),
         Mode::Safe => true,
         Mode::Vllm => {
-            min_new.is_some() && req.class == RequestClass::Sync && policy == Policy::Fail
+            // Planted bug for the model test: mode vllm evicts a failed sync load's blocks
+            // under `recompute` too, so none stays cached for a later request to hit.
+            min_new.is_some()
+                && req.class == RequestClass::Sync
+                && (policy == Policy::Fail || planted!("vllm-evicts-on-recompute"))
         }
     };
     let evicted_blocks = if applies_eviction {
