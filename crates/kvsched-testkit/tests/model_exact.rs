@@ -145,6 +145,19 @@ fn answer(
     }
 }
 
+/// Steps `rt` until no request is live, shuts it down and returns the model's counts; the
+/// runtime's invariants must hold.
+fn finish(mut rt: Runtime, engine: &mut ModelEngine, conn: &TierConnector) -> ModelCounts {
+    while rt.live() > 0 {
+        let plan = rt.schedule().expect("step");
+        answer(&mut rt, engine, conn, &plan, Vec::new());
+        rt.wait_for_work(Duration::from_millis(1));
+    }
+    let report = rt.shutdown();
+    assert!(report.violations.is_empty(), "{:?}", report.violations);
+    engine.counts()
+}
+
 /// Another engine on the same tier computes the prompts and saves their blocks (damaged at
 /// rest as the tier's faults say), so the run meets them in the tier, not its prefix cache.
 fn warm(groups: &[CacheGroup], tier: Arc<dyn Tier>, prompts: &[Vec<u32>]) {
@@ -374,14 +387,7 @@ fn damaged_prefix_burst(mode: Mode, shards: usize, shared: bool) -> ModelCounts 
         let id = format!("r{n}");
         submit(&mut rt, &mut engine, id, prompt, BURST_NEW_TOKENS);
     }
-    while rt.live() > 0 {
-        let plan = rt.schedule().expect("step");
-        answer(&mut rt, &mut engine, &conn, &plan, Vec::new());
-        rt.wait_for_work(Duration::from_millis(1));
-    }
-    let report = rt.shutdown();
-    assert!(report.violations.is_empty(), "{:?}", report.violations);
-    engine.counts()
+    finish(rt, &mut engine, &conn)
 }
 
 /// vLLM #49250 end to end, by construction. In mode `vllm` the first of the three requests
@@ -497,14 +503,7 @@ fn rolled_back_prefix(mode: Mode, shards: usize, shared: bool) -> ModelCounts {
     assert_eq!(first.sync_loads_failed, 1, "{first:?}");
     let prompt = [&prefix(u32::from(!shared))[..], &[2, 5, 9, 2, 4]].concat();
     submit(&mut rt, &mut engine, "r1".into(), prompt, BURST_NEW_TOKENS);
-    while rt.live() > 0 {
-        let plan = rt.schedule().expect("step");
-        answer(&mut rt, &mut engine, &conn, &plan, Vec::new());
-        rt.wait_for_work(Duration::from_millis(1));
-    }
-    let report = rt.shutdown();
-    assert!(report.violations.is_empty(), "{:?}", report.violations);
-    engine.counts()
+    finish(rt, &mut engine, &conn)
 }
 
 /// Rolled-back blocks left cached, by construction. In mode `vllm` `r0`'s sync load puts the
@@ -515,8 +514,9 @@ fn rolled_back_prefix(mode: Mode, shards: usize, shared: bool) -> ModelCounts {
 /// yet and resumes from the Mamba state the load left: its outputs are wrong, and the judge
 /// traces each to blocks it reached through the prefix cache after the failure. `r1` shares no
 /// step with the failed load (no sharer), and this holds on one shard and on two, for every
-/// placement of the two ids. Controls: mode `safe` evicts rolled-back entries, so `r1` has no
-/// hit and computes the prefix itself; mode `vllm` with `r1` on a prefix of its own, the same.
+/// placement of the two ids. Controls: mode `safe` caches a block only once it is written (and
+/// evicts a rolled-back request's entries), so `r1` has no hit and computes the prefix itself;
+/// mode `vllm` with `r1` on a prefix of its own has none either.
 /// Both are exact: the wrong outputs are the hit on the rolled-back blocks.
 #[test]
 fn mode_vllm_hits_rolled_back_blocks_left_cached_and_mode_safe_has_none() {
