@@ -359,12 +359,18 @@ fn store_damaged(
 const BURST: u32 = 3;
 const BURST_NEW_TOKENS: u32 = 8;
 
-/// Three requests, all submitted before the first step, each a 256-token prefix and a
-/// 5-token suffix of its own, on Mamba `align` with a token budget of 40 (split between the
-/// shards). The tier holds each prefix with every chunk damaged at rest (one bit flipped: the
-/// load's checks refuse it), so any load of it fails. `shared`: the three prompts share one
-/// prefix; else each has its own. Returns the judge's counts.
-fn damaged_prefix_burst(mode: Mode, shards: usize, shared: bool) -> ModelCounts {
+/// The stack of the two built cases: Mamba `align`, sync loads only, a token budget of 40
+/// (split between the shards), over a memory store the case fills itself.
+fn damaged_prefix_stack(
+    mode: Mode,
+    shards: usize,
+) -> (
+    Vec<CacheGroup>,
+    Arc<MemoryTier>,
+    Runtime,
+    Arc<TierConnector>,
+    ModelEngine,
+) {
     let groups = hybrid(MambaMode::Align);
     let store = Arc::new(MemoryTier::new(64 << 20, 4));
     let k = Knobs {
@@ -374,7 +380,17 @@ fn damaged_prefix_burst(mode: Mode, shards: usize, shared: bool) -> ModelCounts 
         shards,
         ..Knobs::default()
     };
-    let (mut rt, conn, mut engine) = stack(&groups, store.clone(), &k, 7);
+    let (rt, conn, engine) = stack(&groups, store.clone(), &k, 7);
+    (groups, store, rt, conn, engine)
+}
+
+/// Three requests, all submitted before the first step, each a 256-token prefix and a
+/// 5-token suffix of its own, on Mamba `align` with a token budget of 40 (split between the
+/// shards). The tier holds each prefix with every chunk damaged at rest (one bit flipped: the
+/// load's checks refuse it), so any load of it fails. `shared`: the three prompts share one
+/// prefix; else each has its own. Returns the judge's counts.
+fn damaged_prefix_burst(mode: Mode, shards: usize, shared: bool) -> ModelCounts {
+    let (groups, store, mut rt, conn, mut engine) = damaged_prefix_stack(mode, shards);
     let prefixes: Vec<Vec<u32>> = (0..if shared { 1 } else { BURST })
         .map(|p| (0..256).map(|t| (p * 7 + t * 3) % 61).collect())
         .collect();
@@ -483,16 +499,7 @@ fn a_tier_warmed_with_the_models_bytes_serves_exact_prefixes() {
 /// same prefix (`shared`) or on one of its own the tier does not hold. Returns the judge's
 /// counts.
 fn rolled_back_prefix(mode: Mode, shards: usize, shared: bool) -> ModelCounts {
-    let groups = hybrid(MambaMode::Align);
-    let store = Arc::new(MemoryTier::new(64 << 20, 4));
-    let k = Knobs {
-        mode,
-        async_ratio: 0.0,
-        budget: 40,
-        shards,
-        ..Knobs::default()
-    };
-    let (mut rt, conn, mut engine) = stack(&groups, store.clone(), &k, 7);
+    let (groups, store, mut rt, conn, mut engine) = damaged_prefix_stack(mode, shards);
     let prefix = |p: u32| (0..256).map(|t| (p * 7 + t * 3) % 61).collect::<Vec<u32>>();
     store_damaged(&groups, &store, &conn, &engine, &prefix(0));
     let prompt = [&prefix(0)[..], &[1, 5, 9, 2, 4]].concat();
