@@ -17,6 +17,7 @@ use crate::panics::panic_message;
 use crate::rules::geometry::BlockId;
 use crate::rules::recovery::InvalidSet;
 use crate::runtime::error::RuntimeError;
+use crate::runtime::sample_routes::SampleRoutes;
 use crate::runtime::settings::Settings;
 use crate::runtime::shard::{Shard, StepSettings};
 use crate::runtime::shared::Inner;
@@ -273,6 +274,7 @@ impl Inner {
             settings,
             failed,
             results,
+            routes,
         } = scratch;
         settings.clear();
         settings.extend((0..k).map(|i| self.step_settings(i, live)));
@@ -321,15 +323,18 @@ impl Inner {
         };
         let now = Instant::now();
         for (i, shard) in shards.iter_mut().enumerate() {
+            // The list comes with the shards' before this one: its own entries follow.
+            let own_from = list.len();
             shard.schedule_after(std::mem::take(&mut list));
             // The outcome goes straight into its slot of `results`: it is a large value
             // (its lists and a step's counters), copied once, not once per hand-over.
             self.guarded(i, &mut failed[i], || {
                 results.push((i, self.phase_finish(i, shard, &settings[i], now)));
             });
-            if i + 1 < k {
-                if let Some((j, (res, _))) = results.last_mut() {
-                    if *j == i {
+            if let Some((j, (res, _))) = results.last_mut() {
+                if *j == i {
+                    routes.record(i, k, res.scheduled.get(own_from..).unwrap_or_default());
+                    if i + 1 < k {
                         list = std::mem::take(&mut res.scheduled);
                     }
                 }
@@ -355,6 +360,8 @@ pub(super) struct StepScratch {
     failed: Vec<bool>,
     /// Each shard's outcome, with its number, until [`Runtime::collect`] drains them.
     pub(super) results: Vec<(usize, ShardOutcome)>,
+    /// The latest plan's sampling ids by shard, for `update` to route the engine's samples.
+    pub(super) routes: SampleRoutes,
 }
 
 /// Shards whose guards a step run inline keeps on the stack (more take one allocation).

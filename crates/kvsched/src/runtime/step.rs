@@ -160,6 +160,8 @@ impl Runtime {
         if let Some(e) = self.poisoned() {
             return Err(e);
         }
+        // This step may end requests the last plan scheduled.
+        self.scratch.routes.forget();
         self.step += 1;
         // Acquire: pairs with the Release increment in `WorkSignal::notify`; read before the
         // shards drain, so a completion counted after this point may still be undrained and
@@ -195,8 +197,10 @@ impl Runtime {
             self.wait_for_shards();
             // Every shard's result, from the shards' slots.
             scratch.results.clear();
+            let k = self.inner.shards.len();
             for (i, slot) in self.inner.shards.iter().enumerate() {
                 if let Some(r) = slot.result.lock().take() {
+                    scratch.routes.record(i, k, &r.0.scheduled);
                     scratch.results.push((i, r));
                 }
             }
@@ -209,6 +213,7 @@ impl Runtime {
             *self.inner.open.write() = false;
         }
         if let Some(e) = self.poisoned() {
+            self.scratch.routes.forget();
             return Err(e);
         }
         self.expect_output = !plan.scheduled.is_empty();
@@ -406,8 +411,16 @@ impl Runtime {
             }
         } else {
             // Each shard keeps a sample only for a request the plan scheduled to sample.
+            let routes = &mut self.scratch.routes;
+            routes.rewind();
             for id in out.sampled {
-                let i = self.inner.shard_of(&id);
+                let i = match routes.route(&id) {
+                    Some(i) => {
+                        debug_assert_eq!(i, self.inner.shard_of(&id), "sample {id} misrouted");
+                        i
+                    }
+                    None => self.inner.shard_of(&id),
+                };
                 batches[i].push(Command::Sampled(id));
             }
         }
