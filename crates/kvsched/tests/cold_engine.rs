@@ -1,0 +1,384 @@
+//! An engine written against the public API alone, on real KV bytes: every block a plan
+//! tells the engine to read is checked against a deterministic function of (group, token
+//! position, token prefix). Honest runs on dense and hybrid geometries, then hostile
+//! engines (see `cold_hostile.rs` for hostile connectors and tiers).
+
+mod cold_support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cold_support::*;
+use kvsched::kv::MemoryTier;
+use kvsched::{CacheGroup, MambaMode, Mode, Policy, Runtime, Settings, StepOutput};
+
+fn dense() -> Vec<CacheGroup> {
+    vec![CacheGroup::full_attention(16)]
+}
+
+fn hybrid_odd(mamba: MambaMode) -> Vec<CacheGroup> {
+    vec![
+        CacheGroup::full_attention(12),
+        CacheGroup::sliding_window(8, 20),
+        CacheGroup::mamba(24, mamba),
+    ]
+}
+
+/// Two rounds on one engine and tier: the first computes and saves, the second runs on a
+/// fresh runtime whose prefix cache is empty, so its prefixes come from the tier (half the
+/// loads asynchronous, half inside the step).
+fn two_rounds(
+    groups: Vec<CacheGroup>,
+    pool: usize,
+    shards: usize,
+) -> (Engine, Vec<kvsched::Report>) {
+    let mut eng = Engine::new(groups.clone(), pool).memory_tier(0.5);
+    let mut reports = Vec::new();
+    for round in 0..2u32 {
+        let mut rt = builder(&groups, pool)
+            .shards(shards)
+            .workers(2)
+            .connector(eng.tier_conn.clone().unwrap())
+            .build()
+            .unwrap();
+        for i in 0..12u32 {
+            let len = 40 + (i as usize * 13) % 90;
+            eng.submit(
+                &rt,
+                &format!("r{round}-{i}"),
+                prompt(i % 3, 72, round * 100 + i, len),
+                5,
+            );
+        }
+        assert!(
+            eng.run_until_idle(&mut rt, Duration::from_secs(20)),
+            "requests never ended"
+        );
+        eng.flush();
+        let r = rt.shutdown();
+        assert_report_clean(&r, pool);
+        assert_eq!(r.metrics.finished, 12);
+        reports.push(r);
+    }
+    (eng, reports)
+}
+
+#[test]
+fn dense_tier_round_trip_reads_only_right_bytes() {
+    let (eng, reports) = two_rounds(dense(), 512, 2);
+    eng.assert_clean();
+    let m = &reports[1].metrics;
+    assert!(
+        m.loads_ok + m.sync_loads_ok > 0,
+        "the second round loaded nothing from the tier: {}",
+        reports[1]
+    );
+    assert!(eng.tally.reads_checked > 1000);
+}
+
+#[test]
+fn hybrid_odd_block_sizes_align_round_trip_reads_only_right_bytes() {
+    let (eng, reports) = two_rounds(hybrid_odd(MambaMode::Align), 1024, 2);
+    eng.assert_clean();
+    let m = &reports[1].metrics;
+    assert!(
+        m.loads_ok + m.sync_loads_ok > 0,
+        "no tier load: {}",
+        reports[1]
+    );
+}
+
+#[test]
+fn hybrid_odd_block_sizes_all_round_trip_reads_only_right_bytes() {
+    let (eng, reports) = two_rounds(hybrid_odd(MambaMode::All), 1024, 3);
+    eng.assert_clean();
+    let m = &reports[1].metrics;
+    assert!(
+        m.loads_ok + m.sync_loads_ok > 0,
+        "no tier load: {}",
+        reports[1]
+    );
+}
+
+/// A pool just big enough for one request at a time: requests queue, preempt, reuse the
+/// prefix cache, and all end; nothing is read that was not written.
+#[test]
+fn tiny_pool_everything_ends_and_reads_are_right() {
+    for groups in [
+        dense(),
+        hybrid_odd(MambaMode::Align),
+        hybrid_odd(MambaMode::All),
+    ] {
+        let pool = 40;
+        let mut eng = Engine::new(groups.clone(), pool);
+        let mut rt = builder(&groups, pool).shards(2).build().unwrap();
+        for i in 0..10u32 {
+            eng.submit(
+                &rt,
+                &format!("t{i}"),
+                prompt(i % 2, 48, i, 60 + i as usize),
+                6,
+            );
+        }
+        assert!(
+            eng.run_until_idle(&mut rt, Duration::from_secs(20)),
+            "hung with a pool that fits one request"
+        );
+        let r = rt.shutdown();
+        eng.assert_clean();
+        assert_report_clean(&r, pool);
+        assert_eq!(r.metrics.finished, 10, "{r}");
+    }
+}
+
+/// `TooLong` for a prompt the pool can never hold; 0 budgets refused at build.
+#[test]
+fn impossible_requests_and_zero_budgets_are_typed_errors() {
+    let g = dense();
+    let rt = builder(&g, 8).build().unwrap();
+    let e = rt.submit(kvsched::SubmitRequest {
+        id: "big".into(),
+        prompt: vec![1; 16 * 8],
+        max_new_tokens: 1,
+        priority: 0,
+        load_deadline: None,
+    });
+    assert!(
+        matches!(e, Err(kvsched::RuntimeError::TooLong { .. })),
+        "{e:?}"
+    );
+    let e = rt.submit(kvsched::SubmitRequest {
+        id: "".into(),
+        prompt: vec![1],
+        max_new_tokens: 1,
+        priority: 0,
+        load_deadline: None,
+    });
+    assert!(e.is_err());
+    let e = rt.submit(kvsched::SubmitRequest {
+        id: "e".into(),
+        prompt: vec![],
+        max_new_tokens: 1,
+        priority: 0,
+        load_deadline: None,
+    });
+    assert!(
+        matches!(e, Err(kvsched::RuntimeError::EmptyPrompt { .. })),
+        "{e:?}"
+    );
+    let r = rt.shutdown();
+    assert_report_clean(&r, 8);
+    for b in [
+        builder(&g, 64).token_budget(0),
+        builder(&g, 64).max_seqs(0),
+        builder(&g, 1),
+        builder(&g, 64).shards(0),
+        builder(&g, 64).workers(0),
+    ] {
+        assert!(matches!(
+            b.build(),
+            Err(kvsched::RuntimeError::Config { .. } | kvsched::RuntimeError::Pool(_))
+        ));
+    }
+    let e = Runtime::builder()
+        .groups(vec![CacheGroup::full_attention(0)])
+        .build();
+    assert!(e.is_err());
+    let e = Runtime::builder().groups(vec![]).build();
+    assert!(e.is_err());
+    let rt = builder(&g, 64).build().unwrap();
+    assert!(rt
+        .update_settings(Settings::default().with_load_deadline(Some(Duration::ZERO)))
+        .is_err());
+    rt.shutdown();
+}
+
+/// A request with no token limit on a tiny pool ends at its length cap.
+#[test]
+fn unlimited_request_ends_at_length_cap() {
+    let g = hybrid_odd(MambaMode::All);
+    let pool = 24;
+    let mut eng = Engine::new(g.clone(), pool);
+    let mut rt = builder(&g, pool).build().unwrap();
+    eng.submit(&rt, "u", prompt(0, 0, 1, 30), 0);
+    assert!(eng.run_until_idle(&mut rt, Duration::from_secs(20)));
+    let r = rt.shutdown();
+    eng.assert_clean();
+    assert_report_clean(&r, pool);
+    assert_eq!(r.metrics.length_capped, 1, "{r}");
+}
+
+/// An engine that answers with the wrong step, repeats samples, samples ids never
+/// scheduled and finishes unknown ids: none of it counts, nothing panics, every request
+/// still ends with exactly its `max_new_tokens` kept samples.
+#[test]
+fn lying_engine_outputs_are_ignored_and_counted() {
+    let g = hybrid_odd(MambaMode::Align);
+    let pool = 256;
+    let mut eng = Engine::new(g.clone(), pool);
+    let mut rt = builder(&g, pool).shards(2).build().unwrap();
+    for i in 0..6u32 {
+        eng.submit(&rt, &format!("l{i}"), prompt(0, 24, i, 50), 4);
+    }
+    let mut n = 0u64;
+    while rt.live() > 0 && n < 2000 {
+        n += 1;
+        let plan = rt.schedule().unwrap();
+        let (mut out, checks) = eng.run_plan(&plan);
+        match n % 4 {
+            0 => {
+                let dup = out.sampled.clone();
+                out.sampled.extend(dup);
+                out.sampled.push("never-submitted".into());
+                out.finished.push("nobody".into());
+            }
+            1 => {
+                // Samples of live requests the plan did not schedule to sample.
+                for s in &plan.scheduled {
+                    if !s.samples {
+                        out.sampled.push(s.id.clone());
+                    }
+                }
+            }
+            2 => {
+                // A wrong step first (ignored), then the right answer.
+                let wrong = StepOutput {
+                    step: plan.step + 7,
+                    sampled: out.sampled.clone(),
+                    ..Default::default()
+                };
+                assert!(rt.update(wrong).is_empty());
+            }
+            _ => {
+                // The same answer twice: the second is a duplicate, applied once.
+                let again = out.clone();
+                eng.answer(&mut rt, &plan, out, checks.clone());
+                let _ = rt.update(again);
+                if plan.scheduled.is_empty() && rt.live() > 0 {
+                    rt.wait_for_work(Duration::from_millis(5));
+                }
+                continue;
+            }
+        }
+        eng.answer(&mut rt, &plan, out, checks);
+        if plan.scheduled.is_empty() && rt.live() > 0 {
+            rt.wait_for_work(Duration::from_millis(5));
+        }
+    }
+    let r = rt.shutdown();
+    eng.assert_clean();
+    assert_report_clean(&r, pool);
+    assert_eq!(r.metrics.finished, 6, "{r}");
+    let m = &r.metrics;
+    assert!(
+        m.duplicate_commands > 0 && m.unknown_commands > 0 && m.unexpected_samples > 0,
+        "{m:?}"
+    );
+    for i in 0..6 {
+        assert_eq!(
+            eng.tally.kept_samples.get(&format!("l{i}")).copied(),
+            Some(4),
+            "{:?}",
+            eng.tally.kept_samples
+        );
+    }
+}
+
+/// Dropping a plan's output (a crashed step), sometimes after running it, sometimes before:
+/// the runtime re-offers or restarts, every request ends, and nothing read is garbage.
+#[test]
+fn dropped_outputs_are_reoffered_without_garbage() {
+    for groups in [
+        dense(),
+        hybrid_odd(MambaMode::Align),
+        hybrid_odd(MambaMode::All),
+    ] {
+        let pool = 512;
+        let mut eng = Engine::new(groups.clone(), pool).memory_tier(0.0);
+        // Fill the tier first so the second runtime carries sync loads.
+        for round in 0..2u32 {
+            let mut rt = builder(&groups, pool)
+                .connector(eng.tier_conn.clone().unwrap())
+                .build()
+                .unwrap();
+            for i in 0..8u32 {
+                eng.submit(
+                    &rt,
+                    &format!("d{round}-{i}"),
+                    prompt(i % 2, 48, round * 50 + i, 70),
+                    5,
+                );
+            }
+            let mut n = 0u64;
+            while rt.live() > 0 && n < 3000 {
+                n += 1;
+                let plan = rt.schedule().unwrap();
+                if round == 1 && n % 3 == 0 && !plan.scheduled.is_empty() {
+                    // Lost: every other time the engine ran it (writes included), else not at all.
+                    if n % 2 == 0 {
+                        let _ = eng.run_plan(&plan);
+                    }
+                    continue;
+                }
+                let (out, checks) = eng.run_plan(&plan);
+                eng.answer(&mut rt, &plan, out, checks);
+                if plan.scheduled.is_empty() && rt.live() > 0 {
+                    rt.wait_for_work(Duration::from_millis(5));
+                }
+            }
+            eng.flush();
+            let r = rt.shutdown();
+            assert_report_clean(&r, pool);
+            assert_eq!(r.metrics.finished, 8, "{r}");
+            if round == 1 {
+                assert!(r.metrics.lost_outputs > 0);
+            }
+        }
+        eng.assert_clean();
+    }
+}
+
+/// Switching mode and policy every few steps while requests share prefixes and a tier
+/// damages nothing: every request ends, no violation, no garbage in kept outputs.
+#[test]
+fn live_mode_and_policy_switches_keep_invariants() {
+    let g = hybrid_odd(MambaMode::Align);
+    let pool = 512;
+    let tier = Arc::new(MemoryTier::new(64 << 20, 4));
+    let mut eng = Engine::new(g.clone(), pool).with_tier(tier, 0.5);
+    let mut rt = builder(&g, pool)
+        .shards(2)
+        .connector(eng.tier_conn.clone().unwrap())
+        .build()
+        .unwrap();
+    for i in 0..30u32 {
+        eng.submit(
+            &rt,
+            &format!("m{i}"),
+            prompt(i % 3, 48, i, 60 + (i as usize % 5) * 11),
+            4,
+        );
+    }
+    let mut n = 0u32;
+    while rt.live() > 0 && n < 4000 {
+        n += 1;
+        if n % 3 == 0 {
+            let s = Settings::default()
+                .with_mode(if n % 2 == 0 { Mode::Vllm } else { Mode::Safe })
+                .with_policy(if n % 5 == 0 {
+                    Policy::Fail
+                } else {
+                    Policy::Recompute
+                });
+            rt.update_settings(s).unwrap();
+        }
+        let plan = eng.step(&mut rt);
+        if plan.scheduled.is_empty() && rt.live() > 0 {
+            rt.wait_for_work(Duration::from_millis(5));
+        }
+    }
+    let r = rt.shutdown();
+    assert_report_clean(&r, pool);
+    assert_eq!(r.metrics.finished + r.metrics.failed, 30, "{r}");
+    eng.assert_clean();
+}
