@@ -322,7 +322,10 @@ impl Engine {
                     .sync_conn
                     .clone()
                     .expect("a sync load without a connector");
-                if let LoadResult::Failed(bad) = conn.load(job) {
+                // A connector panic in a sync load is the engine's to catch: all failed.
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| conn.load(job)))
+                    .unwrap_or_else(|_| LoadResult::all_failed(job));
+                if let LoadResult::Failed(bad) = r {
                     self.tally.sync_loads_failed += 1;
                     out.invalid_blocks.extend(bad.into_flat());
                 }

@@ -1,0 +1,573 @@
+//! Hostile connectors against the runtime, with the engine of `cold_support` checking every
+//! byte it reads: connectors that panic, hang, write after their deadline without asking
+//! `may_write`, report other requests' blocks or nonsense generations, and offer more than
+//! the prompt holds.
+
+mod cold_support;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cold_support::*;
+use kvsched::connector::{
+    InvalidBlocks, KvConnector, LoadJob, LoadResult, LookupQuery, LookupResult, Prepared,
+};
+use kvsched::kv::{KvMemory, TierConnector};
+use kvsched::{BlockRef, CacheGroup, MambaMode, Runtime, Settings, StepOutput};
+
+/// What the hostile connector does.
+#[derive(Default, Clone, Copy)]
+struct Hostility {
+    /// Panic in every n-th prepare / lookup / load (0: never).
+    panic_every: u64,
+    /// Offer this many external tokens whatever the prompt (None: the inner answer).
+    offer: Option<u64>,
+    /// Sleep this long in a load, ignoring the cancel token.
+    sleep: Duration,
+    /// After sleeping, overwrite every destination with garbage without asking may_write.
+    late_scribble: bool,
+    /// Return Ok without writing anything.
+    ok_without_writing: bool,
+    /// Fail naming other requests' blocks, an out-of-range id and wrong generations.
+    foreign_reports: bool,
+    /// Block in load until `release` is set.
+    hang_until_released: bool,
+}
+
+struct Hostile {
+    inner: Arc<TierConnector>,
+    mem: Arc<dyn KvMemory>,
+    h: Hostility,
+    calls: AtomicU64,
+    seen: Mutex<Vec<BlockRef>>,
+    release: AtomicBool,
+    loads_started: AtomicU64,
+}
+
+impl Hostile {
+    fn new(inner: Arc<TierConnector>, h: Hostility) -> Arc<Self> {
+        let mem = Arc::clone(inner.memory());
+        Arc::new(Hostile {
+            inner,
+            mem,
+            h,
+            calls: AtomicU64::new(0),
+            seen: Mutex::new(Vec::new()),
+            release: AtomicBool::new(false),
+            loads_started: AtomicU64::new(0),
+        })
+    }
+    fn maybe_panic(&self, what: &str) {
+        let n = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
+        if self.h.panic_every > 0 && n % self.h.panic_every == 0 {
+            panic!("hostile connector panics in {what}");
+        }
+    }
+}
+
+impl KvConnector for Hostile {
+    fn prepare(&self, request: &str, prompt: &[u32]) -> Option<Prepared> {
+        self.maybe_panic("prepare");
+        self.inner.prepare(request, prompt)
+    }
+    fn lookup(&self, q: LookupQuery<'_>) -> LookupResult {
+        self.maybe_panic("lookup");
+        let mut r = self.inner.lookup(q);
+        if let Some(o) = self.h.offer {
+            r.external_tokens = o;
+        }
+        r
+    }
+    fn load(&self, job: &LoadJob) -> LoadResult {
+        self.loads_started.fetch_add(1, Ordering::SeqCst);
+        self.maybe_panic("load");
+        if self.h.hang_until_released {
+            while !self.release.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+        if !self.h.sleep.is_zero() {
+            std::thread::sleep(self.h.sleep);
+        }
+        if self.h.late_scribble {
+            for (g, t) in job.block_tables.iter().enumerate() {
+                let bytes = self.mem.layout().bytes_per_block(g).unwrap();
+                for i in job.loaded_range(g) {
+                    if t[i].id != 0 {
+                        let _ = self.mem.write(g, t[i].id, 0, &vec![0x5Au8; bytes]);
+                    }
+                }
+            }
+            return LoadResult::Ok;
+        }
+        if self.h.ok_without_writing {
+            return LoadResult::Ok;
+        }
+        let r = self.inner.load(job);
+        if self.h.foreign_reports {
+            let mut seen = self.seen.lock().unwrap();
+            let own = job.all_loaded_blocks();
+            let mut bad: Vec<BlockRef> = seen
+                .iter()
+                .filter(|b| !own.contains(b))
+                .take(8)
+                .copied()
+                .collect();
+            bad.push(BlockRef {
+                id: 1 << 30,
+                generation: 1,
+            });
+            bad.push(BlockRef {
+                id: 0,
+                generation: 0,
+            });
+            for b in &own {
+                bad.push(BlockRef {
+                    id: b.id,
+                    generation: b.generation.wrapping_sub(1),
+                });
+            }
+            seen.extend(own);
+            return LoadResult::Failed(InvalidBlocks::Flat(bad));
+        }
+        r
+    }
+}
+
+fn groups() -> Vec<CacheGroup> {
+    vec![
+        CacheGroup::full_attention(12),
+        CacheGroup::sliding_window(8, 20),
+        CacheGroup::mamba(24, MambaMode::Align),
+    ]
+}
+
+/// Round 0 fills the tier honestly; round 1 runs `n` requests on the same prefixes through
+/// the hostile connector on a fresh runtime. Returns the engine, the hostile connector and
+/// round 1's report.
+fn hostile_round(
+    h: Hostility,
+    settings: Settings,
+    pool: usize,
+    n: u32,
+    async_ratio: f64,
+    workers: usize,
+) -> (Engine, Arc<Hostile>, kvsched::Report) {
+    let g = groups();
+    let mut eng = Engine::new(g.clone(), pool).memory_tier(async_ratio);
+    let mut rt = builder(&g, pool)
+        .connector(eng.tier_conn.clone().unwrap())
+        .build()
+        .unwrap();
+    for i in 0..4u32 {
+        eng.submit(&rt, &format!("w{i}"), prompt(i, 96, 900 + i, 110), 2);
+    }
+    assert!(eng.run_until_idle(&mut rt, Duration::from_secs(10)));
+    eng.flush();
+    assert_report_clean(&rt.shutdown(), pool);
+
+    let hc = Hostile::new(eng.tier_conn.clone().unwrap(), h);
+    eng.sync_conn = Some(hc.clone());
+    let mut rt = builder(&g, pool)
+        .workers(workers)
+        .settings(settings)
+        .connector(hc.clone())
+        .build()
+        .unwrap();
+    for i in 0..n {
+        eng.submit(
+            &rt,
+            &format!("h{i}"),
+            prompt(i % 4, 96, i, 100 + (i as usize % 3) * 7),
+            3,
+        );
+    }
+    let ended = eng.run_until_idle(&mut rt, Duration::from_secs(20));
+    hc.release.store(true, Ordering::SeqCst);
+    assert!(ended, "requests never ended: {:?}", rt.metrics());
+    let r = rt.shutdown();
+    (eng, hc, r)
+}
+
+/// Positive control: a connector that says Ok without writing makes the engine read
+/// poison, and the checker sees it (the runtime cannot: Ok is the connector's word).
+#[test]
+fn checker_catches_a_connector_that_lies_ok() {
+    let h = Hostility {
+        ok_without_writing: true,
+        ..Default::default()
+    };
+    let (eng, _, r) = hostile_round(h, Settings::default(), 1024, 8, 0.5, 2);
+    assert_report_clean(&r, 1024);
+    assert!(
+        !eng.tally.garbage_kept.is_empty(),
+        "the checker missed poison a lying connector left"
+    );
+}
+
+#[test]
+fn connector_panics_everywhere_are_caught_and_counted() {
+    let h = Hostility {
+        panic_every: 3,
+        ..Default::default()
+    };
+    let (eng, _, r) = hostile_round(h, Settings::default(), 1024, 16, 0.5, 2);
+    eng.assert_clean();
+    assert_report_clean(&r, 1024);
+    assert_eq!(r.metrics.finished, 16, "{r}");
+    assert!(
+        r.metrics.connector_panics > 0 && r.metrics.lookup_panics > 0,
+        "{:?}",
+        r.metrics
+    );
+}
+
+/// Failures naming other requests' blocks, an out-of-range id, the null block and older
+/// generations of the load's own blocks: counted, nobody else rolled back, no garbage.
+#[test]
+fn foreign_and_stale_reports_roll_back_nobody_else() {
+    let h = Hostility {
+        foreign_reports: true,
+        ..Default::default()
+    };
+    let (eng, _, r) = hostile_round(h, Settings::default(), 1024, 16, 1.0, 2);
+    eng.assert_clean();
+    assert_report_clean(&r, 1024);
+    assert_eq!(r.metrics.finished, 16, "{r}");
+    assert!(
+        r.metrics.foreign_blocks + r.metrics.stale_blocks > 0,
+        "{:?}",
+        r.metrics
+    );
+    assert_eq!(r.metrics.handoffs, 0);
+}
+
+/// A lookup offering far more than the prompt holds (or u64::MAX): no panic, no garbage.
+#[test]
+fn offers_past_the_prompt_are_harmless() {
+    for offer in [u64::MAX, 1 << 40, 1000] {
+        let h = Hostility {
+            offer: Some(offer),
+            ..Default::default()
+        };
+        let (eng, _, r) = hostile_round(h, Settings::default(), 1024, 8, 0.5, 2);
+        eng.assert_clean();
+        assert_report_clean(&r, 1024);
+        assert_eq!(r.metrics.finished, 8, "offer {offer}: {r}");
+    }
+}
+
+/// Every load sleeps past its deadline, then scribbles over its destinations without
+/// asking may_write: the blocks were parked, so nobody reads the scribbles.
+#[test]
+fn late_scribbling_load_never_reaches_a_reused_block() {
+    let h = Hostility {
+        sleep: Duration::from_millis(60),
+        late_scribble: true,
+        ..Default::default()
+    };
+    let s = Settings::default().with_load_deadline(Some(Duration::from_millis(10)));
+    let (eng, hc, r) = hostile_round(h, s, 160, 24, 1.0, 2);
+    eng.assert_clean();
+    assert_report_clean(&r, 160);
+    assert_eq!(r.metrics.finished, 24, "{r}");
+    assert!(hc.loads_started.load(Ordering::SeqCst) > 0);
+    assert!(
+        r.metrics.deadlines_expired > 0 && r.metrics.late_completions > 0,
+        "{:?}",
+        r.metrics
+    );
+}
+
+/// A hung load: an idle engine's `wait_for_work` with an hour's timeout returns by the
+/// load's deadline; the request then computes and ends.
+#[test]
+fn wait_for_work_returns_by_the_load_deadline() {
+    let g = groups();
+    let pool = 512;
+    let mut eng = Engine::new(g.clone(), pool).memory_tier(1.0);
+    let mut rt = builder(&g, pool)
+        .connector(eng.tier_conn.clone().unwrap())
+        .build()
+        .unwrap();
+    eng.submit(&rt, "seed", prompt(0, 96, 1, 110), 1);
+    assert!(eng.run_until_idle(&mut rt, Duration::from_secs(10)));
+    eng.flush();
+    rt.shutdown();
+    let hc = Hostile::new(
+        eng.tier_conn.clone().unwrap(),
+        Hostility {
+            hang_until_released: true,
+            ..Default::default()
+        },
+    );
+    let deadline = Duration::from_millis(150);
+    let mut rt = builder(&g, pool)
+        .settings(Settings::default().with_load_deadline(Some(deadline)))
+        .connector(hc.clone())
+        .build()
+        .unwrap();
+    eng.submit(&rt, "hung", prompt(0, 96, 2, 100), 2);
+    let mut waited = Vec::new();
+    let start = Instant::now();
+    while rt.live() > 0 && start.elapsed() < Duration::from_secs(10) {
+        let plan = eng.step(&mut rt);
+        if plan.scheduled.is_empty() && rt.live() > 0 {
+            let t = Instant::now();
+            rt.wait_for_work(Duration::from_secs(3600));
+            waited.push(t.elapsed());
+        }
+    }
+    hc.release.store(true, Ordering::SeqCst);
+    assert_eq!(rt.live(), 0, "the request never ended");
+    assert!(
+        waited
+            .iter()
+            .all(|w| *w < deadline + Duration::from_secs(1)),
+        "slept past the deadline: {waited:?}"
+    );
+    let r = rt.shutdown();
+    eng.assert_clean();
+    assert_report_clean(&r, pool);
+    assert!(r.metrics.deadlines_expired >= 1, "{:?}", r.metrics);
+}
+
+/// A connector that never returns while shutdown runs: shutdown returns by its timeout,
+/// abandons exactly the hung loads' destinations and accounts for every request.
+#[test]
+fn shutdown_abandons_a_hung_load_and_only_its_blocks() {
+    let g = groups();
+    let pool = 512;
+    let mut eng = Engine::new(g.clone(), pool).memory_tier(1.0);
+    let mut rt = builder(&g, pool)
+        .connector(eng.tier_conn.clone().unwrap())
+        .build()
+        .unwrap();
+    eng.submit(&rt, "seed", prompt(0, 96, 1, 110), 1);
+    assert!(eng.run_until_idle(&mut rt, Duration::from_secs(10)));
+    eng.flush();
+    rt.shutdown();
+    let hc = Hostile::new(
+        eng.tier_conn.clone().unwrap(),
+        Hostility {
+            hang_until_released: true,
+            ..Default::default()
+        },
+    );
+    let mut rt = builder(&g, pool)
+        .workers(1)
+        .shutdown_timeout(Duration::from_millis(300))
+        .connector(hc.clone())
+        .build()
+        .unwrap();
+    eng.submit(&rt, "hung", prompt(0, 96, 2, 100), 2);
+    eng.submit(&rt, "queued", prompt(0, 96, 3, 100), 2);
+    let start = Instant::now();
+    while hc.loads_started.load(Ordering::SeqCst) == 0 && start.elapsed() < Duration::from_secs(5) {
+        let plan = eng.step(&mut rt);
+        if plan.scheduled.is_empty() {
+            rt.wait_for_work(Duration::from_millis(5));
+        }
+    }
+    assert_eq!(hc.loads_started.load(Ordering::SeqCst), 1);
+    let t = Instant::now();
+    let r = rt.shutdown();
+    let took = t.elapsed();
+    hc.release.store(true, Ordering::SeqCst);
+    assert!(took < Duration::from_secs(2), "shutdown took {took:?}");
+    assert_eq!(r.loads_abandoned, 1, "{r}");
+    assert!(r.blocks_abandoned > 0 && r.blocks_abandoned as usize == r.abandoned_block_ids.len());
+    assert_report_clean(&r, pool);
+    assert_eq!(r.metrics.cancelled, 2, "{r}");
+}
+
+/// Workers stuck in loads that never return: the blocks held are bounded by the workers
+/// stuck, so a request needing all the rest of the pool still runs.
+#[test]
+fn hung_workers_hold_only_their_own_loads_blocks() {
+    let g = vec![CacheGroup::full_attention(16)];
+    let pool = 64;
+    let mut eng = Engine::new(g.clone(), pool).memory_tier(1.0);
+    let mut rt = builder(&g, pool)
+        .connector(eng.tier_conn.clone().unwrap())
+        .build()
+        .unwrap();
+    for i in 0..4u32 {
+        eng.submit(&rt, &format!("s{i}"), prompt(i, 160, i, 176), 1);
+        assert!(eng.run_until_idle(&mut rt, Duration::from_secs(10)));
+    }
+    eng.flush();
+    rt.shutdown();
+    let hc = Hostile::new(
+        eng.tier_conn.clone().unwrap(),
+        Hostility {
+            hang_until_released: true,
+            ..Default::default()
+        },
+    );
+    let s = Settings::default().with_load_deadline(Some(Duration::from_millis(30)));
+    let mut rt = builder(&g, pool)
+        .workers(1)
+        .settings(s)
+        .connector(hc.clone())
+        .build()
+        .unwrap();
+    for i in 0..4u32 {
+        eng.submit(&rt, &format!("h{i}"), prompt(i, 160, 10 + i, 176), 1);
+    }
+    let ok = eng.run_until_idle(&mut rt, Duration::from_secs(10));
+    // One load hangs in the one worker (176 tokens: 11 blocks parked at most); the rest of
+    // the pool (63 usable) must serve a 47-block request.
+    eng.submit(&rt, "big", prompt(9, 0, 99, 47 * 16 - 4), 2);
+    let ok2 = eng.run_until_idle(&mut rt, Duration::from_secs(10));
+    let m = rt.metrics();
+    hc.release.store(true, Ordering::SeqCst);
+    assert!(ok, "hung loads kept requests from ending: {m:?}");
+    assert!(
+        ok2,
+        "a request fitting the pool minus one hung load never ended: {m:?}"
+    );
+    let r = rt.shutdown();
+    eng.assert_clean();
+    assert_report_clean(&r, pool);
+}
+
+/// Cancels (from another thread) and engine finishes of requests whose loads are in flight:
+/// they end once, their blocks come back, the others read no garbage.
+#[test]
+fn cancel_and_finish_mid_load() {
+    let h = Hostility {
+        sleep: Duration::from_millis(20),
+        ..Default::default()
+    };
+    let g = groups();
+    let pool = 1024;
+    let mut eng = Engine::new(g.clone(), pool).memory_tier(1.0);
+    let mut rt = builder(&g, pool)
+        .connector(eng.tier_conn.clone().unwrap())
+        .build()
+        .unwrap();
+    for i in 0..4u32 {
+        eng.submit(&rt, &format!("w{i}"), prompt(i, 96, 900 + i, 110), 2);
+    }
+    assert!(eng.run_until_idle(&mut rt, Duration::from_secs(10)));
+    eng.flush();
+    rt.shutdown();
+    let hc = Hostile::new(eng.tier_conn.clone().unwrap(), h);
+    let mut rt = builder(&g, pool).connector(hc.clone()).build().unwrap();
+    for i in 0..12u32 {
+        eng.submit(&rt, &format!("c{i}"), prompt(i % 4, 96, i, 100), 3);
+    }
+    let handle = rt.handle();
+    let mut n = 0;
+    let start = Instant::now();
+    while rt.live() > 0 && start.elapsed() < Duration::from_secs(10) {
+        n += 1;
+        let plan = rt.schedule().unwrap();
+        let (mut out, checks) = eng.run_plan(&plan);
+        if n == 2 {
+            let h2 = handle.clone();
+            std::thread::spawn(move || {
+                for i in (0..12).step_by(3) {
+                    h2.cancel(&format!("c{i}"));
+                }
+            })
+            .join()
+            .unwrap();
+            out.finished.extend(
+                (1..12)
+                    .step_by(3)
+                    .map(|i| Arc::<str>::from(format!("c{i}"))),
+            );
+        }
+        eng.answer(&mut rt, &plan, out, checks);
+        if plan.scheduled.is_empty() && rt.live() > 0 {
+            rt.wait_for_work(Duration::from_millis(5));
+        }
+    }
+    let r = rt.shutdown();
+    eng.assert_clean();
+    assert_report_clean(&r, pool);
+    assert_eq!(r.metrics.cancelled, 4, "{r}");
+    assert_eq!(r.metrics.finished, 8, "{r}");
+}
+
+/// Submits racing shutdown from another thread: every accepted submit is accounted for.
+#[test]
+fn submits_racing_shutdown_are_never_lost() {
+    let g = groups();
+    let rt = builder(&g, 256).build().unwrap();
+    let h = rt.handle();
+    let t = std::thread::spawn(move || {
+        let mut ok = 0u64;
+        for i in 0..100_000u32 {
+            match h.submit(kvsched::SubmitRequest {
+                id: format!("x{i}"),
+                prompt: vec![1, 2, 3],
+                max_new_tokens: 1,
+                priority: 0,
+                load_deadline: None,
+            }) {
+                Ok(()) => ok += 1,
+                Err(kvsched::RuntimeError::ShutDown) => return ok,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        ok
+    });
+    std::thread::sleep(Duration::from_millis(20));
+    let r = rt.shutdown();
+    let ok = t.join().unwrap();
+    assert_eq!(r.metrics.submitted, ok);
+    assert_eq!(r.metrics.cancelled + r.metrics.finished, ok, "{r}");
+    assert!(r.violations.is_empty());
+}
+
+/// An engine that reports sync-load failures naming blocks of requests that had no sync
+/// load: counted as foreign, discards nothing, rolls back nobody.
+#[test]
+fn engine_naming_foreign_blocks_rolls_back_nobody() {
+    let g = groups();
+    let pool = 256;
+    let mut eng = Engine::new(g.clone(), pool);
+    let mut rt = builder(&g, pool).build().unwrap();
+    for i in 0..4u32 {
+        eng.submit(&rt, &format!("f{i}"), prompt(0, 48, i, 60), 4);
+    }
+    while rt.live() > 0 {
+        let plan = rt.schedule().unwrap();
+        assert!(
+            plan.recovery.recovered.is_empty(),
+            "step {} rolled back {:?}",
+            plan.step,
+            plan.recovery.recovered
+        );
+        let (mut out, checks) = eng.run_plan(&plan);
+        for s in &plan.scheduled {
+            for t in s.block_tables.iter() {
+                out.invalid_blocks.extend(t.iter().copied());
+            }
+        }
+        out.invalid_blocks.push(BlockRef {
+            id: 1 << 31,
+            generation: 7,
+        });
+        let discard = rt.update(out.clone());
+        assert!(discard.is_empty(), "{discard:?}");
+        let discard = rt.update(StepOutput {
+            step: out.step,
+            ..Default::default()
+        });
+        assert!(discard.is_empty());
+        eng.answer(&mut rt, &plan, StepOutput::all_sampled(&plan), checks);
+    }
+    let r = rt.shutdown();
+    eng.assert_clean();
+    assert_report_clean(&r, pool);
+    assert!(r.metrics.foreign_blocks > 0);
+    assert_eq!(r.metrics.finished, 4);
+}
+
+#[allow(dead_code)]
+fn _runtime_is_send(_: Runtime) {}
