@@ -182,12 +182,11 @@ impl Engine {
         }
     }
 
+    /// Reads `(g, block, off)` and records a mismatch with `want` in `out`, named `what`
+    /// (which starts with the request's id).
     fn check_bytes(
         &mut self,
-        s: &ScheduledRequest,
-        g: usize,
-        block: BlockId,
-        off: usize,
+        (g, block, off): (usize, BlockId, usize),
         want: &[u8; TOK_BYTES],
         what: String,
         out: &mut StepCheck,
@@ -195,21 +194,53 @@ impl Engine {
         let mut got = [0u8; TOK_BYTES];
         self.tally.reads_checked += 1;
         if let Err(e) = self.mem.read(g, block, off, &mut got) {
-            out.bad_reads
-                .push(format!("{}: {what}: read error {e}", s.id));
+            out.bad_reads.push(format!("{what}: read error {e}"));
         } else if &got != want {
-            out.bad_reads.push(format!(
-                "{}: {what} in block {block}: got {:02x?}",
-                s.id,
-                &got[..]
-            ));
+            out.bad_reads
+                .push(format!("{what} in block {block}: got {:02x?}", &got[..]));
         }
     }
 
     /// Phase (b): reads everything `s` may read and checks it.
     pub fn check_reads(&mut self, s: &ScheduledRequest) -> StepCheck {
-        let mut out = StepCheck::default();
+        self.check_reads_at(s, s.num_computed_tokens as usize)
+    }
+
+    /// What the step's last token attends to, read back after the step's writes: a paged
+    /// attention kernel writes the chunk's KV into the cache and reads every token of the
+    /// chunk's window (full attention all of `[0, n + k)`) from there.
+    pub fn check_in_step_reads(&mut self, s: &ScheduledRequest) -> StepCheck {
+        let mut c = self.check_reads_at(s, (s.num_computed_tokens + s.num_tokens) as usize);
+        // For a window, every token of the chunk reads its own window: back to n - w + 1.
         let n = s.num_computed_tokens as usize;
+        let id = s.id.to_string();
+        let mut seq = self.seqs.remove(&id).unwrap();
+        for (g, grp) in self.groups.clone().iter().enumerate() {
+            if let GroupKind::SlidingWindow { window } = grp.kind {
+                let b = grp.block_size as usize;
+                let hi = (n + s.num_tokens as usize + 1).saturating_sub(window as usize);
+                for pos in (n + 1).saturating_sub(window as usize)..hi.max(n) {
+                    match self.entry(s, g, pos / b, "in-step read") {
+                        Err(e) => c.bad_reads.push(format!("{e} (token {pos})")),
+                        Ok(blk) => {
+                            let want = seq.kv(g, pos);
+                            self.check_bytes(
+                                (g, blk, (pos % b) * TOK_BYTES),
+                                &want,
+                                format!("{}: g{g} in-step token {pos}", s.id),
+                                &mut c,
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        self.seqs.insert(id, seq);
+        c
+    }
+
+    fn check_reads_at(&mut self, s: &ScheduledRequest, n: usize) -> StepCheck {
+        let mut out = StepCheck::default();
         let id = s.id.to_string();
         let mut seq = self
             .seqs
@@ -231,12 +262,9 @@ impl Engine {
                             Ok(blk) => {
                                 let want = seq.kv(g, pos);
                                 self.check_bytes(
-                                    s,
-                                    g,
-                                    blk,
-                                    (pos % b) * TOK_BYTES,
+                                    (g, blk, (pos % b) * TOK_BYTES),
                                     &want,
-                                    format!("g{g} token {pos}"),
+                                    format!("{}: g{g} token {pos}", s.id),
                                     &mut out,
                                 );
                             }
@@ -250,12 +278,9 @@ impl Engine {
                             Ok(blk) => {
                                 let want = seq.state(g, n);
                                 self.check_bytes(
-                                    s,
-                                    g,
-                                    blk,
-                                    0,
+                                    (g, blk, 0),
                                     &want,
-                                    format!("g{g} state at {n}"),
+                                    format!("{}: g{g} state at {n}", s.id),
                                     &mut out,
                                 );
                             }
@@ -337,7 +362,10 @@ impl Engine {
         }
         for s in &plan.scheduled {
             let bw = self.write_step(s);
-            checks.get_mut(&*s.id).unwrap().bad_writes = bw;
+            let after = self.check_in_step_reads(s);
+            let c = checks.get_mut(&*s.id).unwrap();
+            c.bad_writes = bw;
+            c.bad_reads.extend(after.bad_reads);
             if s.samples {
                 out.sampled.push(s.id.clone());
             }

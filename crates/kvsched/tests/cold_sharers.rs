@@ -1,0 +1,221 @@
+//! Sharers of a failed block, made on purpose: mode `vllm` caches a sync loader's
+//! destinations at admission, so a request admitted after it in the same step shares them;
+//! the load fails (the store damages every chunk) and the engine switches to mode `safe`
+//! before the recovery. From then on sharers must wait for the owner, take over when it
+//! ends first, and never keep an output that read a wrong byte.
+
+mod cold_support;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cold_support::*;
+use kvsched::connector::CancelToken;
+use kvsched::kv::{ChunkKey, MemoryTier, Tier, TierError};
+use kvsched::{CacheGroup, MambaMode, Mode, Settings};
+
+struct Flipper {
+    inner: MemoryTier,
+    on: AtomicBool,
+}
+
+impl Tier for Flipper {
+    fn name(&self) -> &str {
+        "flipper"
+    }
+    fn exists(&self, keys: &[ChunkKey], c: &CancelToken) -> Result<Vec<bool>, TierError> {
+        self.inner.exists(keys, c)
+    }
+    fn get(&self, keys: &[ChunkKey], c: &CancelToken) -> Result<Vec<Option<Vec<u8>>>, TierError> {
+        let mut v = self.inner.get(keys, c)?;
+        if self.on.load(Ordering::SeqCst) {
+            for x in v.iter_mut().flatten() {
+                let l = x.len();
+                x[l - 1] ^= 1;
+            }
+        }
+        Ok(v)
+    }
+    fn put(&self, chunks: &[(ChunkKey, Vec<u8>)]) -> Result<(), TierError> {
+        self.inner.put(chunks)
+    }
+    fn may_block(&self) -> bool {
+        false
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum OwnerEnd {
+    Stays,
+    Cancelled,
+    Finished,
+}
+
+fn sharers(
+    groups: Vec<CacheGroup>,
+    owner_end: OwnerEnd,
+    n_sharers: u32,
+) -> (Engine, kvsched::Report) {
+    let pool = 512;
+    let tier = Arc::new(Flipper {
+        inner: MemoryTier::new(64 << 20, 4),
+        on: AtomicBool::new(false),
+    });
+    let mut eng = Engine::new(groups.clone(), pool).with_tier(tier.clone(), 0.0);
+    let mut rt = builder(&groups, pool)
+        .connector(eng.tier_conn.clone().unwrap())
+        .build()
+        .unwrap();
+    eng.submit(&rt, "seed", prompt(0, 96, 1, 100), 1);
+    assert!(eng.run_until_idle(&mut rt, Duration::from_secs(10)));
+    eng.flush();
+    rt.shutdown();
+
+    tier.on.store(true, Ordering::SeqCst);
+    let s = Settings::default().with_mode(Mode::Vllm);
+    let mut rt = builder(&groups, pool)
+        .shards(2)
+        .settings(s)
+        .connector(eng.tier_conn.clone().unwrap())
+        .build()
+        .unwrap();
+    eng.submit(&rt, "owner", prompt(0, 96, 2, 100), 4);
+    for i in 0..n_sharers {
+        eng.submit(&rt, &format!("sharer{i}"), prompt(0, 96, 3 + i, 100), 4);
+    }
+    let mut switched = false;
+    let mut ended_owner = false;
+    let start = Instant::now();
+    while rt.live() > 0 && start.elapsed() < Duration::from_secs(10) {
+        let plan = rt.schedule().unwrap();
+        let safe_step = rt.settings().mode == Mode::Safe;
+        let (mut out, checks) = eng.run_plan(&plan);
+        let checks_dbg =
+            |_: &Engine, sr: &kvsched::ScheduledRequest| format!("{:?}", checks[&*sr.id]);
+        if switched && !ended_owner && plan.recovery.recovered.len() > 1 {
+            ended_owner = true;
+            match owner_end {
+                OwnerEnd::Stays => {}
+                OwnerEnd::Cancelled => rt.cancel("owner"),
+                OwnerEnd::Finished => out.finished.push("owner".into()),
+            }
+        }
+        if std::env::var("COLD_VERBOSE").is_ok() {
+            for rr in &plan.recovery.recovered {
+                eprintln!("step {} recovered {} {:?}", plan.step, rr.id, rr.decision);
+            }
+            for sr in &plan.scheduled {
+                let c = &checks_dbg(&eng, sr);
+                eprintln!(
+                    "step {} safe={safe_step} {} n={} k={} tables={:?} {}",
+                    plan.step,
+                    sr.id,
+                    sr.num_computed_tokens,
+                    sr.num_tokens,
+                    sr.block_tables
+                        .iter()
+                        .map(|t| t.iter().map(|b| b.id).collect::<Vec<_>>())
+                        .collect::<Vec<_>>(),
+                    c
+                );
+            }
+        }
+        let failed_sync = !out.invalid_blocks.is_empty();
+        let before = eng.tally.garbage_kept.len();
+        eng.answer(&mut rt, &plan, out, checks);
+        if !safe_step {
+            // Mode vllm keeps what its sharers read (documented): only safe steps count.
+            eng.tally.garbage_kept.truncate(before);
+        }
+        if failed_sync && !switched {
+            rt.update_settings(Settings::default().with_mode(Mode::Safe))
+                .unwrap();
+            switched = true;
+        }
+        if plan.scheduled.is_empty() && rt.live() > 0 {
+            rt.wait_for_work(Duration::from_millis(5));
+        }
+    }
+    assert!(switched, "no sync load failed");
+    assert_eq!(rt.live(), 0, "requests never ended: {:?}", rt.metrics());
+    let r = rt.shutdown();
+    (eng, r)
+}
+
+fn check(groups: Vec<CacheGroup>, owner_end: OwnerEnd) {
+    let (eng, r) = sharers(groups, owner_end, 3);
+    eng.assert_clean();
+    assert_report_clean(&r, 512);
+    assert!(
+        r.metrics.claims > 0,
+        "{owner_end:?}: nothing claimed: {:?}",
+        r.metrics
+    );
+    if !matches!(owner_end, OwnerEnd::Stays) {
+        assert_eq!(r.metrics.finished + r.metrics.cancelled, 4, "{r}");
+    }
+}
+
+#[test]
+fn sharers_of_a_failed_sync_load_wait_dense() {
+    for e in [OwnerEnd::Stays, OwnerEnd::Cancelled, OwnerEnd::Finished] {
+        check(vec![CacheGroup::full_attention(16)], e);
+    }
+}
+
+#[test]
+fn sharers_of_a_failed_sync_load_wait_hybrid() {
+    for m in [MambaMode::Align, MambaMode::All] {
+        for e in [OwnerEnd::Stays, OwnerEnd::Cancelled, OwnerEnd::Finished] {
+            check(
+                vec![CacheGroup::full_attention(12), CacheGroup::mamba(24, m)],
+                e,
+            );
+        }
+    }
+}
+
+/// Sliding window: the owner stays or finishes after recomputing, sharers then resume.
+#[test]
+fn sharers_of_a_failed_sync_load_wait_window_owner_recomputes() {
+    for e in [OwnerEnd::Stays, OwnerEnd::Finished] {
+        check(
+            vec![
+                CacheGroup::full_attention(16),
+                CacheGroup::sliding_window(16, 20),
+            ],
+            e,
+        );
+        check(
+            vec![
+                CacheGroup::full_attention(12),
+                CacheGroup::sliding_window(8, 20),
+                CacheGroup::mamba(24, MambaMode::Align),
+            ],
+            e,
+        );
+    }
+}
+
+/// The owner is cancelled before recomputing: its blocks are handed off, the first sharer
+/// claims them and rolls back to 0. Its sliding-window entries wholly outside the window at
+/// its (prefix-hit) admission were the null block and stay so: the plan has it compute
+/// `[0, 96)` with those entries null, so the engine is told to write KV into the null block
+/// and to read the chunk's window from it; the blocks it then confirms are what the other
+/// sharers wait for. The runtime's invariants do not see it (no violation).
+#[test]
+#[ignore = "finding: a hand-off rolls a sharer back into null window entries (writes into the null block, window reads from it)"]
+fn handoff_to_a_window_sharer_rolls_back_into_null_entries() {
+    let (eng, r) = sharers(
+        vec![
+            CacheGroup::full_attention(16),
+            CacheGroup::sliding_window(16, 20),
+        ],
+        OwnerEnd::Cancelled,
+        1,
+    );
+    assert!(r.metrics.handoffs > 0, "no hand-off: {:?}", r.metrics);
+    eng.assert_clean();
+    assert_report_clean(&r, 512);
+}
