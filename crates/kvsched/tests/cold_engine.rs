@@ -382,3 +382,148 @@ fn live_mode_and_policy_switches_keep_invariants() {
     assert_eq!(r.metrics.finished + r.metrics.failed, 30, "{r}");
     eng.assert_clean();
 }
+
+/// Prompts at the edge of what the pool can hold, with and without room for their output:
+/// each is refused as `TooLong` or ends (finished or length-capped); none is left live.
+#[test]
+fn prompts_at_the_pool_edge_end_or_are_refused() {
+    for groups in [
+        dense(),
+        hybrid_odd(MambaMode::Align),
+        hybrid_odd(MambaMode::All),
+    ] {
+        let pool = 24;
+        for len in (150..330).step_by(7) {
+            for max_new in [1u32, 40, 0] {
+                let mut eng = Engine::new(groups.clone(), pool);
+                let mut rt = builder(&groups, pool).shards(2).build().unwrap();
+                let req = kvsched::SubmitRequest {
+                    id: "edge".into(),
+                    prompt: prompt(0, 0, len as u32, len),
+                    max_new_tokens: max_new,
+                    priority: 0,
+                    load_deadline: None,
+                };
+                eng.seqs.insert("edge".into(), Seq::new(req.prompt.clone()));
+                match rt.submit(req) {
+                    Err(kvsched::RuntimeError::TooLong { .. }) => continue,
+                    Err(e) => panic!("{e}"),
+                    Ok(()) => {}
+                }
+                let ended = eng.run_until_idle(&mut rt, Duration::from_secs(3));
+                let m = rt.metrics();
+                let r = rt.shutdown();
+                assert!(
+                    ended,
+                    "{groups:?} len {len} max_new {max_new}: accepted, never ended: {m:?}"
+                );
+                eng.assert_clean();
+                assert_report_clean(&r, pool);
+                assert_eq!(r.metrics.finished, 1, "{r}");
+            }
+        }
+    }
+}
+
+/// An engine that names its sync loads' destinations at the wrong generation: a newer one
+/// is taken as the destination failed (its output discarded, recomputed), an older one as
+/// stale (ignored). Either way nothing kept reads a wrong byte and every request ends.
+#[test]
+fn sync_failures_named_at_wrong_generations() {
+    for newer in [true, false] {
+        let g = hybrid_odd(MambaMode::Align);
+        let pool = 512;
+        let mut eng = Engine::new(g.clone(), pool).memory_tier(0.0);
+        let mut rt = builder(&g, pool)
+            .connector(eng.tier_conn.clone().unwrap())
+            .build()
+            .unwrap();
+        for i in 0..4u32 {
+            eng.submit(&rt, &format!("s{i}"), prompt(i, 96, 900 + i, 110), 1);
+        }
+        assert!(eng.run_until_idle(&mut rt, Duration::from_secs(10)));
+        eng.flush();
+        rt.shutdown();
+        let mut rt = builder(&g, pool)
+            .connector(eng.tier_conn.clone().unwrap())
+            .build()
+            .unwrap();
+        for i in 0..8u32 {
+            eng.submit(&rt, &format!("n{i}"), prompt(i % 4, 96, i, 100), 2);
+        }
+        let mut discarded = 0;
+        let start = std::time::Instant::now();
+        while rt.live() > 0 && start.elapsed() < Duration::from_secs(10) {
+            let plan = rt.schedule().unwrap();
+            let (mut out, checks) = eng.run_plan(&plan);
+            let loaders: Vec<_> = plan
+                .scheduled
+                .iter()
+                .filter(|s| s.sync_load.is_some())
+                .map(|s| s.id.clone())
+                .collect();
+            for s in &plan.scheduled {
+                if let Some(job) = &s.sync_load {
+                    for b in job.all_loaded_blocks().into_iter().take(1) {
+                        let generation = if newer {
+                            b.generation.wrapping_add(1)
+                        } else {
+                            b.generation.wrapping_sub(1)
+                        };
+                        out.invalid_blocks.push(kvsched::BlockRef {
+                            id: b.id,
+                            generation,
+                        });
+                    }
+                }
+            }
+            let discard = rt.update(out.clone());
+            if newer {
+                for l in &loaders {
+                    assert!(
+                        discard.contains(l),
+                        "a newer generation did not fail {l}'s destination"
+                    );
+                }
+            } else {
+                assert!(
+                    discard.is_empty(),
+                    "an older generation discarded {discard:?}"
+                );
+            }
+            discarded += discard.len();
+            // The engine's own bookkeeping (saves, kept samples) on the answered output.
+            let _ = rt.update(kvsched::StepOutput {
+                step: out.step,
+                ..Default::default()
+            });
+            eng.answer(
+                &mut rt,
+                &plan,
+                kvsched::StepOutput {
+                    step: 0,
+                    ..Default::default()
+                },
+                checks,
+            );
+            if plan.scheduled.is_empty() && rt.live() > 0 {
+                rt.wait_for_work(Duration::from_millis(5));
+            }
+        }
+        assert_eq!(
+            rt.live(),
+            0,
+            "newer={newer}: requests never ended: {:?}",
+            rt.metrics()
+        );
+        let r = rt.shutdown();
+        // The loads really filled their blocks: whatever was kept read right bytes.
+        eng.assert_clean();
+        assert_report_clean(&r, pool);
+        if newer {
+            assert!(discarded > 0);
+        } else {
+            assert!(r.metrics.stale_blocks > 0, "{:?}", r.metrics);
+        }
+    }
+}

@@ -5,135 +5,13 @@
 
 mod cold_support;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use cold_support::hostile::*;
 use cold_support::*;
-use kvsched::connector::{
-    InvalidBlocks, KvConnector, LoadJob, LoadResult, LookupQuery, LookupResult, Prepared,
-};
-use kvsched::kv::{KvMemory, TierConnector};
-use kvsched::{BlockRef, CacheGroup, MambaMode, Runtime, Settings, StepOutput};
-
-/// What the hostile connector does.
-#[derive(Default, Clone, Copy)]
-struct Hostility {
-    /// Panic in every n-th prepare / lookup / load (0: never).
-    panic_every: u64,
-    /// Offer this many external tokens whatever the prompt (None: the inner answer).
-    offer: Option<u64>,
-    /// Sleep this long in a load, ignoring the cancel token.
-    sleep: Duration,
-    /// After sleeping, overwrite every destination with garbage without asking may_write.
-    late_scribble: bool,
-    /// Return Ok without writing anything.
-    ok_without_writing: bool,
-    /// Fail naming other requests' blocks, an out-of-range id and wrong generations.
-    foreign_reports: bool,
-    /// Block in load until `release` is set.
-    hang_until_released: bool,
-}
-
-struct Hostile {
-    inner: Arc<TierConnector>,
-    mem: Arc<dyn KvMemory>,
-    h: Hostility,
-    calls: AtomicU64,
-    seen: Mutex<Vec<BlockRef>>,
-    release: AtomicBool,
-    loads_started: AtomicU64,
-}
-
-impl Hostile {
-    fn new(inner: Arc<TierConnector>, h: Hostility) -> Arc<Self> {
-        let mem = Arc::clone(inner.memory());
-        Arc::new(Hostile {
-            inner,
-            mem,
-            h,
-            calls: AtomicU64::new(0),
-            seen: Mutex::new(Vec::new()),
-            release: AtomicBool::new(false),
-            loads_started: AtomicU64::new(0),
-        })
-    }
-    fn maybe_panic(&self, what: &str) {
-        let n = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
-        if self.h.panic_every > 0 && n % self.h.panic_every == 0 {
-            panic!("hostile connector panics in {what}");
-        }
-    }
-}
-
-impl KvConnector for Hostile {
-    fn prepare(&self, request: &str, prompt: &[u32]) -> Option<Prepared> {
-        self.maybe_panic("prepare");
-        self.inner.prepare(request, prompt)
-    }
-    fn lookup(&self, q: LookupQuery<'_>) -> LookupResult {
-        self.maybe_panic("lookup");
-        let mut r = self.inner.lookup(q);
-        if let Some(o) = self.h.offer {
-            r.external_tokens = o;
-        }
-        r
-    }
-    fn load(&self, job: &LoadJob) -> LoadResult {
-        self.loads_started.fetch_add(1, Ordering::SeqCst);
-        self.maybe_panic("load");
-        if self.h.hang_until_released {
-            while !self.release.load(Ordering::SeqCst) {
-                std::thread::sleep(Duration::from_millis(2));
-            }
-        }
-        if !self.h.sleep.is_zero() {
-            std::thread::sleep(self.h.sleep);
-        }
-        if self.h.late_scribble {
-            for (g, t) in job.block_tables.iter().enumerate() {
-                let bytes = self.mem.layout().bytes_per_block(g).unwrap();
-                for i in job.loaded_range(g) {
-                    if t[i].id != 0 {
-                        let _ = self.mem.write(g, t[i].id, 0, &vec![0x5Au8; bytes]);
-                    }
-                }
-            }
-            return LoadResult::Ok;
-        }
-        if self.h.ok_without_writing {
-            return LoadResult::Ok;
-        }
-        let r = self.inner.load(job);
-        if self.h.foreign_reports {
-            let mut seen = self.seen.lock().unwrap();
-            let own = job.all_loaded_blocks();
-            let mut bad: Vec<BlockRef> = seen
-                .iter()
-                .filter(|b| !own.contains(b))
-                .take(8)
-                .copied()
-                .collect();
-            bad.push(BlockRef {
-                id: 1 << 30,
-                generation: 1,
-            });
-            bad.push(BlockRef {
-                id: 0,
-                generation: 0,
-            });
-            for b in &own {
-                bad.push(BlockRef {
-                    id: b.id,
-                    generation: b.generation.wrapping_sub(1),
-                });
-            }
-            seen.extend(own);
-            return LoadResult::Failed(InvalidBlocks::Flat(bad));
-        }
-        r
-    }
-}
+use kvsched::{BlockRef, CacheGroup, MambaMode, Settings, StepOutput};
 
 fn groups() -> Vec<CacheGroup> {
     vec![
@@ -568,6 +446,3 @@ fn engine_naming_foreign_blocks_rolls_back_nobody() {
     assert!(r.metrics.foreign_blocks > 0);
     assert_eq!(r.metrics.finished, 4);
 }
-
-#[allow(dead_code)]
-fn _runtime_is_send(_: Runtime) {}

@@ -3,6 +3,8 @@
 //! plan names can be checked against what a correct model would have written there.
 #![allow(dead_code)]
 
+pub mod hostile;
+
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
