@@ -107,6 +107,12 @@ impl KvConnector for Chaotic {
 }
 
 fn chaos(seed: u64, groups: Vec<CacheGroup>, pool: usize, shards: usize) {
+    chaos_with(seed, groups, pool, shards, false)
+}
+
+/// `switch`: flip mode (vllm / safe) and policy (recompute / fail) live every few steps; mode
+/// vllm keeps what its sharers read, so only invariants, accounting and liveness are asserted.
+fn chaos_with(seed: u64, groups: Vec<CacheGroup>, pool: usize, shards: usize, switch: bool) {
     let mut rng = Rng(seed);
     let tier = Arc::new(Damaging {
         inner: MemoryTier::new(64 << 20, 4),
@@ -136,7 +142,7 @@ fn chaos(seed: u64, groups: Vec<CacheGroup>, pool: usize, shards: usize) {
         .token_budget(96)
         .inline_steps_up_to(0)
         .parallel_step_work(0)
-        .settings(s)
+        .settings(s.clone())
         .connector(conn)
         .build()
         .unwrap();
@@ -167,6 +173,20 @@ fn chaos(seed: u64, groups: Vec<CacheGroup>, pool: usize, shards: usize) {
                 .unwrap();
             submitted += 1;
         }
+        if switch && rng.below(4) == 0 {
+            let m = if rng.below(2) == 0 {
+                Mode::Vllm
+            } else {
+                Mode::Safe
+            };
+            let p = if rng.below(5) == 0 {
+                Policy::Fail
+            } else {
+                Policy::Recompute
+            };
+            rt.update_settings(s.clone().with_mode(m).with_policy(p))
+                .unwrap();
+        }
         let plan = rt.schedule().unwrap();
         if !plan.scheduled.is_empty() && rng.below(13) == 0 {
             if rng.below(2) == 0 {
@@ -195,6 +215,9 @@ fn chaos(seed: u64, groups: Vec<CacheGroup>, pool: usize, shards: usize) {
                 ..Default::default()
             });
         }
+        // The runtime's own between-step invariants (a test hook of docs/runtime.md).
+        let v = rt.check_invariants();
+        assert!(v.is_empty(), "seed {seed} after step {}: {v:?}", plan.step);
         if plan.scheduled.is_empty() && rt.live() > 0 {
             rt.wait_for_work(Duration::from_millis(5));
         }
@@ -207,11 +230,26 @@ fn chaos(seed: u64, groups: Vec<CacheGroup>, pool: usize, shards: usize) {
         "seed {seed}: requests never ended after {n} steps: {m:?}"
     );
     assert_eq!(r.metrics.submitted, u64::from(total));
+    if switch {
+        eng.tally.garbage_kept.clear();
+    }
     if std::env::var("COLD_VERBOSE").is_ok() {
         eprintln!("seed {seed}: {n} steps, {:?}\n{:?}", r.metrics, tc.counts());
     }
     eng.assert_clean();
     assert_report_clean(&r, pool);
+}
+
+#[test]
+fn chaos_live_mode_and_policy_switches() {
+    for seed in 31..=36 {
+        let g = vec![
+            CacheGroup::full_attention(12),
+            CacheGroup::sliding_window(8, 20),
+            CacheGroup::mamba(24, MambaMode::Align),
+        ];
+        chaos_with(seed, g, 64, 2, true);
+    }
 }
 
 #[test]

@@ -5,7 +5,6 @@
 mod cold_support;
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cold_support::hostile::*;
@@ -16,32 +15,14 @@ use kvsched::{CacheGroup, Runtime, Settings};
 /// nothing; a watchdog submits a no-op request after `limit` so a wait that never returns
 /// still ends the test. Returns whether everything ended before the watchdog fired.
 fn run_sleepy(eng: &mut Engine, rt: &mut Runtime, limit: Duration) -> bool {
-    let h = rt.handle();
-    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let d2 = done.clone();
-    let fired = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let f2 = fired.clone();
-    let dog = std::thread::spawn(move || {
-        let start = Instant::now();
-        while !d2.load(Ordering::SeqCst) {
-            if start.elapsed() > limit {
-                f2.store(true, Ordering::SeqCst);
-                h.cancel("wake-up");
-                std::thread::sleep(Duration::from_millis(50));
-                continue;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    });
-    while rt.live() > 0 && !fired.load(Ordering::SeqCst) {
+    let dog = Watchdog::start(rt.handle(), limit);
+    while rt.live() > 0 && !dog.fired() {
         let plan = eng.step(rt);
         if plan.scheduled.is_empty() && rt.live() > 0 {
             rt.wait_for_work(Duration::from_secs(3600));
         }
     }
-    done.store(true, Ordering::SeqCst);
-    dog.join().unwrap();
-    !fired.load(Ordering::SeqCst)
+    !dog.fired()
 }
 
 fn seeded_engine(groups: &[CacheGroup], pool: usize, prompts: &[Vec<u32>]) -> Engine {

@@ -8,7 +8,7 @@ mod cold_support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cold_support::*;
 use kvsched::connector::CancelToken;
@@ -86,8 +86,9 @@ fn sharers(
     }
     let mut switched = false;
     let mut ended_owner = false;
-    let start = Instant::now();
-    while rt.live() > 0 && start.elapsed() < Duration::from_secs(10) {
+    // The engine sleeps whenever a plan is empty: a hand-off must wake it.
+    let dog = Watchdog::start(rt.handle(), Duration::from_secs(5));
+    while rt.live() > 0 && !dog.fired() {
         let plan = rt.schedule().unwrap();
         let safe_step = rt.settings().mode == Mode::Safe;
         let (mut out, checks) = eng.run_plan(&plan);
@@ -124,6 +125,13 @@ fn sharers(
         let failed_sync = !out.invalid_blocks.is_empty();
         let before = eng.tally.garbage_kept.len();
         eng.answer(&mut rt, &plan, out, checks);
+        if std::env::var("COLD_VERBOSE").is_ok() {
+            eprintln!(
+                "after step {}: invariants {:?}",
+                plan.step,
+                rt.check_invariants()
+            );
+        }
         if !safe_step {
             // Mode vllm keeps what its sharers read (documented): only safe steps count.
             eng.tally.garbage_kept.truncate(before);
@@ -134,9 +142,14 @@ fn sharers(
             switched = true;
         }
         if plan.scheduled.is_empty() && rt.live() > 0 {
-            rt.wait_for_work(Duration::from_millis(5));
+            rt.wait_for_work(Duration::from_secs(3600));
         }
     }
+    assert!(
+        !dog.fired(),
+        "the engine slept past work: {:?}",
+        rt.metrics()
+    );
     assert!(switched, "no sync load failed");
     assert_eq!(rt.live(), 0, "requests never ended: {:?}", rt.metrics());
     let r = rt.shutdown();

@@ -493,3 +493,50 @@ pub fn builder(groups: &[CacheGroup], pool: usize) -> kvsched::Builder {
         .pool_blocks(pool)
         .shutdown_timeout(Duration::from_secs(2))
 }
+
+/// Wakes an engine asleep in `wait_for_work` after `limit` (by cancelling an id nobody
+/// uses, which counts as work), so a wait that never returns ends the test instead of
+/// hanging it; `fired` says whether it had to.
+pub struct Watchdog {
+    done: Arc<std::sync::atomic::AtomicBool>,
+    fired: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Watchdog {
+    pub fn start(h: kvsched::Handle, limit: Duration) -> Self {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let done = Arc::new(AtomicBool::new(false));
+        let fired = Arc::new(AtomicBool::new(false));
+        let (d2, f2) = (done.clone(), fired.clone());
+        let thread = std::thread::spawn(move || {
+            let start = Instant::now();
+            while !d2.load(Ordering::SeqCst) {
+                if start.elapsed() > limit {
+                    f2.store(true, Ordering::SeqCst);
+                    h.cancel("watchdog-wake-up");
+                    std::thread::sleep(Duration::from_millis(50));
+                } else {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+        });
+        Watchdog {
+            done,
+            fired,
+            thread: Some(thread),
+        }
+    }
+    pub fn fired(&self) -> bool {
+        self.fired.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.done.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
