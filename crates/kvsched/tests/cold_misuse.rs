@@ -271,3 +271,50 @@ fn save_blocks_with_the_largest_index_keeps_the_real_blocks() {
         "the real block (group 0, entry 0) was not queued"
     );
 }
+
+/// `save_step` and `completed_prompt_blocks` given a real plan's request with the wrong
+/// prompt, or groups that are not the runtime's: no panic, and nothing saved that the step
+/// did not complete.
+#[test]
+fn save_step_with_the_wrong_prompt_or_groups() {
+    let g = groups();
+    let pool = 256;
+    let mut eng = Engine::new(g.clone(), pool).memory_tier(0.0);
+    let mut rt = builder(&g, pool).build().unwrap();
+    eng.submit(&rt, "p", prompt(0, 0, 1, 100), 3);
+    let tc = eng.tier_conn.clone().unwrap();
+    let mut steps = 0;
+    while rt.live() > 0 && steps < 100 {
+        steps += 1;
+        let plan = eng.step(&mut rt);
+        for s in &plan.scheduled {
+            let long: Vec<u32> = (0..100_000).collect();
+            for p in [&[][..], &[1, 2, 3][..], &long[..]] {
+                let r =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tc.save_step(p, s)));
+                let queued = r.unwrap_or_else(|_| {
+                    panic!("save_step panicked on a prompt of {} tokens", p.len())
+                });
+                if p.len() < 8 {
+                    assert_eq!(queued, 0, "a prompt with no full block queued a save");
+                }
+            }
+            for (groups, len) in [
+                (vec![CacheGroup::full_attention(16)], 100usize),
+                (vec![], 100),
+                (g.clone(), usize::MAX),
+                (vec![CacheGroup::full_attention(1); 5], 100),
+            ] {
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    kvsched::kv::completed_prompt_blocks(&groups, len, s)
+                }));
+                assert!(
+                    r.is_ok(),
+                    "completed_prompt_blocks panicked for {groups:?}, {len}"
+                );
+            }
+        }
+    }
+    assert!(tc.flush_for(Duration::from_secs(5)));
+    rt.shutdown();
+}
