@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use cold_support::*;
 use kvsched::kv::MemoryTier;
-use kvsched::{CacheGroup, MambaMode, Mode, Policy, Runtime, Settings, StepOutput};
+use kvsched::{CacheGroup, MambaMode, Mode, Policy, Settings, StepOutput};
 
 fn dense() -> Vec<CacheGroup> {
     vec![CacheGroup::full_attention(16)]
@@ -129,83 +129,6 @@ fn tiny_pool_everything_ends_and_reads_are_right() {
         assert_report_clean(&r, pool);
         assert_eq!(r.metrics.finished, 10, "{r}");
     }
-}
-
-/// `TooLong` for a prompt the pool can never hold; 0 budgets refused at build.
-#[test]
-fn impossible_requests_and_zero_budgets_are_typed_errors() {
-    let g = dense();
-    let rt = builder(&g, 8).build().unwrap();
-    let e = rt.submit(kvsched::SubmitRequest {
-        id: "big".into(),
-        prompt: vec![1; 16 * 8],
-        max_new_tokens: 1,
-        priority: 0,
-        load_deadline: None,
-    });
-    assert!(
-        matches!(e, Err(kvsched::RuntimeError::TooLong { .. })),
-        "{e:?}"
-    );
-    let e = rt.submit(kvsched::SubmitRequest {
-        id: "".into(),
-        prompt: vec![1],
-        max_new_tokens: 1,
-        priority: 0,
-        load_deadline: None,
-    });
-    assert!(e.is_err());
-    let e = rt.submit(kvsched::SubmitRequest {
-        id: "e".into(),
-        prompt: vec![],
-        max_new_tokens: 1,
-        priority: 0,
-        load_deadline: None,
-    });
-    assert!(
-        matches!(e, Err(kvsched::RuntimeError::EmptyPrompt { .. })),
-        "{e:?}"
-    );
-    let r = rt.shutdown();
-    assert_report_clean(&r, 8);
-    for b in [
-        builder(&g, 64).token_budget(0),
-        builder(&g, 64).max_seqs(0),
-        builder(&g, 1),
-        builder(&g, 64).shards(0),
-        builder(&g, 64).workers(0),
-    ] {
-        assert!(matches!(
-            b.build(),
-            Err(kvsched::RuntimeError::Config { .. } | kvsched::RuntimeError::Pool(_))
-        ));
-    }
-    let e = Runtime::builder()
-        .groups(vec![CacheGroup::full_attention(0)])
-        .build();
-    assert!(e.is_err());
-    let e = Runtime::builder().groups(vec![]).build();
-    assert!(e.is_err());
-    let rt = builder(&g, 64).build().unwrap();
-    assert!(rt
-        .update_settings(Settings::default().with_load_deadline(Some(Duration::ZERO)))
-        .is_err());
-    rt.shutdown();
-}
-
-/// A request with no token limit on a tiny pool ends at its length cap.
-#[test]
-fn unlimited_request_ends_at_length_cap() {
-    let g = hybrid_odd(MambaMode::All);
-    let pool = 24;
-    let mut eng = Engine::new(g.clone(), pool);
-    let mut rt = builder(&g, pool).build().unwrap();
-    eng.submit(&rt, "u", prompt(0, 0, 1, 30), 0);
-    assert!(eng.run_until_idle(&mut rt, Duration::from_secs(20)));
-    let r = rt.shutdown();
-    eng.assert_clean();
-    assert_report_clean(&r, pool);
-    assert_eq!(r.metrics.length_capped, 1, "{r}");
 }
 
 /// An engine that answers with the wrong step, repeats samples, samples ids never
@@ -381,48 +304,6 @@ fn live_mode_and_policy_switches_keep_invariants() {
     assert_report_clean(&r, pool);
     assert_eq!(r.metrics.finished + r.metrics.failed, 30, "{r}");
     eng.assert_clean();
-}
-
-/// Prompts at the edge of what the pool can hold, with and without room for their output:
-/// each is refused as `TooLong` or ends (finished or length-capped); none is left live.
-#[test]
-fn prompts_at_the_pool_edge_end_or_are_refused() {
-    for groups in [
-        dense(),
-        hybrid_odd(MambaMode::Align),
-        hybrid_odd(MambaMode::All),
-    ] {
-        let pool = 24;
-        for len in (150..330).step_by(7) {
-            for max_new in [1u32, 40, 0] {
-                let mut eng = Engine::new(groups.clone(), pool);
-                let mut rt = builder(&groups, pool).shards(2).build().unwrap();
-                let req = kvsched::SubmitRequest {
-                    id: "edge".into(),
-                    prompt: prompt(0, 0, len as u32, len),
-                    max_new_tokens: max_new,
-                    priority: 0,
-                    load_deadline: None,
-                };
-                eng.seqs.insert("edge".into(), Seq::new(req.prompt.clone()));
-                match rt.submit(req) {
-                    Err(kvsched::RuntimeError::TooLong { .. }) => continue,
-                    Err(e) => panic!("{e}"),
-                    Ok(()) => {}
-                }
-                let ended = eng.run_until_idle(&mut rt, Duration::from_secs(3));
-                let m = rt.metrics();
-                let r = rt.shutdown();
-                assert!(
-                    ended,
-                    "{groups:?} len {len} max_new {max_new}: accepted, never ended: {m:?}"
-                );
-                eng.assert_clean();
-                assert_report_clean(&r, pool);
-                assert_eq!(r.metrics.finished, 1, "{r}");
-            }
-        }
-    }
 }
 
 /// An engine that names its sync loads' destinations at the wrong generation: a newer one

@@ -446,3 +446,34 @@ fn engine_naming_foreign_blocks_rolls_back_nobody() {
     assert!(r.metrics.foreign_blocks > 0);
     assert_eq!(r.metrics.finished, 4);
 }
+
+/// A load that fills nothing and fails naming its own destinations at the wrong generation
+/// (older or newer): the runtime cannot take those blocks as loaded.
+#[test]
+fn failed_async_load_naming_its_blocks_at_wrong_generations() {
+    for delta in [1u32, u32::MAX, 1 << 31] {
+        let h = Hostility {
+            poison_misnamed: Some(delta),
+            ..Default::default()
+        };
+        let (eng, _, r) = hostile_round(h, Settings::default(), 1024, 8, 1.0, 2);
+        assert!(r.metrics.loads_failed > 0, "{:?}", r.metrics);
+        eng.assert_clean();
+        assert_report_clean(&r, 1024);
+        assert_eq!(r.metrics.finished, 8, "{r}");
+    }
+}
+
+/// A load that fills nothing and fails naming no block at all.
+#[test]
+fn failed_async_load_naming_no_block() {
+    let h = Hostility {
+        poison_fail_empty: true,
+        ..Default::default()
+    };
+    let (eng, _, r) = hostile_round(h, Settings::default(), 1024, 8, 1.0, 2);
+    assert!(r.metrics.loads_failed > 0, "{:?}", r.metrics);
+    eng.assert_clean();
+    assert_report_clean(&r, 1024);
+    assert_eq!(r.metrics.finished, 8, "{r}");
+}

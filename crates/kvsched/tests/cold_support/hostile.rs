@@ -27,6 +27,11 @@ pub struct Hostility {
     pub ok_without_writing: bool,
     /// Fail naming other requests' blocks, an out-of-range id and wrong generations.
     pub foreign_reports: bool,
+    /// Fill nothing (poison every destination it may write) and fail naming its own
+    /// destinations at their generation plus this (wrapping).
+    pub poison_misnamed: Option<u32>,
+    /// Fill nothing (poison) and fail naming no block at all (`Flat` or `ByGroup`, empty).
+    pub poison_fail_empty: bool,
     /// Block in load until `release` is set.
     pub hang_until_released: bool,
 }
@@ -101,6 +106,38 @@ impl KvConnector for Hostile {
             return LoadResult::Ok;
         }
         let r = self.inner.load(job);
+        if self.h.poison_fail_empty {
+            for g in 0..job.block_tables.len() {
+                for i in job.loaded_range(g) {
+                    if let Some(b) = job.may_write(g, i) {
+                        let _ = self.mem.poison(g, b.id);
+                    }
+                }
+            }
+            let n = self.calls.load(Ordering::Relaxed);
+            return LoadResult::Failed(if n % 2 == 0 {
+                InvalidBlocks::Flat(vec![])
+            } else {
+                InvalidBlocks::ByGroup(vec![])
+            });
+        }
+        if let Some(delta) = self.h.poison_misnamed {
+            let mut bad = Vec::new();
+            for (g, t) in job.block_tables.iter().enumerate() {
+                for i in job.loaded_range(g) {
+                    if let Some(b) = job.may_write(g, i) {
+                        let _ = self.mem.poison(g, b.id);
+                    }
+                    if t[i].id != 0 {
+                        bad.push(BlockRef {
+                            id: t[i].id,
+                            generation: t[i].generation.wrapping_add(delta),
+                        });
+                    }
+                }
+            }
+            return LoadResult::Failed(InvalidBlocks::Flat(bad));
+        }
         if self.h.foreign_reports {
             let mut seen = self.seen.lock().unwrap();
             let own = job.all_loaded_blocks();
