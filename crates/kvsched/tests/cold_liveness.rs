@@ -118,6 +118,9 @@ fn pool_split_across_shards_never_stalls() {
         assert_report_clean(&r, pool);
         assert_eq!(r.metrics.finished, 12, "{r}");
         assert_eq!(r.metrics.no_progress_steps, 0, "{:?}", r.metrics);
+        if std::env::var("COLD_VERBOSE").is_ok() {
+            eprintln!("{shards} shards: {:?}", r.metrics);
+        }
     }
 }
 
@@ -255,4 +258,37 @@ fn handles_on_many_threads_while_the_engine_steps() {
     assert_report_clean(&r, pool);
     assert_eq!(r.metrics.submitted, 240);
     assert!(r.metrics.cancelled > 0 && r.metrics.finished > 0, "{r}");
+}
+
+/// A request without a token limit ends at its length cap after the step's admissions,
+/// freeing the pool another request waits for: the sleeping engine is woken at once.
+#[test]
+fn length_cap_frees_the_pool_for_a_waiter_and_wakes_the_engine() {
+    for (groups, waiter_len) in [
+        (vec![CacheGroup::full_attention(16)], 272),
+        (
+            vec![
+                CacheGroup::full_attention(12),
+                CacheGroup::sliding_window(8, 20),
+            ],
+            80,
+        ),
+    ] {
+        let pool = 20;
+        let mut eng = Engine::new(groups.clone(), pool);
+        let mut rt = builder(&groups, pool).shards(2).build().unwrap();
+        eng.submit(&rt, "capped", prompt(0, 0, 1, 40), 0);
+        eng.step(&mut rt);
+        eng.submit(&rt, "waiter", prompt(0, 0, 2, waiter_len), 1);
+        let t = Instant::now();
+        let ok = run_sleepy(&mut eng, &mut rt, Duration::from_secs(5));
+        let took = t.elapsed();
+        let r = rt.shutdown();
+        assert!(ok, "slept with work to do");
+        assert!(took < Duration::from_secs(2), "{took:?}");
+        eng.assert_clean();
+        assert_report_clean(&r, pool);
+        assert_eq!(r.metrics.length_capped, 1, "{r}");
+        assert_eq!(r.metrics.finished, 2, "{r}");
+    }
 }
