@@ -477,3 +477,103 @@ fn failed_async_load_naming_no_block() {
     assert_report_clean(&r, 1024);
     assert_eq!(r.metrics.finished, 8, "{r}");
 }
+
+/// Per-request load deadlines of zero, one nanosecond and `Duration::MAX`: a typed error or
+/// a run where every request ends and nothing kept is wrong.
+#[test]
+fn per_request_deadlines_at_the_edges() {
+    let g = groups();
+    let pool = 1024;
+    let mut eng = Engine::new(g.clone(), pool).memory_tier(1.0);
+    let mut rt = builder(&g, pool)
+        .connector(eng.tier_conn.clone().unwrap())
+        .build()
+        .unwrap();
+    for i in 0..4u32 {
+        eng.submit(&rt, &format!("w{i}"), prompt(i, 96, 900 + i, 110), 1);
+    }
+    assert!(eng.run_until_idle(&mut rt, Duration::from_secs(10)));
+    eng.flush();
+    rt.shutdown();
+    let hc = Hostile::new(
+        eng.tier_conn.clone().unwrap(),
+        Hostility {
+            sleep: Duration::from_millis(5),
+            ..Default::default()
+        },
+    );
+    let mut rt = builder(&g, pool).connector(hc).build().unwrap();
+    let mut accepted = 0;
+    for (i, d) in [
+        Duration::ZERO,
+        Duration::from_nanos(1),
+        Duration::MAX,
+        Duration::from_secs(u64::MAX),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let id = format!("d{i}");
+        let p = prompt(i as u32 % 4, 96, 50 + i as u32, 100);
+        eng.seqs.insert(id.clone(), Seq::new(p.clone()));
+        match rt.submit(kvsched::SubmitRequest {
+            id,
+            prompt: p,
+            max_new_tokens: 2,
+            priority: 0,
+            load_deadline: Some(d),
+        }) {
+            Ok(()) => accepted += 1,
+            Err(kvsched::RuntimeError::Config { .. }) => assert_eq!(d, Duration::ZERO),
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+    assert!(
+        eng.run_until_idle(&mut rt, Duration::from_secs(10)),
+        "{:?}",
+        rt.metrics()
+    );
+    let r = rt.shutdown();
+    eng.assert_clean();
+    assert_report_clean(&r, pool);
+    assert_eq!(r.metrics.finished, accepted, "{r}");
+}
+
+/// Dropping a runtime without `shutdown` while a load hangs: the drop returns within about
+/// the second it waits for workers.
+#[test]
+fn dropping_a_runtime_with_a_hung_load_returns() {
+    let g = groups();
+    let pool = 512;
+    let mut eng = Engine::new(g.clone(), pool).memory_tier(1.0);
+    let mut rt = builder(&g, pool)
+        .connector(eng.tier_conn.clone().unwrap())
+        .build()
+        .unwrap();
+    eng.submit(&rt, "seed", prompt(0, 96, 1, 110), 1);
+    assert!(eng.run_until_idle(&mut rt, Duration::from_secs(10)));
+    eng.flush();
+    rt.shutdown();
+    let hc = Hostile::new(
+        eng.tier_conn.clone().unwrap(),
+        Hostility {
+            hang_until_released: true,
+            ..Default::default()
+        },
+    );
+    let mut rt = builder(&g, pool).connector(hc.clone()).build().unwrap();
+    eng.submit(&rt, "hung", prompt(0, 96, 2, 100), 2);
+    let start = Instant::now();
+    while hc.loads_started.load(Ordering::SeqCst) == 0 && start.elapsed() < Duration::from_secs(5) {
+        let plan = eng.step(&mut rt);
+        if plan.scheduled.is_empty() {
+            rt.wait_for_work(Duration::from_millis(5));
+        }
+    }
+    assert_eq!(hc.loads_started.load(Ordering::SeqCst), 1);
+    let t = Instant::now();
+    drop(rt);
+    let took = t.elapsed();
+    hc.release.store(true, Ordering::SeqCst);
+    assert!(took < Duration::from_secs(3), "drop took {took:?}");
+}
