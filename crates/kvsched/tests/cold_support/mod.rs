@@ -98,6 +98,8 @@ pub struct Tally {
     pub sync_loads_run: u64,
     pub sync_loads_failed: u64,
     pub kept_samples: HashMap<String, u64>,
+    /// What a test collected from `Runtime::check_invariants` between steps.
+    pub invariant_violations: Vec<String>,
 }
 
 pub struct Engine {
