@@ -13,7 +13,7 @@ use std::time::Duration;
 use cold_support::*;
 use kvsched::connector::CancelToken;
 use kvsched::kv::{ChunkKey, MemoryTier, Tier, TierError};
-use kvsched::{CacheGroup, MambaMode, Mode, Settings};
+use kvsched::{CacheGroup, MambaMode, Mode, Policy, Settings};
 
 struct Flipper {
     inner: MemoryTier,
@@ -56,6 +56,16 @@ fn sharers(
     groups: Vec<CacheGroup>,
     owner_end: OwnerEnd,
     n_sharers: u32,
+) -> (Engine, kvsched::Report) {
+    sharers_with(groups, owner_end, n_sharers, Policy::Recompute)
+}
+
+/// `policy`: the policy switched to with mode `safe`.
+fn sharers_with(
+    groups: Vec<CacheGroup>,
+    owner_end: OwnerEnd,
+    n_sharers: u32,
+    policy: Policy,
 ) -> (Engine, kvsched::Report) {
     let pool = 512;
     let tier = Arc::new(Flipper {
@@ -136,8 +146,12 @@ fn sharers(
             eng.tally.garbage_kept.truncate(before);
         }
         if failed_sync && !switched {
-            rt.update_settings(Settings::default().with_mode(Mode::Safe))
-                .unwrap();
+            rt.update_settings(
+                Settings::default()
+                    .with_mode(Mode::Safe)
+                    .with_policy(policy),
+            )
+            .unwrap();
             switched = true;
         }
         if plan.scheduled.is_empty() && rt.live() > 0 {
@@ -212,6 +226,32 @@ fn sharers_of_a_failed_sync_load_wait_window_owner_recomputes() {
             ],
             e,
         );
+    }
+}
+
+/// Switched to mode `safe` with policy `fail`: whoever read the failed block fails, nobody
+/// keeps a wrong byte, every request ends.
+#[test]
+fn sharers_under_policy_fail_end_without_garbage() {
+    for g in [
+        vec![CacheGroup::full_attention(16)],
+        vec![
+            CacheGroup::full_attention(12),
+            CacheGroup::sliding_window(8, 20),
+            CacheGroup::mamba(24, MambaMode::Align),
+        ],
+    ] {
+        for e in [OwnerEnd::Stays, OwnerEnd::Cancelled] {
+            let (eng, r) = sharers_with(g.clone(), e, 3, Policy::Fail);
+            eng.assert_clean();
+            assert!(
+                eng.tally.invariant_violations.is_empty(),
+                "{:?}",
+                eng.tally.invariant_violations
+            );
+            assert_report_clean(&r, 512);
+            assert!(r.metrics.failed > 0, "{e:?}: nobody failed: {r}");
+        }
     }
 }
 
