@@ -257,23 +257,16 @@ fn sharers_under_policy_fail_end_without_garbage() {
 
 /// The owner is cancelled before recomputing: its blocks are handed off, the first sharer
 /// claims them and rolls back to 0. Its sliding-window entries wholly outside the window at
-/// its (prefix-hit) admission were the null block and stay so: the plan has it compute
-/// `[0, 96)` with those entries null, so the engine is told to write KV into the null block
-/// and to read the chunk's window from it; the blocks it then confirms are what the other
-/// sharers wait for. `Report::violations` stays empty (the state is gone by shutdown), but
-/// the between-step `check_invariants` hook flags it after that step: "group 1 entry 0
-/// holds no real block".
-///
-/// Where: `runtime/shard/claim.rs`, `decide`, sets the new owner's `num_computed_tokens` to
-/// the decision's 0 (`Disposition::Skip`) and leaves its tables as they were; before the
-/// next step `runtime/shard/schedule.rs`, `grow`, refills only a null Mamba `align` state
-/// entry (`fill_state_entry`) and appends entries past each table's end (`blocks_needed`
-/// counts `blocks_for_tokens(upto) - len`), so null window entries inside the table below
-/// the new computed length are written through as they are. Pure mode `safe` never has a
-/// sharer of a failed block, so it takes a live switch from `vllm`, whose step order made
-/// the sharers, to `safe` (the settings the fault matrix switches live).
+/// its (prefix-hit) admission are the null block: the step that recomputes `[0, 96)` must
+/// give each of them a fresh block before the engine writes there (`grow`'s
+/// `fill_written_entries`), or the engine writes KV into the null block and reads the
+/// chunk's window from it, and the blocks it then confirms are what the other sharers wait
+/// for. `Report::violations` would stay empty (the state is gone by shutdown); the
+/// between-step `check_invariants` hook flags it: "group 1 entry 0 holds no real block".
+/// Pure mode `safe` never has a sharer of a failed block, so it takes a live switch from
+/// `vllm`, whose step order made the sharers, to `safe` (the settings the fault matrix
+/// switches live).
 #[test]
-#[ignore = "finding: a hand-off rolls a sharer back into null window entries (writes into the null block, window reads from it)"]
 fn handoff_to_a_window_sharer_rolls_back_into_null_entries() {
     let (eng, r) = sharers(
         vec![

@@ -12,7 +12,7 @@ use crate::runtime::claim::RequestKey;
 use crate::runtime::policy::alignment::{aligned_chunk, chunk_alignment};
 use crate::runtime::policy::growth::blocks_needed;
 use crate::runtime::policy::scheduling::{length_capped, preemption_victim, StepBudget};
-use crate::runtime::policy::state_ends::written_state;
+use crate::runtime::policy::state_ends::{state_only, written_state};
 
 /// Running keys [`Shard::schedule`] takes from the set at a time.
 const KEY_CHUNK: usize = 32;
@@ -21,7 +21,7 @@ impl<S: Strategy> Shard<S> {
     /// Makes room in the tables of `r` for `upto` computed tokens.
     fn grow(env: &Env<'_, S>, r: &mut Req, upto: u64, index: &mut HolderIndex) -> bool {
         let groups = env.geo.groups();
-        if !Self::fill_state_entry(env, r, upto, index) {
+        if !Self::fill_written_entries(env, r, upto, index) {
             return false;
         }
         let need = blocks_needed(groups, r.tables.iter().map(Vec::len), upto);
@@ -46,31 +46,53 @@ impl<S: Strategy> Shard<S> {
         true
     }
 
-    /// Gives a fresh block to the entry a step computing up to `upto` writes a Mamba `align`
-    /// state into when it is the null block: an entry of an external range that was not loaded
-    /// (`policy::admission::external_nulls`), reached again after a failed load rolled the
-    /// request back below it.
-    fn fill_state_entry(env: &Env<'_, S>, r: &mut Req, upto: u64, index: &mut HolderIndex) -> bool {
+    /// Gives a fresh block to every entry a step computing from the request's length up to
+    /// `upto` writes into that is the null block: for a Mamba `align` group the entry its
+    /// state goes to, for every other group each entry holding a token of the step. Such an
+    /// entry arises where the request was rolled back below entries it never held: a Mamba
+    /// entry of an external range that was not loaded (`policy::admission::external_nulls`),
+    /// or a sliding window's entries left outside the window by a prefix hit, when a hand-off
+    /// rolls a sharer back below its hit. The engine must never write into the null block.
+    fn fill_written_entries(
+        env: &Env<'_, S>,
+        r: &mut Req,
+        upto: u64,
+        index: &mut HolderIndex,
+    ) -> bool {
         let null = env.geo.null_block();
         if planted!("mamba-state-into-null") {
             return true; // the step writes its state into the null block: it is lost
         }
+        let from = r.num_computed_tokens;
         for (g, grp) in env.geo.groups().iter().enumerate() {
-            let Some(i) = written_state(grp, upto) else {
-                continue;
+            // Planted bug (scripts/plants.sh): only Mamba states are given a block, so a
+            // sharer rolled back below its prefix hit writes its window into the null block.
+            let windows_too = !planted!("window-into-null");
+            let written = match written_state(grp, upto) {
+                Some(i) => i..i.saturating_add(1),
+                None if state_only(grp) || upto <= from || !windows_too => continue,
+                None => {
+                    let b = grp.block_size.max(1);
+                    let first = usize::try_from(from / b).unwrap_or(usize::MAX);
+                    let end = usize::try_from(upto.div_ceil(b)).unwrap_or(usize::MAX);
+                    first..end
+                }
             };
-            if r.tables[g].get(i) != Some(&null) {
-                continue;
-            }
-            let mut one = Vec::with_capacity(1);
-            if !env.pool.allocate_n(1, &mut one) {
-                return false;
-            }
-            if let Some(b) = one.pop() {
-                r.tables[g][i] = b.id;
-                r.gens[g][i] = b.generation;
-                r.snapshot = None;
-                index.add(b.id, r.key.seq());
+            let end = written.end.min(r.tables[g].len());
+            for i in written.start..end {
+                if r.tables[g][i] != null {
+                    continue;
+                }
+                let mut one = Vec::with_capacity(1);
+                if !env.pool.allocate_n(1, &mut one) {
+                    return false;
+                }
+                if let Some(b) = one.pop() {
+                    r.tables[g][i] = b.id;
+                    r.gens[g][i] = b.generation;
+                    r.snapshot = None;
+                    index.add(b.id, r.key.seq());
+                }
             }
         }
         true
