@@ -215,7 +215,8 @@ impl TierConnector {
             let Some(max) = blocks.iter().filter(|b| b.0 == g).map(|b| b.1).max() else {
                 continue;
             };
-            let keys = self.keys(g, tokens, max + 1);
+            // Saturating: an index past every key names no full block (skipped below).
+            let keys = self.keys(g, tokens, max.saturating_add(1));
             let Some(bytes) = self.memory.layout().bytes_per_block(g) else {
                 continue;
             };
