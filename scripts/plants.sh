@@ -126,7 +126,7 @@ declare -A TESTS=(
   # runtime/shard/schedule.rs: an entry a step writes that is the null block gets a block
   # only in a Mamba align group, so a sliding-window sharer that a hand-off rolls back below
   # its prefix hit writes its window into the null block.
-  [window-into-null]="kvsched --test cold_sharers"
+  [window-into-null]="kvsched --test engine_api"
   # kv/tier_load.rs: a chunk that fails its checksum after the one-pass verify-and-copy wrote
   # its payload is reported invalid but left unpoisoned (its destination keeps damaged bytes).
   [failed-copy-left-unpoisoned]="kvsched --test kv_zero_copy;kvsched --test kv_fault_paths"

@@ -1,13 +1,11 @@
 //! KV memory that refuses or panics on some of a load's writes (an engine's device memory
 //! failing a copy): the `TierConnector` must not report such a block loaded.
 
-mod cold_support;
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use cold_support::*;
+use crate::support::*;
 use kvsched::kv::{
     HostKvMemory, KvLayout, KvMemory, KvMemoryError, MemoryTier, TierConnector, TierConnectorConfig,
 };

@@ -1,14 +1,12 @@
 //! An engine written against the public API alone, on real KV bytes: every block a plan
 //! tells the engine to read is checked against a deterministic function of (group, token
 //! position, token prefix). Honest runs on dense and hybrid geometries, then hostile
-//! engines (see `cold_hostile.rs` for hostile connectors and tiers).
-
-mod cold_support;
+//! engines (see `hostile.rs` for hostile connectors and tiers).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use cold_support::*;
+use crate::support::*;
 use kvsched::kv::MemoryTier;
 use kvsched::{CacheGroup, MambaMode, Mode, Policy, Settings, StepOutput};
 

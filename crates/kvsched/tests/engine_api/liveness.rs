@@ -2,13 +2,11 @@
 //! a pool held by parked blocks of late loads, pools split across shards, loads ended by a
 //! cancel while their worker still writes.
 
-mod cold_support;
-
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use cold_support::hostile::*;
-use cold_support::*;
+use crate::support::hostile::*;
+use crate::support::*;
 use kvsched::{CacheGroup, Runtime, Settings};
 
 /// Steps with an engine that waits for work with an hour's timeout whenever a plan schedules

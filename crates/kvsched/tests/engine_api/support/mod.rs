@@ -1,7 +1,6 @@
 //! A hand-written engine over the public API: every token's KV (and every Mamba state) is a
 //! deterministic function of (group, position, token prefix), so a read of any block the
 //! plan names can be checked against what a correct model would have written there.
-#![allow(dead_code)]
 
 pub mod hostile;
 

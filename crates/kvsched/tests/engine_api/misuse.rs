@@ -2,12 +2,10 @@
 //! saves naming groups, entries and blocks that do not exist, KV memory accessed out of
 //! range. Library code answers with typed errors, failed blocks or counts, never a panic.
 
-mod cold_support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use cold_support::*;
+use crate::support::*;
 use kvsched::connector::{KvConnector, LoadJob, LoadResult, LookupQuery};
 use kvsched::kv::{
     HostKvMemory, KvLayout, KvMemory, MemoryTier, TierConnector, TierConnectorConfig,

@@ -1,11 +1,9 @@
 //! Limits and settings at their edges: impossible requests, zero budgets, prompts at the
 //! pool's edge, requests without a token limit, extreme cost-policy rates and durations.
 
-mod cold_support;
-
 use std::time::Duration;
 
-use cold_support::*;
+use crate::support::*;
 use kvsched::{CacheGroup, MambaMode, Runtime, Settings};
 
 fn dense() -> Vec<CacheGroup> {

@@ -4,13 +4,11 @@
 //! before the recovery. From then on sharers must wait for the owner, take over when it
 //! ends first, and never keep an output that read a wrong byte.
 
-mod cold_support;
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use cold_support::*;
+use crate::support::*;
 use kvsched::connector::CancelToken;
 use kvsched::kv::{ChunkKey, MemoryTier, Tier, TierError};
 use kvsched::{CacheGroup, MambaMode, Mode, Policy, Settings};

@@ -1,16 +1,14 @@
-//! Hostile connectors against the runtime, with the engine of `cold_support` checking every
+//! Hostile connectors against the runtime, with the engine of `support` checking every
 //! byte it reads: connectors that panic, hang, write after their deadline without asking
 //! `may_write`, report other requests' blocks or nonsense generations, and offer more than
 //! the prompt holds.
-
-mod cold_support;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cold_support::hostile::*;
-use cold_support::*;
+use crate::support::hostile::*;
+use crate::support::*;
 use kvsched::{BlockRef, CacheGroup, MambaMode, Settings, StepOutput};
 
 fn groups() -> Vec<CacheGroup> {

@@ -1,14 +1,12 @@
 //! Hostile stores under `TierConnector`: chunks of other keys, cut short, random, forged
 //! without the MAC key, answers of the wrong length, errors, panics, hangs, a `read_with`
-//! that lies. The engine of `cold_support` checks every byte it reads.
-
-mod cold_support;
+//! that lies. The engine of `support` checks every byte it reads.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use cold_support::*;
+use crate::support::*;
 use kvsched::connector::CancelToken;
 use kvsched::kv::{
     ChunkCodec, ChunkHeader, ChunkKey, MemoryTier, Tier, TierConnector, TierConnectorConfig,

@@ -3,13 +3,11 @@
 //! twice, cancels and finishes at random, on a small pool of a hybrid geometry with shards
 //! forced parallel. Mode `safe`: no kept output may have read a wrong byte.
 
-mod cold_support;
-
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cold_support::*;
+use crate::support::*;
 use kvsched::connector::{
     InvalidBlocks, KvConnector, LoadJob, LoadResult, LookupQuery, LookupResult, Prepared,
 };
