@@ -1,0 +1,166 @@
+"""Hostile input to the package's public functions: values out of range, wrong types and
+one-shot iterables, each expected to give a `ValueError` (or a `TypeError` for a wrong type)
+naming the argument, never a `PanicException`, a hang or a silently wrong answer.
+
+The tests marked `xfail(strict=True)` are open findings: each fails today and its reason says
+what goes wrong and where."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from kvsched.tier import KvschedTierManager
+from kvsched.vllm import CacheGroup, RequestState, SharerHolds, plan_recovery
+from tier_caller import Caller, JobMetadata, key, kv_buffer
+
+N = 8
+BS = 64
+
+
+def make(**kw):
+    raw, view = kv_buffer(N, BS)
+    tier = KvschedTierManager(None, view, "kvsched", **kw)
+    return tier, Caller(tier, view)
+
+
+# --- kvsched.tier: drain_jobs's timeout -----------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding: drain_jobs with a timeout too large for an Instant (inf, 1e300, 2**64) "
+    "raises pyo3_runtime.PanicException 'overflow when adding duration to instant': "
+    "NativeTier.wait_idle (src/tier.rs) saturates the float to Duration::MAX and "
+    "Jobs::wait_idle (src/tier_jobs.rs) adds it to Instant::now() unchecked",
+)
+@pytest.mark.parametrize("timeout", [float("inf"), 1e300, 2**64], ids=["inf", "1e300", "2**64"])
+def test_drain_jobs_with_a_huge_timeout_waits_or_names_the_argument(timeout):
+    tier, _ = make()
+    try:
+        # Idle: a timeout meaning "wait as long as it takes" returns at once.
+        assert tier.drain_jobs(timeout) is True
+    except ValueError as e:  # or refused, naming the argument
+        assert str(e).startswith("timeout"), e
+    finally:
+        tier.shutdown()
+
+
+def test_drain_jobs_with_a_zero_or_negative_timeout_returns_at_once():
+    tier, c = make()
+    try:
+        assert tier.drain_jobs(0) is True
+        assert tier.drain_jobs(-1.0) is True
+        assert c.store([key(1)], [0])
+    finally:
+        tier.shutdown()
+
+
+# --- kvsched.tier: constructor and jobs -----------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding: capacity_bytes smaller than one chunk (0, 1, the block's own 64 bytes) "
+    "is accepted; every store then fails (JobResult success=False) and nothing is ever "
+    "cached, with no error naming capacity_bytes",
+)
+@pytest.mark.parametrize("store", ["memory", "disk"])
+def test_a_capacity_that_holds_no_chunk_names_the_argument(store, tmp_path):
+    kw = {"path": str(tmp_path / "d")} if store == "disk" else {}
+    with pytest.raises(ValueError, match="^capacity_bytes:"):
+        tier, c = make(store=store, capacity_bytes=0, **kw)
+        tier.shutdown()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding: submit_store / submit_load given no job (None, or an object without "
+    "job_id/keys/block_ids) raise AttributeError \"'NoneType' object has no attribute "
+    "'keys'\", neither a TypeError nor a message naming job_metadata (tier.py _job)",
+)
+@pytest.mark.parametrize("job", [None, object(), 5], ids=["None", "object", "int"])
+def test_a_job_that_is_no_job_metadata_is_a_type_error_naming_it(job):
+    tier, _ = make()
+    try:
+        for submit in (tier.submit_store, tier.submit_load):
+            with pytest.raises(TypeError, match="^job_metadata"):
+                submit(job)
+    finally:
+        tier.shutdown()
+
+
+def test_an_empty_job_and_duplicate_slots_finish_and_report_once():
+    tier, c = make()
+    try:
+        tier.submit_store(JobMetadata(1, [], []))
+        assert c.wait(1, 5.0) is True
+        tier.submit_load(JobMetadata(2, [], []))
+        assert c.wait(2, 5.0) is True
+        c.fill(0, b"\x07" * BS)
+        assert c.store([key(1), key(1)], [0, 0])
+        assert c.load([key(1), key(1)], [3, 3])
+        assert c.slot(3) == b"\x07" * BS
+    finally:
+        tier.shutdown()
+
+
+def test_a_redis_url_with_nothing_behind_it_fails_jobs_fast():
+    tier, c = make(store="redis", url="redis://127.0.0.1:1")
+    try:
+        t0 = time.monotonic()
+        assert c.store([key(1)], [0]) is False
+        assert c.load([key(2)], [1]) is False
+        assert c.lookup(key(3)) is False
+        assert time.monotonic() - t0 < 5.0
+    finally:
+        tier.shutdown()
+
+
+# --- kvsched.vllm.plan_recovery -------------------------------------------------------------
+
+# A full-attention and a 16-token sliding-window group: r1 owns block 2 (rolls back to 0),
+# r2 keeps its 32 pre-step tokens and waits for r1 to rewrite block 2 (tokens 16-32).
+GROUPS = [CacheGroup("full_attention", 16), CacheGroup("sliding_window", 16, window=16)]
+
+
+def _requests(tables):
+    return [
+        RequestState("r1", False, tables, 48, 16),
+        RequestState("r2", False, [[1, 2, 9], [0, 2, 9]], 48, 16),
+    ]
+
+
+def test_the_waits_of_a_sharer_name_where_the_owner_rewrites_the_block():
+    plan = plan_recovery(_requests([[1, 2, 3], [0, 2, 3]]), GROUPS, {2})
+    assert plan.num_computed_tokens == {"r1": 0, "r2": 32}
+    assert [(w.block, w.owner, w.ready_at) for w in plan.waits["r2"]] == [(2, "r1", 32)]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding: an owner whose block_ids (or a table in them) is a one-shot iterator "
+    "gives its sharers Wait.ready_at=0: _request consumes r.block_ids, _rewritten_at "
+    "(kvsched/vllm.py) iterates it again and finds nothing, and plan_from_outcome's "
+    ".get(block, 0) hides it; SharerHolds.refresh then drops the wait at once and the "
+    "sharer is scheduled before the owner rewrote the block",
+)
+@pytest.mark.parametrize(
+    "tables",
+    [
+        lambda: iter([[1, 2, 3], [0, 2, 3]]),
+        lambda: [iter([1, 2, 3]), iter([0, 2, 3])],
+        lambda: ([1, 2, 3] if g == 0 else [0, 2, 3] for g in range(2)),
+    ],
+    ids=["iterator-of-tables", "iterator-tables", "generator"],
+)
+def test_one_shot_block_ids_still_give_the_sharer_its_wait(tables):
+    plan = plan_recovery(_requests(tables()), GROUPS, {2})
+    assert plan.num_computed_tokens == {"r1": 0, "r2": 32}
+    assert [(w.block, w.owner, w.ready_at) for w in plan.waits["r2"]] == [(2, "r1", 32)]
+    holds = SharerHolds()
+    holds.add(plan)
+    # r1 has recomputed nothing yet: r2 must stay held.
+    holds.refresh(lambda rid: {"r1": 0, "r2": 32}[rid])
+    assert holds.held("r2")
