@@ -164,3 +164,82 @@ def test_one_shot_block_ids_still_give_the_sharer_its_wait(tables):
     # r1 has recomputed nothing yet: r2 must stay held.
     holds.refresh(lambda rid: {"r1": 0, "r2": 32}[rid])
     assert holds.held("r2")
+
+
+# --- the READMEs' Python examples, as a newcomer runs them ----------------------------------
+
+
+def _readme_examples():
+    """Each ```python block of the READMEs that calls the rules, with its `expr  # value`
+    lines: what a reader is told the example returns."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).resolve().parents[3]
+    out = []
+    for readme in (root / "README.md", root / "bindings" / "python" / "README.md"):
+        text = readme.read_text()
+        for i, block in enumerate(re.findall(r"```python\n(.*?)```", text, re.S)):
+            if "vllm." in block or ("recover(" not in block and "plan_recovery(" not in block):
+                continue
+            out.append(pytest.param(block, id=f"{readme.parent.name}-{readme.name}-{i}"))
+    return out
+
+
+def _expected(comment: str, got: object) -> bool:
+    shown = repr(got)
+    return comment == shown or comment.split(":")[0].strip() == shown
+
+
+# Only the bindings README's plan_recovery example is wrong; the others hold.
+_WRONG = "python-README.md-1"
+
+
+@pytest.mark.parametrize(
+    "block",
+    [
+        pytest.param(
+            *p.values,
+            id=p.id,
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="finding: bindings/python/README.md's plan_recovery example "
+                "(groups full_attention 16 and sliding_window 16 with window=32) says "
+                "{'r1': 0, 'r2': 32} and waits['r2'] == [Wait(block=2, owner='r1', "
+                "ready_at=32)]; it returns {'r1': 0, 'r2': 0} and no waits: r2's window "
+                "of 32 at P = 32 needs entry 0, the null block, so in mode safe r2 cannot "
+                "resume there (docs/rules.md); the example's text holds with window=16",
+            ),
+        )
+        if p.id == _WRONG
+        else p
+        for p in _readme_examples()
+    ],
+)
+def test_a_readme_example_returns_what_it_says(block):
+    import re
+
+    scope: dict = {}
+    lines: list[str] = []
+    checked = 0
+    for line in block.splitlines():
+        m = re.match(r"^(.*?\S)\s+#\s+(.+)$", line)
+        lines.append(m.group(1) if m else line)
+        source = "\n".join(lines)
+        try:
+            expr = compile(source, "<README>", "eval") if m else None
+        except SyntaxError:
+            expr = None
+        if expr is not None:
+            got = eval(expr, scope)  # noqa: S307 - the README's own example
+            assert _expected(m.group(2).strip(), got), f"{source}: {got!r}, README says {m.group(2)}"
+            checked += 1
+            lines = []
+            continue
+        try:
+            code = compile(source, "<README>", "exec")
+        except SyntaxError:
+            continue
+        exec(code, scope)  # noqa: S102 - the README's own example
+        lines = []
+    assert checked, "no `expr  # value` line in the example"
