@@ -182,7 +182,8 @@ def _readme_examples():
         for i, block in enumerate(re.findall(r"```python\n(.*?)```", text, re.S)):
             if "vllm." in block or ("recover(" not in block and "plan_recovery(" not in block):
                 continue
-            out.append(pytest.param(block, id=f"{readme.parent.name}-{readme.name}-{i}"))
+            name = readme.relative_to(root).as_posix().replace("/", "-")
+            out.append(pytest.param(block, id=f"{name}-{i}"))
     return out
 
 
@@ -192,7 +193,7 @@ def _expected(comment: str, got: object) -> bool:
 
 
 # Only the bindings README's plan_recovery example is wrong; the others hold.
-_WRONG = "python-README.md-1"
+_WRONG = "bindings-python-README.md-1"
 
 
 @pytest.mark.parametrize(
