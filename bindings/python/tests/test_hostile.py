@@ -91,6 +91,44 @@ def test_a_job_that_is_no_job_metadata_is_a_type_error_naming_it(job):
         tier.shutdown()
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding: a job's keys (or block_ids) given as a set are accepted (tier.py _seq "
+    "takes any iterable but bytes and str); keys are paired with slots in the set's hash "
+    "order, so a store saves block i's bytes under another key, and a later load of that "
+    "key delivers them with every check passing (checksum and MAC bind the bytes to the "
+    "key they were stored under): 4 to 8 of 8 loads wrong, by PYTHONHASHSEED. "
+    "kvsched.vllm refuses sets and dicts for tables for this reason",
+)
+@pytest.mark.parametrize("field", ["keys", "block_ids"])
+def test_unordered_keys_or_slots_are_a_type_error_naming_the_field(field):
+    tier, c = make(mac_key=bytes(32))
+    try:
+        keys = [key(i) for i in range(8)]
+        slots = list(range(8))
+        job = JobMetadata(1, set(keys) if field == "keys" else keys,
+                          set(slots) if field == "block_ids" else slots)
+        with pytest.raises(TypeError, match=f"^{field}:"):
+            tier.submit_store(job)
+    finally:
+        tier.shutdown()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding: a str key that is not valid Unicode text (a lone surrogate) raises "
+    "UnicodeEncodeError \"'utf-8' codec can't encode character '\\ud800'...\", a "
+    "ValueError that does not name the argument key (offload_key_bytes, tier.py)",
+)
+def test_a_key_that_cannot_be_encoded_names_the_argument():
+    tier, _ = make()
+    try:
+        with pytest.raises(ValueError, match="^key"):
+            tier.lookup("\ud800")
+    finally:
+        tier.shutdown()
+
+
 def test_an_empty_job_and_duplicate_slots_finish_and_report_once():
     tier, c = make()
     try:
