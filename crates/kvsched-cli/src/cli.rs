@@ -19,8 +19,8 @@ use crate::replay::{
     DEFAULT_MAX_INPUT_BYTES, MAX_BENCH_RUNS,
 };
 use crate::stress::{
-    apply_engine_defaults, follow_trace_duration, progress_sink, render_human, render_json,
-    render_svg, run_engines, run_stress_with_progress, StressConfig,
+    apply_engine_defaults, follow_trace_duration, parse_u64_range, progress_sink, render_human,
+    render_json, render_svg, run_engines, run_stress_with_progress, StressConfig,
 };
 use clap::parser::ValueSource;
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
@@ -63,7 +63,7 @@ struct ReplayArgs {
     file: OsString,
     /// Also time the recovery (not the parsing) N times (1 to 1,000,000) and print
     /// `recovery_ns_median=<ns>` on stderr.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=MAX_BENCH_RUNS))]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = parse_bench)]
     bench: Option<u64>,
     /// Explain every decision: `--explain` (or `--explain=json`) adds an `explain` key to the
     /// outcome JSON; `--explain=text` prints the explanation as plain lines instead.
@@ -76,11 +76,23 @@ struct ReplayArgs {
     engine: Engine,
     /// Read at most N bytes of input (default 256 MiB, at most 4 GiB: the scenario is held in
     /// memory whole); a longer input is an error.
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_INPUT_BYTES, value_parser = clap::value_parser!(u64).range(1..=4 << 30))]
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_INPUT_BYTES, allow_negative_numbers = true, value_parser = parse_max_input_bytes)]
     max_input_bytes: u64,
     /// Shard threads for `--engine runtime` (1–64).
-    #[arg(long, value_name = "K", default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=64))]
+    #[arg(long, value_name = "K", default_value_t = 2, allow_negative_numbers = true, value_parser = parse_replay_shards)]
     shards: u64,
+}
+
+// Replay's integer flags read a leading `-` as a value, as stress's do: `--bench -1` is
+// refused naming `--bench` and its range, not as an unknown flag `-1`.
+fn parse_bench(s: &str) -> Result<u64, String> {
+    parse_u64_range(s, 1, MAX_BENCH_RUNS)
+}
+fn parse_max_input_bytes(s: &str) -> Result<u64, String> {
+    parse_u64_range(s, 1, 4 << 30)
+}
+fn parse_replay_shards(s: &str) -> Result<u64, String> {
+    parse_u64_range(s, 1, 64)
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

@@ -61,10 +61,6 @@ fn a_negative_redis_cluster_size_names_the_flag() {
 /// `kvsched replay`'s numeric flags given a negative value: one line naming the flag, as
 /// `kvsched stress` does (`--shards -3` is "invalid value '-3' for '--shards'").
 #[test]
-#[ignore = "finding: `kvsched replay --bench -1` (also --max-input-bytes -1, --shards -3) \
-            exits 2 with `error: unexpected argument '-1' found`, naming no flag: replay's \
-            clap arguments read a leading `-` as an option, unlike stress's (docs/stress.md, \
-            Flag values)"]
 fn a_negative_replay_flag_value_names_the_flag() {
     let scenario = concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -83,5 +79,27 @@ fn a_negative_replay_flag_value_names_the_flag() {
         assert_eq!(out.status.code(), Some(2), "{flag} {value}: {err}");
         assert_eq!(err.lines().count(), 1, "{flag} {value}: {err:?}");
         assert!(err.contains(flag), "{flag} {value}: {err}");
+    }
+}
+
+/// `--model-us` and `--check-every` out of range: one line naming the flag and its range in
+/// words, as the other integer flags (not clap's "invalid digit found in string" or
+/// "0 is not in 1..18446744073709551615").
+#[test]
+fn model_us_and_check_every_out_of_range_name_the_flag_and_range() {
+    for (flag, value, range) in [
+        ("--model-us", "-1", "from 0 to 1000000"),
+        ("--model-us", "1000001", "from 0 to 1000000"),
+        ("--check-every", "0", "at least 1"),
+        ("--check-every", "-3", "at least 1"),
+        ("--check-every", "18446744073709551616", "at least 1"),
+    ] {
+        let out = stress(&[flag, value]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag} {value}: {err}");
+        assert_eq!(err.lines().count(), 1, "{flag} {value}: {err:?}");
+        assert!(err.contains(flag), "{flag} {value}: {err}");
+        assert!(err.contains(range), "{flag} {value}: {err}");
+        assert!(!err.contains("invalid digit"), "{flag} {value}: {err}");
     }
 }

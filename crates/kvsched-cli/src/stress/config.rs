@@ -14,11 +14,12 @@ use super::processes::EnginesArgs;
 use super::store::{StoreParser, StoreSpec};
 use super::trace::TraceArgs;
 use super::values::{
-    parse_cluster, parse_live, parse_max_seqs, parse_mode, parse_policy, parse_pool, parse_seconds,
-    parse_shards, parse_size, parse_unit, parse_workers, saturating_secs, ser_mode, ser_policy,
-    BaselineKind, EngineKind, LatencyRange, Preset, Rate, Verify, MAX_DURATION_S,
-    MAX_KV_BYTES_PER_TOKEN, MAX_KV_MEMORY_BYTES, MAX_LIVE, MAX_MAMBA_STATE_BYTES, MAX_MAX_SEQS,
-    MAX_POOL_BLOCKS, MAX_REPEAT, MAX_SHARDS, MAX_STORE_BYTES, MAX_WORKERS, MIN_STORE_BYTES,
+    parse_check_every, parse_cluster, parse_live, parse_max_seqs, parse_mode, parse_model_us,
+    parse_policy, parse_pool, parse_seconds, parse_shards, parse_size, parse_unit, parse_workers,
+    saturating_secs, ser_mode, ser_policy, BaselineKind, EngineKind, LatencyRange, Preset, Rate,
+    Verify, MAX_DURATION_S, MAX_KV_BYTES_PER_TOKEN, MAX_KV_MEMORY_BYTES, MAX_LIVE,
+    MAX_MAMBA_STATE_BYTES, MAX_MAX_SEQS, MAX_POOL_BLOCKS, MAX_REPEAT, MAX_SHARDS, MAX_STORE_BYTES,
+    MAX_WORKERS, MIN_STORE_BYTES,
 };
 use kvsched::rules::recovery::{Mode, Policy};
 use kvsched::runtime::{RuntimeError, Settings};
@@ -88,8 +89,9 @@ pub struct StressConfig {
     /// Seed of every random choice (workload, arrivals, connector).
     #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
     pub seed: u64,
-    /// Simulated model time per step with scheduled work, µs (excluded from step overhead).
-    #[arg(long, default_value_t = DEFAULT_MODEL_US, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(0..=MAX_MODEL_US))]
+    /// Simulated model time per step with scheduled work, µs (0–1000000; excluded from step
+    /// overhead).
+    #[arg(long, default_value_t = DEFAULT_MODEL_US, allow_negative_numbers = true, value_parser = parse_model_us)]
     pub model_us: u64,
     /// Tokens per step.
     #[arg(long, default_value_t = 8192, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(1..=MAX_TOKEN_BUDGET))]
@@ -118,8 +120,8 @@ pub struct StressConfig {
     /// Share of requests the client cancels a few steps after submitting (0–1).
     #[arg(long, default_value_t = 0.005, allow_negative_numbers = true, value_parser = parse_unit)]
     pub cancel_ratio: f64,
-    /// Check the scheduler's invariants every N steps (and always at the end).
-    #[arg(long, default_value_t = DEFAULT_CHECK_EVERY, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(1..))]
+    /// Check the scheduler's invariants every N steps, N at least 1 (and always at the end).
+    #[arg(long, default_value_t = DEFAULT_CHECK_EVERY, allow_negative_numbers = true, value_parser = parse_check_every)]
     pub check_every: u64,
     /// Also run the same workload through a baseline scheduler: `mutex`. The baseline first
     /// runs once unmeasured (a warm-up), so that neither scheduler pays in its figures for

@@ -156,6 +156,7 @@ pub use progress::{terminal_progress, Progress};
 pub use render::{render_human, render_json};
 pub use report::StressReport;
 pub use trace::follow_trace_duration;
+pub(crate) use values::parse_u64_range;
 pub use values::BaselineKind;
 // Named by the tools' tests (`crate::stress::{Preset, Rate, Scheduler}`); nothing else outside
 // this module does.

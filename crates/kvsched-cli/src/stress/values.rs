@@ -301,6 +301,24 @@ fn parse_range(s: &str, lo: usize, hi: usize) -> Result<usize, String> {
         _ => Err(format!("expected an integer from {lo} to {hi}, got `{s}`")),
     }
 }
+/// Parses an integer from `lo` to `hi`; a value that is not one (`-1`, `1e3`, past `hi`)
+/// says the range, as every integer flag does: "expected an integer from 0 to 1000000, got
+/// `-1`". With `hi` = `u64::MAX` the range is "at least `lo`".
+pub(crate) fn parse_u64_range(s: &str, lo: u64, hi: u64) -> Result<u64, String> {
+    match s.parse::<u64>() {
+        Ok(n) if (lo..=hi).contains(&n) => Ok(n),
+        _ if hi == u64::MAX => Err(format!(
+            "expected an integer of at least {lo} (at most 2^64 - 1), got `{s}`"
+        )),
+        _ => Err(format!("expected an integer from {lo} to {hi}, got `{s}`")),
+    }
+}
+pub(super) fn parse_model_us(s: &str) -> Result<u64, String> {
+    parse_u64_range(s, 0, super::limits::MAX_MODEL_US)
+}
+pub(super) fn parse_check_every(s: &str) -> Result<u64, String> {
+    parse_u64_range(s, 1, u64::MAX)
+}
 pub(super) fn parse_live(s: &str) -> Result<usize, String> {
     parse_range(s, 1, MAX_LIVE)
 }

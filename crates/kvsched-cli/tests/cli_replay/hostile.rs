@@ -272,7 +272,7 @@ fn bench_runs_are_capped() {
     );
     assert_eq!(out.status.code(), Some(2));
     assert!(
-        text(&out.stderr).contains("1..=1000000"),
+        text(&out.stderr).contains("1 to 1000000"),
         "{}",
         text(&out.stderr)
     );
