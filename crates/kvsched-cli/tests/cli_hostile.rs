@@ -103,3 +103,16 @@ fn model_us_and_check_every_out_of_range_name_the_flag_and_range() {
         assert!(!err.contains("invalid digit"), "{flag} {value}: {err}");
     }
 }
+
+/// `--trace -` is refused in one line saying standard input is not read (the trace is read
+/// more than once, and by every engine of `--engines`), not "No such file".
+#[test]
+fn a_trace_on_stdin_is_refused_naming_the_flag() {
+    let out = stress(&["--trace", "-"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err:?}");
+    assert!(err.starts_with("error: --trace: "), "{err}");
+    assert!(err.contains("standard input"), "{err}");
+    assert!(out.stdout.is_empty());
+}

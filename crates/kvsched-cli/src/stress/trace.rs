@@ -27,8 +27,9 @@ pub struct TraceArgs {
     /// line with `timestamp` in ms, `input_length`, `output_length`, `hash_ids` of 512-token
     /// blocks): its arrivals, prompt and output lengths, and prompts whose tokens follow the
     /// block ids, so they share prefixes as in the trace. `--requests`, `--rate`,
-    /// `--prompt-tokens` and `--prefix-share` are then unused. Limits: a file of at most 256
-    /// MiB, lines of at most 1 MiB, prompts of at most 2^24 tokens.
+    /// `--prompt-tokens` and `--prefix-share` are then unused. Limits: a file (not `-`,
+    /// standard input) of at most 256 MiB, lines of at most 1 MiB, prompts of at most 2^24
+    /// tokens.
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
     /// Replay the trace X times faster than it was recorded (arrival = timestamp / X).
@@ -99,6 +100,13 @@ fn read(cfg: &StressConfig) -> Result<Option<Vec<TraceRequest>>, StressError> {
     let Some(path) = &cfg.trace.trace else {
         return Ok(None);
     };
+    if path.as_os_str() == "-" {
+        // The trace is read more than once (its length, then the replay) and by every engine
+        // of `--engines`: standard input cannot be.
+        return Err(trace_error(
+            "`-`: standard input is not supported, give a file (one named `-`: ./-)".to_owned(),
+        ));
+    }
     let shown = path.display();
     let meta = std::fs::metadata(path).map_err(|e| trace_error(format!("{shown}: {e}")))?;
     if !meta.is_file() {
