@@ -14,7 +14,9 @@
 //! `--redis-maxmemory`, `--json` — left out). With `--store redis://…` (a server the user
 //! runs) the parent passes the URL on as it is. Only Redis is shared: `sim` and `memory` live
 //! in one process and a disk tier belongs to one process at a time, so `--engines` above 1 is
-//! refused with them.
+//! refused with them. With any `--engines`, `--plot`, `--baseline` and `--repeat` above 1,
+//! whose figures the combined report does not hold, are refused: one line naming both flags,
+//! before anything starts.
 //!
 //! # The engines
 //!
@@ -33,12 +35,11 @@
 //!
 //! `--redis-restarts K` restarts the parent's own server `K` times, spread over the run:
 //! restart `k` comes when the engines' mean progress reaches `k / (K + 1)` (progress is the
-//! share of requests ended, or of `--duration` elapsed if that is larger, over every run of
-//! `--repeat` and the baseline). A restart kills the server and starts it again on the same
-//! port, empty; in a cluster the nodes take turns. Refused against a user's server. The
-//! children must ride it out — loads in flight fail and are recovered, lookups miss, saves
-//! resume after the tier reconnects — and their own invariant checks (request accounting
-//! included) say whether they did.
+//! share of requests ended, or of `--duration` elapsed if that is larger). A restart kills
+//! the server and starts it again on the same port, empty; in a cluster the nodes take turns.
+//! Refused against a user's server. The children must ride it out — loads in flight fail
+//! and are recovered, lookups miss, saves resume after the tier reconnects — and their own
+//! invariant checks (request accounting included) say whether they did.
 //!
 //! # The report
 //!
@@ -98,7 +99,9 @@ const POLL: Duration = Duration::from_millis(20);
 pub struct EnginesArgs {
     /// Run N engine processes (1–16) on one shared Redis store instead of one engine in this
     /// process: this process then owns the server (with `--store redis`) or passes a
-    /// `--store redis://…` URL on, runs the engines, and prints one combined report.
+    /// `--store redis://…` URL on, runs the engines, and prints one combined report. Refused
+    /// with what one process's report holds and the combined one does not (`--plot`,
+    /// `--baseline`, `--repeat` above 1), and with `--engine model`.
     #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = clap::value_parser!(u8).range(1..=MAX_ENGINES as i64))]
     pub engines: Option<u8>,
     /// Restart the Redis server kvsched owns (`--store redis`) K times (0–100), spread over the
@@ -183,9 +186,7 @@ pub fn run_engines(
     cfg.validate().map_err(|e| e.to_string())?;
     let stress_args = args::stress_args(argv);
     let plan = Plan::of(cfg, &stress_args)?;
-    if plot.is_some() {
-        return Err("--plot: draws one process's run; leave it out with --engines".into());
-    }
+    refuse_one_process_flags(cfg, plot.is_some())?;
     // A user's server that cannot be reached (a wrong password, nothing listening) is bad
     // input: one line, before any engine runs.
     super::store::check_user_store(cfg).map_err(|e| e.to_string())?;
@@ -275,6 +276,37 @@ pub fn run_engines(
         let _ = writeln!(std::io::stderr(), "invariant violated: {v}");
     }
     Ok(ExitCode::from(combined.exit_code))
+}
+
+/// The flags whose output lives in one process's report and not in the combined one
+/// (`--plot`, `--baseline`, `--repeat` above 1): refused with `--engines` (or
+/// `--redis-restarts`, which runs engines) in one line naming both flags, before anything
+/// starts, rather than run and dropped from the report.
+fn refuse_one_process_flags(cfg: &StressConfig, plot: bool) -> Result<(), String> {
+    let parent = if cfg.engines.engines.is_some() {
+        "--engines"
+    } else {
+        "--redis-restarts"
+    };
+    if plot {
+        return Err(format!(
+            "--plot: draws one process's run; leave it out with {parent}"
+        ));
+    }
+    if cfg.baseline.is_some() {
+        return Err(format!(
+            "--baseline: the combined report of {parent} compares no baseline; leave it out \
+             with {parent}"
+        ));
+    }
+    if cfg.repeat > 1 {
+        return Err(format!(
+            "--repeat {}: the combined report of {parent} has one run per engine; leave it out \
+             with {parent}",
+            cfg.repeat
+        ));
+    }
+    Ok(())
 }
 
 /// How many runs a child makes (`--repeat`, times 2 with a baseline, plus the baseline's
