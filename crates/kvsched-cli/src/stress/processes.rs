@@ -15,8 +15,9 @@
 //! runs) the parent passes the URL on as it is. Only Redis is shared: `sim` and `memory` live
 //! in one process and a disk tier belongs to one process at a time, so `--engines` above 1 is
 //! refused with them. With any `--engines`, `--plot`, `--baseline` and `--repeat` above 1,
-//! whose figures the combined report does not hold, are refused: one line naming both flags,
-//! before anything starts.
+//! whose figures the combined report does not hold, are refused, and so is a `--trace`
+//! replaying fewer requests than engines (an engine would have none): one line naming both
+//! flags, before anything starts.
 //!
 //! # The engines
 //!
@@ -101,7 +102,8 @@ pub struct EnginesArgs {
     /// process: this process then owns the server (with `--store redis`) or passes a
     /// `--store redis://…` URL on, runs the engines, and prints one combined report. Refused
     /// with what one process's report holds and the combined one does not (`--plot`,
-    /// `--baseline`, `--repeat` above 1), and with `--engine model`.
+    /// `--baseline`, `--repeat` above 1), with `--engine model`, and with a `--trace` replaying
+    /// fewer requests than N.
     #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = clap::value_parser!(u8).range(1..=MAX_ENGINES as i64))]
     pub engines: Option<u8>,
     /// Restart the Redis server kvsched owns (`--store redis`) K times (0–100), spread over the
@@ -192,10 +194,9 @@ pub fn run_engines(
     super::store::check_user_store(cfg).map_err(|e| e.to_string())?;
     // On a trace, the reference of every request the engines replay together (each engine's
     // own report has that of its share); a bad trace is refused here, before any engine runs.
-    let trace_reference = super::trace::load(cfg)
-        .map_err(|e| e.to_string())?
-        .trace
-        .trace_reference;
+    let loaded = super::trace::load(cfg).map_err(|e| e.to_string())?;
+    check_trace_covers_engines(&loaded, plan.engines)?;
+    let trace_reference = loaded.trace.trace_reference;
     let interrupt = Interrupt::install();
     let mut server = OwnedServer::start(&plan)?;
     let store = match &server {
@@ -307,6 +308,36 @@ fn refuse_one_process_flags(cfg: &StressConfig, plot: bool) -> Result<(), String
         ));
     }
     Ok(())
+}
+
+/// A trace replayed by `engines` engines deals request `k` to engine `k mod N`: with fewer
+/// requests than engines an engine would have none to replay. `loaded` is the parent's
+/// configuration with the trace loaded (all the requests that arrive within `--duration`);
+/// the refusal is one line naming `--trace`, `--engines` and what cut the requests short.
+fn check_trace_covers_engines(loaded: &StressConfig, engines: u8) -> Result<(), String> {
+    let Some(reqs) = &loaded.trace.loaded else {
+        return Ok(());
+    };
+    let replayed = reqs.len();
+    if replayed >= usize::from(engines) {
+        return Ok(());
+    }
+    let t = &loaded.trace;
+    let why = match t.cut_by_duration {
+        Some(cut) => format!(
+            "of the first {}, those arriving within --duration {} s",
+            cut.asked, loaded.duration_s
+        ),
+        None if (replayed as u64) == t.trace_requests => {
+            format!("--trace-requests {}", t.trace_requests)
+        }
+        None => "all the file holds".to_owned(),
+    };
+    let noun = if replayed == 1 { "request" } else { "requests" };
+    Err(format!(
+        "--trace: {replayed} {noun} replayed ({why}), fewer than --engines {engines}: each \
+         engine replays its share (request k on engine k mod {engines}) and needs one at least"
+    ))
 }
 
 /// How many runs a child makes (`--repeat`, times 2 with a baseline, plus the baseline's
