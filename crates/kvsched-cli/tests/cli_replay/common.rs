@@ -89,8 +89,13 @@ pub fn text(bytes: &[u8]) -> String {
 /// Writes `contents` to `name` in this run's scratch directory, under cargo's target dir (so
 /// nothing is left in the system's temporary directory).
 pub fn temp_file(name: &str, contents: &str) -> std::path::PathBuf {
+    // A directory per call: tests run in parallel, and two writing the same name would
+    // truncate the file under each other's child process.
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("kvsched-cli-replay-{}", std::process::id()));
+        .join(format!("kvsched-cli-replay-{}", std::process::id()))
+        .join(call.to_string());
     std::fs::create_dir_all(&dir).expect("temp dir");
     let path = dir.join(name);
     std::fs::write(&path, contents).expect("write temp file");
