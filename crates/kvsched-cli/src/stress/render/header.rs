@@ -16,7 +16,7 @@ pub(super) fn settings(c: &StressConfig, o: &mut String) {
     let failure = if c.store.is_real() {
         String::new()
     } else {
-        format!(" · failure rate {}", c.failure_rate)
+        format!(" · failure rate {} per chunk", c.failure_rate)
     };
     let rate = match (&c.trace.trace, c.rate) {
         (Some(t), _) => format!(
@@ -52,6 +52,10 @@ pub(super) fn settings(c: &StressConfig, o: &mut String) {
         phrases.push(failure.trim_start_matches(" · ").to_owned());
     }
     phrases.push(format!("seed {}", c.seed));
+    if cfg!(debug_assertions) {
+        // A newcomer's `cargo run` is a debug build: its steps are tens of times slower.
+        phrases.push("debug build (timings are not the scheduler's: build with --release)".into());
+    }
     wrap_phrases(&phrases, o);
     if let Some(r) = &c.trace.trace_reference {
         let cut = c
