@@ -240,16 +240,17 @@ impl Jobs {
         std::mem::take(&mut *self.shared.finished.lock())
     }
 
-    /// Waits until no job is queued or running, at most `timeout`; whether that happened (in
-    /// a forked child nothing runs: `true`).
+    /// Waits until no job is queued or running, at most `timeout` (one too long for an
+    /// `Instant`, such as `Duration::MAX`: without limit); whether that happened (in a forked
+    /// child nothing runs: `true`).
     pub(crate) fn wait_idle(&self, timeout: Duration) -> bool {
         if self.forked() {
             return true;
         }
-        let deadline = Instant::now() + timeout;
+        let deadline = Instant::now().checked_add(timeout);
         let mut q = self.shared.queue.lock();
         while q.open > 0 {
-            let (g, timed_out) = self.shared.idle.wait_until(q, Some(deadline));
+            let (g, timed_out) = self.shared.idle.wait_until(q, deadline);
             q = g;
             if timed_out {
                 return q.open == 0;

@@ -28,13 +28,6 @@ def make(**kw):
 # --- kvsched.tier: drain_jobs's timeout -----------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding: drain_jobs with a timeout too large for an Instant (inf, 1e300, 2**64) "
-    "raises pyo3_runtime.PanicException 'overflow when adding duration to instant': "
-    "NativeTier.wait_idle (src/tier.rs) saturates the float to Duration::MAX and "
-    "Jobs::wait_idle (src/tier_jobs.rs) adds it to Instant::now() unchecked",
-)
 @pytest.mark.parametrize("timeout", [float("inf"), 1e300, 2**64], ids=["inf", "1e300", "2**64"])
 def test_drain_jobs_with_a_huge_timeout_waits_or_names_the_argument(timeout):
     tier, _ = make()

@@ -281,7 +281,9 @@ class KvschedTierManager(_Base):  # type: ignore[misc,valid-type]
         return None
 
     def drain_jobs(self, timeout: float = 30.0) -> bool:
-        """Waits (GIL released) until no job is queued or running; whether that happened."""
+        """Waits (GIL released) until no job is queued or running, at most ``timeout`` seconds
+        (one too large to count, such as ``float("inf")``: without limit; 0 or less: not at
+        all); whether that happened."""
         return self._native.wait_idle(timeout)
 
     def shutdown(self) -> None:
