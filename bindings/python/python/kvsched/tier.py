@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvsched import _native
+from kvsched._args import unordered
 
 try:  # vLLM's interface when it is installed (it never is in kvsched's own tests)
     from vllm.v1.kv_offload.tiering.base import JobResult as _VllmJobResult
@@ -149,10 +150,17 @@ def _path(value: Any) -> str | None:
 
 def _seq(field: str, value: Any) -> list[Any]:
     """A job's ``keys`` or ``block_ids`` as a list (a numpy or torch array through
-    ``tolist``), a ``TypeError`` naming ``field`` for what is no sequence."""
+    ``tolist``), a ``TypeError`` naming ``field`` for what is no sequence. An unordered
+    collection (a set, a dict or a dict's view) is refused: keys are paired with slots by
+    position, and a set's order is its hash order, so a store would save a block under
+    another block's key."""
     if hasattr(value, "tolist") and not isinstance(value, (bytes, bytearray, str)):
         value = value.tolist()
-    if isinstance(value, (bytes, bytearray, str)) or not isinstance(value, Iterable):
+    if (
+        isinstance(value, (bytes, bytearray, str))
+        or unordered(value)
+        or not isinstance(value, Iterable)
+    ):
         raise TypeError(f"{field}: expected a sequence, not {type(value).__name__}")
     return list(value)
 

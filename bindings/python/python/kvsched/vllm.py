@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvsched import ScenarioError, recover
+from kvsched._args import unordered
 
 __all__ = [
     "CacheGroup",
@@ -193,9 +194,10 @@ def scenario_of(
 
 
 def _seq(field: str, value: Any) -> list[Any]:
-    """``value`` as a list: any iterable but a string, bytes, a dict or a set (a table is an
-    ordered list; a dict would give its keys)."""
-    if value is None or isinstance(value, (str, bytes, dict, set, frozenset)):
+    """``value`` as a list: any iterable but a string, bytes, or an unordered collection (a
+    set, a dict, a dict's view: a table is an ordered list, requests are in canonical order;
+    a dict would give its keys). An iterator is read once, here."""
+    if value is None or isinstance(value, (str, bytes)) or unordered(value):
         raise ScenarioError(field, f"expected a list, not {type(value).__name__}")
     try:
         return list(value)
@@ -206,7 +208,7 @@ def _seq(field: str, value: Any) -> list[Any]:
 def _ids(field: str, value: Any) -> list[Any]:
     """Block ids, sorted without duplicates; entries that are no ids are passed on as they are,
     for the scenario parser to name (``invalid_blocks[2]: ...``)."""
-    if isinstance(value, (set, frozenset)):
+    if unordered(value) and not isinstance(value, Mapping):  # ids: sorted below
         value = list(value)
     ids = _seq(field, value)
     try:
