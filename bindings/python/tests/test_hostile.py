@@ -67,12 +67,6 @@ def test_a_capacity_that_holds_no_chunk_names_the_argument(store, tmp_path):
         tier.shutdown()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding: submit_store / submit_load given no job (None, or an object without "
-    "job_id/keys/block_ids) raise AttributeError \"'NoneType' object has no attribute "
-    "'keys'\", neither a TypeError nor a message naming job_metadata (tier.py _job)",
-)
 @pytest.mark.parametrize("job", [None, object(), 5], ids=["None", "object", "int"])
 def test_a_job_that_is_no_job_metadata_is_a_type_error_naming_it(job):
     tier, _ = make()

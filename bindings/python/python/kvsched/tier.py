@@ -265,14 +265,14 @@ class KvschedTierManager(_Base):  # type: ignore[misc,valid-type]
 
     def submit_store(self, job_metadata: Any) -> None:
         """Enqueues a store of the job's primary-tier slots; keys already stored are skipped."""
-        keys, blocks = self._job(job_metadata)
-        self._native.submit_store(_uint("job_id", job_metadata.job_id), keys, blocks)
+        job_id, keys, blocks = self._job(job_metadata)
+        self._native.submit_store(job_id, keys, blocks)
 
     def submit_load(self, job_metadata: Any) -> None:
         """Enqueues a load into the job's primary-tier slots; the job fails unless every chunk
         is present and passes its checks."""
-        keys, blocks = self._job(job_metadata)
-        self._native.submit_load(_uint("job_id", job_metadata.job_id), keys, blocks)
+        job_id, keys, blocks = self._job(job_metadata)
+        self._native.submit_load(job_id, keys, blocks)
 
     def get_finished(self) -> Iterable[JobResult]:
         """The jobs (stores and loads) finished since the last call."""
@@ -315,11 +315,23 @@ class KvschedTierManager(_Base):  # type: ignore[misc,valid-type]
         the keys the index holds as present, failed and absent."""
         return self._native.stats()
 
-    def _job(self, job_metadata: Any) -> tuple[list[bytes], list[int]]:
-        keys = [offload_key_bytes(k) for k in _seq("keys", job_metadata.keys)]
-        ids = _seq("block_ids", job_metadata.block_ids)
+    def _job(self, job_metadata: Any) -> tuple[int, list[bytes], list[int]]:
+        try:
+            job_id, raw_keys, raw_ids = (
+                job_metadata.job_id,
+                job_metadata.keys,
+                job_metadata.block_ids,
+            )
+        except AttributeError:
+            raise TypeError(
+                "job_metadata: expected a JobMetadata (job_id, keys, block_ids), not "
+                f"{type(job_metadata).__name__}"
+            ) from None
+        job_id = _uint("job_id", job_id)
+        keys = [offload_key_bytes(k) for k in _seq("keys", raw_keys)]
+        ids = _seq("block_ids", raw_ids)
         blocks = [_uint(f"block_ids[{i}]", b) for i, b in enumerate(ids)]
-        return keys, blocks
+        return job_id, keys, blocks
 
 
 def register() -> None:
