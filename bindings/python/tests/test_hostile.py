@@ -115,12 +115,6 @@ def test_every_unordered_collection_of_keys_or_slots_is_refused(field, unordered
         tier.shutdown()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding: a str key that is not valid Unicode text (a lone surrogate) raises "
-    "UnicodeEncodeError \"'utf-8' codec can't encode character '\\ud800'...\", a "
-    "ValueError that does not name the argument key (offload_key_bytes, tier.py)",
-)
 def test_a_key_that_cannot_be_encoded_names_the_argument():
     tier, _ = make()
     try:

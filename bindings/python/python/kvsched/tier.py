@@ -71,7 +71,12 @@ def offload_key_bytes(key: Any) -> bytes:
     if isinstance(key, int):
         return key.to_bytes((key.bit_length() + 8) // 8 or 1, "little", signed=True)
     if isinstance(key, str):
-        return key.encode()
+        try:
+            return key.encode()
+        except UnicodeEncodeError as e:
+            raise ValueError(
+                f"key: not valid Unicode text (a lone surrogate at character {e.start})"
+            ) from None
     raise TypeError(f"key: expected bytes, int or str, got {type(key).__name__}")
 
 
