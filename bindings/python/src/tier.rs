@@ -17,7 +17,7 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use kvsched::kv::{ChunkCodec, ChunkKey};
+use kvsched::kv::{ChunkCodec, ChunkKey, DiskTier};
 use kvsched::sync::Ordering;
 
 use crate::tier_index::Index;
@@ -117,6 +117,22 @@ impl NativeTier {
             return Err(bad("threads", format!("must be 1 to 256, got {threads}")));
         }
         let chunk_bytes = ChunkCodec::new(mac_key).encoded_len(block_bytes) as u64;
+        // A memory or disk tier smaller than one block's chunk (a disk tier's in its pack
+        // file) would refuse every store: nothing would ever be cached, and nothing said why.
+        let min_capacity = match store {
+            "memory" => chunk_bytes,
+            "disk" => DiskTier::pack_bytes(&[chunk_bytes]),
+            _ => 0,
+        };
+        if capacity_bytes < min_capacity {
+            return Err(bad(
+                "capacity_bytes",
+                format!(
+                    "{capacity_bytes} holds no block; store={store:?} needs at least \
+                     {min_capacity} (one block of {block_bytes} bytes as a chunk)"
+                ),
+            ));
+        }
         let opened = Store::open(&StoreArgs {
             kind: store,
             capacity_bytes,

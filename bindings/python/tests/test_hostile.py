@@ -53,17 +53,32 @@ def test_drain_jobs_with_a_zero_or_negative_timeout_returns_at_once():
 # --- kvsched.tier: constructor and jobs -----------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding: capacity_bytes smaller than one chunk (0, 1, the block's own 64 bytes) "
-    "is accepted; every store then fails (JobResult success=False) and nothing is ever "
-    "cached, with no error naming capacity_bytes",
-)
 @pytest.mark.parametrize("store", ["memory", "disk"])
 def test_a_capacity_that_holds_no_chunk_names_the_argument(store, tmp_path):
     kw = {"path": str(tmp_path / "d")} if store == "disk" else {}
     with pytest.raises(ValueError, match="^capacity_bytes:"):
         tier, c = make(store=store, capacity_bytes=0, **kw)
+        tier.shutdown()
+
+
+@pytest.mark.parametrize("mac", [None, bytes(32)], ids=["checksum", "mac"])
+@pytest.mark.parametrize("store", ["memory", "disk"])
+def test_the_least_capacity_named_holds_a_block(store, mac, tmp_path):
+    import re
+
+    kw = {"path": str(tmp_path / "d")} if store == "disk" else {}
+    with pytest.raises(ValueError, match="^capacity_bytes: 1 holds no block") as e:
+        make(store=store, capacity_bytes=1, mac_key=mac, **kw)
+    least = int(re.search(r"at least (\d+)", str(e.value)).group(1))
+    with pytest.raises(ValueError, match="^capacity_bytes:"):
+        make(store=store, capacity_bytes=least - 1, mac_key=mac, **kw)
+    tier, c = make(store=store, capacity_bytes=least, mac_key=mac, **kw)
+    try:
+        c.fill(0, b"\x05" * BS)
+        assert c.store([key(1)], [0])
+        assert c.load([key(1)], [1])
+        assert c.slot(1) == b"\x05" * BS
+    finally:
         tier.shutdown()
 
 

@@ -193,7 +193,8 @@ class KvschedTierManager(_Base):  # type: ignore[misc,valid-type]
             buffer needs ``num_blocks``).
         tier_type: the tier type vLLM registered this class under.
         store: ``"memory"``, ``"disk"`` or ``"redis"``.
-        capacity_bytes: bound of a memory or disk tier (default 1 GiB).
+        capacity_bytes: bound of a memory or disk tier (default 1 GiB; at least one block as
+            a chunk, a disk tier's in its pack file: a smaller one is a ``ValueError``).
         path: the disk tier's directory (``str``, ``bytes`` or path-like).
         url: the Redis tier's URL (``redis://host:port``, ``rediss://``, a cluster's seeds as
             ``redis://h1:p1,h2:p2`` or ``?cluster=yes``; see ``docs/kv.md``).
