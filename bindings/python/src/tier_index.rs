@@ -29,7 +29,11 @@
 //! always a correct state: a private tier answers `False` (a lost hit, recomputed), a shared
 //! one probes the store again; a failed key dropped is probed again too, and a probe that
 //! finds the bad chunk still present costs one more failed load, never wrong KV (every load is
-//! checked). The storing and probing sets hold only keys of jobs in flight.
+//! checked). The storing set holds only keys of jobs in flight (the caller's own jobs). The
+//! probing set, whose probes no caller asked for, holds at most [`Index::PROBING_CAP`] keys:
+//! while it is full, a lookup of an unknown key answers a miss (`False`: a lookup is a hint,
+//! never a wait) and starts no probe, so lookups faster than the store answers grow neither
+//! the set nor the probe queue.
 
 use std::collections::{HashMap, HashSet};
 
@@ -85,6 +89,9 @@ impl Index {
     /// The most keys the absent set holds, whatever the capacity.
     pub(crate) const ABSENT_CAP: usize = 1 << 16;
 
+    /// The most keys being probed at once (each one probe job queued or running).
+    pub(crate) const PROBING_CAP: usize = 1024;
+
     /// An empty index whose present and failed sets hold at most `cap` keys each, and its
     /// absent set at most `cap` or [`Self::ABSENT_CAP`]; `probe_unknown`: probe the store for
     /// keys it does not know.
@@ -108,7 +115,8 @@ impl Index {
             .max(Self::MIN_CAP)
     }
 
-    /// The answer for `key`; on [`Lookup::Probe`] the key is marked probing.
+    /// The answer for `key`; on [`Lookup::Probe`] the key is marked probing. An unknown key
+    /// while [`Self::PROBING_CAP`] keys are being probed is a [`Lookup::Miss`].
     pub(crate) fn lookup(&mut self, key: ChunkKey) -> Lookup {
         if self.storing.contains_key(&key) || self.probing.contains(&key) {
             return Lookup::Retry;
@@ -116,7 +124,11 @@ impl Index {
         if self.present.contains(&key) {
             return Lookup::Hit;
         }
-        if self.failed.contains(&key) || self.absent.remove(&key) || !self.probe_unknown {
+        if self.failed.contains(&key)
+            || self.absent.remove(&key)
+            || !self.probe_unknown
+            || self.probing.len() >= Self::PROBING_CAP
+        {
             return Lookup::Miss;
         }
         self.probing.insert(key);
@@ -221,6 +233,22 @@ mod tests {
         assert!(!private.begin_store(K));
         private.end_store(K, false);
         assert_eq!(private.lookup(K), Lookup::Miss);
+    }
+
+    #[test]
+    fn probes_in_flight_are_bounded_and_past_the_bound_a_lookup_misses() {
+        let mut ix = Index::new(true, 16);
+        for i in 0..Index::PROBING_CAP as u128 {
+            assert_eq!(ix.lookup(ChunkKey(i)), Lookup::Probe);
+        }
+        let late = ChunkKey(1 << 40);
+        assert_eq!(ix.lookup(late), Lookup::Miss);
+        assert_eq!(ix.lookup(ChunkKey(0)), Lookup::Retry);
+        assert_eq!(ix.probing.len(), Index::PROBING_CAP);
+        // One probe answered: room for one more.
+        ix.end_probe(ChunkKey(0), false);
+        assert_eq!(ix.lookup(late), Lookup::Probe);
+        assert_eq!(ix.lookup(ChunkKey(1 << 41)), Lookup::Miss);
     }
 
     #[test]

@@ -142,7 +142,9 @@ impl Jobs {
         std::process::id() != self.pid && !cfg!(kvsched_plant = "tier-fork-unchecked")
     }
 
-    /// The lookup answer for `key`, enqueueing a probe when the index asks for one.
+    /// The lookup answer for `key`, enqueueing a probe when the index asks for one (at most
+    /// [`Index::PROBING_CAP`] probes are queued or running: past that the index answers a
+    /// miss, so the probe queue is bounded however fast unknown keys are looked up).
     pub(crate) fn lookup(&self, key: ChunkKey) -> Option<bool> {
         if self.forked() {
             return Some(false);

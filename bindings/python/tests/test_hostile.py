@@ -164,15 +164,6 @@ print(grown // 1024)
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding: every lookup of a key the tier does not know, on a shared store, marks "
-    "it probing and enqueues one probe job (tier_jobs.rs Jobs::lookup, tier_index.rs "
-    "Index::lookup); neither the probing set nor the job queue is bounded, so lookups of "
-    "distinct keys faster than the store answers grow memory without bound: about 115 "
-    "bytes each, 2,000,000 lookups on a server that never answers take about 230 MB "
-    "(6,000,000 on a live Redis: 700 MB), while the index's own sets stay within 65,536",
-)
 def test_lookups_of_unknown_keys_on_a_store_that_lags_stay_bounded():
     import os
     import pathlib

@@ -204,7 +204,10 @@ class KvschedTierManager(_Base):  # type: ignore[misc,valid-type]
         tag: a layout tag hashed into every key: engines with different models or layouts on
             one store must use different tags.
         probe: ask the store about keys this tier did not write (default: for disk and Redis,
-            which other engines may share); such a lookup answers ``None`` (retry) once.
+            which other engines may share); such a lookup answers ``None`` (retry) once. At
+            most 1024 probes are queued or running: while that many are, a lookup of an
+            unknown key answers ``False`` (a miss) and starts none, so the memory of lookups
+            faster than the store answers stays bounded.
         num_blocks: the number of blocks of a 1-D ``primary_kv_view`` (of a view of more
             dimensions it must equal the first).
 
@@ -266,7 +269,9 @@ class KvschedTierManager(_Base):  # type: ignore[misc,valid-type]
 
     def lookup(self, key: Any, req_context: Any = None) -> bool | None:
         """``True`` present and ready, ``False`` not here, ``None`` being transferred (or being
-        asked of a shared store): retry later."""
+        asked of a shared store): retry later. An unknown key while 1024 probes are in flight
+        is ``False``: a lookup is a hint, never a wait. A ``str`` key that is no valid Unicode
+        text (a lone surrogate) is a ``ValueError`` naming ``key``."""
         return self._native.lookup(offload_key_bytes(key))
 
     def submit_store(self, job_metadata: Any) -> None:
