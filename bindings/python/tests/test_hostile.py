@@ -224,14 +224,6 @@ def test_the_waits_of_a_sharer_name_where_the_owner_rewrites_the_block():
     assert [(w.block, w.owner, w.ready_at) for w in plan.waits["r2"]] == [(2, "r1", 32)]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding: an owner whose block_ids (or a table in them) is a one-shot iterator "
-    "gives its sharers Wait.ready_at=0: _request consumes r.block_ids, _rewritten_at "
-    "(kvsched/vllm.py) iterates it again and finds nothing, and plan_from_outcome's "
-    ".get(block, 0) hides it; SharerHolds.refresh then drops the wait at once and the "
-    "sharer is scheduled before the owner rewrote the block",
-)
 @pytest.mark.parametrize(
     "tables",
     [
@@ -332,13 +324,6 @@ def test_a_readme_example_returns_what_it_says(block):
     assert checked, "no `expr  # value` line in the example"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding: plan_recovery takes requests given as a set (hashable RequestStates, "
-    "tuple tables): it calls list(requests) before scenario_of's _seq, which refuses sets, "
-    "sees a list; the canonical order, and so which request owns a shared block, is then "
-    "the set's hash order and changes with PYTHONHASHSEED",
-)
 def test_requests_given_as_a_set_are_refused_naming_the_field():
     import kvsched.vllm as v
 
@@ -349,3 +334,7 @@ def test_requests_given_as_a_set_are_refused_naming_the_field():
         v.scenario_of(reqs, groups, [2])
     with pytest.raises(ValueError, match="^requests:"):
         plan_recovery(reqs, groups, {2})
+    with pytest.raises(ValueError, match="^requests: expected a list, not frozenset"):
+        plan_recovery(frozenset(reqs), groups, {2})
+    with pytest.raises(ValueError, match="^requests: expected a list, not dict"):
+        plan_recovery({r.request_id: r for r in reqs}, groups, {2})

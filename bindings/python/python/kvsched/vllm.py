@@ -148,7 +148,10 @@ def plan_recovery(
     :class:`kvsched.ScenarioError` (a ``ValueError``) naming the field, e.g.
     ``requests[2].block_tables``.
     """
-    reqs = list(requests)
+    # Listed once, refusing a set (its order would decide who owns a shared block); the
+    # scenario then holds every table listed once too, so one-shot iterators are read once.
+    reqs = _seq("requests", requests)
+    groups = _seq("groups", groups)
     scenario = scenario_of(
         reqs,
         groups,
@@ -251,8 +254,10 @@ def plan_from_outcome(
     groups: Sequence[CacheGroup],
     scenario: dict[str, Any],
 ) -> RecoveryPlan:
-    """The plan of a replay outcome of ``requests`` (input order)."""
-    by_id = {r.request_id: r for r in requests}
+    """The plan of a replay outcome of ``requests`` (input order). The owners' tables are
+    read from ``scenario`` (listed once by :func:`scenario_of`), never from ``requests``
+    again: a table given as an iterator has been consumed."""
+    by_id = {r["id"]: r["block_tables"] for r in scenario["requests"]}
     reported = _reported(scenario, len(groups))
     num_computed: dict[str, int] = {}
     affected_tokens: dict[str, int] = {}
@@ -293,13 +298,13 @@ def _reported(scenario: dict[str, Any], n_groups: int) -> list[set[int]]:
 
 
 def _rewritten_at(
-    owner: RequestState, groups: Sequence[CacheGroup], reported: list[set[int]]
+    tables: Sequence[Sequence[int]], groups: Sequence[CacheGroup], reported: list[set[int]]
 ) -> dict[int, int]:
-    """Per reported block in the owner's tables, the owner's ``num_computed_tokens`` from
+    """Per reported block in the owner's ``tables``, the owner's ``num_computed_tokens`` from
     which it is rewritten: the end of its first reported entry there. One pass over the
     owner's tables, however many sharers wait for it."""
     out: dict[int, int] = {}
-    for gi, (g, table) in enumerate(zip(groups, owner.block_ids)):
+    for gi, (g, table) in enumerate(zip(groups, tables)):
         for i, b in enumerate(table):
             if b in reported[gi]:
                 end = (i + 1) * g.block_size
