@@ -1,9 +1,6 @@
 """Hostile input to the package's public functions: values out of range, wrong types and
 one-shot iterables, each expected to give a `ValueError` (or a `TypeError` for a wrong type)
-naming the argument, never a `PanicException`, a hang or a silently wrong answer.
-
-The tests marked `xfail(strict=True)` are open findings: each fails today and its reason says
-what goes wrong and where."""
+naming the argument, never a `PanicException`, a hang or a silently wrong answer."""
 
 from __future__ import annotations
 
@@ -270,31 +267,7 @@ def _expected(comment: str, got: object) -> bool:
     return comment == shown or comment.split(":")[0].strip() == shown
 
 
-# Only the bindings README's plan_recovery example is wrong; the others hold.
-_WRONG = "bindings-python-README.md-1"
-
-
-@pytest.mark.parametrize(
-    "block",
-    [
-        pytest.param(
-            *p.values,
-            id=p.id,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="finding: bindings/python/README.md's plan_recovery example "
-                "(groups full_attention 16 and sliding_window 16 with window=32) says "
-                "{'r1': 0, 'r2': 32} and waits['r2'] == [Wait(block=2, owner='r1', "
-                "ready_at=32)]; it returns {'r1': 0, 'r2': 0} and no waits: r2's window "
-                "of 32 at P = 32 needs entry 0, the null block, so in mode safe r2 cannot "
-                "resume there (docs/rules.md); the example's text holds with window=16",
-            ),
-        )
-        if p.id == _WRONG
-        else p
-        for p in _readme_examples()
-    ],
-)
+@pytest.mark.parametrize("block", _readme_examples())
 def test_a_readme_example_returns_what_it_says(block):
     import re
 
