@@ -77,11 +77,11 @@ impl Store {
             .url
             .ok_or(("url", "required for store=\"redis\"".to_owned()))?;
         let cfg = RedisConfig::from_url(url)
-            .map_err(|e| ("url", e.to_string()))?
+            .map_err(url_error)?
             .max_value_bytes(usize::try_from(args.max_value_bytes).unwrap_or(usize::MAX));
         RedisTier::new(cfg)
             .map(|t| Store::Redis(Arc::new(t)))
-            .map_err(|e| ("url", e.to_string()))
+            .map_err(url_error)
     }
 
     #[cfg(not(feature = "redis"))]
@@ -148,4 +148,20 @@ impl Store {
             Store::Redis(t) => t.remove(key),
         }
     }
+}
+
+/// A Redis configuration error as an error of the argument `url`: the library's own message
+/// names the URL's part (`url: seed 1: …`, `url: query key timeout_ms: …`); the `url: ` it
+/// starts with is not repeated. The CA file's errors name the URL's `ca` query key.
+#[cfg(feature = "redis")]
+fn url_error(e: kvsched::kv::redis::ConfigError) -> ArgError {
+    use kvsched::kv::redis::ConfigError;
+    if let ConfigError::CaCert { path, problem } = &e {
+        // From the URL's `ca=` (the library's setting is `ca_cert`).
+        let shown = path.display();
+        return ("url", format!("query key ca: {shown}: {problem}"));
+    }
+    let text = e.to_string();
+    let problem = text.strip_prefix("url: ").unwrap_or(&text);
+    ("url", problem.to_owned())
 }

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+import kvsched
 from kvsched.tier import KvschedTierManager
 from kvsched.vllm import CacheGroup, RequestState, SharerHolds, plan_recovery
 from tier_caller import Caller, JobMetadata, key, kv_buffer
@@ -172,6 +173,25 @@ def test_lookups_of_unknown_keys_on_a_store_that_lags_stay_bounded():
                        text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(here)})
     assert r.returncode == 0, r.stderr
     assert int(r.stdout) < 100, f"{r.stdout.strip()} MB more after 2,000,000 lookups"
+
+
+@pytest.mark.skipif(not kvsched.HAS_REDIS, reason="this build has no Redis tier")
+@pytest.mark.parametrize(
+    "url, message",
+    [
+        ("redis://127.0.0.1:0", "url: seed 1: "),
+        ("http://127.0.0.1", "url: the scheme must be redis:// or rediss://"),
+        ("redis://127.0.0.1:1?timeout_ms=0", "url: query key timeout_ms: "),
+        ("redis://127.0.0.1:1?connect_timeout_ms=0", "url: query key connect_timeout_ms: "),
+        ("redis://127.0.0.1:1?ttl_ms=0", "url: query key ttl_ms: "),
+        ("redis://127.0.0.1:1?pool=0", "url: query key pool: "),
+    ],
+)
+def test_a_bad_redis_url_names_the_argument_once_and_the_part_typed(url, message):
+    with pytest.raises(ValueError) as e:
+        make(store="redis", url=url)
+    assert str(e.value).startswith(message), e.value
+    assert "url: url:" not in str(e.value) and "\n" not in str(e.value), e.value
 
 
 def test_an_empty_job_and_duplicate_slots_finish_and_report_once():

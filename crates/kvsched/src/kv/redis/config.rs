@@ -201,7 +201,9 @@ impl RedisConfig {
     }
 
     /// Parses a `redis://` or `rediss://` URL (see [`RedisConfig`] for the grammar and query
-    /// keys). Several hosts, or `cluster=yes`, make a cluster configuration.
+    /// keys). Several hosts, or `cluster=yes`, make a cluster configuration. A query value
+    /// out of range is a [`ConfigError::Query`] naming its key (`timeout_ms`, not the
+    /// setting `io_timeout` that [`validate`](Self::validate) would name).
     pub fn from_url(url: &str) -> Result<RedisConfig, ConfigError> {
         let (tls, rest) = if let Some(r) = url.strip_prefix("redis://") {
             (false, r)
@@ -303,7 +305,18 @@ impl RedisConfig {
                 ))
             }
         }
-        Ok(self)
+        // A value out of range is named by the key the user typed, not by the setting
+        // (`timeout_ms`, not `io_timeout`): the setting's own check, on this key's setting.
+        let setting = match key {
+            "pool" => "pool_size",
+            "timeout_ms" => "io_timeout",
+            "ca" => "ca_cert",
+            other => other.strip_suffix("_ms").unwrap_or(other),
+        };
+        match self.validate() {
+            Err(ConfigError::Setting { field, problem }) if field == setting => Err(err(problem)),
+            _ => Ok(self),
+        }
     }
 
     /// A standalone server at `host:port` (plain TCP; see [`tls`](Self::tls)).

@@ -90,6 +90,35 @@ fn url_errors_name_the_part_and_never_echo_it() {
 }
 
 #[test]
+fn a_query_value_out_of_range_names_the_query_key() {
+    for (url, named) in [
+        ("redis://h?timeout_ms=0", "timeout_ms"),
+        ("redis://h?connect_timeout_ms=0", "connect_timeout_ms"),
+        (
+            "redis://h?checkout_timeout_ms=3600001",
+            "checkout_timeout_ms",
+        ),
+        ("redis://h?ttl_ms=0", "ttl_ms"),
+        ("redis://h?pool=0", "pool"),
+        ("redis://h?tag=a%20b", "tag"),
+        ("redis://h?ca=/x", "ca"),
+    ] {
+        let e = RedisConfig::from_url(url).expect_err(url);
+        assert!(
+            matches!(&e, ConfigError::Query { key, .. } if key == named),
+            "{url}: {e:?}"
+        );
+        assert!(
+            e.to_string()
+                .starts_with(&format!("url: query key {named}: ")),
+            "{e}"
+        );
+    }
+    let c = RedisConfig::from_url("redis://h?timeout_ms=3600000&pool=1024&ttl_ms=1").unwrap();
+    c.validate().unwrap();
+}
+
+#[test]
 fn a_password_holding_query_characters_is_the_password() {
     let c = RedisConfig::from_url("redis://u:6379?SECRET&x=y@h:1/3?tag=t").unwrap();
     assert_eq!(c.password, Some(Secret("6379?SECRET&x=y".into())));
