@@ -8,11 +8,12 @@ use super::strategy::{Claims, Pool, Strategy};
 use super::{
     next_keys, EndState, Env, HolderIndex, Phase, Req, ScheduledRequest, Shard, StepSettings,
 };
+use crate::rules::geometry::{CacheGroup, GroupKind};
 use crate::runtime::claim::RequestKey;
 use crate::runtime::policy::alignment::{aligned_chunk, chunk_alignment};
 use crate::runtime::policy::growth::blocks_needed;
 use crate::runtime::policy::scheduling::{length_capped, preemption_victim, StepBudget};
-use crate::runtime::policy::state_ends::{state_only, written_state};
+use crate::runtime::policy::state_ends::written_state;
 
 /// Running keys [`Shard::schedule`] takes from the set at a time.
 const KEY_CHUNK: usize = 32;
@@ -68,15 +69,17 @@ impl<S: Strategy> Shard<S> {
             // Planted bug (scripts/plants.sh): only Mamba states are given a block, so a
             // sharer rolled back below its prefix hit writes its window into the null block.
             let windows_too = !planted!("window-into-null");
-            let written = match written_state(grp, upto) {
-                Some(i) => i..i.saturating_add(1),
-                None if state_only(grp) || upto <= from || !windows_too => continue,
-                None => {
-                    let b = grp.block_size.max(1);
-                    let first = usize::try_from(from / b).unwrap_or(usize::MAX);
-                    let end = usize::try_from(upto.div_ceil(b)).unwrap_or(usize::MAX);
-                    first..end
-                }
+            let written = if let Some(i) = written_state(grp, upto) {
+                i..i.saturating_add(1)
+            } else if windows_too && upto > from && is_window(grp) {
+                // Only a window's entries are left null below its end: a full-attention or
+                // Mamba `all` table holds a real block at every entry it has.
+                let b = grp.block_size.max(1);
+                let first = usize::try_from(from / b).unwrap_or(usize::MAX);
+                let end = usize::try_from(upto.div_ceil(b)).unwrap_or(usize::MAX);
+                first..end
+            } else {
+                continue;
             };
             let end = written.end.min(r.tables[g].len());
             for i in written.start..end {
@@ -247,4 +250,10 @@ impl<S: Strategy> Shard<S> {
             self.set_phase(seq, Phase::Waiting);
         }
     }
+}
+
+/// Whether `grp` is a sliding window, whose entries wholly outside the window are the null
+/// block.
+fn is_window(grp: &CacheGroup) -> bool {
+    matches!(grp.kind, GroupKind::SlidingWindow { .. })
 }
