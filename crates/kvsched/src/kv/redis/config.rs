@@ -203,7 +203,7 @@ impl RedisConfig {
     /// Parses a `redis://` or `rediss://` URL (see [`RedisConfig`] for the grammar and query
     /// keys). Several hosts, or `cluster=yes`, make a cluster configuration. A query value
     /// out of range is a [`ConfigError::Query`] naming its key (`timeout_ms`, not the
-    /// setting `io_timeout` that [`validate`](Self::validate) would name).
+    /// setting `io_timeout` that `validate` would name).
     pub fn from_url(url: &str) -> Result<RedisConfig, ConfigError> {
         let (tls, rest) = if let Some(r) = url.strip_prefix("redis://") {
             (false, r)
