@@ -221,3 +221,26 @@ fn the_human_report_shows_the_judge() {
     assert!(text.contains("wrong tokens 0"), "{text}");
     assert!(text.contains("time to first token p50"), "{text}");
 }
+
+/// A run in which no request kept a token (every load fails and policy `fail` fails its
+/// request) judged nothing: the report says so instead of calling it token-exact.
+#[test]
+fn a_run_that_judged_nothing_says_so() {
+    let all = small(
+        &[
+            "--policy",
+            "fail",
+            "--failure-rate",
+            "1",
+            "--requests",
+            "30",
+        ],
+        true,
+    );
+    let all: Vec<&str> = all.iter().map(String::as_str).collect();
+    let out = stress_guarded(&all, Duration::from_secs(600));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("tokens checked 0"), "{text}");
+    assert!(text.contains("nothing judged"), "{text}");
+    assert!(!text.contains("token-exact:"), "{text}");
+}

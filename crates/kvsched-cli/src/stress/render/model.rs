@@ -64,6 +64,11 @@ fn verdict(r: &RunReport, report: &StressReport, o: &mut String) {
         return;
     };
     let text = match (report.config.mode, m.logit_mismatches) {
+        // Every request failed or was cancelled before its first token: nothing was judged.
+        (_, 0) if m.tokens_checked == 0 => {
+            "nothing judged: no request kept a token (every one failed or was cancelled), so \
+             exactness says nothing about this run"
+        }
         (_, 0) => "token-exact: every kept token and logit equals the request decoded alone",
         (kvsched::rules::recovery::Mode::Safe, _) => {
             "wrong outputs in mode safe: an invariant violation"
