@@ -162,15 +162,7 @@ fn late_scribbling_load_never_reaches_a_reused_block() {
 fn wait_for_work_returns_by_the_load_deadline() {
     let g = groups();
     let pool = 512;
-    let mut eng = Engine::new(g.clone(), pool).memory_tier(1.0);
-    let mut rt = builder(&g, pool)
-        .connector(eng.tier_conn.clone().unwrap())
-        .build()
-        .unwrap();
-    eng.submit(&rt, "seed", prompt(0, 96, 1, 110), 1);
-    assert!(eng.run_until_idle(&mut rt, Duration::from_secs(10)));
-    eng.flush();
-    rt.shutdown();
+    let mut eng = seeded(&g, pool);
     let hc = Hostile::new(
         eng.tier_conn.clone().unwrap(),
         Hostility {
@@ -215,15 +207,7 @@ fn wait_for_work_returns_by_the_load_deadline() {
 fn shutdown_abandons_a_hung_load_and_only_its_blocks() {
     let g = groups();
     let pool = 512;
-    let mut eng = Engine::new(g.clone(), pool).memory_tier(1.0);
-    let mut rt = builder(&g, pool)
-        .connector(eng.tier_conn.clone().unwrap())
-        .build()
-        .unwrap();
-    eng.submit(&rt, "seed", prompt(0, 96, 1, 110), 1);
-    assert!(eng.run_until_idle(&mut rt, Duration::from_secs(10)));
-    eng.flush();
-    rt.shutdown();
+    let mut eng = seeded(&g, pool);
     let hc = Hostile::new(
         eng.tier_conn.clone().unwrap(),
         Hostility {
@@ -543,15 +527,7 @@ fn per_request_deadlines_at_the_edges() {
 fn dropping_a_runtime_with_a_hung_load_returns() {
     let g = groups();
     let pool = 512;
-    let mut eng = Engine::new(g.clone(), pool).memory_tier(1.0);
-    let mut rt = builder(&g, pool)
-        .connector(eng.tier_conn.clone().unwrap())
-        .build()
-        .unwrap();
-    eng.submit(&rt, "seed", prompt(0, 96, 1, 110), 1);
-    assert!(eng.run_until_idle(&mut rt, Duration::from_secs(10)));
-    eng.flush();
-    rt.shutdown();
+    let mut eng = seeded(&g, pool);
     let hc = Hostile::new(
         eng.tier_conn.clone().unwrap(),
         Hostility {
@@ -574,4 +550,19 @@ fn dropping_a_runtime_with_a_hung_load_returns() {
     let took = t.elapsed();
     hc.release.store(true, Ordering::SeqCst);
     assert!(took < Duration::from_secs(3), "drop took {took:?}");
+}
+
+/// An engine whose memory tier holds the chunks of a 96-token prompt (`prompt(0, 96, 1,
+/// 110)`), saved by a first runtime that ran it to the end and shut down.
+fn seeded(g: &[CacheGroup], pool: usize) -> Engine {
+    let mut eng = Engine::new(g.to_vec(), pool).memory_tier(1.0);
+    let mut rt = builder(g, pool)
+        .connector(eng.tier_conn.clone().unwrap())
+        .build()
+        .unwrap();
+    eng.submit(&rt, "seed", prompt(0, 96, 1, 110), 1);
+    assert!(eng.run_until_idle(&mut rt, Duration::from_secs(10)));
+    eng.flush();
+    rt.shutdown();
+    eng
 }
