@@ -162,7 +162,7 @@ fn late_scribbling_load_never_reaches_a_reused_block() {
 fn wait_for_work_returns_by_the_load_deadline() {
     let g = groups();
     let pool = 512;
-    let mut eng = seeded(&g, pool);
+    let mut eng = seeded(&g, pool, one_seed());
     let hc = Hostile::new(
         eng.tier_conn.clone().unwrap(),
         Hostility {
@@ -207,7 +207,7 @@ fn wait_for_work_returns_by_the_load_deadline() {
 fn shutdown_abandons_a_hung_load_and_only_its_blocks() {
     let g = groups();
     let pool = 512;
-    let mut eng = seeded(&g, pool);
+    let mut eng = seeded(&g, pool, one_seed());
     let hc = Hostile::new(
         eng.tier_conn.clone().unwrap(),
         Hostility {
@@ -303,17 +303,7 @@ fn cancel_and_finish_mid_load() {
     };
     let g = groups();
     let pool = 1024;
-    let mut eng = Engine::new(g.clone(), pool).memory_tier(1.0);
-    let mut rt = builder(&g, pool)
-        .connector(eng.tier_conn.clone().unwrap())
-        .build()
-        .unwrap();
-    for i in 0..4u32 {
-        eng.submit(&rt, &format!("w{i}"), prompt(i, 96, 900 + i, 110), 2);
-    }
-    assert!(eng.run_until_idle(&mut rt, Duration::from_secs(10)));
-    eng.flush();
-    rt.shutdown();
+    let mut eng = seeded(&g, pool, four(2));
     let hc = Hostile::new(eng.tier_conn.clone().unwrap(), h);
     let mut rt = builder(&g, pool).connector(hc.clone()).build().unwrap();
     for i in 0..12u32 {
@@ -466,17 +456,7 @@ fn failed_async_load_naming_no_block() {
 fn per_request_deadlines_at_the_edges() {
     let g = groups();
     let pool = 1024;
-    let mut eng = Engine::new(g.clone(), pool).memory_tier(1.0);
-    let mut rt = builder(&g, pool)
-        .connector(eng.tier_conn.clone().unwrap())
-        .build()
-        .unwrap();
-    for i in 0..4u32 {
-        eng.submit(&rt, &format!("w{i}"), prompt(i, 96, 900 + i, 110), 1);
-    }
-    assert!(eng.run_until_idle(&mut rt, Duration::from_secs(10)));
-    eng.flush();
-    rt.shutdown();
+    let mut eng = seeded(&g, pool, four(1));
     let hc = Hostile::new(
         eng.tier_conn.clone().unwrap(),
         Hostility {
@@ -527,7 +507,7 @@ fn per_request_deadlines_at_the_edges() {
 fn dropping_a_runtime_with_a_hung_load_returns() {
     let g = groups();
     let pool = 512;
-    let mut eng = seeded(&g, pool);
+    let mut eng = seeded(&g, pool, one_seed());
     let hc = Hostile::new(
         eng.tier_conn.clone().unwrap(),
         Hostility {
@@ -552,17 +532,31 @@ fn dropping_a_runtime_with_a_hung_load_returns() {
     assert!(took < Duration::from_secs(3), "drop took {took:?}");
 }
 
-/// An engine whose memory tier holds the chunks of a 96-token prompt (`prompt(0, 96, 1,
-/// 110)`), saved by a first runtime that ran it to the end and shut down.
-fn seeded(g: &[CacheGroup], pool: usize) -> Engine {
+/// An engine whose memory tier holds the chunks of `prompts` (id, tokens, tokens to
+/// generate), saved by a first runtime that ran them to the end and shut down.
+fn seeded(g: &[CacheGroup], pool: usize, prompts: Vec<(String, Vec<u32>, u32)>) -> Engine {
     let mut eng = Engine::new(g.to_vec(), pool).memory_tier(1.0);
     let mut rt = builder(g, pool)
         .connector(eng.tier_conn.clone().unwrap())
         .build()
         .unwrap();
-    eng.submit(&rt, "seed", prompt(0, 96, 1, 110), 1);
+    for (id, tokens, max_new) in prompts {
+        eng.submit(&rt, &id, tokens, max_new);
+    }
     assert!(eng.run_until_idle(&mut rt, Duration::from_secs(10)));
     eng.flush();
     rt.shutdown();
     eng
+}
+
+/// The seed prompt of the hung-load cases.
+fn one_seed() -> Vec<(String, Vec<u32>, u32)> {
+    vec![("seed".into(), prompt(0, 96, 1, 110), 1)]
+}
+
+/// Four prompts, `w0`–`w3`, each generating `max_new` tokens.
+fn four(max_new: u32) -> Vec<(String, Vec<u32>, u32)> {
+    (0..4u32)
+        .map(|i| (format!("w{i}"), prompt(i, 96, 900 + i, 110), max_new))
+        .collect()
 }
