@@ -156,6 +156,8 @@ pub struct Geometry {
     groups: Vec<CacheGroup>,
     scheduler_block_size: u64,
     null_block: BlockId,
+    /// Some group's table may hold the null block below its end.
+    nullable: bool,
 }
 
 fn gcd(mut a: u64, mut b: u64) -> u64 {
@@ -209,10 +211,12 @@ impl Geometry {
                 s
             }
         };
+        let nullable = groups.iter().any(|g| g.nullable_below(u64::MAX) > 0);
         Ok(Geometry {
             groups,
             scheduler_block_size: s,
             null_block,
+            nullable,
         })
     }
 
@@ -247,6 +251,13 @@ impl Geometry {
     #[inline]
     pub fn null_block(&self) -> BlockId {
         self.null_block
+    }
+
+    /// Whether some group's table may hold the null block below its end: a sliding window
+    /// or a Mamba `align` group (a full-attention or Mamba `all` table never does).
+    #[inline]
+    pub(crate) fn may_hold_nulls(&self) -> bool {
+        self.nullable
     }
 
     /// `floor(pos / S) · S`.

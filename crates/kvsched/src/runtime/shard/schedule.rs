@@ -64,6 +64,9 @@ impl<S: Strategy> Shard<S> {
         if planted!("mamba-state-into-null") {
             return true; // the step writes its state into the null block: it is lost
         }
+        if !env.geo.may_hold_nulls() {
+            return true;
+        }
         let from = r.num_computed_tokens;
         for (g, grp) in env.geo.groups().iter().enumerate() {
             // Planted bug (scripts/plants.sh): only Mamba states are given a block, so a
