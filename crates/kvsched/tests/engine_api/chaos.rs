@@ -11,7 +11,7 @@ use crate::support::*;
 use kvsched::connector::{
     InvalidBlocks, KvConnector, LoadJob, LoadResult, LookupQuery, LookupResult, Prepared,
 };
-use kvsched::kv::{ChunkKey, MemoryTier, Tier, TierConnector, TierConnectorConfig, TierError};
+use kvsched::kv::{MemoryTier, TierConnector, TierConnectorConfig};
 use kvsched::{BlockRef, CacheGroup, MambaMode, Mode, Policy, Settings, StepOutput, SubmitRequest};
 
 struct Rng(u64);
@@ -26,45 +26,6 @@ impl Rng {
 }
 
 /// A memory tier whose gets flip a byte in a share of the chunks.
-struct Damaging {
-    inner: MemoryTier,
-    n: AtomicU64,
-    every: u64,
-}
-
-impl Tier for Damaging {
-    fn name(&self) -> &str {
-        "damaging"
-    }
-    fn exists(
-        &self,
-        keys: &[ChunkKey],
-        c: &kvsched::connector::CancelToken,
-    ) -> Result<Vec<bool>, TierError> {
-        self.inner.exists(keys, c)
-    }
-    fn get(
-        &self,
-        keys: &[ChunkKey],
-        c: &kvsched::connector::CancelToken,
-    ) -> Result<Vec<Option<Vec<u8>>>, TierError> {
-        let mut v = self.inner.get(keys, c)?;
-        for x in v.iter_mut().flatten() {
-            if self.n.fetch_add(1, Ordering::Relaxed) % self.every == 0 {
-                let l = x.len();
-                x[l - 1] ^= 1;
-            }
-        }
-        Ok(v)
-    }
-    fn put(&self, chunks: &[(ChunkKey, Vec<u8>)]) -> Result<(), TierError> {
-        self.inner.put(chunks)
-    }
-    fn may_block(&self) -> bool {
-        false
-    }
-}
-
 /// Panics now and then, sleeps past the deadline now and then, and adds nonsense to its
 /// failures (another group layout, out-of-range ids).
 struct Chaotic {
@@ -113,11 +74,7 @@ fn chaos(seed: u64, groups: Vec<CacheGroup>, pool: usize, shards: usize) {
 /// mode vllm rolled back), accounting and liveness are asserted.
 fn chaos_with(seed: u64, groups: Vec<CacheGroup>, pool: usize, shards: usize, switch: bool) {
     let mut rng = Rng(seed);
-    let tier = Arc::new(Damaging {
-        inner: MemoryTier::new(64 << 20, 4),
-        n: AtomicU64::new(1),
-        every: 9,
-    });
+    let tier = Arc::new(Damaging::every(MemoryTier::new(64 << 20, 4), 9));
     let mut eng = Engine::new(groups.clone(), pool);
     let cfg = TierConnectorConfig::default()
         .with_groups(groups.clone())

@@ -4,44 +4,12 @@
 //! before the recovery. From then on sharers must wait for the owner, take over when it
 //! ends first, and never keep an output that read a wrong byte.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::support::*;
-use kvsched::connector::CancelToken;
-use kvsched::kv::{ChunkKey, MemoryTier, Tier, TierError};
+use kvsched::kv::MemoryTier;
 use kvsched::{CacheGroup, MambaMode, Mode, Policy, Settings};
-
-struct Flipper {
-    inner: MemoryTier,
-    on: AtomicBool,
-}
-
-impl Tier for Flipper {
-    fn name(&self) -> &str {
-        "flipper"
-    }
-    fn exists(&self, keys: &[ChunkKey], c: &CancelToken) -> Result<Vec<bool>, TierError> {
-        self.inner.exists(keys, c)
-    }
-    fn get(&self, keys: &[ChunkKey], c: &CancelToken) -> Result<Vec<Option<Vec<u8>>>, TierError> {
-        let mut v = self.inner.get(keys, c)?;
-        if self.on.load(Ordering::SeqCst) {
-            for x in v.iter_mut().flatten() {
-                let l = x.len();
-                x[l - 1] ^= 1;
-            }
-        }
-        Ok(v)
-    }
-    fn put(&self, chunks: &[(ChunkKey, Vec<u8>)]) -> Result<(), TierError> {
-        self.inner.put(chunks)
-    }
-    fn may_block(&self) -> bool {
-        false
-    }
-}
 
 #[derive(Clone, Copy, Debug)]
 enum OwnerEnd {
@@ -66,10 +34,7 @@ fn sharers_with(
     policy: Policy,
 ) -> (Engine, kvsched::Report) {
     let pool = 512;
-    let tier = Arc::new(Flipper {
-        inner: MemoryTier::new(64 << 20, 4),
-        on: AtomicBool::new(false),
-    });
+    let tier = Arc::new(Damaging::armed_later(MemoryTier::new(64 << 20, 4)));
     let mut eng = Engine::new(groups.clone(), pool).with_tier(tier.clone(), 0.0);
     let mut rt = builder(&groups, pool)
         .connector(eng.tier_conn.clone().unwrap())
@@ -80,7 +45,7 @@ fn sharers_with(
     eng.flush();
     rt.shutdown();
 
-    tier.on.store(true, Ordering::SeqCst);
+    tier.arm();
     let s = Settings::default().with_mode(Mode::Vllm);
     let mut rt = builder(&groups, pool)
         .shards(2)
