@@ -2,7 +2,10 @@
 //! deterministic function of (group, position, token prefix), so a read of any block the
 //! plan names can be checked against what a correct model would have written there.
 
+mod damaging;
 pub mod hostile;
+
+pub use damaging::Damaging;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -539,79 +542,5 @@ impl Drop for Watchdog {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-    }
-}
-
-/// A memory tier that flips the last byte of chunks it answers (the chunk checksum catches
-/// it): of every `every`-th chunk read, once armed.
-pub struct Damaging {
-    inner: kvsched::kv::MemoryTier,
-    on: std::sync::atomic::AtomicBool,
-    n: std::sync::atomic::AtomicU64,
-    every: u64,
-}
-
-impl Damaging {
-    /// Damages every `every`-th chunk read, from the first read on.
-    pub fn every(inner: kvsched::kv::MemoryTier, every: u64) -> Self {
-        Damaging {
-            inner,
-            on: std::sync::atomic::AtomicBool::new(true),
-            n: std::sync::atomic::AtomicU64::new(1),
-            every: every.max(1),
-        }
-    }
-
-    /// Damages every chunk read once [`Damaging::arm`] is called, none before.
-    pub fn armed_later(inner: kvsched::kv::MemoryTier) -> Self {
-        Damaging {
-            on: std::sync::atomic::AtomicBool::new(false),
-            ..Damaging::every(inner, 1)
-        }
-    }
-
-    /// From now on, damages the chunks it answers.
-    pub fn arm(&self) {
-        self.on.store(true, std::sync::atomic::Ordering::SeqCst);
-    }
-}
-
-impl kvsched::kv::Tier for Damaging {
-    fn name(&self) -> &str {
-        "damaging"
-    }
-    fn exists(
-        &self,
-        keys: &[kvsched::kv::ChunkKey],
-        c: &kvsched::connector::CancelToken,
-    ) -> Result<Vec<bool>, kvsched::kv::TierError> {
-        self.inner.exists(keys, c)
-    }
-    fn get(
-        &self,
-        keys: &[kvsched::kv::ChunkKey],
-        c: &kvsched::connector::CancelToken,
-    ) -> Result<Vec<Option<Vec<u8>>>, kvsched::kv::TierError> {
-        use std::sync::atomic::Ordering;
-        let mut v = self.inner.get(keys, c)?;
-        if self.on.load(Ordering::SeqCst) {
-            for x in v.iter_mut().flatten() {
-                if self.n.fetch_add(1, Ordering::Relaxed) % self.every == 0 {
-                    if let Some(last) = x.last_mut() {
-                        *last ^= 1;
-                    }
-                }
-            }
-        }
-        Ok(v)
-    }
-    fn put(
-        &self,
-        chunks: &[(kvsched::kv::ChunkKey, Vec<u8>)],
-    ) -> Result<(), kvsched::kv::TierError> {
-        self.inner.put(chunks)
-    }
-    fn may_block(&self) -> bool {
-        false
     }
 }
