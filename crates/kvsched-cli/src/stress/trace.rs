@@ -27,9 +27,9 @@ pub struct TraceArgs {
     /// line with `timestamp` in ms, `input_length`, `output_length`, `hash_ids` of 512-token
     /// blocks): its arrivals, prompt and output lengths, and prompts whose tokens follow the
     /// block ids, so they share prefixes as in the trace. `--requests`, `--rate`,
-    /// `--prompt-tokens` and `--prefix-share` are then unused. Limits: a file (not `-`,
-    /// standard input) of at most 256 MiB, lines of at most 1 MiB, prompts of at most 2^24
-    /// tokens.
+    /// `--prompt-tokens` and `--prefix-share` are then unused. Other fields are skipped; one
+    /// of the four given twice is refused. Limits: a file (not `-`, standard input) of at most
+    /// 256 MiB, lines of at most 1 MiB, prompts of at most 2^24 tokens.
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
     /// Replay the trace X times faster than it was recorded (arrival = timestamp / X).
@@ -256,7 +256,60 @@ fn bad(line: usize, field: &'static str, problem: impl Into<String>) -> TraceErr
     }
 }
 
-fn number(obj: &Value, line: usize, field: &'static str) -> Result<u64, TraceError> {
+/// The fields a trace line names: a request's four. A line may hold others (a trace with more
+/// columns replays as its four say); they are skipped unread. One of the four given twice is
+/// refused — a JSON reader would otherwise keep one of the two silently.
+const FIELDS: [&str; 4] = ["timestamp", "input_length", "output_length", "hash_ids"];
+
+/// One trace line's object: its [`FIELDS`], each as given, and the first of them given twice.
+#[derive(Debug, Default)]
+struct Fields {
+    values: [Option<Value>; 4],
+    repeated: Option<&'static str>,
+}
+
+impl Fields {
+    /// The value of `field` (one of [`FIELDS`]).
+    fn get(&self, field: &str) -> Option<&Value> {
+        let i = FIELDS.iter().position(|&f| f == field)?;
+        self.values.get(i)?.as_ref()
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Fields {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Fields;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Fields, A::Error> {
+                let mut out = Fields::default();
+                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                    let Some(i) = FIELDS.iter().position(|&f| f == key) else {
+                        map.next_value::<serde::de::IgnoredAny>()?;
+                        continue;
+                    };
+                    let value = map.next_value::<Value>()?;
+                    match out.values.get_mut(i) {
+                        Some(slot @ None) => *slot = Some(value),
+                        _ => {
+                            out.repeated = out.repeated.or(FIELDS.get(i).copied());
+                        }
+                    }
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_map(Visit)
+    }
+}
+
+fn number(obj: &Fields, line: usize, field: &'static str) -> Result<u64, TraceError> {
     match obj.get(field) {
         None => Err(bad(line, field, "missing")),
         Some(v) => whole(v).map_err(|problem| bad(line, field, problem)),
@@ -295,10 +348,15 @@ pub(crate) fn parse(text: &str, limit: Option<usize>) -> Result<Vec<TraceRequest
         if raw.len() > MAX_LINE {
             return Err(bad(line, "line", format!("over {MAX_LINE} bytes")));
         }
-        let obj: Value =
-            serde_json::from_str(raw).map_err(|e| bad(line, "line", format!("not JSON: {e}")))?;
-        if !obj.is_object() {
-            return Err(bad(line, "line", "not a JSON object"));
+        let obj: Fields = serde_json::from_str(raw).map_err(|e| {
+            if e.is_data() {
+                bad(line, "line", "not a JSON object")
+            } else {
+                bad(line, "line", format!("not JSON: {e}"))
+            }
+        })?;
+        if let Some(field) = obj.repeated {
+            return Err(bad(line, field, "given twice"));
         }
         let arrival_ms = number(&obj, line, "timestamp")?;
         if arrival_ms < last_arrival {
@@ -498,6 +556,10 @@ mod tests {
         let cases = [
             ("nope", "line 1: line: not JSON"),
             ("[1]", "line 1: line: not a JSON object"),
+            ("7", "line 1: line: not a JSON object"),
+            (r#"{"timestamp": 0, "input_length": 6, "output_length": 1, "hash_ids": [1], "input_length": 6}"#, "line 1: input_length: given twice"),
+            (r#"{"timestamp": 0, "timestamp": 0, "input_length": 6, "output_length": 1, "hash_ids": [1]}"#, "line 1: timestamp: given twice"),
+            (r#"{"timestamp": 0, "input_length": 6, "output_length": 1, "hash_ids": [1], "hash_ids": [2]}"#, "line 1: hash_ids: given twice"),
             (r#"{"input_length": 1, "output_length": 1, "hash_ids": [1]}"#, "line 1: timestamp: missing"),
             (r#"{"timestamp": -1, "input_length": 1, "output_length": 1, "hash_ids": [1]}"#, "line 1: timestamp: -1 is not"),
             (r#"{"timestamp": 0, "input_length": 0, "output_length": 1, "hash_ids": []}"#, "line 1: input_length: 0 is not"),
@@ -515,6 +577,12 @@ mod tests {
                 .expect("ok")
                 .len(),
             2
+        );
+        // Other fields are skipped, repeated or not; an escaped name is the field it spells.
+        let extra = r#"{"session": {"turns": [1, 2]}, "time\u0073tamp": 0, "input_length": 6, "output_length": 1, "hash_ids": [1], "session": null}"#;
+        assert_eq!(
+            parse(extra, None).expect("extra"),
+            parse(ok, None).expect("ok")
         );
     }
 }
