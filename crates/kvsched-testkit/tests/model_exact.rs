@@ -12,7 +12,10 @@ use kvsched::kv::{
     ChunkKey, HostKvMemory, KvLayout, KvMemory, MemoryTier, Tier, TierConnector,
     TierConnectorConfig,
 };
-use kvsched::{CacheGroup, MambaMode, Mode, Report, Runtime, StepOutput, StepPlan, SubmitRequest};
+use kvsched::{
+    BlockRef, BlockTable, CacheGroup, MambaMode, Mode, Report, Runtime, StepOutput, StepPlan,
+    SubmitRequest,
+};
 use kvsched_testkit::SplitMix64;
 use kvsched_testkit::{FaultConfig, FaultyTier};
 use kvsched_testkit::{ModelCounts, ModelEngine, ModelShape, TinyModel, WrongTokenCauses};
@@ -551,4 +554,54 @@ fn mode_vllm_hits_rolled_back_blocks_left_cached_and_mode_safe_has_none() {
             "{shards} shards: {unshared:?}"
         );
     }
+}
+
+/// The engine's count of reads it could not make counts: a plan whose table names the null
+/// block where a request's first tokens live makes the engine read zeros there, count each
+/// such read and judge the token wrong — the counter the other tests hold at 0 is live.
+#[test]
+fn a_read_through_a_null_entry_is_counted_and_judged_wrong() {
+    let groups = vec![CacheGroup::full_attention(16)];
+    let tier: Arc<dyn Tier> = Arc::new(MemoryTier::new(8 << 20, 2));
+    let k = Knobs {
+        async_ratio: 0.0,
+        shards: 1,
+        ..Knobs::default()
+    };
+    let (mut rt, conn, mut engine) = stack(&groups, tier, &k, 7);
+    let prompt: Vec<u32> = (0..40).map(|t| (t * 5) % 61).collect();
+    submit(&mut rt, &mut engine, "r".into(), prompt, 4);
+    let plan = rt.schedule().expect("prefill");
+    answer(&mut rt, &mut engine, &conn, &plan, Vec::new());
+    let before = engine.counts();
+    assert_eq!(before.unreadable_reads, 0, "{before:?}");
+    assert_eq!(before.token_mismatches, 0, "{before:?}");
+
+    // The decode step, as the engine is handed it with block 0 of the table nulled.
+    let plan = rt.schedule().expect("decode");
+    let mut tampered = plan.clone();
+    let s = tampered
+        .scheduled
+        .first_mut()
+        .expect("the request is scheduled");
+    assert_eq!(s.num_computed_tokens, 40, "a decode after the whole prompt");
+    let mut tables: Vec<BlockTable> = s.block_tables.to_vec();
+    let mut first: Vec<BlockRef> = tables[0].to_vec();
+    first[0] = BlockRef {
+        id: 0,
+        generation: 0,
+    };
+    tables[0] = first.into();
+    s.block_tables = tables.into();
+    answer(&mut rt, &mut engine, &conn, &tampered, Vec::new());
+    let after = engine.counts();
+    assert!(
+        after.unreadable_reads >= 16,
+        "positions 0..16 of each attention layer read through the null entry: {after:?}"
+    );
+    assert!(
+        after.token_mismatches + after.logit_mismatches > 0,
+        "{after:?}"
+    );
+    finish(rt, &mut engine, &conn);
 }
