@@ -116,3 +116,50 @@ fn a_trace_on_stdin_is_refused_naming_the_flag() {
     assert!(err.contains("standard input"), "{err}");
     assert!(out.stdout.is_empty());
 }
+
+/// Every numeric flag of `stress` given a negative number: exit 2 and one line naming the
+/// flag — never clap's "unexpected argument '-1'", which reads as if the value were a flag.
+#[test]
+fn every_numeric_flag_given_a_negative_number_names_the_flag() {
+    for flag in [
+        "--requests",
+        "--live",
+        "--duration",
+        "--shards",
+        "--workers",
+        "--pool-blocks",
+        "--prefix-share",
+        "--prefix-burst",
+        "--failure-rate",
+        "--seed",
+        "--model-us",
+        "--token-budget",
+        "--max-seqs",
+        "--prompt-tokens",
+        "--output-tokens",
+        "--hit-ratio",
+        "--async-ratio",
+        "--cancel-ratio",
+        "--check-every",
+        "--store-capacity",
+        "--redis-cluster",
+        "--redis-maxmemory",
+        "--kv-bytes-per-token",
+        "--mamba-state-bytes",
+        "--load-deadline-ms",
+        "--repeat",
+        "--prefixes",
+        "--redis-restarts",
+        "--compute-rate",
+        "--trace-speed",
+        "--trace-requests",
+        "--rate",
+    ] {
+        let out = stress(&[flag, "-1"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag} -1: {err}");
+        assert_eq!(err.lines().count(), 1, "{flag} -1: {err:?}");
+        assert!(err.contains(flag), "{flag} -1: {err}");
+        assert!(!err.contains("unexpected argument"), "{flag} -1: {err}");
+    }
+}

@@ -71,7 +71,7 @@ pub struct StressConfig {
     /// Requests arriving together on one base prefix: each run of N consecutive requests
     /// shares its base and its arrival time (1: each request picks its base and arrives on
     /// its own).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub prefix_burst: u32,
     /// Share of the chunks loaded from the sim store that arrive damaged, each on its own (a
     /// flipped byte, caught by the chunk checksum) (0–1): a load of n chunks loses one or

@@ -17,7 +17,7 @@ pub struct LoadArgs {
     pub load_policy: LoadPolicy,
     /// The engine's compute rate in prompt tokens per second, for `--load-policy cost`
     /// (default: the simulated engine's, --token-budget tokens per --model-us, at least 1 µs).
-    #[arg(long, value_name = "TOKENS_PER_S", value_parser = parse_compute_rate)]
+    #[arg(long, value_name = "TOKENS_PER_S", allow_negative_numbers = true, value_parser = parse_compute_rate)]
     pub compute_rate: Option<f64>,
 }
 
