@@ -278,8 +278,17 @@ impl BlockPool {
         // An exclusive holder takes no index locks, so it drops each entry at once.
         let exclusive = self.is_exclusive();
         let mut stale: Option<StaleEntries> = None;
+        // Under `exclusive` nothing pushes on the free list while this runs: once it is
+        // found empty, the rest come from the reclaim queue without asking it again.
+        let mut free_empty = false;
         for _ in 0..n {
-            let got = self.allocate_free().or_else(|| {
+            let free = if free_empty {
+                None
+            } else {
+                self.allocate_free()
+            };
+            free_empty = exclusive && free.is_none();
+            let got = free.or_else(|| {
                 let (r, (hash, old)) = self.reclaim_one()?;
                 if exclusive {
                     self.remove_index_entry(hash, old);
@@ -360,8 +369,30 @@ impl BlockPool {
     /// queue's short lock (none under [`exclusive`](Self::exclusive)); on error nothing
     /// changed. The caller's writes to the block happen-before the block's next allocation.
     pub fn release(&self, r: BlockRef) -> Result<(), PoolError> {
-        let slot = self.checked_slot(r.id)?;
+        self.release_in(r, self.is_exclusive())
+    }
+
+    /// Drops one reference to each block `(ids[i], generations[i])` (pairs up to the shorter
+    /// slice), skipping the null block: as [`release`](Self::release) on each in turn, whose
+    /// refusals are counted as it counts them and otherwise ignored — the release of a table
+    /// whose blocks the caller holds.
+    ///
+    /// # Guarantees
+    ///
+    /// Those of [`release`](Self::release), for each block.
+    pub fn release_each(&self, ids: &[BlockId], generations: &[Generation]) {
         let exclusive = self.is_exclusive();
+        for (&id, &generation) in ids.iter().zip(generations) {
+            if id != 0 {
+                let _ = self.release_in(BlockRef { id, generation }, exclusive);
+            }
+        }
+    }
+
+    /// [`release`](Self::release), with the mode read by the caller.
+    #[inline(always)]
+    fn release_in(&self, r: BlockRef, exclusive: bool) -> Result<(), PoolError> {
+        let slot = self.checked_slot(r.id)?;
         // Release: pairs with the Acquire CAS that next claims the slot (`allocate` or
         // `allocate_reclaimed`), so this holder's writes happen-before the next owner's.
         let released = transition(&slot.state, exclusive, RELEASE_ORDER, |cur| {

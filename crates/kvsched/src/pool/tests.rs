@@ -335,3 +335,62 @@ fn a_stale_entry_of_a_block_cached_again_is_a_miss() {
     assert!(!p.contains_hash(5));
     conserved(&p);
 }
+
+/// `release_each` over a table is `release` on each entry in turn, the null block skipped,
+/// refusals counted alike — with and without the exclusive mode; and an `allocate_n` that
+/// empties the free list and goes on by reclaim hands out what one `allocate` at a time does.
+#[test]
+fn release_each_is_release_on_each_entry() {
+    /// A fixed history: blocks cached and not, shared, released twice, stale, null; then the
+    /// tables released and the pool allocated dry.
+    fn run(p: &BlockPool, each: bool) -> (Vec<BlockRef>, Census, u64, u64, Vec<BlockRef>) {
+        let mut blocks = Vec::new();
+        assert!(p.allocate_n(6, &mut blocks));
+        for (i, r) in blocks.iter().enumerate().take(4) {
+            assert!(p.register(100 + i as u64, *r));
+        }
+        assert_eq!(p.lookup(101), Some(blocks[1])); // held twice
+        let stale = BlockRef {
+            id: blocks[5].id,
+            generation: blocks[5].generation.wrapping_add(1),
+        };
+        // A table with the null block, the stale ref and block 2 twice (a double free).
+        let mut table = vec![
+            BlockRef {
+                id: 0,
+                generation: 0,
+            },
+            stale,
+        ];
+        table.extend(blocks.iter().copied());
+        table.push(blocks[2]);
+        let ids: Vec<BlockId> = table.iter().map(|r| r.id).collect();
+        let gens: Vec<Generation> = table.iter().map(|r| r.generation).collect();
+        if each {
+            p.release_each(&ids, &gens);
+        } else {
+            for r in &table {
+                let _ = p.release(*r);
+            }
+        }
+        let census = conserved(p);
+        let mut after = Vec::new();
+        assert!(p.allocate_n(p.allocatable(), &mut after));
+        (after, census, p.double_frees(), p.stale_releases(), blocks)
+    }
+    for exclusive in [false, true] {
+        let (a, b) = (pool(9), pool(9));
+        let (got, want) = if exclusive {
+            // SAFETY: no other thread has either pool.
+            let (_ea, _eb) = unsafe { (a.exclusive(), b.exclusive()) };
+            (run(&a, true), run(&b, false))
+        } else {
+            (run(&a, true), run(&b, false))
+        };
+        assert_eq!(got, want, "exclusive: {exclusive}");
+        let (after, census, double_frees, stale, _) = got;
+        assert_eq!((double_frees, stale), (1, 1), "exclusive: {exclusive}");
+        assert_eq!(census.referenced, 1, "block 1 is still held once");
+        assert_eq!(after.len(), 7, "every unreferenced block allocated again");
+    }
+}

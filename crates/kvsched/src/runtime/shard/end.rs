@@ -44,9 +44,7 @@ impl<S: Strategy> Shard<S> {
         r.sync_job = None;
         r.snapshot = None;
         for (t, g) in r.tables.iter_mut().zip(r.gens.iter_mut()) {
-            for (&id, &gen) in t.iter().zip(g.iter()) {
-                Self::release_entry(env, id, gen);
-            }
+            env.pool.release_table(t, g, null);
             t.clear();
             g.clear();
         }

@@ -46,6 +46,15 @@ pub trait Pool {
     fn allocate_n(&self, n: usize, out: &mut Vec<BlockRef>) -> bool;
     /// Drops one reference to `r`.
     fn release(&self, r: BlockRef) -> Result<(), PoolError>;
+    /// Drops one reference to each block of a table, `(ids[i], generations[i])`, skipping
+    /// `null`; refusals are ignored, as a release of a block the caller holds cannot fail.
+    fn release_table(&self, ids: &[BlockId], generations: &[Generation], null: BlockId) {
+        for (&id, &generation) in ids.iter().zip(generations) {
+            if id != null {
+                let _ = self.release(BlockRef { id, generation });
+            }
+        }
+    }
     /// Enters `r` in the prefix cache under `hash`.
     fn register(&self, hash: BlockHash, r: BlockRef) -> bool;
     /// Enters each `(hash, r)` in the prefix cache, as `register` on each in turn would.
@@ -125,6 +134,18 @@ impl Pool for Arc<BlockPool> {
     #[inline]
     fn release(&self, r: BlockRef) -> Result<(), PoolError> {
         BlockPool::release(self, r)
+    }
+    #[inline]
+    fn release_table(&self, ids: &[BlockId], generations: &[Generation], null: BlockId) {
+        if null == self.null_block() {
+            BlockPool::release_each(self, ids, generations);
+        } else {
+            for (&id, &generation) in ids.iter().zip(generations) {
+                if id != null {
+                    let _ = BlockPool::release(self, BlockRef { id, generation });
+                }
+            }
+        }
     }
     #[inline]
     fn register(&self, hash: BlockHash, r: BlockRef) -> bool {
