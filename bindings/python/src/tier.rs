@@ -10,7 +10,7 @@
 //! call the tier (they then see it stopped: jobs fail at once), and no call ever meets a
 //! borrow error. Dropping it stops and joins the threads with the GIL released.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use pyo3::buffer::PyUntypedBuffer;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
@@ -24,6 +24,10 @@ use crate::tier_index::Index;
 use crate::tier_jobs::Jobs;
 use crate::tier_region::Region;
 use crate::tier_store::{Store, StoreArgs};
+
+/// How often a wait for the tier's jobs ([`NativeTier::wait_idle`]) lets Python handle
+/// signals.
+const SIGNAL_CHECK: Duration = Duration::from_millis(50);
 
 fn bad(field: &str, problem: impl std::fmt::Display) -> PyErr {
     PyValueError::new_err(format!("{field}: {problem}"))
@@ -195,10 +199,22 @@ impl NativeTier {
 
     /// Waits (without the GIL) until no job is queued or running, at most `timeout` seconds;
     /// whether that happened.
+    /// Signals are checked every [`SIGNAL_CHECK`] meanwhile, so a `KeyboardInterrupt` ends
+    /// the wait (the jobs go on).
     #[pyo3(signature = (timeout = 10.0))]
-    fn wait_idle(&self, py: Python<'_>, timeout: f64) -> bool {
+    fn wait_idle(&self, py: Python<'_>, timeout: f64) -> PyResult<bool> {
         let t = Duration::try_from_secs_f64(timeout.max(0.0)).unwrap_or(Duration::MAX);
-        py.detach(|| self.jobs.wait_idle(t))
+        let start = Instant::now();
+        loop {
+            let slice = t.saturating_sub(start.elapsed()).min(SIGNAL_CHECK);
+            if py.detach(|| self.jobs.wait_idle(slice)) {
+                return Ok(true);
+            }
+            if start.elapsed() >= t {
+                return Ok(false);
+            }
+            py.check_signals()?;
+        }
     }
 
     /// Fault injection for tests: flips the bits of byte `offset` of the stored chunk of `key`

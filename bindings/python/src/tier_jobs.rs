@@ -146,7 +146,8 @@ impl Jobs {
     /// [`Index::PROBING_CAP`] probes are queued or running: past that the index answers a
     /// miss, so the probe queue is bounded however fast unknown keys are looked up).
     pub(crate) fn lookup(&self, key: ChunkKey) -> Option<bool> {
-        if self.forked() {
+        // Stopped: every load fails at once, so nothing is present to load.
+        if self.forked() || self.shared.queue.lock().stop {
             return Some(false);
         }
         let answer = self.shared.index.lock().lookup(key);

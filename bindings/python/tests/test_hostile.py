@@ -331,3 +331,112 @@ def test_requests_given_as_a_set_are_refused_naming_the_field():
         plan_recovery(frozenset(reqs), groups, {2})
     with pytest.raises(ValueError, match="^requests: expected a list, not dict"):
         plan_recovery({r.request_id: r for r in reqs}, groups, {2})
+
+
+# --- kvsched.tier: keys of different types, slots named twice, timeouts, touch, store -------
+
+
+def test_keys_of_different_types_never_name_one_block():
+    """An int, a str and a bytes key with the same bytes are three keys: a block stored under
+    one is not present, nor loaded, under another (on a shared store, an engine keying by
+    ints would otherwise load another's bytes-keyed block)."""
+    from kvsched.tier import offload_key_bytes
+
+    assert len({offload_key_bytes(0x6B31), offload_key_bytes(b"1k"), offload_key_bytes("1k")}) == 3
+    assert len({offload_key_bytes(1), offload_key_bytes("1"), offload_key_bytes(b"1")}) == 3
+    assert offload_key_bytes(0) != offload_key_bytes(b"\x00")
+    tier, c = make()
+    try:
+        assert c.store([0x6B31], [5])
+        assert tier.lookup(0x6B31) is True
+        for other in (b"1k", "1k"):
+            assert tier.lookup(other) is False, other
+            assert not c.load([other], [7]), other
+    finally:
+        tier.shutdown()
+
+
+def test_a_load_naming_one_slot_for_two_keys_names_block_ids():
+    tier, c = make()
+    try:
+        assert c.store([key(10), key(11)], [1, 2])
+        with pytest.raises(ValueError, match=r"^block_ids: slot 3 appears twice in a load, for two keys"):
+            tier.submit_load(JobMetadata(9, [key(10), key(11)], [3, 3]))
+        assert tier.get_finished() == []
+        # A store may save one slot under two keys, a load may fill two slots from one key,
+        # or one slot twice from one key.
+        assert c.store([key(12), key(13)], [1, 1])
+        assert c.load([key(10), key(10)], [5, 6])
+        assert c.load([key(11), key(11)], [4, 4])
+    finally:
+        tier.shutdown()
+
+
+@pytest.mark.parametrize(
+    "timeout, error",
+    [(float("nan"), ValueError), ("1", TypeError), (None, TypeError), (True, TypeError)],
+    ids=["nan", "str", "None", "bool"],
+)
+def test_a_timeout_that_is_no_number_of_seconds_names_the_argument(timeout, error):
+    tier, c = make()
+    try:
+        assert c.store([key(1)], [0])
+        with pytest.raises(error, match="^timeout: "):
+            tier.drain_jobs(timeout)
+        assert tier.drain_jobs(2**2000) is True  # too large for a float: no limit
+    finally:
+        tier.shutdown()
+
+
+@pytest.mark.parametrize("keys", [None, "abc", b"ab", 7], ids=["None", "str", "bytes", "int"])
+def test_touch_of_what_is_no_collection_of_keys_names_keys(keys):
+    tier, _ = make()
+    try:
+        with pytest.raises(TypeError, match="^keys: "):
+            tier.touch(keys)
+        assert tier.touch([key(1), key(2)]) is None
+    finally:
+        tier.shutdown()
+
+
+def test_a_store_that_is_no_str_names_store():
+    raw, view = kv_buffer(N, BS)
+    with pytest.raises(TypeError, match="^store: "):
+        KvschedTierManager(None, view, "kvsched", store=None)
+
+
+def test_lookup_after_shutdown_is_a_miss():
+    tier, c = make()
+    assert c.store([key(1)], [0])
+    assert tier.lookup(key(1)) is True
+    tier.shutdown()
+    assert tier.lookup(key(1)) is False  # a load of it would fail at once
+
+
+def test_recover_with_an_explain_that_is_no_bool_names_explain():
+    with pytest.raises(TypeError, match="^explain: "):
+        kvsched.recover({}, explain="yes")
+
+
+@pytest.mark.parametrize(
+    "answer, error",
+    [(float("nan"), TypeError), ("x", TypeError), (-1, ValueError), (2.0, TypeError)],
+    ids=["nan", "str", "negative", "float"],
+)
+def test_sharer_holds_refresh_refuses_a_callback_answer_that_is_no_token_count(answer, error):
+    """A refresh whose callback answers NaN (or a str, a float, a negative count) for the owner
+    names the callback and the request, and leaves every wait as it was: NaN compared as
+    "not below ready_at" and released the sharer though its owner had recomputed nothing."""
+    reqs = [
+        RequestState("o", False, [[1, 2, 3]], 48, 16),
+        RequestState("s", False, [[1, 2, 7]], 48, 16),
+        RequestState("s2", False, [[1, 2, 7]], 48, 16),
+    ]
+    plan = plan_recovery(reqs, [CacheGroup("full_attention", 16)], {2})
+    holds = SharerHolds()
+    holds.add(plan)
+    before = holds.waiting()
+    assert before, plan
+    with pytest.raises(error, match=r"^computed\('o'\): "):
+        holds.refresh(lambda r: answer if r == "o" else 32)
+    assert holds.waiting() == before

@@ -15,7 +15,7 @@ from array import array
 import pytest
 
 import kvsched
-from kvsched.tier import KvschedTierManager
+from kvsched.tier import KvschedTierManager, offload_key_bytes
 from tier_caller import Caller, key, kv_buffer, random_block
 
 BS = 256  # bytes per block
@@ -193,7 +193,7 @@ def test_damage_at_rest_fails_the_load_and_the_tier_stops_promising_the_block(ti
     good = random_block(BS)
     c.fill(0, good)
     assert c.store([key(1), key(2)], [0, 0])
-    assert tier._native.damage(key(1), where)
+    assert tier._native.damage(offload_key_bytes(key(1)), where)
     sentinel = b"\x5a" * BS
     c.fill(4, sentinel)
     c.fill(5, sentinel)
@@ -262,7 +262,7 @@ def test_eviction_by_capacity_fails_the_load_then_answers_absent():
 def test_a_chunk_removed_behind_the_tiers_back(tier_args):
     tier, c = make(**tier_args)
     assert c.store([key(1), key(2)], [0, 1])
-    assert tier._native.remove(key(2))
+    assert tier._native.remove(offload_key_bytes(key(2)))
     assert not c.load([key(1), key(2)], [3, 4])
     assert c.lookup(key(2)) is False
     assert c.lookup(key(1)) is True

@@ -200,3 +200,40 @@ def test_dropping_a_tier_with_a_stuck_store_lets_other_threads_run():
         srv.close()
         for s in held:
             s.close()
+
+
+def test_a_signal_interrupts_drain_jobs_while_a_store_hangs():
+    """Ctrl-C during ``drain_jobs`` on a store that never answers raises at once (within the
+    wait's signal checks), not when the store's call timeout ends the job."""
+    import os
+    import signal
+
+    import pytest
+
+    from kvsched import _native
+
+    if not getattr(_native, "HAS_REDIS", True):
+        pytest.skip("a build without the Redis tier")
+    srv, held = _silent_server()
+    tier = None
+    try:
+        _, view = kv_buffer(8, 256)
+        url = f"redis://127.0.0.1:{srv.getsockname()[1]}?timeout_ms=20000"
+        tier = KvschedTierManager(None, view, "kvsched", store="redis", url=url)
+        tier.submit_store(JobMetadata(1, [key(1)], [0]))
+        timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+        t0 = time.monotonic()
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            tier.drain_jobs(float("inf"))
+        elapsed = time.monotonic() - t0
+        # Raised soon after the signal at 0.3 s; the store's timeout is 20 s.
+        assert elapsed < 5, elapsed
+        # The job went on: it is still running, and the tier answers as before.
+        assert tier.drain_jobs(0) is False
+    finally:
+        if tier is not None:
+            tier.shutdown()
+        srv.close()
+        for s in held:
+            s.close()

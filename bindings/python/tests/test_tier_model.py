@@ -12,7 +12,7 @@ import tempfile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvsched.tier import KvschedTierManager
+from kvsched.tier import KvschedTierManager, offload_key_bytes
 from tier_caller import Caller, key, kv_buffer
 
 BS, N, KEYS = 64, 6, 4
@@ -70,11 +70,11 @@ def test_tier_follows_the_model(store, program):
                     failed |= {k for k in ks if k not in held or k in broken}
             elif op[0] == "damage":
                 _, k, at = op
-                if k in held and k not in broken and tier._native.damage(key(k), at):
+                if k in held and k not in broken and tier._native.damage(offload_key_bytes(key(k)), at):
                     broken.add(k)
             else:
                 _, k = op
-                if k in held and k not in broken and tier._native.remove(key(k)):
+                if k in held and k not in broken and tier._native.remove(offload_key_bytes(key(k))):
                     broken.add(k)
             for k in failed:
                 assert c.lookup(key(k)) is False

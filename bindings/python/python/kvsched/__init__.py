@@ -63,8 +63,11 @@ def recover(scenario: dict[str, Any], *, explain: bool = False) -> dict[str, Any
     check and message is the command's: ``ScenarioError`` (a ``ValueError``) names the field
     (``groups[0].window: missing required field (for a sliding_window group)``). Values JSON
     cannot hold (a set, bytes, an object) are errors on their field too. Tuples count as lists.
-    The outcome is ``json.loads`` of what the command prints.
+    The outcome is ``json.loads`` of what the command prints. An ``explain`` that is no
+    ``bool`` is a ``TypeError`` naming it.
     """
+    if not isinstance(explain, bool):
+        raise TypeError(f"explain: expected a bool, not {type(explain).__name__}")
     try:
         text = json.dumps(scenario, allow_nan=True)
     except (TypeError, ValueError, RecursionError):

@@ -17,7 +17,7 @@ chunk it failed to load (vLLM #49328). Copies, checksums and tier I/O run on kvs
 outside the GIL; the methods only enqueue and drain.
 
 Any thread may call any method at any time, ``shutdown`` included: calls during or after a
-shutdown return, and jobs submitted then fail at once. A tier is used in the process that
+shutdown return, jobs submitted then fail at once and ``lookup`` answers ``False``. A tier is used in the process that
 created it: after ``os.fork()`` the child has none of its threads, so in the child every store
 and load fails at once, ``lookup`` answers ``False``, and ``shutdown`` (or dropping the tier)
 does nothing; create the tier after the fork to use it in the child.
@@ -65,19 +65,37 @@ else:  # pragma: no cover
 
 def offload_key_bytes(key: Any) -> bytes:
     """The bytes naming an ``OffloadKey``: vLLM's keys are bytes (the block hash and the group
-    index); ints and strings are accepted for stand-ins and other engines."""
+    index); ints and strings are accepted for stand-ins and other engines. A key's type is
+    part of its name — a first byte ``b``, ``i`` or ``s``, then the bytes, the integer's
+    signed little-endian bytes or the text's UTF-8 — so ``1``, ``"1"`` and ``b"1"`` are three
+    keys, and no int or str names the block of a bytes key (on a store shared by engines
+    that key their blocks differently, one would otherwise load another's bytes)."""
     if isinstance(key, (bytes, bytearray, memoryview)):
-        return bytes(key)
+        return b"b" + bytes(key)
     if isinstance(key, int):
-        return key.to_bytes((key.bit_length() + 8) // 8 or 1, "little", signed=True)
+        return b"i" + key.to_bytes((key.bit_length() + 8) // 8 or 1, "little", signed=True)
     if isinstance(key, str):
         try:
-            return key.encode()
+            return b"s" + key.encode()
         except UnicodeEncodeError as e:
             raise ValueError(
                 f"key: not valid Unicode text (a lone surrogate at character {e.start})"
             ) from None
     raise TypeError(f"key: expected bytes, int or str, got {type(key).__name__}")
+
+
+def _timeout(value: Any) -> float:
+    """``drain_jobs``'s timeout as a float: a ``TypeError`` for what is no real number
+    (``bool`` included), a ``ValueError`` for NaN, each naming ``timeout``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"timeout: expected a number of seconds, not {type(value).__name__}")
+    try:
+        t = float(value)
+    except OverflowError:  # an int past a float's range: too large to count
+        return float("inf")
+    if t != t:
+        raise ValueError("timeout: NaN is not a number of seconds")
+    return t
 
 
 def _mac_key(value: Any) -> bytes | None:
@@ -139,6 +157,15 @@ def _text(field: str, value: Any) -> str | None:
     if value is None or isinstance(value, str):
         return value
     raise TypeError(f"{field}: expected a str, not {type(value).__name__}")
+
+
+def _store(value: Any) -> str:
+    """The ``store`` argument: a ``str``, a ``TypeError`` naming it for anything else."""
+    if isinstance(value, str):
+        return value
+    raise TypeError(
+        f'store: expected "memory", "disk" or "redis", not {type(value).__name__}'
+    )
 
 
 def _path(value: Any) -> str | None:
@@ -255,7 +282,7 @@ class KvschedTierManager(_Base):  # type: ignore[misc,valid-type]
         self._native = _native.NativeTier(
             flat,
             num_blocks,
-            _text("store", store),
+            _store(store),
             capacity_bytes=capacity_bytes,
             path=_path(path),
             url=_text("url", url),
@@ -281,8 +308,17 @@ class KvschedTierManager(_Base):  # type: ignore[misc,valid-type]
 
     def submit_load(self, job_metadata: Any) -> None:
         """Enqueues a load into the job's primary-tier slots; the job fails unless every chunk
-        is present and passes its checks."""
+        is present and passes its checks. A slot named twice for two keys is a ``ValueError``
+        naming ``block_ids`` (both keys' bytes cannot land in it)."""
         job_id, keys, blocks = self._job(job_metadata)
+        if len(set(blocks)) != len(blocks):
+            into: dict[int, bytes] = {}
+            for k, b in zip(keys, blocks):
+                if into.setdefault(b, k) != k:
+                    raise ValueError(
+                        f"block_ids: slot {b} appears twice in a load, for two keys (each "
+                        "slot takes one key's bytes)"
+                    )
         self._native.submit_load(job_id, keys, blocks)
 
     def get_finished(self) -> Iterable[JobResult]:
@@ -293,7 +329,10 @@ class KvschedTierManager(_Base):  # type: ignore[misc,valid-type]
     get_finished_jobs = get_finished
 
     def touch(self, keys: Collection[Any], req_context: Any = None) -> None:
-        """Recency for eviction: kvsched's tiers track their own (LRU on reads)."""
+        """Recency for eviction: kvsched's tiers track their own (LRU on reads), so the keys
+        are not read; what is no collection of keys is a ``TypeError`` naming ``keys``."""
+        if isinstance(keys, (str, bytes, bytearray)) or not isinstance(keys, Iterable):
+            raise TypeError(f"keys: expected a collection of keys, not {type(keys).__name__}")
         return None
 
     def request_finished(self, req_context: Any) -> None:
@@ -302,8 +341,11 @@ class KvschedTierManager(_Base):  # type: ignore[misc,valid-type]
     def drain_jobs(self, timeout: float = 30.0) -> bool:
         """Waits (GIL released) until no job is queued or running, at most ``timeout`` seconds
         (one too large to count, such as ``float("inf")``: without limit; 0 or less: not at
-        all); whether that happened."""
-        return self._native.wait_idle(timeout)
+        all); whether that happened. Signals are handled while it waits: a ``KeyboardInterrupt``
+        (or what a signal handler raises) interrupts it within about 50 ms, the jobs going on.
+        A timeout that is no number is a ``TypeError``, NaN a ``ValueError``, each naming
+        ``timeout``."""
+        return self._native.wait_idle(_timeout(timeout))
 
     def shutdown(self) -> None:
         """Stops the tier's threads and waits for them (GIL released): queued jobs are

@@ -352,18 +352,31 @@ class SharerHolds:
 
         Returns, per block whose owner ended before rewriting it (or not known to have), its
         waiters in the order they were added (canonical order); those waits are dropped here,
-        for :meth:`replan`.
+        for :meth:`replan`. A callback answering anything but a whole number ≥ 0 or ``None``
+        (NaN, a float, a string) is a ``TypeError`` or ``ValueError`` naming the callback and
+        the request, and leaves every wait as it was.
         """
+        # Every answer is asked for and checked before any wait changes.
+        now: dict[str, int | None] = {}
+        ended: dict[str, int | None] = {}
+        for rid, ws in self._waits.items():
+            for r in [rid, *(w.owner for w in ws)]:
+                if r not in now:
+                    now[r] = _tokens("computed", r, computed(r))
+            for w in ws:
+                if now[w.owner] is None and w.owner not in ended:
+                    done = last(w.owner) if last is not None else None
+                    ended[w.owner] = _tokens("last", w.owner, done)
         orphaned: dict[int, list[str]] = {}
         for rid in list(self._waits):
-            if computed(rid) is None:
+            if now[rid] is None:
                 del self._waits[rid]
                 continue
             keep = []
             for w in self._waits[rid]:
-                c = computed(w.owner)
+                c = now[w.owner]
                 if c is None:
-                    done = last(w.owner) if last is not None else None
+                    done = ended[w.owner]
                     if done is None or done < w.ready_at:
                         orphaned.setdefault(w.block, []).append(rid)
                 elif c < w.ready_at:
@@ -424,6 +437,20 @@ def groups_from_kv_cache_config(kv_cache_config: Any, mamba_mode: str = "align")
         else:
             out.append(CacheGroup("full_attention", bs))
     return out
+
+
+def _tokens(callback: str, request_id: str, value: Any) -> int | None:
+    """A :meth:`SharerHolds.refresh` callback's answer for ``request_id``: ``None`` or a whole
+    number ≥ 0, else a ``TypeError`` or ``ValueError`` naming the callback and the request."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(
+            f"{callback}({request_id!r}): expected a token count or None, not {value!r}"
+        )
+    if value < 0:
+        raise ValueError(f"{callback}({request_id!r}): {int(value)} tokens is negative")
+    return int(value)
 
 
 def _whole(field: str, value: Any) -> int:
