@@ -166,7 +166,17 @@ fn hostile_sizes_are_refused_against_the_caps() {
         (vec!["--max-seqs", "1048577"], "--max-seqs", "1048576"),
         (vec!["--requests", "100000001"], "--requests", "100000000"),
         (vec!["--prefixes", "0"], "--prefixes", "16777216"),
-        (vec!["--seed", "-1"], "--seed", "invalid digit"),
+        (vec!["--seed", "-1"], "--seed", "an integer of at least 0"),
+        (
+            vec!["--requests", "1e3"],
+            "--requests",
+            "from 1 to 100000000",
+        ),
+        (
+            vec!["--token-budget", "-1"],
+            "--token-budget",
+            "from 1 to 4294967296",
+        ),
     ] {
         assert_refused(&args, flag, needle);
     }

@@ -284,17 +284,17 @@ fn bad_store_values_exit_2_with_one_line() {
         (
             vec!["--kv-bytes-per-token", "0"],
             "--kv-bytes-per-token",
-            "1..=65536",
+            "from 1 to 65536",
         ),
         (
             vec!["--mamba-state-bytes", "0"],
             "--mamba-state-bytes",
-            "1..=1048576",
+            "from 1 to 1048576",
         ),
         (
             vec!["--mamba-state-bytes", "-4"],
             "--mamba-state-bytes",
-            "invalid digit",
+            "from 1 to 1048576",
         ),
         (vec!["--verify", "maybe"], "--verify", "on or off"),
         (

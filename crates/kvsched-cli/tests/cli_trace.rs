@@ -131,7 +131,7 @@ fn a_trace_out_of_range_or_not_utf8_is_refused_naming_what_is_wrong() {
     let text = String::from_utf8_lossy(&out.stdout).replace("\n  ", " ");
     assert!(
         text.contains(
-            "trace: 1 requests (of the first 2, those arriving within the longest replay, 86400 s)"
+            "trace: 1 request (of the first 2, those arriving within the longest replay, 86400 s)"
         ),
         "{text}"
     );

@@ -30,7 +30,7 @@ pub use super::limits::*;
 #[derive(Clone, Debug, Serialize, clap::Args)]
 pub struct StressConfig {
     /// Requests to submit in all.
-    #[arg(long, default_value_t = DEFAULT_REQUESTS, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(1..=MAX_REQUESTS))]
+    #[arg(long, default_value_t = DEFAULT_REQUESTS, allow_negative_numbers = true, value_parser = super::values::u64_in::<1, MAX_REQUESTS>)]
     pub requests: u64,
     /// Arrival rate: requests per second (open loop, Poisson), or `max` (closed loop at --live).
     /// Any positive rate is accepted; arrivals that would fall after --duration never come.
@@ -71,7 +71,7 @@ pub struct StressConfig {
     /// Requests arriving together on one base prefix: each run of N consecutive requests
     /// shares its base and its arrival time (1: each request picks its base and arrives on
     /// its own).
-    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=64))]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = super::values::u32_in::<1, 64>)]
     pub prefix_burst: u32,
     /// Share of the chunks loaded from the sim store that arrive damaged, each on its own (a
     /// flipped byte, caught by the chunk checksum) (0–1): a load of n chunks loses one or
@@ -87,23 +87,23 @@ pub struct StressConfig {
     #[serde(serialize_with = "ser_mode")]
     pub mode: Mode,
     /// Seed of every random choice (workload, arrivals, connector).
-    #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = super::values::u64_in::<0, { u64::MAX }>)]
     pub seed: u64,
     /// Simulated model time per step with scheduled work, µs (0–1000000; excluded from step
     /// overhead).
     #[arg(long, default_value_t = DEFAULT_MODEL_US, allow_negative_numbers = true, value_parser = parse_model_us)]
     pub model_us: u64,
     /// Tokens per step.
-    #[arg(long, default_value_t = 8192, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(1..=MAX_TOKEN_BUDGET))]
+    #[arg(long, default_value_t = 8192, allow_negative_numbers = true, value_parser = super::values::u64_in::<1, MAX_TOKEN_BUDGET>)]
     pub token_budget: u64,
     /// Sequences per step.
     #[arg(long, default_value_t = 256, allow_negative_numbers = true, value_parser = parse_max_seqs)]
     pub max_seqs: usize,
     /// Longest prompt in tokens; prompts are uniform in [max/4, max].
-    #[arg(long, default_value_t = 512, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(MIN_PROMPT_TOKENS..=MAX_PROMPT_TOKENS))]
+    #[arg(long, default_value_t = 512, allow_negative_numbers = true, value_parser = super::values::u32_in::<{ MIN_PROMPT_TOKENS as u64 }, { MAX_PROMPT_TOKENS as u64 }>)]
     pub prompt_tokens: u32,
     /// Mean tokens generated per request (geometric-like, capped at 8× the mean).
-    #[arg(long, default_value_t = 16, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=MAX_OUTPUT_TOKENS))]
+    #[arg(long, default_value_t = 16, allow_negative_numbers = true, value_parser = super::values::u32_in::<1, { MAX_OUTPUT_TOKENS as u64 }>)]
     pub output_tokens: u32,
     /// Share of each prompt warmed into the sim store before the request is submitted (0–1,
     /// rounded down to the scheduler block size; default 0: every store, the sim store too,
@@ -146,10 +146,10 @@ pub struct StressConfig {
     #[arg(long, value_name = "SIZE", allow_hyphen_values = true, value_parser = parse_size)]
     pub redis_maxmemory: Option<u64>,
     /// Bytes of KV per token in each attention group (1–65536).
-    #[arg(long, default_value_t = 16, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(1..=MAX_KV_BYTES_PER_TOKEN))]
+    #[arg(long, default_value_t = 16, allow_negative_numbers = true, value_parser = super::values::u64_in::<1, MAX_KV_BYTES_PER_TOKEN>)]
     pub kv_bytes_per_token: u64,
     /// Bytes of one Mamba state (1–1048576).
-    #[arg(long, default_value_t = 64, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(1..=MAX_MAMBA_STATE_BYTES))]
+    #[arg(long, default_value_t = 64, allow_negative_numbers = true, value_parser = super::values::u64_in::<1, MAX_MAMBA_STATE_BYTES>)]
     pub mamba_state_bytes: u64,
     /// Whether the engine checks every KV byte it reads against its reference: `on` or `off`
     /// (off, the bytes still move; compare the step figures to see what verifying costs).
@@ -188,7 +188,7 @@ pub struct StressConfig {
     pub faults: Option<Faults>,
     /// Deadline of an asynchronous load in ms (default: 20 with `--faults deadline=R` or
     /// `slow=R`, R > 0; else the runtime's default of 5000).
-    #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(1..=MAX_LOAD_DEADLINE_MS))]
+    #[arg(long, allow_negative_numbers = true, value_parser = super::values::u64_in::<1, MAX_LOAD_DEADLINE_MS>)]
     pub load_deadline_ms: Option<u64>,
     /// Before every step, wait until every asynchronous load dispatched so far has delivered
     /// its completion, so that no decision depends on when a worker finishes a load: on the
@@ -201,7 +201,7 @@ pub struct StressConfig {
     /// Run each scheduler N times (1–100), interleaved ABBA (kvsched, baseline, baseline,
     /// kvsched, …) so that drift hits both; every figure is then the median and min–max of
     /// the runs.
-    #[arg(long, value_name = "N", default_value_t = 1, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=MAX_REPEAT as i64))]
+    #[arg(long, value_name = "N", default_value_t = 1, allow_negative_numbers = true, value_parser = super::values::u32_in::<1, { MAX_REPEAT as u64 }>)]
     pub repeat: u32,
     /// Several engine processes on one shared store (`--engines`, `--redis-restarts`).
     #[command(flatten)]

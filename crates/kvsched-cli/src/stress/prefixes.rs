@@ -21,7 +21,7 @@ pub struct PrefixArgs {
     /// Shared base prefixes the synthetic prompts draw their `--prefix-share` from (1 to
     /// 16777216): a prompt takes the start of one, picked at random. Many prefixes outgrow
     /// the device pool, so that prefixes come back from the tier after the pool evicted them.
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_PREFIXES, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(1..=MAX_PREFIXES))]
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_PREFIXES, allow_negative_numbers = true, value_parser = super::values::u64_in::<1, MAX_PREFIXES>)]
     pub prefixes: u64,
 }
 

@@ -104,12 +104,12 @@ pub struct EnginesArgs {
     /// with what one process's report holds and the combined one does not (`--plot`,
     /// `--baseline`, `--repeat` above 1), with `--engine model`, and with a `--trace` replaying
     /// fewer requests than N.
-    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = clap::value_parser!(u8).range(1..=MAX_ENGINES as i64))]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = super::values::u8_in::<1, { MAX_ENGINES as u64 }>)]
     pub engines: Option<u8>,
     /// Restart the Redis server kvsched owns (`--store redis`) K times (0–100), spread over the
     /// run, on the same port and empty; the engines must ride it out. Implies `--engines 1`
     /// unless `--engines` is given.
-    #[arg(long, value_name = "K", default_value_t = 0, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(0..=MAX_RESTARTS as i64))]
+    #[arg(long, value_name = "K", default_value_t = 0, allow_negative_numbers = true, value_parser = super::values::u32_in::<0, { MAX_RESTARTS as u64 }>)]
     pub redis_restarts: u32,
     /// Set by `--engines` for each engine it runs: its request ids start with `e{I}-`.
     #[arg(long, value_name = "I", hide = true, allow_negative_numbers = true, value_parser = clap::value_parser!(u8).range(0..MAX_ENGINES as i64))]

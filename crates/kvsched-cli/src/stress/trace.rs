@@ -36,7 +36,7 @@ pub struct TraceArgs {
     #[arg(long, value_name = "X", default_value_t = 10.0, allow_negative_numbers = true, value_parser = parse_speed)]
     pub trace_speed: f64,
     /// Replay the trace's first N requests (1–1,000,000).
-    #[arg(long, value_name = "N", default_value_t = 1000, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    #[arg(long, value_name = "N", default_value_t = 1000, allow_negative_numbers = true, value_parser = super::values::u64_in::<1, 1_000_000>)]
     pub trace_requests: u64,
     /// The trace once loaded.
     #[arg(skip)]
@@ -327,6 +327,10 @@ fn whole(v: &Value) -> Result<u64, String> {
         Some(x) if x.is_finite() && x >= 18_446_744_073_709_551_616.0 => {
             Err(format!("{v} is out of range (at most {})", u64::MAX))
         }
+        // `1e3`, `1000.0`: JSON reads them as floats; a count is written as an integer.
+        Some(x) if x >= 0.0 && x.fract() == 0.0 => Err(format!(
+            "{v} is written as a float (with a fraction or an exponent); a count is an integer"
+        )),
         _ => Err(format!("{v} is not a whole number ≥ 0")),
     }
 }
@@ -562,6 +566,8 @@ mod tests {
             (r#"{"timestamp": 0, "input_length": 6, "output_length": 1, "hash_ids": [1], "hash_ids": [2]}"#, "line 1: hash_ids: given twice"),
             (r#"{"input_length": 1, "output_length": 1, "hash_ids": [1]}"#, "line 1: timestamp: missing"),
             (r#"{"timestamp": -1, "input_length": 1, "output_length": 1, "hash_ids": [1]}"#, "line 1: timestamp: -1 is not"),
+            (r#"{"timestamp": 1e3, "input_length": 1, "output_length": 1, "hash_ids": [1]}"#, "line 1: timestamp: 1000.0 is written as a float"),
+            (r#"{"timestamp": 0, "input_length": 1, "output_length": 2.5, "hash_ids": [1]}"#, "line 1: output_length: 2.5 is not a whole number"),
             (r#"{"timestamp": 0, "input_length": 0, "output_length": 1, "hash_ids": []}"#, "line 1: input_length: 0 is not"),
             (r#"{"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [1]}"#, "line 1: hash_ids: 1 ids for 600 tokens"),
             (r#"{"timestamp": 0, "input_length": 6, "output_length": 1, "hash_ids": ["x"]}"#, "line 1: hash_ids: \"x\" is not"),

@@ -313,6 +313,20 @@ pub(crate) fn parse_u64_range(s: &str, lo: u64, hi: u64) -> Result<u64, String> 
         _ => Err(format!("expected an integer from {lo} to {hi}, got `{s}`")),
     }
 }
+/// The value parser of an integer flag from `LO` to `HI` ([`parse_u64_range`]'s message).
+pub(crate) fn u64_in<const LO: u64, const HI: u64>(s: &str) -> Result<u64, String> {
+    parse_u64_range(s, LO, HI)
+}
+/// [`u64_in`] for a flag held in a `u32` (`HI` at most `u32::MAX`).
+pub(crate) fn u32_in<const LO: u64, const HI: u64>(s: &str) -> Result<u32, String> {
+    const { assert!(HI <= u32::MAX as u64) };
+    parse_u64_range(s, LO, HI).map(|n| n as u32)
+}
+/// [`u64_in`] for a flag held in a `u8` (`HI` at most `u8::MAX`).
+pub(crate) fn u8_in<const LO: u64, const HI: u64>(s: &str) -> Result<u8, String> {
+    const { assert!(HI <= u8::MAX as u64) };
+    parse_u64_range(s, LO, HI).map(|n| n as u8)
+}
 pub(super) fn parse_model_us(s: &str) -> Result<u64, String> {
     parse_u64_range(s, 0, super::limits::MAX_MODEL_US)
 }

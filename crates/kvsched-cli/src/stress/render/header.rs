@@ -32,7 +32,7 @@ pub(super) fn settings(c: &StressConfig, o: &mut String) {
         format!("{} shards", c.shards),
         format!("{} workers", c.workers),
         rate,
-        format!("{} requests", super::cells::count(c.requests)),
+        requests(c.requests),
         format!(
             "mode {}",
             match c.mode {
@@ -75,9 +75,9 @@ pub(super) fn settings(c: &StressConfig, o: &mut String) {
             })
             .unwrap_or_default();
         let line = format!(
-            "trace: {} requests{cut}, {} prompt tokens; a prefix cache could serve {:.1}% of them \
+            "trace: {}{cut}, {} prompt tokens; a prefix cache could serve {:.1}% of them \
              if unbounded, {:.1}% as an LRU cache the size of the device pool ({} blocks of 512)",
-            super::cells::count(r.requests),
+            requests(r.requests),
             super::cells::count(r.prompt_tokens),
             r.infinite_cache_share * 100.0,
             r.device_pool_lru_share * 100.0,
@@ -196,4 +196,10 @@ pub(super) fn legend(report: &StressReport, o: &mut String) {
             o,
         );
     }
+}
+
+/// "1 request", "2,000 requests".
+fn requests(n: u64) -> String {
+    let noun = if n == 1 { "request" } else { "requests" };
+    format!("{} {noun}", super::cells::count(n))
 }
