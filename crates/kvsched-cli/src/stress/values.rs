@@ -190,6 +190,9 @@ impl Serialize for Rate {
 impl std::fmt::Display for Rate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
+            // As typed for everyday rates; in exponent form past 6 digits either way, so
+            // `--rate 5e-324` is not printed as 300 digits.
+            Rate::PerSecond(r) if *r != 0.0 && !(1e-3..1e6).contains(r) => write!(f, "{r:e}/s"),
             Rate::PerSecond(r) => write!(f, "{r}/s"),
             Rate::Max => f.write_str("max"),
         }

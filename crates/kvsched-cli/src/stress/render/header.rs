@@ -7,7 +7,7 @@ use super::table::{wrap, WRAP};
 use crate::stress::config::StressConfig;
 use crate::stress::faults::FAULT_NAMES;
 use crate::stress::report::StressReport;
-use crate::stress::values::{show_size, Rate};
+use crate::stress::values::{show_size, EngineKind, Rate};
 use kvsched::rules::geometry::GroupKind;
 use kvsched::rules::recovery::{Mode, Policy};
 
@@ -113,12 +113,23 @@ pub(super) fn settings(c: &StressConfig, o: &mut String) {
     } else {
         String::new()
     };
-    wrap(
-        &format!(
-            "KV bytes: store {}{capacity}{cluster}{warm} · {} B per token per attention group{mamba} · verify {}",
-            c.store.shown(),
+    // The model engine's KV is the model's own, judged by the model's tokens: the simulated
+    // engine's byte sizes and its checker do not apply.
+    let kv = if c.engine == EngineKind::Model {
+        "the model's own K, V and states, judged by its tokens (--kv-bytes-per-token, \
+         --mamba-state-bytes and --verify do not apply)"
+            .to_owned()
+    } else {
+        format!(
+            "{} B per token per attention group{mamba} · verify {}",
             c.kv_bytes_per_token,
             if c.verify.is_on() { "on" } else { "off" }
+        )
+    };
+    wrap(
+        &format!(
+            "KV bytes: store {}{capacity}{cluster}{warm} · {kv}",
+            c.store.shown()
         ),
         "",
         "  ",
