@@ -113,8 +113,8 @@ pub struct StressConfig {
     /// Share of loads that are asynchronous (0–1); the rest run inside the engine's step.
     #[arg(long, default_value_t = 0.8, allow_negative_numbers = true, value_parser = parse_unit)]
     pub async_ratio: f64,
-    /// Latency of a load from the sim store, `MIN..MAX` microseconds (uniform; a real store
-    /// takes what it takes). Sync loads pay it inside their step.
+    /// Latency of a load from the sim store, `MIN..MAX` microseconds, uniform (`N`: always N;
+    /// a real store takes what it takes). Sync loads pay it inside their step.
     #[arg(long, default_value = "50..500", allow_hyphen_values = true, value_parser = LatencyRange::from_str)]
     pub load_latency_us: LatencyRange,
     /// Share of requests the client cancels a few steps after submitting (0–1).

@@ -74,6 +74,9 @@ fn kv_notes(report: &StressReport, notes: &mut Vec<String>) {
             c.store.shown(),
             match c.store {
                 crate::stress::store::StoreSpec::Memory => "it starts empty",
+                crate::stress::store::StoreSpec::Redis if c.redis_cluster.is_some() => {
+                    "kvsched's own cluster, every node emptied (FLUSHALL) before the run"
+                }
                 crate::stress::store::StoreSpec::Redis => "kvsched's own server, emptied (FLUSHALL) before the run",
                 _ => "it starts with what it holds",
             },
