@@ -440,3 +440,26 @@ def test_sharer_holds_refresh_refuses_a_callback_answer_that_is_no_token_count(a
     with pytest.raises(error, match=r"^computed\('o'\): "):
         holds.refresh(lambda r: answer if r == "o" else 32)
     assert holds.waiting() == before
+
+
+def test_request_ids_of_a_str_subclass_that_lies_are_taken_as_their_characters():
+    class Liar(str):
+        def __eq__(self, other):
+            return False
+
+        def __hash__(self):
+            return id(self)
+
+        def __str__(self):
+            return "somebody else"
+
+    def plan(make):
+        reqs = [
+            RequestState(make("o"), False, [[1, 2, 3]], 48, 16),
+            RequestState(make("s"), False, [[1, 2, 7]], 48, 16),
+        ]
+        return plan_recovery(reqs, [CacheGroup("full_attention", 16)], {2})
+
+    lied, plain = plan(Liar), plan(str)
+    assert plain.waits["s"][0].owner == "o", plain
+    assert (lied.num_computed_tokens, lied.waits) == (plain.num_computed_tokens, plain.waits)

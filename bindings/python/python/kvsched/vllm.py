@@ -236,6 +236,10 @@ def _request(field: str, r: Any) -> dict[str, Any]:
         raise ScenarioError(field, f"expected a RequestState: {e}") from None
     if not isinstance(is_async, bool) and type(is_async).__name__ != "bool_":
         raise ScenarioError(f"{field}.is_async", f"expected a bool, not {type(is_async).__name__}")
+    if isinstance(rid, str) and type(rid) is not str:
+        # A str subclass is taken as its characters: its own __eq__ and __hash__, which the
+        # plan's maps would otherwise call, may say anything.
+        rid = str.__str__(rid)
     return {
         "id": rid,
         "class": "async" if is_async else "sync",
