@@ -134,6 +134,18 @@ pub fn main() -> ExitCode {
                     .is_some_and(|s| s != ValueSource::DefaultValue)
             };
             apply_engine_defaults(&mut args.config, &given);
+            // `--failure-rate` damages the sim store's chunks in transfer; a real store runs
+            // without it (its faults are `--faults`), so a rate typed for one is refused.
+            if given("failure_rate")
+                && args.config.failure_rate > 0.0
+                && args.config.store.is_real()
+            {
+                return fail(&format!(
+                    "--failure-rate: damages chunks of the sim store only; with --store {} \
+                     damage them with --faults corrupt=R",
+                    args.config.store.shown()
+                ));
+            }
             match follow_trace_duration(&mut args.config, given("duration_s")) {
                 Ok(()) => stress(&args),
                 Err(e) => Err(e.to_string()),

@@ -163,3 +163,31 @@ fn every_numeric_flag_given_a_negative_number_names_the_flag() {
         assert!(!err.contains("unexpected argument"), "{flag} -1: {err}");
     }
 }
+
+/// `--failure-rate` with a store other than the sim store: refused in one line naming it and
+/// what does damage that store's chunks (it was accepted and did nothing); 0, or the default,
+/// runs.
+#[test]
+fn a_failure_rate_for_a_real_store_is_refused_naming_faults() {
+    let out = stress(&["--store", "memory", "--failure-rate", "0.5"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err:?}");
+    assert!(err.starts_with("error: --failure-rate: "), "{err}");
+    assert!(err.contains("--faults corrupt=R"), "{err}");
+    for args in [
+        &[
+            "--store",
+            "memory",
+            "--failure-rate",
+            "0",
+            "--requests",
+            "20",
+        ][..],
+        &["--store", "memory", "--requests", "20"][..],
+    ] {
+        let out = stress(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {err}");
+    }
+}

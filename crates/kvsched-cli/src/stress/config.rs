@@ -75,7 +75,8 @@ pub struct StressConfig {
     pub prefix_burst: u32,
     /// Share of the chunks loaded from the sim store that arrive damaged, each on its own (a
     /// flipped byte, caught by the chunk checksum) (0–1): a load of n chunks loses one or
-    /// more with probability 1 − (1 − R)^n.
+    /// more with probability 1 − (1 − R)^n. Another store takes `--faults corrupt=R` instead
+    /// (a rate above 0 given with one is refused).
     #[arg(long, default_value_t = 0.01, allow_negative_numbers = true, value_parser = parse_unit)]
     pub failure_rate: f64,
     /// Recovery policy: recompute or fail.

@@ -53,7 +53,7 @@ pub enum StoreSpec {
 
 impl StoreSpec {
     /// Whether the store is real (not the simulated one).
-    pub(super) fn is_real(&self) -> bool {
+    pub(crate) fn is_real(&self) -> bool {
         *self != StoreSpec::Sim
     }
 
@@ -69,7 +69,7 @@ impl StoreSpec {
     }
 
     /// The store as written on the command line (credentials redacted).
-    pub(super) fn shown(&self) -> String {
+    pub(crate) fn shown(&self) -> String {
         match self {
             StoreSpec::Sim => "sim".to_owned(),
             StoreSpec::Memory => "memory".to_owned(),
