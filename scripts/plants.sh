@@ -227,6 +227,8 @@ declare -A TESTS=(
   # tier.rs: dropping the tier joins its store with the GIL held; other threads stop while the
   # store waits on a silent server.
   [tier-drop-holds-gil]="pytest test_tier_lifecycle.py::test_dropping_a_tier_with_a_stuck_store_lets_other_threads_run"
+  # tier.rs: drain_jobs handles no signal until the jobs end, so Ctrl-C waits out a hung store.
+  [wait-ignores-signals]="pytest test_tier_lifecycle.py::test_a_signal_interrupts_drain_jobs_while_a_store_hangs"
   # tier_bounded.rs: the index's key sets keep every key ever stored or asked.
   [tier-index-unbounded]="kvsched-python --lib tier_bounded;pytest test_tier_bounds.py::test_the_present_set_stays_bounded_as_the_store_evicts;pytest test_tier_bounds.py::test_the_absent_set_stays_bounded_over_keys_asked_once"
   # tier_ops.rs: a store job is handed to the store as one batch, its encoded size held at once.
@@ -243,7 +245,7 @@ ORDER=(decide-early claim-store late-leak deadline-compact-in-flight load-queue-
   wait-past-deadline submit-wakes-nobody tier-panic-escapes held-without-value
   rescan-deletes-temps probe-rounds-to-nothing open-deletes-live-temps
   shutdown-leaves-loads-running parked-positions-unfilled parked-claim-mismatched restart-fills-holes
-  tier-fork-unchecked tier-drop-holds-gil tier-index-unbounded tier-store-one-batch)
+  tier-fork-unchecked tier-drop-holds-gil wait-ignores-signals tier-index-unbounded tier-store-one-batch)
 
 if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi
 

@@ -373,17 +373,17 @@ impl BlockPool {
     }
 
     /// Drops one reference to each block `(ids[i], generations[i])` (pairs up to the shorter
-    /// slice), skipping the null block: as [`release`](Self::release) on each in turn, whose
-    /// refusals are counted as it counts them and otherwise ignored — the release of a table
-    /// whose blocks the caller holds.
+    /// slice), skipping the entries that are `null` (the tables' null block): as
+    /// [`release`](Self::release) on each in turn, whose refusals are counted as it counts
+    /// them and otherwise ignored — the release of a table whose blocks the caller holds.
     ///
     /// # Guarantees
     ///
     /// Those of [`release`](Self::release), for each block.
-    pub fn release_each(&self, ids: &[BlockId], generations: &[Generation]) {
+    pub fn release_each(&self, ids: &[BlockId], generations: &[Generation], null: BlockId) {
         let exclusive = self.is_exclusive();
         for (&id, &generation) in ids.iter().zip(generations) {
-            if id != 0 {
+            if id != null {
                 let _ = self.release_in(BlockRef { id, generation }, exclusive);
             }
         }

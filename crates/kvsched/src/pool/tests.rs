@@ -367,7 +367,7 @@ fn release_each_is_release_on_each_entry() {
         let ids: Vec<BlockId> = table.iter().map(|r| r.id).collect();
         let gens: Vec<Generation> = table.iter().map(|r| r.generation).collect();
         if each {
-            p.release_each(&ids, &gens);
+            p.release_each(&ids, &gens, 0);
         } else {
             for r in &table {
                 let _ = p.release(*r);

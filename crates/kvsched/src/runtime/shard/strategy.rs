@@ -137,15 +137,7 @@ impl Pool for Arc<BlockPool> {
     }
     #[inline]
     fn release_table(&self, ids: &[BlockId], generations: &[Generation], null: BlockId) {
-        if null == self.null_block() {
-            BlockPool::release_each(self, ids, generations);
-        } else {
-            for (&id, &generation) in ids.iter().zip(generations) {
-                if id != null {
-                    let _ = BlockPool::release(self, BlockRef { id, generation });
-                }
-            }
-        }
+        BlockPool::release_each(self, ids, generations, null);
     }
     #[inline]
     fn register(&self, hash: BlockHash, r: BlockRef) -> bool {
