@@ -338,7 +338,7 @@ fn a_stale_entry_of_a_block_cached_again_is_a_miss() {
 
 /// `release_each` over a table is `release` on each entry in turn, the null block skipped,
 /// refusals counted alike — with and without the exclusive mode; and an `allocate_n` that
-/// empties the free list and goes on by reclaim hands out what one `allocate` at a time does.
+/// empties the free list goes on by reclaim to the last allocatable block.
 #[test]
 fn release_each_is_release_on_each_entry() {
     /// A fixed history: blocks cached and not, shared, released twice, stale, null; then the
