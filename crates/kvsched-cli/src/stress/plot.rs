@@ -53,20 +53,24 @@ pub fn render_svg(report: &StressReport) -> String {
         WIDTH / 2.0,
         escape(&subtitle(report))
     );
-    let panels: [(&str, CurveOf); 2] = [
-        ("step overhead: schedule() + update() per step", |r| {
-            &r.curves.step
-        }),
-        ("load completion → request runnable", |r| {
-            &r.curves.runnable
-        }),
+    let panels: [(&str, &str, CurveOf); 2] = [
+        (
+            "step overhead: schedule() + update() per step",
+            "no step was timed in this run",
+            |r| &r.curves.step,
+        ),
+        (
+            "load completion → request runnable",
+            "no load completed in this run: nothing to draw",
+            |r| &r.curves.runnable,
+        ),
     ];
-    for (i, (title, curve)) in panels.into_iter().enumerate() {
+    for (i, (title, empty, curve)) in panels.into_iter().enumerate() {
         let curves: Vec<Vec<&Curve>> = schedulers
             .iter()
             .map(|runs| runs.iter().map(curve).collect())
             .collect();
-        panel(&mut o, PANEL_LEFT[i], title, &curves, &schedulers);
+        panel(&mut o, PANEL_LEFT[i], title, empty, &curves, &schedulers);
     }
     o.push_str("</svg>\n");
     o
@@ -98,11 +102,12 @@ fn subtitle(report: &StressReport) -> String {
         (None, r) => format!("rate {r}"),
     };
     format!(
-        "{} · {} shards · {} workers · {arrivals} · {} requests{} · lower is better",
+        "{} · {} shards · {} workers · {arrivals} · {} request{}{} · lower is better",
         c.groups.name(),
         c.shards,
         c.workers,
         c.requests,
+        if c.requests == 1 { "" } else { "s" },
         if runs > 1 {
             format!(" · {runs} runs each, one line per run")
         } else {
@@ -123,11 +128,13 @@ const X_TICKS: [(f64, &str); 8] = [
     (6.0, "p99.9999"),
 ];
 
-/// One panel at `left`: the axes, the grid, one line per run of each scheduler, a legend.
+/// One panel at `left`: the axes, the grid, one line per run of each scheduler, a legend;
+/// or, when no run has a point to draw, the axes and `empty` in their middle.
 fn panel(
     o: &mut String,
     left: f64,
     title: &str,
+    empty: &str,
     curves: &[Vec<&Curve>],
     schedulers: &[&[RunReport]],
 ) {
@@ -136,6 +143,16 @@ fn panel(
     y_grid(o, &axes);
     x_grid(o, &axes);
     axis_titles(o, &axes);
+    if curves.iter().flatten().all(|c| c.is_empty()) {
+        let _ = writeln!(
+            o,
+            r##"<text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="14" fill="#555">{}</text>"##,
+            axes.left + PANEL_W / 2.0,
+            axes.top + PANEL_H / 2.0,
+            escape(empty)
+        );
+        return;
+    }
     lines(o, &axes, curves);
     legend(o, &axes, schedulers);
 }
@@ -408,5 +425,26 @@ mod tests {
             line.contains(&format!(" · trace {}… at 50× speed · ", "x".repeat(39))),
             "{line}"
         );
+    }
+
+    /// A panel with no point to draw says so in words rather than showing empty axes, and
+    /// one request is not "1 requests".
+    #[test]
+    fn an_empty_panel_says_why_and_one_request_is_singular() {
+        let mut cfg = crate::stress::config::StressConfig::default();
+        cfg.requests = 1;
+        let mut run = RunReport::default();
+        run.curves.step = vec![(0.0, 5.0), (1.0, 9.0)];
+        let report = StressReport::of(vec![run], Vec::new(), cfg).expect("a report of one run");
+        let svg = render_svg(&report);
+        assert!(svg.contains("no load completed in this run"), "{svg}");
+        assert!(!svg.contains("no step was timed"), "{svg}");
+        assert!(
+            subtitle(&report).contains(" · 1 request · "),
+            "{}",
+            subtitle(&report)
+        );
+        // The panel with points has its legend; the empty one has none.
+        assert_eq!(svg.matches("stroke-width=\"3\"").count(), 1, "{svg}");
     }
 }
