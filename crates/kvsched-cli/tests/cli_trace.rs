@@ -102,7 +102,7 @@ fn a_trace_out_of_range_or_not_utf8_is_refused_naming_what_is_wrong() {
     refused(
         "big.jsonl",
         b"{\"timestamp\": 99999999999999999999999, \"input_length\": 600, \"output_length\": 1, \"hash_ids\": [1, 2]}\n",
-        "line 1: timestamp: 1e+23 is out of range (at most 18446744073709551615)",
+        "line 1: timestamp: out of range: past 18446744073709551615, the largest count",
     );
     let mut utf8 = ok.as_bytes().to_vec();
     utf8.extend_from_slice(b"\xff\xfe\n");

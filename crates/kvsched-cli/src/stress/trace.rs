@@ -323,10 +323,13 @@ fn whole(v: &Value) -> Result<u64, String> {
         return Ok(n);
     }
     match v.as_f64() {
-        // 2^64 and above (a whole float below it, `1.0`, is a float, not a count).
-        Some(x) if x.is_finite() && x >= 18_446_744_073_709_551_616.0 => {
-            Err(format!("{v} is out of range (at most {})", u64::MAX))
-        }
+        // 2^64 and above (a whole float below it, `1.0`, is a float, not a count). JSON
+        // keeps only a float of it, which would print as `1.8446744073709552e19` for the
+        // integer the line holds: the message names the limit, not that float.
+        Some(x) if x.is_finite() && x >= 18_446_744_073_709_551_616.0 => Err(format!(
+            "out of range: past {}, the largest count",
+            u64::MAX
+        )),
         // `1e3`, `1000.0`: JSON reads them as floats; a count is written as an integer.
         Some(x) if x >= 0.0 && x.fract() == 0.0 => Err(format!(
             "{v} is written as a float (with a fraction or an exponent); a count is an integer"
