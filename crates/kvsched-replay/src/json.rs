@@ -146,10 +146,23 @@ fn line_column(bytes: &[u8], offset: usize) -> (usize, usize) {
     (line, column)
 }
 
-/// `a.b[3]`, `["a b"]`: the path of a field from its segments (innermost first).
+/// Segments a path shows at each end when it has more than twice as many; the levels
+/// between are counted, not listed (a 128-deep `[[[…` names one field, not 128 of them).
+const PATH_ENDS: usize = 4;
+
+/// `a.b[3]`, `["a b"]`: the path of a field from its segments (innermost first); a path of
+/// more than `2 × PATH_ENDS` segments shows its outer and inner `PATH_ENDS` around
+/// `…(N levels)…`.
 fn path_of(segments: &[Segment]) -> String {
+    let n = segments.len();
     let mut path = String::new();
-    for s in segments.iter().rev() {
+    for (depth, s) in segments.iter().rev().enumerate() {
+        if n > 2 * PATH_ENDS && (PATH_ENDS..n - PATH_ENDS).contains(&depth) {
+            if depth == PATH_ENDS {
+                let _ = write!(path, "…({} levels)…", n - 2 * PATH_ENDS);
+            }
+            continue;
+        }
         match s {
             Segment::Index(i) => {
                 let _ = write!(path, "[{i}]");

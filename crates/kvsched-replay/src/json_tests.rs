@@ -90,7 +90,13 @@ fn errors_name_the_path() {
         assert!(e.problem.contains(" at line 1 column "), "{text}: {e}");
     }
     let deep = "[".repeat(200);
-    assert!(error(deep.as_bytes()).problem.contains("nested deeper"));
+    let e = error(deep.as_bytes());
+    assert!(e.problem.contains("nested deeper"), "{e}");
+    // The path names the deep field without listing 128 levels.
+    assert_eq!(e.field, "[0][0][0][0]…(120 levels)…[0][0][0][0]", "{e}");
+    let keyed = format!("{}tru{}", "{\"k\": ".repeat(10), "}".repeat(10));
+    let e = error(keyed.as_bytes());
+    assert_eq!(e.field, "k.k.k.k…(2 levels)….k.k.k.k", "{e}");
 }
 
 #[test]
