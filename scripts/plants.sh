@@ -232,6 +232,12 @@ declare -A TESTS=(
   # tier_bounded.rs: the index's key sets keep every key ever stored or asked.
   [tier-index-unbounded]="kvsched-python --lib tier_bounded;pytest test_tier_bounds.py::test_the_present_set_stays_bounded_as_the_store_evicts;pytest test_tier_bounds.py::test_the_absent_set_stays_bounded_over_keys_asked_once"
   # tier_ops.rs: a store job is handed to the store as one batch, its encoded size held at once.
+  # kv/redis/node.rs: a connection is used again whatever it shows (a stray reply waiting,
+  # bytes after the last reply, a reply of the wrong kind), so a stray reply answers the
+  # next command in its place: another key's value.
+  [redis-stray-kept]="kvsched-testkit --features redis --test kv_redis_desync"
+  # kv/redis/node.rs: the callers' largest value (Tier::expect_values_up_to) is not used.
+  [redis-value-bound-ignored]="kvsched-testkit --features redis --test kv_redis_desync"
   [tier-store-one-batch]="pytest test_tier_bounds.py::test_a_long_store_jobs_memory_is_bounded"
 )
 ORDER=(decide-early claim-store late-leak deadline-compact-in-flight load-queue-unbounded panic-ok trust-stale end-while-loading no-cross-shard-preempt lookup-uncaught shard-panic-escapes
@@ -245,7 +251,8 @@ ORDER=(decide-early claim-store late-leak deadline-compact-in-flight load-queue-
   wait-past-deadline submit-wakes-nobody tier-panic-escapes held-without-value
   rescan-deletes-temps probe-rounds-to-nothing open-deletes-live-temps
   shutdown-leaves-loads-running parked-positions-unfilled parked-claim-mismatched restart-fills-holes
-  tier-fork-unchecked tier-drop-holds-gil wait-ignores-signals tier-index-unbounded tier-store-one-batch)
+  tier-fork-unchecked tier-drop-holds-gil wait-ignores-signals tier-index-unbounded tier-store-one-batch
+  redis-stray-kept redis-value-bound-ignored)
 
 if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi
 

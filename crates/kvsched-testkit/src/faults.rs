@@ -333,6 +333,10 @@ impl<T: FaultTarget> Tier for FaultyTier<T> {
         self.inner.read_with(key, cancel, f)
     }
 
+    fn expect_values_up_to(&self, bytes: usize) {
+        self.inner.expect_values_up_to(bytes);
+    }
+
     /// The inner tier's answer unless gets may be slowed (`slow` > 0): then `true`, so the
     /// connector bounds them by the load's deadline. Without slow gets a faulted memory tier
     /// is read on the loading thread, as a clean one is.

@@ -431,8 +431,10 @@ mod tests {
     /// one request is not "1 requests".
     #[test]
     fn an_empty_panel_says_why_and_one_request_is_singular() {
-        let mut cfg = crate::stress::config::StressConfig::default();
-        cfg.requests = 1;
+        let cfg = crate::stress::config::StressConfig {
+            requests: 1,
+            ..Default::default()
+        };
         let mut run = RunReport::default();
         run.curves.step = vec![(0.0, 5.0), (1.0, 9.0)];
         let report = StressReport::of(vec![run], Vec::new(), cfg).expect("a report of one run");

@@ -117,6 +117,16 @@ pub trait Tier: Send + Sync + 'static {
     /// Stores each value under its key, replacing what was there. A tier may refuse or drop
     /// values to stay within its capacity.
     fn put(&self, chunks: &[(ChunkKey, Vec<u8>)]) -> Result<(), TierError>;
+    /// The caller's word that no value it stores or loads is larger than `bytes`: a
+    /// [`TierConnector`](super::TierConnector) says so when it is made, with its largest
+    /// chunk. A tier reading values it cannot trust (a server's) may then refuse a larger
+    /// one before reading it, so a server answering a get with a value of hundreds of
+    /// megabytes costs a refused call, not that memory. Callers sharing a tier each say
+    /// theirs; the tier keeps the largest. A wrapper passes it on to the tier it wraps. The
+    /// default does nothing.
+    fn expect_values_up_to(&self, bytes: usize) {
+        let _ = bytes;
+    }
     /// Whether a call may block for long (I/O, a network, a wrapper that waits). The
     /// [`TierConnector`](super::TierConnector) runs the gets of such a tier on its own threads
     /// and waits for them only until the load's deadline; a tier that never blocks (an

@@ -146,6 +146,7 @@ impl TierConnector {
         cfg.check_values()?;
         let codec = ChunkCodec::new(cfg.mac_key);
         let chunk_bytes = codec.encoded_len(memory.layout().max_block_bytes());
+        tier.expect_values_up_to(chunk_bytes);
         let index = Arc::new(KeyIndex::new(cfg.index_capacity));
         let own = Arc::new(KeyIndex::new(cfg.index_capacity));
         let saver = Saver::start(

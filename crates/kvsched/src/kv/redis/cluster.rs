@@ -105,8 +105,10 @@ pub(crate) fn parse_slots(
         .ok_or("CLUSTER SLOTS: primary has no valid port")?;
         let host = if host.is_empty() || host == "?" {
             queried.host.clone()
-        } else {
+        } else if resp::host_ok(&host) {
             host
+        } else {
+            return Err("CLUSTER SLOTS: a primary's host is not a host name".into());
         };
         out.push((start, end, NodeAddr { host, port }));
     }
@@ -224,7 +226,10 @@ impl Cluster {
         for addr in candidates {
             let answer = self
                 .node(&addr)
-                .and_then(|n| n.request(&packed, 1, Some(&Limits::control()), budget))
+                .and_then(|n| {
+                    let slots = |v: &Value| matches!(v, Value::Array(_));
+                    n.request(&packed, 1, Some(&Limits::control()), &slots, budget)
+                })
                 .and_then(|replies| {
                     let v = replies.first().ok_or_else(|| {
                         TierError::Unavailable(format!("{addr}: no reply to CLUSTER SLOTS"))

@@ -13,7 +13,7 @@ pub const MAX_TAG_LEN: usize = 128;
 pub const MAX_SEEDS: usize = 64;
 
 /// The query keys a URL may carry.
-const QUERY_KEYS: [&str; 8] = [
+const QUERY_KEYS: [&str; 9] = [
     "tag",
     "cluster",
     "pool",
@@ -21,6 +21,7 @@ const QUERY_KEYS: [&str; 8] = [
     "connect_timeout_ms",
     "checkout_timeout_ms",
     "ttl_ms",
+    "max_value_bytes",
     "ca",
 ];
 
@@ -116,7 +117,8 @@ impl fmt::Debug for Secret {
 /// One host is a standalone server unless `cluster=yes`; several hosts are the seed nodes of
 /// a Redis Cluster. `user:password` and `:password` (the `default` user) are
 /// percent-decoded; the port defaults to 6379. Query keys: `tag`, `cluster`, `pool`,
-/// `timeout_ms`, `connect_timeout_ms`, `checkout_timeout_ms`, `ttl_ms`, `ca`.
+/// `timeout_ms`, `connect_timeout_ms`, `checkout_timeout_ms`, `ttl_ms`, `max_value_bytes`,
+/// `ca`.
 ///
 /// # Credentials
 ///
@@ -297,11 +299,14 @@ impl RedisConfig {
             "connect_timeout_ms" => self.connect_timeout = ms(&value)?,
             "checkout_timeout_ms" => self.checkout_timeout = ms(&value)?,
             "ttl_ms" => self.ttl = Some(ms(&value)?),
+            "max_value_bytes" => {
+                self.max_value_bytes = value.parse().map_err(|_| err("not a number of bytes"))?
+            }
             "ca" => self.ca_cert = Some(PathBuf::from(value)),
             _ => {
                 return Err(err(
                     "unknown key (known: tag, cluster, pool, timeout_ms, connect_timeout_ms, \
-                     checkout_timeout_ms, ttl_ms, ca)",
+                     checkout_timeout_ms, ttl_ms, max_value_bytes, ca)",
                 ))
             }
         }

@@ -99,6 +99,9 @@ fn a_query_value_out_of_range_names_the_query_key() {
             "checkout_timeout_ms",
         ),
         ("redis://h?ttl_ms=0", "ttl_ms"),
+        ("redis://h?max_value_bytes=0", "max_value_bytes"),
+        ("redis://h?max_value_bytes=536870913", "max_value_bytes"),
+        ("redis://h?max_value_bytes=1k", "max_value_bytes"),
         ("redis://h?pool=0", "pool"),
         ("redis://h?tag=a%20b", "tag"),
         ("redis://h?ca=/x", "ca"),
@@ -116,6 +119,8 @@ fn a_query_value_out_of_range_names_the_query_key() {
     }
     let c = RedisConfig::from_url("redis://h?timeout_ms=3600000&pool=1024&ttl_ms=1").unwrap();
     c.validate().unwrap();
+    let c = RedisConfig::from_url("redis://h?max_value_bytes=65536").unwrap();
+    assert_eq!(c.max_value_bytes, 65536);
 }
 
 #[test]

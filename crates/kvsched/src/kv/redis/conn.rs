@@ -121,6 +121,35 @@ fn not_yet(e: &std::io::Error) -> bool {
     )
 }
 
+/// Why [`Conn::open`] failed: the text (naming the step, never a credential), and whether
+/// the server broke the protocol (a reply this client does not accept, or of a kind the
+/// command does not answer), which the tier counts.
+#[derive(Debug)]
+pub(crate) struct OpenError {
+    pub text: String,
+    pub protocol: bool,
+}
+
+impl OpenError {
+    fn other(text: String) -> OpenError {
+        OpenError {
+            text,
+            protocol: false,
+        }
+    }
+}
+
+/// What [`Conn::idle_state`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Idle {
+    /// Nothing waiting: the next reply read is the next command's.
+    Clean,
+    /// Bytes no command asked for.
+    Stray,
+    /// The server closed it (or the socket failed).
+    Closed,
+}
+
 /// The handshake's settings: credentials and database.
 pub(crate) struct Login<'a> {
     pub username: Option<&'a str>,
@@ -140,6 +169,17 @@ impl Conn {
         addr: &NodeAddr,
         tls: Option<&Arc<rustls::ClientConfig>>,
         login: &Login<'_>,
+        budget: Budget<'_>,
+    ) -> Result<Conn, OpenError> {
+        Self::open_plain_or_tls(addr, tls, budget)
+            .map_err(OpenError::other)
+            .and_then(|mut conn| conn.login(login, budget).map(|()| conn))
+    }
+
+    /// The connection, before the handshake.
+    fn open_plain_or_tls(
+        addr: &NodeAddr,
+        tls: Option<&Arc<rustls::ClientConfig>>,
         budget: Budget<'_>,
     ) -> Result<Conn, String> {
         let sock = tcp_connect(addr, budget)?;
@@ -166,16 +206,14 @@ impl Conn {
                 Stream::Tls(Box::new(t))
             }
         };
-        let mut conn = Conn {
+        Ok(Conn {
             reader: ReplyReader::new(stream),
-        };
-        conn.login(login, budget)?;
-        Ok(conn)
+        })
     }
 
     /// `AUTH` and `SELECT`, as one pipeline. A refusal is named by its error code only:
     /// the reply to a command that carried the credentials is not repeated.
-    fn login(&mut self, login: &Login<'_>, budget: Budget<'_>) -> Result<(), String> {
+    fn login(&mut self, login: &Login<'_>, budget: Budget<'_>) -> Result<(), OpenError> {
         let mut cmds: Vec<Vec<&[u8]>> = Vec::new();
         let db = login.db.to_string();
         if let Some(pw) = login.password {
@@ -195,12 +233,13 @@ impl Conn {
         let refs: Vec<&[&[u8]]> = cmds.iter().map(|c| c.as_slice()).collect();
         let packed = super::resp::pack(&refs);
         self.send(&packed, budget)
-            .map_err(|e| format!("handshake: {e}"))?;
+            .map_err(|e| OpenError::other(format!("handshake: {e}")))?;
         let limits = Limits::control();
         for (i, _) in cmds.iter().enumerate() {
-            let v = self
-                .read_reply(&limits, budget)
-                .map_err(|e| format!("handshake: {e}"))?;
+            let v = self.read_reply(&limits, budget).map_err(|e| OpenError {
+                protocol: matches!(e, ConnError::Protocol(_)),
+                text: format!("handshake: {e}"),
+            })?;
             let step = if login.password.is_some() && i == 0 {
                 "AUTH"
             } else {
@@ -214,12 +253,56 @@ impl Conn {
                         c @ ("WRONGPASS" | "NOAUTH" | "NOPERM" | "ERR" | "LOADING") => c,
                         _ => "an error",
                     };
-                    return Err(format!("{step} refused ({code})"));
+                    return Err(OpenError::other(format!("{step} refused ({code})")));
                 }
-                other => return Err(format!("{step} answered {}", super::resp::kind(other))),
+                other => {
+                    return Err(OpenError {
+                        text: format!("{step} answered {}", super::resp::kind(other)),
+                        protocol: true,
+                    })
+                }
             }
         }
+        if self.buffered() > 0 {
+            return Err(OpenError {
+                text: format!("handshake: {} bytes after its replies", self.buffered()),
+                protocol: true,
+            });
+        }
         Ok(())
+    }
+
+    /// Bytes read and not yet parsed (after a pipeline's last reply: bytes nobody asked for).
+    pub fn buffered(&self) -> usize {
+        self.reader.buffered()
+    }
+
+    /// What an idle connection holds before it is used again: a server's reply arrives only
+    /// for a command, so any byte waiting is one no command of ours asked for (a stray reply
+    /// that would answer the next command in its place), and end of stream is a connection
+    /// the server closed. Looks without blocking: the bytes already buffered, then the
+    /// socket's. On a TLS connection only the buffered bytes are looked at (the socket may
+    /// hold the server's session tickets, which are no reply).
+    pub fn idle_state(&mut self) -> Idle {
+        if self.reader.buffered() > 0 {
+            return Idle::Stray;
+        }
+        let Stream::Plain(sock) = self.reader.inner_mut() else {
+            return Idle::Clean;
+        };
+        if sock.set_nonblocking(true).is_err() {
+            return Idle::Closed;
+        }
+        let peeked = sock.peek(&mut [0u8; 1]);
+        if sock.set_nonblocking(false).is_err() {
+            return Idle::Closed;
+        }
+        match peeked {
+            Ok(0) => Idle::Closed,
+            Ok(_) => Idle::Stray,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => Idle::Clean,
+            Err(_) => Idle::Closed,
+        }
     }
 
     /// Writes `bytes` whole, within `budget`.

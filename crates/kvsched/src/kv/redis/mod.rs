@@ -53,12 +53,29 @@
 //!   [`RedisConfig::checkout_timeout`]. The [`CancelToken`] is looked at before each
 //!   pipeline and every 20 ms while a read or write waits. A timeout or a cancel drops the
 //!   connection it was using (its reply is half read); a timeout also marks the node down.
-//! * Replies are untrusted (`reply`): a bulk string longer than
-//!   [`RedisConfig::max_value_bytes`], an array over a few values (2^18 for `CLUSTER
-//!   SLOTS`), a line over 64 KiB without its CRLF, and any RESP3 frame (push, map, …) are
-//!   protocol errors: the connection is dropped, the node marked down, the call fails with
-//!   [`TierError::Unavailable`], and [`RedisCounts::protocol_errors`] counts it. Memory grows
-//!   with the bytes that arrived, never with a length the server announced.
+//! * Replies are untrusted (`reply`): a bulk string longer than the value bound (below), an
+//!   array over a few values (2^18 for `CLUSTER SLOTS`), a line over 64 KiB without its
+//!   CRLF, a number written other than as digits after an optional `-`, and any RESP3 frame
+//!   (push, map, …) are protocol errors: the connection is dropped, the node marked down,
+//!   the call fails with [`TierError::Unavailable`], and [`RedisCounts::protocol_errors`]
+//!   counts it (during a connection's handshake too). Memory grows with the bytes that
+//!   arrived, never with a length the server announced.
+//! * The value bound: [`RedisConfig::max_value_bytes`], lowered to the largest value the
+//!   tier's callers said they store ([`Tier::expect_values_up_to`]: a
+//!   [`TierConnector`](crate::kv::TierConnector) says its largest chunk). A server answering
+//!   a get with a value of hundreds of megabytes then costs a refused call, not that memory.
+//! * Replies in step: RESP has no request ids, so a connection whose replies fell out of
+//!   step with its commands would answer every later command with an earlier one's reply —
+//!   another key's value, for ever. A connection is never used again once it shows a sign
+//!   of it: a reply of a kind its command does not answer (`SET` answered by a bulk string),
+//!   bytes after the last reply a pipeline asked for, or, taken idle from the pool, bytes
+//!   waiting before anything was sent (looked at without blocking; on TLS only the bytes
+//!   already read). Each is a counted protocol error: the first two fail the call and mark
+//!   the node down; a stray reply found on an idle connection only drops it, and the
+//!   pipeline goes on a new connection (after four such in one call the node is marked
+//!   down). A stray reply arriving after a call's next pipeline was sent is read as its
+//!   reply: a chunk's key check (the connector's) refuses it, and the bytes it leaves end
+//!   the connection at the next call.
 //! * Cluster: `MOVED` refreshes the slot map and resends to the named node; `ASK` resends
 //!   once to the importing node after `ASKING`; at most [`RedisConfig::max_redirects`]
 //!   rounds per call.
@@ -67,7 +84,11 @@
 //! * A key holding something other than a string (written by someone else) reads as `None`.
 //!
 //! Error texts name the node (`host:port`) and never contain the credentials: none is
-//! ever formatted into one, and a refused `AUTH` is reported by its error code only.
+//! ever formatted into one, and a refused `AUTH` is reported by its error code only. Text
+//! the server chose (an error reply's) is repeated with its control characters escaped and
+//! cut to 200 characters, so it can neither forge a log line nor fill one; a redirect or
+//! slot map naming a host of more than 253 characters, or one holding white space or a
+//! control character, is not followed.
 //!
 //! # Faults
 //!
@@ -90,17 +111,19 @@ mod node;
 mod pool;
 mod reply;
 mod resp;
+mod rounds;
 mod tls;
 
 use ::redis::Value;
 
-use self::cluster::{key_slot, Cluster, SlotMap};
+use self::cluster::Cluster;
 use self::config::NodeAddr;
 use self::conn::Budget;
 use self::node::{Node, Shared};
+use self::rounds::Op;
 use crate::connector::CancelToken;
 use crate::kv::{ChunkKey, Tier, TierError};
-use crate::sync::{Arc, AtomicU64, Ordering};
+use crate::sync::{Arc, AtomicU64, AtomicUsize, Ordering};
 
 pub use self::config::{ConfigError, RedisConfig, MAX_SEEDS, MAX_TAG_LEN};
 
@@ -136,9 +159,10 @@ pub struct RedisCounts {
     pub connections: u64,
     /// Requests that ran past their call's deadline (each dropped its connection).
     pub timeouts: u64,
-    /// Replies refused as malformed or over the limits (a bulk string longer than
-    /// [`RedisConfig::max_value_bytes`], a RESP3 push frame, a line without CRLF, …); each
-    /// dropped its connection.
+    /// Replies refused as malformed, over the limits or out of step with their commands (a
+    /// bulk string past the value bound, a RESP3 push frame, a line without CRLF, a reply of
+    /// the wrong kind, bytes nobody asked for, …), in a handshake too; each dropped its
+    /// connection.
     pub protocol_errors: u64,
 }
 
@@ -172,28 +196,6 @@ impl std::fmt::Debug for RedisTier {
     }
 }
 
-/// What a call does to each key.
-#[derive(Clone, Copy)]
-enum Op<'a> {
-    Exists,
-    Get,
-    Put(&'a [(ChunkKey, Vec<u8>)]),
-    Del,
-}
-
-/// One node's share of a round: key indices, each with whether it goes after `ASKING`.
-type Group = Vec<(usize, bool)>;
-
-/// Where a pending key goes in the next round.
-enum Target {
-    /// The owner of its slot by the current map.
-    Slot,
-    /// The node a `MOVED` named.
-    Moved(NodeAddr),
-    /// The node an `ASK` named (sent after `ASKING`).
-    Ask(NodeAddr),
-}
-
 impl RedisTier {
     /// A tier for `config` (checked here; the CA certificate file, if any, is read here). No
     /// connection is made until the first call.
@@ -211,7 +213,8 @@ impl RedisTier {
             username: config.username.clone(),
             password: config.password.clone(),
             db: config.db,
-            data_limits: reply::Limits::data(config.max_value_bytes),
+            max_value_bytes: config.max_value_bytes,
+            expected_max: AtomicUsize::new(0),
             counters: AtomicCounts::default(),
         });
         let make = {
@@ -302,7 +305,8 @@ impl RedisTier {
             }
         };
         for n in nodes {
-            let r = n.request(&ping, 1, Some(&reply::Limits::control()), budget)?;
+            let pong = |v: &Value| matches!(v, Value::SimpleString(s) if s == "PONG");
+            let r = n.request(&ping, 1, Some(&reply::Limits::control()), &pong, budget)?;
             if let Some(e) = r.first().and_then(resp::error_text) {
                 return Err(TierError::Unavailable(format!("{}: {e}", n.addr)));
             }
@@ -317,182 +321,21 @@ impl RedisTier {
             cancel,
         }
     }
-
-    /// The node for a key in a round: by slot (refreshing an empty cluster map), or the
-    /// redirect's node.
-    fn target_node(
-        &self,
-        map: &mut Option<Arc<SlotMap>>,
-        slot: u16,
-        target: &Target,
-        budget: Budget<'_>,
-    ) -> Result<Arc<Node>, TierError> {
-        let cluster = match &self.topology {
-            Topology::Single(n) => return Ok(Arc::clone(n)),
-            Topology::Cluster(c) => c,
-        };
-        match target {
-            Target::Moved(a) | Target::Ask(a) => cluster.node(a),
-            Target::Slot => {
-                let m = map.get_or_insert_with(|| cluster.map());
-                if let Some(n) = m.node_for(slot) {
-                    return Ok(Arc::clone(n));
-                }
-                let seen = m.generation();
-                cluster.refresh(seen, budget)?;
-                let m = map.insert(cluster.map());
-                m.node_for(slot).cloned().ok_or_else(|| {
-                    TierError::Unavailable(format!("cluster: slot {slot} has no node"))
-                })
-            }
-        }
-    }
-
-    /// Runs `op` on `keys`: rounds of one pipeline per node until every key has a reply
-    /// that is not a redirect. Returns each key's reply, in order.
-    fn run(
-        &self,
-        keys: &[ChunkKey],
-        op: Op<'_>,
-        cancel: Option<&CancelToken>,
-    ) -> Result<Vec<Value>, TierError> {
-        let budget = self.budget(cancel);
-        let names: Vec<Vec<u8>> = keys.iter().map(|&k| self.redis_key(k)).collect();
-        // Slots matter only to a cluster.
-        let slots: Vec<u16> = match self.topology {
-            Topology::Cluster(_) => names.iter().map(|n| key_slot(n)).collect(),
-            Topology::Single(_) => vec![0; names.len()],
-        };
-        let mut out: Vec<Value> = vec![Value::Nil; keys.len()];
-        let mut pending: Vec<(usize, Target)> =
-            (0..keys.len()).map(|i| (i, Target::Slot)).collect();
-        let mut rounds = 0u32;
-        while !pending.is_empty() {
-            if rounds > self.config.max_redirects {
-                return Err(TierError::Unavailable(format!(
-                    "cluster: still redirected after {} redirects",
-                    self.config.max_redirects
-                )));
-            }
-            rounds += 1;
-            // Group by node, in order of first appearance.
-            let mut map = None;
-            let mut groups: Vec<(Arc<Node>, Group)> = Vec::new();
-            for (i, target) in pending.drain(..) {
-                let node = self.target_node(&mut map, slots[i], &target, budget)?;
-                let asking = matches!(target, Target::Ask(_));
-                match groups.iter_mut().find(|(n, _)| Arc::ptr_eq(n, &node)) {
-                    Some((_, g)) => g.push((i, asking)),
-                    None => groups.push((node, vec![(i, asking)])),
-                }
-            }
-            let mut moved = false;
-            for (node, group) in groups {
-                if cancel.is_some_and(|c| c.is_cancelled()) {
-                    return Err(TierError::Cancelled);
-                }
-                let (packed, replies) = self.pack(op, &names, &group);
-                let values = node.request(&packed, replies, None, budget)?;
-                let mut values = values.into_iter();
-                for &(i, asking) in &group {
-                    if asking {
-                        // The ASKING reply.
-                        if let Some(e) = values.next().as_ref().and_then(resp::error_text) {
-                            return Err(self.server_error(&node, &e, op));
-                        }
-                    }
-                    let v = values.next().ok_or_else(|| {
-                        TierError::Unavailable(format!("{}: missing reply", node.addr))
-                    })?;
-                    if let Some((ask, to)) = resp::redirect(&v) {
-                        if matches!(self.topology, Topology::Single(_)) {
-                            return Err(TierError::Unavailable(format!(
-                                "{}: redirected: the server is a cluster node (configure a \
-                                 cluster: several seeds or cluster=yes)",
-                                node.addr
-                            )));
-                        }
-                        self.shared
-                            .counters
-                            .redirects
-                            .fetch_add(1, Ordering::Relaxed);
-                        moved |= !ask;
-                        pending.push((
-                            i,
-                            if ask {
-                                Target::Ask(to)
-                            } else {
-                                Target::Moved(to)
-                            },
-                        ));
-                        continue;
-                    }
-                    match resp::error_text(&v) {
-                        // Someone else's non-string value under our key: not a chunk.
-                        Some(_)
-                            if matches!(op, Op::Get)
-                                && resp::error_code(&v) == Some("WRONGTYPE") => {}
-                        Some(e) => return Err(self.server_error(&node, &e, op)),
-                        None => out[i] = v,
-                    }
-                }
-            }
-            if moved {
-                if let Topology::Cluster(c) = &self.topology {
-                    // A failed refresh is not the call's failure: the MOVED targets are known.
-                    let _ = c.refresh(c.map().generation(), budget);
-                }
-            }
-        }
-        Ok(out)
-    }
-
-    /// The pipeline for `group` (indices into `names`, with `ASKING` first where set) and
-    /// the number of replies it gets.
-    fn pack(&self, op: Op<'_>, names: &[Vec<u8>], group: &[(usize, bool)]) -> (Vec<u8>, usize) {
-        let value_bytes: usize = match op {
-            Op::Put(chunks) => group.iter().map(|&(i, _)| chunks[i].1.len()).sum(),
-            _ => 0,
-        };
-        let mut buf = Vec::with_capacity(
-            value_bytes + group.len() * (self.prefix.len() + 32 + resp::overhead(5)),
-        );
-        let mut replies = 0;
-        for &(i, asking) in group {
-            if asking {
-                resp::push_command(&mut buf, &[b"ASKING"]);
-                replies += 1;
-            }
-            let name = names[i].as_slice();
-            match op {
-                Op::Exists => resp::push_command(&mut buf, &[b"EXISTS", name]),
-                Op::Get => resp::push_command(&mut buf, &[b"GET", name]),
-                Op::Del => resp::push_command(&mut buf, &[b"DEL", name]),
-                Op::Put(chunks) => match &self.ttl_ms {
-                    Some(ms) => {
-                        resp::push_command(&mut buf, &[b"SET", name, &chunks[i].1, b"PX", ms])
-                    }
-                    None => resp::push_command(&mut buf, &[b"SET", name, &chunks[i].1]),
-                },
-            }
-            replies += 1;
-        }
-        (buf, replies)
-    }
-
-    fn server_error(&self, node: &Node, text: &str, op: Op<'_>) -> TierError {
-        let msg = format!("{}: {text}", node.addr);
-        if matches!(op, Op::Put(_)) && text.starts_with("OOM") {
-            TierError::Refused(msg)
-        } else {
-            TierError::Unavailable(msg)
-        }
-    }
 }
 
 impl Tier for RedisTier {
     fn name(&self) -> &str {
         "redis"
+    }
+
+    /// Lowers the largest value a get accepts to the largest `bytes` said (never above
+    /// [`RedisConfig::max_value_bytes`]): a larger bulk string is refused from its header,
+    /// a counted protocol error, before any of it is read.
+    fn expect_values_up_to(&self, bytes: usize) {
+        // Relaxed: a bound, as `Shared::value_bound` reads it.
+        self.shared
+            .expected_max
+            .fetch_max(bytes.max(1), Ordering::Relaxed);
     }
 
     fn exists(&self, keys: &[ChunkKey], cancel: &CancelToken) -> Result<Vec<bool>, TierError> {

@@ -7,12 +7,16 @@ use std::time::{Duration, Instant};
 use ::redis::Value;
 
 use super::config::{NodeAddr, RedisConfig, Secret};
-use super::conn::{Budget, Conn, ConnError, Login};
+use super::conn::{Budget, Conn, ConnError, Idle, Login};
 use super::pool::{CheckoutError, Pool};
 use super::reply::Limits;
-use super::AtomicCounts;
+use super::{resp, AtomicCounts};
 use crate::kv::TierError;
-use crate::sync::{Arc, Ordering};
+use crate::sync::{Arc, AtomicUsize, Ordering};
+
+/// Idle connections holding a stray reply one call drops (each a counted protocol error)
+/// before it takes the node for a server sending replies nobody asked for.
+const MAX_STRAYS_DROPPED: u32 = 4;
 
 /// What every node of a tier shares: timeouts, TLS, credentials, the counters.
 pub(crate) struct Shared {
@@ -24,9 +28,29 @@ pub(crate) struct Shared {
     pub username: Option<Secret>,
     pub password: Option<Secret>,
     pub db: i64,
-    /// What a reply to a data command may hold.
-    pub data_limits: Limits,
+    /// The largest value the config accepts ([`RedisConfig::max_value_bytes`]).
+    pub max_value_bytes: usize,
+    /// The largest value the tier's callers said they store ([`Tier::expect_values_up_to`]:
+    /// the largest of their words), 0 before any said: replies to data commands hold no
+    /// value larger than this (when set) nor than `max_value_bytes`.
+    ///
+    /// [`Tier::expect_values_up_to`]: crate::kv::Tier::expect_values_up_to
+    pub expected_max: AtomicUsize,
     pub counters: AtomicCounts,
+}
+
+impl Shared {
+    /// The largest value a data reply may hold.
+    pub fn value_bound(&self) -> usize {
+        // Relaxed: a bound, read once per call; a call racing the first word may use either.
+        match self.expected_max.load(Ordering::Relaxed) {
+            // Planted bug `redis-value-bound-ignored` (scripts/plants.sh): the callers' word
+            // is not used, so a get may hold values of up to 512 MiB each.
+            _ if planted!("redis-value-bound-ignored") => self.max_value_bytes,
+            0 => self.max_value_bytes,
+            expected => expected.min(self.max_value_bytes),
+        }
+    }
 }
 
 impl std::fmt::Debug for Shared {
@@ -89,27 +113,43 @@ impl Node {
         };
         Conn::open(&self.addr, s.tls.as_ref(), &login, connect_budget).map_err(|e| {
             s.counters.connect_failures.fetch_add(1, Ordering::Relaxed);
-            self.describe("connect", &e)
+            if e.protocol {
+                s.counters.protocol_errors.fetch_add(1, Ordering::Relaxed);
+            }
+            self.describe("connect", &e.text)
         })
     }
 
     /// Sends `packed` (`replies` commands) on one connection and reads the `replies` replies
     /// (each within `limits`): one round trip, within `budget`. A server error reply is a
-    /// [`Value::ServerError`] in its place, not an `Err`. A connection taken from the pool
-    /// that turns out stale (reset by a server restart) is dropped with the other idle ones
-    /// and the request sent once more on a new connection. A timeout, or a reply that breaks
-    /// the limits, drops the connection and marks the node down (see [`Pool`]); a cancel
-    /// drops the connection only.
+    /// [`Value::ServerError`] in its place, not an `Err`; every other reply must be one
+    /// `accept` takes, the kind its command answers.
+    ///
+    /// RESP has no request ids: a connection whose replies and commands fell out of step
+    /// would answer every later command with an earlier one's reply. So a connection is
+    /// never used again once it shows a sign of it — a reply of a kind its command does not
+    /// answer, bytes left after the last reply asked for, or, taken idle from the pool, bytes
+    /// waiting before anything was sent. Each is a counted protocol error. The first two
+    /// fail the call and mark the node down, like a reply that breaks the limits; a stray
+    /// found on an idle connection only drops it, and the request goes on a new one.
+    ///
+    /// A connection taken from the pool that turns out stale (reset by a server restart) is
+    /// dropped with the other idle ones and the request sent once more on a new connection.
+    /// A timeout drops the connection and marks the node down (see [`Pool`]); a cancel drops
+    /// the connection only.
     pub fn request(
         &self,
         packed: &[u8],
         replies: usize,
         limits: Option<&Limits>,
+        accept: &dyn Fn(&Value) -> bool,
         budget: Budget<'_>,
     ) -> Result<Vec<Value>, TierError> {
-        let limits = limits.unwrap_or(&self.shared.data_limits);
+        let data = Limits::data(self.shared.value_bound());
+        let limits = limits.unwrap_or(&data);
         let counters = &self.shared.counters;
         let mut retried = false;
+        let mut strays_dropped = 0u32;
         loop {
             if budget.cancel.is_some_and(|c| c.is_cancelled()) {
                 return Err(TierError::Cancelled);
@@ -123,7 +163,11 @@ impl Node {
                         self.addr,
                         retry_in.as_millis()
                     )),
-                    CheckoutError::Busy(d) => TierError::Timeout(d),
+                    // The call's own deadline, or the checkout timeout, whichever ended it.
+                    CheckoutError::Busy(d) if Instant::now() < budget.deadline => {
+                        TierError::Timeout(d)
+                    }
+                    CheckoutError::Busy(_) => TierError::Timeout(self.shared.io_timeout),
                     CheckoutError::Connect(msg) => TierError::Unavailable(msg),
                 })?;
             let reused = lease.reused();
@@ -133,13 +177,56 @@ impl Node {
                     self.addr
                 )));
             };
+            // Planted bug `redis-stray-kept` (scripts/plants.sh): a connection is used again
+            // whatever it shows, so a stray reply answers the next command in its place.
+            let keep_strays = planted!("redis-stray-kept");
+            if reused && !keep_strays {
+                match con.idle_state() {
+                    Idle::Clean => {}
+                    Idle::Stray if strays_dropped < MAX_STRAYS_DROPPED => {
+                        strays_dropped += 1;
+                        counters.protocol_errors.fetch_add(1, Ordering::Relaxed);
+                        lease.discard();
+                        continue;
+                    }
+                    Idle::Stray => {
+                        counters.protocol_errors.fetch_add(1, Ordering::Relaxed);
+                        lease.discard();
+                        let msg = self.describe("protocol", &"replies nobody asked for");
+                        self.pool.mark_down(msg.clone());
+                        return Err(TierError::Unavailable(msg));
+                    }
+                    Idle::Closed if !retried => {
+                        retried = true;
+                        lease.discard();
+                        self.pool.drop_idle();
+                        continue;
+                    }
+                    // Sent on, the request fails as the closed connection's I/O error.
+                    Idle::Closed => {}
+                }
+            }
             counters.round_trips.fetch_add(1, Ordering::Relaxed);
             let mut got = Vec::with_capacity(replies.min(1024));
             let outcome = con.send(packed, budget).and_then(|()| {
-                for _ in 0..replies {
-                    got.push(con.read_reply(limits, budget)?);
+                for i in 0..replies {
+                    let v = con.read_reply(limits, budget)?;
+                    if !matches!(v, Value::ServerError(_)) && !accept(&v) && !keep_strays {
+                        return Err(ConnError::Protocol(format!(
+                            "reply {} of {replies} is {}, which its command does not answer",
+                            i + 1,
+                            resp::kind(&v)
+                        )));
+                    }
+                    got.push(v);
                 }
-                Ok(())
+                match con.buffered() {
+                    _ if keep_strays => Ok(()),
+                    0 => Ok(()),
+                    n => Err(ConnError::Protocol(format!(
+                        "{n} bytes after the {replies} replies asked for"
+                    ))),
+                }
             });
             let e = match outcome {
                 Ok(()) => return Ok(got),

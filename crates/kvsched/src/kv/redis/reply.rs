@@ -94,6 +94,12 @@ impl<S> ReplyReader<S> {
         &mut self.inner
     }
 
+    /// Bytes read from the stream and not yet parsed: after a pipeline's last reply, bytes
+    /// the server sent that no command asked for.
+    pub fn buffered(&self) -> usize {
+        self.end - self.start
+    }
+
     /// Reads one reply.
     pub fn read_value(
         &mut self,
@@ -214,8 +220,8 @@ impl<S> ReplyReader<S> {
                 }
                 if n > tally.limits.max_elements.saturating_sub(tally.elements) {
                     return Err(protocol(format!(
-                        "an array of {n} values, over the {} a reply may hold",
-                        tally.limits.max_elements
+                        "an array of {n} values after {} others, past the {} a reply may hold",
+                        tally.elements, tally.limits.max_elements
                     )));
                 }
                 // Room grows with the values read, never with the length announced.
@@ -281,8 +287,13 @@ impl Tally<'_> {
     }
 }
 
-/// A decimal integer of a header or an integer reply.
+/// A decimal integer of a header or an integer reply: digits, after a `-` if negative (no
+/// `+`, no white space).
 fn number(digits: &[u8]) -> Result<i64, ConnError> {
+    let magnitude = digits.strip_prefix(b"-").unwrap_or(digits);
+    if magnitude.is_empty() || !magnitude.iter().all(u8::is_ascii_digit) {
+        return Err(protocol("a malformed number"));
+    }
     std::str::from_utf8(digits)
         .ok()
         .and_then(|s| s.parse::<i64>().ok())

@@ -80,6 +80,21 @@ fn hostile_headers_lines_and_frames_are_refused_without_allocating() {
     refused(b"*1\r\n*1\r\n:1\r\n", &data(), "nested");
     refused(b"$3\r\nabcXY", &data(), "CRLF");
     refused(b":12x\r\n", &data(), "number");
+    refused(b"$+3\r\nabc\r\n", &data(), "number");
+    refused(b":+1\r\n", &data(), "number");
+    refused(b": 1\r\n", &data(), "number");
+    refused(b":-\r\n", &data(), "number");
+    // An array within budget by itself, past it after the values before it: the message
+    // says both, not "3 values, over 4".
+    let tight = Limits {
+        max_elements: 4,
+        ..Limits::control()
+    };
+    refused(
+        b"*2\r\n*3\r\n:1\r\n:2\r\n:3\r\n:4\r\n",
+        &tight,
+        "an array of 3 values after 2 others, past the 4",
+    );
     let endless = vec![b'+'; 200_000];
     refused(&endless, &data(), "without CRLF");
     // A line that ends in CR exactly at the limit is still too long.

@@ -70,13 +70,43 @@ pub(crate) fn error_code(v: &Value) -> Option<&str> {
     }
 }
 
-/// An error reply as `CODE detail` (`None` for other replies).
+/// The most characters of a server's own text (an error reply's) an error message repeats.
+const SHOWN_MAX: usize = 200;
+
+/// Text a server sent, as an error message may repeat it: control characters (a newline
+/// that would forge a second log line, a terminal escape) written as escapes, and cut to
+/// [`SHOWN_MAX`] characters with `…` — the server chooses these bytes, up to a whole read
+/// buffer of them.
+pub(crate) fn shown(text: &str) -> String {
+    let mut out = String::new();
+    for (i, c) in text.chars().enumerate() {
+        if i == SHOWN_MAX {
+            out.push('…');
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Whether `host` can name a server: 1 to 253 characters (a DNS name's limit), none of
+/// them a control character or white space. A redirect or slot map naming anything else
+/// is not followed.
+pub(crate) fn host_ok(host: &str) -> bool {
+    (1..=253).contains(&host.len()) && !host.chars().any(|c| c.is_control() || c.is_whitespace())
+}
+
+/// An error reply as `CODE detail` (`None` for other replies), as [`shown`].
 pub(crate) fn error_text(v: &Value) -> Option<String> {
     match v {
-        Value::ServerError(e) => Some(match e.details() {
+        Value::ServerError(e) => Some(shown(&match e.details() {
             Some(d) => format!("{} {d}", e.code()),
             None => e.code().to_owned(),
-        }),
+        })),
         _ => None,
     }
 }
@@ -98,6 +128,9 @@ pub(crate) fn redirect(v: &Value) -> Option<(bool, NodeAddr)> {
     let (addr, _slot) = e.redirect_node()?;
     let (host, port) = addr.rsplit_once(':')?;
     let host = host.trim_start_matches('[').trim_end_matches(']');
+    if !host_ok(host) {
+        return None;
+    }
     let port = port.parse::<u16>().ok().filter(|&p| p != 0)?;
     Some((
         ask,
@@ -143,8 +176,28 @@ mod tests {
             error_text(&moved).as_deref(),
             Some("MOVED 3999 127.0.0.1:6381")
         );
+        let long = format!("-MOVED 1 {}:7000\r\n", "h".repeat(300));
+        assert_eq!(redirect(&reply(&long)), None, "a 300-character host");
         let oom = reply("-OOM command not allowed\r\n");
         assert_eq!(error_code(&oom), Some("OOM"));
         assert_eq!(error_code(&Value::Nil), None);
+    }
+
+    #[test]
+    fn a_servers_text_is_shown_escaped_and_cut() {
+        let forged = reply("-ERR x\n[ERROR] forged \u{1b}[31mred\r\n");
+        let text = error_text(&forged).unwrap();
+        assert_eq!(text, "ERR x\\n[ERROR] forged \\u{1b}[31mred");
+        assert!(!text.chars().any(char::is_control), "{text:?}");
+        let long = reply(&format!("-ERR {}\r\n", "y".repeat(60_000)));
+        let text = error_text(&long).unwrap();
+        assert_eq!(
+            text.chars().count(),
+            SHOWN_MAX + 1,
+            "cut, with its ellipsis"
+        );
+        assert!(text.ends_with('…'));
+        assert!(host_ok("redis-3.internal") && host_ok("::1"));
+        assert!(!host_ok("") && !host_ok("a b") && !host_ok("a\nb") && !host_ok(&"h".repeat(254)));
     }
 }

@@ -1,4 +1,5 @@
 //! Tests of `tier`.
+use super::cluster::key_slot;
 use super::*;
 
 #[test]

@@ -1,0 +1,258 @@
+//! A "Redis server" on 127.0.0.1 (threads in the test) that keeps values like a real one but
+//! misbehaves in one way: a reply nobody asked for (with another's, or a moment later), a
+//! reply of the wrong kind, a value far larger than any the caller stores, an error text
+//! that forges log lines. RESP has no request ids, so a connection whose replies fell out of
+//! step would answer each later command with an earlier one's reply — another key's value,
+//! for ever. Each case checks that no call returns another key's value, that the tier
+//! recovers on a new connection, and that the sign is counted. No redis-server needed.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use kvsched::connector::CancelToken;
+use kvsched::kv::redis::{RedisConfig, RedisTier};
+use kvsched::kv::{ChunkKey, Tier, TierError};
+
+/// How the server misbehaves.
+#[derive(Clone, Copy, PartialEq)]
+enum Fault {
+    /// The server's first `GET` is answered twice: its value, then `STRAY`.
+    StrayWithFirstGet,
+    /// The server's first `GET` is answered, then `STRAY` follows 30 ms later.
+    StrayAfterFirstGet,
+    /// The server's first `SET` is answered with a bulk string, not `+OK`.
+    SetAnsweredBulk,
+    /// Every `GET` answers a value of `BIG` bytes, whatever is stored.
+    BigValues,
+    /// Every `GET` answers an error whose text holds a newline, an escape and 60,000 more
+    /// characters.
+    ForgingErrors,
+}
+
+const STRAY: &[u8] = b"a value nobody asked for";
+const BIG: usize = 4 << 20;
+
+/// One command: its arguments.
+fn read_command(r: &mut BufReader<TcpStream>) -> Option<Vec<Vec<u8>>> {
+    let mut line = String::new();
+    r.read_line(&mut line).ok().filter(|&n| n > 0)?;
+    let n: usize = line.trim_end().strip_prefix('*')?.parse().ok()?;
+    let mut args = Vec::with_capacity(n);
+    for _ in 0..n {
+        line.clear();
+        r.read_line(&mut line).ok()?;
+        let len: usize = line.trim_end().strip_prefix('$')?.parse().ok()?;
+        let mut arg = vec![0; len + 2];
+        r.read_exact(&mut arg).ok()?;
+        arg.truncate(len);
+        args.push(arg);
+    }
+    Some(args)
+}
+
+fn bulk(v: &[u8]) -> Vec<u8> {
+    let mut out = format!("${}\r\n", v.len()).into_bytes();
+    out.extend_from_slice(v);
+    out.extend_from_slice(b"\r\n");
+    out
+}
+
+/// Starts the server (every connection on its own thread, one store for all); returns its
+/// address.
+fn serve(fault: Fault) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    let store: Arc<Mutex<HashMap<Vec<u8>, Vec<u8>>>> = Arc::default();
+    // The one-time faults happen once in the server's life, on whichever connection.
+    let once = Arc::new(AtomicBool::new(true));
+    thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(conn) = conn else { return };
+            let store = Arc::clone(&store);
+            let once = Arc::clone(&once);
+            thread::spawn(move || {
+                let Ok(mut w) = conn.try_clone() else { return };
+                let mut r = BufReader::new(conn);
+                let first = || once.swap(false, Ordering::SeqCst);
+                while let Some(cmd) = read_command(&mut r) {
+                    let name = cmd[0].to_ascii_uppercase();
+                    let reply: Vec<u8> = match (name.as_slice(), fault) {
+                        (b"GET", Fault::BigValues) => bulk(&vec![7; BIG]),
+                        (b"GET", Fault::ForgingErrors) => format!(
+                            "-ERR x\n[ERROR] forged line \x1b[31mred{}\r\n",
+                            "y".repeat(60_000)
+                        )
+                        .into_bytes(),
+                        (b"GET", _) => {
+                            let v = store.lock().unwrap().get(&cmd[1]).cloned();
+                            let mut out = v.map_or(b"$-1\r\n".to_vec(), |v| bulk(&v));
+                            if matches!(fault, Fault::StrayWithFirstGet | Fault::StrayAfterFirstGet)
+                                && first()
+                            {
+                                match fault {
+                                    Fault::StrayWithFirstGet => out.extend(bulk(STRAY)),
+                                    Fault::StrayAfterFirstGet => {
+                                        let mut late = w.try_clone().expect("clone");
+                                        thread::spawn(move || {
+                                            thread::sleep(Duration::from_millis(30));
+                                            let _ = late.write_all(&bulk(STRAY));
+                                        });
+                                    }
+                                    _ => {}
+                                }
+                            }
+                            out
+                        }
+                        (b"SET", _) => {
+                            store.lock().unwrap().insert(cmd[1].clone(), cmd[2].clone());
+                            if fault == Fault::SetAnsweredBulk && first() {
+                                bulk(b"OK")
+                            } else {
+                                b"+OK\r\n".to_vec()
+                            }
+                        }
+                        (b"EXISTS", _) => {
+                            let n = i32::from(store.lock().unwrap().contains_key(&cmd[1]));
+                            format!(":{n}\r\n").into_bytes()
+                        }
+                        (b"PING", _) => b"+PONG\r\n".to_vec(),
+                        _ => b"-ERR unknown command\r\n".to_vec(),
+                    };
+                    if w.write_all(&reply).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// A tier on the server with one connection, so every call reuses the one before's.
+fn tier(addr: &str) -> RedisTier {
+    RedisTier::new(
+        RedisConfig::standalone(addr)
+            .expect("address")
+            .pool_size(1)
+            .io_timeout(Duration::from_secs(2))
+            .backoff(Duration::from_millis(1), Duration::from_millis(1)),
+    )
+    .expect("tier")
+}
+
+fn value_of(k: u128) -> Vec<u8> {
+    format!("the value of key {k}").into_bytes()
+}
+
+/// Stores keys 1..=n (through a server that behaves for `SET`).
+fn store_keys(t: &RedisTier, n: u128) {
+    let chunks: Vec<(ChunkKey, Vec<u8>)> = (1..=n).map(|k| (ChunkKey(k), value_of(k))).collect();
+    t.put(&chunks).expect("put");
+}
+
+/// Gets keys 1..=n one call each, `pause` apart: no call returns another key's value (each
+/// is its own or an error), and at most `failures` calls fail.
+fn gets_are_never_anothers(t: &RedisTier, n: u128, pause: Duration, failures: usize) {
+    let mut failed = 0;
+    for k in 1..=n {
+        thread::sleep(pause);
+        match t.get(&[ChunkKey(k)], &CancelToken::new()) {
+            Ok(v) => assert_eq!(
+                v,
+                vec![Some(value_of(k))],
+                "key {k} answered with another's value: {:?}",
+                v[0].as_deref().map(String::from_utf8_lossy)
+            ),
+            Err(_) => failed += 1,
+        }
+    }
+    assert!(failed <= failures, "{failed} of {n} gets failed");
+}
+
+#[test]
+fn a_reply_sent_with_another_is_never_taken_for_the_next_commands() {
+    let t = tier(&serve(Fault::StrayWithFirstGet));
+    store_keys(&t, 20);
+    // The first get brings a stray with its reply: that call fails (which of the two is its
+    // reply cannot be told) and its connection is dropped; every later call is answered on
+    // a new one once the node's backoff (1 ms) is over.
+    gets_are_never_anothers(&t, 20, Duration::from_millis(5), 1);
+    let c = t.counts();
+    assert_eq!(c.protocol_errors, 1, "{c:?}");
+    assert_eq!(c.connects, 2, "{c:?}");
+}
+
+#[test]
+fn a_reply_arriving_after_its_call_is_never_taken_for_the_next_commands() {
+    let t = tier(&serve(Fault::StrayAfterFirstGet));
+    store_keys(&t, 12);
+    // The stray lands while the connection is idle in the pool: the next call finds it
+    // before sending, drops that connection and goes on a new one. No call fails.
+    gets_are_never_anothers(&t, 12, Duration::from_millis(60), 0);
+    let c = t.counts();
+    assert_eq!(c.protocol_errors, 1, "{c:?}");
+    assert_eq!(c.connects, 2, "{c:?}");
+}
+
+#[test]
+fn a_reply_of_the_wrong_kind_fails_the_call_names_the_node_and_drops_the_connection() {
+    let addr = serve(Fault::SetAnsweredBulk);
+    let t = tier(&addr);
+    let e = t
+        .put(&[(ChunkKey(1), value_of(1))])
+        .expect_err("SET answered a bulk string")
+        .to_string();
+    assert!(e.contains(&addr), "{e}");
+    assert!(e.contains("bulk string"), "{e}");
+    let c = t.counts();
+    assert_eq!(c.protocol_errors, 1, "{c:?}");
+    assert_eq!(c.connections, 0, "{c:?}");
+    // After the node's backoff, the next put goes on a new connection, answered right.
+    let until = Instant::now() + Duration::from_secs(2);
+    while t.put(&[(ChunkKey(2), value_of(2))]).is_err() {
+        assert!(Instant::now() < until, "the node never came back");
+        thread::sleep(Duration::from_millis(5));
+    }
+    gets_are_never_anothers(&t, 2, Duration::ZERO, 0);
+}
+
+#[test]
+fn a_value_past_what_every_caller_stores_is_refused_unread() {
+    let t = tier(&serve(Fault::BigValues));
+    // No caller said: the config's bound (512 MiB) lets it through.
+    let v = t.get(&[ChunkKey(1)], &CancelToken::new()).expect("get");
+    assert_eq!(v[0].as_ref().map(Vec::len), Some(BIG));
+    // A caller storing values up to 64 KiB: the 4 MiB value is refused from its header.
+    t.expect_values_up_to(64 << 10);
+    let e = t.get(&[ChunkKey(1)], &CancelToken::new());
+    assert!(matches!(e, Err(TierError::Unavailable(_))), "{e:?}");
+    assert_eq!(t.counts().protocol_errors, 1);
+    // A second caller storing larger values raises the bound for both (the largest word).
+    t.expect_values_up_to(BIG);
+    t.expect_values_up_to(1024);
+    let until = Instant::now() + Duration::from_secs(2);
+    loop {
+        match t.get(&[ChunkKey(1)], &CancelToken::new()) {
+            Ok(v) => break assert_eq!(v[0].as_ref().map(Vec::len), Some(BIG)),
+            Err(e) => assert!(Instant::now() < until, "{e}"),
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn a_servers_error_text_cannot_forge_lines_nor_fill_the_message() {
+    let t = tier(&serve(Fault::ForgingErrors));
+    let e = t
+        .get(&[ChunkKey(1)], &CancelToken::new())
+        .expect_err("an error reply")
+        .to_string();
+    assert!(!e.chars().any(char::is_control), "{e:?}");
+    assert!(e.contains("ERR x\\n[ERROR] forged line"), "{e}");
+    assert!(e.chars().count() < 400, "{} characters", e.chars().count());
+}
