@@ -32,6 +32,8 @@ enum Fault {
     /// Every `GET` answers an error whose text holds a newline, an escape and 60,000 more
     /// characters.
     ForgingErrors,
+    /// `CLUSTER SLOTS` answers a map with no slot in it.
+    NoSlots,
 }
 
 const STRAY: &[u8] = b"a value nobody asked for";
@@ -121,6 +123,7 @@ fn serve(fault: Fault) -> String {
                             format!(":{n}\r\n").into_bytes()
                         }
                         (b"PING", _) => b"+PONG\r\n".to_vec(),
+                        (b"CLUSTER", Fault::NoSlots) => b"*0\r\n".to_vec(),
                         _ => b"-ERR unknown command\r\n".to_vec(),
                     };
                     if w.write_all(&reply).is_err() {
@@ -255,4 +258,30 @@ fn a_servers_error_text_cannot_forge_lines_nor_fill_the_message() {
     assert!(!e.chars().any(char::is_control), "{e:?}");
     assert!(e.contains("ERR x\\n[ERROR] forged line"), "{e}");
     assert!(e.chars().count() < 400, "{} characters", e.chars().count());
+}
+
+#[test]
+fn a_cluster_without_a_usable_slot_map_is_asked_again_only_after_a_backoff() {
+    let addr = serve(Fault::NoSlots);
+    let t = RedisTier::new(
+        RedisConfig::from_url(&format!("redis://{addr}?cluster=yes"))
+            .expect("url")
+            .backoff(Duration::from_millis(200), Duration::from_secs(1)),
+    )
+    .expect("tier");
+    let t0 = Instant::now();
+    for _ in 0..20 {
+        let e = t
+            .get(&[ChunkKey(1)], &CancelToken::new())
+            .expect_err("no map");
+        assert!(e.to_string().contains("no slots assigned"), "{e}");
+    }
+    // Within the first backoff (200 ms) the map was asked for once, not once per call.
+    if t0.elapsed() < Duration::from_millis(200) {
+        assert_eq!(t.counts().slot_refreshes, 1, "{:?}", t.counts());
+    }
+    // After it, the next call asks again.
+    thread::sleep(Duration::from_millis(250));
+    assert!(t.get(&[ChunkKey(1)], &CancelToken::new()).is_err());
+    assert_eq!(t.counts().slot_refreshes, 2, "{:?}", t.counts());
 }

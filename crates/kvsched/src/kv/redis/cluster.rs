@@ -6,6 +6,7 @@
 //! see it) and an `ASK` reply sends the key once to the importing node after `ASKING`.
 
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 use ::redis::Value;
 
@@ -14,6 +15,7 @@ use super::reply::Limits;
 
 use super::config::NodeAddr;
 use super::node::Node;
+use super::pool::backoff_delay;
 use super::resp;
 use crate::kv::TierError;
 use crate::sync::{Arc, Mutex, Ordering, RwLock};
@@ -158,20 +160,40 @@ pub(crate) struct Cluster {
     make: MakeNode,
     registry: Mutex<BTreeMap<NodeAddr, Arc<Node>>>,
     map: RwLock<Arc<SlotMap>>,
-    /// Serialises refreshes; holds nothing.
-    refreshing: Mutex<()>,
+    /// Serialises refreshes; holds the failed ones' backoff.
+    refreshing: Mutex<RefreshBackoff>,
+    /// The backoff's first delay and its cap ([`RedisConfig::backoff`]).
+    ///
+    /// [`RedisConfig::backoff`]: super::RedisConfig::backoff
+    backoff: (Duration, Duration),
     shared: Arc<super::node::Shared>,
+}
+
+/// Refreshes that found no usable map, one after the other: until `until`, a refresh
+/// fails at once with `last` instead of asking every node again (a seed answering a slot
+/// map it takes 100 ms to refuse would cost every call that long).
+#[derive(Default)]
+struct RefreshBackoff {
+    failures: u32,
+    until: Option<Instant>,
+    last: String,
 }
 
 impl Cluster {
     /// A cluster reached through `seeds`; learns its map on first use.
-    pub fn new(seeds: Vec<NodeAddr>, make: MakeNode, shared: Arc<super::node::Shared>) -> Cluster {
+    pub fn new(
+        seeds: Vec<NodeAddr>,
+        make: MakeNode,
+        backoff: (Duration, Duration),
+        shared: Arc<super::node::Shared>,
+    ) -> Cluster {
         Cluster {
             seeds,
             make,
             registry: Mutex::new(BTreeMap::new()),
             map: RwLock::new(Arc::new(SlotMap::empty())),
-            refreshing: Mutex::new(()),
+            refreshing: Mutex::new(RefreshBackoff::default()),
+            backoff,
             shared,
         }
     }
@@ -204,13 +226,46 @@ impl Cluster {
 
     /// Reloads the slot map from the first node (of the current map, then the seeds) that
     /// answers `CLUSTER SLOTS` with at least one range. Does nothing if the map's generation
-    /// is no longer `seen` (another caller refreshed it meanwhile).
+    /// is no longer `seen` (another caller refreshed it meanwhile). After a refresh that found
+    /// no map, the next ones fail at once for the node backoff's delay (doubling per failed
+    /// refresh, capped), with its error.
     pub fn refresh(&self, seen: u64, budget: Budget<'_>) -> Result<(), TierError> {
-        let _one_at_a_time = self.refreshing.lock();
+        let mut backoff = self.refreshing.lock();
         let current = self.map();
         if current.generation != seen {
             return Ok(());
         }
+        if let Some(until) = backoff.until {
+            let now = Instant::now();
+            if now < until {
+                return Err(TierError::Unavailable(format!(
+                    "cluster: no slot map, next try in {} ms (last error: {})",
+                    (until - now).as_millis(),
+                    backoff.last
+                )));
+            }
+        }
+        let outcome = self.refresh_now(seen, &current, budget);
+        match &outcome {
+            Ok(()) => *backoff = RefreshBackoff::default(),
+            Err(e) => {
+                backoff.failures = backoff.failures.saturating_add(1);
+                let (initial, max) = self.backoff;
+                backoff.until =
+                    Some(Instant::now() + backoff_delay(initial, max, backoff.failures));
+                backoff.last = e.to_string();
+            }
+        }
+        outcome
+    }
+
+    /// [`refresh`](Self::refresh)'s asking, under its lock.
+    fn refresh_now(
+        &self,
+        seen: u64,
+        current: &SlotMap,
+        budget: Budget<'_>,
+    ) -> Result<(), TierError> {
         self.shared
             .counters
             .slot_refreshes
