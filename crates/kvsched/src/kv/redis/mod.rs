@@ -116,6 +116,7 @@ mod reply;
 mod resp;
 mod rounds;
 mod tls;
+mod url;
 
 use ::redis::Value;
 
