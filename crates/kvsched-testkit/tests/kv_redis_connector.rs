@@ -104,9 +104,9 @@ fn a_chunk_saved_by_one_engine_is_loaded_and_verified_by_another() {
     assert_eq!(b.counts().chunks_loaded_from_others, 4, "all of them A's");
 }
 
-/// The chunk key of block `i` of the prompt.
-fn chunk_key(i: usize) -> ChunkKey {
-    ChunkKey::chain_blocks(TAG, 0, 16, &prompt(), i + 1)[i]
+/// The chunk key of block `i` of the prompt, as `conn` stores it.
+fn chunk_key(conn: &TierConnector, i: usize) -> ChunkKey {
+    conn.chunk_key(0, &prompt(), i).expect("a full block's key")
 }
 
 #[test]
@@ -115,11 +115,11 @@ fn a_value_forged_without_the_mac_key_is_rejected_and_recovered() {
     save_from_a(&srv.url(), Some(MAC));
     // A writer without the key replaces block 2 with a well-formed chunk of other bytes:
     // right key, right length, valid checksum — only the MAC is missing.
-    let key = chunk_key(2);
+    let (b, mem) = engine(&srv.url(), Some(MAC));
+    let key = chunk_key(&b, 2);
     let forged = ChunkCodec::new(None).encode(key, 0, 16, &[0xEE; 128]);
     let raw = RedisTier::new(RedisConfig::from_url(&srv.url()).unwrap().tag("model-a")).unwrap();
     raw.put(&[(key, forged)]).expect("forged write");
-    let (b, mem) = engine(&srv.url(), Some(MAC));
     let LoadResult::Failed(bad) = b.load(&job(4)) else {
         panic!("the forged chunk was accepted: {:?}", b.counts());
     };
@@ -145,7 +145,8 @@ fn a_value_forged_without_the_mac_key_is_rejected_and_recovered() {
 fn damage_written_into_redis_is_caught_by_the_checksum() {
     let Some(srv) = server() else { return };
     save_from_a(&srv.url(), None);
-    let key = chunk_key(1);
+    let (b, _) = engine(&srv.url(), None);
+    let key = chunk_key(&b, 1);
     let raw = RedisTier::new(RedisConfig::from_url(&srv.url()).unwrap().tag("model-a")).unwrap();
     let mut v = raw
         .get(&[key], &kvsched::connector::CancelToken::new())
@@ -156,7 +157,6 @@ fn damage_written_into_redis_is_caught_by_the_checksum() {
     let last = v.len() - 1;
     v[last] ^= 1;
     raw.put(&[(key, v)]).expect("damage");
-    let (b, _) = engine(&srv.url(), None);
     assert!(matches!(b.load(&job(4)), LoadResult::Failed(_)));
     assert_eq!(b.counts().checksum_failures, 1, "{:?}", b.counts());
 }

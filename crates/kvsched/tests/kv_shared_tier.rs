@@ -4,16 +4,19 @@
 //! not asked again within `probe_miss_ttl`; after it, it is, and finds what was saved since.
 //! A lookup's probe is asked whether the prober thread lingers after its last probe or
 //! sleeps. (Plant `probe-hits-unindexed` drops what the probes find: no offer, no cross hit;
-//! plant `probe-offer-never-wakes` leaves a sleeping prober asleep.)
+//! plant `probe-offer-never-wakes` leaves a sleeping prober asleep.) Engines of different
+//! layouts, each with the default tag, never load each other's chunks, even where one
+//! group's blocks would fit (plant `layout-not-in-key`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvsched::connector::{KvConnector, LookupQuery};
+use kvsched::connector::{KvConnector, LoadJob, LoadResult, LookupQuery};
 use kvsched::kv::{
     HostKvMemory, KvLayout, KvMemory, MemoryTier, Prefetch, Tier, TierConnector,
     TierConnectorConfig,
 };
+use kvsched::{BlockRef, CacheGroup, MambaMode};
 
 const BYTES_PER_TOKEN: usize = 8;
 
@@ -137,4 +140,65 @@ fn a_lookups_probe_is_asked_whether_the_prober_lingers_or_sleeps() {
     assert!(probes_answered(&b), "a lingering prober missed an offer");
     assert_eq!(offer(&b, &prompts[1]), 128);
     assert_eq!(offer(&b, &prompts[2]), 128);
+}
+
+/// A connector for `groups` (8 bytes per token, 32-byte Mamba states) on `tier`, with the
+/// default tag, and its KV memory.
+fn engine_of(
+    tier: &Arc<MemoryTier>,
+    groups: Vec<CacheGroup>,
+) -> (TierConnector, Arc<dyn KvMemory>) {
+    let layout = KvLayout::for_groups(&groups, BYTES_PER_TOKEN, 32).expect("layout");
+    let memory: Arc<dyn KvMemory> = Arc::new(HostKvMemory::new(layout, 16).expect("memory"));
+    let tier: Arc<dyn Tier> = tier.clone();
+    let cfg = TierConnectorConfig::default()
+        .with_groups(groups)
+        .with_probe_on_miss(false);
+    let conn = TierConnector::new(tier, Arc::clone(&memory), cfg).expect("connector");
+    (conn, memory)
+}
+
+#[test]
+fn engines_of_different_layouts_never_load_each_others_chunks() {
+    let tier = Arc::new(MemoryTier::new(64 << 20, 4));
+    // A hybrid model and a dense one whose full-attention blocks have the same size: a
+    // chunk of one fits the other's blocks, and its checks (key, group, length) pass.
+    let hybrid = vec![
+        CacheGroup::full_attention(16),
+        CacheGroup::mamba(16, MambaMode::All),
+    ];
+    let (h, h_mem) = engine_of(&tier, hybrid);
+    let (d, _) = engine_of(&tier, vec![CacheGroup::full_attention(16)]);
+    let prompt: Vec<u32> = (1..=65).collect();
+    let block = 16 * BYTES_PER_TOKEN;
+    for i in 0..4 {
+        assert!(h
+            .store_now(&prompt, 0, i, &vec![0xAA; block])
+            .expect("store"));
+        // The dense engine computed other bytes for the same tokens, and stores them after.
+        assert!(d
+            .store_now(&prompt, 0, i, &vec![0xDD; block])
+            .expect("store"));
+        assert_ne!(h.chunk_key(0, &prompt, i), d.chunk_key(0, &prompt, i));
+    }
+    // The hybrid engine loads its full-attention blocks back (its Mamba entries null).
+    let fa: Vec<BlockRef> = (1..=4).map(|id| BlockRef { id, generation: 1 }).collect();
+    let nulls = vec![
+        BlockRef {
+            id: 0,
+            generation: 0
+        };
+        4
+    ];
+    let job = LoadJob::new("r", &prompt, 0, 64, vec![fa, nulls], vec![16, 16]);
+    assert_eq!(h.load(&job), LoadResult::Ok, "{:?}", h.counts());
+    for id in 1..=4 {
+        let mut got = vec![0; block];
+        h_mem.read(0, id, 0, &mut got).expect("read");
+        assert!(
+            got.iter().all(|&b| b == 0xAA),
+            "block {id} holds the dense engine's bytes"
+        );
+    }
+    assert_eq!(h.counts().chunks_loaded_from_others, 0);
 }

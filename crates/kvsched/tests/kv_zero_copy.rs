@@ -163,7 +163,6 @@ fn saved_blocks_load_back_byte_for_byte_through_every_path() {
 #[test]
 fn a_chunk_damaged_at_rest_is_a_poisoned_block_and_its_neighbours_still_load() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let keys = ChunkKey::chain_blocks(0, 0, BLOCK, &prompt(), BLOCKS);
     for Case {
         name,
         tier,
@@ -180,7 +179,8 @@ fn a_chunk_damaged_at_rest_is_a_poisoned_block_and_its_neighbours_still_load() {
                 .expect("store"));
         }
         // One payload byte of chunk 2 flipped at rest, the value's length unchanged.
-        let edited = damage(keys[2]);
+        let key = c.chunk_key(0, &prompt(), 2).expect("chunk 2's key");
+        let edited = damage(key);
         assert!(edited, "{name}");
         assert_eq!(load(&c2, 30, deadline), vec![32], "{name}");
         assert!(

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvsched::kv::{ChunkKey, MemoryTier, Tier, TierConnector};
+use kvsched::kv::{MemoryTier, Tier, TierConnector};
 use kvsched::{BlockRef, BlockTable, CacheGroup, MambaMode, Mode, Runtime, StepPlan};
 use kvsched_testkit::SplitMix64;
 use kvsched_testkit::{FaultConfig, FaultyTier};
@@ -175,17 +175,10 @@ fn mode_safe_is_exact_on_bursts_sharing_prefixes_whose_sync_loads_fail() {
 
 /// Stores `prefix`'s blocks in `store` with every chunk damaged at rest (one bit flipped: the
 /// load's checks refuse it), so any load of it fails.
-fn store_damaged(
-    groups: &[CacheGroup],
-    store: &MemoryTier,
-    conn: &TierConnector,
-    engine: &ModelEngine,
-    prefix: &[u32],
-) {
+fn store_damaged(store: &MemoryTier, conn: &TierConnector, engine: &ModelEngine, prefix: &[u32]) {
     for (g, i, bytes) in engine.reference_blocks(prefix) {
         assert!(conn.store_now(prefix, g, i, &bytes).expect("store"));
-        let size = groups[g].block_size;
-        let key = ChunkKey::chain_blocks(TAG, g as u32, size, prefix, i + 1)[i];
+        let key = conn.chunk_key(g, prefix, i).expect("a full block's key");
         let damaged = store.edit_stored(key, |v| {
             let at = v.len() / 2;
             v[at] ^= 1;
@@ -230,12 +223,12 @@ fn damaged_prefix_stack(
 /// load's checks refuse it), so any load of it fails. `shared`: the three prompts share one
 /// prefix; else each has its own. Returns the judge's counts.
 fn damaged_prefix_burst(mode: Mode, shards: usize, shared: bool) -> ModelCounts {
-    let (groups, store, mut rt, conn, mut engine) = damaged_prefix_stack(mode, shards);
+    let (_, store, mut rt, conn, mut engine) = damaged_prefix_stack(mode, shards);
     let prefixes: Vec<Vec<u32>> = (0..if shared { 1 } else { BURST })
         .map(|p| (0..256).map(|t| (p * 7 + t * 3) % 61).collect())
         .collect();
     for prefix in &prefixes {
-        store_damaged(&groups, &store, &conn, &engine, prefix);
+        store_damaged(&store, &conn, &engine, prefix);
     }
     for n in 0..BURST {
         let prefix = &prefixes[n as usize % prefixes.len()];
@@ -339,9 +332,9 @@ fn a_tier_warmed_with_the_models_bytes_serves_exact_prefixes() {
 /// same prefix (`shared`) or on one of its own the tier does not hold. Returns the judge's
 /// counts.
 fn rolled_back_prefix(mode: Mode, shards: usize, shared: bool) -> ModelCounts {
-    let (groups, store, mut rt, conn, mut engine) = damaged_prefix_stack(mode, shards);
+    let (_, store, mut rt, conn, mut engine) = damaged_prefix_stack(mode, shards);
     let prefix = |p: u32| (0..256).map(|t| (p * 7 + t * 3) % 61).collect::<Vec<u32>>();
-    store_damaged(&groups, &store, &conn, &engine, &prefix(0));
+    store_damaged(&store, &conn, &engine, &prefix(0));
     let prompt = [&prefix(0)[..], &[1, 5, 9, 2, 4]].concat();
     submit(&mut rt, &mut engine, "r0".into(), prompt, BURST_NEW_TOKENS);
     let plan = rt.schedule().expect("step");

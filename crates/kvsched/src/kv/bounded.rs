@@ -4,9 +4,12 @@
 //! A `Tier::get` is a call into code the connector does not control (a socket, a disk, a
 //! wrapper): it may never return. When a load has a deadline, [`BoundedGets`] runs the get on
 //! one of its own threads and the caller waits for the answer until the deadline or until the
-//! load's token fires, then gives up: the load fails for all its blocks. The answer of a get
-//! that comes back late is dropped unread, and the bytes of a load are written into KV memory
-//! only by the caller after the answer came in time, so a late get never writes anything.
+//! load's token fires, then gives up: the load fails for all its blocks, and the get's own
+//! cancel token fires, so a tier that looks at it (as the Redis tier does, every 20 ms)
+//! returns and frees its thread rather than finishing a read nobody waits for. The answer of
+//! a get that comes back late is dropped unread, and the bytes of a load are written into KV
+//! memory only by the caller after the answer came in time, so a late get never writes
+//! anything.
 //!
 //! # Limits
 //!
@@ -35,6 +38,8 @@ type Answer = Result<Filled, TierError>;
 struct Call {
     keys: Vec<ChunkKey>,
     bufs: Vec<Vec<u8>>,
+    /// The get's own token, which the tier is given: fired when its caller gives up (the
+    /// deadline passed, or the load's token fired).
     cancel: CancelToken,
     slot: Arc<Slot>,
 }
@@ -122,10 +127,11 @@ impl BoundedGets {
         deadline: Instant,
     ) -> Answer {
         let slot = Arc::new(Slot::default());
+        let call_cancel = CancelToken::new();
         self.shared.queue.lock().push_back(Call {
             keys: keys.to_vec(),
             bufs,
-            cancel: cancel.clone(),
+            cancel: call_cancel.clone(),
             slot: Arc::clone(&slot),
         });
         self.shared.wake.notify_one();
@@ -148,6 +154,11 @@ impl BoundedGets {
                 // Release: pairs with the Acquire load in `run`: a thread that sees it skips
                 // the call or drops its answer.
                 slot.gave_up.store(true, Ordering::Release);
+                // Planted bug `gave-up-get-uncancelled` (scripts/plants.sh): the tier is not
+                // told, so a get nobody waits for keeps its thread until it ends.
+                if !planted!("gave-up-get-uncancelled") {
+                    call_cancel.cancel();
+                }
                 drop(answer);
                 // A call no thread took yet leaves the queue now: with every thread hung,
                 // the queue holds only the calls whose callers still wait.
@@ -286,5 +297,63 @@ mod tests {
             "no given-up get stays queued"
         );
         release.store(true, Ordering::Release);
+    }
+
+    /// A store whose gets return only when their token fires (or after `forever`).
+    struct Cooperative;
+
+    impl Tier for Cooperative {
+        fn name(&self) -> &str {
+            "cooperative"
+        }
+        fn exists(&self, keys: &[ChunkKey], _: &CancelToken) -> Result<Vec<bool>, TierError> {
+            Ok(vec![false; keys.len()])
+        }
+        fn get(
+            &self,
+            _: &[ChunkKey],
+            cancel: &CancelToken,
+        ) -> Result<Vec<Option<Vec<u8>>>, TierError> {
+            let forever = Instant::now() + Duration::from_secs(30);
+            while !cancel.is_cancelled() && Instant::now() < forever {
+                thread::sleep(Duration::from_millis(1));
+            }
+            Err(TierError::Cancelled)
+        }
+        fn put(&self, _: &[(ChunkKey, Vec<u8>)]) -> Result<(), TierError> {
+            Ok(())
+        }
+    }
+
+    /// A get whose caller gave up (its deadline, or its load's token) is cancelled: a tier
+    /// that looks at its token frees the thread at once, not when its own read would end.
+    #[test]
+    fn a_get_given_up_is_cancelled_and_frees_its_thread() {
+        let gets = BoundedGets::start(Arc::new(Cooperative), 2).unwrap();
+        let never = CancelToken::new();
+        for _ in 0..2 {
+            let bufs = vec![Vec::new()];
+            let deadline = Instant::now() + Duration::from_millis(10);
+            let got = gets.get_into(&[ChunkKey(1)], bufs, &never, deadline);
+            assert!(matches!(got, Err(TierError::Timeout(_))));
+        }
+        let load = CancelToken::new();
+        load.cancel();
+        let got = gets.get_into(
+            &[ChunkKey(1)],
+            vec![Vec::new()],
+            &load,
+            Instant::now() + Duration::from_secs(60),
+        );
+        assert!(matches!(got, Err(TierError::Cancelled)));
+        let until = Instant::now() + Duration::from_secs(5);
+        while gets.busy() > 0 {
+            assert!(
+                Instant::now() < until,
+                "{} gets still hold their threads",
+                gets.busy()
+            );
+            thread::sleep(Duration::from_millis(1));
+        }
     }
 }

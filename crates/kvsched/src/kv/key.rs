@@ -2,8 +2,10 @@
 
 use std::fmt;
 
+use crate::rules::geometry::{CacheGroup, GroupKind, MambaMode};
+
 /// Names one block's worth of KV: one cache group's block `k` of one token prefix, under a
-/// layout/model tag. 128 bits, chained: the key of block `k` hashes the key of block `k − 1`,
+/// layout/model tag (a connector's: [`ChunkKey::layout_tag`]). 128 bits, chained: the key of block `k` hashes the key of block `k − 1`,
 /// the block's tokens, the group index and the tag, so equal keys mean equal prefixes (up to a
 /// 2⁻¹²⁸-scale collision) and two models (tags) never share a key.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
@@ -64,6 +66,43 @@ impl ChunkKey {
             .collect()
     }
 
+    /// The tag a [`TierConnector`](super::TierConnector) chains its keys under: the model's
+    /// `tag` ([`TierConnectorConfig::tag`](super::TierConnectorConfig::tag)) with the layout
+    /// mixed in — each group's kind (window, Mamba mode), tokens per block and bytes per
+    /// block. So two engines whose layouts differ in any of them never share a key, whatever
+    /// tag they give, and a chunk one stores is never another's hit (its bytes would fit the
+    /// other's blocks, or be refused only by their length).
+    ///
+    /// XXH3-64 of `kvsched-layout-v1`, the tag and, per group, its kind code (0 full
+    /// attention; 1 sliding window, then the window; 2 Mamba, then 0 for `align` or 1 for
+    /// `all`), block size and bytes per block, each a little-endian `u64`: stored chunks are
+    /// found by it, so it never changes. `bytes_per_block` has one entry per group (a missing
+    /// one counts as 0).
+    pub fn layout_tag(tag: u64, groups: &[CacheGroup], bytes_per_block: &[usize]) -> u64 {
+        let mut buf = b"kvsched-layout-v1".to_vec();
+        let mut put = |v: u64| buf.extend_from_slice(&v.to_le_bytes());
+        put(tag);
+        for (g, grp) in groups.iter().enumerate() {
+            match grp.kind {
+                GroupKind::FullAttention => put(0),
+                GroupKind::SlidingWindow { window } => {
+                    put(1);
+                    put(window);
+                }
+                GroupKind::Mamba { mode } => {
+                    put(2);
+                    put(match mode {
+                        MambaMode::Align => 0,
+                        MambaMode::All => 1,
+                    });
+                }
+            }
+            put(grp.block_size);
+            put(bytes_per_block.get(g).map_or(0, |&b| b as u64));
+        }
+        xxhash_rust::xxh3::xxh3_64(&buf)
+    }
+
     /// The parent of block 0.
     pub const ROOT: ChunkKey = ChunkKey(0);
 
@@ -93,6 +132,51 @@ impl fmt::Display for ChunkKey {
 #[cfg(test)]
 mod tests {
     use super::{ChunkKey, STACK_TOKENS};
+
+    /// Every part of the layout changes the tag, and the tag is pinned: stored chunks are
+    /// found by it.
+    #[test]
+    fn layout_tag_depends_on_every_part_of_the_layout() {
+        use crate::rules::geometry::{CacheGroup, MambaMode};
+        let hybrid = [
+            CacheGroup::full_attention(16),
+            CacheGroup::sliding_window(16, 32),
+            CacheGroup::mamba(16, MambaMode::Align),
+        ];
+        let bytes = [128, 128, 32];
+        let t = ChunkKey::layout_tag(0, &hybrid, &bytes);
+        assert_eq!(t, ChunkKey::layout_tag(0, &hybrid, &bytes));
+        assert_ne!(
+            t,
+            ChunkKey::layout_tag(1, &hybrid, &bytes),
+            "the model's tag"
+        );
+        assert_ne!(
+            t,
+            ChunkKey::layout_tag(0, &hybrid[..1], &bytes[..1]),
+            "the groups"
+        );
+        assert_ne!(
+            t,
+            ChunkKey::layout_tag(0, &hybrid, &[256, 128, 32]),
+            "bytes per block"
+        );
+        let mut other = hybrid;
+        other[1] = CacheGroup::sliding_window(16, 64);
+        assert_ne!(t, ChunkKey::layout_tag(0, &other, &bytes), "the window");
+        other = hybrid;
+        other[2] = CacheGroup::mamba(16, MambaMode::All);
+        assert_ne!(t, ChunkKey::layout_tag(0, &other, &bytes), "the Mamba mode");
+        other = hybrid;
+        other[0] = CacheGroup::full_attention(32);
+        assert_ne!(t, ChunkKey::layout_tag(0, &other, &bytes), "the block size");
+        let dense = [CacheGroup::full_attention(16)];
+        assert_eq!(
+            ChunkKey::layout_tag(0, &dense, &[128]),
+            0x9109_53bf_0b15_b16a,
+            "pinned"
+        );
+    }
 
     #[test]
     fn chain_depends_on_every_input() {

@@ -20,7 +20,12 @@ pub struct TierConnectorConfig {
     /// block sizes); a value must be a positive multiple of every group's block size, and
     /// the same as the runtime's.
     pub scheduler_block_size: Option<u64>,
-    /// The layout/model tag in every chunk key: two models never share chunks.
+    /// The model's tag in every chunk key: engines sharing a tier give the same tag exactly
+    /// when they run the same model (weights and KV dtype), so two models never share
+    /// chunks. The layout — each group's kind, block size and bytes per block — is mixed in
+    /// by the connector ([`ChunkKey::layout_tag`](super::ChunkKey::layout_tag)): engines of
+    /// different layouts never share a chunk even under one tag, but only the tag tells two
+    /// models of one layout apart.
     pub tag: u64,
     /// The key of the chunks' keyed MAC (every engine sharing the tier has it), or none.
     pub mac_key: Option<[u8; 32]>,

@@ -105,6 +105,9 @@ pub struct TierConnector {
     buffers: Buffers,
     /// The scheduler block size `S` lookups offer multiples of.
     s: u64,
+    /// The tag every key is chained under: the config's with the layout mixed in
+    /// ([`ChunkKey::layout_tag`]).
+    key_tag: u64,
     counters: AtomicCounts,
 }
 
@@ -147,6 +150,17 @@ impl TierConnector {
         let codec = ChunkCodec::new(cfg.mac_key);
         let chunk_bytes = codec.encoded_len(memory.layout().max_block_bytes());
         tier.expect_values_up_to(chunk_bytes);
+        let layout = memory.layout();
+        let bytes_per_block: Vec<usize> = (0..layout.num_groups())
+            .map(|g| layout.bytes_per_block(g).unwrap_or(0))
+            .collect();
+        // Planted bug `layout-not-in-key` (scripts/plants.sh): keys carry the config's tag
+        // alone, so engines of different layouts under the default tag share keys.
+        let key_tag = if planted!("layout-not-in-key") {
+            cfg.tag
+        } else {
+            ChunkKey::layout_tag(cfg.tag, &cfg.groups, &bytes_per_block)
+        };
         let index = Arc::new(KeyIndex::new(cfg.index_capacity));
         let own = Arc::new(KeyIndex::new(cfg.index_capacity));
         let saver = Saver::start(
@@ -187,6 +201,7 @@ impl TierConnector {
             gets,
             buffers: Buffers::new(chunk_bytes),
             s,
+            key_tag,
             counters: AtomicCounts::default(),
         })
     }
@@ -203,7 +218,18 @@ impl TierConnector {
 
     fn keys(&self, g: usize, tokens: &[u32], blocks: usize) -> Vec<ChunkKey> {
         let b = self.cfg.groups[g].block_size;
-        ChunkKey::chain_blocks(self.cfg.tag, g as u32, b, tokens, blocks)
+        ChunkKey::chain_blocks(self.key_tag, g as u32, b, tokens, blocks)
+    }
+
+    /// The key block `block` of `tokens` is stored under in group `group`: its chain from
+    /// block 0 under the config's tag with this connector's layout mixed in
+    /// ([`ChunkKey::layout_tag`]). What a repair tool or a test needs to reach one stored
+    /// chunk; `None` for a group past the configured ones or a block `tokens` does not fill.
+    pub fn chunk_key(&self, group: usize, tokens: &[u32], block: usize) -> Option<ChunkKey> {
+        self.cfg.groups.get(group)?;
+        self.keys(group, tokens, block.checked_add(1)?)
+            .get(block)
+            .copied()
     }
 
     /// Offers blocks the engine computed (entry `index` of group `group`, in block `block`)

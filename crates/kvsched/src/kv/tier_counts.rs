@@ -12,8 +12,10 @@ pub struct TierCounts {
     pub loads: u64,
     /// Chunks verified and written into KV memory.
     pub chunks_loaded: u64,
-    /// Of `chunks_loaded`, those this connector neither saved nor stored itself: written by
-    /// another engine sharing the tier (or an earlier process).
+    /// Of `chunks_loaded`, those under keys this connector neither saved nor stored itself:
+    /// written by another engine sharing the tier (or an earlier process). It counts keys,
+    /// not writers: a key this connector saved, whose value another engine of the same model
+    /// and layout stored again since, counts as its own (both values are the same KV).
     pub chunks_loaded_from_others: u64,
     /// Payload bytes written into KV memory by loads.
     pub kv_bytes_loaded: u64,
