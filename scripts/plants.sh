@@ -243,6 +243,11 @@ declare -A TESTS=(
   # kv/bounded.rs: a get whose caller gave up is not cancelled, so it keeps a get thread
   # until the tier's own read ends.
   [gave-up-get-uncancelled]="kvsched --lib kv::bounded"
+  # kv/disk/read.rs: a read of a value longer than the callers store is not refused.
+  [disk-value-bound-ignored]="kvsched --test kv_disk_hostile"
+  # kv/disk/read.rs, mod.rs: a pack number names whatever file sits at its path now, so a
+  # tier reads another's pack at its own offsets and deletes it as its own.
+  [disk-pack-identity-unchecked]="kvsched --test kv_disk_hostile"
   [redis-value-bound-ignored]="kvsched-testkit --features redis --test kv_redis_desync"
   [tier-store-one-batch]="pytest test_tier_bounds.py::test_a_long_store_jobs_memory_is_bounded"
 )
@@ -258,7 +263,8 @@ ORDER=(decide-early claim-store late-leak deadline-compact-in-flight load-queue-
   rescan-deletes-temps probe-rounds-to-nothing open-deletes-live-temps
   shutdown-leaves-loads-running parked-positions-unfilled parked-claim-mismatched restart-fills-holes
   tier-fork-unchecked tier-drop-holds-gil wait-ignores-signals tier-index-unbounded tier-store-one-batch
-  redis-stray-kept redis-value-bound-ignored layout-not-in-key gave-up-get-uncancelled)
+  redis-stray-kept redis-value-bound-ignored layout-not-in-key gave-up-get-uncancelled
+  disk-value-bound-ignored disk-pack-identity-unchecked)
 
 if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi
 

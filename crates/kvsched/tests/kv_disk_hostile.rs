@@ -2,7 +2,11 @@
 //! a FIFO, a sparse 8 GiB file — each read as absent at once, with bounded memory; an
 //! oversized file found at open is neither indexed nor counted against the capacity, so it
 //! evicts nothing; a rescan racing puts deletes none of their temporary files, and a
-//! temporary the tier cannot remove does not stop it opening.
+//! temporary the tier cannot remove does not stop it opening. A value longer than the
+//! tier's callers store is refused unread (plant `disk-value-bound-ignored`). Tiers sharing
+//! a directory never take another's pack for their own when it reuses a number whose file
+//! one of them deleted: no read of it at their offsets, no delete of it (plant
+//! `disk-pack-identity-unchecked`).
 
 use std::fs;
 use std::path::Path;
@@ -169,4 +173,91 @@ fn a_temporary_it_cannot_remove_does_not_stop_an_open() {
     fs::create_dir(root.join("0000000000000001.1234.tmp")).unwrap();
     let t = DiskTier::open(dir.path(), cfg()).unwrap();
     assert_eq!(t.counts().entries, 1);
+}
+
+#[test]
+fn a_value_longer_than_its_callers_store_is_refused_unread() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let t = DiskTier::open(dir.path(), DiskConfig::default().with_fsync(false)).expect("open");
+    let big = vec![7u8; 1 << 20];
+    t.put(&[(ChunkKey(1), big.clone())]).expect("put");
+    let c = CancelToken::new();
+    assert_eq!(
+        t.get(&[ChunkKey(1)], &c).expect("get"),
+        vec![Some(big.clone())]
+    );
+    // A caller storing chunks of at most 4 KiB: a 1 MiB value is none of its, and is not read.
+    t.expect_values_up_to(4096);
+    assert_eq!(t.get(&[ChunkKey(1)], &c).expect("get"), vec![None]);
+    assert_eq!(t.counts().refused_reads, 1);
+    // Another caller, storing larger values: the largest word counts.
+    t.expect_values_up_to(2 << 20);
+    assert_eq!(t.get(&[ChunkKey(1)], &c).expect("get"), vec![Some(big)]);
+}
+
+/// Three tiers on one directory: `a` (`a_cap` bytes: at two values' worth, too little for
+/// a table of many beside them, each value is a pack of its own), `b` (one value), `c`
+/// (plenty). `b` evicts `a`'s first pack,
+/// then `c`, which opened on the empty directory, puts a pack under the number that pack
+/// had. Returns the tiers, the keys, `a`'s first pack's path and the value of a key.
+fn number_reused(
+    dir: &Path,
+    a_cap: u64,
+) -> (
+    DiskTier,
+    DiskTier,
+    Vec<ChunkKey>,
+    std::path::PathBuf,
+    impl Fn(u128) -> Vec<u8>,
+) {
+    let with_cap = |cap| {
+        DiskConfig::default()
+            .with_capacity_bytes(cap)
+            .with_max_value_bytes(CHUNK as u64)
+            .with_fsync(false)
+    };
+    let one = DiskTier::pack_bytes(&[CHUNK as u64]);
+    let value = |k: u128| vec![k as u8; CHUNK];
+    let a = DiskTier::open(dir, with_cap(a_cap)).expect("a");
+    let b = DiskTier::open(dir, with_cap(one + 100)).expect("b");
+    let c = DiskTier::open(dir, with_cap(1 << 20)).expect("c");
+    let ks = keys(9);
+    a.put(&[(ks[0], value(1)), (ks[1], value(2))])
+        .expect("a put");
+    let a_pack = a.pack_path(ks[0]).expect("indexed");
+    b.rescan().expect("b rescan");
+    b.put(&[(ks[2], value(3))]).expect("b put");
+    b.put(&[(ks[8], value(9))]).expect("b put");
+    assert!(!a_pack.exists(), "b evicted a's pack");
+    c.put(&[(ks[6], value(7))]).expect("c put");
+    assert!(
+        c.pack_path(ks[6]) == Some(a_pack.clone()),
+        "the number is reused"
+    );
+    (a, c, ks, a_pack, value)
+}
+
+#[test]
+fn a_pack_number_reused_by_another_tier_is_not_read_as_this_ones() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (a, _c, ks, _, value) = number_reused(dir.path(), 1 << 20);
+    let cancel = CancelToken::new();
+    // `a`'s key of the deleted pack is a miss, not `c`'s bytes read at `a`'s offset.
+    assert_eq!(a.get(&[ks[0]], &cancel).expect("get"), vec![None]);
+    // And a rescan indexes the file now under that number: `c`'s pack.
+    a.rescan().expect("a rescan");
+    assert_eq!(a.get(&[ks[6]], &cancel).expect("get"), vec![Some(value(7))]);
+}
+
+#[test]
+fn a_pack_number_reused_by_another_tier_is_not_deleted_as_this_ones() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let two = DiskTier::pack_bytes(&[CHUNK as u64]) * 2 + 100;
+    let (a, c, ks, a_pack, value) = number_reused(dir.path(), two);
+    // `a` makes room for a third value: its oldest pack, by its index, is the first — whose
+    // number is `c`'s pack now. That file is left alone.
+    a.put(&[(ks[3], value(4))]).expect("a put");
+    assert!(a_pack.exists(), "a deleted c's pack");
+    let cancel = CancelToken::new();
+    assert_eq!(c.get(&[ks[6]], &cancel).expect("get"), vec![Some(value(7))]);
 }

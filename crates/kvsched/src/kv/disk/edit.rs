@@ -73,6 +73,8 @@ impl DiskTier {
         };
         let path = self.path_of(place.pack);
         if emptied {
+            index.files.remove(&place.pack);
+            index.seen.remove(&place.pack);
             return match std::fs::remove_file(&path) {
                 Ok(()) => Ok(true),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),

@@ -7,6 +7,46 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::ChunkKey;
 
+/// How long a capacity lowered by a full file system holds before the configured one is
+/// tried again.
+#[cfg(not(test))]
+pub(super) const FULL_HOLDS: std::time::Duration = std::time::Duration::from_secs(60);
+#[cfg(test)]
+pub(super) const FULL_HOLDS: std::time::Duration = std::time::Duration::from_millis(300);
+
+/// Which file a path names: its device, inode and birth time in nanoseconds (0 where the
+/// file system keeps none). The birth time tells a new file from a deleted one whose inode
+/// number it reuses, as file systems do at once. `None` where the platform has no inodes,
+/// and then every file matches.
+pub(super) type FileId = Option<(u64, u64, u128)>;
+
+/// The [`FileId`] of the file `meta` describes.
+pub(super) fn file_id(meta: &std::fs::Metadata) -> FileId {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        let born = meta
+            .created()
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_nanos());
+        Some((meta.dev(), meta.ino(), born))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = meta;
+        None
+    }
+}
+
+/// Whether two [`FileId`]s may name the same file (either unknown: yes).
+pub(super) fn same_file(a: FileId, b: FileId) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => a == b,
+        _ => true,
+    }
+}
+
 /// Where a chunk's value lies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Place {
@@ -35,23 +75,36 @@ pub(super) struct Index {
     /// The pack numbers a rescan skips: those indexed or found and left alone since open
     /// whose files this tier has not deleted (so at most the packs in the directory).
     pub(super) seen: FxHashSet<u64>,
+    /// The file each pack number named when this tier wrote or indexed it (its device and
+    /// inode, on Unix): another tier on the directory may put a pack of its own under a
+    /// number whose file this one deleted, and a read or a delete must not take that file
+    /// for this tier's pack. Kept until the tier deletes the file (or finds it replaced).
+    pub(super) files: FxHashMap<u64, FileId>,
     /// Last-use tick → pack, oldest first.
     order: BTreeMap<u64, u64>,
     next_tick: u64,
     pub(super) bytes: u64,
-    /// The bytes held when the file system was last found full: the capacity from then on.
-    full_at: Option<u64>,
+    /// The bytes held when the file system was last found full, and when: the capacity for
+    /// [`FULL_HOLDS`] from then (a full file system may be another writer's doing, and free
+    /// space come back; the next write that finds it full lowers it again).
+    full_at: Option<(u64, std::time::Instant)>,
 }
 
 impl Index {
     /// The capacity in force: `configured`, or less once the file system was found full.
     pub(super) fn capacity(&self, configured: u64) -> u64 {
-        self.full_at.map_or(configured, |f| f.min(configured))
+        match self.full_at {
+            Some((bytes, when)) if when.elapsed() < FULL_HOLDS => bytes.min(configured),
+            _ => configured,
+        }
     }
 
-    /// The file system is full: what is held now is all it takes.
+    /// The file system is full: what is held now is all it takes, for [`FULL_HOLDS`].
     pub(super) fn lower_capacity(&mut self, configured: u64) {
-        self.full_at = Some(self.bytes.min(self.capacity(configured)));
+        self.full_at = Some((
+            self.bytes.min(self.capacity(configured)),
+            std::time::Instant::now(),
+        ));
     }
 
     /// Indexes pack `id` of `bytes` bytes holding `entries` (key, offset, length; a later

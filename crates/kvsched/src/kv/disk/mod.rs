@@ -19,7 +19,7 @@ mod tier_impl;
 mod write;
 
 pub use config::DiskConfig;
-use index::Index;
+use index::{file_id, same_file, Index};
 
 const PACK_EXT: &str = "pack";
 const TEMP_EXT: &str = "tmp";
@@ -53,8 +53,9 @@ pub struct DiskCounts {
     /// absent.
     pub refused_reads: u64,
     /// Pack writes that found the file system full (`ENOSPC`, `EDQUOT`) before the tier's
-    /// capacity. Each lowers the capacity in force to the bytes held then and evicts the
-    /// oldest packs to make room, then writes once more.
+    /// capacity. Each lowers the capacity in force to the bytes held then, for 60 s (the
+    /// space may be another writer's, and come back), and evicts the oldest packs to make
+    /// room, then writes once more.
     pub full_writes: u64,
     /// Puts of a pack that failed (nothing stored for its chunks): the write after a full
     /// file system's eviction failed too, or another I/O error (a read-only file system, …).
@@ -96,7 +97,10 @@ pub struct DiskCounts {
 ///
 /// **Threads and sharing.** All I/O runs on the calling thread. Several `DiskTier`s may
 /// share a directory (engines sharing a store): none replaces another's pack, and
-/// [`rescan`](DiskTier::rescan) indexes what the others wrote since. Each counts capacity on
+/// [`rescan`](DiskTier::rescan) indexes what the others wrote since. A tier may reuse the
+/// number of a pack another deleted; each keeps the file (device, inode, birth time) each of
+/// its numbers named, so none reads another's pack at its own offsets or deletes it as its
+/// own (where the file system keeps no birth time, an inode reused at once goes unseen). Each counts capacity on
 /// its own, and an [`open`] deletes every temporary file, another tier's in-flight one too.
 ///
 /// Files of the earlier one-file-per-chunk layout (`ROOT/ab/<key>.chunk`) are not read nor
@@ -109,6 +113,11 @@ pub struct DiskTier {
     index: Mutex<Index>,
     /// The number of the next pack (and temporary file).
     next_pack: AtomicU64,
+    /// The largest value the tier's callers said they store ([`Tier::expect_values_up_to`]:
+    /// the largest of their words), 0 before any said: a read of a longer value is refused.
+    ///
+    /// [`Tier::expect_values_up_to`]: crate::kv::Tier::expect_values_up_to
+    expected_max: AtomicU64,
     pid: u32,
     hits: AtomicU64,
     misses: AtomicU64,
@@ -186,6 +195,7 @@ impl DiskTier {
         index.seen.extend(ignored);
         let mut superseded = Vec::new();
         for p in found {
+            index.files.insert(p.id, p.file);
             let live = p.entries.iter().filter(|e| e.off != pack::REMOVED);
             let entries = live.map(|e| (e.key, e.off, e.len));
             superseded.extend(index.insert_pack(p.id, p.len, entries));
@@ -238,6 +248,7 @@ impl DiskTier {
             // Relaxed: only uniqueness of the number matters.
             self.next_pack
                 .fetch_max(p.id.saturating_add(1), Ordering::Relaxed);
+            index.files.insert(p.id, p.file);
             let live = p.entries.iter().filter(|e| e.off != pack::REMOVED);
             let entries = live.map(|e| (e.key, e.off, e.len));
             for old in index.insert_pack(p.id, p.len, entries) {
@@ -256,6 +267,7 @@ impl DiskTier {
             cfg,
             index: Mutex::new(Index::default()),
             next_pack: AtomicU64::new(0),
+            expected_max: AtomicU64::new(0),
             pid: std::process::id(),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
@@ -346,9 +358,17 @@ impl DiskTier {
 
     /// Deletes the file of pack `id` (no longer indexed). Once the file is gone a rescan
     /// cannot meet it, so `index` forgets its number; a file that could not be deleted stays
-    /// among the numbers a rescan skips.
+    /// among the numbers a rescan skips. A file at the pack's path that is not the one this
+    /// tier wrote or indexed there (another tier's pack under a number whose file was
+    /// deleted) is left alone, and its number forgotten so that a rescan indexes it.
     fn delete_pack(&self, index: &mut Index, id: u64) {
         let path = self.path_of(id);
+        let want = index.files.remove(&id).flatten();
+        let now = fs::symlink_metadata(&path).ok().as_ref().and_then(file_id);
+        if now.is_some() && !same_file(now, want) && !planted!("disk-pack-identity-unchecked") {
+            index.seen.remove(&id);
+            return;
+        }
         match fs::remove_file(&path) {
             Ok(()) => {
                 index.seen.remove(&id);

@@ -6,7 +6,7 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::path::Path;
 
-use super::index::Place;
+use super::index::{file_id, same_file, Place};
 use super::{io_err, DiskTier};
 use crate::connector::CancelToken;
 use crate::kv::{ChunkKey, TierError};
@@ -18,6 +18,9 @@ enum Read {
     NotIndexed,
     /// The key's pack file is gone.
     Gone(Place),
+    /// The key's pack number names another file now (another tier's pack under a number
+    /// whose file this one deleted).
+    Replaced(Place),
     /// Its path holds something the tier never writes.
     Refused,
     /// The value's bytes (those still in the file) are in the buffer.
@@ -94,15 +97,36 @@ impl DiskTier {
         buf: &mut Vec<u8>,
         open: &mut OpenPack,
     ) -> Result<Read, TierError> {
-        let Some(place) = self.index.lock().map.get(&key).copied() else {
-            buf.clear();
-            return Ok(Read::NotIndexed);
+        let (place, want) = {
+            let index = self.index.lock();
+            let Some(place) = index.map.get(&key).copied() else {
+                buf.clear();
+                return Ok(Read::NotIndexed);
+            };
+            (place, index.files.get(&place.pack).copied().flatten())
         };
+        // A value longer than any the tier's callers store is no value of theirs (a forged
+        // table may name one of 64 MiB): refused before a byte of it is read.
+        // Relaxed: a bound (see `expected_max`).
+        let bound = self.expected_max.load(Ordering::Relaxed);
+        if bound > 0 && place.len > bound && !planted!("disk-value-bound-ignored") {
+            buf.clear();
+            // Relaxed: statistics only.
+            self.refused_reads.fetch_add(1, Ordering::Relaxed);
+            return Ok(Read::Refused);
+        }
         let path = self.path_of(place.pack);
         if open.as_ref().is_none_or(|(id, _)| *id != place.pack) {
             *open = None;
             match safe_open(&path, false, self.pack_limit())? {
-                Opened::File(f) => *open = Some((place.pack, f)),
+                Opened::File(f) => {
+                    let now = f.metadata().ok().as_ref().and_then(file_id);
+                    if !same_file(now, want) && !planted!("disk-pack-identity-unchecked") {
+                        buf.clear();
+                        return Ok(Read::Replaced(place));
+                    }
+                    *open = Some((place.pack, f));
+                }
                 Opened::Absent => {
                     buf.clear();
                     return Ok(Read::Gone(place));
@@ -174,6 +198,19 @@ impl DiskTier {
                 // the key to a new one).
                 if index.map.get(&key) == Some(&place) && !self.path_of(place.pack).exists() {
                     index.drop_pack(place.pack);
+                    index.files.remove(&place.pack);
+                    index.seen.remove(&place.pack);
+                }
+                false
+            }
+            Read::Replaced(place) => {
+                let mut index = self.index.lock();
+                // Not this tier's file any more: forget the pack, and its number, so that a
+                // rescan indexes the file now there.
+                if index.map.get(&key) == Some(&place) {
+                    index.drop_pack(place.pack);
+                    index.files.remove(&place.pack);
+                    index.seen.remove(&place.pack);
                 }
                 false
             }
@@ -216,9 +253,16 @@ pub(super) fn safe_open(path: &Path, write: bool, limit: u64) -> Result<Opened, 
     let f = match open.open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Opened::Absent),
-        // ELOOP: a symbolic link; ENXIO: a FIFO without a reader opened for writing.
+        // ELOOP: a symbolic link; ENXIO: a FIFO without a reader opened for writing;
+        // EACCES, EPERM: a file this process may not read (another user's, or one whose
+        // permissions were taken away) — no pack it can use, whoever wrote it.
         #[cfg(unix)]
-        Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP | libc::ENXIO)) => {
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::ELOOP | libc::ENXIO | libc::EACCES | libc::EPERM)
+            ) =>
+        {
             return Ok(Opened::Refused)
         }
         Err(e) => return Err(io_err("open", path, e)),

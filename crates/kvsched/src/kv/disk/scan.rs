@@ -6,6 +6,7 @@ use std::io;
 use std::path::Path;
 use std::time::SystemTime;
 
+use super::index::{file_id, FileId};
 use super::pack::{self, Entry};
 use super::read::{read_at, safe_open, Opened};
 use super::write::pack_number;
@@ -21,6 +22,8 @@ pub(super) struct Found {
     pub len: u64,
     /// Its table's entries, tombstones included.
     pub entries: Vec<Entry>,
+    /// The file it is.
+    pub file: FileId,
 }
 
 /// What the walk found.
@@ -138,6 +141,7 @@ pub(super) fn scan(
                 id,
                 len: meta.len(),
                 entries,
+                file: file_id(&meta),
             }),
             None => {
                 s.refused += 1;

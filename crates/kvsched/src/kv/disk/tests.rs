@@ -49,6 +49,17 @@ fn a_full_file_system_lowers_the_capacity_and_evicts() {
         "the newest is kept"
     );
     assert_eq!(got[1], None, "the oldest was evicted");
+    // Space comes back (another writer's files deleted): after `FULL_HOLDS` the configured
+    // capacity is tried again, and holds while writes succeed.
+    t.test_fs.store(u64::MAX, Ordering::Relaxed);
+    std::thread::sleep(super::index::FULL_HOLDS + std::time::Duration::from_millis(50));
+    for i in 30..60u128 {
+        t.put(&[(ChunkKey(i + 1), vec![i as u8; 100])])
+            .unwrap_or_else(|e| panic!("put {i}: {e}"));
+    }
+    let s = t.counts();
+    assert_eq!(s.capacity_bytes, 1 << 20, "{s:?}");
+    assert!(s.bytes > 1000, "{s:?}");
 }
 
 /// A read-only file system: every put fails, counted, and the index holds nothing it could

@@ -4,10 +4,20 @@ use super::{ChunkKey, DiskTier, TierError};
 use crate::connector::CancelToken;
 use crate::kv::tier::check_into_lens;
 use crate::kv::Tier;
+use crate::sync::Ordering;
 
 impl Tier for DiskTier {
     fn name(&self) -> &str {
         "disk"
+    }
+
+    /// Refuses, from then on, a read of a value longer than the largest `bytes` said (never
+    /// above `max_value_bytes`): a table someone else wrote may name values of up to it, and
+    /// each would be read whole before its checks refuse it.
+    fn expect_values_up_to(&self, bytes: usize) {
+        // Relaxed: a bound, read once per value.
+        self.expected_max
+            .fetch_max((bytes as u64).max(1), Ordering::Relaxed);
     }
 
     /// An open (shared by consecutive chunks of one pack) and a read per chunk whatever the

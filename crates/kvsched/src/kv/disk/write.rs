@@ -63,6 +63,11 @@ impl DiskTier {
         let table = pack::encode(&entries);
         let len = table.len() as u64 + values.iter().map(|v| v.1.len() as u64).sum::<u64>();
         let tmp = self.write_retrying(&table, values, len)?;
+        // The file this put wrote (the link below names the same one).
+        let file = fs::symlink_metadata(&tmp)
+            .ok()
+            .as_ref()
+            .and_then(super::index::file_id);
         // Published under a number no pack has: a hard link fails rather than replace
         // another `DiskTier`'s pack of the same number, and a number taken is skipped.
         let mut index = self.index.lock();
@@ -86,6 +91,7 @@ impl DiskTier {
         if let Err(e) = fs::remove_file(&tmp) {
             tracing::warn!(path = %tmp.display(), error = %e, "disk tier: remove temporary");
         }
+        index.files.insert(id, file);
         let placed = entries.iter().map(|e| (e.key, e.off, e.len));
         for old in index.insert_pack(id, len, placed) {
             self.delete_pack(&mut index, old);
