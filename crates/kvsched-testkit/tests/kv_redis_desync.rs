@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -34,6 +34,10 @@ enum Fault {
     ForgingErrors,
     /// `CLUSTER SLOTS` answers a map with no slot in it.
     NoSlots,
+    /// The server's second `GET` is answered with `STRAY` first, then, 30 ms later (after
+    /// the call could have returned with `STRAY` for its value), its own value: no bytes
+    /// are left over when the call ends, and kinds match.
+    StrayBeforeSecondGet,
 }
 
 const STRAY: &[u8] = b"a value nobody asked for";
@@ -72,11 +76,13 @@ fn serve(fault: Fault) -> String {
     let store: Arc<Mutex<HashMap<Vec<u8>, Vec<u8>>>> = Arc::default();
     // The one-time faults happen once in the server's life, on whichever connection.
     let once = Arc::new(AtomicBool::new(true));
+    let gets = Arc::new(AtomicUsize::new(0));
     thread::spawn(move || {
         for conn in listener.incoming() {
             let Ok(conn) = conn else { return };
             let store = Arc::clone(&store);
             let once = Arc::clone(&once);
+            let gets = Arc::clone(&gets);
             thread::spawn(move || {
                 let Ok(mut w) = conn.try_clone() else { return };
                 let mut r = BufReader::new(conn);
@@ -90,6 +96,17 @@ fn serve(fault: Fault) -> String {
                             "y".repeat(60_000)
                         )
                         .into_bytes(),
+                        (b"GET", Fault::StrayBeforeSecondGet) => {
+                            let v = store.lock().unwrap().get(&cmd[1]).cloned();
+                            let out = v.map_or(b"$-1\r\n".to_vec(), |v| bulk(&v));
+                            if gets.fetch_add(1, Ordering::SeqCst) == 1 {
+                                if w.write_all(&bulk(STRAY)).is_err() {
+                                    return;
+                                }
+                                thread::sleep(Duration::from_millis(30));
+                            }
+                            out
+                        }
                         (b"GET", _) => {
                             let v = store.lock().unwrap().get(&cmd[1]).cloned();
                             let mut out = v.map_or(b"$-1\r\n".to_vec(), |v| bulk(&v));
@@ -123,6 +140,7 @@ fn serve(fault: Fault) -> String {
                             format!(":{n}\r\n").into_bytes()
                         }
                         (b"PING", _) => b"+PONG\r\n".to_vec(),
+                        (b"ECHO", _) => bulk(&cmd[1]),
                         (b"CLUSTER", Fault::NoSlots) => b"*0\r\n".to_vec(),
                         _ => b"-ERR unknown command\r\n".to_vec(),
                     };
@@ -284,4 +302,16 @@ fn a_cluster_without_a_usable_slot_map_is_asked_again_only_after_a_backoff() {
     thread::sleep(Duration::from_millis(250));
     assert!(t.get(&[ChunkKey(1)], &CancelToken::new()).is_err());
     assert_eq!(t.counts().slot_refreshes, 2, "{:?}", t.counts());
+}
+
+#[test]
+fn a_stray_read_as_a_later_calls_reply_fails_that_call_and_never_returns_its_bytes() {
+    let t = tier(&serve(Fault::StrayBeforeSecondGet));
+    store_keys(&t, 12);
+    // The second get reads the stray where its value was due, and nothing is left over
+    // when it could return: only the pipeline's closing ECHO, whose reply comes after the
+    // real value, shows the shift. That call fails; no call returns another's bytes.
+    gets_are_never_anothers(&t, 12, Duration::from_millis(5), 1);
+    let c = t.counts();
+    assert_eq!(c.protocol_errors, 1, "{c:?}");
 }

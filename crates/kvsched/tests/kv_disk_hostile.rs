@@ -261,3 +261,30 @@ fn a_pack_number_reused_by_another_tier_is_not_deleted_as_this_ones() {
     let cancel = CancelToken::new();
     assert_eq!(c.get(&[ks[6]], &cancel).expect("get"), vec![Some(value(7))]);
 }
+
+#[test]
+fn a_pack_number_reused_by_another_tier_is_neither_edited_nor_removed_as_this_ones() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (a, c, ks, a_pack, value) = number_reused(dir.path(), 1 << 20);
+    let cancel = CancelToken::new();
+    // What `a` indexed at that number is not there: no edit reads or writes `c`'s bytes.
+    let mut seen = None;
+    let edited = a
+        .edit_stored(ks[0], |v| {
+            seen = Some(v.clone());
+            v[0] ^= 0xff;
+            true
+        })
+        .expect("edit");
+    assert!(!edited && seen.is_none(), "a edited c's pack: saw {seen:?}");
+    assert_eq!(c.get(&[ks[6]], &cancel).expect("get"), vec![Some(value(7))]);
+    // Nor does a removal delete `c`'s file.
+    let (a2, c2, ks2, a_pack2, value2) = number_reused(&dir.path().join("again"), 1 << 20);
+    assert!(!a2.remove(ks2[0]).expect("remove"), "removed c's pack");
+    assert!(a_pack2.exists());
+    assert_eq!(
+        c2.get(&[ks2[6]], &cancel).expect("get"),
+        vec![Some(value2(7))]
+    );
+    let _ = (a_pack, a);
+}

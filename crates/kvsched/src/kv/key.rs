@@ -71,7 +71,8 @@ impl ChunkKey {
     /// mixed in — each group's kind (window, Mamba mode), tokens per block and bytes per
     /// block. So two engines whose layouts differ in any of them never share a key, whatever
     /// tag they give, and a chunk one stores is never another's hit (its bytes would fit the
-    /// other's blocks, or be refused only by their length).
+    /// other's blocks, or be refused only by their length). Bytes that differ for another
+    /// reason (another model, dtype, a tensor-parallel rank's shard) need another `tag`.
     ///
     /// XXH3-64 of `kvsched-layout-v1`, the tag and, per group, its kind code (0 full
     /// attention; 1 sliding window, then the window; 2 Mamba, then 0 for `align` or 1 for

@@ -11,6 +11,7 @@ use super::read::{read_at, safe_open, write_at, Opened};
 use super::scan::read_table;
 use super::{io_err, DiskTier};
 use crate::kv::{ChunkKey, TierError};
+use crate::sync::Ordering;
 
 impl DiskTier {
     /// Reads the value of `key`, lets `edit` change its bytes, and writes them back into its
@@ -32,11 +33,22 @@ impl DiskTier {
         let Some(place) = index.map.get(&key).copied() else {
             return Ok(false);
         };
+        // Relaxed: a bound, as the reads take it.
+        let bound = self.expected_max.load(Ordering::Relaxed);
+        if bound > 0 && place.len > bound {
+            return Ok(false); // no value of the callers' (see `read_into`)
+        }
         let path = self.path_of(place.pack);
         let Opened::File(f) = safe_open(&path, true, self.pack_limit())? else {
             return Ok(false);
         };
-        let file_len = f.metadata().map_err(|e| io_err("stat", &path, e))?.len();
+        let meta = f.metadata().map_err(|e| io_err("stat", &path, e))?;
+        if !self.is_own_file(&index, place.pack, &meta) {
+            // Another tier's pack under a number this one's file had: not this key's.
+            index.forget_replaced(place.pack);
+            return Ok(false);
+        }
+        let file_len = meta.len();
         let mut v = vec![0u8; place.len.min(self.limit()) as usize];
         let n = read_at(&f, &mut v, place.off).map_err(|e| io_err("edit", &path, e))?;
         v.truncate(n);
@@ -73,8 +85,15 @@ impl DiskTier {
         };
         let path = self.path_of(place.pack);
         if emptied {
+            let now = std::fs::symlink_metadata(&path).ok();
+            let own = now
+                .as_ref()
+                .is_none_or(|m| self.is_own_file(&index, place.pack, m));
             index.files.remove(&place.pack);
             index.seen.remove(&place.pack);
+            if !own {
+                return Ok(false); // another tier's pack now: left alone
+            }
             return match std::fs::remove_file(&path) {
                 Ok(()) => Ok(true),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
@@ -84,8 +103,12 @@ impl DiskTier {
         let Opened::File(f) = safe_open(&path, true, self.pack_limit())? else {
             return Ok(false);
         };
-        let file_len = f.metadata().map_err(|e| io_err("stat", &path, e))?.len();
-        self.rewrite_entry(&f, &path, file_len, (key, place), None)?;
+        let meta = f.metadata().map_err(|e| io_err("stat", &path, e))?;
+        if !self.is_own_file(&index, place.pack, &meta) {
+            index.forget_replaced(place.pack);
+            return Ok(false);
+        }
+        self.rewrite_entry(&f, &path, meta.len(), (key, place), None)?;
         Ok(true)
     }
 

@@ -153,6 +153,14 @@ impl Index {
         emptied
     }
 
+    /// Pack `id`'s number names another file now (another tier's pack): forgets the pack
+    /// and the number, so that a rescan indexes the file now there.
+    pub(super) fn forget_replaced(&mut self, id: u64) {
+        self.drop_pack(id);
+        self.files.remove(&id);
+        self.seen.remove(&id);
+    }
+
     /// One key of `pack` is gone: whether the pack has none left (then it is dropped).
     fn unlink(&mut self, pack: u64) -> bool {
         let Some(p) = self.packs.get_mut(&pack) else {

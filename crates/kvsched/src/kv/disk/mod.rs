@@ -380,6 +380,13 @@ impl DiskTier {
         }
     }
 
+    /// Whether `meta` is the file pack `id` named when this tier wrote or indexed it (see
+    /// `Index::files`).
+    fn is_own_file(&self, index: &Index, id: u64, meta: &fs::Metadata) -> bool {
+        planted!("disk-pack-identity-unchecked")
+            || same_file(file_id(meta), index.files.get(&id).copied().flatten())
+    }
+
     /// The largest value accepted: `max_value_bytes`, or what a pack of one value within
     /// the capacity holds if that is less.
     fn limit(&self) -> u64 {

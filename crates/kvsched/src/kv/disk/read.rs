@@ -208,9 +208,7 @@ impl DiskTier {
                 // Not this tier's file any more: forget the pack, and its number, so that a
                 // rescan indexes the file now there.
                 if index.map.get(&key) == Some(&place) {
-                    index.drop_pack(place.pack);
-                    index.files.remove(&place.pack);
-                    index.seen.remove(&place.pack);
+                    index.forget_replaced(place.pack);
                 }
                 false
             }

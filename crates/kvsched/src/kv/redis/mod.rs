@@ -66,16 +66,16 @@
 //!   a get with a value of hundreds of megabytes then costs a refused call, not that memory.
 //! * Replies in step: RESP has no request ids, so a connection whose replies fell out of
 //!   step with its commands would answer every later command with an earlier one's reply —
-//!   another key's value, for ever. A connection is never used again once it shows a sign
-//!   of it: a reply of a kind its command does not answer (`SET` answered by a bulk string),
-//!   bytes after the last reply a pipeline asked for, or, taken idle from the pool, bytes
-//!   waiting before anything was sent (looked at without blocking; on TLS only the bytes
-//!   already read). Each is a counted protocol error: the first two fail the call and mark
-//!   the node down; a stray reply found on an idle connection only drops it, and the
-//!   pipeline goes on a new connection (after four such in one call the node is marked
-//!   down). A stray reply arriving after a call's next pipeline was sent is read as its
-//!   reply: a chunk's key check (the connector's) refuses it, and the bytes it leaves end
-//!   the connection at the next call.
+//!   another key's value, for ever. Every pipeline ends with an `ECHO` of a nonce of the
+//!   call's own: a last reply other than that nonce means the replies were read out of step,
+//!   whatever the timing. A connection is never used again once it shows a sign of it: that,
+//!   a reply of a kind its command does not answer (`SET` answered by a bulk string), bytes
+//!   after the last reply a pipeline asked for, or, taken idle from the pool, bytes waiting
+//!   before anything was sent (looked at without blocking; on TLS only the bytes already
+//!   read). Each is a counted protocol error: the first three fail the call and mark the
+//!   node down; a stray reply found on an idle connection only drops it, and the pipeline
+//!   goes on a new connection (after four such in one call the node is marked down). A
+//!   server refusing `ECHO` gets pipelines without it from then on.
 //! * Cluster: `MOVED` refreshes the slot map and resends to the named node; `ASK` resends
 //!   once to the importing node after `ASKING`; at most [`RedisConfig::max_redirects`]
 //!   rounds per call. A slot map refresh that finds no usable map (every node refusing, or
@@ -219,6 +219,7 @@ impl RedisTier {
             db: config.db,
             max_value_bytes: config.max_value_bytes,
             expected_max: AtomicUsize::new(0),
+            sentinel: node::Sentinel::new(),
             counters: AtomicCounts::default(),
         });
         let make = {

@@ -12,7 +12,52 @@ use super::pool::{CheckoutError, Pool};
 use super::reply::Limits;
 use super::{resp, AtomicCounts};
 use crate::kv::TierError;
-use crate::sync::{Arc, AtomicUsize, Ordering};
+use crate::sync::{Arc, AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
+/// The `ECHO` closing every pipeline: its reply, a nonce of the call's own, must come
+/// last, so replies shifted by a stray — which the reader cannot tell from the right ones by
+/// their kind — are found on the call they shift, whatever the timing. One command of some
+/// 40 bytes each way per round trip.
+#[derive(Debug)]
+pub(crate) struct Sentinel {
+    /// Random per tier: a nonce of another tier (or process) on the same server is no match.
+    seed: u64,
+    next: AtomicU64,
+    /// The server refused `ECHO`: pipelines go without it (the other checks remain).
+    refused: AtomicBool,
+}
+
+impl Sentinel {
+    pub fn new() -> Sentinel {
+        use std::hash::BuildHasher;
+        let seed = std::collections::hash_map::RandomState::new()
+            .hash_one((std::process::id(), std::time::SystemTime::now()));
+        Sentinel {
+            seed,
+            next: AtomicU64::new(0),
+            refused: AtomicBool::new(false),
+        }
+    }
+
+    /// The next pipeline's closing command and the reply it must get; `None` once the server
+    /// refused `ECHO`.
+    fn next(&self) -> Option<(Vec<u8>, Vec<u8>)> {
+        // Relaxed: a flag and a counter; any value is a valid nonce, none is reused.
+        // Planted bug `redis-no-closing-echo` (scripts/plants.sh): pipelines go without it,
+        // so a stray read where a value was due, with nothing left over, is taken for it.
+        if self.refused.load(Ordering::Relaxed) || planted!("redis-no-closing-echo") {
+            return None;
+        }
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        let nonce = format!("kvsched-in-step-{:016x}{n:016x}", self.seed).into_bytes();
+        Some((resp::pack(&[&[b"ECHO", &nonce]]), nonce))
+    }
+
+    fn refuse(&self) {
+        // Relaxed: see `next`.
+        self.refused.store(true, Ordering::Relaxed);
+    }
+}
 
 /// Idle connections holding a stray reply one call drops (each a counted protocol error)
 /// before it takes the node for a server sending replies nobody asked for.
@@ -36,6 +81,8 @@ pub(crate) struct Shared {
     ///
     /// [`Tier::expect_values_up_to`]: crate::kv::Tier::expect_values_up_to
     pub expected_max: AtomicUsize,
+    /// The `ECHO` closing every pipeline.
+    pub sentinel: Sentinel,
     pub counters: AtomicCounts,
 }
 
@@ -208,7 +255,11 @@ impl Node {
             }
             counters.round_trips.fetch_add(1, Ordering::Relaxed);
             let mut got = Vec::with_capacity(replies.min(1024));
+            let sentinel = self.shared.sentinel.next();
             let outcome = con.send(packed, budget).and_then(|()| {
+                if let Some((command, _)) = &sentinel {
+                    con.send(command, budget)?;
+                }
                 for i in 0..replies {
                     let v = con.read_reply(limits, budget)?;
                     if !matches!(v, Value::ServerError(_)) && !accept(&v) && !keep_strays {
@@ -219,6 +270,22 @@ impl Node {
                         )));
                     }
                     got.push(v);
+                }
+                if let Some((_, nonce)) = &sentinel {
+                    match con.read_reply(&Limits::control(), budget)? {
+                        Value::BulkString(b) if b == *nonce => {}
+                        _ if keep_strays => {}
+                        // `ECHO` refused (an ACL, a renamed command): the replies are taken
+                        // as in step, and later pipelines go without it.
+                        Value::ServerError(_) => self.shared.sentinel.refuse(),
+                        other => {
+                            return Err(ConnError::Protocol(format!(
+                                "replies out of step with their commands (a {} where the \
+                                 pipeline's closing ECHO was due)",
+                                resp::kind(&other)
+                            )))
+                        }
+                    }
                 }
                 match con.buffered() {
                     _ if keep_strays => Ok(()),
