@@ -5,14 +5,15 @@
 //! guard (killed after three minutes); the bounds asserted are several times what is
 //! expected, far below what the waits were before.
 
-use std::io::{Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-/// A loopback server that answers each `PING` with `+PONG` and swallows everything else
+/// A loopback server that answers each `PING` with `+PONG` and each `ECHO` (which closes
+/// every pipeline the tier sends) with its argument, and swallows everything else
 /// unanswered: a Redis whose data commands hang. Runs until the test process ends.
 fn silent_store() -> String {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -26,18 +27,45 @@ fn silent_store() -> String {
     format!("redis://{addr}?timeout_ms=60000")
 }
 
-fn swallow(mut conn: TcpStream) {
-    const PING: &[u8] = b"$4\r\nPING\r\n";
-    let mut buf = vec![0u8; 64 * 1024];
-    while let Ok(n) = conn.read(&mut buf) {
-        if n == 0 {
-            return;
-        }
-        let pings = buf[..n].windows(PING.len()).filter(|w| *w == PING).count();
-        for _ in 0..pings {
-            if conn.write_all(b"+PONG\r\n").is_err() {
+/// One command's arguments (a RESP array of bulk strings).
+fn read_command(r: &mut BufReader<TcpStream>) -> Option<Vec<Vec<u8>>> {
+    let mut line = String::new();
+    r.read_line(&mut line).ok().filter(|&n| n > 0)?;
+    let n: usize = line.trim_end().strip_prefix('*')?.parse().ok()?;
+    let mut args = Vec::with_capacity(n.min(16));
+    for _ in 0..n {
+        line.clear();
+        r.read_line(&mut line).ok()?;
+        let len: usize = line.trim_end().strip_prefix('$')?.parse().ok()?;
+        let mut arg = vec![0; len + 2];
+        r.read_exact(&mut arg).ok()?;
+        arg.truncate(len);
+        args.push(arg);
+    }
+    Some(args)
+}
+
+fn swallow(conn: TcpStream) {
+    let Ok(mut w) = conn.try_clone() else { return };
+    let mut r = BufReader::new(conn);
+    while let Some(cmd) = read_command(&mut r) {
+        let reply = match cmd.first().map(|c| c.to_ascii_uppercase()).as_deref() {
+            Some(b"PING") => b"+PONG\r\n".to_vec(),
+            Some(b"ECHO") if cmd.len() == 2 => {
+                let mut out = format!("${}\r\n", cmd[1].len()).into_bytes();
+                out.extend_from_slice(&cmd[1]);
+                out.extend_from_slice(b"\r\n");
+                out
+            }
+            // A data command: never answered (nor is the rest of its pipeline).
+            _ => {
+                let mut rest = Vec::new();
+                let _ = r.read_to_end(&mut rest);
                 return;
             }
+        };
+        if w.write_all(&reply).is_err() {
+            return;
         }
     }
 }
