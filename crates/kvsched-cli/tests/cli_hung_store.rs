@@ -5,11 +5,12 @@
 //! guard (killed after three minutes); the bounds asserted are several times what is
 //! expected, far below what the waits were before.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use kvsched_testkit::redis::resp::{bulk, read_command};
 use serde_json::Value;
 
 /// A loopback server that answers each `PING` with `+PONG` and each `ECHO` (which closes
@@ -27,36 +28,13 @@ fn silent_store() -> String {
     format!("redis://{addr}?timeout_ms=60000")
 }
 
-/// One command's arguments (a RESP array of bulk strings).
-fn read_command(r: &mut BufReader<TcpStream>) -> Option<Vec<Vec<u8>>> {
-    let mut line = String::new();
-    r.read_line(&mut line).ok().filter(|&n| n > 0)?;
-    let n: usize = line.trim_end().strip_prefix('*')?.parse().ok()?;
-    let mut args = Vec::with_capacity(n.min(16));
-    for _ in 0..n {
-        line.clear();
-        r.read_line(&mut line).ok()?;
-        let len: usize = line.trim_end().strip_prefix('$')?.parse().ok()?;
-        let mut arg = vec![0; len + 2];
-        r.read_exact(&mut arg).ok()?;
-        arg.truncate(len);
-        args.push(arg);
-    }
-    Some(args)
-}
-
 fn swallow(conn: TcpStream) {
     let Ok(mut w) = conn.try_clone() else { return };
     let mut r = BufReader::new(conn);
     while let Some(cmd) = read_command(&mut r) {
         let reply = match cmd.first().map(|c| c.to_ascii_uppercase()).as_deref() {
             Some(b"PING") => b"+PONG\r\n".to_vec(),
-            Some(b"ECHO") if cmd.len() == 2 => {
-                let mut out = format!("${}\r\n", cmd[1].len()).into_bytes();
-                out.extend_from_slice(&cmd[1]);
-                out.extend_from_slice(b"\r\n");
-                out
-            }
+            Some(b"ECHO") if cmd.len() == 2 => bulk(&cmd[1]),
             // A data command: never answered (nor is the rest of its pipeline).
             _ => {
                 let mut rest = Vec::new();

@@ -7,8 +7,8 @@
 //! recovers on a new connection, and that the sign is counted. No redis-server needed.
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::{BufReader, Write};
+use std::net::TcpListener;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use kvsched::connector::CancelToken;
 use kvsched::kv::redis::{RedisConfig, RedisTier};
 use kvsched::kv::{ChunkKey, Tier, TierError};
+use kvsched_testkit::redis::resp::{bulk, read_command};
 
 /// How the server misbehaves.
 #[derive(Clone, Copy, PartialEq)]
@@ -42,31 +43,6 @@ enum Fault {
 
 const STRAY: &[u8] = b"a value nobody asked for";
 const BIG: usize = 4 << 20;
-
-/// One command: its arguments.
-fn read_command(r: &mut BufReader<TcpStream>) -> Option<Vec<Vec<u8>>> {
-    let mut line = String::new();
-    r.read_line(&mut line).ok().filter(|&n| n > 0)?;
-    let n: usize = line.trim_end().strip_prefix('*')?.parse().ok()?;
-    let mut args = Vec::with_capacity(n);
-    for _ in 0..n {
-        line.clear();
-        r.read_line(&mut line).ok()?;
-        let len: usize = line.trim_end().strip_prefix('$')?.parse().ok()?;
-        let mut arg = vec![0; len + 2];
-        r.read_exact(&mut arg).ok()?;
-        arg.truncate(len);
-        args.push(arg);
-    }
-    Some(args)
-}
-
-fn bulk(v: &[u8]) -> Vec<u8> {
-    let mut out = format!("${}\r\n", v.len()).into_bytes();
-    out.extend_from_slice(v);
-    out.extend_from_slice(b"\r\n");
-    out
-}
 
 /// Starts the server (every connection on its own thread, one store for all); returns its
 /// address.

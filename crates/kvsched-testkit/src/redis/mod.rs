@@ -12,6 +12,7 @@ mod cluster;
 mod options;
 mod private_dir;
 mod redact;
+pub mod resp;
 mod server;
 
 pub use cluster::LocalCluster;

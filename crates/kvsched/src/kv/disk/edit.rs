@@ -39,10 +39,9 @@ impl DiskTier {
             return Ok(false); // no value of the callers' (see `read_into`)
         }
         let path = self.path_of(place.pack);
-        let Opened::File(f) = safe_open(&path, true, self.pack_limit())? else {
+        let Opened::File(f, meta) = safe_open(&path, true, self.pack_limit())? else {
             return Ok(false);
         };
-        let meta = f.metadata().map_err(|e| io_err("stat", &path, e))?;
         if !self.is_own_file(&index, place.pack, &meta) {
             // Another tier's pack under a number this one's file had: not this key's.
             index.forget_replaced(place.pack);
@@ -100,10 +99,9 @@ impl DiskTier {
                 Err(e) => Err(io_err("remove", &path, e)),
             };
         }
-        let Opened::File(f) = safe_open(&path, true, self.pack_limit())? else {
+        let Opened::File(f, meta) = safe_open(&path, true, self.pack_limit())? else {
             return Ok(false);
         };
-        let meta = f.metadata().map_err(|e| io_err("stat", &path, e))?;
         if !self.is_own_file(&index, place.pack, &meta) {
             index.forget_replaced(place.pack);
             return Ok(false);

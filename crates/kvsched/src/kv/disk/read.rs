@@ -119,9 +119,9 @@ impl DiskTier {
         if open.as_ref().is_none_or(|(id, _)| *id != place.pack) {
             *open = None;
             match safe_open(&path, false, self.pack_limit())? {
-                Opened::File(f) => {
-                    let now = f.metadata().ok().as_ref().and_then(file_id);
-                    if !same_file(now, want) && !planted!("disk-pack-identity-unchecked") {
+                Opened::File(f, meta) => {
+                    if !same_file(file_id(&meta), want) && !planted!("disk-pack-identity-unchecked")
+                    {
                         buf.clear();
                         return Ok(Read::Replaced(place));
                     }
@@ -228,8 +228,8 @@ impl DiskTier {
 
 /// What [`safe_open`] found at a pack's path.
 pub(super) enum Opened {
-    /// A regular file.
-    File(File),
+    /// A regular file, and what its open descriptor's `fstat` said.
+    File(File, std::fs::Metadata),
     /// Nothing.
     Absent,
     /// Something the tier never writes: a symbolic link, a FIFO, a device, a directory, a
@@ -269,5 +269,5 @@ pub(super) fn safe_open(path: &Path, write: bool, limit: u64) -> Result<Opened, 
     if !meta.is_file() || meta.len() > limit {
         return Ok(Opened::Refused);
     }
-    Ok(Opened::File(f))
+    Ok(Opened::File(f, meta))
 }

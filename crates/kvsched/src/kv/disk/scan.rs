@@ -125,11 +125,10 @@ pub(super) fn scan(
         if seen.is_some_and(|s| s.contains(&id)) {
             continue;
         }
-        let file = match safe_open(&path, false, u64::MAX)? {
-            Opened::File(file) => file,
+        let (file, meta) = match safe_open(&path, false, u64::MAX)? {
+            Opened::File(file, meta) => (file, meta),
             Opened::Absent | Opened::Refused => continue,
         };
-        let meta = file.metadata().map_err(|e| io_err("stat", &path, e))?;
         if meta.len() > pack_limit {
             s.oversized += 1;
             s.ignored.push(id);

@@ -290,14 +290,7 @@ impl Conn {
         let Stream::Plain(sock) = self.reader.inner_mut() else {
             return Idle::Clean;
         };
-        if sock.set_nonblocking(true).is_err() {
-            return Idle::Closed;
-        }
-        let peeked = sock.peek(&mut [0u8; 1]);
-        if sock.set_nonblocking(false).is_err() {
-            return Idle::Closed;
-        }
-        match peeked {
+        match peek_now(sock) {
             Ok(0) => Idle::Closed,
             Ok(_) => Idle::Stray,
             Err(e) if e.kind() == ErrorKind::WouldBlock => Idle::Clean,
@@ -353,6 +346,39 @@ impl Conn {
                     Err(e) => return Err(ConnError::Io(e)),
                 }
             })
+    }
+}
+
+/// Looks at the next byte waiting on `sock` without taking it and without waiting: `Ok(0)`
+/// at end of stream, `WouldBlock` when none waits. One `recv(MSG_PEEK | MSG_DONTWAIT)` on
+/// Unix (every call that reuses a connection makes it), where the socket stays blocking.
+fn peek_now(sock: &TcpStream) -> std::io::Result<usize> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::io::AsRawFd;
+        let mut byte = 0u8;
+        // SAFETY: `sock` owns an open socket descriptor for the whole call, and `recv` writes
+        // at most 1 byte into `byte`, which lives on this stack frame past the call.
+        let n = unsafe {
+            libc::recv(
+                sock.as_raw_fd(),
+                (&mut byte as *mut u8).cast(),
+                1,
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        if n < 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(n as usize)
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        sock.set_nonblocking(true)?;
+        let peeked = sock.peek(&mut [0u8; 1]);
+        sock.set_nonblocking(false)?;
+        peeked
     }
 }
 
