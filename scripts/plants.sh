@@ -251,6 +251,8 @@ declare -A TESTS=(
   # kv/disk/read.rs, mod.rs: a pack number names whatever file sits at its path now, so a
   # tier reads another's pack at its own offsets and deletes it as its own.
   [disk-pack-identity-unchecked]="kvsched --test kv_disk_hostile"
+  # kv/disk/write.rs: temporary files named `<n>.<pid>.tmp`, which a co-tenant foresees.
+  [disk-temp-names-foreseeable]="kvsched --test kv_disk_hostile"
   [redis-value-bound-ignored]="kvsched-testkit --features redis --test kv_redis_desync"
   [tier-store-one-batch]="pytest test_tier_bounds.py::test_a_long_store_jobs_memory_is_bounded"
 )
@@ -267,7 +269,7 @@ ORDER=(decide-early claim-store late-leak deadline-compact-in-flight load-queue-
   shutdown-leaves-loads-running parked-positions-unfilled parked-claim-mismatched restart-fills-holes
   tier-fork-unchecked tier-drop-holds-gil wait-ignores-signals tier-index-unbounded tier-store-one-batch
   redis-stray-kept redis-no-closing-echo redis-value-bound-ignored layout-not-in-key gave-up-get-uncancelled
-  disk-value-bound-ignored disk-pack-identity-unchecked)
+  disk-value-bound-ignored disk-pack-identity-unchecked disk-temp-names-foreseeable)
 
 if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi
 

@@ -6,7 +6,8 @@
 //! tier's callers store is refused unread (plant `disk-value-bound-ignored`). Tiers sharing
 //! a directory never take another's pack for their own when it reuses a number whose file
 //! one of them deleted: no read of it at their offsets, no delete of it (plant
-//! `disk-pack-identity-unchecked`).
+//! `disk-pack-identity-unchecked`). Temporary names a co-tenant takes ahead make no put fail
+//! (plant `disk-temp-names-foreseeable`).
 
 use std::fs;
 use std::path::Path;
@@ -287,4 +288,31 @@ fn a_pack_number_reused_by_another_tier_is_neither_edited_nor_removed_as_this_on
         vec![Some(value2(7))]
     );
     let _ = (a_pack, a);
+}
+
+/// A co-tenant of the directory who creates, ahead of the tier, every temporary name a
+/// predictable scheme would give its next puts (`<n>.<pid>.tmp` for the next 256 numbers, as
+/// earlier builds named them) makes no put fail: the names carry a part only the process
+/// knows (plant `disk-temp-names-foreseeable`).
+#[test]
+fn temporary_names_taken_ahead_by_a_co_tenant_make_no_put_fail() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let t = DiskTier::open(dir.path(), cfg()).expect("open");
+    t.put(&[(keys(1)[0], vec![1u8; CHUNK])]).expect("first put");
+    let root = fs::read_dir(dir.path())
+        .expect("read dir")
+        .filter_map(Result::ok)
+        .find(|e| e.path().is_dir())
+        .map_or_else(|| dir.path().to_path_buf(), |e| e.path());
+    for n in 0..256u64 {
+        let name = format!("{n:016x}.{}.tmp", std::process::id());
+        fs::create_dir(root.join(name)).expect("squat");
+    }
+    for (i, k) in keys(8).into_iter().enumerate().skip(1) {
+        t.put(&[(k, vec![i as u8; CHUNK])])
+            .unwrap_or_else(|e| panic!("put {i} failed on a squatted name: {e}"));
+    }
+    let c = CancelToken::new();
+    let got = t.get(&keys(8), &c).expect("get");
+    assert!(got.iter().all(Option::is_some), "every put is read back");
 }

@@ -77,7 +77,8 @@ pub struct DiskCounts {
 /// linked instead of 32: the file system's metadata work, which bounded how fast one file
 /// per chunk could save, is paid once a batch.
 ///
-/// **Crash safety.** A pack is written as `<n>.<pid>.tmp`, then hard-linked as `<m>.pack`
+/// **Crash safety.** A pack is written as `<n>.<r>.<pid>.tmp` (`r` 64 bits no other user of
+/// the directory can foresee, so none can take the name first), then hard-linked as `<m>.pack`
 /// (never replacing a pack already there: a number taken is skipped) and the temporary name
 /// removed: a reader sees the whole pack or none of it. A process killed mid-put leaves at most a temporary
 /// file, which the next [`open`] deletes; [`open`] leaves alone the temporary files of
@@ -119,6 +120,9 @@ pub struct DiskTier {
     /// [`Tier::expect_values_up_to`]: crate::kv::Tier::expect_values_up_to
     expected_max: AtomicU64,
     pid: u32,
+    /// Keys the middle part of a temporary file's name (`<n>.<this>.<pid>.tmp`): names another
+    /// user of the directory cannot foresee, so cannot take first.
+    temp_names: std::collections::hash_map::RandomState,
     hits: AtomicU64,
     misses: AtomicU64,
     evictions: AtomicU64,
@@ -269,6 +273,7 @@ impl DiskTier {
             next_pack: AtomicU64::new(0),
             expected_max: AtomicU64::new(0),
             pid: std::process::id(),
+            temp_names: std::collections::hash_map::RandomState::new(),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             evictions: AtomicU64::new(0),

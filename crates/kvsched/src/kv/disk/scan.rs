@@ -46,7 +46,7 @@ fn writer_alive(_name: &str) -> bool {
     false
 }
 
-/// Whether the temporary file `name` (`<n>.<pid>.tmp`, as a put names it) belongs to a
+/// Whether the temporary file `name` (`<n>.<r>.<pid>.tmp`, as a put names it) belongs to a
 /// process that is still running: its put may be in flight. A name without a pid is no
 /// put's.
 #[cfg(unix)]

@@ -117,7 +117,7 @@ impl DiskTier {
         loop {
             // Relaxed: only uniqueness of the name matters.
             let n = self.next_pack.fetch_add(1, Ordering::Relaxed);
-            let tmp = self.root.join(format!("{n:016x}.{}.{TEMP_EXT}", self.pid));
+            let tmp = self.root.join(self.temp_name(n));
             match self.write_temp(&tmp, table, values, len) {
                 Ok(()) => return Ok(tmp),
                 Err(WriteFailed { taken: true, .. }) if tries < 64 => tries += 1,
@@ -136,6 +136,19 @@ impl DiskTier {
                 }
             }
         }
+    }
+
+    /// The name of the `n`th temporary file: `<n>.<r>.<pid>.tmp`, `r` a keyed hash of `n`
+    /// whose key never leaves the process, so that a co-tenant of the directory who sees
+    /// every earlier name still cannot create the next one first and make puts fail.
+    fn temp_name(&self, n: u64) -> String {
+        use std::hash::BuildHasher;
+        if planted!("disk-temp-names-foreseeable") {
+            // Planted bug (scripts/plants.sh): the names of earlier builds, `<n>.<pid>.tmp`.
+            return format!("{n:016x}.{}.{TEMP_EXT}", self.pid);
+        }
+        let r = self.temp_names.hash_one(n);
+        format!("{n:016x}.{r:016x}.{}.{TEMP_EXT}", self.pid)
     }
 
     /// Writes a pack (`table`, then `values`, `len` bytes in all) to the new file `tmp`,
