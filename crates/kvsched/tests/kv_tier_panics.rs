@@ -2,7 +2,9 @@
 //! error costs: the chunks of that call fail (poisoned, reported), and the connector's
 //! threads — the get threads of a tier that may block, the save thread, the probe thread —
 //! live on, so later calls work and `flush` returns. Nothing the store did not hand over is
-//! reported loaded.
+//! reported loaded. So it is when the panic's payload panics again as it is dropped (plant
+//! `panic-payload-dropped-bare`): that second panic used to kill the save thread (`flush`
+//! never returned) and unwind a load on the loading thread.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -30,22 +32,43 @@ enum Fault {
     PanicExists,
 }
 
-/// A memory tier that misbehaves as `fault` says for its first `times` calls of that kind.
+/// A panic payload that panics when dropped (unless the thread is already unwinding).
+struct Bomb;
+
+impl Drop for Bomb {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            panic!("a bomb, dropped");
+        }
+    }
+}
+
+/// A memory tier that misbehaves as `fault` says for its first `times` calls of that kind;
+/// its panics' payloads are `Bomb`s when `bombs`.
 struct Hostile {
     inner: MemoryTier,
     fault: Fault,
     times: u32,
     calls: AtomicU32,
+    bombs: bool,
 }
 
 impl Hostile {
-    fn new(fault: Fault, times: u32) -> Self {
+    fn new(fault: Fault, times: u32, bombs: bool) -> Self {
         Hostile {
             inner: MemoryTier::new(1 << 22, 1),
             fault,
             times,
             calls: AtomicU32::new(0),
+            bombs,
         }
+    }
+
+    fn explode(&self, what: &str) -> ! {
+        if self.bombs {
+            std::panic::panic_any(Bomb);
+        }
+        panic!("{what} exploded");
     }
 
     /// Whether this call of the faulty kind misbehaves.
@@ -61,7 +84,7 @@ impl Tier for Hostile {
     }
     fn exists(&self, keys: &[ChunkKey], cancel: &CancelToken) -> Result<Vec<bool>, TierError> {
         if self.strikes(Fault::PanicExists) {
-            panic!("exists exploded");
+            self.explode("exists");
         }
         self.inner.exists(keys, cancel)
     }
@@ -71,7 +94,7 @@ impl Tier for Hostile {
         cancel: &CancelToken,
     ) -> Result<Vec<Option<Vec<u8>>>, TierError> {
         if self.strikes(Fault::PanicGet) || self.strikes(Fault::PanicGetInline) {
-            panic!("get exploded");
+            self.explode("get");
         }
         self.inner.get(keys, cancel)
     }
@@ -88,7 +111,7 @@ impl Tier for Hostile {
     }
     fn put(&self, chunks: &[(ChunkKey, Vec<u8>)]) -> Result<(), TierError> {
         if self.strikes(Fault::PanicPut) {
-            panic!("put exploded");
+            self.explode("put");
         }
         self.inner.put(chunks)
     }
@@ -163,9 +186,12 @@ fn stored_bytes(n: u32, firsts: &[u8]) -> bool {
 
 #[test]
 fn panicking_gets_fail_their_loads_at_once_and_the_get_threads_live_on() {
-    for fault in [Fault::PanicGet, Fault::PanicGetInline] {
+    for (fault, bombs) in [Fault::PanicGet, Fault::PanicGetInline]
+        .into_iter()
+        .flat_map(|f| [(f, false), (f, true)])
+    {
         // More panics than get threads: a thread a panic took would be gone for good.
-        let c = connector(Arc::new(Hostile::new(fault, 5)), cfg());
+        let c = connector(Arc::new(Hostile::new(fault, 5, bombs)), cfg());
         store(&c, 1);
         for attempt in 0..5 {
             let t0 = Instant::now();
@@ -190,7 +216,10 @@ fn panicking_gets_fail_their_loads_at_once_and_the_get_threads_live_on() {
 
 #[test]
 fn a_tier_that_says_held_without_handing_the_chunk_over_fails_the_block() {
-    let c = connector(Arc::new(Hostile::new(Fault::HeldWithoutValue, 2)), cfg());
+    let c = connector(
+        Arc::new(Hostile::new(Fault::HeldWithoutValue, 2, false)),
+        cfg(),
+    );
     store(&c, 2);
     // Blocks 30.. hold another prompt's bytes first: a block reported loaded would keep them.
     for i in 0..4 {
@@ -213,8 +242,11 @@ fn a_tier_that_says_held_without_handing_the_chunk_over_fails_the_block() {
 
 #[test]
 fn a_panicking_put_or_exists_leaves_saving_and_probing_working() {
-    for fault in [Fault::PanicPut, Fault::PanicExists] {
-        let c = connector(Arc::new(Hostile::new(fault, 1)), cfg());
+    for (fault, bombs) in [Fault::PanicPut, Fault::PanicExists]
+        .into_iter()
+        .flat_map(|f| [(f, false), (f, true)])
+    {
+        let c = connector(Arc::new(Hostile::new(fault, 1, bombs)), cfg());
         let memory = Arc::clone(c.memory());
         for (n, dest) in [(3u32, 40u64), (4, 44)] {
             for i in 0..4u64 {

@@ -207,19 +207,26 @@ impl LoadResult {
 /// An external KV store. Implementations must be thread-safe: workers call `load` concurrently.
 pub trait KvConnector: Send + Sync + 'static {
     /// How many tokens past the local hit the store can supply, and whether asynchronously.
+    ///
+    /// Called inside a step, on the thread running it (the engine thread or a shard
+    /// thread), for each request the step admits: it must answer from what the connector
+    /// already knows and never wait for a store, since a step waits for it as long as it
+    /// takes (`TierConnector`'s answers from its key index). A panic here is caught: the
+    /// request is offered nothing and recomputes (`Metrics::lookup_panics`).
     fn lookup(&self, query: LookupQuery<'_>) -> LookupResult;
     /// Work on a request's prompt that every lookup of it would repeat (the keys its chunks
     /// are stored under, say), done once when the request is submitted, on the submitting
     /// thread, so that no step pays for it. The runtime hands the result to the request's
-    /// lookups until it is admitted ([`LookupQuery::prepared`]). A panic here is caught and
-    /// counted in `Metrics::connector_panics`, and the request goes on unprepared. The
+    /// lookups until it is admitted ([`LookupQuery::prepared`]) and drops it then. A panic
+    /// here is caught and counted in `Metrics::connector_panics`, and the request goes on
+    /// unprepared; so is a panic of the value's `Drop` when the runtime drops it. The
     /// default prepares nothing.
     fn prepare(&self, request: &str, prompt: &[u32]) -> Option<Prepared> {
         let _ = (request, prompt);
         None
     }
     /// Performs one load. A panic here is caught by the worker and reported as a failure of
-    /// every block of the load.
+    /// every block of the load (a payload whose own `Drop` panics too: the worker lives on).
     ///
     /// Every write into a destination happens before this returns, each after
     /// [`LoadJob::may_write`] allowed it: the blocks become readable once the completion is

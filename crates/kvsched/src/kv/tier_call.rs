@@ -3,10 +3,8 @@
 //! call's chunks fail — never a thread, a count of busy threads left up for good, or a
 //! waiter left waiting.
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
-
 use super::TierError;
-use crate::panics::panic_message;
+use crate::panics::caught;
 
 /// `f`, a call named `what` into a tier; a panic in it is [`TierError::Unavailable`] saying
 /// so, as any failure of the store.
@@ -18,11 +16,10 @@ pub(super) fn guarded<T>(
     if planted!("tier-panic-escapes") {
         return f();
     }
-    match catch_unwind(AssertUnwindSafe(f)) {
+    match caught(f) {
         Ok(r) => r,
-        Err(p) => Err(TierError::Unavailable(format!(
-            "the tier panicked in {what}: {}",
-            panic_message(p.as_ref())
+        Err(message) => Err(TierError::Unavailable(format!(
+            "the tier panicked in {what}: {message}"
         ))),
     }
 }

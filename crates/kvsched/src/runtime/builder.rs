@@ -152,8 +152,9 @@ impl Builder {
     /// Steps with at most `live` requests live run every shard's phases on the engine thread,
     /// without waking the shard threads (default 256): a small
     /// step costs less than the hand-off. `0` runs every step of a multi-shard runtime in
-    /// parallel, whatever its work; `usize::MAX` runs every step inline. The outcome is the
-    /// same either way.
+    /// parallel, whatever its work; `usize::MAX` runs every step inline. The recovery
+    /// decisions are the same either way; admissions may differ (docs/runtime.md: a parallel
+    /// step's shards admit from one pool at the same time).
     pub fn inline_steps_up_to(mut self, live: usize) -> Self {
         self.inline_up_to = live;
         self
@@ -164,7 +165,8 @@ impl Builder {
     /// [`inline_steps_up_to`](Builder::inline_steps_up_to) live requests runs in parallel
     /// (default 2048): below it the hand-off — waking the shard threads, the phase barriers,
     /// waiting for the slowest — costs more than it saves. `0` decides by the live count
-    /// alone. The outcome is the same either way.
+    /// alone. The recovery decisions are the same either way; admissions may differ (as for
+    /// [`inline_steps_up_to`](Builder::inline_steps_up_to)).
     pub fn parallel_step_work(mut self, units: usize) -> Self {
         self.parallel_work = units;
         self

@@ -12,8 +12,6 @@ use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
 
-use crate::panics::panic_message;
-
 use crate::rules::geometry::BlockId;
 use crate::rules::recovery::InvalidSet;
 use crate::runtime::error::RuntimeError;
@@ -170,9 +168,8 @@ impl Inner {
         if planted!("shard-panic-escapes") {
             return f();
         }
-        if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        if let Err(message) = crate::panics::caught(f) {
             *failed = true;
-            let message = panic_message(payload.as_ref());
             self.poison.lock().get_or_insert((i, message));
         }
     }

@@ -1,11 +1,11 @@
 //! Shutdown: stop the workers, apply what landed, cancel everyone, release every block,
 //! report ([`Runtime::shutdown`]); dropping a runtime only stops its shard threads.
 
-use crate::panics::panic_message;
 #[cfg(doc)]
 use crate::runtime::builder::Builder;
 use crate::runtime::claim::RequestKey;
 use crate::runtime::report::Report;
+use crate::runtime::shard::EndState;
 use crate::runtime::step::Runtime;
 use crate::runtime::worker::Completion;
 use crate::sync::Ordering;
@@ -33,6 +33,7 @@ impl Runtime {
         let mut loads_cancelled = 0;
         let mut workers_finished = true;
         let mut never_started = rustc_hash::FxHashSet::default();
+        let mut parked: Vec<std::collections::VecDeque<Completion>> = Vec::new();
         // Loads in flight are told to stop: cooperative connectors return early, so the wait
         // below is short.
         for s in &self.inner.shards {
@@ -41,12 +42,12 @@ impl Runtime {
         if let Some(w) = self.workers.take() {
             self.expired_unrun_at_shutdown = w.counts().expired_unrun.load(Ordering::Relaxed);
             let inner = &self.inner;
-            let mut parked: Vec<Vec<Completion>> = vec![Vec::new(); inner.shards.len()];
+            parked.resize_with(inner.shards.len(), Default::default);
             let (left, finished) = w.shutdown(
                 || {
                     for (i, s) in inner.shards.iter().enumerate() {
                         while let Some(c) = s.completions.pop() {
-                            parked[i].push(c);
+                            parked[i].push_back(c);
                         }
                     }
                 },
@@ -64,28 +65,48 @@ impl Runtime {
                 .iter()
                 .map(|j| (RequestKey::from_raw(j.owner.key).seq(), j.attempt))
                 .collect();
-            // Completions that landed are applied once (as a step would), then everyone is
-            // cancelled. Whatever does not fit back in a queue is counted stale.
-            for (i, cs) in parked.into_iter().enumerate() {
-                for c in cs {
-                    if inner.shards[i].completions.push(c).is_err() {
-                        self.metrics.stale_completions += 1;
+        }
+        // Last steps apply the completions that landed (as a step would) and the pending
+        // commands, admitting and scheduling nothing; then everyone is cancelled. The
+        // completions drained while the workers stopped go back into their queues as many at
+        // a time as fit, a step for each fill, so none is lost to a small queue.
+        self.inner.draining.store(true, Ordering::Relaxed);
+        let mut ended_at_shutdown: Vec<(String, EndState)> = Vec::new();
+        loop {
+            let mut refilled = false;
+            for (i, cs) in parked.iter_mut().enumerate() {
+                while let Some(c) = cs.pop_front() {
+                    match self.inner.shards[i].completions.push(c) {
+                        Ok(()) => refilled = true,
+                        Err(c) => {
+                            cs.push_front(c);
+                            break;
+                        }
                     }
                 }
             }
+            match self.schedule() {
+                Ok(plan) => ended_at_shutdown.extend(
+                    plan.ended
+                        .into_iter()
+                        .map(|(id, state)| (id.to_string(), state)),
+                ),
+                Err(_) => break,
+            }
+            // Planted bug `shutdown-refill-once` (scripts/plants.sh): the queues are refilled
+            // once, and what did not fit is counted stale.
+            if parked.iter().all(|cs| cs.is_empty()) || planted!("shutdown-refill-once") {
+                break;
+            }
+            if !refilled {
+                // A queue that takes nothing (never, for a queue a step just emptied).
+                break;
+            }
         }
-        // One last step applies drained completions and pending commands, admitting and
-        // scheduling nothing.
-        self.inner.draining.store(true, Ordering::Relaxed);
-        let ended_at_shutdown = self
-            .schedule()
-            .map(|plan| {
-                plan.ended
-                    .into_iter()
-                    .map(|(id, state)| (id.to_string(), state))
-                    .collect()
-            })
-            .unwrap_or_default();
+        // Only if a step failed (a poisoned runtime) or a queue took nothing.
+        for cs in parked {
+            self.metrics.stale_completions += cs.len() as u64;
+        }
         let mut cancelled_ids = Vec::new();
         let mut abandoned_ids = Vec::new();
         let mut violations = Vec::new();
@@ -96,17 +117,14 @@ impl Runtime {
             let env = self.inner.env(i);
             // A poisoned shard's state may be half-updated: a second panic is reported, not
             // propagated.
-            let res = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let res = match crate::panics::caught(|| {
                 s.state
                     .lock()
                     .cancel_all(&env, workers_finished, &never_started)
-            })) {
+            }) {
                 Ok(res) => res,
-                Err(p) => {
-                    violations.push(format!(
-                        "shard {i} panicked at shutdown: {}",
-                        panic_message(p.as_ref())
-                    ));
+                Err(message) => {
+                    violations.push(format!("shard {i} panicked at shutdown: {message}"));
                     continue;
                 }
             };

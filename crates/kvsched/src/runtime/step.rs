@@ -148,7 +148,9 @@ impl Runtime {
     /// [`Builder::inline_steps_up_to`] requests are live and its work estimate (queued
     /// commands and completions, what the last step scheduled, the waiting it may admit)
     /// reaches [`Builder::parallel_step_work`]; otherwise all on this thread — the same
-    /// phases in the same order, so the same outcome, without waking a thread.
+    /// phases in the same order, without waking a thread. The recovery decisions do not
+    /// depend on which; what a parallel step's shards admit, from one pool at the same time,
+    /// may (docs/runtime.md#idle-cost).
     ///
     /// # Errors
     ///

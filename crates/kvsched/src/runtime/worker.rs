@@ -14,12 +14,12 @@
 //! * On shutdown, workers finish the load they are running, deliver it, and exit; jobs still
 //!   queued are returned to the caller so it can report them cancelled.
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Instant;
 
 #[cfg(kvsched_loom)]
 use crate::connector::LoadOwner;
 use crate::connector::{InvalidBlocks, KvConnector, LoadJob, LoadResult};
+use crate::panics::caught;
 use crate::runtime::claim::RequestKey;
 pub use pool_impl::WorkerPool;
 
@@ -42,7 +42,7 @@ pub struct Completion {
 
 /// Runs one load, turning a panic into a failure of every block the job writes.
 pub fn run_load(connector: &dyn KvConnector, job: &LoadJob) -> (LoadResult, bool) {
-    match catch_unwind(AssertUnwindSafe(|| connector.load(job))) {
+    match caught(|| connector.load(job)) {
         Ok(r) => (r, false),
         Err(_) => (
             LoadResult::Failed(InvalidBlocks::Flat(job.all_loaded_blocks())),

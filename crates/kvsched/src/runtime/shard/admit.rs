@@ -151,8 +151,10 @@ impl<S: Strategy> Shard<S> {
             return Admitted::PoolFull;
         }
         // Admitted: what the connector prepared for its lookups is not kept (a restart looks
-        // the request up unprepared).
-        r.prepared = None;
+        // the request up unprepared). A value whose `Drop` panics is a connector's panic.
+        if r.prepared.clear() {
+            counters.connector_panics += 1;
+        }
         r.branch = branch_point(geo, ext_end, cached);
         // The local prefix is written (it is in the prefix cache); the external range is
         // not until its load lands or the step that carries it is answered.
@@ -239,7 +241,7 @@ impl<S: Strategy> Shard<S> {
             request: &r.id,
             prompt: &r.prompt,
             local_tokens: local,
-            prepared: r.prepared.as_deref(),
+            prepared: r.prepared.get().map(|p| &**p),
         };
         // A connector that panics in `lookup` offers nothing: the request recomputes locally
         // and the panic is counted; the step goes on. (Planted bug `lookup-uncaught` lets
@@ -247,9 +249,7 @@ impl<S: Strategy> Shard<S> {
         let look = if planted!("lookup-uncaught") {
             env.connector.lookup(query)
         } else {
-            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                env.connector.lookup(query)
-            })) {
+            match crate::panics::caught(|| env.connector.lookup(query)) {
                 Ok(look) => look,
                 Err(_) => {
                     counters.connector_panics += 1;

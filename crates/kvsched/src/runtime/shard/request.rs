@@ -5,6 +5,7 @@ use std::sync::Arc as StdArc;
 use std::time::{Duration, Instant};
 
 use crate::connector::{CancelToken, KvConnector, LoadJob, Prepared};
+use crate::panics::DropCaught;
 use crate::pool::{BlockHash, BlockRef, Generation};
 use crate::rules::geometry::{BlockId, Geometry};
 use crate::rules::recovery::{RequestClass, RequestView};
@@ -38,8 +39,8 @@ pub struct NewRequest {
 /// What a connector prepared from a request's prompt at submit ([`KvConnector::prepare`]).
 #[derive(Clone, Debug, Default)]
 pub struct PreparedPrompt {
-    /// What `prepare` returned.
-    pub value: Option<Prepared>,
+    /// What `prepare` returned (dropped where a panic of its `Drop` is caught).
+    pub(crate) value: DropCaught<Prepared>,
     /// `prepare` panicked (counted when the request reaches its shard; `value` is `None`).
     pub panicked: bool,
 }
@@ -48,15 +49,13 @@ impl PreparedPrompt {
     /// Runs `connector.prepare` on request `id`'s `prompt`, here, on the calling thread,
     /// catching a panic. The caller holds no lock: a slow connector delays only this call.
     pub fn by(connector: &dyn KvConnector, id: &str, prompt: &[u32]) -> PreparedPrompt {
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            connector.prepare(id, prompt)
-        })) {
+        match crate::panics::caught(|| connector.prepare(id, prompt)) {
             Ok(value) => PreparedPrompt {
-                value,
+                value: DropCaught::new(value),
                 panicked: false,
             },
             Err(_) => PreparedPrompt {
-                value: None,
+                value: DropCaught::default(),
                 panicked: true,
             },
         }
@@ -171,7 +170,7 @@ pub(super) struct Req {
     /// Per group: chained hashes of the prompt's full blocks.
     pub(super) hashes: Vec<Vec<BlockHash>>,
     /// What the connector prepared at submit, for lookups until the request is admitted.
-    pub(super) prepared: Option<Prepared>,
+    pub(super) prepared: DropCaught<Prepared>,
     pub(super) tables: Vec<Vec<BlockId>>,
     pub(super) gens: Vec<Vec<Generation>>,
     /// Per group: entries below this index are registered in the prefix cache (or null).
