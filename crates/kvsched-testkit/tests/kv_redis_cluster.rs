@@ -1,6 +1,7 @@
-//! The Redis tier against a real 3-node Redis Cluster (`redis-cli --cluster create`, no
-//! replicas) that each test starts for itself on free loopback ports and stops on drop.
-//! Without `redis-server`/`redis-cli` on PATH the tests say so and pass, unless `CI` is set.
+//! The Redis tier against a real Redis Cluster (`redis-cli --cluster create`: 3 primaries,
+//! with replicas for the failover test) that each test starts for itself on free loopback
+//! ports and stops on drop. Without `redis-server`/`redis-cli` on PATH the tests say so and
+//! pass, unless `CI` is set.
 
 mod redis_common;
 
@@ -9,7 +10,7 @@ use std::time::Duration;
 use kvsched::connector::CancelToken;
 use kvsched::kv::redis::{RedisConfig, RedisTier};
 use kvsched::kv::{ChunkKey, Tier, TierError};
-use kvsched_testkit::redis::LocalCluster;
+use kvsched_testkit::redis::{LocalCluster, LocalRedisOptions};
 use redis_common::{chunks, eventually, info_field, missing};
 
 fn cluster() -> Option<LocalCluster> {
@@ -183,5 +184,108 @@ fn a_cluster_node_restart_fails_calls_fast_and_they_recover() {
         if let Some(g) = g {
             assert_eq!(g, v);
         }
+    }
+}
+
+/// A primary killed for good, its replica promoted (`cluster-node-timeout` 1 s): the tier
+/// follows the failover — a call failing on the dead node refreshes the slot map, and its
+/// keys go to the new owner — without the dead node coming back. (It used to re-read the map
+/// only on a `MOVED`, which a dead node never sends: every call touching its slots failed
+/// until it restarted. Plant `cluster-no-refresh-on-node-failure`.)
+#[test]
+fn a_failover_to_a_replica_is_followed_without_the_dead_node_coming_back() {
+    if missing("redis-server") || missing("redis-cli") {
+        return;
+    }
+    let mut c = LocalCluster::start_with_replicas(3, 1, LocalRedisOptions::new())
+        .expect("start 3 primaries with a replica each");
+    for n in c.nodes() {
+        n.query(&["CONFIG", "SET", "cluster-node-timeout", "1000"])
+            .unwrap();
+    }
+    let role = c.nodes()[0].query(&["ROLE"]).unwrap();
+    assert!(role.starts_with("master"), "node 0 is a primary: {role}");
+    let t = RedisTier::new(
+        RedisConfig::from_url(&c.url())
+            .unwrap()
+            .backoff(Duration::from_millis(20), Duration::from_millis(200)),
+    )
+    .unwrap();
+    let cancel = CancelToken::new();
+    let data = chunks(23, 30, 1000);
+    let keys: Vec<ChunkKey> = data.iter().map(|c| c.0).collect();
+    t.put(&data).unwrap();
+    let on_dead: Vec<usize> = (0..keys.len())
+        .filter(|&i| owner(&c, &name(&t, keys[i])) == 0)
+        .collect();
+    assert!(!on_dead.is_empty(), "some keys live on node 0");
+    // The replicas have the values before the primary dies.
+    eventually("replicated", Duration::from_secs(10), || {
+        let held: u64 = c.nodes()[3..]
+            .iter()
+            .map(|n| n.query(&["DBSIZE"]).unwrap().parse::<u64>().unwrap())
+            .sum();
+        (held == keys.len() as u64).then_some(())
+    });
+    c.node_mut(0).unwrap().stop();
+    let got = eventually(
+        "the tier follows the failover",
+        Duration::from_secs(30),
+        || t.get(&keys, &cancel).ok(),
+    );
+    for (g, (_, v)) in got.iter().zip(&data) {
+        assert_eq!(
+            g.as_ref(),
+            Some(v),
+            "every value, from the promoted replica too"
+        );
+    }
+    assert!(t.counts().slot_refreshes > 1, "{:?}", t.counts());
+    assert!(
+        !c.node_mut(0).unwrap().is_running(),
+        "the dead node stayed dead"
+    );
+}
+
+/// Sends `signal` (`-STOP`, `-CONT`) to node `i`'s process.
+fn signal(c: &LocalCluster, i: usize, signal: &str) {
+    let pid = c.nodes()[i].pid().expect("a running node");
+    let ok = std::process::Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "kill {signal} {pid}");
+}
+
+/// The first seed hung (`SIGSTOP`: it accepts connections, answers nothing): a tier learns
+/// the slot map from the other seeds within its calls' time, and serves the keys the hung
+/// node does not own. (A refresh used to give its whole time to the first node it asked,
+/// the hung one, every time. Plant `cluster-refresh-asks-in-order`.)
+#[test]
+fn a_hung_first_seed_does_not_keep_the_slot_map_from_the_others() {
+    let Some(c) = cluster() else { return };
+    let t = RedisTier::new(RedisConfig::from_url(&c.url()).unwrap()).unwrap();
+    let data = chunks(24, 30, 1000);
+    t.put(&data).unwrap();
+    let elsewhere: Vec<(ChunkKey, Vec<u8>)> = data
+        .iter()
+        .filter(|(k, _)| owner(&c, &name(&t, *k)) != 0)
+        .cloned()
+        .collect();
+    assert!(!elsewhere.is_empty());
+    let keys: Vec<ChunkKey> = elsewhere.iter().map(|c| c.0).collect();
+    signal(&c, 0, "-STOP");
+    // A new tier, its map unknown: every refresh asks the hung seed first.
+    let fresh = RedisTier::new(RedisConfig::from_url(&c.url()).unwrap()).unwrap();
+    let cancel = CancelToken::new();
+    let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        eventually("served past the hung seed", Duration::from_secs(20), || {
+            fresh.get(&keys, &cancel).ok()
+        })
+    }));
+    signal(&c, 0, "-CONT");
+    let got = got.unwrap_or_else(|p| std::panic::resume_unwind(p));
+    for (g, (_, v)) in got.iter().zip(&elsewhere) {
+        assert_eq!(g.as_ref(), Some(v));
     }
 }

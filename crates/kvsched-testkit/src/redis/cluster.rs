@@ -9,9 +9,10 @@ use super::options::LocalRedisOptions;
 use super::server::{on_path, LocalRedis, ServerError};
 use crate::process::die_with_parent;
 
-/// `n` [`LocalRedis`] cluster nodes made into one Redis Cluster (`redis-cli --cluster create`,
-/// no replicas: every node a primary), ready (`cluster_state:ok` on every node) when
-/// [`start`](Self::start) returns. Dropping it stops every node.
+/// [`LocalRedis`] cluster nodes made into one Redis Cluster (`redis-cli --cluster create`):
+/// `n` primaries, and with [`start_with_replicas`](Self::start_with_replicas) replicas of
+/// each, ready (`cluster_state:ok` on every node) when it returns. Dropping it stops every
+/// node.
 #[derive(Debug)]
 pub struct LocalCluster {
     nodes: Vec<LocalRedis>,
@@ -25,12 +26,32 @@ impl LocalCluster {
 
     /// `n` nodes (3..=16), each with `options` (cluster mode is turned on).
     pub fn start_with(n: usize, options: LocalRedisOptions) -> Result<LocalCluster, ServerError> {
-        if !(3..=16).contains(&n) {
+        LocalCluster::start_with_replicas(n, 0, options)
+    }
+
+    /// `primaries` primaries (3..=16) with `replicas` replicas each (0..=2), each node with
+    /// `options`. The first `primaries` nodes are the primaries ([`nodes`](Self::nodes)), as
+    /// `redis-cli --cluster create` assigns them; a primary's replica takes its slots
+    /// over when it stops for longer than the nodes' `cluster-node-timeout` (5 s; set it with
+    /// `CONFIG SET` on every node for a faster failover).
+    pub fn start_with_replicas(
+        primaries: usize,
+        replicas: usize,
+        options: LocalRedisOptions,
+    ) -> Result<LocalCluster, ServerError> {
+        if !(3..=16).contains(&primaries) {
             return Err(ServerError::Options {
                 field: "n",
                 problem: "a cluster needs 3 to 16 nodes",
             });
         }
+        if replicas > 2 {
+            return Err(ServerError::Options {
+                field: "replicas",
+                problem: "at most 2 replicas per primary",
+            });
+        }
+        let n = primaries * (1 + replicas);
         if !on_path("redis-cli") {
             return Err(ServerError::NotFound("redis-cli"));
         }
@@ -40,12 +61,12 @@ impl LocalCluster {
             nodes.push(LocalRedis::start(options.clone())?);
         }
         let cluster = LocalCluster { nodes };
-        cluster.create(&options)?;
+        cluster.create(&options, replicas)?;
         cluster.wait_ok(options.ready_timeout.max(Duration::from_secs(30)))?;
         Ok(cluster)
     }
 
-    fn create(&self, options: &LocalRedisOptions) -> Result<(), ServerError> {
+    fn create(&self, options: &LocalRedisOptions, replicas: usize) -> Result<(), ServerError> {
         let dir = self
             .nodes
             .first()
@@ -65,7 +86,9 @@ impl LocalCluster {
         for n in &self.nodes {
             cmd.arg(n.addr());
         }
-        cmd.args(["--cluster-replicas", "0", "--cluster-yes"])
+        cmd.arg("--cluster-replicas")
+            .arg(replicas.to_string())
+            .arg("--cluster-yes")
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err);

@@ -24,6 +24,14 @@ use crate::sync::{Arc, Mutex, Ordering, RwLock};
 pub(crate) const SLOTS: usize = 16384;
 /// The most nodes a tier keeps pools for (a cluster this large is out of scope).
 const MAX_NODES: usize = 1024;
+
+/// The least time between two slot-map refreshes that calls failing on a node ask for
+/// ([`Cluster::refresh_after_failure`]): a dead node fails every call at once, and each would
+/// otherwise ask for the map.
+const FAILURE_REFRESH_EVERY: Duration = Duration::from_millis(100);
+
+/// The least share of a refresh's time one node gets to answer `CLUSTER SLOTS`.
+const MIN_ASK: Duration = Duration::from_millis(100);
 /// `owner` entry of an unassigned slot.
 const NONE: u16 = u16::MAX;
 
@@ -162,6 +170,8 @@ pub(crate) struct Cluster {
     map: RwLock<Arc<SlotMap>>,
     /// Serialises refreshes; holds the failed ones' backoff.
     refreshing: Mutex<RefreshBackoff>,
+    /// When a call failing on a node last asked for a refresh.
+    failure_refresh: Mutex<Option<Instant>>,
     /// The backoff's first delay and its cap ([`RedisConfig::backoff`]).
     ///
     /// [`RedisConfig::backoff`]: super::RedisConfig::backoff
@@ -193,6 +203,7 @@ impl Cluster {
             registry: Mutex::new(BTreeMap::new()),
             map: RwLock::new(Arc::new(SlotMap::empty())),
             refreshing: Mutex::new(RefreshBackoff::default()),
+            failure_refresh: Mutex::new(None),
             backoff,
             shared,
         }
@@ -259,6 +270,23 @@ impl Cluster {
         outcome
     }
 
+    /// A refresh for a call that failed on a node of the map of generation `seen` (refused,
+    /// reset, timed out, down): the node may be gone and its slots served by another (a
+    /// replica promoted), which nothing else would tell — a dead node sends no `MOVED`. At
+    /// most one such refresh runs per [`FAILURE_REFRESH_EVERY`]; the others do nothing.
+    pub fn refresh_after_failure(&self, seen: u64, budget: Budget<'_>) {
+        {
+            let mut last = self.failure_refresh.lock();
+            let now = Instant::now();
+            if last.is_some_and(|t| now < t + FAILURE_REFRESH_EVERY) {
+                return;
+            }
+            *last = Some(now);
+        }
+        // Its failure is the refresh backoff's; the call reports its own error.
+        let _ = self.refresh(seen, budget);
+    }
+
     /// [`refresh`](Self::refresh)'s asking, under its lock.
     fn refresh_now(
         &self,
@@ -276,14 +304,33 @@ impl Cluster {
                 candidates.push(s.clone());
             }
         }
+        // Nodes that are down last (stable: the map's order, then the seeds'), and none given
+        // more than its share of the time left: a hung node must not spend it all (planted
+        // bug `cluster-refresh-asks-in-order`: the whole budget, in the map's order).
+        let in_order = planted!("cluster-refresh-asks-in-order");
+        if !in_order {
+            let registry = self.registry.lock();
+            candidates.sort_by_key(|a| registry.get(a).is_some_and(|n| n.is_down()));
+        }
         let packed = resp::pack(&[&[b"CLUSTER", b"SLOTS"]]);
-        let mut last = TierError::Unavailable("cluster: no seed node".into());
-        for addr in candidates {
+        let mut errors: Vec<String> = Vec::new();
+        let asked = candidates.len();
+        for (k, addr) in candidates.into_iter().enumerate() {
+            let share =
+                (budget.remaining() / u32::try_from(asked - k).unwrap_or(u32::MAX)).max(MIN_ASK);
+            let ask = Budget {
+                deadline: if in_order {
+                    budget.deadline
+                } else {
+                    budget.deadline.min(Instant::now() + share)
+                },
+                cancel: budget.cancel,
+            };
             let answer = self
                 .node(&addr)
                 .and_then(|n| {
                     let slots = |v: &Value| matches!(v, Value::Array(_));
-                    n.request(&packed, 1, Some(&Limits::control()), &slots, budget)
+                    n.request(&packed, 1, Some(&Limits::control()), &slots, ask)
                 })
                 .and_then(|replies| {
                     let v = replies.first().ok_or_else(|| {
@@ -297,11 +344,20 @@ impl Cluster {
                 });
             match answer {
                 Ok(ranges) if !ranges.is_empty() => return self.install(ranges, seen),
-                Ok(_) => last = TierError::Unavailable(format!("{addr}: no slots assigned")),
-                Err(e) => last = e,
+                Ok(_) => errors.push(format!("{addr}: no slots assigned")),
+                Err(TierError::Timeout(_)) => errors.push(format!("{addr}: no answer in time")),
+                Err(e) => errors.push(e.to_string()),
             }
         }
-        Err(last)
+        Err(TierError::Unavailable(match errors.len() {
+            0 => "cluster: no seed node".into(),
+            1 => errors.remove(0),
+            n => format!(
+                "cluster: no slot map from {n} nodes ({}{})",
+                errors[..n.min(3)].join("; "),
+                if n > 3 { "; …" } else { "" }
+            ),
+        }))
     }
 
     fn install(&self, ranges: Vec<(u16, u16, NodeAddr)>, seen: u64) -> Result<(), TierError> {

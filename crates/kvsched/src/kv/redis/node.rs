@@ -53,9 +53,32 @@ impl Sentinel {
         Some((resp::pack(&[&[b"ECHO", &nonce]]), nonce))
     }
 
-    fn refuse(&self) {
+    /// Whether an error reply to `ECHO` says the server will never run it: `NOPERM` (an
+    /// ACL) or an unknown command (renamed or disabled). Any other error may pass (`NOAUTH`
+    /// until a password is set, `LOADING`, `BUSY`), and the check goes on.
+    fn refused_for_good(v: &Value) -> bool {
+        // Planted bug `redis-echo-off-on-any-error` (scripts/plants.sh): any error turns the
+        // check off, a passing one too.
+        if planted!("redis-echo-off-on-any-error") {
+            return true;
+        }
+        match resp::error_code(v) {
+            Some("NOPERM") => true,
+            Some("ERR") => resp::error_text(v)
+                .is_some_and(|t| t.to_ascii_lowercase().contains("unknown command")),
+            _ => false,
+        }
+    }
+
+    fn refuse(&self, addr: &NodeAddr) {
         // Relaxed: see `next`.
-        self.refused.store(true, Ordering::Relaxed);
+        if !self.refused.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                node = %addr,
+                "redis tier: the server refuses ECHO; pipelines go without the closing \
+                 in-step check from now on (the chunks' own checks remain)"
+            );
+        }
     }
 }
 
@@ -275,9 +298,15 @@ impl Node {
                     match con.read_reply(&Limits::control(), budget)? {
                         Value::BulkString(b) if b == *nonce => {}
                         _ if keep_strays => {}
-                        // `ECHO` refused (an ACL, a renamed command): the replies are taken
-                        // as in step, and later pipelines go without it.
-                        Value::ServerError(_) => self.shared.sentinel.refuse(),
+                        // An error in the `ECHO`'s place: the replies are in step. Only a
+                        // server that will never run it (an ACL, a renamed command) has
+                        // later pipelines go without it; another error (`NOAUTH`,
+                        // `LOADING`, `BUSY`) passes.
+                        v @ Value::ServerError(_) => {
+                            if Sentinel::refused_for_good(&v) {
+                                self.shared.sentinel.refuse(&self.addr);
+                            }
+                        }
                         other => {
                             return Err(ConnError::Protocol(format!(
                                 "replies out of step with their commands (a {} where the \
@@ -328,6 +357,11 @@ impl Node {
                 }
             }
         }
+    }
+
+    /// Whether the node is down now (within the backoff of its last failure).
+    pub fn is_down(&self) -> bool {
+        self.pool.is_down()
     }
 
     /// Connections that exist (idle, in use, or being made).

@@ -188,6 +188,14 @@ impl<C> Pool<C> {
         }
     }
 
+    /// Whether the node is down now (within the backoff of its last failure).
+    pub fn is_down(&self) -> bool {
+        self.state
+            .lock()
+            .down_until
+            .is_some_and(|until| Instant::now() < until)
+    }
+
     /// Records a failure seen on a connection (I/O error, timeout): the node is down for the
     /// next backoff delay, idle connections are dropped, and so are those checked out now
     /// when they come back.

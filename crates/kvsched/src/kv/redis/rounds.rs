@@ -106,6 +106,10 @@ impl RedisTier {
             rounds += 1;
             // Group by node, in order of first appearance.
             let mut map = None;
+            let seen = match &self.topology {
+                Topology::Cluster(c) => c.map().generation(),
+                Topology::Single(_) => 0,
+            };
             let mut groups: Vec<(Arc<Node>, Group)> = Vec::new();
             for (i, target) in pending.drain(..) {
                 let node = self.target_node(&mut map, slots[i], &target, budget)?;
@@ -123,7 +127,16 @@ impl RedisTier {
                 let (packed, replies) = self.pack(op, &names, &group);
                 let asking = group.iter().any(|&(_, a)| a);
                 let accept = |v: &Value| op.answers(v) || (asking && matches!(v, Value::Okay));
-                let values = node.request(&packed, replies, None, &accept, budget)?;
+                let values = match node.request(&packed, replies, None, &accept, budget) {
+                    Ok(values) => values,
+                    Err(e) => {
+                        if self.rerouted(&node, &group, &slots, seen, &e, budget) {
+                            pending.extend(group.iter().map(|&(i, _)| (i, Target::Slot)));
+                            continue;
+                        }
+                        return Err(e);
+                    }
+                };
                 let mut values = values.into_iter();
                 for &(i, asking) in &group {
                     if asking {
@@ -176,6 +189,36 @@ impl RedisTier {
             }
         }
         Ok(out)
+    }
+
+    /// After `node` failed `group`'s pipeline with `e` (of a round on the map of generation
+    /// `seen`): whether the cluster's map, refreshed, now gives none of the group's slots to
+    /// `node`, so the keys go to their new owners in the next round — a failover promoted a
+    /// replica in the dead node's place. A server's error reply and a cancel are the call's.
+    fn rerouted(
+        &self,
+        node: &Arc<Node>,
+        group: &Group,
+        slots: &[u16],
+        seen: u64,
+        e: &TierError,
+        budget: Budget<'_>,
+    ) -> bool {
+        let Topology::Cluster(c) = &self.topology else {
+            return false;
+        };
+        if !matches!(e, TierError::Unavailable(_) | TierError::Timeout(_))
+            || planted!("cluster-no-refresh-on-node-failure")
+        {
+            return false;
+        }
+        c.refresh_after_failure(seen, budget);
+        let map = c.map();
+        map.generation() != seen
+            && group.iter().all(|&(i, _)| {
+                map.node_for(slots[i])
+                    .is_some_and(|owner| !Arc::ptr_eq(owner, node))
+            })
     }
 
     /// The pipeline for `group` (indices into `names`, with `ASKING` first where set) and
