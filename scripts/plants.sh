@@ -253,7 +253,23 @@ declare -A TESTS=(
   [disk-pack-identity-unchecked]="kvsched --test kv_disk_hostile"
   # kv/disk/write.rs: temporary files named `<n>.<pid>.tmp`, which a co-tenant foresees.
   [disk-temp-names-foreseeable]="kvsched --test kv_disk_hostile"
+  # panics.rs: a caught panic's payload is dropped unguarded, so a payload whose drop panics
+  # unwinds past the catch (a worker, a step, the tier's threads).
+  [panic-payload-dropped-bare]="kvsched --test runtime_panicking_drops;kvsched --test kv_tier_panics;kvsched --lib panics"
+  # panics.rs: a value `prepare` handed over is dropped unguarded in the step.
+  [connector-value-dropped-bare]="kvsched --test runtime_panicking_drops;kvsched --lib panics"
+  # runtime/shutdown.rs: completions drained while the workers stop go back into their
+  # queues once; what does not fit is counted stale instead of applied.
+  [shutdown-refill-once]="kvsched --test runtime_shutdown"
   [redis-value-bound-ignored]="kvsched-testkit --features redis --test kv_redis_desync"
+  # kv/redis/node.rs: any error reply to the closing ECHO turns the in-step check off.
+  [redis-echo-off-on-any-error]="kvsched-testkit --features redis --test kv_redis_desync"
+  # kv/redis/rounds.rs: a call failing on a node never refreshes the slot map, so a failover
+  # (a dead node sends no MOVED) is followed only when the dead node comes back.
+  [cluster-no-refresh-on-node-failure]="kvsched-testkit --features redis --test kv_redis_cluster"
+  # kv/redis/cluster.rs: a refresh asks the nodes in the map's order, each with the whole
+  # time left, so a hung first seed keeps the map from the others.
+  [cluster-refresh-asks-in-order]="kvsched-testkit --features redis --test kv_redis_cluster"
   [tier-store-one-batch]="pytest test_tier_bounds.py::test_a_long_store_jobs_memory_is_bounded"
 )
 ORDER=(decide-early claim-store late-leak deadline-compact-in-flight load-queue-unbounded panic-ok trust-stale end-while-loading no-cross-shard-preempt lookup-uncaught shard-panic-escapes
@@ -269,7 +285,9 @@ ORDER=(decide-early claim-store late-leak deadline-compact-in-flight load-queue-
   shutdown-leaves-loads-running parked-positions-unfilled parked-claim-mismatched restart-fills-holes
   tier-fork-unchecked tier-drop-holds-gil wait-ignores-signals tier-index-unbounded tier-store-one-batch
   redis-stray-kept redis-no-closing-echo redis-value-bound-ignored layout-not-in-key gave-up-get-uncancelled
-  disk-value-bound-ignored disk-pack-identity-unchecked disk-temp-names-foreseeable)
+  disk-value-bound-ignored disk-pack-identity-unchecked disk-temp-names-foreseeable
+  panic-payload-dropped-bare connector-value-dropped-bare shutdown-refill-once
+  redis-echo-off-on-any-error cluster-no-refresh-on-node-failure cluster-refresh-asks-in-order)
 
 if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi
 
