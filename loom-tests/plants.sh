@@ -62,11 +62,22 @@ declare -A MODELS=(
   [worker-drop-on-full]="completion_queue::one_worker_full_queue completion_queue::full_queue_makes_the_producer_retry"
   # runtime/worker.rs: shutdown waits for the workers without draining the queues meanwhile.
   [shutdown-no-drain-while-waiting]="shutdown_drain::one_worker_two_jobs shutdown_drain::two_workers_two_jobs"
+  # pool/prefix_index.rs: evict clears CACHED with a plain store, losing a lock-free release's
+  # or retain's count change.
+  [evict-cas-store]="evict_vs_release::evict_races_release_of_another_holder evict_vs_release::evict_races_retain_and_release"
+  # pool/prefix_index.rs: evict drops the entry its hash hint names without checking that it
+  # is the block's own (a re-registration between its CAS and its hash store).
+  [evict-hint-unchecked]="evict_stale_hash_hint"
+  # runtime/worker.rs: a completion counts as delivered before it is pushed onto its queue.
+  [delivered-before-push]="loads_in_flight"
+  # runtime/worker.rs: the delivered count is bumped Relaxed, not Release.
+  [delivered-relaxed]="loads_in_flight"
 )
 ORDER=(drop-check-then-set claim-store barrier-relaxed clear-pending-relaxed free-list-no-tag release-relaxed
   fill-release-unguarded exclusive-unguarded
   lookup-revive-unlocked unpark-no-lock worker-no-recheck worker-no-fence worker-list-twice
-  worker-drop-on-full shutdown-no-drain-while-waiting)
+  worker-drop-on-full shutdown-no-drain-while-waiting evict-cas-store evict-hint-unchecked
+  delivered-before-push delivered-relaxed)
 
 if [ "$#" -gt 0 ]; then
   plants=("$@")

@@ -328,7 +328,9 @@ impl BlockPool {
             // that lock below.
             let hash = hash_word.load(Ordering::Relaxed);
             let evicted = self.index.with(hash, exclusive, |map| {
-                if map.get(&hash).map(|e| e.get()) != Some(r) {
+                // Planted bug `evict-hint-unchecked` (loom-tests/plants.sh): the hint's entry is
+                // taken for the block's own, whoever it names.
+                if map.get(&hash).map(|e| e.get()) != Some(r) && !planted!("evict-hint-unchecked") {
                     // A registration is between its CAS and its hash store; let it finish.
                     return None;
                 }
@@ -340,6 +342,12 @@ impl BlockPool {
                         map.remove(&hash); // reclaimed meanwhile; drop its entry
                         return Some(None);
                     };
+                    // Planted bug `evict-cas-store` (loom-tests/plants.sh): a plain store,
+                    // which loses a lock-free release's or retain's count change.
+                    if planted!("evict-cas-store") {
+                        slot.state.store(next.0, Ordering::Relaxed);
+                        break now_free;
+                    }
                     // Relaxed: an RMW, so it continues the release sequence of the `release`
                     // that dropped the count to 0; the next claim's Acquire still pairs with
                     // it.

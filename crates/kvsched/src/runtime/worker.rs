@@ -133,6 +133,15 @@ mod pool_impl {
         fence, thread, Arc, ArrayQueue, AtomicBool, AtomicU64, Backoff, Ordering, SegQueue,
     };
 
+    /// The ordering of a completion's `delivered` count: Release, pairing with the Acquire
+    /// load in `Runtime::loads_in_flight`. The planted bug `delivered-relaxed` (loom model
+    /// `loads_in_flight`) weakens it.
+    const DELIVERED_ORDER: Ordering = if planted!("delivered-relaxed") {
+        Ordering::Relaxed
+    } else {
+        Ordering::Release
+    };
+
     /// Counters kept by the workers.
     #[derive(Debug, Default)]
     pub struct WorkerCounts {
@@ -144,9 +153,7 @@ mod pool_impl {
         pub queue_full_retries: AtomicU64,
         /// Jobs whose deadline had passed when a worker took them: returned without running.
         pub expired_unrun: AtomicU64,
-        /// Completions pushed onto their shard's queue (not counted under loom: no model
-        /// reads it).
-        #[cfg(not(kvsched_loom))]
+        /// Completions pushed onto their shard's queue.
         pub delivered: AtomicU64,
     }
 
@@ -379,7 +386,6 @@ mod pool_impl {
             // settles which side came first). It counts as delivered for `loads_in_flight`.
             let Some((mut c, ran)) = take_job(s.connector.as_ref(), &job) else {
                 // Release: pairs with the Acquire load in `Runtime::loads_in_flight`.
-                #[cfg(not(kvsched_loom))]
                 s.counters.delivered.fetch_add(1, Ordering::Release);
                 continue;
             };
@@ -399,13 +405,21 @@ mod pool_impl {
                 continue;
             };
             let push_backoff = Backoff::new();
+            // Planted bug `delivered-before-push` (loom-tests/plants.sh): the completion counts
+            // as delivered before it is in its queue.
+            let early = planted!("delivered-before-push");
+            if early {
+                s.counters.delivered.fetch_add(1, Ordering::Release);
+            }
             loop {
                 match q.push(c) {
                     Ok(()) => {
                         // Release: pairs with the Acquire load in `Runtime::loads_in_flight`,
                         // so a caller that counts this completion delivered finds it queued.
-                        #[cfg(not(kvsched_loom))]
-                        s.counters.delivered.fetch_add(1, Ordering::Release);
+                        // (Planted bug `delivered-relaxed`: Relaxed.)
+                        if !early {
+                            s.counters.delivered.fetch_add(1, DELIVERED_ORDER);
+                        }
                         break;
                     }
                     Err(back) => {
