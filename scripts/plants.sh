@@ -258,6 +258,10 @@ declare -A TESTS=(
   [panic-payload-dropped-bare]="kvsched --test runtime_panicking_drops;kvsched --test kv_tier_panics;kvsched --lib panics"
   # panics.rs: a value `prepare` handed over is dropped unguarded in the step.
   [connector-value-dropped-bare]="kvsched --test runtime_panicking_drops;kvsched --lib panics"
+  # runtime/handoff.rs: a shard thread that finished its part of a parallel step does not
+  # wake the parked engine; the engine does not wake parked shard threads for a step.
+  [handoff-engine-unpark-dropped]="kvsched --test runtime_parallel_wakeups"
+  [handoff-shard-unpark-dropped]="kvsched --test runtime_parallel_wakeups"
   # runtime/shutdown.rs: completions drained while the workers stop go back into their
   # queues once; what does not fit is counted stale instead of applied.
   [shutdown-refill-once]="kvsched --test runtime_shutdown"
@@ -287,7 +291,8 @@ ORDER=(decide-early claim-store late-leak deadline-compact-in-flight load-queue-
   redis-stray-kept redis-no-closing-echo redis-value-bound-ignored layout-not-in-key gave-up-get-uncancelled
   disk-value-bound-ignored disk-pack-identity-unchecked disk-temp-names-foreseeable
   panic-payload-dropped-bare connector-value-dropped-bare shutdown-refill-once
-  redis-echo-off-on-any-error cluster-no-refresh-on-node-failure cluster-refresh-asks-in-order)
+  redis-echo-off-on-any-error cluster-no-refresh-on-node-failure cluster-refresh-asks-in-order
+  handoff-engine-unpark-dropped handoff-shard-unpark-dropped)
 
 if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi
 

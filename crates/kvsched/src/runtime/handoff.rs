@@ -38,6 +38,11 @@ impl Runtime {
         self.inner.done.store(0, Ordering::Relaxed);
         // Release: pairs with the Acquire load of `go` in `shard_loop`.
         self.inner.go.fetch_add(1, Ordering::Release);
+        // Planted bug `handoff-shard-unpark-dropped` (scripts/plants.sh): parked shard
+        // threads are not woken for the step.
+        if planted!("handoff-shard-unpark-dropped") {
+            return;
+        }
         for u in &self.unparkers {
             u.unpark();
         }
@@ -398,7 +403,11 @@ pub(super) fn shard_loop(inner: &Inner, i: usize, parker: Parker) {
         // Release: publishes this shard's result slot to the engine, which Acquire-loads
         // `done` in `Runtime::wait_for_shards`.
         inner.done.fetch_add(1, Ordering::Release);
-        inner.engine.unpark();
+        // Planted bug `handoff-engine-unpark-dropped` (scripts/plants.sh): a parked engine is
+        // not woken by the shard that finished its part.
+        if !planted!("handoff-engine-unpark-dropped") {
+            inner.engine.unpark();
+        }
         idle_since = Instant::now();
     }
 }
