@@ -192,7 +192,9 @@ impl InvalidBlocks {
 pub enum LoadResult {
     /// Every block was filled.
     Ok,
-    /// These blocks hold garbage.
+    /// These blocks hold garbage. Only the load's own blocks count (another id is a foreign
+    /// block, ignored); a failure naming none of them, an empty list included, fails every
+    /// block the load writes.
     Failed(InvalidBlocks),
 }
 

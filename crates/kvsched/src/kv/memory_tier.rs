@@ -60,8 +60,9 @@ impl Shard {
 ///
 /// Limits: capacity counts value bytes only; bookkeeping adds about 100 bytes per value,
 /// which is noise for chunk-sized values. A shard holds at most one value per 64 bytes of
-/// its capacity, so however small (or empty) the values, the bookkeeping stays within about
-/// twice the capacity. A value larger than a shard's share of the
+/// its capacity (and one at least: a tier of capacity 0 holds one empty value per shard), so
+/// however small (or empty) the values, the bookkeeping stays within about twice the
+/// capacity. A value larger than a shard's share of the
 /// capacity is refused. Calls hold one shard lock at a time, for map work and the copy of
 /// one value, never for I/O.
 pub struct MemoryTier {
@@ -339,7 +340,8 @@ impl Tier for MemoryTier {
 /// (`kvsched_testkit::FaultyTier`) uses to change a value at rest exactly as real damage would.
 impl MemoryTier {
     /// Lets `edit` change the value stored for `key` in place (the tier's byte counts follow
-    /// its new length; its recency is untouched). Returns what `edit` returned, or `false`
+    /// its new length, past the capacity if the edit grows it: nothing is evicted; its
+    /// recency is untouched). Returns what `edit` returned, or `false`
     /// when no value is held.
     pub fn edit_stored(&self, key: ChunkKey, edit: impl FnOnce(&mut Vec<u8>) -> bool) -> bool {
         let mut changed = false;

@@ -115,7 +115,9 @@ pub trait Tier: Send + Sync + 'static {
     }
 
     /// Stores each value under its key, replacing what was there. A tier may refuse or drop
-    /// values to stay within its capacity.
+    /// values to stay within its capacity. A put that returns an error may still have stored
+    /// part of its batch (a cache: each value stored is whole, and the caller's checks on
+    /// load decide what it is worth).
     fn put(&self, chunks: &[(ChunkKey, Vec<u8>)]) -> Result<(), TierError>;
     /// The caller's word that no value it stores or loads is larger than `bytes`: a
     /// [`TierConnector`](super::TierConnector) says so when it is made, with its largest
