@@ -274,6 +274,13 @@ declare -A TESTS=(
   # kv/redis/cluster.rs: a refresh asks the nodes in the map's order, each with the whole
   # time left, so a hung first seed keeps the map from the others.
   [cluster-refresh-asks-in-order]="kvsched-testkit --features redis --test kv_redis_cluster"
+  # kv/redis/cluster.rs, node.rs: a refresh after a call's failure runs on the call's spent
+  # time, and each node it asks with none left is marked down (healthy nodes too), so a
+  # failover away from a hung node is never followed.
+  [redis-refresh-on-spent-time]="kvsched-testkit --features redis --test kv_redis_cluster"
+  # kv/redis/cluster.rs: a refresh waits on another call's refresh for as long as it takes,
+  # past its own call's deadline.
+  [refresh-waits-on-lock]="kvsched-testkit --features redis --test kv_redis_desync"
   [tier-store-one-batch]="pytest test_tier_bounds.py::test_a_long_store_jobs_memory_is_bounded"
 )
 ORDER=(decide-early claim-store late-leak deadline-compact-in-flight load-queue-unbounded panic-ok trust-stale end-while-loading no-cross-shard-preempt lookup-uncaught shard-panic-escapes
@@ -292,7 +299,8 @@ ORDER=(decide-early claim-store late-leak deadline-compact-in-flight load-queue-
   disk-value-bound-ignored disk-pack-identity-unchecked disk-temp-names-foreseeable
   panic-payload-dropped-bare connector-value-dropped-bare shutdown-refill-once
   redis-echo-off-on-any-error cluster-no-refresh-on-node-failure cluster-refresh-asks-in-order
-  handoff-engine-unpark-dropped handoff-shard-unpark-dropped)
+  handoff-engine-unpark-dropped handoff-shard-unpark-dropped redis-refresh-on-spent-time
+  refresh-waits-on-lock)
 
 if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi
 

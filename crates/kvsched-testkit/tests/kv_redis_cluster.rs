@@ -289,3 +289,94 @@ fn a_hung_first_seed_does_not_keep_the_slot_map_from_the_others() {
         assert_eq!(g.as_ref(), Some(v));
     }
 }
+
+/// A primary hung (`SIGSTOP`: it accepts connections, answers nothing), its replica
+/// promoted: the tier follows the failover. A call timing out on the hung node has no time
+/// left to ask for the map; a later one, failing at once on the node now down, has, and
+/// asks. (The refresh used to run on the timed-out call's spent time: it failed, marked the
+/// healthy nodes it asked down, and held off every later refresh.)
+#[test]
+fn a_failover_away_from_a_hung_primary_is_followed() {
+    if missing("redis-server") || missing("redis-cli") {
+        return;
+    }
+    let c = LocalCluster::start_with_replicas(3, 1, LocalRedisOptions::new())
+        .expect("start 3 primaries with a replica each");
+    for n in c.nodes() {
+        n.query(&["CONFIG", "SET", "cluster-node-timeout", "1000"])
+            .unwrap();
+    }
+    let t = RedisTier::new(
+        RedisConfig::from_url(&c.url())
+            .unwrap()
+            .backoff(Duration::from_millis(20), Duration::from_millis(200)),
+    )
+    .unwrap();
+    let cancel = CancelToken::new();
+    let data = chunks(25, 30, 1000);
+    let keys: Vec<ChunkKey> = data.iter().map(|c| c.0).collect();
+    t.put(&data).unwrap();
+    eventually("replicated", Duration::from_secs(10), || {
+        let held: u64 = c.nodes()[3..]
+            .iter()
+            .map(|n| n.query(&["DBSIZE"]).unwrap().parse::<u64>().unwrap())
+            .sum();
+        (held == keys.len() as u64).then_some(())
+    });
+    signal(&c, 0, "-STOP");
+    let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        eventually(
+            "the tier follows the failover",
+            Duration::from_secs(40),
+            || t.get(&keys, &cancel).ok(),
+        )
+    }));
+    signal(&c, 0, "-CONT");
+    let got = got.unwrap_or_else(|p| std::panic::resume_unwind(p));
+    for (g, (_, v)) in got.iter().zip(&data) {
+        assert_eq!(g.as_ref(), Some(v));
+    }
+}
+
+/// A node hung, no failover: a call timing out on it leaves the healthy nodes alone, so
+/// every later call of keys they own succeeds. (The refresh that followed the timeout ran
+/// on the call's spent time and marked each healthy node it asked down.)
+#[test]
+fn a_call_timing_out_on_a_hung_node_marks_no_healthy_node_down() {
+    let Some(c) = cluster() else { return };
+    let t = RedisTier::new(
+        RedisConfig::from_url(&c.url())
+            .unwrap()
+            .io_timeout(Duration::from_millis(500)),
+    )
+    .unwrap();
+    let data = chunks(26, 30, 1000);
+    t.put(&data).unwrap();
+    let (on_hung, elsewhere): (Vec<_>, Vec<_>) = data
+        .iter()
+        .cloned()
+        .partition(|(k, _)| owner(&c, &name(&t, *k)) == 0);
+    assert!(!on_hung.is_empty() && !elsewhere.is_empty());
+    let cancel = CancelToken::new();
+    signal(&c, 0, "-STOP");
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let hung: Vec<ChunkKey> = on_hung.iter().map(|c| c.0).collect();
+        assert!(t.get(&hung, &cancel).is_err(), "the hung node answered");
+        let mut failed = Vec::new();
+        for (k, v) in &elsewhere {
+            match t.get(&[*k], &cancel) {
+                Ok(got) => assert_eq!(got, vec![Some(v.clone())]),
+                Err(e) => failed.push(e.to_string()),
+            }
+        }
+        failed
+    }));
+    signal(&c, 0, "-CONT");
+    let failed = outcome.unwrap_or_else(|p| std::panic::resume_unwind(p));
+    assert!(
+        failed.is_empty(),
+        "{} of {} failed: {failed:?}",
+        failed.len(),
+        elsewhere.len()
+    );
+}

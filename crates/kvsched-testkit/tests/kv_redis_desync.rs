@@ -42,6 +42,17 @@ enum Fault {
     /// The server's first `ECHO` is answered `-LOADING` (a restarting server), then as
     /// `StrayBeforeSecondGet`.
     EchoLoadingOnce,
+    /// The server's second `GET` is answered with `STRAY`, then its own reply is an error
+    /// (`-TRYAGAIN`), then, 30 ms later, the `ECHO`'s: the error lands where the `ECHO`'s
+    /// reply is due.
+    StrayThenErrorForSecondGet,
+    /// Every `ECHO` is answered `-ERR unsupported command` (a proxy), whose text does not
+    /// name it.
+    EchoUnsupported,
+    /// A one-node cluster whose slot map is served at once the first time and after 10 s
+    /// later; its second `GET` answers `+OK` after 1.5 s (a reply of the wrong kind), its
+    /// third `MOVED` to itself.
+    SlowRefreshes,
 }
 
 const STRAY: &[u8] = b"a value nobody asked for";
@@ -52,6 +63,8 @@ const BIG: usize = 4 << 20;
 fn serve(fault: Fault) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = listener.local_addr().expect("addr").to_string();
+    let port = listener.local_addr().expect("addr").port();
+    let slots_asked = Arc::new(AtomicUsize::new(0));
     let store: Arc<Mutex<HashMap<Vec<u8>, Vec<u8>>>> = Arc::default();
     // The one-time faults happen once in the server's life, on whichever connection.
     let once = Arc::new(AtomicBool::new(true));
@@ -62,6 +75,7 @@ fn serve(fault: Fault) -> String {
             let store = Arc::clone(&store);
             let once = Arc::clone(&once);
             let gets = Arc::clone(&gets);
+            let slots_asked = Arc::clone(&slots_asked);
             thread::spawn(move || {
                 let Ok(mut w) = conn.try_clone() else { return };
                 let mut r = BufReader::new(conn);
@@ -69,12 +83,34 @@ fn serve(fault: Fault) -> String {
                 while let Some(cmd) = read_command(&mut r) {
                     let name = cmd[0].to_ascii_uppercase();
                     let reply: Vec<u8> = match (name.as_slice(), fault) {
+                        (b"GET", Fault::SlowRefreshes) => match gets.fetch_add(1, Ordering::SeqCst)
+                        {
+                            1 => {
+                                thread::sleep(Duration::from_millis(1500));
+                                b"+OK\r\n".to_vec()
+                            }
+                            2 => format!("-MOVED 1 127.0.0.1:{port}\r\n").into_bytes(),
+                            _ => b"$-1\r\n".to_vec(),
+                        },
                         (b"GET", Fault::BigValues) => bulk(&vec![7; BIG]),
                         (b"GET", Fault::ForgingErrors) => format!(
                             "-ERR x\n[ERROR] forged line \x1b[31mred{}\r\n",
                             "y".repeat(60_000)
                         )
                         .into_bytes(),
+                        (b"GET", Fault::StrayThenErrorForSecondGet)
+                            if gets.fetch_add(1, Ordering::SeqCst) == 1 =>
+                        {
+                            let mut out = bulk(STRAY);
+                            out.extend_from_slice(
+                                b"-TRYAGAIN Multiple keys request during rehashing of slot\r\n",
+                            );
+                            if w.write_all(&out).is_err() {
+                                return;
+                            }
+                            thread::sleep(Duration::from_millis(30));
+                            continue;
+                        }
                         (b"GET", Fault::StrayBeforeSecondGet | Fault::EchoLoadingOnce) => {
                             let v = store.lock().unwrap().get(&cmd[1]).cloned();
                             let out = v.map_or(b"$-1\r\n".to_vec(), |v| bulk(&v));
@@ -122,8 +158,20 @@ fn serve(fault: Fault) -> String {
                         (b"ECHO", Fault::EchoLoadingOnce) if first() => {
                             b"-LOADING Redis is loading the dataset in memory\r\n".to_vec()
                         }
+                        (b"ECHO", Fault::EchoUnsupported) => {
+                            b"-ERR unsupported command\r\n".to_vec()
+                        }
                         (b"ECHO", _) => bulk(&cmd[1]),
                         (b"CLUSTER", Fault::NoSlots) => b"*0\r\n".to_vec(),
+                        (b"CLUSTER", Fault::SlowRefreshes) => {
+                            if slots_asked.fetch_add(1, Ordering::SeqCst) > 0 {
+                                thread::sleep(Duration::from_secs(10));
+                            }
+                            format!(
+                                "*1\r\n*3\r\n:0\r\n:16383\r\n*3\r\n$9\r\n127.0.0.1\r\n:{port}\r\n$2\r\nid\r\n"
+                            )
+                            .into_bytes()
+                        }
                         _ => b"-ERR unknown command\r\n".to_vec(),
                     };
                     if w.write_all(&reply).is_err() {
@@ -298,15 +346,92 @@ fn a_stray_read_as_a_later_calls_reply_fails_that_call_and_never_returns_its_byt
     assert_eq!(c.protocol_errors, 1, "{c:?}");
 }
 
-/// One `-LOADING` answer to the closing `ECHO` (a server still loading its data) does not
-/// turn the in-step check off: a stray read later as a value still fails its call. (Any
-/// error reply to `ECHO` used to switch the check off for the tier's life, silently. Plant
-/// `redis-echo-off-on-any-error`.)
+/// One `-LOADING` answer to the closing `ECHO` (a server still loading its data) fails that
+/// call and does not turn the in-step check off: a stray read later as a value still fails
+/// its call. (Any error reply to `ECHO` used to switch the check off for the tier's life,
+/// silently. Plant `redis-echo-off-on-any-error`.)
 #[test]
 fn a_passing_error_in_the_echos_place_keeps_the_in_step_check() {
     let t = tier(&serve(Fault::EchoLoadingOnce));
+    let chunks: Vec<(ChunkKey, Vec<u8>)> = (1..=12).map(|k| (ChunkKey(k), value_of(k))).collect();
+    assert!(
+        t.put(&chunks).is_err(),
+        "LOADING where the ECHO's reply was due"
+    );
+    thread::sleep(Duration::from_millis(20)); // the node's backoff
+    store_keys(&t, 12);
+    gets_are_never_anothers(&t, 12, Duration::from_millis(5), 1);
+    let c = t.counts();
+    assert_eq!(c.protocol_errors, 2, "{c:?}");
+}
+
+/// A stray shifts the replies so that a data command's own error (`-TRYAGAIN`) lands where
+/// the closing `ECHO`'s reply is due, the `ECHO`'s reply coming later: the error is no answer
+/// to the `ECHO`, so the call fails and never returns the stray as a value. (An error in
+/// that place was taken for the server's answer to `ECHO`, the replies for in step. Plant
+/// `redis-echo-off-on-any-error`.)
+#[test]
+fn a_data_commands_error_shifted_into_the_echos_place_fails_the_call() {
+    let t = tier(&serve(Fault::StrayThenErrorForSecondGet));
     store_keys(&t, 12);
     gets_are_never_anothers(&t, 12, Duration::from_millis(5), 1);
     let c = t.counts();
     assert_eq!(c.protocol_errors, 1, "{c:?}");
+}
+
+/// A proxy answering every `ECHO` with the same error, which does not name it: the first
+/// calls fail (such an error may be a data command's shifted by a stray), then the node is
+/// taken to refuse `ECHO` and served without it.
+#[test]
+fn a_proxy_answering_every_echo_with_an_error_is_served_without_it() {
+    let t = tier(&serve(Fault::EchoUnsupported));
+    let chunks: Vec<(ChunkKey, Vec<u8>)> = (1..=4).map(|k| (ChunkKey(k), value_of(k))).collect();
+    let mut failed = 0;
+    while t.put(&chunks).is_err() {
+        failed += 1;
+        assert!(failed <= 3, "still failing after {failed} calls");
+        thread::sleep(Duration::from_millis(20)); // the node's backoff
+    }
+    assert_eq!(failed, 3);
+    let got = t.get(&[ChunkKey(1)], &CancelToken::new()).expect("get");
+    assert_eq!(got, vec![Some(value_of(1))]);
+}
+
+/// A call failing near its deadline (a reply of the wrong kind after 1.5 s of its 2 s)
+/// while another call's slot-map refresh hangs (a node answering `CLUSTER SLOTS` after
+/// 10 s) returns by its own deadline: it does not wait for the other's refresh, which runs
+/// to that call's later deadline. (It waited on the refresh lock, returning after 3 s.)
+#[test]
+fn a_failing_call_does_not_wait_past_its_deadline_for_anothers_refresh() {
+    let addr = serve(Fault::SlowRefreshes);
+    let t = Arc::new(
+        RedisTier::new(
+            RedisConfig::from_url(&format!("redis://{addr}?cluster=yes"))
+                .expect("url")
+                .io_timeout(Duration::from_secs(2)),
+        )
+        .expect("tier"),
+    );
+    assert!(
+        t.get(&[ChunkKey(3)], &CancelToken::new()).is_ok(),
+        "the map learned"
+    );
+    let a = {
+        let t = Arc::clone(&t);
+        thread::spawn(move || {
+            let t0 = Instant::now();
+            let r = t.get(&[ChunkKey(1)], &CancelToken::new());
+            (t0.elapsed(), r.is_err())
+        })
+    };
+    thread::sleep(Duration::from_millis(1000));
+    // Redirected to a node the map already names: its refresh asks, and hangs to its
+    // deadline (3 s from the start of `a`).
+    assert!(t.get(&[ChunkKey(2)], &CancelToken::new()).is_err());
+    let (took, failed) = a.join().expect("call a");
+    assert!(failed, "the wrong-kind reply fails call a");
+    assert!(
+        took < Duration::from_millis(2500),
+        "call a (deadline 2 s) returned after {took:?}"
+    );
 }

@@ -9,7 +9,8 @@
 
 #[cfg(not(kvsched_loom))]
 mod imp {
-    pub use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+    #[cfg_attr(not(feature = "redis"), allow(unused_imports))] // `MutexGuard`: the Redis tier
+    pub use parking_lot::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
     pub use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
     pub use std::sync::Arc;
     pub use std::thread;

@@ -241,7 +241,28 @@ impl Cluster {
     /// no map, the next ones fail at once for the node backoff's delay (doubling per failed
     /// refresh, capped), with its error.
     pub fn refresh(&self, seen: u64, budget: Budget<'_>) -> Result<(), TierError> {
-        let mut backoff = self.refreshing.lock();
+        // Another call's refresh may be asking a hung node under that call's later deadline:
+        // wait for it no longer than this call may.
+        // Planted bug `refresh-waits-on-lock` (scripts/plants.sh): it waits for as long as
+        // the other refresh takes.
+        let held = if planted!("refresh-waits-on-lock") {
+            Some(self.refreshing.lock())
+        } else {
+            self.refreshing.try_lock_until(budget.deadline)
+        };
+        let Some(backoff) = held else {
+            return Err(TierError::Timeout(self.shared.io_timeout));
+        };
+        self.refresh_locked(backoff, seen, budget)
+    }
+
+    /// [`refresh`](Self::refresh) holding its lock.
+    fn refresh_locked(
+        &self,
+        mut backoff: crate::sync::MutexGuard<'_, RefreshBackoff>,
+        seen: u64,
+        budget: Budget<'_>,
+    ) -> Result<(), TierError> {
         let current = self.map();
         if current.generation != seen {
             return Ok(());
@@ -274,7 +295,25 @@ impl Cluster {
     /// reset, timed out, down): the node may be gone and its slots served by another (a
     /// replica promoted), which nothing else would tell — a dead node sends no `MOVED`. At
     /// most one such refresh runs per [`FAILURE_REFRESH_EVERY`]; the others do nothing.
+    ///
+    /// A call with less than [`MIN_ASK`] of its time left does not ask (a later one will: the
+    /// failing node now fails calls at once, with their time left), nor does one finding
+    /// another refresh under way (it is asking already), so the refresh never runs past the
+    /// call's deadline nor fails for want of time.
     pub fn refresh_after_failure(&self, seen: u64, budget: Budget<'_>) {
+        // Planted bug `redis-refresh-on-spent-time` (scripts/plants.sh, with node.rs): the
+        // refresh runs on whatever time is left, and a node it asks with none is marked down.
+        if budget.remaining() < MIN_ASK && !planted!("redis-refresh-on-spent-time") {
+            return;
+        }
+        let held = if planted!("refresh-waits-on-lock") {
+            Some(self.refreshing.lock())
+        } else {
+            self.refreshing.try_lock()
+        };
+        let Some(backoff) = held else {
+            return;
+        };
         {
             let mut last = self.failure_refresh.lock();
             let now = Instant::now();
@@ -284,7 +323,7 @@ impl Cluster {
             *last = Some(now);
         }
         // Its failure is the refresh backoff's; the call reports its own error.
-        let _ = self.refresh(seen, budget);
+        let _ = self.refresh_locked(backoff, seen, budget);
     }
 
     /// [`refresh`](Self::refresh)'s asking, under its lock.
@@ -346,6 +385,7 @@ impl Cluster {
                 Ok(ranges) if !ranges.is_empty() => return self.install(ranges, seen),
                 Ok(_) => errors.push(format!("{addr}: no slots assigned")),
                 Err(TierError::Timeout(_)) => errors.push(format!("{addr}: no answer in time")),
+                Err(TierError::Unavailable(e)) => errors.push(e),
                 Err(e) => errors.push(e.to_string()),
             }
         }

@@ -12,7 +12,7 @@ use super::pool::{CheckoutError, Pool};
 use super::reply::Limits;
 use super::{resp, AtomicCounts};
 use crate::kv::TierError;
-use crate::sync::{Arc, AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use crate::sync::{Arc, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 /// The `ECHO` closing every pipeline: its reply, a nonce of the call's own, must come
 /// last, so replies shifted by a stray — which the reader cannot tell from the right ones by
@@ -23,8 +23,6 @@ pub(crate) struct Sentinel {
     /// Random per tier: a nonce of another tier (or process) on the same server is no match.
     seed: u64,
     next: AtomicU64,
-    /// The server refused `ECHO`: pipelines go without it (the other checks remain).
-    refused: AtomicBool,
 }
 
 impl Sentinel {
@@ -35,17 +33,15 @@ impl Sentinel {
         Sentinel {
             seed,
             next: AtomicU64::new(0),
-            refused: AtomicBool::new(false),
         }
     }
 
-    /// The next pipeline's closing command and the reply it must get; `None` once the server
-    /// refused `ECHO`.
+    /// The next pipeline's closing command and the reply it must get.
     fn next(&self) -> Option<(Vec<u8>, Vec<u8>)> {
-        // Relaxed: a flag and a counter; any value is a valid nonce, none is reused.
+        // Relaxed: a counter; any value is a valid nonce, none is reused.
         // Planted bug `redis-no-closing-echo` (scripts/plants.sh): pipelines go without it,
         // so a stray read where a value was due, with nothing left over, is taken for it.
-        if self.refused.load(Ordering::Relaxed) || planted!("redis-no-closing-echo") {
+        if planted!("redis-no-closing-echo") {
             return None;
         }
         let n = self.next.fetch_add(1, Ordering::Relaxed);
@@ -53,9 +49,18 @@ impl Sentinel {
         Some((resp::pack(&[&[b"ECHO", &nonce]]), nonce))
     }
 
-    /// Whether an error reply to `ECHO` says the server will never run it: `NOPERM` (an
-    /// ACL) or an unknown command (renamed or disabled). Any other error may pass (`NOAUTH`
-    /// until a password is set, `LOADING`, `BUSY`), and the check goes on.
+    /// Whether an error reply is the server's answer to the `ECHO` itself: its text names
+    /// the command (`NOPERM … 'echo' command`, `unknown command 'ECHO'`, `wrong number of
+    /// arguments for 'echo'`). Another error where the `ECHO`'s reply is due — `LOADING`, or
+    /// a data command's own `MOVED` or `WRONGTYPE` shifted there by a stray reply — proves
+    /// nothing about the replies before it.
+    fn answers_echo(v: &Value) -> bool {
+        resp::error_text(v).is_some_and(|t| t.to_ascii_lowercase().contains("'echo'"))
+            || planted!("redis-echo-off-on-any-error")
+    }
+
+    /// Whether the server's error answer to `ECHO` says it will never run it: `NOPERM` (an
+    /// ACL) or an unknown command (renamed or disabled).
     fn refused_for_good(v: &Value) -> bool {
         // Planted bug `redis-echo-off-on-any-error` (scripts/plants.sh): any error turns the
         // check off, a passing one too.
@@ -69,18 +74,17 @@ impl Sentinel {
             _ => false,
         }
     }
-
-    fn refuse(&self, addr: &NodeAddr) {
-        // Relaxed: see `next`.
-        if !self.refused.swap(true, Ordering::Relaxed) {
-            tracing::warn!(
-                node = %addr,
-                "redis tier: the server refuses ECHO; pipelines go without the closing \
-                 in-step check from now on (the chunks' own checks remain)"
-            );
-        }
-    }
 }
+
+/// The least time a request must have had, when sent, for its timeout to count against the
+/// node (marking it down): a request sent with less, after an earlier node of the call (a hung
+/// one) spent the call's time, says nothing of this node.
+const FAIR_TIME: Duration = Duration::from_millis(100);
+
+/// Pipelines in a row whose closing `ECHO` got an error not naming it (not its own answer)
+/// before the node is taken to refuse `ECHO`: a stray shifting a data command's error there
+/// happens once; a proxy answering every `ECHO` with the same error, every time.
+const ECHO_ERRORS_REFUSE: u32 = 3;
 
 /// Idle connections holding a stray reply one call drops (each a counted protocol error)
 /// before it takes the node for a server sending replies nobody asked for.
@@ -138,6 +142,11 @@ pub(crate) struct Node {
     pub addr: NodeAddr,
     pool: Pool<Conn>,
     shared: Arc<Shared>,
+    /// The server refuses `ECHO` for good: its pipelines go without it (the other checks
+    /// remain).
+    echo_refused: AtomicBool,
+    /// Pipelines in a row whose closing `ECHO` got an error that does not name it.
+    echo_errors: AtomicU32,
 }
 
 impl std::fmt::Debug for Node {
@@ -158,6 +167,20 @@ impl Node {
                 cfg.checkout_timeout,
             ),
             shared,
+            echo_refused: AtomicBool::new(false),
+            echo_errors: AtomicU32::new(0),
+        }
+    }
+
+    /// Pipelines to this node go without the closing `ECHO` from now on (logged once).
+    fn refuse_echo(&self) {
+        // Relaxed: a flag; a pipeline racing it sends one more `ECHO`, refused again.
+        if !self.echo_refused.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                node = %self.addr,
+                "redis tier: the server refuses ECHO; pipelines go without the closing \
+                 in-step check from now on (the chunks' own checks remain)"
+            );
         }
     }
 
@@ -224,6 +247,12 @@ impl Node {
             if budget.cancel.is_some_and(|c| c.is_cancelled()) {
                 return Err(TierError::Cancelled);
             }
+            // The call's time is spent before anything is sent: the node is not at fault.
+            // (Planted bug `redis-refresh-on-spent-time`: the request is sent, and its
+            // timeout marks the node down.)
+            if Instant::now() >= budget.deadline && !planted!("redis-refresh-on-spent-time") {
+                return Err(TierError::Timeout(self.shared.io_timeout));
+            }
             let mut lease = self
                 .pool
                 .checkout_until(budget.deadline, || self.connect(budget))
@@ -277,8 +306,14 @@ impl Node {
                 }
             }
             counters.round_trips.fetch_add(1, Ordering::Relaxed);
+            let fair = budget.remaining() >= FAIR_TIME || planted!("redis-refresh-on-spent-time");
             let mut got = Vec::with_capacity(replies.min(1024));
-            let sentinel = self.shared.sentinel.next();
+            // Relaxed: see `refuse_echo`.
+            let sentinel = if self.echo_refused.load(Ordering::Relaxed) {
+                None
+            } else {
+                self.shared.sentinel.next()
+            };
             let outcome = con.send(packed, budget).and_then(|()| {
                 if let Some((command, _)) = &sentinel {
                     con.send(command, budget)?;
@@ -296,16 +331,35 @@ impl Node {
                 }
                 if let Some((_, nonce)) = &sentinel {
                     match con.read_reply(&Limits::control(), budget)? {
-                        Value::BulkString(b) if b == *nonce => {}
+                        Value::BulkString(b) if b == *nonce => {
+                            // Relaxed: see `refuse_echo`.
+                            self.echo_errors.store(0, Ordering::Relaxed);
+                        }
                         _ if keep_strays => {}
-                        // An error in the `ECHO`'s place: the replies are in step. Only a
-                        // server that will never run it (an ACL, a renamed command) has
-                        // later pipelines go without it; another error (`NOAUTH`,
-                        // `LOADING`, `BUSY`) passes.
-                        v @ Value::ServerError(_) => {
+                        // The server's error answer to the `ECHO` itself: the replies are in
+                        // step. One that will never run it (an ACL, a renamed command) has
+                        // later pipelines go without it.
+                        v @ Value::ServerError(_) if Sentinel::answers_echo(&v) => {
                             if Sentinel::refused_for_good(&v) {
-                                self.shared.sentinel.refuse(&self.addr);
+                                self.refuse_echo();
                             }
+                        }
+                        // Another error there (`LOADING`, or a data command's own shifted
+                        // by a stray) fails the call. The same every time — a proxy
+                        // answering `ECHO` with an error that does not name it — is a
+                        // refusal: after `ECHO_ERRORS_REFUSE` in a row, pipelines go
+                        // without it.
+                        v @ Value::ServerError(_) => {
+                            // Relaxed: see `refuse_echo`.
+                            let n = self.echo_errors.fetch_add(1, Ordering::Relaxed) + 1;
+                            if n >= ECHO_ERRORS_REFUSE {
+                                self.refuse_echo();
+                            }
+                            return Err(ConnError::Protocol(format!(
+                                "an error reply where the pipeline's closing ECHO's was due \
+                                 ({}): the replies may be out of step with their commands",
+                                resp::error_text(&v).unwrap_or_default()
+                            )));
                         }
                         other => {
                             return Err(ConnError::Protocol(format!(
@@ -334,8 +388,10 @@ impl Node {
                 ConnError::Cancelled => return Err(TierError::Cancelled),
                 ConnError::Timeout => {
                     counters.timeouts.fetch_add(1, Ordering::Relaxed);
-                    self.pool
-                        .mark_down(self.describe("request", &"deadline passed"));
+                    if fair {
+                        self.pool
+                            .mark_down(self.describe("request", &"deadline passed"));
+                    }
                     return Err(TierError::Timeout(self.shared.io_timeout));
                 }
                 ConnError::Protocol(p) => {
