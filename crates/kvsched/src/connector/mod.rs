@@ -221,8 +221,9 @@ pub trait KvConnector: Send + Sync + 'static {
     /// thread, so that no step pays for it. The runtime hands the result to the request's
     /// lookups until it is admitted ([`LookupQuery::prepared`]) and drops it then. A panic
     /// here is caught and counted in `Metrics::connector_panics`, and the request goes on
-    /// unprepared; so is a panic of the value's `Drop` when the runtime drops it. The
-    /// default prepares nothing.
+    /// unprepared. A panic of the value's `Drop` is caught wherever the runtime drops it,
+    /// and counted there too when that is at the request's admission (not when a cancel, a
+    /// refused submit or shutdown drops it). The default prepares nothing.
     fn prepare(&self, request: &str, prompt: &[u32]) -> Option<Prepared> {
         let _ = (request, prompt);
         None

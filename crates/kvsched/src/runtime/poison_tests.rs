@@ -76,3 +76,55 @@ fn a_panicking_shard_poisons_the_runtime_instead_of_hanging() {
     }
     std::panic::set_hook(hook);
 }
+
+/// A poisoned runtime's shutdown accounts for every completion that landed: applied, or,
+/// since no step runs, counted stale — those it put back into a two-place queue too.
+#[test]
+fn a_poisoned_shutdown_counts_every_completion_it_cannot_apply() {
+    use crate::connector::{KvConnector, LoadJob, LoadResult, LookupQuery, LookupResult};
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::Arc;
+
+    /// Everything past the first token is loaded asynchronously, in 300 ms.
+    struct Slow(AtomicUsize);
+    impl KvConnector for Slow {
+        fn lookup(&self, q: LookupQuery<'_>) -> LookupResult {
+            LookupResult {
+                external_tokens: (q.prompt.len() as u64 - 1) / 16 * 16,
+                load_async: true,
+            }
+        }
+        fn load(&self, _: &LoadJob) -> LoadResult {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(300));
+            LoadResult::Ok
+        }
+    }
+    let slow = Arc::new(Slow(AtomicUsize::new(0)));
+    let mut rt = Runtime::builder()
+        .shards(1)
+        .workers(4)
+        .completion_queue_capacity(2)
+        .connector(Arc::clone(&slow) as Arc<dyn KvConnector>)
+        .build()
+        .unwrap();
+    for i in 0..4 {
+        rt.submit(SubmitRequest {
+            id: format!("r{i}"),
+            prompt: (0..100).collect(),
+            max_new_tokens: 2,
+            priority: 0,
+            load_deadline: None,
+        })
+        .unwrap();
+    }
+    rt.schedule().expect("a healthy step");
+    while slow.0.load(std::sync::atomic::Ordering::SeqCst) < 4 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    rt.inner.panic_in_shard.store(0, Ordering::Relaxed);
+    rt.schedule().expect_err("the poisoned step");
+    let report = rt.shutdown();
+    let m = &report.metrics;
+    assert_eq!(m.loads_ok + m.stale_completions, 4, "{m:?}");
+}

@@ -72,6 +72,7 @@ impl Runtime {
         // a time as fit, a step for each fill, so none is lost to a small queue.
         self.inner.draining.store(true, Ordering::Relaxed);
         let mut ended_at_shutdown: Vec<(String, EndState)> = Vec::new();
+        let mut step_failed = false;
         loop {
             let mut refilled = false;
             for (i, cs) in parked.iter_mut().enumerate() {
@@ -91,7 +92,10 @@ impl Runtime {
                         .into_iter()
                         .map(|(id, state)| (id.to_string(), state)),
                 ),
-                Err(_) => break,
+                Err(_) => {
+                    step_failed = true;
+                    break;
+                }
             }
             // Planted bug `shutdown-refill-once` (scripts/plants.sh): the queues are refilled
             // once, and what did not fit is counted stale.
@@ -103,7 +107,15 @@ impl Runtime {
                 break;
             }
         }
-        // Only if a step failed (a poisoned runtime) or a queue took nothing.
+        // Only if a step failed (a poisoned runtime: what went back into the queues is
+        // applied by no step either) or a queue took nothing.
+        if step_failed {
+            for s in &self.inner.shards {
+                while s.completions.pop().is_some() {
+                    self.metrics.stale_completions += 1;
+                }
+            }
+        }
         for cs in parked {
             self.metrics.stale_completions += cs.len() as u64;
         }
