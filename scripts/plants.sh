@@ -281,6 +281,9 @@ declare -A TESTS=(
   # kv/redis/cluster.rs: a refresh waits on another call's refresh for as long as it takes,
   # past its own call's deadline.
   [refresh-waits-on-lock]="kvsched-testkit --features redis --test kv_redis_desync"
+  # kv/redis/node.rs: an error where the ECHO's reply is due counts toward taking the node to
+  # refuse ECHO while the data commands err too (a server loading its data turns it off).
+  [echo-refusal-counts-server-errors]="kvsched-testkit --features redis --test kv_redis_desync"
   [tier-store-one-batch]="pytest test_tier_bounds.py::test_a_long_store_jobs_memory_is_bounded"
 )
 ORDER=(decide-early claim-store late-leak deadline-compact-in-flight load-queue-unbounded panic-ok trust-stale end-while-loading no-cross-shard-preempt lookup-uncaught shard-panic-escapes
@@ -300,7 +303,7 @@ ORDER=(decide-early claim-store late-leak deadline-compact-in-flight load-queue-
   panic-payload-dropped-bare connector-value-dropped-bare shutdown-refill-once
   redis-echo-off-on-any-error cluster-no-refresh-on-node-failure cluster-refresh-asks-in-order
   handoff-engine-unpark-dropped handoff-shard-unpark-dropped redis-refresh-on-spent-time
-  refresh-waits-on-lock)
+  refresh-waits-on-lock echo-refusal-counts-server-errors)
 
 if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi
 

@@ -53,6 +53,9 @@ enum Fault {
     /// later; its second `GET` answers `+OK` after 1.5 s (a reply of the wrong kind), its
     /// third `MOVED` to itself.
     SlowRefreshes,
+    /// Every command of the server's first five pipelines is answered `-LOADING` (a server
+    /// loading its data), then as `StrayBeforeSecondGet`.
+    LoadingAWhile,
 }
 
 const STRAY: &[u8] = b"a value nobody asked for";
@@ -65,6 +68,11 @@ fn serve(fault: Fault) -> String {
     let addr = listener.local_addr().expect("addr").to_string();
     let port = listener.local_addr().expect("addr").port();
     let slots_asked = Arc::new(AtomicUsize::new(0));
+    let loading = Arc::new(AtomicUsize::new(if fault == Fault::LoadingAWhile {
+        5
+    } else {
+        0
+    }));
     let store: Arc<Mutex<HashMap<Vec<u8>, Vec<u8>>>> = Arc::default();
     // The one-time faults happen once in the server's life, on whichever connection.
     let once = Arc::new(AtomicBool::new(true));
@@ -76,12 +84,24 @@ fn serve(fault: Fault) -> String {
             let once = Arc::clone(&once);
             let gets = Arc::clone(&gets);
             let slots_asked = Arc::clone(&slots_asked);
+            let loading = Arc::clone(&loading);
             thread::spawn(move || {
                 let Ok(mut w) = conn.try_clone() else { return };
                 let mut r = BufReader::new(conn);
                 let first = || once.swap(false, Ordering::SeqCst);
                 while let Some(cmd) = read_command(&mut r) {
                     let name = cmd[0].to_ascii_uppercase();
+                    if loading.load(Ordering::SeqCst) > 0 {
+                        if name == b"ECHO" {
+                            loading.fetch_sub(1, Ordering::SeqCst);
+                        }
+                        if w.write_all(b"-LOADING Redis is loading the dataset in memory\r\n")
+                            .is_err()
+                        {
+                            return;
+                        }
+                        continue;
+                    }
                     let reply: Vec<u8> = match (name.as_slice(), fault) {
                         (b"GET", Fault::SlowRefreshes) => match gets.fetch_add(1, Ordering::SeqCst)
                         {
@@ -111,7 +131,12 @@ fn serve(fault: Fault) -> String {
                             thread::sleep(Duration::from_millis(30));
                             continue;
                         }
-                        (b"GET", Fault::StrayBeforeSecondGet | Fault::EchoLoadingOnce) => {
+                        (
+                            b"GET",
+                            Fault::StrayBeforeSecondGet
+                            | Fault::EchoLoadingOnce
+                            | Fault::LoadingAWhile,
+                        ) => {
                             let v = store.lock().unwrap().get(&cmd[1]).cloned();
                             let out = v.map_or(b"$-1\r\n".to_vec(), |v| bulk(&v));
                             if gets.fetch_add(1, Ordering::SeqCst) == 1 {
@@ -434,4 +459,22 @@ fn a_failing_call_does_not_wait_past_its_deadline_for_anothers_refresh() {
         took < Duration::from_millis(2500),
         "call a (deadline 2 s) returned after {took:?}"
     );
+}
+
+/// A server answering everything `-LOADING` for five calls, `ECHO` included, then serving:
+/// those calls fail, and the in-step check stays on after them (an error where the `ECHO`'s
+/// reply is due counts toward taking the node to refuse `ECHO` only when the data commands
+/// were answered), so a stray read later as a value still fails its call.
+#[test]
+fn a_server_loading_a_while_keeps_the_in_step_check() {
+    let t = tier(&serve(Fault::LoadingAWhile));
+    let chunks: Vec<(ChunkKey, Vec<u8>)> = (1..=12).map(|k| (ChunkKey(k), value_of(k))).collect();
+    let mut failed = 0;
+    while t.put(&chunks).is_err() {
+        failed += 1;
+        assert!(failed <= 5, "still failing after {failed} calls");
+        thread::sleep(Duration::from_millis(20)); // the node's backoff
+    }
+    assert_eq!(failed, 5);
+    gets_are_never_anothers(&t, 12, Duration::from_millis(5), 1);
 }

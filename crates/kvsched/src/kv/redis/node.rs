@@ -345,15 +345,23 @@ impl Node {
                             }
                         }
                         // Another error there (`LOADING`, or a data command's own shifted
-                        // by a stray) fails the call. The same every time — a proxy
-                        // answering `ECHO` with an error that does not name it — is a
-                        // refusal: after `ECHO_ERRORS_REFUSE` in a row, pipelines go
-                        // without it.
+                        // by a stray) fails the call. One while the data commands were
+                        // answered without error, every time — a proxy answering `ECHO`
+                        // with an error that does not name it — is a refusal: after
+                        // `ECHO_ERRORS_REFUSE` in a row, pipelines go without it. (A server
+                        // answering everything with errors, `LOADING` for a while, says
+                        // nothing of `ECHO`.)
                         v @ Value::ServerError(_) => {
-                            // Relaxed: see `refuse_echo`.
-                            let n = self.echo_errors.fetch_add(1, Ordering::Relaxed) + 1;
-                            if n >= ECHO_ERRORS_REFUSE {
-                                self.refuse_echo();
+                            // Planted bug `echo-refusal-counts-server-errors`
+                            // (scripts/plants.sh): counted while everything errs too.
+                            if got.iter().all(|d| !matches!(d, Value::ServerError(_)))
+                                || planted!("echo-refusal-counts-server-errors")
+                            {
+                                // Relaxed: see `refuse_echo`.
+                                let n = self.echo_errors.fetch_add(1, Ordering::Relaxed) + 1;
+                                if n >= ECHO_ERRORS_REFUSE {
+                                    self.refuse_echo();
+                                }
                             }
                             return Err(ConnError::Protocol(format!(
                                 "an error reply where the pipeline's closing ECHO's was due \
