@@ -187,17 +187,17 @@ fn a_cluster_node_restart_fails_calls_fast_and_they_recover() {
     }
 }
 
-/// A primary killed for good, its replica promoted (`cluster-node-timeout` 1 s): the tier
-/// follows the failover — a call failing on the dead node refreshes the slot map, and its
-/// keys go to the new owner — without the dead node coming back. (It used to re-read the map
-/// only on a `MOVED`, which a dead node never sends: every call touching its slots failed
-/// until it restarted. Plant `cluster-no-refresh-on-node-failure`.)
-#[test]
-fn a_failover_to_a_replica_is_followed_without_the_dead_node_coming_back() {
+/// Keys and their values.
+type Chunks = Vec<(ChunkKey, Vec<u8>)>;
+
+/// 3 primaries with a replica each, failing over after 1 s (`cluster-node-timeout`), node 0
+/// a primary; a tier on it (short node backoff) holding `chunks(seed, 30, 1000)`, every value
+/// replicated. `None` without `redis-server`/`redis-cli`.
+fn replicated(seed: u64) -> Option<(LocalCluster, RedisTier, Chunks)> {
     if missing("redis-server") || missing("redis-cli") {
-        return;
+        return None;
     }
-    let mut c = LocalCluster::start_with_replicas(3, 1, LocalRedisOptions::new())
+    let c = LocalCluster::start_with_replicas(3, 1, LocalRedisOptions::new())
         .expect("start 3 primaries with a replica each");
     for n in c.nodes() {
         n.query(&["CONFIG", "SET", "cluster-node-timeout", "1000"])
@@ -211,22 +211,43 @@ fn a_failover_to_a_replica_is_followed_without_the_dead_node_coming_back() {
             .backoff(Duration::from_millis(20), Duration::from_millis(200)),
     )
     .unwrap();
-    let cancel = CancelToken::new();
-    let data = chunks(23, 30, 1000);
-    let keys: Vec<ChunkKey> = data.iter().map(|c| c.0).collect();
+    let data = chunks(seed, 30, 1000);
     t.put(&data).unwrap();
-    let on_dead: Vec<usize> = (0..keys.len())
-        .filter(|&i| owner(&c, &name(&t, keys[i])) == 0)
-        .collect();
-    assert!(!on_dead.is_empty(), "some keys live on node 0");
-    // The replicas have the values before the primary dies.
     eventually("replicated", Duration::from_secs(10), || {
         let held: u64 = c.nodes()[3..]
             .iter()
             .map(|n| n.query(&["DBSIZE"]).unwrap().parse::<u64>().unwrap())
             .sum();
-        (held == keys.len() as u64).then_some(())
+        (held == data.len() as u64).then_some(())
     });
+    Some((c, t, data))
+}
+
+/// Runs `f` with node `i`'s process stopped (`SIGSTOP`: it accepts connections, answers
+/// nothing), continued afterwards even when `f` panics.
+fn while_hung<T>(c: &LocalCluster, i: usize, f: impl FnOnce() -> T) -> T {
+    signal(c, i, "-STOP");
+    let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    signal(c, i, "-CONT");
+    out.unwrap_or_else(|p| std::panic::resume_unwind(p))
+}
+
+/// A primary killed for good, its replica promoted (`cluster-node-timeout` 1 s): the tier
+/// follows the failover — a call failing on the dead node refreshes the slot map, and its
+/// keys go to the new owner — without the dead node coming back. (It used to re-read the map
+/// only on a `MOVED`, which a dead node never sends: every call touching its slots failed
+/// until it restarted. Plant `cluster-no-refresh-on-node-failure`.)
+#[test]
+fn a_failover_to_a_replica_is_followed_without_the_dead_node_coming_back() {
+    let Some((mut c, t, data)) = replicated(23) else {
+        return;
+    };
+    let cancel = CancelToken::new();
+    let keys: Vec<ChunkKey> = data.iter().map(|c| c.0).collect();
+    assert!(
+        keys.iter().any(|&k| owner(&c, &name(&t, k)) == 0),
+        "some keys live on node 0"
+    );
     c.node_mut(0).unwrap().stop();
     let got = eventually(
         "the tier follows the failover",
@@ -274,17 +295,14 @@ fn a_hung_first_seed_does_not_keep_the_slot_map_from_the_others() {
         .collect();
     assert!(!elsewhere.is_empty());
     let keys: Vec<ChunkKey> = elsewhere.iter().map(|c| c.0).collect();
-    signal(&c, 0, "-STOP");
-    // A new tier, its map unknown: every refresh asks the hung seed first.
-    let fresh = RedisTier::new(RedisConfig::from_url(&c.url()).unwrap()).unwrap();
     let cancel = CancelToken::new();
-    let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+    let got = while_hung(&c, 0, || {
+        // A new tier, its map unknown: every refresh asks the hung seed first.
+        let fresh = RedisTier::new(RedisConfig::from_url(&c.url()).unwrap()).unwrap();
         eventually("served past the hung seed", Duration::from_secs(20), || {
             fresh.get(&keys, &cancel).ok()
         })
-    }));
-    signal(&c, 0, "-CONT");
-    let got = got.unwrap_or_else(|p| std::panic::resume_unwind(p));
+    });
     for (g, (_, v)) in got.iter().zip(&elsewhere) {
         assert_eq!(g.as_ref(), Some(v));
     }
@@ -297,42 +315,18 @@ fn a_hung_first_seed_does_not_keep_the_slot_map_from_the_others() {
 /// healthy nodes it asked down, and held off every later refresh.)
 #[test]
 fn a_failover_away_from_a_hung_primary_is_followed() {
-    if missing("redis-server") || missing("redis-cli") {
+    let Some((c, t, data)) = replicated(25) else {
         return;
-    }
-    let c = LocalCluster::start_with_replicas(3, 1, LocalRedisOptions::new())
-        .expect("start 3 primaries with a replica each");
-    for n in c.nodes() {
-        n.query(&["CONFIG", "SET", "cluster-node-timeout", "1000"])
-            .unwrap();
-    }
-    let t = RedisTier::new(
-        RedisConfig::from_url(&c.url())
-            .unwrap()
-            .backoff(Duration::from_millis(20), Duration::from_millis(200)),
-    )
-    .unwrap();
+    };
     let cancel = CancelToken::new();
-    let data = chunks(25, 30, 1000);
     let keys: Vec<ChunkKey> = data.iter().map(|c| c.0).collect();
-    t.put(&data).unwrap();
-    eventually("replicated", Duration::from_secs(10), || {
-        let held: u64 = c.nodes()[3..]
-            .iter()
-            .map(|n| n.query(&["DBSIZE"]).unwrap().parse::<u64>().unwrap())
-            .sum();
-        (held == keys.len() as u64).then_some(())
-    });
-    signal(&c, 0, "-STOP");
-    let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+    let got = while_hung(&c, 0, || {
         eventually(
             "the tier follows the failover",
             Duration::from_secs(40),
             || t.get(&keys, &cancel).ok(),
         )
-    }));
-    signal(&c, 0, "-CONT");
-    let got = got.unwrap_or_else(|p| std::panic::resume_unwind(p));
+    });
     for (g, (_, v)) in got.iter().zip(&data) {
         assert_eq!(g.as_ref(), Some(v));
     }
@@ -358,8 +352,7 @@ fn a_call_timing_out_on_a_hung_node_marks_no_healthy_node_down() {
         .partition(|(k, _)| owner(&c, &name(&t, *k)) == 0);
     assert!(!on_hung.is_empty() && !elsewhere.is_empty());
     let cancel = CancelToken::new();
-    signal(&c, 0, "-STOP");
-    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+    let failed = while_hung(&c, 0, || {
         let hung: Vec<ChunkKey> = on_hung.iter().map(|c| c.0).collect();
         assert!(t.get(&hung, &cancel).is_err(), "the hung node answered");
         let mut failed = Vec::new();
@@ -370,9 +363,7 @@ fn a_call_timing_out_on_a_hung_node_marks_no_healthy_node_down() {
             }
         }
         failed
-    }));
-    signal(&c, 0, "-CONT");
-    let failed = outcome.unwrap_or_else(|p| std::panic::resume_unwind(p));
+    });
     assert!(
         failed.is_empty(),
         "{} of {} failed: {failed:?}",
