@@ -7,11 +7,14 @@
 //! `panic-payload-dropped-bare`, `connector-value-dropped-bare`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::time::Duration;
 
 use kvsched::connector::{KvConnector, LoadJob, LoadResult, LookupQuery, LookupResult, Prepared};
-use kvsched::{Runtime, Settings, StepOutput, SubmitRequest};
+use kvsched::{Runtime, Settings, StepOutput};
+
+mod support;
+use support::{guarded, req};
 
 /// Panics when dropped (unless the thread is already unwinding, which would abort).
 struct Bomb;
@@ -82,59 +85,48 @@ struct Outcome {
 }
 
 /// Three requests on one worker with no load deadline (a load that never completes keeps its
-/// request live for good), driven to the end; `Err` names what escaped or hung.
+/// request live for good), driven to the end under the hang guard; `Err` names what went
+/// wrong (a panic escaping the runtime fails the guard).
 fn run(at: Where) -> Result<Outcome, String> {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let outcome = std::panic::catch_unwind(move || -> Result<Outcome, String> {
-            let mut rt = Runtime::builder()
-                .shards(1)
-                .workers(1)
-                .settings(Settings::default().with_load_deadline(None))
-                .shutdown_timeout(Duration::from_secs(2))
-                .connector(Arc::new(Hostile {
-                    at,
-                    calls: AtomicU64::new(0),
-                }))
-                .build()
-                .map_err(|e| e.to_string())?;
-            for i in 0..3 {
-                rt.submit(SubmitRequest {
-                    id: format!("r{i}"),
-                    prompt: (0..100).collect(),
-                    max_new_tokens: 2,
-                    priority: 0,
-                    load_deadline: None,
-                })
+    guarded(&format!("{at:?}"), move || {
+        let mut rt = Runtime::builder()
+            .shards(1)
+            .workers(1)
+            .settings(Settings::default().with_load_deadline(None))
+            .shutdown_timeout(Duration::from_secs(2))
+            .connector(Arc::new(Hostile {
+                at,
+                calls: AtomicU64::new(0),
+            }))
+            .build()
+            .map_err(|e| e.to_string())?;
+        for i in 0..3 {
+            rt.submit(req(&format!("r{i}"), (0..100).collect(), 2))
                 .map_err(|e| format!("submit r{i}: {e}"))?;
+        }
+        let mut out = StepOutput::default();
+        for _ in 0..2_000 {
+            if rt.live() == 0 {
+                break;
             }
-            let mut out = StepOutput::default();
-            for _ in 0..2_000 {
-                if rt.live() == 0 {
-                    break;
-                }
-                rt.update(std::mem::take(&mut out));
-                let plan = rt.schedule().map_err(|e| format!("schedule: {e}"))?;
-                out = StepOutput::all_sampled(&plan);
-                if plan.scheduled.is_empty() {
-                    rt.wait_for_work(Duration::from_millis(5));
-                }
+            rt.update(std::mem::take(&mut out));
+            let plan = rt.schedule().map_err(|e| format!("schedule: {e}"))?;
+            out = StepOutput::all_sampled(&plan);
+            if plan.scheduled.is_empty() {
+                rt.wait_for_work(Duration::from_millis(5));
             }
-            let live = rt.live();
-            let report = rt.shutdown();
-            if live > 0 {
-                return Err(format!("{live} requests never finished"));
-            }
-            Ok(Outcome {
-                finished: report.metrics.finished,
-                connector_panics: report.metrics.connector_panics,
-                violations: report.violations,
-            })
-        });
-        let _ = tx.send(outcome.unwrap_or_else(|_| Err("a panic escaped the runtime".into())));
-    });
-    rx.recv_timeout(Duration::from_secs(60))
-        .unwrap_or_else(|_| Err("hung for 60 s".into()))
+        }
+        let live = rt.live();
+        let report = rt.shutdown();
+        if live > 0 {
+            return Err(format!("{live} requests never finished"));
+        }
+        Ok(Outcome {
+            finished: report.metrics.finished,
+            connector_panics: report.metrics.connector_panics,
+            violations: report.violations,
+        })
+    })
 }
 
 fn check(at: Where) {

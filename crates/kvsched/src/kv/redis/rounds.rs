@@ -106,10 +106,6 @@ impl RedisTier {
             rounds += 1;
             // Group by node, in order of first appearance.
             let mut map = None;
-            let seen = match &self.topology {
-                Topology::Cluster(c) => c.map().generation(),
-                Topology::Single(_) => 0,
-            };
             let mut groups: Vec<(Arc<Node>, Group)> = Vec::new();
             for (i, target) in pending.drain(..) {
                 let node = self.target_node(&mut map, slots[i], &target, budget)?;
@@ -119,6 +115,13 @@ impl RedisTier {
                     None => groups.push((node, vec![(i, asking)])),
                 }
             }
+            // The generation of the map this round routed by (a round of redirects only:
+            // the current one).
+            let seen = match (&self.topology, &map) {
+                (Topology::Cluster(_), Some(m)) => m.generation(),
+                (Topology::Cluster(c), None) => c.map().generation(),
+                (Topology::Single(_), _) => 0,
+            };
             let mut moved = false;
             for (node, group) in groups {
                 if cancel.is_some_and(|c| c.is_cancelled()) {
