@@ -208,6 +208,40 @@ fn a_save_batch_of_zero_is_a_config_error_naming_it() {
 }
 
 #[test]
+fn counts_of_zero_and_thread_counts_past_the_limit_are_config_errors_naming_them() {
+    let layout = KvLayout::for_groups(&one_group().groups, 8, 8).expect("layout");
+    let memory: Arc<dyn KvMemory> = Arc::new(HostKvMemory::new(layout, 4).expect("memory"));
+    let cases = [
+        ("save_queue: 0", one_group().with_save_queue(0)),
+        ("index_capacity: 0", one_group().with_index_capacity(0)),
+        ("save_threads: 0", one_group().with_save_threads(0)),
+        ("save_threads: 1025", one_group().with_save_threads(1025)),
+        ("get_threads: 0", one_group().with_get_threads(0)),
+        (
+            "get_threads: 18446744073709551615",
+            one_group().with_get_threads(usize::MAX),
+        ),
+    ];
+    for (want, cfg) in cases {
+        match TierConnector::new(Arc::new(MemoryTier::new(1 << 20, 1)), memory.clone(), cfg) {
+            Err(e) => assert!(
+                e.to_string()
+                    .starts_with(&format!("tier connector: {want}")),
+                "{want}: {e}"
+            ),
+            Ok(_) => panic!("{want}: accepted"),
+        }
+    }
+    // The bounds themselves are accepted.
+    let cfg = one_group()
+        .with_save_queue(1)
+        .with_index_capacity(1)
+        .with_save_threads(2)
+        .with_get_threads(1024);
+    assert!(TierConnector::new(Arc::new(MemoryTier::new(1 << 20, 1)), memory, cfg).is_ok());
+}
+
+#[test]
 fn a_wait_too_long_to_add_to_an_instant_is_a_config_error_naming_it() {
     let layout = KvLayout::for_groups(&one_group().groups, 8, 8).expect("layout");
     let memory: Arc<dyn KvMemory> = Arc::new(HostKvMemory::new(layout, 4).expect("memory"));

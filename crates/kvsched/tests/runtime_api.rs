@@ -108,6 +108,16 @@ fn submit_errors_are_typed_and_lose_nothing() {
         Err(RuntimeError::EmptyPrompt(_))
     ));
     assert!(matches!(rt.submit(req("", 40)), Err(RuntimeError::EmptyId)));
+    let zero = SubmitRequest {
+        load_deadline: Some(Duration::ZERO),
+        ..req("z", 40)
+    };
+    let e = rt.submit(zero).expect_err("a zero deadline");
+    assert!(matches!(&e, RuntimeError::ZeroLoadDeadline(id) if id == "z"));
+    assert_eq!(
+        e.to_string(),
+        "request \"z\": load_deadline: must be > 0 (or None)"
+    );
     // 63 usable blocks of 16 tokens: 1,100 tokens never fit.
     match rt.submit(req("big", 1100)) {
         Err(RuntimeError::TooLong { needed, usable, .. }) => assert_eq!((needed, usable), (69, 63)),

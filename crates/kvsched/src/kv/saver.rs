@@ -12,7 +12,7 @@ use super::tier_call::guarded;
 use super::{ChunkCodec, ChunkKey, Tier};
 use crate::connector::CancelToken;
 use crate::sync::condvar::Condvar;
-use crate::sync::{thread, Arc, AtomicU64, AtomicUsize, Mutex, Ordering};
+use crate::sync::{thread, Arc, AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering};
 
 /// One unit of background work.
 pub(crate) enum Work {
@@ -30,7 +30,10 @@ pub(crate) enum Work {
 /// When the write-behind of a [`TierConnector`](super::TierConnector) stops trying: after
 /// `after_failed_batches` tier puts in a row failed, it pauses saving for `pause`, then tries
 /// the next batch; each further failure right after a pause doubles the pause, up to
-/// `max_pause`; a batch stored resets both. Chunks taken off the queue while paused are not
+/// `max_pause`; a batch stored resets both. A load the tier answers in the meantime shows it
+/// back: the pause then ends at most `pause` from then (so a store that is up again gets
+/// its saves back within `pause`, and one that answers reads but keeps refusing writes costs
+/// at most a failed batch every `pause`). Chunks taken off the queue while paused are not
 /// tried, only counted ([`TierCounts::saves_skipped`](super::TierCounts::saves_skipped)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SaveBackoff {
@@ -117,6 +120,9 @@ struct Shared {
     busy: AtomicUsize,
     backoff: SaveBackoff,
     pause: Mutex<Pause>,
+    /// Whether a pause has started since the last stored batch: spares a load that the tier
+    /// answered the pause's lock when saving is not paused.
+    pausing: AtomicBool,
     /// The chunk buffers saves are copied into and sealed in, reused.
     buffers: Buffers,
     cpu_share: f64,
@@ -170,6 +176,7 @@ impl Saver {
             busy: AtomicUsize::new(0),
             backoff,
             pause: Mutex::new(Pause::default()),
+            pausing: AtomicBool::new(false),
             buffers: Buffers::new(chunk_bytes),
             cpu_share,
             batch: batch.max(1),
@@ -219,6 +226,11 @@ impl Saver {
         drop(q);
         self.shared.ready.notify_one();
         true
+    }
+
+    /// The tier answered a load in time: a save pause ends soon ([`SaveBackoff`]).
+    pub(crate) fn tier_answered(&self) {
+        self.shared.tier_answered();
     }
 
     /// The reused chunk buffers: a save takes one, fills it (room, then payload) and offers
@@ -352,6 +364,8 @@ impl Shared {
         let pause = p.next.unwrap_or(b.pause).min(b.max_pause);
         p.next = Some(pause.saturating_mul(2).min(b.max_pause));
         p.until = Some(Instant::now() + pause);
+        // Relaxed: a hint read by `tier_answered`, which takes the lock before acting on it.
+        self.pausing.store(true, Ordering::Relaxed);
         let first = !std::mem::replace(&mut p.warned, true);
         drop(p);
         self.counters.pauses.fetch_add(1, Ordering::Relaxed);
@@ -373,6 +387,23 @@ impl Shared {
         p.failed_in_row = 0;
         p.next = None;
         p.until = None;
+        // Relaxed: see `put_failed`.
+        self.pausing.store(false, Ordering::Relaxed);
+    }
+
+    /// The tier answered a load: a pause ends at most the backoff's first pause from now.
+    fn tier_answered(&self) {
+        // Relaxed: a hint (see `put_failed`); a pause it misses is shortened by a later load.
+        if !self.pausing.load(Ordering::Relaxed) || planted!("save-pause-outlasts-outage") {
+            return;
+        }
+        let mut p = self.pause.lock();
+        if let (Some(until), Some(soon)) = (p.until, Instant::now().checked_add(self.backoff.pause))
+        {
+            if until > soon {
+                p.until = Some(soon);
+            }
+        }
     }
 }
 

@@ -207,3 +207,58 @@ fn saves_that_keep_failing_pause_and_count_what_they_skip() {
         "reset: the next put is tried at once"
     );
 }
+
+/// A load the tier answers shows it is back: a long pause then ends within the backoff's
+/// first pause, and saving resumes; a pause already shorter is kept. Without the answer the
+/// same pause is still on after that time.
+#[test]
+fn a_load_the_tier_answers_cuts_a_long_save_pause_short() {
+    let pause = std::time::Duration::from_millis(500);
+    let backoff = SaveBackoff {
+        after_failed_batches: 1,
+        pause,
+        max_pause: pause * 16,
+    };
+    let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    for answered in [false, true] {
+        let tier = Arc::new(Filling::default());
+        tier.room.store(100, Ordering::SeqCst);
+        let s = saver(&tier, backoff);
+        // Four failures in a row: pauses of 0.5, 1, 2 and 4 s; the last is on.
+        for _ in 0..4 {
+            s.shared.put_failed("down".to_owned());
+        }
+        offer(&s, 1..2);
+        assert_eq!(r(&s.counts().skipped), 1, "paused");
+        if answered {
+            s.tier_answered();
+        }
+        std::thread::sleep(pause + std::time::Duration::from_millis(200));
+        offer(&s, 2..3);
+        let puts = tier.puts.load(Ordering::SeqCst);
+        if answered {
+            assert_eq!(
+                (puts, r(&s.counts().saved_chunks)),
+                (1, 1),
+                "saving resumed within the first pause of the answer"
+            );
+        } else {
+            assert_eq!(puts, 0, "without an answer the 4 s pause is still on");
+        }
+    }
+    // A pause shorter than the first pause's length is not made longer by an answer.
+    let tier = Arc::new(Filling::default());
+    tier.room.store(100, Ordering::SeqCst);
+    let s = saver(
+        &tier,
+        SaveBackoff {
+            after_failed_batches: 1,
+            pause: std::time::Duration::from_secs(30),
+            max_pause: std::time::Duration::from_secs(30),
+        },
+    );
+    s.shared.put_failed("down".to_owned());
+    let until = s.shared.pause.lock().until;
+    s.tier_answered();
+    assert_eq!(s.shared.pause.lock().until, until);
+}

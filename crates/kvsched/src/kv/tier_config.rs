@@ -8,6 +8,10 @@ use crate::rules::geometry::CacheGroup;
 /// The longest `drop_timeout` and save pause a connector accepts.
 const MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(86_400);
 
+/// Most threads of each kind a connector starts ([`TierConnectorConfig::save_threads`],
+/// [`TierConnectorConfig::get_threads`]).
+const MAX_THREADS: usize = 1024;
+
 /// Settings of a [`TierConnector`]: [`TierConnectorConfig::default`] and the `with_*`
 /// setters.
 #[derive(Clone, Debug, PartialEq)]
@@ -34,11 +38,12 @@ pub struct TierConnectorConfig {
     pub async_ratio: f64,
     /// Seed of the async/sync choice.
     pub seed: u64,
-    /// Most chunks waiting to be saved; offers past it are dropped (counted).
+    /// Most chunks waiting to be saved (at least 1); offers past it are dropped (counted).
     pub save_queue: usize,
-    /// Threads storing chunks and probing the tier.
+    /// Threads storing chunks and probing the tier (1–1,024).
     pub save_threads: usize,
-    /// Most keys the local index remembers (default 1,048,576, about 40 MiB). Past it the
+    /// Most keys the local index remembers (at least 1; default 1,048,576, about 40 MiB; the
+    /// index keeps at least two keys per internal shard whatever the figure). Past it the
     /// index forgets the keys used longest ago (looked up, saved or loaded), in halves: a
     /// chunk it forgot is a lookup miss, and a probe. Give it as many keys as the tier holds
     /// chunks, or a long prompt's prefix is cut at the first chunk forgotten.
@@ -53,8 +58,8 @@ pub struct TierConnectorConfig {
     pub probe_miss_ttl: std::time::Duration,
     /// Most threads running the gets of a tier that may block ([`Tier::may_block`]), so that
     /// a load with a deadline waits for the tier only until then (see the guarantees of
-    /// [`TierConnector`]); they start on demand, when gets queue behind busy ones (default
-    /// 64). At most this many gets can hang at once.
+    /// [`TierConnector`]); they start on demand, when gets queue behind busy ones (1–1,024,
+    /// default 64). At most this many gets can hang at once.
     pub get_threads: usize,
     /// How long dropping the connector waits, in all, for its threads (default 10 s, as the
     /// runtime's shutdown): the save threads finishing the batch each holds (what is still
@@ -141,6 +146,26 @@ impl TierConnectorConfig {
                 "save_cpu_share: {} is outside (0, 1]",
                 self.save_cpu_share
             )));
+        }
+        if self.save_queue == 0 {
+            return Err(TierConnectorError::Config(
+                "save_queue: 0 chunks; at least 1 is needed".to_owned(),
+            ));
+        }
+        if self.index_capacity == 0 {
+            return Err(TierConnectorError::Config(
+                "index_capacity: 0 keys; at least 1 is needed".to_owned(),
+            ));
+        }
+        for (field, n) in [
+            ("save_threads", self.save_threads),
+            ("get_threads", self.get_threads),
+        ] {
+            if !(1..=MAX_THREADS).contains(&n) {
+                return Err(TierConnectorError::Config(format!(
+                    "{field}: {n} is outside 1-{MAX_THREADS}"
+                )));
+            }
         }
         if self.save_batch == 0 {
             return Err(TierConnectorError::Config(

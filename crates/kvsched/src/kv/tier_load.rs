@@ -104,6 +104,9 @@ impl TierConnector {
                 }
             }
         }
+        if !wanted.is_empty() {
+            self.saver.tier_answered();
+        }
     }
 
     /// A tier that may block: batched reads into one buffer per chunk, each bounded by the
@@ -179,6 +182,7 @@ impl TierConnector {
                 false
             }
             Some((bufs, held)) => {
+                self.saver.tier_answered();
                 for ((&w, buf), h) in wanted.iter().zip(&bufs).zip(held) {
                     self.land(job, w, h.then_some(&buf[..]), bad);
                 }

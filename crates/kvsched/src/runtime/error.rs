@@ -42,6 +42,10 @@ pub enum RuntimeError {
     /// An empty prompt.
     #[error("request {0:?}: empty prompt")]
     EmptyPrompt(String),
+    /// A request's own `load_deadline` of zero (its loads would expire unrun; `None` takes
+    /// [`Settings::load_deadline`](crate::Settings::load_deadline)).
+    #[error("request {0:?}: load_deadline: must be > 0 (or None)")]
+    ZeroLoadDeadline(String),
     /// The runtime is shutting down.
     #[error("the runtime is shut down")]
     ShutDown,

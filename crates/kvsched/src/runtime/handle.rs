@@ -26,7 +26,8 @@ pub struct SubmitRequest {
     pub max_new_tokens: u32,
     /// Lower runs first (default 0).
     pub priority: i16,
-    /// This request's async-load deadline, overriding [`Settings::load_deadline`].
+    /// This request's load deadline, overriding [`Settings::load_deadline`]; `Some` must be
+    /// above zero ([`RuntimeError::ZeroLoadDeadline`]).
     pub load_deadline: Option<Duration>,
 }
 
@@ -50,8 +51,8 @@ impl std::fmt::Debug for Handle {
 }
 
 impl Handle {
-    /// Queues a request; it is admitted at a following step. Errors: an empty prompt, a
-    /// request longer than the pool can ever hold, an id already live, or a runtime that is
+    /// Queues a request; it is admitted at a following step. Errors: an empty id or prompt,
+    /// a zero `load_deadline`, a request longer than the pool can ever hold, an id already live, or a runtime that is
     /// shut down.
     pub fn submit(&self, req: SubmitRequest) -> Result<(), RuntimeError> {
         self.inner.submit(req)

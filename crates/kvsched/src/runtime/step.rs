@@ -402,6 +402,7 @@ impl Runtime {
         // Each shard's commands go to its inbox as one batch, in the output's order.
         let mut batches = std::mem::take(&mut self.command_batches);
         batches.resize_with(self.inner.shards.len(), Vec::new);
+        let one_shard = batches.len() == 1;
         for id in out.finished {
             let i = self.inner.shard_of(&id);
             batches[i].push(Command::Finish(id));
@@ -410,6 +411,11 @@ impl Runtime {
         if !current {
             if !out.sampled.is_empty() || !out.invalid_blocks.is_empty() {
                 self.metrics.stale_outputs += 1;
+            }
+        } else if one_shard {
+            // Every sample goes to the one shard: nothing to route.
+            if let Some(batch) = batches.first_mut() {
+                batch.extend(out.sampled.into_iter().map(Command::Sampled));
             }
         } else {
             // Each shard keeps a sample only for a request the plan scheduled to sample.

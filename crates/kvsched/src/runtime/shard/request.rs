@@ -82,8 +82,8 @@ pub(crate) fn prompt_hashes(geo: &Geometry, prompt: &[u32]) -> Vec<Vec<BlockHash
 }
 
 impl NewRequest {
-    /// Checks `req` as a submission is checked before it is queued: an id, a prompt, and a
-    /// length a pool of `pool_blocks` blocks (the null block included) can ever hold.
+    /// Checks `req` as a submission is checked before it is queued: an id, a prompt, a
+    /// `load_deadline` that is `None` or above zero, and a length a pool of `pool_blocks` blocks (the null block included) can ever hold.
     pub fn check(
         geo: &Geometry,
         pool_blocks: usize,
@@ -94,6 +94,9 @@ impl NewRequest {
         }
         if req.prompt.is_empty() {
             return Err(RuntimeError::EmptyPrompt(req.id.clone()));
+        }
+        if req.load_deadline.is_some_and(|d| d.is_zero()) {
+            return Err(RuntimeError::ZeroLoadDeadline(req.id.clone()));
         }
         let total = req.prompt.len() as u64 + u64::from(req.max_new_tokens.max(1));
         let needed: u64 = geo
