@@ -115,6 +115,8 @@ fn verify_off_moves_the_bytes_without_reading_them() {
     }
     assert_eq!(get(&v, "config.verify"), "off");
     assert_eq!(get(&v, "invariants.ok"), &Value::Bool(true), "{v}");
+    // The sim store is no Redis: no Redis traffic to report.
+    assert!(get(&v, "kv.redis").is_null(), "{v}");
 }
 
 #[test]

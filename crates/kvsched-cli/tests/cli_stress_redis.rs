@@ -69,6 +69,15 @@ fn a_private_redis_store_moves_and_verifies_real_bytes() {
         // Each run starts on an emptied server, and nothing failed on the way.
         assert_eq!(count(run, "kv.chunks_loaded_from_others"), 0, "{run}");
         assert_eq!(count(run, "kv.tier_errors"), 0, "{run}");
+        // The tier's own traffic: round trips, and no trouble on one healthy server.
+        assert!(count(run, "kv.redis.round_trips") > 0, "{run}");
+        for k in ["redirects", "slot_refreshes", "timeouts", "protocol_errors"] {
+            assert_eq!(
+                count(run, &format!("kv.redis.{k}")),
+                0,
+                "kv.redis.{k}: {run}"
+            );
+        }
     }
 }
 

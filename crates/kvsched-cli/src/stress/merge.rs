@@ -215,6 +215,7 @@ impl KvCounts {
             transfer_damage: add(self.transfer_damage, o.transfer_damage),
             reconnects: opt(self.reconnects, o.reconnects),
             connect_failures: opt(self.connect_failures, o.connect_failures),
+            redis: either(self.redis, o.redis, |a, b| a.merge(&b)),
             load_bandwidth: self.load_bandwidth.merge(
                 &o.load_bandwidth,
                 add(self.kv_bytes_loaded, o.kv_bytes_loaded),

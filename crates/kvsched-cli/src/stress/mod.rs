@@ -133,6 +133,7 @@ mod prefixes;
 mod processes;
 mod progress;
 mod prompt_sources;
+mod redis_traffic;
 mod render;
 mod report;
 mod run_end;

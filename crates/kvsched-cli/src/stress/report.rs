@@ -173,6 +173,10 @@ pub struct KvCounts {
     /// Redis: connection attempts that failed (a server down or restarting); `null` for
     /// other stores.
     pub connect_failures: Option<u64>,
+    /// Redis: the tier's round trips, redirects, slot map reloads, timeouts and refused
+    /// replies; `null` for other stores.
+    #[serde(default)]
+    pub redis: Option<super::redis_traffic::RedisTraffic>,
     /// How fast loads moved bytes out of the store (`kv_bytes_loaded` over the time in loads).
     #[serde(default)]
     pub load_bandwidth: super::load_bandwidth::LoadBandwidth,

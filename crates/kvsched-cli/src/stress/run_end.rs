@@ -72,6 +72,7 @@ pub(super) fn kv_counts(
             transfer_damage: store.sim.as_ref().map_or(0, |s| s.counts().damaged),
             reconnects: store.connections().map(|c| c.0),
             connect_failures: store.connections().map(|c| c.1),
+            redis: store.redis_traffic(),
             load_bandwidth: LoadBandwidth::of(connector.tier().name(), &t),
         }
     }

@@ -208,6 +208,8 @@ pub(super) struct Opened {
 pub(super) struct StoreProbe {
     /// Redis: `(reconnects, connect_failures)`, see [`Opened::connections`].
     connections: Option<(u64, u64)>,
+    /// Redis: the tier's traffic.
+    redis: Option<super::redis_traffic::RedisTraffic>,
     /// Disk: the capacity in force once the file system was found full (the bytes held
     /// then), see [`kvsched::kv::DiskCounts::full_writes`].
     full_at: Option<u64>,
@@ -224,6 +226,11 @@ impl Opened {
     /// for other stores.
     pub(super) fn connections(&self) -> Option<(u64, u64)> {
         self.probe.as_ref().and_then(|f| f().connections)
+    }
+
+    /// A Redis store's traffic so far; `None` for other stores.
+    pub(super) fn redis_traffic(&self) -> Option<super::redis_traffic::RedisTraffic> {
+        self.probe.as_ref().and_then(|f| f().redis)
     }
 
     /// A disk store's capacity in force once its file system was found full (the bytes it
@@ -371,6 +378,7 @@ fn disk_probe(disk: &DiskTier) -> StoreProbe {
     let s = disk.counts();
     StoreProbe {
         connections: None,
+        redis: None,
         full_at: (s.full_writes > 0).then_some(s.capacity_bytes),
     }
 }
@@ -398,6 +406,7 @@ mod redis_store {
 
     use super::{store_error, Opened, StoreProbe, StoreSpec};
     use crate::stress::config::{StressConfig, StressError};
+    use crate::stress::redis_traffic::RedisTraffic;
     use kvsched::kv::redis::{RedisConfig, RedisTier};
     use kvsched_testkit::redis::{LocalCluster, LocalRedis, LocalRedisOptions};
 
@@ -482,6 +491,13 @@ mod redis_store {
         let made = s.connects.saturating_sub(s.connect_failures);
         StoreProbe {
             connections: Some((made.saturating_sub(s.connections), s.connect_failures)),
+            redis: Some(RedisTraffic {
+                round_trips: s.round_trips,
+                redirects: s.redirects,
+                slot_refreshes: s.slot_refreshes,
+                timeouts: s.timeouts,
+                protocol_errors: s.protocol_errors,
+            }),
             full_at: None,
         }
     }

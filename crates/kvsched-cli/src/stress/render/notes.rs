@@ -112,6 +112,7 @@ fn kv_notes(report: &StressReport, notes: &mut Vec<String>) {
             String::new()
         };
         notes.extend(super::store_notes::disk_drop_note(c, r, &who));
+        notes.extend(super::store_notes::redis_note(r, &who));
     }
     if c.mode == Mode::Vllm {
         for r in &runs {
