@@ -130,6 +130,12 @@ declare -A TESTS=(
   # only in a Mamba align group, so a sliding-window sharer that a hand-off rolls back below
   # its prefix hit writes its window into the null block.
   [window-into-null]="kvsched --test engine_api"
+  # shard/outputs.rs: an owner that passes a Mamba `align` state inside a step clears its
+  # mark, so the sharers waiting for it resume from a state nobody wrote.
+  [align-pass-clears-mark]="kvsched --test engine_api sharers::an_align_owner"
+  # shard/claim.rs: reported blocks leave the prefix cache only with phase 3's decisions, so
+  # after a live switch from vllm a shard admitting before the owner's hits them unscanned.
+  [report-evicted-late]="kvsched --test engine_api sharers::requests_admitted"
   # kvsched-testkit sim/model/engine.rs: the model engine does not count a read through a
   # null entry, so the `unreadable_reads` every model test holds at 0 would read 0 anyway.
   [model-null-read-uncounted]="kvsched-testkit --test model_exact a_read_through_a_null_entry"
@@ -306,7 +312,8 @@ ORDER=(decide-early claim-store late-leak deadline-compact-in-flight load-queue-
   panic-payload-dropped-bare connector-value-dropped-bare shutdown-refill-once
   redis-echo-off-on-any-error cluster-no-refresh-on-node-failure cluster-refresh-asks-in-order
   handoff-engine-unpark-dropped handoff-shard-unpark-dropped redis-refresh-on-spent-time
-  refresh-waits-on-lock echo-refusal-counts-server-errors save-pause-outlasts-outage)
+  refresh-waits-on-lock echo-refusal-counts-server-errors save-pause-outlasts-outage
+  align-pass-clears-mark report-evicted-late)
 
 if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi
 

@@ -23,7 +23,8 @@ pub struct Settings {
     pub policy: Policy,
     /// Deadline of an async load from its dispatch (default 5 s; `None`: none). A load past it
     /// is treated as failed for all its blocks; its late completion is counted stale, and its
-    /// blocks stay parked (never reused) until it lands.
+    /// blocks stay parked (never reused) until it lands. The steps judge it: a completion
+    /// queued before the first step that finds the deadline passed is applied as it came.
     pub load_deadline: Option<Duration>,
     /// Failed external loads after which a request is offered no more (default 2): its next
     /// attempt recomputes locally.

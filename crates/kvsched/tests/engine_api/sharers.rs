@@ -33,6 +33,22 @@ fn sharers_with(
     n_sharers: u32,
     policy: Policy,
 ) -> (Engine, kvsched::Report) {
+    sharers_on(groups, owner_end, n_sharers, policy, (96, 100), 0, "owner")
+}
+
+/// Prompts of `len` tokens whose first `shared` (a multiple of every block size) are the same
+/// for all: the owner's load. `late` more requests with that prefix are submitted right after
+/// the step whose sync load failed, so the first step in mode `safe` admits them (each shard
+/// its own: their ids spread them over both). The owner's id is `owner`.
+fn sharers_on(
+    groups: Vec<CacheGroup>,
+    owner_end: OwnerEnd,
+    n_sharers: u32,
+    policy: Policy,
+    (shared, len): (usize, usize),
+    late: u32,
+    owner: &str,
+) -> (Engine, kvsched::Report) {
     let pool = 512;
     let tier = Arc::new(Damaging::armed_later(MemoryTier::new(64 << 20, 4)));
     let mut eng = Engine::new(groups.clone(), pool).with_tier(tier.clone(), 0.0);
@@ -40,7 +56,9 @@ fn sharers_with(
         .connector(eng.tier_conn.clone().unwrap())
         .build()
         .unwrap();
-    eng.submit(&rt, "seed", prompt(0, 96, 1, 100), 1);
+    // The seed's last full block ends where the shared prefix does, so the tier holds every
+    // group's entries there (a Mamba `align` state only where a step ended).
+    eng.submit(&rt, "seed", prompt(0, shared, 1, shared + 4), 1);
     assert!(eng.run_until_idle(&mut rt, Duration::from_secs(10)));
     eng.flush();
     rt.shutdown();
@@ -53,9 +71,9 @@ fn sharers_with(
         .connector(eng.tier_conn.clone().unwrap())
         .build()
         .unwrap();
-    eng.submit(&rt, "owner", prompt(0, 96, 2, 100), 4);
+    eng.submit(&rt, owner, prompt(0, shared, 2, len), 4);
     for i in 0..n_sharers {
-        eng.submit(&rt, &format!("sharer{i}"), prompt(0, 96, 3 + i, 100), 4);
+        eng.submit(&rt, &format!("sharer{i}"), prompt(0, shared, 3 + i, len), 4);
     }
     let mut switched = false;
     let mut ended_owner = false;
@@ -71,8 +89,8 @@ fn sharers_with(
             ended_owner = true;
             match owner_end {
                 OwnerEnd::Stays => {}
-                OwnerEnd::Cancelled => rt.cancel("owner"),
-                OwnerEnd::Finished => out.finished.push("owner".into()),
+                OwnerEnd::Cancelled => rt.cancel(owner),
+                OwnerEnd::Finished => out.finished.push(owner.into()),
             }
         }
         if std::env::var("COLD_VERBOSE").is_ok() {
@@ -109,6 +127,9 @@ fn sharers_with(
             eng.tally.garbage_kept.truncate(before);
         }
         if failed_sync && !switched {
+            for i in 0..late {
+                eng.submit(&rt, &format!("late{i}"), prompt(0, shared, 30 + i, len), 4);
+            }
             rt.update_settings(
                 Settings::default()
                     .with_mode(Mode::Safe)
@@ -247,4 +268,93 @@ fn handoff_to_a_window_sharer_rolls_back_into_null_entries() {
     );
     eng.assert_clean();
     assert_report_clean(&r, 512);
+}
+
+/// Mamba `align` keeps one state, at a step's end: an owner whose recompute runs past the
+/// end of a shared prefix in one chunk never writes the state there (here `[0, 48)` with the
+/// sharers' prefix ending at 16). The sharers wait for that state block, so the owner hands
+/// it off instead of clearing its mark: the next sharer claims it and recomputes, and none
+/// resumes from the unwritten state.
+#[test]
+fn an_align_owner_recomputing_past_a_shared_state_hands_it_off() {
+    for (groups, shared, len) in [
+        (
+            vec![
+                CacheGroup::full_attention(16),
+                CacheGroup::mamba(16, MambaMode::Align),
+            ],
+            16,
+            56,
+        ),
+        (
+            vec![
+                CacheGroup::full_attention(8),
+                CacheGroup::sliding_window(8, 1),
+                CacheGroup::mamba(16, MambaMode::Align),
+            ],
+            32,
+            72,
+        ),
+    ] {
+        for e in [OwnerEnd::Stays, OwnerEnd::Cancelled, OwnerEnd::Finished] {
+            let (eng, r) = sharers_on(
+                groups.clone(),
+                e,
+                2,
+                Policy::Recompute,
+                (shared, len),
+                0,
+                "owner",
+            );
+            eng.assert_clean();
+            assert!(
+                eng.tally.invariant_violations.is_empty(),
+                "{e:?}: {:?}",
+                eng.tally.invariant_violations
+            );
+            assert_report_clean(&r, 512);
+            assert!(
+                r.metrics.claims > 0,
+                "{e:?}: nothing claimed: {:?}",
+                r.metrics
+            );
+        }
+    }
+}
+
+/// Requests submitted after the step whose sync load failed are admitted by the first step
+/// in mode `safe`. Mode `vllm` put the load's destinations in the prefix cache at admission:
+/// a shard admitting before the owner's shard has decided its recovery must not find them
+/// there, or the request reads the failed blocks unscanned and keeps what it computed. (Shards
+/// decide in order, so only a request on a shard before the owner's can meet them: the two
+/// owner ids put the owner on each shard.)
+#[test]
+fn requests_admitted_in_the_recovery_step_never_hit_a_reported_block() {
+    for groups in [
+        vec![CacheGroup::full_attention(16)],
+        vec![
+            CacheGroup::full_attention(16),
+            CacheGroup::mamba(16, MambaMode::Align),
+        ],
+    ] {
+        for owner in ["owner", "o1"] {
+            let (eng, r) = sharers_on(
+                groups.clone(),
+                OwnerEnd::Stays,
+                0,
+                Policy::Recompute,
+                (64, 128),
+                6,
+                owner,
+            );
+            eng.assert_clean();
+            assert!(
+                eng.tally.invariant_violations.is_empty(),
+                "{:?}",
+                eng.tally.invariant_violations
+            );
+            assert_report_clean(&r, 512);
+            assert_eq!(r.metrics.finished, 7, "{r}");
+        }
+    }
 }

@@ -25,6 +25,16 @@ impl<S: Strategy> Shard<S> {
         report_ids: &[BlockId],
     ) {
         self.hits.clear();
+        // Mode safe: every reported block leaves the prefix cache here, in phase 2, which all
+        // shards end before any shard admits (phase 3). Mode vllm caches a sync load's
+        // destinations at admission, so after a live switch to safe a failed block may still
+        // be cached, and a request admitted by a shard deciding before the owner's would hit
+        // it unscanned. (Planted bug `report-evicted-late`: only phase 3's decisions evict.)
+        if settings.mode == Mode::Safe && !planted!("report-evicted-late") {
+            for &id in report_ids {
+                env.pool.evict(id);
+            }
+        }
         if settings.record_inputs {
             for key in self.loading.keys().chain(self.running.keys()) {
                 let Some(r) = self.reqs.get(&key.seq()) else {

@@ -87,7 +87,7 @@ impl<S: Strategy> Shard<S> {
     /// claim reset. It cannot name a block another request was given since: `r` still holds
     /// its references here, so the block is not free, and the engine's share of the next
     /// report drops it if its generation moved.
-    fn held_by_others(env: &Env<'_, S>, r: &Req, id: BlockId) -> Option<BlockRef> {
+    pub(super) fn held_by_others(env: &Env<'_, S>, r: &Req, id: BlockId) -> Option<BlockRef> {
         let own = r.tables.iter().flatten().filter(|&&x| x == id).count();
         let others = (env.pool.ref_count(id) as usize).saturating_sub(own);
         env.pool

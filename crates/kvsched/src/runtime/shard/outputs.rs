@@ -6,7 +6,8 @@ use crate::pool::BlockRef;
 use crate::runtime::policy::lost::reoffer_at_pre_step;
 
 use super::strategy::{Claims, Pool, Strategy};
-use super::{EndState, Env, HolderIndex, Phase, Req, Shard};
+use super::{EndState, Env, HolderIndex, Phase, Req, Shard, ShardStepResult};
+use crate::runtime::policy::caching::cacheable;
 
 impl<S: Strategy> Shard<S> {
     /// Applies the engine's output for the last step: sampled tokens (unless recovery
@@ -53,7 +54,7 @@ impl<S: Strategy> Shard<S> {
                     r.generated += 1;
                 }
                 r.written = r.num_computed_tokens;
-                Self::confirm_progress(env, r, &mut self.index);
+                Self::confirm_progress(env, r, &mut self.index, &mut self.result);
             }
             if finish
                 || (!skip && r.generated >= r.max_new_tokens && r.max_new_tokens > 0 && sampled)
@@ -89,23 +90,60 @@ impl<S: Strategy> Shard<S> {
     }
 
     /// The computed length is confirmed (the step ran and was not discarded): clear pending
-    /// marks of recomputed owned blocks, register full prompt blocks, trim nullable entries.
-    fn confirm_progress(env: &Env<'_, S>, r: &mut Req, index: &mut HolderIndex) {
+    /// marks of recomputed owned blocks, hand off the owned blocks it went past without
+    /// writing, register full prompt blocks, trim nullable entries.
+    ///
+    /// An owned block is rewritten once the request has computed past its end — except a
+    /// Mamba `align` state, which a step writes only where it ends: a state block whose end
+    /// the request passed inside a step (not at its end) will never be written by it, so
+    /// it is handed off to the next request holding it, as if its owner had ended (planted
+    /// bug `align-pass-clears-mark`: its mark is cleared, and the waiters resume from a state
+    /// nobody wrote).
+    fn confirm_progress(
+        env: &Env<'_, S>,
+        r: &mut Req,
+        index: &mut HolderIndex,
+        res: &mut ShardStepResult,
+    ) {
         let nct = r.num_computed_tokens;
         let key = r.key;
         let groups = env.geo.groups();
+        let mut passed = Vec::new();
         r.owned_pending.retain(|&id| {
             // Find the block's end in whichever group holds it.
-            let done = r.tables.iter().zip(groups).any(|(t, grp)| {
-                t.iter()
-                    .position(|&x| x == id)
-                    .is_some_and(|i| (i as u64 + 1) * grp.block_size <= nct)
-            });
+            let mut done = false;
+            for (t, grp) in r.tables.iter().zip(groups) {
+                let Some(i) = t.iter().position(|&x| x == id) else {
+                    continue;
+                };
+                let end = (i as u64 + 1) * grp.block_size;
+                if end > nct {
+                    continue;
+                }
+                if cacheable(grp, i, nct) || planted!("align-pass-clears-mark") {
+                    done = true;
+                } else {
+                    passed.push(id);
+                    return false;
+                }
+            }
             if done {
                 env.claims.clear_pending(id, key);
             }
             !done
         });
+        for id in passed {
+            // Read while `r` still holds the block (the trim below may release it).
+            let shared = Self::held_by_others(env, r, id);
+            env.claims.orphan(id, key);
+            match shared {
+                Some(b) => {
+                    res.handoffs.push(b);
+                    res.counters.handoffs += 1;
+                }
+                None => env.claims.forget(id),
+            }
+        }
         Self::register_and_trim(env, r, index);
     }
 
