@@ -232,6 +232,9 @@ declare -A TESTS=(
   # fork, drop and bounded-memory guarantees.
   # tier_jobs.rs: a forked child takes itself for the parent, queues jobs for workers it does
   # not have and joins threads it never had.
+  # bindings/python/python/kvsched/vllm.py: a Mamba `align` state a sharer waits for counts as
+  # rewritten once its owner is past it, though only a step ending there writes it.
+  [align-wait-inexact]="pytest test_vllm.py::test_an_owner_past_an_align_state_it_never_ended_a_step_at_hands_it_over"
   [tier-fork-unchecked]="pytest test_tier_lifecycle.py::test_a_forked_child_fails_every_job_at_once_and_exits_cleanly"
   # tier.rs: dropping the tier joins its store with the GIL held; other threads stop while the
   # store waits on a silent server.
@@ -313,7 +316,7 @@ ORDER=(decide-early claim-store late-leak deadline-compact-in-flight load-queue-
   redis-echo-off-on-any-error cluster-no-refresh-on-node-failure cluster-refresh-asks-in-order
   handoff-engine-unpark-dropped handoff-shard-unpark-dropped redis-refresh-on-spent-time
   refresh-waits-on-lock echo-refusal-counts-server-errors save-pause-outlasts-outage
-  align-pass-clears-mark report-evicted-late)
+  align-pass-clears-mark report-evicted-late align-wait-inexact)
 
 if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi
 

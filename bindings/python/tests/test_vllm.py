@@ -290,3 +290,43 @@ def test_bad_arguments_name_their_field(call, field):
     with pytest.raises(kvsched.ScenarioError) as e:
         call()
     assert e.value.field == field, e.value
+
+
+def align_sharers() -> AdmittingScheduler:
+    # R1 and R2 async, sharing group 1's block 12: a Mamba `align` state, the one after 32
+    # tokens (entry 1). R1 owns it; R2 waits.
+    s = AdmittingScheduler({
+        "mode": "safe",
+        "groups": [{"kind": "full_attention", "block_size": 16},
+                   {"kind": "mamba", "block_size": 16, "mamba_mode": "align"}],
+        "requests": [
+            {"id": "R1", "class": "async", "num_computed_tokens": 48,
+             "block_tables": [[1, 2, 3], [0, 12, 13]]},
+            {"id": "R2", "class": "async", "num_computed_tokens": 48,
+             "block_tables": [[21, 22, 23], [0, 12, 33]]},
+        ],
+        "invalid_blocks": [],
+    })
+    s.admitted = []
+    s._handle_invalid_blocks({12}, {})
+    assert s.kvsched_held("R2") and not s.kvsched_held("R1")
+    waits = s._kvsched_holds().waiting()["R2"]
+    assert [(w.block, w.ready_at, w.exact) for w in waits] == [(12, 32, True)]
+    return s
+
+
+def test_an_align_state_is_rewritten_only_by_a_step_ending_at_it():
+    s = align_sharers()
+    s.requests["R1"].num_computed_tokens = 32  # a step ended at 32: the state is written
+    s.schedule()
+    assert not s.kvsched_held("R2") and s.admitted == ["R1", "R2"]
+
+
+def test_an_owner_past_an_align_state_it_never_ended_a_step_at_hands_it_over():
+    # R1's recompute ran [0, 48) in one step: the state after 32 tokens was never written.
+    # R2 must not resume from it: it takes the block over and rolls back below it.
+    s = align_sharers()
+    s.requests["R1"].num_computed_tokens = 48
+    s.schedule()
+    assert s.requests["R2"].num_computed_tokens < 32
+    assert not s.kvsched_held("R2")

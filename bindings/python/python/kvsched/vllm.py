@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvsched import ScenarioError, recover
+from kvsched import ScenarioError, _native, recover
 from kvsched._args import unordered
 
 __all__ = [
@@ -83,11 +83,17 @@ class RequestState:
 @dataclass(frozen=True)
 class Wait:
     """A sharer must not read ``block`` until ``owner`` has recomputed it: until the owner's
-    ``num_computed_tokens`` reaches ``ready_at`` (the end of the block in the owner's table)."""
+    ``num_computed_tokens`` reaches ``ready_at`` (the end of the block in the owner's table).
+
+    ``exact``: the block is a Mamba ``align`` state, which only a step *ending* at
+    ``ready_at`` writes (a step writes the state where it ends). An owner seen past
+    ``ready_at`` without having been seen at it went past the block without writing it: the
+    block is handed over as if the owner had ended (:meth:`SharerHolds.refresh`)."""
 
     block: int
     owner: str
     ready_at: int
+    exact: bool = False
 
 
 @dataclass
@@ -278,7 +284,7 @@ def plan_from_outcome(
                 if w["owner"] not in ends:
                     ends[w["owner"]] = _rewritten_at(by_id[w["owner"]], groups, reported)
             waits[rid] = [
-                Wait(w["block"], w["owner"], ends[w["owner"]].get(w["block"], 0))
+                Wait(w["block"], w["owner"], *ends[w["owner"]].get(w["block"], (0, False)))
                 for w in d["waits_for"]
             ]
     return RecoveryPlan(
@@ -303,17 +309,20 @@ def _reported(scenario: dict[str, Any], n_groups: int) -> list[set[int]]:
 
 def _rewritten_at(
     tables: Sequence[Sequence[int]], groups: Sequence[CacheGroup], reported: list[set[int]]
-) -> dict[int, int]:
+) -> dict[int, tuple[int, bool]]:
     """Per reported block in the owner's ``tables``, the owner's ``num_computed_tokens`` from
-    which it is rewritten: the end of its first reported entry there. One pass over the
-    owner's tables, however many sharers wait for it."""
-    out: dict[int, int] = {}
+    which it is rewritten — the end of its first reported entry there — and whether that is
+    a Mamba ``align`` state, written only by a step ending exactly there (:class:`Wait`). One
+    pass over the owner's tables, however many sharers wait for it."""
+    out: dict[int, tuple[int, bool]] = {}
     for gi, (g, table) in enumerate(zip(groups, tables)):
+        exact = g.kind == "mamba" and g.mamba_mode == "align"
+        exact = exact and not _native._PLANT_ALIGN_WAIT_INEXACT
         for i, b in enumerate(table):
             if b in reported[gi]:
                 end = (i + 1) * g.block_size
-                if end < out.get(b, end + 1):
-                    out[b] = end
+                if b not in out or end < out[b][0]:
+                    out[b] = (end, exact)
     return out
 
 
@@ -321,8 +330,10 @@ class SharerHolds:
     """Mode ``safe``'s waiting sharers, kept across steps.
 
     After :meth:`add` of a plan, :meth:`held` says whether a request must not be scheduled yet;
-    :meth:`refresh` drops the waits whose owner has recomputed past the block, and for a block
-    whose owner ended first (finished, failed, preempted) hands the block to the next waiter:
+    :meth:`refresh` drops the waits whose owner has recomputed past the block (a Mamba ``align``
+    state: ended a step at it), and for a block whose owner ended first (finished, failed,
+    preempted), or went past an ``align`` state without ending a step there, hands the block
+    to the next waiter:
     it returns the requests and block that must be re-planned (the next waiter then owns it and
     rolls back; the others wait for it), which :meth:`replan` does.
     """
@@ -381,10 +392,13 @@ class SharerHolds:
                 c = now[w.owner]
                 if c is None:
                     done = ended[w.owner]
-                    if done is None or done < w.ready_at:
+                    if done is None or done < w.ready_at or (w.exact and done != w.ready_at):
                         orphaned.setdefault(w.block, []).append(rid)
                 elif c < w.ready_at:
                     keep.append(w)
+                elif w.exact and c > w.ready_at:
+                    # An ``align`` state the owner went past inside a step: never written.
+                    orphaned.setdefault(w.block, []).append(rid)
             self._waits[rid] = keep
         return orphaned
 
