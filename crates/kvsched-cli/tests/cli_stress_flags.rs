@@ -162,7 +162,7 @@ fn hostile_sizes_are_refused_against_the_caps() {
         (vec!["--shards", "65"], "--shards", "1 to 64"),
         (vec!["--workers", "257"], "--workers", "1 to 256"),
         (vec!["--workers", "0"], "--workers", "1 to 256"),
-        (vec!["--live", "16777217"], "--live", "16777216"),
+        (vec!["--live", "1048577"], "--live", "1048576"),
         (vec!["--max-seqs", "1048577"], "--max-seqs", "1048576"),
         (vec!["--requests", "100000001"], "--requests", "100000000"),
         (vec!["--prefixes", "0"], "--prefixes", "16777216"),

@@ -9,21 +9,43 @@ use super::super::histograms::ns;
 use super::super::scheduler::Scheduler;
 use super::super::workload::Generated;
 use super::{Engine, MAX_VIOLATIONS};
+use crate::stress::values::MAX_LIVE_PROMPT_TOKENS;
+
+/// The most requests that arrive between two steps.
+const MAX_ARRIVALS_PER_STEP: u32 = 1 << 16;
 
 impl<S: Scheduler> Engine<'_, S> {
     /// Submits the requests whose arrival time has come (open loop), or up to `--live` live
-    /// requests (closed loop).
+    /// requests (closed loop) — while the live requests' prompts hold fewer than
+    /// [`MAX_LIVE_PROMPT_TOKENS`] tokens (one request always may arrive when none is live),
+    /// at most [`MAX_ARRIVALS_PER_STEP`] between two steps (the rest come before the next
+    /// ones), and until the run's `--duration` has passed: so a step takes in a bounded
+    /// number of new requests, and the run ends within about a step of its duration.
     pub(super) fn arrivals(&mut self, now: Instant) {
         // Offsets, not instants: an offset that saturated (a tiny --rate) is never reached,
         // and `start + offset` is only formed for offsets already passed.
         let elapsed = now.saturating_duration_since(self.start);
-        while self.next < self.cfg.requests {
+        let mut arrived = 0;
+        while self.next < self.cfg.requests && arrived < MAX_ARRIVALS_PER_STEP {
             let arrival = match self.next_at {
                 Some(at) if at > elapsed => break,
                 Some(at) => self.start + at,
                 None if self.live() >= self.cfg.live as u64 => break,
                 None => Instant::now(),
             };
+            if self.live() > 0
+                && self.sources.live_tokens() + self.held.tokens() >= MAX_LIVE_PROMPT_TOKENS
+            {
+                if self.held_back != Some(self.next) {
+                    self.held_back = Some(self.next);
+                    self.engine_events.arrivals_held_back += 1;
+                }
+                break;
+            }
+            if Instant::now().saturating_duration_since(self.start) >= self.duration {
+                break;
+            }
+            arrived += 1;
             let g = self.work.request(self.next);
             self.held.arrive(g, arrival, &self.conn.inner);
             self.next += 1;
@@ -75,6 +97,7 @@ impl<S: Scheduler> Engine<'_, S> {
             }
             Err(e) => {
                 self.sim.end_request(&id);
+                self.sources.ended(&id, kvsched::EndState::Failed);
                 self.rejected += 1;
                 if self.violations.len() < MAX_VIOLATIONS {
                     self.violations.push(format!("submit refused: {e}"));

@@ -34,9 +34,11 @@ pub struct StressConfig {
     pub requests: u64,
     /// Arrival rate: requests per second (open loop, Poisson), or `max` (closed loop at --live).
     /// Any positive rate is accepted; arrivals that would fall after --duration never come.
+    /// Whatever the rate, requests wait to arrive while the live ones' prompts hold 2^26 =
+    /// 67,108,864 tokens (the run's memory bound; the report counts them).
     #[arg(long, default_value = "2000", allow_negative_numbers = true, value_parser = Rate::from_str)]
     pub rate: Rate,
-    /// Live requests kept by `--rate max`.
+    /// Live requests kept by `--rate max` (1 to 2^20 = 1,048,576).
     #[arg(long, default_value_t = DEFAULT_LIVE, allow_negative_numbers = true, value_parser = parse_live)]
     pub live: usize,
     /// Longest run time in seconds, at most 86400 (the run ends at whichever of --requests and

@@ -25,6 +25,8 @@ pub(super) struct Held {
     on: bool,
     /// Each request, its arrival, when it was held and its probe.
     queue: VecDeque<(Generated, Instant, Instant, Prefetch)>,
+    /// The prompt tokens of the requests in `queue`.
+    tokens: u64,
 }
 
 impl Held {
@@ -34,6 +36,7 @@ impl Held {
         Held {
             on: matches!(cfg.store, StoreSpec::RedisUrl { .. }),
             queue: VecDeque::new(),
+            tokens: 0,
         }
     }
 
@@ -44,6 +47,7 @@ impl Held {
         } else {
             Prefetch::default()
         };
+        self.tokens += g.req.prompt.len() as u64;
         self.queue.push_back((g, arrival, Instant::now(), probe));
     }
 
@@ -53,7 +57,14 @@ impl Held {
         if !probe.is_ready() && now.saturating_duration_since(*held_at) < HOLD_BOUND {
             return None;
         }
-        self.queue.pop_front().map(|(g, at, _, _)| (g, at))
+        let (g, at, _, _) = self.queue.pop_front()?;
+        self.tokens -= g.req.prompt.len() as u64;
+        Some((g, at))
+    }
+
+    /// The prompt tokens of the requests held.
+    pub(super) fn tokens(&self) -> u64 {
+        self.tokens
     }
 
     /// Requests held.

@@ -169,6 +169,7 @@ impl EngineEvents {
             client_cancels_skipped: add(self.client_cancels_skipped, o.client_cancels_skipped),
             fault_cancels_after_end: add(self.fault_cancels_after_end, o.fault_cancels_after_end),
             late_cancels_ended: add(self.late_cancels_ended, o.late_cancels_ended),
+            arrivals_held_back: add(self.arrivals_held_back, o.arrivals_held_back),
             samples_after_cancel: add(self.samples_after_cancel, o.samples_after_cancel),
         }
     }

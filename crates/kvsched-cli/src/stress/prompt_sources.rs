@@ -96,13 +96,16 @@ pub(super) enum LoadEvent {
 #[derive(Default)]
 pub(super) struct PromptSources {
     live: FxHashMap<Arc<str>, Track>,
+    /// The prompt tokens of the requests in `live`.
+    live_tokens: u64,
     totals: PromptTokens,
 }
 
 impl PromptSources {
     /// A request submitted with a prompt of `prompt_len` tokens.
     pub(super) fn add(&mut self, id: &Arc<str>, prompt_len: usize) {
-        self.live.insert(
+        self.live_tokens += prompt_len as u64;
+        let replaced = self.live.insert(
             id.clone(),
             Track {
                 prompt_len: prompt_len as u64,
@@ -110,6 +113,14 @@ impl PromptSources {
                 loads: Vec::new(),
             },
         );
+        if let Some(old) = replaced {
+            self.live_tokens -= old.prompt_len;
+        }
+    }
+
+    /// The prompt tokens of the requests submitted and not ended.
+    pub(super) fn live_tokens(&self) -> u64 {
+        self.live_tokens
     }
 
     /// A load of tokens `start..end` for request `id` started, or ended (after its start)
@@ -183,6 +194,7 @@ impl PromptSources {
         let Some(t) = self.live.remove(id) else {
             return;
         };
+        self.live_tokens -= t.prompt_len;
         if state != EndState::Finished {
             return;
         }

@@ -293,6 +293,10 @@ pub struct EngineEvents {
     /// Cancels sent for a request whose sampled token from the last step was still to be
     /// applied: the cancel reaches the scheduler first, so the sample is an unknown command.
     pub samples_after_cancel: u64,
+    /// Requests whose arrival waited because the live requests' prompts held
+    /// `MAX_LIVE_PROMPT_TOKENS` (67,108,864) tokens, the driver's memory bound.
+    #[serde(default)]
+    pub arrivals_held_back: u64,
 }
 
 /// The invariant verdict.

@@ -16,8 +16,14 @@ pub const MAX_POOL_BLOCKS: usize = 1 << 24;
 pub const MAX_SHARDS: usize = 64;
 /// The most worker threads (`--workers`), as the runtime's builder.
 pub const MAX_WORKERS: usize = 256;
-/// The most live requests kept by `--rate max` (`--live`).
-pub const MAX_LIVE: usize = 1 << 24;
+/// The most live requests kept by `--rate max` (`--live`): about 3.5 KB of the driver's
+/// bookkeeping each, 3.6 GB at the most.
+pub const MAX_LIVE: usize = 1 << 20;
+/// The most prompt tokens of live requests (arrived, not ended) the driver holds — each
+/// token about 20 bytes over the simulated engine, the prompt accounting and the scheduler:
+/// past it no request arrives until enough have ended, so no workload the flags accept makes
+/// the run's memory grow without bound (`engine.arrivals_held_back`).
+pub const MAX_LIVE_PROMPT_TOKENS: u64 = 1 << 26;
 /// The most sequences per step (`--max-seqs`).
 pub const MAX_MAX_SEQS: usize = 1 << 20;
 /// The longest run (`--duration`), seconds: a day.

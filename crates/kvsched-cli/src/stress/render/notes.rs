@@ -29,6 +29,13 @@ pub(super) fn notes(sec: &FigureSection, report: &StressReport) -> Vec<String> {
                 ));
             }
             notes.push("load completions/s counts asynchronous KV loads applied (ok + failed), not requests".to_owned());
+            let held = report.run.engine.arrivals_held_back;
+            if held > 0 {
+                notes.push(format!(
+                    "{} waited to arrive while the live requests' prompts held 67,108,864 tokens (the run's memory bound): the arrivals asked for were not all made",
+                    super::cells::counted(held, "request", "requests")
+                ));
+            }
         }
         t if t.starts_with("CPU") => notes.push(
             "user + system time, first step to end of run: the simulated engine (its model wait spins the last 80 µs; idle, it polls every 200 µs) and the scheduler's threads".to_owned(),
