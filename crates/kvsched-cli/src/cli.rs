@@ -188,6 +188,14 @@ fn stress(args: &StressArgs) -> Result<ExitCode, String> {
         .plot
         .as_ref()
         .map(|path| {
+            // Opening a FIFO for writing waits for a reader, before the run and its
+            // --duration: refused, as --trace refuses one.
+            if std::fs::metadata(path).is_ok_and(|m| is_fifo(&m)) {
+                return Err(format!(
+                    "--plot: {} is a FIFO (opening it would wait for a reader): give a file",
+                    path.display()
+                ));
+            }
             std::fs::File::create(path)
                 .map(|f| (path, f))
                 .map_err(|e| format!("--plot: cannot create {}: {e}", path.display()))
@@ -334,4 +342,17 @@ fn clap_error_line(e: &clap::Error) -> String {
     let text = text.trim_start();
     let text = text.strip_prefix("error:").unwrap_or(text);
     text.split("\n\n").next().unwrap_or("").to_owned()
+}
+
+/// Whether `m` is a FIFO's.
+#[cfg(unix)]
+fn is_fifo(m: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    m.file_type().is_fifo()
+}
+
+/// Whether `m` is a FIFO's (none elsewhere).
+#[cfg(not(unix))]
+fn is_fifo(_: &std::fs::Metadata) -> bool {
+    false
 }

@@ -191,3 +191,26 @@ fn a_failure_rate_for_a_real_store_is_refused_naming_faults() {
         assert_eq!(out.status.code(), Some(0), "{args:?}: {err}");
     }
 }
+
+/// `--plot` naming a FIFO nobody reads: opening it for writing would wait before the run,
+/// past any `--duration`. It is refused at once, naming the flag.
+#[cfg(unix)]
+#[test]
+fn a_plot_fifo_without_a_reader_is_refused_not_waited_on() {
+    let dir = std::env::temp_dir().join(format!("kvsched-plot-fifo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let fifo = dir.join("plot.svg");
+    let made = Command::new("mkfifo").arg(&fifo).status();
+    if !made.is_ok_and(|s| s.success()) {
+        eprintln!("no mkfifo: skipped");
+        return;
+    }
+    let started = std::time::Instant::now();
+    let out = stress(&["--plot", fifo.to_str().expect("path"), "--duration", "1"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err:?}");
+    assert!(err.contains("--plot") && err.contains("FIFO"), "{err}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(30));
+}

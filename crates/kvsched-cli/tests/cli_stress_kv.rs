@@ -32,6 +32,18 @@ fn the_default_run_moves_and_verifies_real_bytes() {
         );
     }
     let figures = get(&v, "figures");
+    // Every figure is keyed by its value's path in a run: the value there is the figure's.
+    for (key, f) in figures.as_object().expect("figures") {
+        let at = key.split('.').fold(&v, |v, k| &v[k]);
+        match (at.as_f64(), f["kvsched"]["median"].as_f64()) {
+            (Some(a), Some(m)) => assert!(
+                (a - m).abs() <= 1e-6 * a.abs().max(1.0),
+                "figures[{key}] is {m}, the run's {key} is {a}"
+            ),
+            (None, None) => {}
+            (a, m) => panic!("figures[{key}] is {m:?}, the run's {key} is {a:?} ({at})"),
+        }
+    }
     for key in [
         "kv.kv_bytes_loaded",
         "kv.garbage_reads",

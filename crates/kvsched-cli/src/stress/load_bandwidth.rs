@@ -17,6 +17,9 @@ pub struct LoadBandwidth {
     /// Wall time inside loads, summed over loads (ns): loads running at once each count
     /// theirs, so this is the bandwidth one load sees, failed chunks' time included.
     pub load_ns: u64,
+    /// `load_ns` in milliseconds, 3 decimals (the human table's "time in loads, ms").
+    #[serde(default)]
+    pub load_ms: f64,
     /// `kv_bytes_loaded / load_ns`, GB/s (10⁹ bytes); `null` when no time was spent loading.
     pub gb_per_s: Option<f64>,
 }
@@ -27,6 +30,7 @@ impl LoadBandwidth {
         LoadBandwidth {
             tier: tier.to_string(),
             load_ns: t.load_ns,
+            load_ms: ms(t.load_ns),
             gb_per_s: gb_per_s(t.kv_bytes_loaded, t.load_ns),
         }
     }
@@ -44,9 +48,15 @@ impl LoadBandwidth {
         LoadBandwidth {
             tier,
             load_ns,
+            load_ms: ms(load_ns),
             gb_per_s: gb_per_s(bytes, load_ns),
         }
     }
+}
+
+/// Nanoseconds as milliseconds, rounded to 3 decimals.
+fn ms(ns: u64) -> f64 {
+    (ns as f64 / 1e3).round() / 1e3
 }
 
 /// Bytes per nanosecond, which is GB/s; rounded to 3 decimals.
@@ -65,11 +75,11 @@ pub(super) fn rows() -> Vec<Row> {
             |r| r.kv.load_bandwidth.gb_per_s
         ),
         row!(
-            "kv.load_bandwidth.load_ns",
+            "kv.load_bandwidth.load_ms",
             "time in loads, ms",
             Format::Fixed(1),
             None,
-            |r| Some(r.kv.load_bandwidth.load_ns as f64 / 1e6)
+            |r| Some(r.kv.load_bandwidth.load_ms)
         ),
     ]
 }
@@ -87,10 +97,14 @@ mod tests {
         let b = LoadBandwidth {
             tier: "disk".into(),
             load_ns: 2_000_000,
+            load_ms: 2.0,
             gb_per_s: Some(0.5),
         };
         let m = a.merge(&b, 3_000_000 + 1_000_000);
-        assert_eq!((m.tier.as_str(), m.load_ns), ("disk", 3_000_000));
+        assert_eq!(
+            (m.tier.as_str(), m.load_ns, m.load_ms),
+            ("disk", 3_000_000, 3.0)
+        );
         assert_eq!(m.gb_per_s, Some(1.333));
         assert_eq!(
             LoadBandwidth::of("memory", &TierCounts::default()).gb_per_s,

@@ -27,7 +27,7 @@ pub struct TraceArgs {
     /// line with `timestamp` in ms, `input_length`, `output_length`, `hash_ids` of 512-token
     /// blocks): its arrivals, prompt and output lengths, and prompts whose tokens follow the
     /// block ids, so they share prefixes as in the trace. `--requests`, `--rate`,
-    /// `--prompt-tokens` and `--prefix-share` are then unused. Other fields are skipped; one
+    /// `--prompt-tokens`, `--prefix-share` and `--hit-ratio` are then unused. Other fields are skipped; one
     /// of the four given twice is refused. Limits: a file (not `-`, standard input) of at most
     /// 256 MiB, lines of at most 1 MiB, prompts of at most 2^24 tokens.
     #[arg(long, value_name = "FILE")]

@@ -15,6 +15,12 @@ pub(super) fn sim_unwarmed_note(c: &StressConfig, r: &RunReport) -> Option<Strin
     if c.store.is_real() || r.kv.chunks_warmed > 0 {
         return None;
     }
+    if c.trace.trace.is_some() {
+        return Some(format!(
+            "sim store: not warmed (a trace replay warms nothing, whatever --hit-ratio says): it holds the full prompt blocks the engine computed and saved, so every chunk loaded is a prefix of this run that came back after the device pool ({} blocks) let go of it",
+            count(c.pool_blocks as u64)
+        ));
+    }
     Some(format!(
         "sim store: not warmed (--hit-ratio {}): it holds the full prompt blocks the engine computed and saved, so every chunk loaded is a prefix of this run that came back after the device pool ({} blocks) let go of it; --hit-ratio R stores share R of each prompt before its submit instead",
         c.hit_ratio,
