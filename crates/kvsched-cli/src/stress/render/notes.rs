@@ -69,7 +69,9 @@ fn kv_notes(report: &StressReport, notes: &mut Vec<String>) {
     let runs: Vec<&RunReport> = std::iter::once(&report.run)
         .chain(report.baseline.as_ref())
         .collect();
-    if c.verify.is_on() {
+    if c.engine == crate::stress::values::EngineKind::Model {
+        notes.push("--engine model: the model's tokens are the check (each kept sample against the same request decoded alone: no prefix cache, no tier, no failure; its section below); the KV bytes are not compared read by read, so the garbage counts are n/a".to_owned());
+    } else if c.verify.is_on() {
         notes.push("verified: every read unit (one token's KV in an attention group, one Mamba state) that a step's requests read through their block tables, compared with a reference computed from the request's own tokens; a garbage read differs from it or comes through a null entry. Garbage with the output kept must be 0 in mode safe; garbage with the output discarded was read in a step whose output update() said to drop (a sync load under it failed)".to_owned());
     } else {
         notes.push("--verify off: nothing is read or compared (garbage n/a); loads, computed writes and saves move the same bytes, so the step figures against a --verify on run show what verifying costs".to_owned());
