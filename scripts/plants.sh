@@ -136,6 +136,12 @@ declare -A TESTS=(
   # shard/claim.rs: reported blocks leave the prefix cache only with phase 3's decisions, so
   # after a live switch from vllm a shard admitting before the owner's hits them unscanned.
   [report-evicted-late]="kvsched --test engine_api sharers::requests_admitted"
+  # shard/unconfirmed.rs: what mode vllm cached before it was written is never reported, so
+  # after a live switch to safe it is read (a lost output's loader, its sharers, admissions).
+  [unconfirmed-kept-cached]="kvsched --test engine_api sharers::what_mode_vllm_cached_unwritten"
+  # shard/claim.rs: a request decided again while it waits loses its earlier waits, and reads
+  # a block its owner is still recomputing.
+  [waits-overwritten]="kvsched --test engine_api sharers::a_sharer_decided_again"
   # kvsched-testkit sim/model/engine.rs: the model engine does not count a read through a
   # null entry, so the `unreadable_reads` every model test holds at 0 would read 0 anyway.
   [model-null-read-uncounted]="kvsched-testkit --test model_exact a_read_through_a_null_entry"
@@ -316,7 +322,8 @@ ORDER=(decide-early claim-store late-leak deadline-compact-in-flight load-queue-
   redis-echo-off-on-any-error cluster-no-refresh-on-node-failure cluster-refresh-asks-in-order
   handoff-engine-unpark-dropped handoff-shard-unpark-dropped redis-refresh-on-spent-time
   refresh-waits-on-lock echo-refusal-counts-server-errors save-pause-outlasts-outage
-  align-pass-clears-mark report-evicted-late align-wait-inexact)
+  align-pass-clears-mark report-evicted-late align-wait-inexact unconfirmed-kept-cached
+  waits-overwritten)
 
 if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi
 

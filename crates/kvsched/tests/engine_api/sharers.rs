@@ -33,22 +33,73 @@ fn sharers_with(
     n_sharers: u32,
     policy: Policy,
 ) -> (Engine, kvsched::Report) {
-    sharers_on(groups, owner_end, n_sharers, policy, (96, 100), 0, "owner")
+    sharers_on(groups, owner_end, n_sharers, policy, Shape::default())
 }
 
-/// Prompts of `len` tokens whose first `shared` (a multiple of every block size) are the same
-/// for all: the owner's load. `late` more requests with that prefix are submitted right after
-/// the step whose sync load failed, so the first step in mode `safe` admits them (each shard
-/// its own: their ids spread them over both). The owner's id is `owner`.
+/// What a run of [`sharers_on`] looks like besides its geometry and sharers.
+#[derive(Clone, Copy, Debug)]
+struct Shape {
+    /// Prompts of `len` tokens whose first `shared` (a multiple of every block size) are the
+    /// same for all: the owner's load.
+    shared: usize,
+    len: usize,
+    /// More requests with that prefix submitted right after the switch to mode `safe`, so
+    /// the first step in mode `safe` admits them (each shard its own: their ids spread them
+    /// over both).
+    late: u32,
+    /// The owner's id.
+    owner: &'static str,
+    /// The output of the step whose sync load failed is lost, never passed to `update`.
+    lose_failed_step: bool,
+    /// Steps in mode `vllm` after the one whose sync load failed, before the switch.
+    more_vllm_steps: u32,
+    /// The owner is cancelled at the switch.
+    cancel_owner_at_switch: bool,
+    /// The step's token budget.
+    token_budget: u64,
+    /// The sharers' prompts share this much with the seed (at least `shared`): they load the
+    /// part past `shared` themselves, and are as much longer than `len`.
+    sharer_shared: usize,
+    /// Shards.
+    shards: usize,
+    /// Chunks the tier damages once armed (the owner's load is read first).
+    damaged: u64,
+}
+
+impl Default for Shape {
+    fn default() -> Self {
+        Shape {
+            shared: 96,
+            len: 100,
+            late: 0,
+            owner: "owner",
+            lose_failed_step: false,
+            more_vllm_steps: 0,
+            cancel_owner_at_switch: false,
+            token_budget: 8192,
+            sharer_shared: 0,
+            shards: 2,
+            damaged: u64::MAX,
+        }
+    }
+}
+
+/// Sharers of the owner's failed sync load, made in mode `vllm`, recovered in mode `safe`
+/// after a live switch: see [`Shape`].
 fn sharers_on(
     groups: Vec<CacheGroup>,
     owner_end: OwnerEnd,
     n_sharers: u32,
     policy: Policy,
-    (shared, len): (usize, usize),
-    late: u32,
-    owner: &str,
+    shape: Shape,
 ) -> (Engine, kvsched::Report) {
+    let Shape {
+        shared,
+        len,
+        late,
+        owner,
+        ..
+    } = shape;
     let pool = 512;
     let tier = Arc::new(Damaging::armed_later(MemoryTier::new(64 << 20, 4)));
     let mut eng = Engine::new(groups.clone(), pool).with_tier(tier.clone(), 0.0);
@@ -58,24 +109,33 @@ fn sharers_on(
         .unwrap();
     // The seed's last full block ends where the shared prefix does, so the tier holds every
     // group's entries there (a Mamba `align` state only where a step ended).
-    eng.submit(&rt, "seed", prompt(0, shared, 1, shared + 4), 1);
+    let seeded = shared.max(shape.sharer_shared);
+    eng.submit(&rt, "seed", prompt(0, seeded, 1, seeded + 4), 1);
     assert!(eng.run_until_idle(&mut rt, Duration::from_secs(10)));
     eng.flush();
     rt.shutdown();
 
-    tier.arm();
+    tier.arm_for(shape.damaged);
     let s = Settings::default().with_mode(Mode::Vllm);
     let mut rt = builder(&groups, pool)
-        .shards(2)
+        .shards(shape.shards)
+        .token_budget(shape.token_budget)
         .settings(s)
         .connector(eng.tier_conn.clone().unwrap())
         .build()
         .unwrap();
     eng.submit(&rt, owner, prompt(0, shared, 2, len), 4);
     for i in 0..n_sharers {
-        eng.submit(&rt, &format!("sharer{i}"), prompt(0, shared, 3 + i, len), 4);
+        let s = shared.max(shape.sharer_shared);
+        eng.submit(
+            &rt,
+            &format!("sharer{i}"),
+            prompt(0, s, 3 + i, len + s - shared),
+            4,
+        );
     }
     let mut switched = false;
+    let mut failed_at = None;
     let mut ended_owner = false;
     // The engine sleeps whenever a plan is empty: a hand-off must wake it.
     let dog = Watchdog::start(rt.handle(), Duration::from_secs(5));
@@ -114,8 +174,15 @@ fn sharers_on(
             }
         }
         let failed_sync = !out.invalid_blocks.is_empty();
+        if failed_sync && failed_at.is_none() {
+            failed_at = Some(plan.step);
+        }
         let before = eng.tally.garbage_kept.len();
-        eng.answer(&mut rt, &plan, out, checks);
+        if shape.lose_failed_step && failed_at == Some(plan.step) {
+            // Lost: the engine never answers the plan (its garbage is mode vllm's).
+        } else {
+            eng.answer(&mut rt, &plan, out, checks);
+        }
         // The runtime's between-step invariants (the test hook docs/runtime.md names).
         for v in rt.check_invariants() {
             eng.tally
@@ -126,7 +193,12 @@ fn sharers_on(
             // Mode vllm keeps what its sharers read (documented): only safe steps count.
             eng.tally.garbage_kept.truncate(before);
         }
-        if failed_sync && !switched {
+        let switch_now =
+            failed_at.is_some_and(|f| plan.step >= f + u64::from(shape.more_vllm_steps));
+        if switch_now && !switched {
+            if shape.cancel_owner_at_switch {
+                rt.cancel(owner);
+            }
             for i in 0..late {
                 eng.submit(&rt, &format!("late{i}"), prompt(0, shared, 30 + i, len), 4);
             }
@@ -297,15 +369,12 @@ fn an_align_owner_recomputing_past_a_shared_state_hands_it_off() {
         ),
     ] {
         for e in [OwnerEnd::Stays, OwnerEnd::Cancelled, OwnerEnd::Finished] {
-            let (eng, r) = sharers_on(
-                groups.clone(),
-                e,
-                2,
-                Policy::Recompute,
-                (shared, len),
-                0,
-                "owner",
-            );
+            let shape = Shape {
+                shared,
+                len,
+                ..Shape::default()
+            };
+            let (eng, r) = sharers_on(groups.clone(), e, 2, Policy::Recompute, shape);
             eng.assert_clean();
             assert!(
                 eng.tally.invariant_violations.is_empty(),
@@ -338,15 +407,14 @@ fn requests_admitted_in_the_recovery_step_never_hit_a_reported_block() {
         ],
     ] {
         for owner in ["owner", "o1"] {
-            let (eng, r) = sharers_on(
-                groups.clone(),
-                OwnerEnd::Stays,
-                0,
-                Policy::Recompute,
-                (64, 128),
-                6,
+            let shape = Shape {
+                shared: 64,
+                len: 128,
+                late: 6,
                 owner,
-            );
+                ..Shape::default()
+            };
+            let (eng, r) = sharers_on(groups.clone(), OwnerEnd::Stays, 0, Policy::Recompute, shape);
             eng.assert_clean();
             assert!(
                 eng.tally.invariant_violations.is_empty(),
@@ -357,4 +425,93 @@ fn requests_admitted_in_the_recovery_step_never_hit_a_reported_block() {
             assert_eq!(r.metrics.finished, 7, "{r}");
         }
     }
+}
+
+/// What mode `vllm` cached before it was written, and never learnt the fate of, is reported
+/// by the first step in mode `safe`:
+///
+/// * the output of the step that ran the owner's sync load is lost, so no report names its
+///   failed destinations: the owner (restarted onto them) and its sharers must not read
+///   them, nor must requests admitted after the switch;
+/// * mode `vllm`'s recovery leaves the failed destinations cached and the owner, rolled back
+///   and recomputing 16 tokens a step, is cancelled before it rewrote them: a request
+///   admitted after the switch must not hit them.
+#[test]
+fn what_mode_vllm_cached_unwritten_is_recovered_at_the_switch() {
+    let groups = [
+        vec![CacheGroup::full_attention(16)],
+        vec![
+            CacheGroup::full_attention(16),
+            CacheGroup::mamba(16, MambaMode::Align),
+        ],
+    ];
+    let lost = Shape {
+        shared: 64,
+        len: 128,
+        late: 3,
+        lose_failed_step: true,
+        ..Shape::default()
+    };
+    let left_cached = Shape {
+        shared: 64,
+        len: 128,
+        late: 3,
+        more_vllm_steps: 1,
+        cancel_owner_at_switch: true,
+        token_budget: 16,
+        ..Shape::default()
+    };
+    for g in &groups {
+        for (shape, sharers) in [(lost, 0), (lost, 2), (left_cached, 0)] {
+            let (eng, r) = sharers_on(
+                g.clone(),
+                OwnerEnd::Stays,
+                sharers,
+                Policy::Recompute,
+                shape,
+            );
+            eng.assert_clean();
+            assert!(
+                eng.tally.invariant_violations.is_empty(),
+                "{shape:?}: {:?}",
+                eng.tally.invariant_violations
+            );
+            assert_report_clean(&r, 512);
+        }
+    }
+}
+
+/// A request decided again while it waits keeps the waits its new computed length still
+/// reads. Two shards, 16 tokens a step each. The sharer hits the owner's failed destinations
+/// `[0, 64)` and loads `[64, 96)` itself, which lands; its step is discarded (it read the
+/// failed blocks), so that load's blocks are not known written, and the first step after the
+/// one that made it wait reports them: the sharer owns them and rolls back to 64. The owner,
+/// recomputing 16 tokens a step, has not rewritten `[16, 64)` by then: the sharer must go on
+/// waiting for it.
+#[test]
+fn a_sharer_decided_again_keeps_waiting_for_what_it_still_reads() {
+    let shape = Shape {
+        shared: 64,
+        len: 72,
+        sharer_shared: 96,
+        damaged: 4,
+        token_budget: 32,
+        // On the shard other than the sharer's, so each has its 16 tokens a step.
+        owner: "o1",
+        ..Shape::default()
+    };
+    let (eng, r) = sharers_on(
+        vec![CacheGroup::full_attention(16)],
+        OwnerEnd::Stays,
+        1,
+        Policy::Recompute,
+        shape,
+    );
+    eng.assert_clean();
+    assert!(
+        eng.tally.invariant_violations.is_empty(),
+        "{:?}",
+        eng.tally.invariant_violations
+    );
+    assert_report_clean(&r, 512);
 }

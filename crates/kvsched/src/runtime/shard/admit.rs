@@ -159,6 +159,7 @@ impl<S: Strategy> Shard<S> {
         // The local prefix is written (it is in the prefix cache); the external range is
         // not until its load lands or the step that carries it is answered.
         r.written = local;
+        r.admissions += 1;
         r.num_computed_tokens = ext_end;
         if ext_end <= local {
             Self::register_and_trim(env, r, &mut self.index);
@@ -175,8 +176,11 @@ impl<S: Strategy> Shard<S> {
                 // request admitted later finds them in the prefix cache before the load has
                 // run (and keeps them if it fails: vLLM #49250). Mode vllm admits a sync
                 // loader only into the step that runs its load (`step_order`). Nothing is
-                // trimmed: the load still writes every destination.
+                // trimmed: the load still writes every destination. What it registers is
+                // recorded until known written (`unconfirmed`).
+                let before = r.registered.clone();
                 Self::register_upto(env, r, ext_end);
+                self.record_unconfirmed(env, seq, &before);
             }
             self.set_phase(seq, Phase::Running);
             return Admitted::Into(Phase::Running);

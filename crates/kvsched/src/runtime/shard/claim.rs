@@ -101,7 +101,20 @@ impl<S: Strategy> Shard<S> {
                 env.pool.evict(id);
             }
             self.result.evicted.extend_from_slice(&d.evicted_blocks);
+            // A request decided again while it waits keeps the waits its new computed length
+            // still reads: this report's decision names only this report's blocks. (Planted
+            // bug `waits-overwritten`: the earlier waits are dropped, and the request reads a
+            // block its owner is still recomputing.)
+            let earlier = std::mem::take(&mut r.waits);
             r.waits = d.waits_for.iter().map(|(b, _)| *b).collect();
+            if !planted!("waits-overwritten") {
+                let keep = d.num_computed_tokens.min(r.num_computed_tokens);
+                for b in earlier {
+                    if !r.waits.contains(&b) && reads_below(env, r, b, keep) {
+                        r.waits.push(b);
+                    }
+                }
+            }
             r.waits_step = self.step;
             // A new hit of mode vllm: rolled back to the hit rounded down to `S`, resumable or
             // not (a failed request ends: nothing of it is read again).
@@ -177,4 +190,14 @@ fn public_decision(d: Decision<RequestKey>) -> Decision<RequestOrder> {
             .collect(),
         evicted_blocks: d.evicted_blocks,
     }
+}
+
+/// Whether request `r` holds block `b` in an entry that starts below `upto` tokens (an entry it
+/// reads from there on, and does not rewrite).
+fn reads_below<S: Strategy>(env: &Env<'_, S>, r: &super::Req, b: BlockId, upto: u64) -> bool {
+    r.tables.iter().zip(env.geo.groups()).any(|(t, grp)| {
+        t.iter()
+            .position(|&x| x == b)
+            .is_some_and(|i| (i as u64) * grp.block_size < upto)
+    })
 }

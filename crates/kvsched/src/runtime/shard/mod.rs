@@ -58,6 +58,7 @@ mod schedule;
 mod scheduled;
 mod step_order;
 pub mod strategy;
+mod unconfirmed;
 
 use deadlines::Deadlines;
 use holders::HolderIndex;
@@ -217,6 +218,8 @@ pub struct Shard<S: Strategy = LockFree> {
     spare_hits: Vec<Vec<Hit>>,
     /// Admission's scratch: the fresh blocks of the prompt being admitted.
     fresh: Vec<BlockRef>,
+    /// What mode `vllm` cached before it was known written.
+    unconfirmed: unconfirmed::Unconfirmed,
     result: ShardStepResult,
     strategy: PhantomData<fn() -> S>,
 }
@@ -241,6 +244,7 @@ impl<S: Strategy> Default for Shard<S> {
             hits: Vec::new(),
             spare_hits: Vec::new(),
             fresh: Vec::new(),
+            unconfirmed: unconfirmed::Unconfirmed::default(),
             result: ShardStepResult::default(),
             strategy: PhantomData,
         }
@@ -277,6 +281,9 @@ impl<S: Strategy> Shard<S> {
             self.take_completion(env, settings, now, c, &mut published);
         }
         self.expire_deadlines(env, settings, now, &mut published);
+        if settings.mode == Mode::Safe {
+            self.publish_unconfirmed(env, &mut published);
+        }
         for &id in &published {
             env.claims.reset(id);
         }

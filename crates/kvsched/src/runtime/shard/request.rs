@@ -205,6 +205,9 @@ pub(super) struct Req {
     /// that keep every entry).
     pub(super) rounded_down: bool,
     pub(super) attempt: u32,
+    /// Admissions so far (a restart admits the request again, from what the prefix cache
+    /// holds): `unconfirmed` tells a registration's own admission from a later one.
+    pub(super) admissions: u32,
     /// Start of the in-flight load (tokens).
     pub(super) load_start: u64,
     /// End of the in-flight load (tokens).
@@ -269,6 +272,7 @@ impl Req {
             owned_pending: Vec::new(),
             rounded_down: false,
             attempt: 0,
+            admissions: 0,
             load_start: 0,
             load_end: 0,
             load_dispatched_at: None,

@@ -7,6 +7,8 @@ pub struct Damaging {
     on: std::sync::atomic::AtomicBool,
     n: std::sync::atomic::AtomicU64,
     every: u64,
+    /// Damages at most this many chunks.
+    limit: std::sync::atomic::AtomicU64,
 }
 
 impl Damaging {
@@ -17,6 +19,7 @@ impl Damaging {
             on: std::sync::atomic::AtomicBool::new(true),
             n: std::sync::atomic::AtomicU64::new(1),
             every: every.max(1),
+            limit: std::sync::atomic::AtomicU64::new(u64::MAX),
         }
     }
 
@@ -31,6 +34,12 @@ impl Damaging {
     /// From now on, damages the chunks it answers.
     pub fn arm(&self) {
         self.on.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// From now on, damages the next `n` chunks it answers, and no more.
+    pub fn arm_for(&self, n: u64) {
+        self.limit.store(n, std::sync::atomic::Ordering::SeqCst);
+        self.arm();
     }
 }
 
@@ -54,7 +63,12 @@ impl kvsched::kv::Tier for Damaging {
         let mut v = self.inner.get(keys, c)?;
         if self.on.load(Ordering::SeqCst) {
             for x in v.iter_mut().flatten() {
-                if self.n.fetch_add(1, Ordering::Relaxed) % self.every == 0 {
+                if self.n.fetch_add(1, Ordering::Relaxed) % self.every == 0
+                    && self
+                        .limit
+                        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |l| l.checked_sub(1))
+                        .is_ok()
+                {
                     if let Some(last) = x.last_mut() {
                         *last ^= 1;
                     }
