@@ -101,13 +101,14 @@ impl<S: Strategy> Shard<S> {
                 env.pool.evict(id);
             }
             self.result.evicted.extend_from_slice(&d.evicted_blocks);
-            // A request decided again while it waits keeps the waits its new computed length
-            // still reads: this report's decision names only this report's blocks. (Planted
-            // bug `waits-overwritten`: the earlier waits are dropped, and the request reads a
+            // A request decided again in mode safe while it waits keeps the waits its new
+            // computed length still reads: this report's decision names only this report's
+            // blocks. (Mode vllm has no waits: its decisions drop them.) (Planted bug
+            // `waits-overwritten`: the earlier waits are dropped, and the request reads a
             // block its owner is still recomputing.)
             let earlier = std::mem::take(&mut r.waits);
             r.waits = d.waits_for.iter().map(|(b, _)| *b).collect();
-            if !planted!("waits-overwritten") {
+            if settings.mode == Mode::Safe && !planted!("waits-overwritten") {
                 let keep = d.num_computed_tokens.min(r.num_computed_tokens);
                 for b in earlier {
                     if !r.waits.contains(&b) && reads_below(env, r, b, keep) {
@@ -121,6 +122,10 @@ impl<S: Strategy> Shard<S> {
             r.rounded_down |= settings.mode == Mode::Vllm
                 && !d.claimed_blocks.is_empty()
                 && d.disposition != Disposition::Failed;
+            if r.rounded_down {
+                // Mode safe restarts it (`restart_rounded_down`).
+                self.rounded.push(*seq);
+            }
             let nct = d.num_computed_tokens;
             match d.disposition {
                 Disposition::Unaffected => {}
@@ -165,6 +170,15 @@ impl<S: Strategy> Shard<S> {
         self.hits = hits;
         for (_, _, h) in self.hits.drain(..) {
             self.spare_hits.push(h);
+        }
+        // In a run that stays in mode vllm nothing drains the list: keep it to the requests
+        // still rounded down, once each.
+        if self.rounded.len() > 2 * self.reqs.len() + 64 {
+            let reqs = &self.reqs;
+            self.rounded
+                .retain(|s| reqs.get(s).is_some_and(|r| r.rounded_down));
+            self.rounded.sort_unstable();
+            self.rounded.dedup();
         }
     }
 }

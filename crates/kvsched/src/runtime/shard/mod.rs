@@ -220,6 +220,9 @@ pub struct Shard<S: Strategy = LockFree> {
     fresh: Vec<BlockRef>,
     /// What mode `vllm` cached before it was known written.
     unconfirmed: unconfirmed::Unconfirmed,
+    /// Requests a mode `vllm` recovery rounded down (`Req::rounded_down`), for mode `safe` to
+    /// restart.
+    rounded: Vec<u64>,
     result: ShardStepResult,
     strategy: PhantomData<fn() -> S>,
 }
@@ -245,6 +248,7 @@ impl<S: Strategy> Default for Shard<S> {
             spare_hits: Vec::new(),
             fresh: Vec::new(),
             unconfirmed: unconfirmed::Unconfirmed::default(),
+            rounded: Vec::new(),
             result: ShardStepResult::default(),
             strategy: PhantomData,
         }
@@ -282,6 +286,7 @@ impl<S: Strategy> Shard<S> {
         }
         self.expire_deadlines(env, settings, now, &mut published);
         if settings.mode == Mode::Safe {
+            self.restart_rounded_down(env);
             self.publish_unconfirmed(env, &mut published);
         }
         for &id in &published {
