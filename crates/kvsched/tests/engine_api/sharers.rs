@@ -225,15 +225,21 @@ fn sharers_on(
     (eng, r)
 }
 
-fn check(groups: Vec<CacheGroup>, owner_end: OwnerEnd) {
-    let (eng, r) = sharers(groups, owner_end, 3);
+/// The run kept no wrong byte, broke no between-step invariant and left a clean report;
+/// `what` names the case in a failure.
+fn clean(eng: &Engine, r: &kvsched::Report, what: &str) {
     eng.assert_clean();
     assert!(
         eng.tally.invariant_violations.is_empty(),
-        "{owner_end:?}: {:?}",
+        "{what}: {:?}",
         eng.tally.invariant_violations
     );
-    assert_report_clean(&r, 512);
+    assert_report_clean(r, 512);
+}
+
+fn check(groups: Vec<CacheGroup>, owner_end: OwnerEnd) {
+    let (eng, r) = sharers(groups, owner_end, 3);
+    clean(&eng, &r, &format!("{owner_end:?}"));
     assert!(
         r.metrics.claims > 0,
         "{owner_end:?}: nothing claimed: {:?}",
@@ -299,13 +305,7 @@ fn sharers_under_policy_fail_end_without_garbage() {
     ] {
         for e in [OwnerEnd::Stays, OwnerEnd::Cancelled] {
             let (eng, r) = sharers_with(g.clone(), e, 3, Policy::Fail);
-            eng.assert_clean();
-            assert!(
-                eng.tally.invariant_violations.is_empty(),
-                "{:?}",
-                eng.tally.invariant_violations
-            );
-            assert_report_clean(&r, 512);
+            clean(&eng, &r, "");
             assert!(r.metrics.failed > 0, "{e:?}: nobody failed: {r}");
         }
     }
@@ -375,13 +375,7 @@ fn an_align_owner_recomputing_past_a_shared_state_hands_it_off() {
                 ..Shape::default()
             };
             let (eng, r) = sharers_on(groups.clone(), e, 2, Policy::Recompute, shape);
-            eng.assert_clean();
-            assert!(
-                eng.tally.invariant_violations.is_empty(),
-                "{e:?}: {:?}",
-                eng.tally.invariant_violations
-            );
-            assert_report_clean(&r, 512);
+            clean(&eng, &r, &format!("{e:?}"));
             assert!(
                 r.metrics.claims > 0,
                 "{e:?}: nothing claimed: {:?}",
@@ -415,13 +409,7 @@ fn requests_admitted_in_the_recovery_step_never_hit_a_reported_block() {
                 ..Shape::default()
             };
             let (eng, r) = sharers_on(groups.clone(), OwnerEnd::Stays, 0, Policy::Recompute, shape);
-            eng.assert_clean();
-            assert!(
-                eng.tally.invariant_violations.is_empty(),
-                "{:?}",
-                eng.tally.invariant_violations
-            );
-            assert_report_clean(&r, 512);
+            clean(&eng, &r, "");
             assert_eq!(r.metrics.finished, 7, "{r}");
         }
     }
@@ -470,13 +458,7 @@ fn what_mode_vllm_cached_unwritten_is_recovered_at_the_switch() {
                 Policy::Recompute,
                 shape,
             );
-            eng.assert_clean();
-            assert!(
-                eng.tally.invariant_violations.is_empty(),
-                "{shape:?}: {:?}",
-                eng.tally.invariant_violations
-            );
-            assert_report_clean(&r, 512);
+            clean(&eng, &r, &format!("{shape:?}"));
         }
     }
 }
@@ -507,11 +489,5 @@ fn a_sharer_decided_again_keeps_waiting_for_what_it_still_reads() {
         Policy::Recompute,
         shape,
     );
-    eng.assert_clean();
-    assert!(
-        eng.tally.invariant_violations.is_empty(),
-        "{:?}",
-        eng.tally.invariant_violations
-    );
-    assert_report_clean(&r, 512);
+    clean(&eng, &r, "");
 }
