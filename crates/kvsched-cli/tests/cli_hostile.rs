@@ -205,12 +205,38 @@ fn a_plot_fifo_without_a_reader_is_refused_not_waited_on() {
         eprintln!("no mkfifo: skipped");
         return;
     }
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kvsched"))
+        .args([
+            "stress",
+            "--plot",
+            fifo.to_str().expect("path"),
+            "--duration",
+            "1",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run kvsched");
+    // A wait on the FIFO never ends by itself: give it 30 s, then fail.
     let started = std::time::Instant::now();
-    let out = stress(&["--plot", fifo.to_str().expect("path"), "--duration", "1"]);
-    let err = String::from_utf8_lossy(&out.stderr);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break Some(status);
+        }
+        if started.elapsed() > std::time::Duration::from_secs(30) {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut e, &mut err);
+    }
     let _ = std::fs::remove_dir_all(&dir);
-    assert_eq!(out.status.code(), Some(2), "{err}");
+    let status = status.expect("kvsched still waiting on the FIFO after 30 s");
+    assert_eq!(status.code(), Some(2), "{err}");
     assert_eq!(err.lines().count(), 1, "{err:?}");
     assert!(err.contains("--plot") && err.contains("FIFO"), "{err}");
-    assert!(started.elapsed() < std::time::Duration::from_secs(30));
 }

@@ -62,6 +62,7 @@ impl Context {
             quarantine: &self.quarantine,
             estimate: &self.estimate,
             shard: 0,
+            shards: 1,
         }
     }
 }

@@ -266,6 +266,24 @@ mod tests {
         assert_eq!(covered(&[(50, 60)], 0, 40), 0);
     }
 
+    /// The live prompt tokens the driver's memory bound reads follow adds and ends, whatever
+    /// the end, and an id added again replaces its first prompt.
+    #[test]
+    fn live_tokens_follow_the_requests_not_ended() {
+        let mut p = PromptSources::default();
+        let (a, b): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
+        p.add(&a, 100);
+        p.add(&b, 30);
+        assert_eq!(p.live_tokens(), 130);
+        p.add(&a, 40);
+        assert_eq!(p.live_tokens(), 70);
+        p.ended("b", EndState::Cancelled);
+        assert_eq!(p.live_tokens(), 40);
+        p.ended("a", EndState::Finished);
+        p.ended("a", EndState::Finished);
+        assert_eq!(p.live_tokens(), 0);
+    }
+
     #[test]
     fn a_finished_request_splits_its_prompt_and_others_are_left_out() {
         let mut p = PromptSources::default();

@@ -52,8 +52,8 @@ impl std::fmt::Debug for Handle {
 
 impl Handle {
     /// Queues a request; it is admitted at a following step. Errors: an empty id or prompt,
-    /// a zero `load_deadline`, a request longer than the pool can ever hold, an id already live, or a runtime that is
-    /// shut down.
+    /// a zero `load_deadline`, a request longer than the pool can ever hold, an id already
+    /// live, or a runtime that is shut down.
     pub fn submit(&self, req: SubmitRequest) -> Result<(), RuntimeError> {
         self.inner.submit(req)
     }

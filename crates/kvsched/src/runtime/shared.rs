@@ -152,6 +152,7 @@ impl Inner {
             quarantine: &self.quarantine,
             estimate: &self.load_estimate,
             shard,
+            shards: self.shards.len(),
         }
     }
 }

@@ -29,9 +29,10 @@ impl<S: Strategy> Shard<S> {
         // shards end before any shard admits (phase 3). Mode vllm caches a sync load's
         // destinations at admission, so after a live switch to safe a failed block may still
         // be cached, and a request admitted by a shard deciding before the owner's would hit
-        // it unscanned. (Planted bug `report-evicted-late`: only phase 3's decisions evict.)
+        // it unscanned. Each shard evicts its share of the ids (every `shards`-th from its
+        // index). (Planted bug `report-evicted-late`: only phase 3's decisions evict.)
         if settings.mode == Mode::Safe && !planted!("report-evicted-late") {
-            for &id in report_ids {
+            for &id in report_ids.iter().skip(env.shard).step_by(env.shards.max(1)) {
                 env.pool.evict(id);
             }
         }

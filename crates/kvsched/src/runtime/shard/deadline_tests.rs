@@ -53,6 +53,7 @@ fn a_hung_loads_deadline_comes_after_thousands_of_completed_loads() {
         quarantine: &quarantine,
         estimate: &estimate,
         shard: 0,
+        shards: 1,
     };
     let deadline = Duration::from_secs(10);
     let settings = StepSettings::new(

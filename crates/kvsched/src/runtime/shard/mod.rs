@@ -179,6 +179,9 @@ pub struct Env<'a, S: Strategy = LockFree> {
     pub estimate: &'a LoadEstimate,
     /// This shard's index (where its loads' completions go).
     pub shard: usize,
+    /// The shards sharing the pool: work every shard could do on the whole report is split
+    /// among them by index.
+    pub shards: usize,
 }
 
 /// One shard's requests, its step generic over how it reaches the shared pool and claim

@@ -122,6 +122,7 @@ impl<S: Strategy> Shard<S> {
                 }
                 if cacheable(grp, i, nct) || planted!("align-pass-clears-mark") {
                     done = true;
+                    break;
                 } else {
                     passed.push(id);
                     return false;

@@ -147,6 +147,7 @@ fn restart_owner(sharer: bool) -> (ShardStepResult, BlockRef, Vec<BlockRef>, Opt
         quarantine: &quarantine,
         estimate: &estimate,
         shard: 0,
+        shards: 1,
     };
     let settings = StepSettings::new(&Settings::default(), 1 << 20, 8, false);
     let mut shard = Shard::<Interleaved>::for_blocks(BLOCKS);

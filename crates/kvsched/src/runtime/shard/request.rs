@@ -83,7 +83,8 @@ pub(crate) fn prompt_hashes(geo: &Geometry, prompt: &[u32]) -> Vec<Vec<BlockHash
 
 impl NewRequest {
     /// Checks `req` as a submission is checked before it is queued: an id, a prompt, a
-    /// `load_deadline` that is `None` or above zero, and a length a pool of `pool_blocks` blocks (the null block included) can ever hold.
+    /// `load_deadline` that is `None` or above zero, and a length a pool of `pool_blocks`
+    /// blocks (the null block included) can ever hold.
     pub fn check(
         geo: &Geometry,
         pool_blocks: usize,

@@ -253,6 +253,28 @@ impl<S: Strategy> Shard<S> {
             self.set_phase(seq, Phase::Waiting);
         }
     }
+
+    /// Mode `safe`: restarts every running request a mode `vllm` recovery rolled back to its
+    /// hit rounded down to `S`, resumable or not (`Req::rounded_down`): its window or Mamba
+    /// state there may not exist, and mode `safe` must not run it from there. It starts over
+    /// from what the prefix cache holds, as a preempted request does (counted as a
+    /// preemption).
+    pub(super) fn restart_rounded_down(&mut self, env: &Env<'_, S>) {
+        let mut rounded = std::mem::take(&mut self.rounded);
+        rounded.sort_unstable();
+        rounded.dedup();
+        for seq in rounded {
+            match self.reqs.get(&seq) {
+                Some(r) if r.rounded_down && r.phase == Phase::Running => {
+                    self.preempt(env, seq);
+                    self.result.counters.preemptions += 1;
+                }
+                // Its load still runs: once it lands, a later step restarts it.
+                Some(r) if r.rounded_down => self.rounded.push(seq),
+                _ => {}
+            }
+        }
+    }
 }
 
 /// Whether `grp` is a sliding window, whose entries wholly outside the window are the null

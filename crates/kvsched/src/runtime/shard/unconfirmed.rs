@@ -17,9 +17,9 @@
 //! block, as written); one whose block changed generation names nobody's block any more. A
 //! registration the step just answered wrote past is awaited, not published: that answer (a
 //! failed load in the report, or the confirmation) is applied in the step that would publish
-//! it, after its report is made. Confirmed and stale entries are dropped whenever the entries have
-//! doubled since that was last done, so in a run that stays in mode `vllm` they stay below
-//! about twice the pool's blocks.
+//! it, after its report is made. Confirmed and stale entries are dropped whenever the
+//! entries have doubled since that was last done, so in a run that stays in mode `vllm`
+//! they stay below about twice the pool's blocks (or 1,024).
 
 use crate::pool::BlockRef;
 use crate::rules::geometry::BlockId;
@@ -124,32 +124,11 @@ impl<S: Strategy> Shard<S> {
         }
     }
 
-    /// Mode `safe`: restarts every running request a mode `vllm` recovery rolled back to its
-    /// hit rounded down to `S`, resumable or not (`Req::rounded_down`): its window or Mamba
-    /// state there may not exist, and mode `safe` must not run it from there. It starts over
-    /// from what the prefix cache holds, as a preempted request does (counted as a
-    /// preemption).
-    pub(super) fn restart_rounded_down(&mut self, env: &Env<'_, S>) {
-        let mut rounded = std::mem::take(&mut self.rounded);
-        rounded.sort_unstable();
-        rounded.dedup();
-        for seq in rounded {
-            match self.reqs.get(&seq) {
-                Some(r) if r.rounded_down && r.phase == super::Phase::Running => {
-                    self.preempt(env, seq);
-                    self.result.counters.preemptions += 1;
-                }
-                // Its load still runs: once it lands, a later step restarts it.
-                Some(r) if r.rounded_down => self.rounded.push(seq),
-                _ => {}
-            }
-        }
-    }
-
     /// Mode `safe`: adds every unsettled registration to `published` (this shard's share of
     /// the report) and forgets it — but those the step just answered wrote past, whose
-    /// outcome this step applies (kept for the next). Planted bug `unconfirmed-kept-cached`: nothing is
-    /// published, so what mode `vllm` cached unwritten survives a switch to `safe`.
+    /// outcome this step applies (kept for the next). Planted bug `unconfirmed-kept-cached`:
+    /// nothing is published, so what mode `vllm` cached unwritten survives a switch to
+    /// `safe`.
     pub(super) fn publish_unconfirmed(&mut self, env: &Env<'_, S>, published: &mut Vec<BlockId>) {
         if self.unconfirmed.entries.is_empty() || planted!("unconfirmed-kept-cached") {
             return;
