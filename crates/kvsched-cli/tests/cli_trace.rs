@@ -188,6 +188,16 @@ fn a_trace_request_too_long_for_the_pool_is_refused_naming_it() {
         err.contains("--trace") && err.contains("--pool-blocks 1024"),
         "{err}"
     );
+    // A pool too small for any request: named against the trace's first request, not the
+    // synthetic workload's size (which a trace does not use).
+    let out = stress(&["--trace", TRACE, "--pool-blocks", "2"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("--trace: request 1 (") && err.contains("--pool-blocks 2 holds 1"),
+        "{err}"
+    );
 }
 
 /// `prompt_tokens` of a run's JSON: (requests, total, device, tier, computed, after failure).

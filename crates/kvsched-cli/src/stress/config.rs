@@ -447,7 +447,7 @@ impl StressConfig {
     }
 
     /// The checks across settings: enough budget and sequences for every shard, a latency
-    /// range in order, and a pool that holds the longest request.
+    /// range in order, and a pool that holds the longest synthetic request.
     fn check_across(&self) -> Result<(), StressError> {
         if self.token_budget < self.shards as u64 {
             return bad(
@@ -471,7 +471,9 @@ impl StressConfig {
             .iter()
             .map(|g| g.blocks_for_tokens(tokens))
             .sum();
-        if needed + 1 > self.pool_blocks as u64 {
+        // A trace's requests have their own lengths: `--trace` checks each against the pool
+        // once it is read (`trace_fit`), naming the first that does not fit.
+        if self.trace.trace.is_none() && needed + 1 > self.pool_blocks as u64 {
             return bad(
                 "--pool-blocks",
                 format!(

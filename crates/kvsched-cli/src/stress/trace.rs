@@ -32,7 +32,8 @@ pub struct TraceArgs {
     /// 256 MiB, lines of at most 1 MiB, prompts of at most 2^24 tokens.
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
-    /// Replay the trace X times faster than it was recorded (arrival = timestamp / X).
+    /// Replay the trace X times faster than it was recorded (arrival = timestamp / X), X in
+    /// 0.001–1,000,000 (below 1, slower).
     #[arg(long, value_name = "X", default_value_t = 10.0, allow_negative_numbers = true, value_parser = parse_speed)]
     pub trace_speed: f64,
     /// Replay the trace's first N requests (1–1,000,000).
@@ -80,10 +81,14 @@ impl Default for TraceArgs {
     }
 }
 
+/// The slowest and fastest replay: at 0.001 a trace's millisecond lasts a second (an hour's
+/// trace outlasts the longest run), and every speed in the range prints as a short number.
+const SPEEDS: (f64, f64) = (0.001, 1e6);
+
 fn parse_speed(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
-        Ok(x) if x.is_finite() && x > 0.0 && x <= 1e6 => Ok(x),
-        _ => Err(format!("'{s}' is not a speed-up in (0, 1000000]")),
+        Ok(x) if x.is_finite() && (SPEEDS.0..=SPEEDS.1).contains(&x) => Ok(x),
+        _ => Err(format!("'{s}' is not a speed-up in [0.001, 1000000]")),
     }
 }
 
@@ -276,10 +281,17 @@ impl Fields {
     }
 }
 
-impl<'de> serde::Deserialize<'de> for Fields {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Visit;
-        impl<'de> serde::de::Visitor<'de> for Visit {
+/// Reads a line's [`Fields`], keeping in `reading` the field whose value it is reading, so
+/// that a value JSON itself refuses (`1e400`, past what a double holds) is named by its field.
+struct ReadFields<'a> {
+    reading: &'a std::cell::Cell<Option<&'static str>>,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for ReadFields<'_> {
+    type Value = Fields;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Fields, D::Error> {
+        struct Visit<'a>(&'a std::cell::Cell<Option<&'static str>>);
+        impl<'de> serde::de::Visitor<'de> for Visit<'_> {
             type Value = Fields;
             fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str("a JSON object")
@@ -294,7 +306,9 @@ impl<'de> serde::Deserialize<'de> for Fields {
                         map.next_value::<serde::de::IgnoredAny>()?;
                         continue;
                     };
+                    self.0.set(FIELDS.get(i).copied());
                     let value = map.next_value::<Value>()?;
+                    self.0.set(None);
                     match out.values.get_mut(i) {
                         Some(slot @ None) => *slot = Some(value),
                         _ => {
@@ -305,8 +319,32 @@ impl<'de> serde::Deserialize<'de> for Fields {
                 Ok(out)
             }
         }
-        d.deserialize_map(Visit)
+        d.deserialize_map(Visit(self.reading))
     }
+}
+
+/// `raw` as a line's [`Fields`], or why not (naming the field whose value JSON refused).
+fn read_fields(raw: &str, line: usize) -> Result<Fields, TraceError> {
+    use serde::de::DeserializeSeed;
+    let reading = std::cell::Cell::new(None);
+    let mut de = serde_json::Deserializer::from_str(raw);
+    let read = ReadFields { reading: &reading }
+        .deserialize(&mut de)
+        .and_then(|fields| de.end().map(|()| fields));
+    read.map_err(|e| match reading.get() {
+        // `1e400`: a number no double holds, far past any count.
+        Some(field) if e.to_string().starts_with("number out of range") => bad(
+            line,
+            field,
+            format!(
+                "out of range: a number no 64-bit float holds (a count is at most {})",
+                u64::MAX
+            ),
+        ),
+        Some(field) => bad(line, field, format!("not JSON: {e}")),
+        None if e.is_data() => bad(line, "line", "not a JSON object"),
+        None => bad(line, "line", format!("not JSON: {e}")),
+    })
 }
 
 fn number(obj: &Fields, line: usize, field: &'static str) -> Result<u64, TraceError> {
@@ -355,13 +393,7 @@ pub(crate) fn parse(text: &str, limit: Option<usize>) -> Result<Vec<TraceRequest
         if raw.len() > MAX_LINE {
             return Err(bad(line, "line", format!("over {MAX_LINE} bytes")));
         }
-        let obj: Fields = serde_json::from_str(raw).map_err(|e| {
-            if e.is_data() {
-                bad(line, "line", "not a JSON object")
-            } else {
-                bad(line, "line", format!("not JSON: {e}"))
-            }
-        })?;
+        let obj = read_fields(raw, line)?;
         if let Some(field) = obj.repeated {
             return Err(bad(line, field, "given twice"));
         }
@@ -434,164 +466,5 @@ pub(crate) fn prompt_tokens(r: &TraceRequest) -> Vec<u32> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::super::trace_reference::cache_served;
-    use super::*;
-
-    fn bundled_path() -> PathBuf {
-        // The trace sits in `traces/` at the repository root, above the package.
-        let mut dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-        loop {
-            let f = dir.join("traces/mooncake_conversation_trace.jsonl");
-            if f.exists() {
-                return f;
-            }
-            assert!(dir.pop(), "no traces/ above {}", env!("CARGO_MANIFEST_DIR"));
-        }
-    }
-
-    fn bundled() -> String {
-        std::fs::read_to_string(bundled_path()).expect("read the bundled trace")
-    }
-
-    /// Engine `i` of `--engines N` replays requests `i, i + N, …` of the trace's first
-    /// `--trace-requests`, and its reference is of those.
-    #[test]
-    fn an_engine_of_several_replays_its_share_of_the_trace() {
-        let mut cfg = StressConfig::default();
-        cfg.trace.trace = Some(bundled_path());
-        cfg.trace.trace_requests = 10;
-        let all = load(&cfg).expect("load");
-        cfg.engines.engine_index = Some(1);
-        cfg.engines.engine_count = Some(3);
-        let one = load(&cfg).expect("load");
-        let (all, one) = (
-            all.trace.loaded.expect("loaded"),
-            one.trace.loaded.expect("loaded"),
-        );
-        assert_eq!(*one, [all[1].clone(), all[4].clone(), all[7].clone()]);
-        let r = cfg_reference(&cfg);
-        assert_eq!(r.requests, 3);
-        assert!(r.device_and_tier_lru_share >= r.device_pool_lru_share);
-    }
-
-    /// Without `--duration` a replay lasts until 20 s after its last arrival; a shorter
-    /// `--duration` replays, and references, only the requests that arrive within it.
-    #[test]
-    fn duration_follows_the_trace_or_cuts_its_arrivals() {
-        let mut cfg = StressConfig::default();
-        cfg.trace.trace = Some(bundled_path());
-        cfg.trace.trace_requests = 100;
-        let reqs = read(&cfg).expect("read").expect("a trace");
-        let last_s = reqs[99].arrival_ms as f64 / 1000.0 / cfg.trace.trace_speed;
-        let mut given = cfg.clone();
-        follow_trace_duration(&mut given, true).expect("given");
-        assert_eq!(given.duration_s, DEFAULT_DURATION_S);
-        follow_trace_duration(&mut cfg, false).expect("follows");
-        assert!((cfg.duration_s - (last_s + DEFAULT_DURATION_S)).abs() < 1e-9);
-        let whole = load(&cfg).expect("load");
-        assert_eq!(whole.trace.cut_by_duration, None);
-        assert_eq!(cfg_reference(&cfg).requests, 100);
-        // Cut at the 40th arrival: the requests before it are replayed and referenced.
-        cfg.duration_s = reqs[40].arrival_ms as f64 / 1000.0 / cfg.trace.trace_speed;
-        let in_time = reqs
-            .iter()
-            .filter(|r| arrival(r, cfg.trace.trace_speed) < cfg.duration())
-            .count() as u64;
-        assert!(in_time > 0 && in_time <= 40, "{in_time}");
-        let cut = load(&cfg).expect("load");
-        assert_eq!(
-            cut.trace.cut_by_duration,
-            Some(TraceCut {
-                asked: 100,
-                in_time
-            })
-        );
-        assert_eq!(cut.requests, in_time);
-        let r = cfg_reference(&cfg);
-        assert_eq!(r.requests, in_time);
-        let (total, _) = cache_served(&reqs[..in_time as usize], None);
-        assert_eq!(r.prompt_tokens, total);
-    }
-
-    fn cfg_reference(cfg: &StressConfig) -> TraceReference {
-        load(cfg)
-            .expect("load")
-            .trace
-            .trace_reference
-            .expect("reference")
-    }
-
-    /// The figures `traces/README.md` states, recomputed from the file.
-    #[test]
-    fn the_bundled_trace_has_the_figures_its_readme_states() {
-        let reqs = parse(&bundled(), None).expect("the bundled trace parses");
-        assert_eq!(reqs.len(), 12_031);
-        let share = |cap| {
-            let (total, served) = cache_served(&reqs, cap);
-            (served as f64 / total as f64 * 1000.0).round() / 10.0
-        };
-        assert_eq!(share(None), 37.4);
-        assert_eq!(share(Some(1_000)), 4.5);
-        assert_eq!(share(Some(4_000)), 8.7);
-        assert_eq!(share(Some(16_000)), 26.8);
-        assert_eq!(share(Some(64_000)), 36.6);
-    }
-
-    #[test]
-    fn equal_ids_give_equal_tokens_and_the_last_block_is_cut() {
-        let a = TraceRequest {
-            arrival_ms: 0,
-            input_length: 700,
-            output_length: 1,
-            hash_ids: vec![5, 9],
-        };
-        let b = TraceRequest {
-            input_length: 1024,
-            hash_ids: vec![5, 8],
-            ..a.clone()
-        };
-        let (ta, tb) = (prompt_tokens(&a), prompt_tokens(&b));
-        assert_eq!(ta.len(), 700);
-        assert_eq!(tb.len(), 1024);
-        assert_eq!(ta[..512], tb[..512]);
-        assert_ne!(ta[512..700], tb[512..700]);
-    }
-
-    #[test]
-    fn bad_lines_are_refused_naming_line_and_field() {
-        let cases = [
-            ("nope", "line 1: line: not JSON"),
-            ("[1]", "line 1: line: not a JSON object"),
-            ("7", "line 1: line: not a JSON object"),
-            (r#"{"timestamp": 0, "input_length": 6, "output_length": 1, "hash_ids": [1], "input_length": 6}"#, "line 1: input_length: given twice"),
-            (r#"{"timestamp": 0, "timestamp": 0, "input_length": 6, "output_length": 1, "hash_ids": [1]}"#, "line 1: timestamp: given twice"),
-            (r#"{"timestamp": 0, "input_length": 6, "output_length": 1, "hash_ids": [1], "hash_ids": [2]}"#, "line 1: hash_ids: given twice"),
-            (r#"{"input_length": 1, "output_length": 1, "hash_ids": [1]}"#, "line 1: timestamp: missing"),
-            (r#"{"timestamp": -1, "input_length": 1, "output_length": 1, "hash_ids": [1]}"#, "line 1: timestamp: -1 is not"),
-            (r#"{"timestamp": 1e3, "input_length": 1, "output_length": 1, "hash_ids": [1]}"#, "line 1: timestamp: 1000.0 is written as a float"),
-            (r#"{"timestamp": 0, "input_length": 1, "output_length": 2.5, "hash_ids": [1]}"#, "line 1: output_length: 2.5 is not a whole number"),
-            (r#"{"timestamp": 0, "input_length": 0, "output_length": 1, "hash_ids": []}"#, "line 1: input_length: 0 is not"),
-            (r#"{"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [1]}"#, "line 1: hash_ids: 1 ids for 600 tokens"),
-            (r#"{"timestamp": 0, "input_length": 6, "output_length": 1, "hash_ids": ["x"]}"#, "line 1: hash_ids: \"x\" is not"),
-            ("{\"timestamp\": 5, \"input_length\": 6, \"output_length\": 1, \"hash_ids\": [1]}\n\n{\"timestamp\": 4, \"input_length\": 6, \"output_length\": 1, \"hash_ids\": [1]}", "line 3: timestamp: 4 is before"),
-        ];
-        for (text, want) in cases {
-            let e = parse(text, None).expect_err(text).to_string();
-            assert!(e.starts_with(want), "{text}: {e}");
-        }
-        let ok = r#"{"timestamp": 0, "input_length": 6, "output_length": 1, "hash_ids": [1]}"#;
-        assert_eq!(
-            parse(&format!("{ok}\n{ok}\n{ok}"), Some(2))
-                .expect("ok")
-                .len(),
-            2
-        );
-        // Other fields are skipped, repeated or not; an escaped name is the field it spells.
-        let extra = r#"{"session": {"turns": [1, 2]}, "time\u0073tamp": 0, "input_length": 6, "output_length": 1, "hash_ids": [1], "session": null}"#;
-        assert_eq!(
-            parse(extra, None).expect("extra"),
-            parse(ok, None).expect("ok")
-        );
-    }
-}
+#[path = "trace_tests.rs"]
+mod tests;
