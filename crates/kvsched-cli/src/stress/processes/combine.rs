@@ -107,6 +107,10 @@ pub struct Combined {
     pub sum: Row,
     /// `sum.cross_engine_hits / sum.chunks_loaded`.
     pub cross_engine_hit_ratio: Option<f64>,
+    /// The store is the user's (a `redis://` server, a directory): chunks an earlier run
+    /// saved there count among the cross-engine hits, as no engine of this run saved them.
+    #[serde(skip)]
+    pub store_outlives_run: bool,
     /// Every engine's requests add up.
     pub every_request_accounted: bool,
     /// The engines' reports merged.
@@ -255,6 +259,10 @@ impl Combined {
         violations.extend(parent.iter().cloned());
         Combined {
             engines: plan.engines,
+            store_outlives_run: matches!(
+                plan.store,
+                StoreSpec::RedisUrl { .. } | StoreSpec::Disk(_)
+            ),
             store: store.to_owned(),
             server,
             redis_restarts: Restarts {
@@ -393,8 +401,13 @@ impl Combined {
         out.push('\n');
         match (self.cross_engine_hit_ratio, self.sum.chunks_loaded) {
             (Some(x), Some(l)) => out.push_str(&format!(
-                "cross-engine hit ratio: {x:.3} (of {} chunks loaded, the share another engine saved)\n",
-                thousands(l)
+                "cross-engine hit ratio: {x:.3} (of {} chunks loaded, the share another engine{} saved)\n",
+                thousands(l),
+                if self.store_outlives_run {
+                    " or an earlier run on this store"
+                } else {
+                    ""
+                }
             )),
             _ => out.push_str("cross-engine hit ratio: — (no chunks loaded)\n"),
         }

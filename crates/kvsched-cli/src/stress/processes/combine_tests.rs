@@ -134,7 +134,30 @@ fn rows_are_read_and_summed() {
     assert!(t.invariants.ok);
     let text = c.render_human();
     assert!(text.contains("every request accounted for in every engine (submitted = finished + failed + cancelled): yes"), "{text}");
-    assert!(text.contains("cross-engine hit ratio: 0.550"), "{text}");
+    assert!(
+        text.contains(
+            "cross-engine hit ratio: 0.550 (of 200 chunks loaded, the share another engine saved)"
+        ),
+        "{text}"
+    );
+    // On the user's server, chunks an earlier run saved count too: the line says so.
+    let mut users = plan(2, 0, true);
+    users.store = StoreSpec::RedisUrl {
+        url: "redis://127.0.0.1:1".into(),
+        shown: "redis://127.0.0.1:1".into(),
+    };
+    let theirs = Combined::of(
+        &users,
+        "redis://127.0.0.1:1",
+        None,
+        vec![outcome(0, 0, &a), outcome(1, 0, &b)],
+        Vec::new(),
+    )
+    .render_human();
+    assert!(
+        theirs.contains("the share another engine or an earlier run on this store saved"),
+        "{theirs}"
+    );
     let j: Value = serde_json::from_str(&c.render_json()).unwrap();
     assert_eq!(j["total"]["requests"]["submitted"], json!(300));
     assert!(j["total"].get("config").is_none() && j["total"].get("figures").is_none());
