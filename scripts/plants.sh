@@ -142,6 +142,10 @@ declare -A TESTS=(
   # shard/claim.rs: a request decided again while it waits loses its earlier waits, and reads
   # a block its owner is still recomputing.
   [waits-overwritten]="kvsched --test engine_api sharers::a_sharer_decided_again"
+  # runtime/shard/schedule.rs: a request short of blocks preempts the latest running request
+  # even when the step already planned it (mode vllm schedules the requests it admits after
+  # the running ones): the plan names the victim's blocks in the admitted request's tables too.
+  [preempt-planned]="kvsched --test runtime_plan_blocks"
   # kvsched-testkit sim/model/engine.rs: the model engine does not count a read through a
   # null entry, so the `unreadable_reads` every model test holds at 0 would read 0 anyway.
   [model-null-read-uncounted]="kvsched-testkit --test model_exact a_read_through_a_null_entry"
@@ -323,7 +327,7 @@ ORDER=(decide-early claim-store late-leak deadline-compact-in-flight load-queue-
   handoff-engine-unpark-dropped handoff-shard-unpark-dropped redis-refresh-on-spent-time
   refresh-waits-on-lock echo-refusal-counts-server-errors save-pause-outlasts-outage
   align-pass-clears-mark report-evicted-late align-wait-inexact unconfirmed-kept-cached
-  waits-overwritten)
+  waits-overwritten preempt-planned)
 
 if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi
 

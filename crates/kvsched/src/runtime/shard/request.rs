@@ -187,6 +187,9 @@ pub(super) struct Req {
     pub(super) written: u64,
     /// Tokens scheduled in the last step (0 when not scheduled).
     pub(super) last_scheduled: u64,
+    /// The shard step that last scheduled it (0: none): a request this step has put in its
+    /// plan is never preempted by the same step.
+    pub(super) scheduled_step: u64,
     /// Computed tokens before the step that last scheduled it.
     pub(super) pre_step: u64,
     /// Its last step's output was lost: roll back to `pre_step`, apply nothing.
@@ -265,6 +268,7 @@ impl Req {
             num_computed_tokens: 0,
             written: 0,
             last_scheduled: 0,
+            scheduled_step: 0,
             pre_step: 0,
             output_lost: false,
             phase: Phase::Waiting,

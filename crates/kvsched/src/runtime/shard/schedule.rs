@@ -187,9 +187,21 @@ impl<S: Strategy> Shard<S> {
             return false;
         }
         if !Self::grow(env, r, upto, &mut self.index) {
-            // Preempt the latest running request of this shard, if it is not this one.
+            // Preempt the latest running request of this shard, if it is not this one and not
+            // in this step's plan already. Scheduling in canonical order never meets one that
+            // is; mode vllm schedules the requests it admits after the running ones, and
+            // releasing a planned request's blocks would hand them to another request of the
+            // same plan (the engine then writes both into one block). The request waits for a
+            // later step instead.
             let latest = self.running.keys().next_back().copied();
-            if let Some(v) = preemption_victim(latest, key) {
+            let step = self.step;
+            let planned = |v: &RequestKey| {
+                self.reqs
+                    .get(&v.seq())
+                    .is_some_and(|r| r.scheduled_step == step)
+                    && !planted!("preempt-planned")
+            };
+            if let Some(v) = preemption_victim(latest, key).filter(|v| !planned(v)) {
                 self.preempt(env, v.seq());
                 self.result.counters.preemptions += 1;
             }
@@ -233,6 +245,7 @@ impl<S: Strategy> Shard<S> {
         r.pre_step = r.num_computed_tokens;
         r.num_computed_tokens = upto;
         r.last_scheduled = n;
+        r.scheduled_step = self.step;
         self.touched.push(seq);
         budget.charge(n);
         true

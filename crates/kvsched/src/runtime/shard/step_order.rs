@@ -80,9 +80,10 @@ impl<S: Strategy> Shard<S> {
                 Admitted::Into(phase) => {
                     admitted += 1;
                     if phase == Phase::Running {
-                        // Its prompt's blocks are allocated, so only a resumed request whose
-                        // first chunk runs past its prompt can find no blocks here: it then
-                        // waits for a later step, as in every mode.
+                        // Its prompt's blocks are allocated; its first chunk may need more
+                        // (a resumed request's chunk past its prompt, a window's or a Mamba
+                        // state's entry). Short of blocks it preempts only a request this
+                        // step has not planned (`schedule_one`), or waits for a later step.
                         let _ = self.schedule_one(env, settings, now, key, budget, align);
                     }
                 }

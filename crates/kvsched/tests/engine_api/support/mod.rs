@@ -102,6 +102,8 @@ pub struct Tally {
     pub kept_samples: HashMap<String, u64>,
     /// What a test collected from `Runtime::check_invariants` between steps.
     pub invariant_violations: Vec<String>,
+    /// Blocks a plan named at two generations (handed out twice in one step), in any mode.
+    pub named_twice: Vec<String>,
 }
 
 pub struct Engine {
@@ -346,6 +348,25 @@ impl Engine {
     pub fn run_plan(&mut self, plan: &StepPlan) -> (StepOutput, HashMap<String, StepCheck>) {
         let mut out = StepOutput::for_plan(plan);
         let mut checks = HashMap::new();
+        let mut generations: HashMap<u64, (u32, &str)> = HashMap::new();
+        for s in &plan.scheduled {
+            for b in s.block_tables.iter().flat_map(|t| t.iter()) {
+                if b.id == 0 {
+                    continue;
+                }
+                let (id, generation) = (b.id, b.generation);
+                match generations.get(&id) {
+                    Some(&(g, who)) if g != generation => self.tally.named_twice.push(format!(
+                        "step {}: block {id} at generation {g} ({who}) and {generation} ({})",
+                        plan.step, s.id
+                    )),
+                    Some(_) => {}
+                    None => {
+                        generations.insert(id, (generation, &s.id));
+                    }
+                }
+            }
+        }
         for s in &plan.scheduled {
             if let Some(job) = &s.sync_load {
                 self.tally.sync_loads_run += 1;
@@ -443,6 +464,11 @@ impl Engine {
     }
 
     pub fn assert_clean(&self) {
+        assert!(
+            self.tally.named_twice.is_empty(),
+            "a plan handed a block out twice: {:#?}",
+            &self.tally.named_twice[..self.tally.named_twice.len().min(10)]
+        );
         assert!(
             self.tally.garbage_kept.is_empty(),
             "garbage read with output kept: {:#?}",
