@@ -14,6 +14,7 @@ use std::ffi::OsString;
 use std::io::Write;
 use std::process::ExitCode;
 
+use crate::plot_file::PlotFile;
 use crate::replay::{
     load_scenario, render_explain_text, render_outcome, render_outcome_explained,
     DEFAULT_MAX_INPUT_BYTES, MAX_BENCH_RUNS,
@@ -51,7 +52,8 @@ struct StressArgs {
     #[arg(long)]
     json: bool,
     /// Also write the step-overhead and completion → runnable latency distributions as an SVG
-    /// percentile plot to FILE (kvsched and the baseline overlaid, one line per run).
+    /// percentile plot to FILE (kvsched and the baseline overlaid, one line per run). Written
+    /// when the run ends: a refused or failed run leaves an existing FILE as it was.
     #[arg(long, value_name = "FILE")]
     plot: Option<std::path::PathBuf>,
 }
@@ -184,38 +186,23 @@ fn stress(args: &StressArgs) -> Result<ExitCode, String> {
         );
         return Ok(ExitCode::from(EXIT_OUTPUT));
     }
+    // Checked before the run (a FIFO, a directory, the --trace file, no room for a file
+    // there), so that a plot that cannot be written costs no run; written after it, and only
+    // then put in place of an existing file (`plot_file`).
     let plot = args
         .plot
-        .as_ref()
-        .map(|path| {
-            // Opening a FIFO for writing waits for a reader, before the run and its
-            // --duration: refused, as --trace refuses one.
-            if std::fs::metadata(path).is_ok_and(|m| is_fifo(&m)) {
-                return Err(format!(
-                    "--plot: {} is a FIFO (opening it would wait for a reader): give a file",
-                    path.display()
-                ));
-            }
-            std::fs::File::create(path)
-                .map(|f| (path, f))
-                .map_err(|e| format!("--plot: cannot create {}: {e}", path.display()))
-        })
+        .as_deref()
+        .map(|path| PlotFile::prepare(path, args.config.trace.trace.as_deref()))
         .transpose()?;
     let mut progress = progress_sink(&args.config);
     let report =
         run_stress_with_progress(&args.config, &mut progress).map_err(|e| e.to_string())?;
-    if let Some((path, mut file)) = plot {
-        // Created before the run: failing to write it now is the disk's doing (exit 1), not
-        // the input's.
-        let wrote = file
-            .write_all(render_svg(&report).as_bytes())
-            .and_then(|()| file.flush());
-        if let Err(e) = wrote {
-            let _ = writeln!(
-                std::io::stderr(),
-                "error: --plot: cannot write {}: {e}",
-                path.display()
-            );
+    if let Some(plot) = plot {
+        // Its file was created before the run: failing to write it now is the disk's doing
+        // (exit 1), not the input's.
+        let path = plot.path().display().to_string();
+        if let Err(e) = plot.commit(&render_svg(&report)) {
+            let _ = writeln!(std::io::stderr(), "error: --plot: cannot write {path}: {e}");
             return Ok(ExitCode::from(EXIT_OUTPUT));
         }
     }
@@ -342,17 +329,4 @@ fn clap_error_line(e: &clap::Error) -> String {
     let text = text.trim_start();
     let text = text.strip_prefix("error:").unwrap_or(text);
     text.split("\n\n").next().unwrap_or("").to_owned()
-}
-
-/// Whether `m` is a FIFO's.
-#[cfg(unix)]
-fn is_fifo(m: &std::fs::Metadata) -> bool {
-    use std::os::unix::fs::FileTypeExt;
-    m.file_type().is_fifo()
-}
-
-/// Whether `m` is a FIFO's (none elsewhere).
-#[cfg(not(unix))]
-fn is_fifo(_: &std::fs::Metadata) -> bool {
-    false
 }

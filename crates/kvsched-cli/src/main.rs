@@ -6,6 +6,7 @@
 mod baseline;
 mod cli;
 mod parallel;
+mod plot_file;
 mod replay;
 mod stress;
 
