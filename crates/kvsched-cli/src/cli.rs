@@ -148,6 +148,15 @@ pub fn main() -> ExitCode {
                     args.config.store.shown()
                 ));
             }
+            // `--hit-ratio` warms the sim store; a real store holds what runs saved, so a
+            // ratio typed for one would be dropped: refused the same way.
+            if given("hit_ratio") && args.config.hit_ratio > 0.0 && args.config.store.is_real() {
+                return fail(&format!(
+                    "--hit-ratio: warms the sim store only; --store {} holds what runs saved \
+                     (leave --hit-ratio out, or use --store sim)",
+                    args.config.store.shown()
+                ));
+            }
             match follow_trace_duration(&mut args.config, given("duration_s")) {
                 Ok(()) => stress(&args),
                 Err(e) => Err(e.to_string()),

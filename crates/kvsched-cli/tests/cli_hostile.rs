@@ -192,6 +192,22 @@ fn a_failure_rate_for_a_real_store_is_refused_naming_faults() {
     }
 }
 
+/// `--hit-ratio` with a store other than the sim store: refused in one line naming it (it
+/// ran, warming nothing, with the ratio in the report's config); 0 runs.
+#[test]
+fn a_hit_ratio_for_a_real_store_is_refused() {
+    let out = stress(&["--store", "memory", "--hit-ratio", "0.5"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err:?}");
+    assert!(err.starts_with("error: --hit-ratio: "), "{err}");
+    assert!(err.contains("sim store only"), "{err}");
+    let args = ["--store", "memory", "--hit-ratio", "0", "--requests", "20"];
+    let out = stress(&args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{args:?}: {err}");
+}
+
 /// `--plot` naming a FIFO nobody reads: opening it for writing would wait before the run,
 /// past any `--duration`. It is refused at once, naming the flag.
 #[cfg(unix)]
