@@ -97,7 +97,7 @@ pub const SMALL: &[&str] = &[
 ];
 
 /// The workload the small runs keep unless a test sets it: 16 shared prefixes held by the
-/// device pool, the sim store warmed with three quarters of each prompt, so that 300 requests
+/// device pool, the sim store (not another) warmed with three quarters of each prompt, so that 300 requests
 /// load (the default workload's tier hits come from its own saves coming back after the pool
 /// evicted them, which takes more requests than a debug run should).
 pub const SMALL_WORKLOAD: &[(&str, &str)] = &[
@@ -108,8 +108,12 @@ pub const SMALL_WORKLOAD: &[(&str, &str)] = &[
 
 pub fn small(extra: &[&str]) -> Output {
     let mut args = SMALL.to_vec();
+    // Warming is the sim store's (`--hit-ratio` is refused with another store).
+    let real_store = extra.windows(2).any(|w| w[0] == "--store" && w[1] != "sim");
     for &(flag, value) in SMALL_WORKLOAD {
-        if !extra.contains(&flag) {
+        let given = extra.contains(&flag);
+        let unused = real_store && flag == "--hit-ratio";
+        if !(given || unused) {
             args.extend([flag, value]);
         }
     }
