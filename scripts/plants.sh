@@ -35,6 +35,9 @@ declare -A TESTS=(
   # shard/admit.rs: compacting the deadline queue drops the entries of loads still in flight,
   # so a hung load's deadline never comes.
   [deadline-compact-in-flight]="kvsched --lib runtime::shard::deadline_tests"
+  # shard/completions.rs: a load the worker finished past its deadline counts as landed when
+  # its completion comes before the step that would expire it.
+  [late-ok-accepted]="kvsched --test runtime_land"
   # runtime/step.rs: the workers' queue is never taken for full, so jobs pile up behind a
   # connector that never returns.
   [load-queue-unbounded]="kvsched --test runtime_liveness"
@@ -308,7 +311,7 @@ declare -A TESTS=(
   [echo-refusal-counts-server-errors]="kvsched-testkit --features redis --test kv_redis_desync"
   [tier-store-one-batch]="pytest test_tier_bounds.py::test_a_long_store_jobs_memory_is_bounded"
 )
-ORDER=(decide-early claim-store late-leak deadline-compact-in-flight load-queue-unbounded panic-ok trust-stale end-while-loading no-cross-shard-preempt lookup-uncaught shard-panic-escapes
+ORDER=(decide-early claim-store late-leak deadline-compact-in-flight late-ok-accepted load-queue-unbounded panic-ok trust-stale end-while-loading no-cross-shard-preempt lookup-uncaught shard-panic-escapes
   mamba-align-cache-unwritten saver-flush-early register-unwritten reoffer-unwritten park-unstarted baseline-no-second-chance holder-release-unrecorded unaligned-chunks prompt-end-state-uncached
   branch-state-uncached mamba-state-one-block-late mamba-state-into-null window-into-null model-null-read-uncounted tier-present-after-failed-load scan-one-group-less load-unverified save-payload-offset epoch-not-bumped-on-whole-block-write failed-copy-left-unpoisoned load-pieces-drop-tail vector-store-skips-round
   probe-hits-unindexed vllm-admits-before-schedule cost-ignores-failures pack-offset-past-table failure-share-read-per-token

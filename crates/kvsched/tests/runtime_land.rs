@@ -1,7 +1,9 @@
 //! A load that passes its deadline while its worker still runs it: its blocks are parked
 //! (the late load may still write them), and the request's claims on them with them. When
 //! the request keeps a local prefix, the parked positions are given fresh blocks, so the
-//! request runs on a whole table; when it does not, it starts over and takes none.
+//! request runs on a whole table; when it does not, it starts over and takes none. A load the
+//! worker finished past its deadline has failed, even when its completion is taken before
+//! the step that would expire it.
 //!
 //! The scenarios run under a hang guard ([`guarded`]); no duration is asserted.
 
@@ -249,4 +251,106 @@ fn a_timed_out_load_from_token_zero_reclaims_no_cached_block() {
         "b started over without a's cached prefix: {report}"
     );
     assert!(report.violations.is_empty(), "{:?}", report.violations);
+}
+
+/// Offers every whole block of the prompt once, asynchronously (a request retrying finds
+/// nothing); a load that started before its deadline sleeps until past it, then says it
+/// succeeded.
+#[derive(Default)]
+struct OkPastDeadline {
+    lookups: AtomicUsize,
+    ran: AtomicUsize,
+}
+
+impl KvConnector for OkPastDeadline {
+    fn lookup(&self, q: LookupQuery<'_>) -> LookupResult {
+        let first = self.lookups.fetch_add(1, Ordering::SeqCst) == 0;
+        LookupResult {
+            external_tokens: if first {
+                (q.prompt.len() as u64 - 1) / 16 * 16 - q.local_tokens
+            } else {
+                0
+            },
+            load_async: true,
+        }
+    }
+    fn load(&self, job: &LoadJob) -> LoadResult {
+        let Some(deadline) = job.deadline else {
+            return LoadResult::all_failed(job);
+        };
+        if Instant::now() < deadline {
+            self.ran.fetch_add(1, Ordering::SeqCst);
+        }
+        while Instant::now() <= deadline + Duration::from_millis(20) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        LoadResult::Ok
+    }
+}
+
+/// A load the worker finishes past its deadline has failed, whatever it returns — also when
+/// its completion is already queued when the next step starts, which applies completions
+/// before it expires deadlines: the request recomputes its prompt instead of running on the
+/// load's blocks. (It was taken as landed: a connector that gives up on its deadline and says
+/// `Ok` anyway, having written part of the blocks, had its bytes read.) Planted bug
+/// `late-ok-accepted`.
+#[test]
+fn a_load_finished_past_its_deadline_fails_though_its_completion_comes_first() {
+    let conn = Arc::new(OkPastDeadline::default());
+    let c = conn.clone();
+    let (report, first_chunk_from) = guarded("a load finished past its deadline", move || {
+        let mut rt = Runtime::builder()
+            .shards(1)
+            .workers(1)
+            .connector(c.clone())
+            .build()
+            .unwrap();
+        rt.submit(SubmitRequest {
+            // One the worker surely starts the load within (one taken after it is not run).
+            load_deadline: Some(Duration::from_secs(1)),
+            ..support::req("r", (0..65).collect(), 2)
+        })
+        .unwrap();
+        let plan = rt.schedule().expect("step");
+        assert!(plan.scheduled.is_empty(), "the request loads first");
+        rt.update(StepOutput::all_sampled(&plan));
+        // The load ends past its deadline; its completion is queued before the next step.
+        let t0 = Instant::now();
+        while rt.loads_in_flight() > 0 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "the load never ended"
+            );
+            rt.wait_for_work(Duration::from_millis(10));
+        }
+        let mut first_chunk_from = None;
+        for _ in 0..50 {
+            let plan = rt.schedule().expect("step");
+            if let Some(s) = plan.scheduled.iter().find(|s| &*s.id == "r") {
+                first_chunk_from.get_or_insert(s.num_computed_tokens);
+            }
+            rt.update(StepOutput::all_sampled(&plan));
+            if rt.live() == 0 {
+                break;
+            }
+        }
+        (rt.shutdown(), first_chunk_from)
+    });
+    assert_eq!(
+        conn.ran.load(Ordering::SeqCst),
+        1,
+        "the worker started the load before its deadline"
+    );
+    let m = &report.metrics;
+    assert_eq!(
+        (m.loads_ok, m.loads_failed, m.deadlines_expired),
+        (0, 1, 1),
+        "{m:?}"
+    );
+    assert_eq!(m.finished, 1, "{m:?}");
+    assert_eq!(
+        first_chunk_from,
+        Some(0),
+        "the request ran on the late load's blocks"
+    );
 }

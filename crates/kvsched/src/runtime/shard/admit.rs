@@ -197,6 +197,7 @@ impl<S: Strategy> Shard<S> {
             .or(settings.load_deadline)
             .and_then(|d| now.checked_add(d));
         job.deadline = deadline;
+        r.load_deadline_at = deadline;
         // The load owns its destinations' bytes until its completion is applied.
         env.pool.guard_fills(&mut job);
         r.cancel = Some(job.cancel.clone());

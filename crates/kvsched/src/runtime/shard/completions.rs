@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::connector::LoadResult;
+use crate::connector::{InvalidBlocks, LoadResult};
 use crate::rules::geometry::BlockId;
 use crate::runtime::policy::trust::{failed_load_blocks, for_each_load_block, load_blocks};
 use crate::runtime::worker::Completion;
@@ -53,10 +53,16 @@ impl<S: Strategy> Shard<S> {
         }
         // The worker sent this after its last write: the destinations' bytes are readable.
         r.cancel = None;
+        // The deadline is when the scheduler stops waiting: a load the worker finished past
+        // it failed for all its blocks, whatever it returned — also when its completion is
+        // applied before the step that would have expired it (completions come first in a
+        // step). Planted bug `late-ok-accepted` (scripts/plants.sh): such a load counts.
+        let past_deadline =
+            r.load_deadline_at.is_some_and(|d| c.finished_at > d) && !planted!("late-ok-accepted");
         env.estimate.measured(
             r.load_end.saturating_sub(r.load_start),
             c.finished_at.saturating_duration_since(c.started_at),
-            c.result == LoadResult::Ok && !c.panicked,
+            c.result == LoadResult::Ok && !c.panicked && !past_deadline,
             now,
         );
         Self::end_fills(env, r);
@@ -64,6 +70,12 @@ impl<S: Strategy> Shard<S> {
         let c = if planted!("panic-ok") && c.panicked {
             Completion {
                 result: LoadResult::Ok,
+                ..c
+            }
+        } else if past_deadline {
+            self.result.counters.deadlines_expired += 1;
+            Completion {
+                result: LoadResult::Failed(InvalidBlocks::Flat(Self::load_blocks(env, r))),
                 ..c
             }
         } else {

@@ -35,7 +35,8 @@ pub struct Metrics {
     pub connector_panics: u64,
     /// Commands (sampled, finish, cancel) naming no live request, ignored.
     pub unknown_commands: u64,
-    /// Async loads that passed their deadline (counted in `loads_failed` too).
+    /// Async loads that passed their deadline: not done by it, or finished past it whatever
+    /// their completion said (counted in `loads_failed` too).
     pub deadlines_expired: u64,
     /// Completions of loads that had passed their deadline (counted in `stale_completions`).
     pub late_completions: u64,

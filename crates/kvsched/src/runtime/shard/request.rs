@@ -218,6 +218,9 @@ pub(super) struct Req {
     pub(super) load_end: u64,
     /// When the in-flight async load was dispatched.
     pub(super) load_dispatched_at: Option<Instant>,
+    /// The in-flight async load's deadline, if it has one: a completion the worker finished
+    /// past it fails the load, whatever it returned.
+    pub(super) load_deadline_at: Option<Instant>,
     /// The in-flight load passed its deadline: treated as failed for all its blocks.
     pub(super) timed_out: bool,
     /// External loads of this request that failed (completion or deadline).
@@ -281,6 +284,7 @@ impl Req {
             load_start: 0,
             load_end: 0,
             load_dispatched_at: None,
+            load_deadline_at: None,
             timed_out: false,
             load_failures: 0,
             prefix_key: None,
