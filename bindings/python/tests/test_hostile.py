@@ -463,3 +463,41 @@ def test_request_ids_of_a_str_subclass_that_lies_are_taken_as_their_characters()
     lied, plain = plan(Liar), plan(str)
     assert plain.waits["s"][0].owner == "o", plain
     assert (lied.num_computed_tokens, lied.waits) == (plain.num_computed_tokens, plain.waits)
+
+
+# --- kvsched.vllm: invalid block ids named where they stand --------------------------------
+
+
+def _one_request_plan(ids, by_group=None):
+    reqs = [RequestState("r", False, [[1, 2, 9]], 48, 16)]
+    return plan_recovery(
+        reqs, [CacheGroup("full_attention", 16)], ids, invalid_block_ids_by_group=by_group
+    )
+
+
+@pytest.mark.parametrize(
+    "ids, by_group, field",
+    [
+        ([9, 2.5], None, "invalid_blocks[1]"),
+        ([2, 2.0], None, "invalid_blocks[1]"),
+        ([2.0], None, "invalid_blocks[0]"),
+        ([1, True], None, "invalid_blocks[1]"),
+        ([True, 1], None, "invalid_blocks[0]"),
+        ([9, -1], None, "invalid_blocks[1]"),
+        ([9, 2**64], None, "invalid_blocks[1]"),
+        ([], [[9, -1]], "invalid_blocks_by_group[0][1]"),
+        ([], [[9, 2, 2.0]], "invalid_blocks_by_group[0][2]"),
+    ],
+    ids=["float", "float-dup", "float-alone", "bool-after", "bool-first", "negative",
+         "too-big", "by-group-negative", "by-group-float-dup"],
+)
+def test_invalid_block_ids_are_checked_where_they_stand_before_sorting(ids, by_group, field):
+    """Each id is checked at its own index before the ids are sorted and de-duplicated: the
+    error names that index, and whether an id is refused never depends on what precedes it
+    (``[2, 2.0]`` and ``[1, True]`` were taken as ``[2]`` and ``[1]``)."""
+    with pytest.raises(kvsched.ScenarioError) as e:
+        _one_request_plan(ids, by_group)
+    assert e.value.field == field, str(e.value)
+    assert "\n" not in str(e.value)
+    # Good ids are still sorted and de-duplicated, in any order.
+    assert _one_request_plan([9, 2, 9]).evict_blocks == _one_request_plan([2, 9]).evict_blocks

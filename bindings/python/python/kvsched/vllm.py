@@ -214,16 +214,28 @@ def _seq(field: str, value: Any) -> list[Any]:
         raise ScenarioError(field, f"expected a list, not {type(value).__name__}") from None
 
 
+_U64_MAX = (1 << 64) - 1
+
+
+def _is_block_id(value: Any) -> bool:
+    """Whether ``value`` is a block id the scenario parser takes: an ``int`` (no ``bool``, no
+    float, however whole) in ``0..=2**64-1``."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _U64_MAX
+
+
 def _ids(field: str, value: Any) -> list[Any]:
-    """Block ids, sorted without duplicates; entries that are no ids are passed on as they are,
-    for the scenario parser to name (``invalid_blocks[2]: ...``)."""
+    """Block ids, sorted without duplicates. Every entry is checked where it stands first:
+    if any is no id, the entries are passed on unsorted, for the scenario parser to name the
+    first bad one at its own index (``invalid_blocks[2]: ...``). Sorting first would move it
+    (``[9, 2.5]`` named index 0) or merge it into an equal id (``[2, 2.0]``, ``[1, True]``
+    were taken as ``[2]`` and ``[1]``)."""
     if unordered(value) and not isinstance(value, Mapping):  # ids: sorted below
         value = list(value)
     ids = _seq(field, value)
-    try:
-        return sorted(set(ids))
-    except TypeError:
+    if not all(_is_block_id(b) for b in ids):
         return ids
+    # An int subclass as the int it holds: its own __eq__, __hash__ or __lt__ may say anything.
+    return sorted({int.__index__(b) for b in ids})
 
 
 def _group(field: str, g: Any) -> CacheGroup:
