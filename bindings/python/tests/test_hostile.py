@@ -501,3 +501,15 @@ def test_invalid_block_ids_are_checked_where_they_stand_before_sorting(ids, by_g
     assert "\n" not in str(e.value)
     # Good ids are still sorted and de-duplicated, in any order.
     assert _one_request_plan([9, 2, 9]).evict_blocks == _one_request_plan([2, 9]).evict_blocks
+
+
+# --- kvsched.recover_json: explain -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("explain", [2, "yes", None], ids=["int", "str", "None"])
+def test_recover_json_with_an_explain_that_is_no_bool_names_explain(explain):
+    text = '{"groups":[{"kind":"full_attention","block_size":16}],"requests":[],"invalid_blocks":[]}'
+    with pytest.raises(TypeError, match=rf"^explain: expected a bool, not {type(explain).__name__}$"):
+        kvsched.recover_json(text, explain=explain)
+    with pytest.raises(TypeError, match=rf"^explain: expected a bool, not {type(explain).__name__}$"):
+        kvsched.recover({}, explain=explain)

@@ -39,7 +39,10 @@ def recover_json(scenario: str | bytes, *, explain: bool = False) -> str:
     prints (``--explain`` with ``explain=True``): pretty-printed, trailing newline.
 
     Raises :class:`ScenarioError` (a ``ValueError``) on bad input, with the command's message.
+    A ``scenario`` that is no text or an ``explain`` that is no ``bool`` is a ``TypeError``
+    naming it.
     """
+    _check_explain(explain)
     if not isinstance(scenario, (str, bytes, bytearray, memoryview)):
         # (A list of ints would pass for bytes on the native side.)
         raise TypeError(f"scenario: expected str or bytes, not {type(scenario).__name__}")
@@ -66,8 +69,7 @@ def recover(scenario: dict[str, Any], *, explain: bool = False) -> dict[str, Any
     The outcome is ``json.loads`` of what the command prints. An ``explain`` that is no
     ``bool`` is a ``TypeError`` naming it.
     """
-    if not isinstance(explain, bool):
-        raise TypeError(f"explain: expected a bool, not {type(explain).__name__}")
+    _check_explain(explain)
     try:
         text = json.dumps(scenario, allow_nan=True)
     except (TypeError, ValueError, RecursionError):
@@ -81,6 +83,11 @@ def recover(scenario: dict[str, Any], *, explain: bool = False) -> dict[str, Any
         if found is not None:
             raise found from None
         raise
+
+
+def _check_explain(explain: Any) -> None:
+    if not isinstance(explain, bool):
+        raise TypeError(f"explain: expected a bool, not {type(explain).__name__}")
 
 
 def _unencodable(value: Any, path: str) -> ScenarioError:
