@@ -513,3 +513,59 @@ def test_recover_json_with_an_explain_that_is_no_bool_names_explain(explain):
         kvsched.recover_json(text, explain=explain)
     with pytest.raises(TypeError, match=rf"^explain: expected a bool, not {type(explain).__name__}$"):
         kvsched.recover({}, explain=explain)
+
+
+# --- kvsched.vllm: groups_from_kv_cache_config -----------------------------------------------
+
+
+def _config(*specs):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(kv_cache_groups=[SimpleNamespace(kv_cache_spec=s) for s in specs])
+
+
+@pytest.mark.parametrize(
+    "spec, mamba_mode, field",
+    [
+        (("full", -16), "align", "kv_cache_groups[1].block_size"),
+        (("full", 0), "align", "kv_cache_groups[1].block_size"),
+        (("full", 2**64), "align", "kv_cache_groups[1].block_size"),
+        (("full", 16.0), "align", "kv_cache_groups[1].block_size"),
+        (("window", 16, -5), "align", "kv_cache_groups[1].sliding_window"),
+        (("window", 16, 0), "align", "kv_cache_groups[1].sliding_window"),
+        (("window", 16, 2.5), "align", "kv_cache_groups[1].sliding_window"),
+        (("window", -16, 32), "align", "kv_cache_groups[1].block_size"),
+        (("mamba", 16, "none"), "bogus", "mamba_mode"),
+        (("mamba", 16, "none"), None, "mamba_mode"),
+        (("mamba", 0, "align"), "align", "kv_cache_groups[1].block_size"),
+        (("full", 16), "bogus", "mamba_mode"),
+    ],
+    ids=["negative", "zero", "too-big", "float", "window-negative", "window-zero",
+         "window-float", "window-block-negative", "mamba-mode-bogus", "mamba-mode-None",
+         "mamba-zero", "mamba-mode-no-mamba-group"],
+)
+def test_groups_from_kv_cache_config_refuses_what_the_rules_refuse(spec, mamba_mode, field):
+    """What the scenario parser would refuse (a block size or window of 0 or less, a Mamba
+    mode that is neither "align" nor "all") is refused at the call, naming the field:
+    CacheGroup(block_size=-16), window=-5 and mamba_mode="None" came back as groups."""
+    from kvsched.vllm import groups_from_kv_cache_config
+    from vllm_standins import FullAttentionSpec, MambaSpec, SlidingWindowSpec
+
+    make_spec = {"full": FullAttentionSpec, "window": SlidingWindowSpec, "mamba": MambaSpec}
+    cfg = _config(FullAttentionSpec(16), make_spec[spec[0]](*spec[1:]))
+    with pytest.raises(kvsched.ScenarioError) as e:
+        groups_from_kv_cache_config(cfg, mamba_mode)
+    assert e.value.field == field, str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_groups_from_kv_cache_config_takes_good_specs():
+    from kvsched.vllm import groups_from_kv_cache_config
+    from vllm_standins import FullAttentionSpec, MambaSpec, SlidingWindowSpec
+
+    cfg = _config(FullAttentionSpec(16), SlidingWindowSpec(32, 64), MambaSpec(16, "none"))
+    assert groups_from_kv_cache_config(cfg, "all") == [
+        CacheGroup("full_attention", 16),
+        CacheGroup("sliding_window", 32, window=64),
+        CacheGroup("mamba", 16, mamba_mode="all"),
+    ]

@@ -446,23 +446,33 @@ class SharerHolds:
 
 def groups_from_kv_cache_config(kv_cache_config: Any, mamba_mode: str = "align") -> list[CacheGroup]:
     """The cache groups of a vLLM ``KVCacheConfig`` (``kv_cache_groups[i].kv_cache_spec``):
-    a spec with a ``sliding_window`` is a sliding-window group, a Mamba spec (its class name
-    has ``Mamba``) a Mamba group in the spec's ``mamba_cache_mode`` when that is ``"align"`` or
-    ``"all"``, else in ``mamba_mode``, any other a full-attention group."""
+    a spec with a ``sliding_window`` (not ``None``) is a sliding-window group, a Mamba spec
+    (its class name has ``Mamba``) a Mamba group in the spec's ``mamba_cache_mode`` when that
+    is ``"align"`` or ``"all"``, else in ``mamba_mode``, any other a full-attention group.
+
+    What the rules refuse is refused here, as a :class:`kvsched.ScenarioError` naming the
+    field: a ``block_size`` or ``sliding_window`` that is no whole number in ``1..=2**64-1``
+    (``kv_cache_groups[1].block_size: must be > 0, got 0``), a ``mamba_mode`` other than
+    ``"align"`` or ``"all"``."""
+    if not isinstance(mamba_mode, str) or str.__str__(mamba_mode) not in ("align", "all"):
+        raise ScenarioError(
+            "mamba_mode", f'expected "align" or "all", got {_shown(mamba_mode)}'
+        )
     out = []
     for g in kv_cache_config.kv_cache_groups:
+        field = f"kv_cache_groups[{len(out)}]"
         spec = g.kv_cache_spec
         name = type(spec).__name__
-        bs = _whole(f"kv_cache_groups[{len(out)}].block_size", spec.block_size)
+        bs = _positive(f"{field}.block_size", spec.block_size)
         if "Mamba" in name:
             # A spec's own mode where it names one of the rules' (vLLM's default, "none",
             # caches no Mamba prefix and names none): else `mamba_mode`.
             mode = getattr(spec, "mamba_cache_mode", None)
-            if mode not in ("align", "all"):
+            if not isinstance(mode, str) or str.__str__(mode) not in ("align", "all"):
                 mode = mamba_mode
-            out.append(CacheGroup("mamba", bs, mamba_mode=str(mode)))
-        elif getattr(spec, "sliding_window", None):
-            window = _whole(f"kv_cache_groups[{len(out)}].sliding_window", spec.sliding_window)
+            out.append(CacheGroup("mamba", bs, mamba_mode=str.__str__(mode)))
+        elif getattr(spec, "sliding_window", None) is not None:
+            window = _positive(f"{field}.sliding_window", spec.sliding_window)
             out.append(CacheGroup("sliding_window", bs, window=window))
         else:
             out.append(CacheGroup("full_attention", bs))
@@ -486,8 +496,28 @@ def _tokens(callback: str, request_id: str, value: Any) -> int | None:
 def _whole(field: str, value: Any) -> int:
     """``value`` as an int: a float is not floored into one."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ScenarioError(field, f"expected a whole number, not {value!r}")
+        raise ScenarioError(field, f"expected a whole number, not {_shown(value)}")
     return int(value)
+
+
+def _positive(field: str, value: Any) -> int:
+    """A block size or window as the rules take it: a whole number in ``1..=2**64-1``."""
+    v = _whole(field, value)
+    if v <= 0:
+        raise ScenarioError(field, f"must be > 0, got {_shown(v)}")
+    if v > _U64_MAX:
+        raise ScenarioError(field, f"does not fit in 64 bits (got {_shown(v)}; at most {_U64_MAX})")
+    return v
+
+
+def _shown(value: Any) -> str:
+    """``value`` for a one-line message: its repr, cut to 60 characters."""
+    try:
+        text = repr(value)
+    except Exception:  # a repr that raises says nothing about the value
+        text = f"<{type(value).__name__} too long to show>"
+    text = " ".join(text.split())
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _status_name(request: Any) -> str:
