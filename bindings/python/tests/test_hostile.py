@@ -569,3 +569,62 @@ def test_groups_from_kv_cache_config_takes_good_specs():
         CacheGroup("sliding_window", 32, window=64),
         CacheGroup("mamba", 16, mamba_mode="all"),
     ]
+
+
+# --- kvsched.vllm: SharerHolds arguments -----------------------------------------------------
+
+
+def _holds():
+    reqs = [
+        RequestState("o", False, [[1, 2, 3]], 48, 16),
+        RequestState("s", False, [[1, 2, 7]], 48, 16),
+    ]
+    holds = SharerHolds()
+    holds.add(plan_recovery(reqs, [CacheGroup("full_attention", 16)], {2}))
+    return holds
+
+
+def _state(rid):
+    return RequestState(rid, False, [[1, 2, 7]], 48, 0)
+
+
+@pytest.mark.parametrize(
+    "call, error, message",
+    [
+        (lambda h: h.add(None), TypeError, r"^plan: expected a RecoveryPlan, not NoneType$"),
+        (lambda h: h.add({"s": []}), TypeError, r"^plan: expected a RecoveryPlan, not dict$"),
+        (lambda h: h.held([]), TypeError, r"^request_id: expected a str, not list$"),
+        (lambda h: h.held(None), TypeError, r"^request_id: expected a str, not NoneType$"),
+        (lambda h: h.forget([]), TypeError, r"^request_id: expected a str, not list$"),
+        (lambda h: h.refresh(None), TypeError, r"^computed: expected a callable, not NoneType$"),
+        (lambda h: h.refresh(lambda r: 0, 5), TypeError,
+         r"^last: expected a callable or None, not int$"),
+        (lambda h: h.replan([2], _state, [CacheGroup("full_attention", 16)]), TypeError,
+         r"^orphaned: expected a mapping of block ids to waiters \(as refresh returns\), not list$"),
+        (lambda h: h.replan({2: "s"}, _state, [CacheGroup("full_attention", 16)]), TypeError,
+         r"^orphaned\[2\]: expected a list of request ids, not str$"),
+        (lambda h: h.replan({2: [5]}, _state, [CacheGroup("full_attention", 16)]), TypeError,
+         r"^orphaned\[2\]\[0\]: expected a str, not int$"),
+        (lambda h: h.replan({2.5: ["s"]}, _state, [CacheGroup("full_attention", 16)]), TypeError,
+         r"^orphaned: a block id must be a whole number, not float$"),
+        (lambda h: h.replan({10**5000: "s"}, _state, [CacheGroup("full_attention", 16)]),
+         ValueError, r"^orphaned: block id <int too long to show> is outside 0\.\.=18446744073709551615$"),
+        (lambda h: h.replan({2: ["s"]}, None, [CacheGroup("full_attention", 16)]), TypeError,
+         r"^state: expected a callable, not NoneType$"),
+        (lambda h: h.replan({2: ["s"]}, lambda r: None, [CacheGroup("full_attention", 16)]),
+         TypeError, r"^state\('s'\): expected a RequestState, not NoneType$"),
+    ],
+    ids=["add-None", "add-dict", "held-list", "held-None", "forget-list", "refresh-None",
+         "refresh-last-int", "replan-list", "replan-str-waiters", "replan-int-waiter",
+         "replan-float-block", "replan-huge-block", "replan-state-None", "replan-state-answers-None"],
+)
+def test_sharer_holds_methods_name_an_argument_of_the_wrong_type(call, error, message):
+    """Each method checks its arguments and names the one that is wrong: add(None) leaked an
+    AttributeError, held([]) an unhashable-type TypeError, replan([2], ...) an AttributeError,
+    refresh(None) "'NoneType' object is not callable". The waits are left as they were."""
+    holds = _holds()
+    before = holds.waiting()
+    assert before
+    with pytest.raises(error, match=message):
+        call(holds)
+    assert holds.waiting() == before

@@ -354,18 +354,22 @@ class SharerHolds:
         self._waits: dict[str, list[Wait]] = {}
 
     def add(self, plan: RecoveryPlan) -> None:
+        """Records the waits of ``plan`` (a :class:`RecoveryPlan`, else a ``TypeError``)."""
+        if not isinstance(plan, RecoveryPlan):
+            raise TypeError(f"plan: expected a RecoveryPlan, not {type(plan).__name__}")
         for rid, ws in plan.waits.items():
             self._waits.setdefault(rid, []).extend(ws)
 
     def held(self, request_id: str) -> bool:
-        return bool(self._waits.get(request_id))
+        """Whether ``request_id`` (a ``str``, else a ``TypeError``) must not be scheduled yet."""
+        return bool(self._waits.get(_request_id(request_id)))
 
     def waiting(self) -> dict[str, list[Wait]]:
         return {k: list(v) for k, v in self._waits.items() if v}
 
     def forget(self, request_id: str) -> None:
         """A waiting request ended: it waits for nothing any more."""
-        self._waits.pop(request_id, None)
+        self._waits.pop(_request_id(request_id), None)
 
     def refresh(
         self,
@@ -381,8 +385,13 @@ class SharerHolds:
         waiters in the order they were added (canonical order); those waits are dropped here,
         for :meth:`replan`. A callback answering anything but a whole number ≥ 0 or ``None``
         (NaN, a float, a string) is a ``TypeError`` or ``ValueError`` naming the callback and
-        the request, and leaves every wait as it was.
+        the request, and leaves every wait as it was; so is a ``computed`` that is not
+        callable or a ``last`` that is neither callable nor ``None``, naming it.
         """
+        if not callable(computed):
+            raise TypeError(f"computed: expected a callable, not {type(computed).__name__}")
+        if last is not None and not callable(last):
+            raise TypeError(f"last: expected a callable or None, not {type(last).__name__}")
         # Every answer is asked for and checked before any wait changes.
         now: dict[str, int | None] = {}
         ended: dict[str, int | None] = {}
@@ -426,19 +435,71 @@ class SharerHolds:
         block, so each block's first waiter owns it and a waiter that owns several rolls back
         to the earliest (block by block, the last plan applied would win); the plan's waits
         are added. Apply the plan's ``num_computed_tokens`` (and evictions) as after
-        ``_handle_invalid_blocks``."""
-        if not orphaned:
+        ``_handle_invalid_blocks``.
+
+        ``orphaned`` is what :meth:`refresh` returns (a mapping of block ids to lists of
+        request ids), ``state`` a callable answering a :class:`RequestState` (or an object
+        with its attributes) for a request id: anything else is a ``TypeError`` naming the
+        argument (``state('r1')`` for an answer), before any wait changes."""
+        blocks, waiters = _orphaned(orphaned)
+        if not callable(state):
+            raise TypeError(f"state: expected a callable, not {type(state).__name__}")
+        if not blocks:
             return []
-        waiters: list[str] = []
-        for ws in orphaned.values():
-            waiters.extend(r for r in ws if r not in waiters)
-        reqs = [
-            RequestState(s.request_id, False, s.block_ids, s.num_computed_tokens, 0)
-            for s in (state(r) for r in waiters)
-        ]
-        plan = plan_recovery(reqs, groups, list(orphaned), **kw)
+        reqs = [_replanned(r, state(r)) for r in waiters]
+        plan = plan_recovery(reqs, groups, blocks, **kw)
         self.add(plan)
         return [plan]
+
+
+def _request_id(value: Any) -> str:
+    """A request id given to :class:`SharerHolds`: a ``str``, else a ``TypeError``."""
+    if not isinstance(value, str):
+        raise TypeError(f"request_id: expected a str, not {type(value).__name__}")
+    return str.__str__(value)
+
+
+def _orphaned(value: Any) -> tuple[list[int], list[str]]:
+    """:meth:`SharerHolds.replan`'s ``orphaned``: its block ids, and its waiters in order, each
+    once; a ``TypeError`` naming ``orphaned`` for what :meth:`SharerHolds.refresh` would never
+    return."""
+    if not isinstance(value, Mapping):
+        raise TypeError(
+            "orphaned: expected a mapping of block ids to waiters (as refresh returns), "
+            f"not {type(value).__name__}"
+        )
+    blocks: list[int] = []
+    waiters: list[str] = []
+    for block, ws in value.items():
+        if isinstance(block, bool) or not isinstance(block, int):
+            raise TypeError(
+                f"orphaned: a block id must be a whole number, not {type(block).__name__}"
+            )
+        if not 0 <= block <= _U64_MAX:
+            raise ValueError(f"orphaned: block id {_shown(block)} is outside 0..={_U64_MAX}")
+        if isinstance(ws, (str, bytes)) or unordered(ws) or not isinstance(ws, Iterable):
+            raise TypeError(
+                f"orphaned[{block}]: expected a list of request ids, not {type(ws).__name__}"
+            )
+        blocks.append(int.__index__(block))
+        for i, r in enumerate(list(ws)):
+            if not isinstance(r, str):
+                raise TypeError(f"orphaned[{block}][{i}]: expected a str, not {type(r).__name__}")
+            r = str.__str__(r)
+            if r not in waiters:
+                waiters.append(r)
+    return blocks, waiters
+
+
+def _replanned(rid: str, s: Any) -> RequestState:
+    """Waiter ``rid`` as :meth:`SharerHolds.replan` re-plans it: sync, nothing scheduled, from
+    ``s``, what ``state(rid)`` answered."""
+    try:
+        return RequestState(s.request_id, False, s.block_ids, s.num_computed_tokens, 0)
+    except AttributeError:
+        raise TypeError(
+            f"state({rid!r}): expected a RequestState, not {type(s).__name__}"
+        ) from None
 
 
 # --- vLLM's objects, duck-typed ---------------------------------------------------------
