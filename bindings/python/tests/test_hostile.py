@@ -628,3 +628,47 @@ def test_sharer_holds_methods_name_an_argument_of_the_wrong_type(call, error, me
     with pytest.raises(error, match=message):
         call(holds)
     assert holds.waiting() == before
+
+
+# --- kvsched.tier: bool keys, tier_type ------------------------------------------------------
+
+
+@pytest.mark.parametrize("k", [True, False], ids=["True", "False"])
+def test_a_bool_key_is_a_type_error_naming_key(k):
+    """A key's type is part of its name: True is no int key 1 (job_id and block_ids refuse
+    bools the same way)."""
+    from kvsched.tier import offload_key_bytes
+
+    with pytest.raises(TypeError, match=r"^key: expected bytes, int or str, got bool$"):
+        offload_key_bytes(k)
+    tier, c = make()
+    try:
+        assert c.store([int(k)], [1])
+        with pytest.raises(TypeError, match=r"^key: "):
+            tier.lookup(k)
+        with pytest.raises(TypeError, match=r"^key: "):
+            tier.submit_load(JobMetadata(9, [k], [2]))
+        assert tier.get_finished() == []
+    finally:
+        tier.shutdown()
+
+
+@pytest.mark.parametrize(
+    "tier_type, error, message",
+    [
+        (5, TypeError, r"^tier_type: expected a str, not int$"),
+        (None, TypeError, r"^tier_type: expected a str, not NoneType$"),
+        (b"kvsched", TypeError, r"^tier_type: expected a str, not bytes$"),
+        ("", ValueError, r"^tier_type: must be a non-empty str$"),
+    ],
+    ids=["int", "None", "bytes", "empty"],
+)
+def test_a_tier_type_that_is_no_tier_type_names_tier_type(tier_type, error, message):
+    raw, view = kv_buffer(N, BS)
+    with pytest.raises(error, match=message):
+        KvschedTierManager(None, view, tier_type)
+    tier = KvschedTierManager(None, view, "my-tier")
+    try:
+        assert tier.tier_type == "my-tier"
+    finally:
+        tier.shutdown()

@@ -69,7 +69,11 @@ def offload_key_bytes(key: Any) -> bytes:
     part of its name — a first byte ``b``, ``i`` or ``s``, then the bytes, the integer's
     signed little-endian bytes or the text's UTF-8 — so ``1``, ``"1"`` and ``b"1"`` are three
     keys, and no int or str names the block of a bytes key (on a store shared by engines
-    that key their blocks differently, one would otherwise load another's bytes)."""
+    that key their blocks differently, one would otherwise load another's bytes). A ``bool``
+    is no int key (``True`` would name block ``1``): a ``TypeError``, as for ``job_id`` and
+    ``block_ids``."""
+    if isinstance(key, bool):
+        raise TypeError("key: expected bytes, int or str, got bool")
     if isinstance(key, (bytes, bytearray, memoryview)):
         return b"b" + bytes(key)
     if isinstance(key, int):
@@ -159,6 +163,16 @@ def _text(field: str, value: Any) -> str | None:
     raise TypeError(f"{field}: expected a str, not {type(value).__name__}")
 
 
+def _tier_type(value: Any) -> str:
+    """The ``tier_type`` argument: a non-empty ``str`` (the name vLLM registered the class
+    under), a ``TypeError`` or ``ValueError`` naming it for anything else."""
+    if not isinstance(value, str):
+        raise TypeError(f"tier_type: expected a str, not {type(value).__name__}")
+    if not value:
+        raise ValueError("tier_type: must be a non-empty str")
+    return str.__str__(value)
+
+
 def _store(value: Any) -> str:
     """The ``store`` argument: a ``str``, a ``TypeError`` naming it for anything else."""
     if isinstance(value, str):
@@ -218,7 +232,8 @@ class KvschedTierManager(_Base):  # type: ignore[misc,valid-type]
         primary_kv_view: memoryview of the primary tier's host KV buffer (writable,
             C-contiguous, not empty); its first dimension is the number of blocks (a 1-D
             buffer needs ``num_blocks``).
-        tier_type: the tier type vLLM registered this class under.
+        tier_type: the tier type vLLM registered this class under: a non-empty ``str``
+            (``"kvsched"`` by default).
         store: ``"memory"``, ``"disk"`` or ``"redis"``.
         capacity_bytes: bound of a memory or disk tier (default 1 GiB; at least one block as
             a chunk, a disk tier's in its pack file: a smaller one is a ``ValueError``).
@@ -265,6 +280,7 @@ class KvschedTierManager(_Base):  # type: ignore[misc,valid-type]
     ) -> None:
         if primary_kv_view is None:
             raise ValueError("primary_kv_view: required")
+        tier_type = _tier_type(tier_type)
         if _Base is not object:  # pragma: no cover - with vLLM installed
             try:  # vLLM versions differ in what the base takes
                 super().__init__(offloading_spec, primary_kv_view, tier_type)
