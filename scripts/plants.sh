@@ -245,7 +245,7 @@ declare -A TESTS=(
   # fork, drop and bounded-memory guarantees.
   # tier_jobs.rs: a forked child takes itself for the parent, queues jobs for workers it does
   # not have and joins threads it never had.
-  # bindings/python/python/kvsched/vllm.py: a Mamba `align` state a sharer waits for counts as
+  # bindings/python/python/kvsched/recovery.py: a Mamba `align` state a sharer waits for counts as
   # rewritten once its owner is past it, though only a step ending there writes it.
   [align-wait-inexact]="pytest test_vllm.py::test_an_owner_past_an_align_state_it_never_ended_a_step_at_hands_it_over"
   [tier-fork-unchecked]="pytest test_tier_lifecycle.py::test_a_forked_child_fails_every_job_at_once_and_exits_cleanly"

@@ -2,11 +2,13 @@
 
 * :func:`recover` — the recovery rules on a scenario in the ``kvsched replay`` format
   (``docs/replay.md``): a dict in, the outcome dict out, the same as ``kvsched replay`` prints.
-* :mod:`kvsched.vllm` — the rules as vLLM's scheduler needs them at ``_handle_invalid_blocks``.
+* :mod:`kvsched.vllm` — the rules as vLLM's scheduler needs them at ``_handle_invalid_blocks``
+  (re-exporting :mod:`kvsched.recovery`, the pure plan of a report, and
+  :mod:`kvsched.sharer_holds`, mode ``safe``'s waiting sharers across steps).
 * :mod:`kvsched.tier` — a vLLM secondary tier (``SecondaryTierManager``) on kvsched's memory,
   disk and Redis tiers, every chunk checked by checksum and keyed MAC.
 
-Neither module imports vLLM unless it is installed.
+None of these modules imports vLLM unless it is installed.
 """
 
 from __future__ import annotations
