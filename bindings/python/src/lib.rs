@@ -23,7 +23,7 @@ fn native_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<tier::NativeTier>()?;
     m.add("HAS_REDIS", cfg!(feature = "redis"))?;
     // The plant `align-wait-inexact` (scripts/plants.sh; `planted!` of crates/kvsched/src/
-    // plant.rs, spelled out here as the macro is the library's own): `kvsched.vllm` takes a
+    // plant.rs, spelled out here as the macro is the library's own): `kvsched.recovery` takes a
     // Mamba `align` state for rewritten once its owner has gone past it.
     m.add(
         "_PLANT_ALIGN_WAIT_INEXACT",
