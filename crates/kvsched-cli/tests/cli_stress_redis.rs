@@ -181,3 +181,37 @@ fn store_faults_are_refused_on_a_users_server_and_it_is_left_untouched() {
     ]);
     assert_eq!(code, Some(0), "{err}");
 }
+
+/// A `redis://` URL's `max_value_bytes` holds: values over it are refused (the run's saves
+/// fail, named), where the stress tool used to replace it with the largest chunk's size and
+/// store them.
+#[test]
+fn the_urls_max_value_bytes_bounds_what_the_run_stores() {
+    if missing("redis-server") {
+        return;
+    }
+    use kvsched_testkit::redis::{LocalRedis, LocalRedisOptions};
+    let server = LocalRedis::start(LocalRedisOptions::new()).expect("start redis-server");
+    let url = format!("{}?max_value_bytes=64", server.url());
+    let out = Command::new(env!("CARGO_BIN_EXE_kvsched"))
+        .args(["stress", "--json", "--store", &url])
+        .args(["--requests", "300", "--rate", "3000", "--model-us", "50"])
+        .args([
+            "--pool-blocks",
+            "300",
+            "--prefix-share",
+            "0.9",
+            "--prefixes",
+            "16",
+        ])
+        .args(["--duration", "30"])
+        .output()
+        .expect("run kvsched");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "stderr: {err}");
+    let v: Value = serde_json::from_slice(&out.stdout).expect("stdout is JSON");
+    assert_eq!(count(&v, "kv.chunks_saved"), 0, "{v}");
+    assert!(count(&v, "kv.saves_failed") > 0, "{v}");
+    let why = v["kv"]["save_error"].as_str().unwrap_or_default();
+    assert!(why.contains("over max_value_bytes 64"), "{why}");
+}

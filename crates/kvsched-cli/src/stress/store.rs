@@ -275,8 +275,10 @@ impl Stores {
     }
 
     /// Opens the store for one run of scheduler `who` (`kvsched` or `mutex`).
-    /// `max_chunk`: the largest chunk the run's layout can produce, the largest value the
-    /// store accepts and the largest it reads back (disk and Redis).
+    /// `max_chunk`: the largest chunk the run's layout can produce, the largest value the disk
+    /// store accepts and reads back. (A Redis store keeps the bound its URL sets, 512 MiB by
+    /// default, on what it stores, and bounds replies by the largest chunk as well, which the
+    /// connector tells it: `Tier::expect_values_up_to`.)
     pub(super) fn open(
         &self,
         cfg: &StressConfig,
@@ -314,7 +316,7 @@ impl Stores {
             }
             #[cfg(feature = "redis")]
             StoreSpec::Redis | StoreSpec::RedisUrl { .. } => {
-                redis_store::open(cfg, &self.spec, self.server.as_ref(), who, max_chunk)
+                redis_store::open(cfg, &self.spec, self.server.as_ref(), who)
             }
             #[cfg(not(feature = "redis"))]
             StoreSpec::Redis | StoreSpec::RedisUrl { .. } => Err(store_error(NO_REDIS.to_owned())),
@@ -462,7 +464,6 @@ mod redis_store {
         spec: &StoreSpec,
         server: Option<&Server>,
         who: &str,
-        max_chunk: usize,
     ) -> Result<Opened, StressError> {
         let (url, shown, tag) = match (spec, server) {
             (StoreSpec::RedisUrl { url, shown }, _) => {
@@ -474,10 +475,11 @@ mod redis_store {
             }
             _ => return Err(store_error("redis: no server".to_owned())),
         };
+        // The URL's `max_value_bytes` (512 MiB when it sets none) bounds what is stored and,
+        // with the largest chunk the connector says it stores, what a reply may hold.
         let config = RedisConfig::from_url(&url)
             .map_err(|e| store_error(format!("{shown}: {e}")))?
-            .tag(tag)
-            .max_value_bytes(max_chunk.clamp(1, 512 << 20));
+            .tag(tag);
         let tier = RedisTier::new(config).map_err(|e| store_error(format!("{shown}: {e}")))?;
         tier.check()
             .map_err(|e| store_error(format!("cannot reach {shown}: {e}")))?;
