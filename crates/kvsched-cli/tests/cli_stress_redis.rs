@@ -12,8 +12,13 @@ use redis_common::missing;
 use serde_json::Value;
 
 fn stress_json(extra: &[&str]) -> Value {
+    stress_json_on("redis", extra)
+}
+
+/// [`stress_json`] on the store `store`.
+fn stress_json_on(store: &str, extra: &[&str]) -> Value {
     let out = Command::new(env!("CARGO_BIN_EXE_kvsched"))
-        .args(["stress", "--json", "--store", "redis"])
+        .args(["stress", "--json", "--store", store])
         // Prefixes shared by many requests, a pool holding few of them: later requests load
         // what earlier ones saved.
         .args([
@@ -193,23 +198,7 @@ fn the_urls_max_value_bytes_bounds_what_the_run_stores() {
     use kvsched_testkit::redis::{LocalRedis, LocalRedisOptions};
     let server = LocalRedis::start(LocalRedisOptions::new()).expect("start redis-server");
     let url = format!("{}?max_value_bytes=64", server.url());
-    let out = Command::new(env!("CARGO_BIN_EXE_kvsched"))
-        .args(["stress", "--json", "--store", &url])
-        .args(["--requests", "300", "--rate", "3000", "--model-us", "50"])
-        .args([
-            "--pool-blocks",
-            "300",
-            "--prefix-share",
-            "0.9",
-            "--prefixes",
-            "16",
-        ])
-        .args(["--duration", "30"])
-        .output()
-        .expect("run kvsched");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "stderr: {err}");
-    let v: Value = serde_json::from_slice(&out.stdout).expect("stdout is JSON");
+    let v = stress_json_on(&url, &[]);
     assert_eq!(count(&v, "kv.chunks_saved"), 0, "{v}");
     assert!(count(&v, "kv.saves_failed") > 0, "{v}");
     let why = v["kv"]["save_error"].as_str().unwrap_or_default();
