@@ -216,6 +216,9 @@ def test_a_signal_interrupts_drain_jobs_while_a_store_hangs():
         pytest.skip("a build without the Redis tier")
     srv, held = _silent_server()
     tier = None
+    # Python's own SIGINT handler, whatever the disposition this process inherited (a shell
+    # starts background jobs with SIGINT ignored, and Python then installs none).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         _, view = kv_buffer(8, 256)
         url = f"redis://127.0.0.1:{srv.getsockname()[1]}?timeout_ms=20000"
@@ -232,6 +235,7 @@ def test_a_signal_interrupts_drain_jobs_while_a_store_hangs():
         # The job went on: it is still running, and the tier answers as before.
         assert tier.drain_jobs(0) is False
     finally:
+        signal.signal(signal.SIGINT, previous)
         if tier is not None:
             tier.shutdown()
         srv.close()
