@@ -64,8 +64,8 @@ pub struct DiskCounts {
     /// was found full (see `full_writes`).
     pub capacity_bytes: u64,
     /// Files named like a pack whose table is not one the tier wrote (cut, damaged, entries
-    /// outside the file or longer than the largest value), found at open: left alone, not
-    /// indexed nor counted.
+    /// outside the file or longer than the largest value), or that could not be opened or
+    /// read (an I/O error of the file), found at open: left alone, not indexed nor counted.
     pub refused_packs: u64,
 }
 

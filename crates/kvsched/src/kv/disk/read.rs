@@ -241,6 +241,15 @@ pub(super) enum Opened {
 /// (a FIFO opens at once instead of waiting for a writer), then checks on the open file
 /// itself (no race with a rename) that it is a regular file of at most `limit` bytes.
 pub(super) fn safe_open(path: &Path, write: bool, limit: u64) -> Result<Opened, TierError> {
+    open_checked(path, write, limit).map_err(|(what, e)| io_err(what, path, e))
+}
+
+/// [`safe_open`] with its error as the call that failed (`open`, `stat`) and its I/O error.
+pub(super) fn open_checked(
+    path: &Path,
+    write: bool,
+    limit: u64,
+) -> Result<Opened, (&'static str, io::Error)> {
     let mut open = OpenOptions::new();
     open.read(true).write(write);
     #[cfg(unix)]
@@ -263,9 +272,9 @@ pub(super) fn safe_open(path: &Path, write: bool, limit: u64) -> Result<Opened, 
         {
             return Ok(Opened::Refused)
         }
-        Err(e) => return Err(io_err("open", path, e)),
+        Err(e) => return Err(("open", e)),
     };
-    let meta = f.metadata().map_err(|e| io_err("stat", path, e))?;
+    let meta = f.metadata().map_err(|e| ("stat", e))?;
     if !meta.is_file() || meta.len() > limit {
         return Ok(Opened::Refused);
     }

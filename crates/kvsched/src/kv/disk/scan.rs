@@ -8,7 +8,7 @@ use std::time::SystemTime;
 
 use super::index::{file_id, FileId};
 use super::pack::{self, Entry};
-use super::read::{read_at, safe_open, Opened};
+use super::read::{open_checked, read_at, Opened};
 use super::write::pack_number;
 use super::{io_err, TEMP_EXT};
 use crate::kv::TierError;
@@ -34,7 +34,8 @@ pub(super) struct Scan {
     pub stale: u64,
     /// Pack-named files longer than the largest pack, left alone and not listed.
     pub oversized: u64,
-    /// Pack-named files whose table is not a pack's, left alone and not listed.
+    /// Pack-named files whose table is not a pack's, or that could not be opened or read,
+    /// left alone and not listed.
     pub refused: u64,
     /// The numbers of the pack-named files left alone (oversized or refused).
     pub ignored: Vec<u64>,
@@ -125,16 +126,27 @@ pub(super) fn scan(
         if seen.is_some_and(|s| s.contains(&id)) {
             continue;
         }
-        let (file, meta) = match safe_open(&path, false, u64::MAX)? {
-            Opened::File(file, meta) => (file, meta),
-            Opened::Absent | Opened::Refused => continue,
+        let (file, meta) = match open_checked(&path, false, u64::MAX) {
+            Ok(Opened::File(file, meta)) => (file, meta),
+            Ok(Opened::Absent | Opened::Refused) => continue,
+            Err((what, e)) => {
+                unreadable(&mut s, id, &path, what, e)?;
+                continue;
+            }
         };
         if meta.len() > pack_limit {
             s.oversized += 1;
             s.ignored.push(id);
             continue;
         }
-        match read_table(&file, meta.len(), limit).map_err(|e| io_err("read", &path, e))? {
+        let table = match read_table(&file, meta.len(), limit) {
+            Ok(table) => table,
+            Err(e) => {
+                unreadable(&mut s, id, &path, "read", e)?;
+                continue;
+            }
+        };
+        match table {
             Some(entries) => s.found.push(Found {
                 mtime: meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
                 id,
@@ -149,6 +161,34 @@ pub(super) fn scan(
         }
     }
     Ok(s)
+}
+
+/// A pack that could not be opened or read (`what` failed with `e`): left alone like a
+/// damaged one (counted in `refused`, never read again by this tier) when the error is the
+/// file's — a bad sector (`EIO`), a file the kernel will not open — so that one unreadable
+/// file does not make the whole store unusable; an error of the process (out of file
+/// descriptors or memory) fails the scan instead, as it would fail every pack.
+fn unreadable(
+    s: &mut Scan,
+    id: u64,
+    path: &Path,
+    what: &str,
+    e: io::Error,
+) -> Result<(), TierError> {
+    #[cfg(unix)]
+    if matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM)
+    ) {
+        return Err(io_err(what, path, e));
+    }
+    if e.kind() == io::ErrorKind::OutOfMemory {
+        return Err(io_err(what, path, e));
+    }
+    tracing::warn!(path = %path.display(), error = %e, "disk tier: {what} failed: pack left alone");
+    s.refused += 1;
+    s.ignored.push(id);
+    Ok(())
 }
 
 /// The entries of the pack `file` (`len` bytes); `None` if its table is not a pack's.
@@ -179,5 +219,33 @@ mod tests {
         assert_eq!(pack_number("00000000000000FF.pack"), None);
         assert_eq!(pack_number("+0000000000000ff.pack"), None);
         assert_eq!(pack_number("00000000000000ffpack"), None);
+    }
+
+    /// An I/O error of one file leaves that pack alone; one of the process fails the scan.
+    #[cfg(unix)]
+    #[test]
+    fn an_unreadable_pack_is_left_alone_unless_the_process_is_out_of_resources() {
+        let mut s = Scan {
+            found: Vec::new(),
+            stale: 0,
+            oversized: 0,
+            refused: 0,
+            ignored: Vec::new(),
+        };
+        let path = Path::new("/x/0000000000000007.pack");
+        for errno in [libc::EIO, libc::ESRCH, libc::EINVAL] {
+            let e = io::Error::from_raw_os_error(errno);
+            assert!(unreadable(&mut s, 7, path, "read", e).is_ok(), "{errno}");
+        }
+        assert_eq!((s.refused, s.ignored.len()), (3, 3));
+        for errno in [libc::EMFILE, libc::ENFILE, libc::ENOMEM] {
+            let e = io::Error::from_raw_os_error(errno);
+            let got = unreadable(&mut s, 8, path, "open", e);
+            assert!(
+                matches!(&got, Err(TierError::Unavailable(m)) if m.contains("open /x/")),
+                "{errno}: {got:?}"
+            );
+        }
+        assert_eq!(s.refused, 3, "not counted as refused");
     }
 }
