@@ -274,6 +274,27 @@ fn the_human_report_says_what_each_store_fault_caused() {
     }
 }
 
+/// A store directory whose name holds a line break: the report writes it escaped, so the
+/// name can neither split a line of the report nor start one of its own.
+#[test]
+fn a_line_break_in_the_store_path_stays_in_its_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let odd = dir.path().join("kv\nFORGED: invariant violated");
+    let store = format!("disk={}", odd.display());
+    let out = small(&["--store", &store]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{text}{err}");
+    assert!(
+        !text.lines().any(|l| l.trim_start().starts_with("FORGED")),
+        "a line of the report starts with the path's tail:\n{text}"
+    );
+    assert!(
+        text.contains("kv\\nFORGED: invariant violated"),
+        "the path is shown escaped:\n{text}"
+    );
+}
+
 #[test]
 fn bad_store_values_exit_2_with_one_line() {
     for (args, flag, needle) in [

@@ -19,7 +19,7 @@
 //! values.
 
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -73,11 +73,29 @@ impl StoreSpec {
         match self {
             StoreSpec::Sim => "sim".to_owned(),
             StoreSpec::Memory => "memory".to_owned(),
-            StoreSpec::Disk(d) => format!("disk={}", d.display()),
+            StoreSpec::Disk(d) => format!("disk={}", shown_path(d)),
             StoreSpec::Redis => "redis".to_owned(),
             StoreSpec::RedisUrl { shown, .. } => shown.clone(),
         }
     }
+}
+
+/// A path as the reports write it: line breaks and other control characters escaped
+/// (`\n`, `\u{1b}`), so that a path cannot split a report's line or forge one.
+pub(crate) fn shown_path(p: &Path) -> String {
+    let s = p.display().to_string();
+    if !s.chars().any(char::is_control) {
+        return s;
+    }
+    s.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 impl fmt::Debug for StoreSpec {

@@ -21,7 +21,7 @@ pub(super) fn settings(c: &StressConfig, o: &mut String) {
     let rate = match (&c.trace.trace, c.rate) {
         (Some(t), _) => format!(
             "trace {} replayed {}× faster than recorded (open loop)",
-            t.display(),
+            crate::stress::store::shown_path(t),
             c.trace.trace_speed
         ),
         (None, Rate::Max) => format!("rate max (closed loop, {} live)", c.live),

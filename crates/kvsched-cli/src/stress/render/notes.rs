@@ -20,7 +20,7 @@ pub(super) fn notes(sec: &FigureSection, report: &StressReport) -> Vec<String> {
             if let Some(t) = &c.trace.trace {
                 notes.push(format!(
                     "open loop: requests arrive at the times of trace {}, {}× faster than recorded, whatever the scheduler does, so finished requests/s follows those arrivals unless a scheduler falls behind",
-                    t.display(),
+                    crate::stress::store::shown_path(t),
                     c.trace.trace_speed
                 ));
             } else if let Rate::PerSecond(rate) = c.rate {
