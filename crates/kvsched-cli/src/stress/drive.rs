@@ -494,9 +494,6 @@ impl<'a, S: Scheduler> Engine<'a, S> {
         for (id, state) in &report.ended_at_shutdown {
             self.sources.ended(id, *state);
         }
-        // Saves offered are stored before the counters are read, for 2 s at most (a disk
-        // saver takes a quarter of a core); what is still queued then is dropped and counted.
-        self.conn.inner.flush_for(Duration::from_secs(2));
         let kv = kv_counts(
             self.cfg,
             &self.sim,

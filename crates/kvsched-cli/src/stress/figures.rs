@@ -247,7 +247,7 @@ pub(super) fn sections() -> Vec<Section> {
                     .tier_errors)),
                 row!(
                     "kv.saves_dropped",
-                    "saves dropped (queue full)",
+                    "saves dropped (queue full or at the end)",
                     Count,
                     None,
                     |r| c(r.kv.saves_dropped)

@@ -205,6 +205,7 @@ impl KvCounts {
             format_errors: add(self.format_errors, o.format_errors),
             tier_errors: add(self.tier_errors, o.tier_errors),
             saves_dropped: add(self.saves_dropped, o.saves_dropped),
+            saves_dropped_at_end: add(self.saves_dropped_at_end, o.saves_dropped_at_end),
             save_errors: add(self.save_errors, o.save_errors),
             saves_failed: add(self.saves_failed, o.saves_failed),
             saves_skipped: add(self.saves_skipped, o.saves_skipped),

@@ -145,8 +145,12 @@ pub struct KvCounts {
     pub format_errors: u64,
     /// Tier calls that failed as a whole.
     pub tier_errors: u64,
-    /// Save offers dropped because the write-behind queue was full.
+    /// Save offers dropped: the write-behind queue was full, or they were still queued when
+    /// the run ended (`saves_dropped_at_end` of them).
     pub saves_dropped: u64,
+    /// Saves still queued 2 s after the run ended, dropped then (counted in `saves_dropped`
+    /// too): the store took the saves more slowly than the run offered them.
+    pub saves_dropped_at_end: u64,
     /// Tier `put` calls that failed (batches).
     pub save_errors: u64,
     /// Chunks of those puts the store does not hold: saves that failed, one per chunk.

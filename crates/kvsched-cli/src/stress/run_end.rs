@@ -19,6 +19,9 @@ use kvsched::kv::TierConnector;
 use kvsched::runtime::{Metrics, Report};
 use std::time::Duration;
 
+/// How long the end of a run waits for the saves still queued.
+const END_FLUSH: Duration = Duration::from_secs(2);
+
 /// The KV counters of a run: the engine's checks, the connector's traffic and integrity
 /// counters, the sim store's transfer damage; the store faults injected go into `injected`.
 pub(super) fn kv_counts(
@@ -29,6 +32,14 @@ pub(super) fn kv_counts(
     warm_ns: u64,
     injected: &mut FaultCounts,
 ) -> KvCounts {
+    // Saves offered are stored before the counters are read, for 2 s at most (a disk saver
+    // takes a quarter of a core); what is still queued then is dropped here, so that the
+    // counters account for every save offered.
+    let saves_dropped_at_end = if connector.flush_for(END_FLUSH) {
+        0
+    } else {
+        connector.drop_queued_saves()
+    };
     let t = connector.counts();
     let c = sim.kv_counts().cloned().unwrap_or_default();
     // The model's reads are judged by its tokens, not by the checker: no garbage counts.
@@ -61,6 +72,7 @@ pub(super) fn kv_counts(
             format_errors: t.format_errors,
             tier_errors: t.tier_errors,
             saves_dropped: t.saves_dropped,
+            saves_dropped_at_end,
             save_errors: t.save_errors,
             saves_failed: t.saves_failed,
             saves_skipped: t.saves_skipped,

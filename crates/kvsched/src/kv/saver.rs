@@ -288,6 +288,22 @@ impl Saver {
         }
     }
 
+    /// Drops the work still queued, counted in `dropped`, and returns how many saves that
+    /// was; a batch a thread holds is finished, and later offers are queued as before.
+    pub(crate) fn drop_queued(&self) -> u64 {
+        let left = std::mem::take(&mut self.shared.queue.lock().work);
+        let saves = left.len() as u64;
+        self.shared.buffers.give(left.into_iter().map(|w| {
+            let Work::Save { chunk, .. } = w;
+            chunk
+        }));
+        self.shared
+            .counters
+            .dropped
+            .fetch_add(saves, Ordering::Relaxed);
+        saves
+    }
+
     /// Stops the threads without waiting for them (see [`stop`]): what a connector's drop
     /// does to all its threads first, so that they wind down together.
     pub(crate) fn stop(&self) {

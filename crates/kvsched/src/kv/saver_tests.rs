@@ -77,6 +77,54 @@ fn flush_waits_for_a_batch_a_thread_has_taken() {
     let _ = opener.join();
 }
 
+/// Saves still queued behind a put that does not return are dropped and counted at once, so
+/// counts read right after account for every save offered; the batch a thread holds is
+/// finished, and later offers are queued as before.
+#[test]
+fn dropping_the_queue_counts_what_it_held() {
+    let gate = Arc::new(Gate::default());
+    let tier: Arc<dyn Tier> = gate.clone();
+    let ix = Arc::new(KeyIndex::new(64));
+    let saver = Saver::start(
+        tier,
+        ChunkCodec::new(None),
+        ix.clone(),
+        ix,
+        SaverSettings {
+            capacity: 8,
+            threads: 1,
+            drop_timeout: std::time::Duration::from_secs(10),
+            backoff: SaveBackoff::default(),
+            chunk_bytes: 56,
+            cpu_share: 1.0,
+            batch: 1,
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let save = |k: u128| Work::Save {
+        key: ChunkKey(k),
+        group: 0,
+        tokens: 16,
+        chunk: vec![1; 56],
+    };
+    assert!(saver.offer(save(1)));
+    while !gate.started.load(Ordering::SeqCst) {
+        std::thread::yield_now();
+    }
+    for k in 2..6 {
+        assert!(saver.offer(save(k)));
+    }
+    assert!(!saver.flush_until(Some(Instant::now())), "the put hangs");
+    assert_eq!(saver.drop_queued(), 4, "the four saves behind the hung put");
+    assert_eq!(saver.queued(), 0);
+    assert_eq!(saver.counts().dropped.load(Ordering::Relaxed), 4);
+    assert!(saver.offer(save(6)), "offers are queued as before");
+    *gate.open.lock() = true;
+    saver.flush();
+    assert_eq!(saver.counts().saved_chunks.load(Ordering::Relaxed), 2);
+    assert_eq!(saver.counts().dropped.load(Ordering::Relaxed), 4);
+}
+
 /// A tier that holds what its puts stored; a put stores at most `room` more chunks, then
 /// fails (as a full disk does mid-batch). Counts its puts.
 #[derive(Default)]

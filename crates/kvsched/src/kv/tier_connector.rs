@@ -353,6 +353,16 @@ impl TierConnector {
         self.saver.flush_until(until) && self.prober.flush_until(until)
     }
 
+    /// Drops the saves still queued (counted in [`TierCounts::saves_dropped`]) and returns how
+    /// many that was: what an engine calls when [`flush_for`](Self::flush_for) ran out of time
+    /// and it is about to read its final counts, so that they account for every save offered
+    /// (stored, failed, skipped or dropped) rather than leave the queue's to the drop, when no
+    /// one reads the counts any more. A batch a save thread holds is finished; saves offered
+    /// later are queued as before.
+    pub fn drop_queued_saves(&self) -> u64 {
+        self.saver.drop_queued()
+    }
+
     /// Asks the tier in the background about the keys of `prompt` the index does not know
     /// (what a lookup of it would miss), so that a lookup once the returned [`Prefetch`] is
     /// ready offers what the tier held: what an engine sharing a tier with other engines

@@ -48,9 +48,11 @@ pub struct TierCounts {
     pub chunks_saved: u64,
     /// Encoded bytes stored by the write-behind.
     pub kv_bytes_saved: u64,
-    /// Save offers dropped because the queue was full.
+    /// Save offers dropped: the queue was full, or they were still queued when
+    /// [`TierConnector::drop_queued_saves`](super::TierConnector::drop_queued_saves) or the
+    /// connector's drop dropped them.
     pub saves_dropped: u64,
-    /// Tier `put` calls that failed (batches of up to 32 chunks).
+    /// Tier `put` calls that failed (batches of up to `save_batch` chunks).
     pub save_errors: u64,
     /// Chunks of those failed puts that the tier does not hold (asked after the failure: a
     /// put may store part of its batch).

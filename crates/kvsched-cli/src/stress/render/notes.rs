@@ -169,6 +169,12 @@ fn save_notes(r: &RunReport, several: bool, notes: &mut Vec<String>) {
             counted(k.saves_skipped, "chunk", "chunks")
         ));
     }
+    if k.saves_dropped_at_end > 0 {
+        notes.push(format!(
+            "{who}saves dropped at the end: {} still queued 2 s after the run, when the report was taken (the store took them more slowly than the run offered them); counted in saves dropped",
+            counted(k.saves_dropped_at_end, "chunk was", "chunks were")
+        ));
+    }
     if let Some(at) = k.store_full_at {
         notes.push(format!(
             "{who}the disk store's file system filled up before --store-capacity, at {} of chunk files (it counts blocks and directories too): the disk tier kept at most that from then on, evicting its oldest chunks to make room",
