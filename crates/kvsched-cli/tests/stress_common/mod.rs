@@ -137,7 +137,7 @@ pub const FAULTS: [&str; 6] = ["deadline", "panic", "late", "duplicate", "stale"
 pub const STORE_FAULTS: [&str; 4] = ["corrupt", "truncate", "evict", "slow"];
 
 /// The KV counters of every run (`kv.*`), all counts.
-pub const KV_COUNTS: [&str; 17] = [
+pub const KV_COUNTS: [&str; 18] = [
     "kv_bytes_loaded",
     "kv_bytes_saved",
     "kv_bytes_verified",
@@ -153,6 +153,7 @@ pub const KV_COUNTS: [&str; 17] = [
     "format_errors",
     "tier_errors",
     "saves_dropped",
+    "saves_dropped_at_end",
     "units_read",
     "units_skipped",
 ];
