@@ -127,3 +127,27 @@ fn human_report_has_a_faults_section_with_faults() {
     let plain = String::from_utf8_lossy(&plain.stdout);
     assert!(!plain.contains("faults injected"), "{plain}");
 }
+
+/// Every load failing at its deadline (most while still queued: no worker ever starts them)
+/// shows its tokens under "of which after a failed load" as every load failing its chunks'
+/// checks does: the report learns a failed load's range from the plan's recovery, not only
+/// from the loads the connector ran.
+#[test]
+fn loads_failed_at_their_deadline_count_as_computed_after_a_failed_load() {
+    let after_failed_load = |fault: &[&str]| {
+        let mut args = vec!["--json", "--async-ratio", "1"];
+        args.extend_from_slice(fault);
+        let v = json_of(&small(&args));
+        let p = get(&v, "prompt_tokens");
+        assert_eq!(p["tier_hit"], 0, "every load failed: {p}");
+        p["computed_after_failed_load"].as_u64().unwrap_or(0)
+    };
+    let damaged = after_failed_load(&["--failure-rate", "1"]);
+    let expired = after_failed_load(&["--failure-rate", "0", "--faults", "deadline=1"]);
+    assert!(damaged > 0, "the workload loads from the tier");
+    assert!(
+        expired * 2 >= damaged,
+        "loads past their deadline: {expired} tokens computed after a failed load, against \
+         {damaged} when every load's chunks are damaged"
+    );
+}

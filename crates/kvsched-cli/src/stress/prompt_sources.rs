@@ -8,8 +8,9 @@
 //! the token ranges of every load run for it, and how far each filled its blocks (all of
 //! its range, or up to its first failed block, or nothing) — asynchronous ones as the
 //! connector's workers start and finish them ([`FaultConnector`](super::faults::FaultConnector)
-//! records them), synchronous ones from the plans that carry them and the failed blocks of
-//! the engine's output. When the request finishes, its prompt of `P` tokens splits into
+//! records them) and, for those that failed before a worker started them, from the plan whose
+//! recovery rolled their request back; synchronous ones from the plans that carry them and the
+//! failed blocks of the engine's output. When the request finishes, its prompt of `P` tokens splits into
 //!
 //! * `tier_hit`: tokens below `L` that a load filled (verified chunks; the part of a failed
 //!   load below its first failed block among them, and never the rest: a request whose load
@@ -32,6 +33,7 @@ use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
 use kvsched::connector::LoadJob;
+use kvsched::rules::recovery::RequestClass;
 use kvsched::runtime::{EndState, StepOutput, StepPlan};
 use kvsched::BlockRef;
 
@@ -149,7 +151,15 @@ impl PromptSources {
     }
 
     /// The loads the workers started so far (`started`, drained), then what a plan says:
-    /// its sync loads, where its requests compute from, how they ended.
+    /// the asynchronous loads its recovery rolled back, its sync loads, where its requests
+    /// compute from, how they ended.
+    ///
+    /// A load that failed without a worker ever starting it (its deadline passed while it was
+    /// queued, or a worker handed it back unrun) never reaches the connector: its range is
+    /// the one the plan's recovery rolled its request back over — an async request's tokens
+    /// from its new `num_computed_tokens` on, `affected_tokens` of them — recorded as a load
+    /// that filled nothing. A load the connector saw is recorded again the same way; the
+    /// ranges are a union, so that changes nothing.
     pub(super) fn observe(
         &mut self,
         started: &SegQueue<(Arc<str>, u64, u64, LoadEvent)>,
@@ -157,6 +167,19 @@ impl PromptSources {
     ) {
         while let Some((id, start, end, event)) = started.pop() {
             self.loaded(&id, start, end, event);
+        }
+        // Planted bug `failed-unstarted-load-uncounted` (scripts/plants.sh): a load that
+        // failed before any worker started it is left out of `computed_after_failed_load`.
+        if !cfg!(kvsched_plant = "failed-unstarted-load-uncounted") {
+            for r in &plan.recovery.recovered {
+                if r.class != RequestClass::Async || !r.decision.affected() {
+                    continue;
+                }
+                let start = r.decision.num_computed_tokens;
+                let end = start.saturating_add(r.decision.affected_tokens);
+                self.loaded(&r.id, start, end, LoadEvent::Started);
+                self.loaded(&r.id, start, end, LoadEvent::Filled(start));
+            }
         }
         for s in &plan.scheduled {
             let Some(t) = self.live.get_mut(&s.id) else {
