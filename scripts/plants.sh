@@ -83,8 +83,12 @@ declare -A TESTS=(
   # releases of a block shared by a thousand holders, checked one by one).
   [holder-release-unrecorded]="kvsched --lib runtime::shard::holders"
   # bindings/python tier_index.rs: the Python tier keeps answering "present" for a chunk whose
-  # load failed (vLLM #49328). (bindings/python/tests/test_tier.py catches it too, through pytest.)
-  [tier-present-after-failed-load]="kvsched-python --lib tier_index"
+  # load failed (vLLM #49328).
+  [tier-present-after-failed-load]="kvsched-python --lib tier_index;pytest test_tier.py::test_a_value_the_store_holds_but_cannot_hand_back_is_not_promised_again;pytest test_tier.py::test_a_pack_the_disk_tier_refuses_to_read_is_not_promised_again"
+  # bindings/python tier_index.rs: only a chunk failing its checks is failed; a key a load did
+  # not get back (a store call that erred, a value the store reports not held) is probed
+  # again, and a store that says it holds the key has it promised to every request anew.
+  [tier-failed-load-probed-again]="kvsched-python --lib tier_index;pytest test_tier.py::test_a_value_the_store_holds_but_cannot_hand_back_is_not_promised_again;pytest test_tier.py::test_a_pack_the_disk_tier_refuses_to_read_is_not_promised_again;pytest test_tier.py::test_a_reader_without_the_mac_key_is_promised_a_keyed_chunk_at_most_once"
   # rules/recovery/scan.rs: the last of several cache groups is never scanned, so a request
   # whose failed load hit only that group (a window or Mamba block) is not rolled back: the
   # tiny model reads what the load never wrote and its tokens differ.
@@ -316,7 +320,7 @@ declare -A TESTS=(
 )
 ORDER=(decide-early claim-store late-leak deadline-compact-in-flight late-ok-accepted load-queue-unbounded panic-ok trust-stale end-while-loading no-cross-shard-preempt lookup-uncaught shard-panic-escapes
   mamba-align-cache-unwritten saver-flush-early register-unwritten reoffer-unwritten park-unstarted baseline-no-second-chance holder-release-unrecorded unaligned-chunks prompt-end-state-uncached
-  branch-state-uncached mamba-state-one-block-late mamba-state-into-null window-into-null model-null-read-uncounted tier-present-after-failed-load scan-one-group-less load-unverified save-payload-offset epoch-not-bumped-on-whole-block-write failed-copy-left-unpoisoned load-pieces-drop-tail vector-store-skips-round
+  branch-state-uncached mamba-state-one-block-late mamba-state-into-null window-into-null model-null-read-uncounted tier-present-after-failed-load tier-failed-load-probed-again scan-one-group-less load-unverified save-payload-offset epoch-not-bumped-on-whole-block-write failed-copy-left-unpoisoned load-pieces-drop-tail vector-store-skips-round
   probe-hits-unindexed vllm-admits-before-schedule cost-ignores-failures pack-offset-past-table failure-share-read-per-token
   handoff-count-after-release inbox-apply-under-lock merge-larger-first probe-offer-never-wakes allocatable-release-uncounted
   old-hits-back-to-p old-hits-evict-nothing vllm-evicts-on-recompute waits-one-owner-per-id wait-ignores-pending-work

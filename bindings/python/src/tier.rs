@@ -245,7 +245,8 @@ impl NativeTier {
             .map_err(|e| PyRuntimeError::new_err(e.to_string()))
     }
 
-    /// Counters: blocks stored and loaded, failed jobs, missing and bad chunks, probes; and
+    /// Counters: blocks stored and loaded, failed jobs, missing, bad and unreadable chunks
+    /// (not held; held but failing a check; asked in a store call that failed), probes; and
     /// the keys the index holds answered present, failed and absent (each set bounded).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let c = self.jobs.counters();
@@ -257,6 +258,7 @@ impl NativeTier {
             ("failed_loads", &c.failed_loads),
             ("missing_chunks", &c.missing_chunks),
             ("bad_chunks", &c.bad_chunks),
+            ("unreadable_chunks", &c.unreadable_chunks),
             ("probes", &c.probes),
         ] {
             d.set_item(name, v.load(Ordering::Relaxed))?;

@@ -5,18 +5,25 @@
 //!
 //! * **storing** — a store job for it is in flight: `lookup` answers `None` (retry later);
 //! * **present** — this tier stored it, or a probe of the store found it: `True`;
-//! * **failed** — a load of it found a damaged or forged chunk: `False` until a store of this
-//!   tier writes it again. A tier that failed to load a chunk never answers "present" for it
-//!   again (vLLM #49328: otherwise every later request would be promised the block, fail its
-//!   load and recompute, forever);
+//! * **failed** — a load of it failed, whatever the reason (a damaged or forged chunk, a value
+//!   the store no longer holds or cannot hand back, a store call that failed): `False`, and
+//!   never probed, until a store of this tier writes it again. A tier that failed to load a
+//!   chunk never answers "present" for it again (vLLM #49328: otherwise every later request
+//!   would be promised the block, fail its load and recompute, forever). A probe cannot tell
+//!   a value the store lost or cannot return from one it holds: the store's `EXISTS` or
+//!   index answers "held" for a Redis value longer than the chunk bound or of the wrong type,
+//!   or a disk pack its reads refuse (a symbolic link, a FIFO, a directory, an oversized
+//!   file), so a key re-found by a probe after a failed load would be promised and fail again
+//!   on every request. The engine recomputes the block once and stores it again, which
+//!   overwrites the bad value and makes the key present;
 //! * **probing** — unknown, and the tier is shared with other engines (disk, Redis): `lookup`
 //!   starts an existence probe on the tier's threads and answers `None`; the probe's answer
 //!   makes the key present, or *absent* — answered `False` once, then forgotten so that a
 //!   later lookup probes again (another engine may store it meanwhile);
 //! * otherwise **unknown**: `False`.
 //!
-//! A load that misses (the chunk was evicted, or the store lost it) makes the key unknown
-//! again; a load that finds a bad chunk makes it failed.
+//! A load that fails makes each key it could not deliver failed (see above). A load stopped
+//! by the tier's shutdown changes nothing: the tier answers no lookup after it.
 //!
 //! # Memory
 //!
@@ -54,13 +61,18 @@ pub(crate) enum Lookup {
     Probe,
 }
 
-/// Why a key of a load did not load.
+/// Why a key of a load did not load (each is counted apart in `stats()`; every one makes the
+/// key failed).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum LoadMiss {
-    /// The store does not hold it (evicted, lost) or could not be asked.
+    /// The store answered that it does not hold it (evicted, lost, or a value the store
+    /// refuses to read, such as a disk pack that is no regular file).
     Absent,
     /// The store holds a chunk that failed its checksum, MAC, key or length check.
     Bad,
+    /// The store's call for it failed as a whole (an error reply such as Redis's WRONGTYPE, a
+    /// value past the chunk bound, a lost connection, a timeout): nothing was read.
+    Unreadable,
 }
 
 /// The tier's knowledge of its keys (see the module docs).
@@ -173,7 +185,8 @@ impl Index {
         }
     }
 
-    /// A load of `key` did not deliver it.
+    /// A load of `key` did not deliver it: failed, whatever `why`, until this tier stores it
+    /// again ([`Self::end_store`]).
     pub(crate) fn load_missed(&mut self, key: ChunkKey, why: LoadMiss) {
         // The plant `tier-present-after-failed-load` (scripts/plants.sh; `planted!` of
         // crates/kvsched/src/plant.rs, spelled out here as the macro is the library's own):
@@ -182,7 +195,10 @@ impl Index {
             return;
         }
         self.present.remove(&key);
-        if why == LoadMiss::Bad {
+        // The plant `tier-failed-load-probed-again` (scripts/plants.sh): only a chunk that
+        // failed its checks is failed; a key the store did not hand back is unknown again, so
+        // the next lookup's probe finds it held and promises it again, on every request.
+        if why == LoadMiss::Bad || !cfg!(kvsched_plant = "tier-failed-load-probed-again") {
             self.failed.insert(key);
         }
     }
@@ -218,6 +234,33 @@ mod tests {
         assert_eq!(ix.lookup(K), Lookup::Retry);
         ix.end_store(K, true);
         assert_eq!(ix.lookup(K), Lookup::Hit);
+    }
+
+    #[test]
+    fn a_load_that_failed_for_any_reason_is_not_probed_again_until_restored() {
+        for why in [LoadMiss::Absent, LoadMiss::Bad, LoadMiss::Unreadable] {
+            let mut ix = Index::new(true, 16);
+            assert!(ix.begin_store(K));
+            ix.end_store(K, true);
+            assert_eq!(ix.lookup(K), Lookup::Hit);
+            ix.load_missed(K, why);
+            // Not promised, and not asked of the store (whose EXISTS may still say held).
+            for _ in 0..3 {
+                assert_eq!(ix.lookup(K), Lookup::Miss, "{why:?}");
+            }
+            // A probe already in flight when the load failed changes nothing either.
+            ix.end_probe(K, true);
+            assert_eq!(ix.lookup(K), Lookup::Miss, "{why:?}");
+            assert_eq!(ix.lens().failed, 1);
+            // A failed store leaves it failed; a store of this tier makes it present.
+            assert!(ix.begin_store(K));
+            ix.end_store(K, false);
+            assert_eq!(ix.lookup(K), Lookup::Miss, "{why:?}");
+            assert!(ix.begin_store(K));
+            ix.end_store(K, true);
+            assert_eq!(ix.lookup(K), Lookup::Hit, "{why:?}");
+            assert_eq!(ix.lens().failed, 0);
+        }
     }
 
     #[test]

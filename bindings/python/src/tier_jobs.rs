@@ -63,6 +63,7 @@ pub(crate) struct Counters {
     pub failed_loads: AtomicU64,
     pub missing_chunks: AtomicU64,
     pub bad_chunks: AtomicU64,
+    pub unreadable_chunks: AtomicU64,
     pub probes: AtomicU64,
 }
 

@@ -3,7 +3,7 @@
 //! probe, each recording its result in the [`Index`](crate::tier_index::Index) and the
 //! counters.
 
-use kvsched::kv::ChunkKey;
+use kvsched::kv::{ChunkKey, TierError};
 use kvsched::sync::Ordering;
 
 use crate::tier_index::LoadMiss;
@@ -64,7 +64,8 @@ pub(crate) fn run_store(s: &Shared, job: &Job) -> bool {
     ok
 }
 
-/// Runs a load job; whether every block was loaded and passed its checks.
+/// Runs a load job; whether every block was loaded and passed its checks. Each key it could not
+/// deliver is failed in the index (not promised, nor probed, until this tier stores it again).
 pub(crate) fn run_load(s: &Shared, job: &Job) -> bool {
     let block_bytes = s.region.block_bytes() as u64;
     let got = s.tier.get(&job.keys, &s.cancel);
@@ -83,7 +84,11 @@ pub(crate) fn run_load(s: &Shared, job: &Job) -> bool {
                 }
             }
         }
-        Err(_) => misses.extend(job.keys.iter().map(|&k| (k, LoadMiss::Absent))),
+        // Stopped by the tier's shutdown: nothing learnt about the keys.
+        Err(TierError::Cancelled) => {}
+        // The store's call failed as a whole: none of its keys can be loaded now, and a probe
+        // may well find them held (a Redis value of the wrong type or past the chunk bound).
+        Err(_) => misses.extend(job.keys.iter().map(|&k| (k, LoadMiss::Unreadable))),
     }
     let c = &s.counters;
     let ok = misses.is_empty() && job.keys.len() == job.blocks.len();
@@ -98,6 +103,7 @@ pub(crate) fn run_load(s: &Shared, job: &Job) -> bool {
         let counter = match why {
             LoadMiss::Absent => &c.missing_chunks,
             LoadMiss::Bad => &c.bad_chunks,
+            LoadMiss::Unreadable => &c.unreadable_chunks,
         };
         counter.fetch_add(1, Ordering::Relaxed);
         ix.load_missed(key, why);

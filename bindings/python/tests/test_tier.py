@@ -268,6 +268,99 @@ def test_a_chunk_removed_behind_the_tiers_back(tier_args):
     assert c.lookup(key(1)) is True
 
 
+def _never_promised_again(c, k, rounds=4, pause=0.25):
+    """After a failed load of `k`: however often asked, `k` is not promised again. Each lookup
+    comes `pause` seconds after the last, past a Redis node's backoff after the failed call
+    (50 ms), so a probe would reach the store and find the key it still holds."""
+    for _ in range(rounds):
+        time.sleep(pause)
+        assert c.lookup(k) is False
+
+
+def _redis(url, *args):
+    host, port = url.removeprefix("redis://").split(":")
+    return subprocess.run(["redis-cli", "-h", host, "-p", port, *args], check=True,
+                          capture_output=True, text=True, timeout=10).stdout
+
+
+@pytest.mark.parametrize("damage", ["append", "wrong-type"])
+def test_a_value_the_store_holds_but_cannot_hand_back_is_not_promised_again(redis_url, damage):
+    # vLLM #49328 through a store call that fails as a whole: GET of a value past the chunk
+    # bound (APPEND) or of a list (WRONGTYPE) errs, while EXISTS still says the key is held.
+    tag = int.from_bytes(os.urandom(8), "little")
+    tier, c = make(store="redis", url=redis_url, tag=tag)
+    other, oc = make(store="redis", url=redis_url, tag=tag)  # an engine that never stored it
+    block = random_block(BS)
+    c.fill(0, block)
+    before = set(_redis(redis_url, "--scan").split())
+    assert c.store([key(1)], [0])
+    (name,) = set(_redis(redis_url, "--scan").split()) - before
+    if damage == "append":
+        _redis(redis_url, "APPEND", name, "x")
+    else:
+        _redis(redis_url, "DEL", name)
+        _redis(redis_url, "RPUSH", name, "x")
+    # Neither can know yet: one stored it, the other's probe finds it.
+    assert c.lookup(key(1)) is True and oc.lookup(key(1)) is True
+    for t, tc in ((tier, c), (other, oc)):
+        assert not tc.load([key(1)], [1])
+        _never_promised_again(tc, key(1))
+        st = t.stats()
+        # Counted as the store answered: a GET that erred is unreadable; a GET of a
+        # non-string value, which the Redis tier answers as "not held", missing.
+        counter = "unreadable_chunks" if damage == "append" else "missing_chunks"
+        assert st[counter] == 1 and st["missing_chunks"] + st["unreadable_chunks"] == 1, st
+        assert st["failed_keys"] == 1 and st["failed_loads"] == 1 and st["bad_chunks"] == 0, st
+    # The engine recomputes the block and stores it again: the bad value is overwritten.
+    assert c.store([key(1)], [0])
+    assert c.lookup(key(1)) is True
+    assert c.load([key(1)], [2]) and c.slot(2) == block
+
+
+@pytest.mark.parametrize("replace", ["directory", "fifo", "symlink", "sparse"])
+def test_a_pack_the_disk_tier_refuses_to_read_is_not_promised_again(tmp_path, replace):
+    # The disk tier's read refuses a pack that is no regular file of a pack's size (and
+    # answers "not held"), while its index, and so a probe, still says the key is held.
+    path = tmp_path / "chunks"
+    tier, c = make(store="disk", path=str(path))
+    block = random_block(BS)
+    c.fill(0, block)
+    assert c.store([key(1)], [0])
+    other, oc = make(store="disk", path=str(path))  # indexes the pack when it opens
+    (pack,) = path.glob("*.pack")
+    if replace == "sparse":
+        os.truncate(pack, 1 << 40)
+    else:
+        pack.unlink()
+        {"directory": os.mkdir, "fifo": os.mkfifo,
+         "symlink": lambda p: os.symlink("/dev/zero", p)}[replace](pack)
+    assert c.lookup(key(1)) is True and oc.lookup(key(1)) is True
+    for t, tc in ((tier, c), (other, oc)):
+        assert not tc.load([key(1)], [1])
+        _never_promised_again(tc, key(1), pause=0.01)
+        st = t.stats()
+        assert st["missing_chunks"] == 1 and st["failed_keys"] == 1, st
+        assert st["failed_loads"] == 1, st
+    assert c.store([key(1)], [0])
+    assert c.lookup(key(1)) is True
+    assert c.load([key(1)], [2]) and c.slot(2) == block
+
+
+def test_a_reader_without_the_mac_key_is_promised_a_keyed_chunk_at_most_once(shared_tier_args):
+    # A keyed chunk is longer than a reader without the key takes a chunk to be: Redis's GET
+    # of it is refused (past the value bound) while EXISTS finds it held. (A disk tier opened
+    # without the key does not index such a pack: it never promises the chunk at all.)
+    writer, wc = make(**shared_tier_args)
+    wc.fill(0, random_block(BS))
+    assert wc.store([key(1)], [0])
+    reader, rc = make(mac_key=None, **shared_tier_args)
+    if rc.lookup(key(1)):
+        assert shared_tier_args["store"] == "redis"
+        assert not rc.load([key(1)], [1])
+    _never_promised_again(rc, key(1))
+    assert reader.stats()["failed_keys"] == (shared_tier_args["store"] == "redis")
+
+
 def test_engines_sharing_a_store_find_each_others_chunks(shared_tier_args):
     a, ac = make(**shared_tier_args)
     b, bc = make(**shared_tier_args)

@@ -13,8 +13,11 @@ Each block is stored as a chunk of kvsched's chunk format (``docs/kv-format.md``
 checksum and, with ``mac_key`` (32 bytes, shared by every engine on the store), a keyed BLAKE3
 MAC. Every load checks them, so a damaged, forged or evicted chunk makes the job fail (vLLM
 recomputes the blocks), never delivers wrong KV, and the tier stops answering "present" for a
-chunk it failed to load (vLLM #49328). Copies, checksums and tier I/O run on kvsched's threads,
-outside the GIL; the methods only enqueue and drain.
+chunk it failed to load (vLLM #49328): a key whose load failed, for whatever reason (a chunk
+failing a check, a value the store no longer holds or holds but cannot hand back, a store call
+that failed), is answered ``False`` and never asked of the store again until this tier stores
+it again (vLLM recomputes it once and stores it, overwriting the bad value). Copies, checksums
+and tier I/O run on kvsched's threads, outside the GIL; the methods only enqueue and drain.
 
 Any thread may call any method at any time, ``shutdown`` included: calls during or after a
 shutdown return, jobs submitted then fail at once and ``lookup`` answers ``False``. A tier is used in the process that
@@ -380,8 +383,10 @@ class KvschedTierManager(_Base):  # type: ignore[misc,valid-type]
         return self._native.block_bytes
 
     def stats(self) -> dict[str, int]:
-        """Blocks stored and loaded, failed stores and loads, missing and bad chunks, probes;
-        the keys the index holds as present, failed and absent."""
+        """Blocks stored and loaded, failed stores and loads; the chunks loads could not
+        deliver, by why: ``missing_chunks`` (not held), ``bad_chunks`` (failing a check),
+        ``unreadable_chunks`` (asked in a store call that failed as a whole); probes; the keys
+        the index holds as present, failed and absent."""
         return self._native.stats()
 
     def _job(self, job_metadata: Any) -> tuple[int, list[bytes], list[int]]:
