@@ -263,7 +263,6 @@ declare -A TESTS=(
   [wait-ignores-signals]="pytest test_tier_lifecycle.py::test_a_signal_interrupts_drain_jobs_while_a_store_hangs"
   # tier_bounded.rs: the index's key sets keep every key ever stored or asked.
   [tier-index-unbounded]="kvsched-python --lib tier_bounded;pytest test_tier_bounds.py::test_the_present_set_stays_bounded_as_the_store_evicts;pytest test_tier_bounds.py::test_the_absent_set_stays_bounded_over_keys_asked_once"
-  # tier_ops.rs: a store job is handed to the store as one batch, its encoded size held at once.
   # kv/redis/node.rs: a connection is used again whatever it shows (a stray reply waiting,
   # bytes after the last reply, a reply of the wrong kind), so a stray reply answers the
   # next command in its place: another key's value.
@@ -316,7 +315,10 @@ declare -A TESTS=(
   # kv/redis/node.rs: an error where the ECHO's reply is due counts toward taking the node to
   # refuse ECHO while the data commands err too (a server loading its data turns it off).
   [echo-refusal-counts-server-errors]="kvsched-testkit --features redis --test kv_redis_desync"
+  # tier_ops.rs: a store job is handed to the store as one batch, its encoded size held at once.
   [tier-store-one-batch]="pytest test_tier_bounds.py::test_a_long_store_jobs_memory_is_bounded"
+  # tier_ops.rs: a load job asks the store for all its values in one call, and holds them all.
+  [tier-load-one-batch]="pytest test_tier_bounds.py::test_a_long_load_jobs_memory_is_bounded"
 )
 ORDER=(decide-early claim-store late-leak deadline-compact-in-flight late-ok-accepted load-queue-unbounded panic-ok trust-stale end-while-loading no-cross-shard-preempt lookup-uncaught shard-panic-escapes
   mamba-align-cache-unwritten saver-flush-early register-unwritten reoffer-unwritten park-unstarted baseline-no-second-chance holder-release-unrecorded unaligned-chunks prompt-end-state-uncached
@@ -329,7 +331,7 @@ ORDER=(decide-early claim-store late-leak deadline-compact-in-flight late-ok-acc
   wait-past-deadline submit-wakes-nobody tier-panic-escapes held-without-value
   rescan-deletes-temps probe-rounds-to-nothing open-deletes-live-temps
   shutdown-leaves-loads-running parked-positions-unfilled parked-claim-mismatched restart-fills-holes
-  tier-fork-unchecked tier-drop-holds-gil wait-ignores-signals tier-index-unbounded tier-store-one-batch
+  tier-fork-unchecked tier-drop-holds-gil wait-ignores-signals tier-index-unbounded tier-store-one-batch tier-load-one-batch
   redis-stray-kept redis-no-closing-echo redis-value-bound-ignored layout-not-in-key gave-up-get-uncancelled
   disk-value-bound-ignored disk-pack-identity-unchecked disk-temp-names-foreseeable
   panic-payload-dropped-bare connector-value-dropped-bare shutdown-refill-once

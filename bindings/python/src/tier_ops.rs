@@ -1,6 +1,6 @@
-//! What each kind of job does on a worker thread: a store (slots → chunks → the store, in
-//! batches of bounded size), a load (the store → checked chunks → slots) and an existence
-//! probe, each recording its result in the [`Index`](crate::tier_index::Index) and the
+//! What each kind of job does on a worker thread: a store (slots → chunks → the store) and a
+//! load (the store → checked chunks → slots), each in batches of bounded size, and an
+//! existence probe, each recording its result in the [`Index`](crate::tier_index::Index) and the
 //! counters.
 
 use kvsched::kv::{ChunkKey, TierError};
@@ -64,35 +64,65 @@ pub(crate) fn run_store(s: &Shared, job: &Job) -> bool {
     ok
 }
 
-/// Runs a load job; whether every block was loaded and passed its checks. Each key it could not
-/// deliver is failed in the index (not promised, nor probed, until this tier stores it again).
+/// A load job asks the store for its values in batches of at most this many bytes of chunks
+/// (at least one key each: the store hands back no value longer than a chunk), and checks and
+/// writes each batch before asking for the next, so the values a job holds at once — its
+/// memory beyond the buffer — are bounded by this or one chunk, whichever is more, however
+/// many blocks it has.
+pub(crate) const LOAD_BATCH_BYTES: usize = 4 << 20;
+
+/// Runs a load job; whether every block was loaded and passed its checks. The job is asked of
+/// the store in batches ([`LOAD_BATCH_BYTES`]); it stops at the first batch that does not
+/// deliver every block, and at the tier's shutdown (checked between batches). Each key it
+/// could not deliver is failed in the index (not promised, nor probed, until this tier stores
+/// it again); the keys of the batches it never asked for are left as they were.
 pub(crate) fn run_load(s: &Shared, job: &Job) -> bool {
-    let block_bytes = s.region.block_bytes() as u64;
-    let got = s.tier.get(&job.keys, &s.cancel);
+    let block_bytes = s.region.block_bytes();
+    let chunk_bytes = s.codec.encoded_len(block_bytes).max(1);
+    // The plant `tier-load-one-batch` (scripts/plants.sh): the whole job is one batch, every
+    // value held at once.
+    let per_batch = if cfg!(kvsched_plant = "tier-load-one-batch") {
+        usize::MAX
+    } else {
+        (LOAD_BATCH_BYTES / chunk_bytes).max(1)
+    };
     let mut misses: Vec<(ChunkKey, LoadMiss)> = Vec::new();
-    match got {
-        Ok(values) => {
-            for ((&key, &block), value) in job.keys.iter().zip(&job.blocks).zip(values) {
-                let Some(value) = value else {
-                    misses.push((key, LoadMiss::Absent));
-                    continue;
-                };
-                match s.codec.decode(&value, key, 0, block_bytes) {
-                    Ok(payload) if s.region.write(block, payload) => {}
-                    Ok(_) => misses.push((key, LoadMiss::Absent)),
-                    Err(_) => misses.push((key, LoadMiss::Bad)),
+    let mut stopped = job.keys.len() != job.blocks.len();
+    // Reused from batch to batch: each keeps the capacity of the largest value it took.
+    let mut bufs: Vec<Vec<u8>> = Vec::new();
+    let mut held: Vec<bool> = Vec::new();
+    for (keys, blocks) in job.keys.chunks(per_batch).zip(job.blocks.chunks(per_batch)) {
+        if stopped || !misses.is_empty() || s.cancel.is_cancelled() {
+            stopped = true;
+            break;
+        }
+        bufs.resize_with(keys.len(), Vec::new);
+        held.resize(keys.len(), false);
+        match s.tier.get_into(keys, &s.cancel, &mut bufs, &mut held) {
+            Ok(()) => {
+                for (((&key, &block), value), &got) in keys.iter().zip(blocks).zip(&bufs).zip(&held)
+                {
+                    if !got {
+                        misses.push((key, LoadMiss::Absent));
+                        continue;
+                    }
+                    match s.codec.decode(value, key, 0, block_bytes as u64) {
+                        Ok(payload) if s.region.write(block, payload) => {}
+                        Ok(_) => misses.push((key, LoadMiss::Absent)),
+                        Err(_) => misses.push((key, LoadMiss::Bad)),
+                    }
                 }
             }
+            // Stopped by the tier's shutdown: nothing learnt about the keys.
+            Err(TierError::Cancelled) => stopped = true,
+            // The store's call failed as a whole: none of its keys can be loaded now, and a
+            // probe may well find them held (a Redis value past the chunk bound).
+            Err(_) => misses.extend(keys.iter().map(|&k| (k, LoadMiss::Unreadable))),
         }
-        // Stopped by the tier's shutdown: nothing learnt about the keys.
-        Err(TierError::Cancelled) => {}
-        // The store's call failed as a whole: none of its keys can be loaded now, and a probe
-        // may well find them held (a Redis value of the wrong type or past the chunk bound).
-        Err(_) => misses.extend(job.keys.iter().map(|&k| (k, LoadMiss::Unreadable))),
     }
+    drop(bufs);
     let c = &s.counters;
-    let ok = misses.is_empty() && job.keys.len() == job.blocks.len();
-    if ok {
+    if !stopped && misses.is_empty() {
         c.loaded_blocks
             .fetch_add(job.keys.len() as u64, Ordering::Relaxed);
         return true;

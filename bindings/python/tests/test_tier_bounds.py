@@ -1,10 +1,12 @@
 """The tier's memory stays bounded: its index over ever new keys, whatever the store evicts or
-nobody asks again, and a store job's transient memory, whatever the job's length."""
+nobody asks again, and a store or load job's transient memory, whatever the job's length."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+
+import pytest
 
 from kvsched.tier import KvschedTierManager
 from tier_caller import Caller, JobMetadata, key, kv_buffer
@@ -87,3 +89,44 @@ def test_a_long_store_jobs_memory_is_bounded():
     ok, growth = r.stdout.split("] ")
     assert ok == "[True", r.stdout
     assert int(growth) < 200, f"peak memory grew by {growth} MiB during the job"
+
+
+_LONG_LOAD = """
+import sys, tempfile
+from kvsched.tier import KvschedTierManager
+BS, K = 1 << 20, 192
+raw = bytearray(4 * BS)
+view = memoryview(raw).cast("B", [4, BS])
+raw[:BS] = bytes(range(256)) * (BS // 256)
+raw[BS:2 * BS] = bytes(range(255, -1, -1)) * (BS // 256)
+class Job:
+    def __init__(self, job_id, keys, block_ids):
+        self.job_id, self.keys, self.block_ids = job_id, keys, block_ids
+store = sys.argv[1]
+kw = {"path": tempfile.mkdtemp()} if store == "disk" else {}
+t = KvschedTierManager(None, view, "kvsched", store=store, mac_key=bytes(range(32)),
+                       capacity_bytes=64 << 20, threads=1, **kw)
+t.submit_store(Job(1, [b"A", b"B"], [0, 1]))
+assert t.drain_jobs(300)
+def hwm():
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) >> 10 for l in f if l.startswith("VmHWM"))
+before = hwm()
+t.submit_load(Job(2, [b"A", b"B"] * K, [2, 3] * K))
+assert t.drain_jobs(300)
+ok = [r.success for r in t.get_finished()]
+print(ok, raw[2 * BS:] == raw[:2 * BS], hwm() - before)
+"""
+
+
+@pytest.mark.parametrize("store", ["memory", "disk"])
+def test_a_long_load_jobs_memory_is_bounded(store):
+    # Two keys loaded 192 times each into two slots of 1 MiB: fetched in one call, the job
+    # held 384 MiB of values beyond the buffer; in batches of at most 4 MiB (three chunks), a
+    # few MiB, each slot still getting its own key's bytes across the batches.
+    r = subprocess.run([sys.executable, "-c", _LONG_LOAD, store], capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    ok, landed, growth = r.stdout.strip().rsplit(" ", 2)
+    assert ok == "[True, True]" and landed == "True", r.stdout
+    assert int(growth) < 200, f"peak memory grew by {growth} MiB during the load"

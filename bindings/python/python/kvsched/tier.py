@@ -260,7 +260,8 @@ class KvschedTierManager(_Base):  # type: ignore[misc,valid-type]
     many keys as ``capacity_bytes`` holds chunks (at least 1024; the absent set at most 65536),
     the oldest dropped first: a
     dropped key is asked of the store again (shared stores) or answered ``False`` (memory).
-    A store job hands the store its chunks in batches of about 4 MiB, so its memory beyond the
+    A store job hands the store its chunks in batches of about 4 MiB, and a load job asks for
+    them in batches of at most 4 MiB (at least one chunk), so the memory of either beyond the
     buffer is bounded whatever its length.
     """
 
