@@ -10,6 +10,7 @@
 //! call the tier (they then see it stopped: jobs fail at once), and no call ever meets a
 //! borrow error. Dropping it stops and joins the threads with the GIL released.
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use pyo3::buffer::PyUntypedBuffer;
@@ -77,7 +78,8 @@ impl NativeTier {
 impl NativeTier {
     /// `NativeTier(buffer, num_blocks, store="memory", *, capacity_bytes=1 GiB, path=None,
     /// url=None, mac_key=None, threads=4, tag=0, probe=None)`: `buffer` a writable,
-    /// C-contiguous buffer of `num_blocks` equal slots.
+    /// C-contiguous buffer of `num_blocks` equal slots; `path` a `str` or path-like, taken as
+    /// an OS path (a `str` with `os.fsdecode`'s surrogates names the bytes they stand for).
     #[new]
     #[pyo3(signature = (buffer, num_blocks, store = "memory", *, capacity_bytes = 1 << 30,
         path = None, url = None, mac_key = None, threads = 4, tag = 0, probe = None))]
@@ -87,7 +89,7 @@ impl NativeTier {
         num_blocks: u64,
         store: &str,
         capacity_bytes: u64,
-        path: Option<&str>,
+        path: Option<PathBuf>,
         url: Option<&str>,
         mac_key: Option<Vec<u8>>,
         threads: usize,
@@ -141,7 +143,7 @@ impl NativeTier {
             kind: store,
             capacity_bytes,
             max_value_bytes: chunk_bytes,
-            path,
+            path: path.as_deref(),
             url,
         })
         .map_err(|(field, problem)| bad(field, problem))?;

@@ -2,6 +2,8 @@
 //! opened from the Python arguments, with each tier's in-place edit and removal for the tests'
 //! fault injection (damage at rest, eviction).
 
+use std::path::Path;
+
 use kvsched::sync::Arc;
 
 use kvsched::connector::CancelToken;
@@ -21,7 +23,7 @@ pub(crate) struct StoreArgs<'a> {
     pub kind: &'a str,
     pub capacity_bytes: u64,
     pub max_value_bytes: u64,
-    pub path: Option<&'a str>,
+    pub path: Option<&'a Path>,
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub url: Option<&'a str>,
 }

@@ -672,3 +672,60 @@ def test_a_tier_type_that_is_no_tier_type_names_tier_type(tier_type, error, mess
         assert tier.tier_type == "my-tier"
     finally:
         tier.shutdown()
+
+
+# --- kvsched.tier: buffers no longer readable, text and paths that are no UTF-8 -------------
+
+
+def _closed_mmap():
+    import mmap
+
+    m = mmap.mmap(-1, N * BS)
+    m.close()
+    return m
+
+
+def _released_view():
+    v = memoryview(bytearray(N * BS))
+    v.release()
+    return v
+
+
+@pytest.mark.parametrize("buffer", [_closed_mmap, _released_view], ids=["mmap", "memoryview"])
+def test_a_closed_or_released_buffer_names_primary_kv_view(buffer):
+    with pytest.raises(ValueError, match="^primary_kv_view: "):
+        KvschedTierManager(None, buffer(), "kvsched", num_blocks=N)
+
+
+@pytest.mark.parametrize("as_", ["bytes", "str", "pathlike"])
+def test_a_path_that_is_no_utf8_names_that_directory(tmp_path, as_):
+    import os
+    import pathlib
+
+    raw = os.fsencode(tmp_path) + b"/kv-\xff"
+    path = {"bytes": raw, "str": os.fsdecode(raw), "pathlike": pathlib.Path(os.fsdecode(raw))}
+    tier, c = make(store="disk", path=path[as_])
+    c.fill(0, b"\x07" * BS)
+    assert c.store([key(1)], [0])
+    assert os.path.isdir(raw) and any(n.endswith(b".pack") for n in os.listdir(raw))
+    # Another engine naming it another way finds the same chunks.
+    other, oc = make(store="disk", path=raw)
+    assert oc.lookup(key(1)) is True
+    assert oc.load([key(1)], [3]) and oc.slot(3) == b"\x07" * BS
+
+
+@pytest.mark.parametrize(
+    "kw,field",
+    [
+        ({"store": "disk", "path": "/tmp/kv-\ud800"}, "path"),
+        ({"store": "redis", "url": "redis://h\udcff:1"}, "url"),
+        ({"store": "redis", "url": "redis://127.0.0.1:1/\ud800"}, "url"),
+        ({"store": "\udcff"}, "store"),
+        ({"mac_key": "env:\ud800"}, "mac_key"),
+    ],
+    ids=["path", "url-host", "url-tail", "store", "mac_key-env"],
+)
+def test_text_that_is_no_valid_unicode_names_the_argument(kw, field):
+    raw, view = kv_buffer(N, BS)
+    with pytest.raises(ValueError, match=f"^{field}: "):
+        KvschedTierManager(None, view, "kvsched", **kw)

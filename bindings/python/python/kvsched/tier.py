@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import numbers
 import os
+import sys
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -112,9 +113,15 @@ def _mac_key(value: Any) -> bytes | None:
         return None
     if isinstance(value, str) and value.startswith("env:"):
         name = value[4:]
-        if name not in os.environ:
-            raise ValueError(f"mac_key: environment variable {name} is not set")
-        value = os.environ[name]
+        try:
+            value = os.environ[name]
+        except KeyError:
+            raise ValueError(f"mac_key: environment variable {name} is not set") from None
+        except UnicodeEncodeError as e:  # no environment variable can have this name
+            raise ValueError(
+                f"mac_key: env:NAME holds no valid variable name (a lone surrogate at "
+                f"character {e.start + 4})"
+            ) from None
     if isinstance(value, str):
         try:
             value = bytes.fromhex(value)
@@ -141,6 +148,8 @@ def _view(value: Any, num_blocks: Any) -> tuple[memoryview, int]:
             f"primary_kv_view: expected a buffer (memoryview, bytearray, array, tensor), "
             f"not {type(value).__name__}"
         ) from None
+    except (ValueError, BufferError) as e:  # a closed mmap, a released memoryview
+        raise ValueError(f"primary_kv_view: cannot be read: {e}") from None
     if not view.c_contiguous:
         raise ValueError(f"primary_kv_view: must be C-contiguous (shape {view.shape})")
     if view.nbytes == 0:
@@ -159,10 +168,26 @@ def _view(value: Any, num_blocks: Any) -> tuple[memoryview, int]:
     return flat, num_blocks
 
 
+def _utf8(field: str, value: str) -> str:
+    """``value`` if it is valid Unicode text (UTF-8 can encode it), else a ``ValueError``
+    naming ``field``: a lone surrogate (``"\\udcff"``, what ``os.fsdecode`` makes of a byte
+    that is no UTF-8) is no text the native side can take."""
+    try:
+        value.encode()
+    except UnicodeEncodeError as e:
+        raise ValueError(
+            f"{field}: not valid Unicode text (a lone surrogate at character {e.start})"
+        ) from None
+    return value
+
+
 def _text(field: str, value: Any) -> str | None:
-    """An optional ``str`` argument, a ``TypeError`` naming ``field`` for anything else."""
-    if value is None or isinstance(value, str):
+    """An optional ``str`` argument of valid Unicode text: a ``TypeError`` naming ``field`` for
+    anything else, a ``ValueError`` for a ``str`` holding a lone surrogate."""
+    if value is None:
         return value
+    if isinstance(value, str):
+        return _utf8(field, value)
     raise TypeError(f"{field}: expected a str, not {type(value).__name__}")
 
 
@@ -177,24 +202,37 @@ def _tier_type(value: Any) -> str:
 
 
 def _store(value: Any) -> str:
-    """The ``store`` argument: a ``str``, a ``TypeError`` naming it for anything else."""
+    """The ``store`` argument: a ``str``, a ``TypeError`` naming it for anything else (a
+    ``ValueError`` for a lone surrogate: no store's name)."""
     if isinstance(value, str):
-        return value
+        return _utf8("store", value)
     raise TypeError(
         f'store: expected "memory", "disk" or "redis", not {type(value).__name__}'
     )
 
 
 def _path(value: Any) -> str | None:
-    """The disk tier's directory: a ``str``, ``bytes`` or path-like object."""
+    """The disk tier's directory: a ``str``, ``bytes`` or path-like object, as ``os.fsdecode``
+    gives it (the native side encodes it back with ``os.fsencode``'s rules, so a name that is
+    no UTF-8, such as ``b"kv-\\xff"``, names that very directory). A ``str`` the file system's
+    encoding cannot encode (a lone surrogate such as ``"\\ud800"``) names no file: a
+    ``ValueError`` naming ``path``."""
     if value is None:
         return None
     try:
-        return os.fsdecode(os.fspath(value))
+        path = os.fsdecode(os.fspath(value))
     except TypeError:
         raise TypeError(
             f"path: expected a str, bytes or os.PathLike, not {type(value).__name__}"
         ) from None
+    try:
+        os.fsencode(path)
+    except UnicodeEncodeError as e:
+        raise ValueError(
+            f"path: not a file name (character {e.start} cannot be encoded as "
+            f"{sys.getfilesystemencoding()})"
+        ) from None
+    return path
 
 
 def _seq(field: str, value: Any) -> list[Any]:
@@ -240,9 +278,12 @@ class KvschedTierManager(_Base):  # type: ignore[misc,valid-type]
         store: ``"memory"``, ``"disk"`` or ``"redis"``.
         capacity_bytes: bound of a memory or disk tier (default 1 GiB; at least one block as
             a chunk, a disk tier's in its pack file: a smaller one is a ``ValueError``).
-        path: the disk tier's directory (``str``, ``bytes`` or path-like).
+        path: the disk tier's directory (``str``, ``bytes`` or path-like; a name that is no
+            UTF-8, such as ``b"/kv-\\xff"``, is that directory; a ``str`` with a character
+            the file system cannot encode, a lone surrogate, is a ``ValueError``).
         url: the Redis tier's URL (``redis://host:port``, ``rediss://``, a cluster's seeds as
-            ``redis://h1:p1,h2:p2`` or ``?cluster=yes``; see ``docs/kv.md``).
+            ``redis://h1:p1,h2:p2`` or ``?cluster=yes``; see ``docs/kv.md``): valid Unicode
+            text, a ``str`` with a lone surrogate being a ``ValueError``.
         mac_key: 32 bytes, 64 hex digits, or ``env:NAME``; every engine on a shared store must
             use the same one. Without it chunks are checked by checksum only.
         threads: the tier's worker threads.
