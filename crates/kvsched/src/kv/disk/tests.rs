@@ -111,3 +111,28 @@ fn the_numbers_a_rescan_skips_are_the_packs_on_disk() {
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(got[0].as_deref(), Some(&[7u8; 100][..]));
 }
+
+/// A capacity too small for one value's table stores nothing, not even an empty value, so
+/// the tier never holds more than its capacity.
+#[test]
+fn a_capacity_below_one_table_stores_nothing() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    for capacity_bytes in [0, 1, pack::table_len(1) - 1] {
+        let t = DiskTier::open(
+            dir.path(),
+            DiskConfig {
+                capacity_bytes,
+                max_value_bytes: 1 << 10,
+                fsync: false,
+            },
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let got = t.put(&[(ChunkKey(1), Vec::new()), (ChunkKey(2), vec![7])]);
+        assert!(
+            matches!(got, Err(TierError::Refused(_))),
+            "{capacity_bytes}: {got:?}"
+        );
+        let c = t.counts();
+        assert!(c.bytes <= capacity_bytes, "{capacity_bytes}: {c:?}");
+    }
+}

@@ -1,6 +1,6 @@
 //! [`Tier`] for [`DiskTier`].
 
-use super::{ChunkKey, DiskTier, TierError};
+use super::{pack, ChunkKey, DiskTier, TierError};
 use crate::connector::CancelToken;
 use crate::kv::tier::check_into_lens;
 use crate::kv::Tier;
@@ -81,10 +81,12 @@ impl Tier for DiskTier {
     /// skipped and reported as [`TierError::Refused`] after the rest are stored.
     fn put(&self, chunks: &[(ChunkKey, Vec<u8>)]) -> Result<(), TierError> {
         let limit = self.limit();
+        // A capacity smaller than one value's table holds no pack, not even of an empty value.
+        let holds_a_pack = self.cfg.capacity_bytes >= pack::table_len(1);
         let mut refused = None;
         let mut ok = Vec::with_capacity(chunks.len());
         for (k, v) in chunks {
-            if v.len() as u64 > limit {
+            if v.len() as u64 > limit || !holds_a_pack {
                 refused.get_or_insert((*k, v.len()));
             } else {
                 ok.push((*k, v.as_slice()));
