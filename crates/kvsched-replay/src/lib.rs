@@ -57,7 +57,9 @@ impl ScenarioError {
     }
 }
 
-fn one_line(s: &str) -> String {
+/// `s` with its line breaks and other control characters escaped (`\n`, `\u{1b}`), so that
+/// it stays on one line of a message or report and cannot start a line of its own.
+pub fn one_line(s: &str) -> String {
     if !s.chars().any(char::is_control) {
         return s.to_owned();
     }

@@ -83,19 +83,7 @@ impl StoreSpec {
 /// A path as the reports write it: line breaks and other control characters escaped
 /// (`\n`, `\u{1b}`), so that a path cannot split a report's line or forge one.
 pub(crate) fn shown_path(p: &Path) -> String {
-    let s = p.display().to_string();
-    if !s.chars().any(char::is_control) {
-        return s;
-    }
-    s.chars()
-        .map(|c| {
-            if c.is_control() {
-                c.escape_default().to_string()
-            } else {
-                c.to_string()
-            }
-        })
-        .collect()
+    kvsched_replay::one_line(&p.display().to_string())
 }
 
 impl fmt::Debug for StoreSpec {

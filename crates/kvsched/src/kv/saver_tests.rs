@@ -31,12 +31,11 @@ impl Tier for Gate {
     }
 }
 
-#[test]
-fn flush_waits_for_a_batch_a_thread_has_taken() {
-    let gate = Arc::new(Gate::default());
+/// A saver of one thread and a queue of 8 over `gate`, `batch` chunks a put.
+fn gate_saver(gate: &Arc<Gate>, batch: usize) -> Saver {
     let tier: Arc<dyn Tier> = gate.clone();
     let ix = Arc::new(KeyIndex::new(64));
-    let saver = Saver::start(
+    Saver::start(
         tier,
         ChunkCodec::new(None),
         ix.clone(),
@@ -48,10 +47,16 @@ fn flush_waits_for_a_batch_a_thread_has_taken() {
             backoff: SaveBackoff::default(),
             chunk_bytes: 56,
             cpu_share: 1.0,
-            batch: 32,
+            batch,
         },
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[test]
+fn flush_waits_for_a_batch_a_thread_has_taken() {
+    let gate = Arc::new(Gate::default());
+    let saver = gate_saver(&gate, 32);
     assert!(saver.offer(Work::Save {
         key: ChunkKey(1),
         group: 0,
@@ -83,24 +88,7 @@ fn flush_waits_for_a_batch_a_thread_has_taken() {
 #[test]
 fn dropping_the_queue_counts_what_it_held() {
     let gate = Arc::new(Gate::default());
-    let tier: Arc<dyn Tier> = gate.clone();
-    let ix = Arc::new(KeyIndex::new(64));
-    let saver = Saver::start(
-        tier,
-        ChunkCodec::new(None),
-        ix.clone(),
-        ix,
-        SaverSettings {
-            capacity: 8,
-            threads: 1,
-            drop_timeout: std::time::Duration::from_secs(10),
-            backoff: SaveBackoff::default(),
-            chunk_bytes: 56,
-            cpu_share: 1.0,
-            batch: 1,
-        },
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
+    let saver = gate_saver(&gate, 1);
     let save = |k: u128| Work::Save {
         key: ChunkKey(k),
         group: 0,

@@ -27,6 +27,7 @@ pub(super) struct Found {
 }
 
 /// What the walk found.
+#[derive(Default)]
 pub(super) struct Scan {
     /// Each intact pack, unordered.
     pub found: Vec<Found>,
@@ -83,13 +84,7 @@ pub(super) fn scan(
     limit: u64,
     seen: Option<&FxHashSet<u64>>,
 ) -> Result<Scan, TierError> {
-    let mut s = Scan {
-        found: Vec::new(),
-        stale: 0,
-        oversized: 0,
-        refused: 0,
-        ignored: Vec::new(),
-    };
+    let mut s = Scan::default();
     let dir = fs::read_dir(root).map_err(|e| io_err("read directory", root, e))?;
     for f in dir {
         let f = f.map_err(|e| io_err("read directory", root, e))?;
@@ -225,13 +220,7 @@ mod tests {
     #[cfg(unix)]
     #[test]
     fn an_unreadable_pack_is_left_alone_unless_the_process_is_out_of_resources() {
-        let mut s = Scan {
-            found: Vec::new(),
-            stale: 0,
-            oversized: 0,
-            refused: 0,
-            ignored: Vec::new(),
-        };
+        let mut s = Scan::default();
         let path = Path::new("/x/0000000000000007.pack");
         for errno in [libc::EIO, libc::ESRCH, libc::EINVAL] {
             let e = io::Error::from_raw_os_error(errno);
