@@ -53,6 +53,9 @@ declare -A TESTS=(
   # stress/prompt_sources.rs: a load that failed before any worker started it (its deadline
   # passed in the queue) is left out of "of which after a failed load".
   [failed-unstarted-load-uncounted]="kvsched-cli --test cli_stress_faults"
+  # kv/saver.rs: the saves dropped off the queue (at the connector's end, or by
+  # drop_queued_saves) are not counted.
+  [queued-drop-uncounted]="kvsched --lib kv::saver"
   # runtime/shard/admit.rs: a panicking connector lookup is not caught where it happens.
   [lookup-uncaught]="kvsched --test runtime_liveness"
   # runtime/handoff.rs: a panic in a shard's step escapes (the thread dies, the step hangs).
@@ -337,7 +340,7 @@ ORDER=(decide-early claim-store late-leak deadline-compact-in-flight late-ok-acc
   panic-payload-dropped-bare connector-value-dropped-bare shutdown-refill-once
   redis-echo-off-on-any-error cluster-no-refresh-on-node-failure cluster-refresh-asks-in-order
   handoff-engine-unpark-dropped handoff-shard-unpark-dropped redis-refresh-on-spent-time
-  failed-unstarted-load-uncounted
+  failed-unstarted-load-uncounted queued-drop-uncounted
   refresh-waits-on-lock echo-refusal-counts-server-errors save-pause-outlasts-outage
   align-pass-clears-mark report-evicted-late align-wait-inexact unconfirmed-kept-cached
   waits-overwritten preempt-planned)
