@@ -56,6 +56,9 @@ declare -A TESTS=(
   # kv/saver.rs: the saves dropped off the queue (at the connector's end, or by
   # drop_queued_saves) are not counted.
   [queued-drop-uncounted]="kvsched --lib kv::saver"
+  # runtime/shard/mod.rs: a shard's step result, reused from step to step, keeps an earlier
+  # step's counts, which the runtime then counts again.
+  [result-keeps-counts]="kvsched --test runtime_land;kvsched --test runtime_liveness"
   # runtime/shard/admit.rs: a panicking connector lookup is not caught where it happens.
   [lookup-uncaught]="kvsched --test runtime_liveness"
   # runtime/handoff.rs: a panic in a shard's step escapes (the thread dies, the step hangs).
@@ -340,7 +343,7 @@ ORDER=(decide-early claim-store late-leak deadline-compact-in-flight late-ok-acc
   panic-payload-dropped-bare connector-value-dropped-bare shutdown-refill-once
   redis-echo-off-on-any-error cluster-no-refresh-on-node-failure cluster-refresh-asks-in-order
   handoff-engine-unpark-dropped handoff-shard-unpark-dropped redis-refresh-on-spent-time
-  failed-unstarted-load-uncounted queued-drop-uncounted
+  failed-unstarted-load-uncounted queued-drop-uncounted result-keeps-counts
   refresh-waits-on-lock echo-refusal-counts-server-errors save-pause-outlasts-outage
   align-pass-clears-mark report-evicted-late align-wait-inexact unconfirmed-kept-cached
   waits-overwritten preempt-planned)

@@ -139,27 +139,28 @@ impl Inner {
     }
 
     /// Phase 3 of shard `i` at `now`, once every hit of every shard is claimed: decide, land,
-    /// admit, schedule; returns the shard's result and the loads it started.
+    /// admit, schedule; the shard's result and the loads it started go into `out`, which
+    /// holds an emptied outcome (its lists' room is reused).
     fn phase_finish(
         &self,
         i: usize,
         shard: &mut Shard,
         settings: &StepSettings,
         now: Instant,
-    ) -> ShardOutcome {
+        out: &mut ShardOutcome,
+    ) {
         let slot = &self.shards[i];
-        let mut loads = Vec::new();
         // Relaxed: set by the engine thread before the `go` Release that started this step
         // (or on this very thread, for a step run inline).
         let draining = self.draining.load(Ordering::Relaxed);
-        let res = shard.finish_step(&self.env(i), settings, now, draining, &mut loads);
+        let (res, loads) = out;
+        shard.finish_step_into(&self.env(i), settings, now, draining, loads, res);
         if !res.ended.is_empty() {
             let mut live = slot.ids.lock();
             for (id, _) in &res.ended {
                 live.remove(id);
             }
         }
-        (res, loads)
     }
 
     /// Runs `f`, one phase of shard `i`, unless an earlier phase of this step panicked; a
@@ -245,7 +246,8 @@ impl Inner {
         }
         let early = planted!("decide-early") && !report.is_empty();
         self.guarded(i, &mut failed, || {
-            let outcome = self.phase_finish(i, &mut shard, settings, Instant::now());
+            let mut outcome = ShardOutcome::default();
+            self.phase_finish(i, &mut shard, settings, Instant::now(), &mut outcome);
             *self.shards[i].result.lock() = Some(outcome);
         });
         if early {
@@ -264,7 +266,8 @@ impl Inner {
     /// while it is merged.
     ///
     /// Returns the step's whole report (the engine's share and every shard's, sorted, without
-    /// duplicates); each shard's outcome is in `scratch.results`.
+    /// duplicates); each shard's outcome is in `scratch.outcomes` (where `scratch.ran` says
+    /// the shard finished its step).
     pub(super) fn run_step_inline(
         &self,
         engine_share: Vec<BlockId>,
@@ -275,14 +278,17 @@ impl Inner {
         let StepScratch {
             settings,
             failed,
-            results,
+            outcomes,
+            ran,
             routes,
         } = scratch;
         settings.clear();
         settings.extend((0..k).map(|i| self.step_settings(i, live)));
         failed.clear();
         failed.resize(k, false);
-        results.clear();
+        outcomes.resize_with(k, ShardOutcome::default);
+        ran.clear();
+        ran.resize(k, false);
         // Every shard runs on this thread: the pool has one mutator for the step.
         // SAFETY: outside shutdown (which takes the runtime by value, so no step overlaps it),
         // only the shards' steps mutate the pool or reach its index: this one, and parallel
@@ -328,17 +334,18 @@ impl Inner {
             // The list comes with the shards' before this one: its own entries follow.
             let own_from = list.len();
             shard.schedule_after(std::mem::take(&mut list));
-            // The outcome goes straight into its slot of `results`: it is a large value
-            // (its lists and a step's counters), copied once, not once per hand-over.
+            // The outcome is written into the shard's slot of `outcomes`, kept from step to
+            // step: a large value (its lists and a step's counters) never moved whole.
+            let out = &mut outcomes[i];
             self.guarded(i, &mut failed[i], || {
-                results.push((i, self.phase_finish(i, shard, &settings[i], now)));
+                self.phase_finish(i, shard, &settings[i], now, out);
+                ran[i] = true;
             });
-            if let Some((j, (res, _))) = results.last_mut() {
-                if *j == i {
-                    routes.record(i, k, res.scheduled.get(own_from..).unwrap_or_default());
-                    if i + 1 < k {
-                        list = std::mem::take(&mut res.scheduled);
-                    }
+            if ran[i] {
+                let res = &mut out.0;
+                routes.record(i, k, res.scheduled.get(own_from..).unwrap_or_default());
+                if i + 1 < k {
+                    list = std::mem::take(&mut res.scheduled);
                 }
             }
         }
@@ -360,8 +367,11 @@ pub(super) struct StepScratch {
     settings: Vec<StepSettings>,
     /// Whether each shard panicked in an earlier phase of a step run inline.
     failed: Vec<bool>,
-    /// Each shard's outcome, with its number, until [`Runtime::collect`] drains them.
-    pub(super) results: Vec<(usize, ShardOutcome)>,
+    /// Each shard's outcome, by shard number: filled by the step, emptied by
+    /// [`Runtime::collect`], kept for its lists' room.
+    pub(super) outcomes: Vec<ShardOutcome>,
+    /// Which shards' outcomes this step filled (a shard that panicked fills none).
+    pub(super) ran: Vec<bool>,
     /// The latest plan's sampling ids by shard, for `update` to route the engine's samples.
     pub(super) routes: SampleRoutes,
 }

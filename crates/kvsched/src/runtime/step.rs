@@ -191,22 +191,25 @@ impl Runtime {
         let mut scratch = std::mem::take(&mut self.scratch);
         let plan = if !self.runs_parallel(share.len()) {
             let report = self.inner.run_step_inline(share, &live, &mut scratch);
-            self.collect(report, &mut scratch.results)
+            self.collect(report, &mut scratch.outcomes, &scratch.ran)
         } else {
             self.metrics.parallel_steps += 1;
             self.start_step(&share, &live);
             let report = self.inner.run_shard_step(0, &share, &live);
             self.wait_for_shards();
             // Every shard's result, from the shards' slots.
-            scratch.results.clear();
             let k = self.inner.shards.len();
+            scratch.outcomes.resize_with(k, ShardOutcome::default);
+            scratch.ran.clear();
+            scratch.ran.resize(k, false);
             for (i, slot) in self.inner.shards.iter().enumerate() {
                 if let Some(r) = slot.result.lock().take() {
                     scratch.routes.record(i, k, &r.0.scheduled);
-                    scratch.results.push((i, r));
+                    scratch.outcomes[i] = r;
+                    scratch.ran[i] = true;
                 }
             }
-            self.collect(report, &mut scratch.results)
+            self.collect(report, &mut scratch.outcomes, &scratch.ran)
         };
         self.scratch = scratch;
         if let Some((shard, message)) = self.inner.poison.lock().clone() {
@@ -267,13 +270,16 @@ impl Runtime {
         share
     }
 
-    /// Merges every shard's result into the step's plan, in canonical order, dispatching
-    /// the loads they started and counting what they did. `report` is the step's whole
-    /// report, as the shards claimed against it: sorted, without duplicates.
+    /// Merges the result of every shard that finished the step (`ran[i]`: its outcome is
+    /// `outcomes[i]`) into the step's plan, in canonical order, dispatching the loads they
+    /// started and counting what they did; every list of those outcomes is left empty, with
+    /// what room the plan did not take. `report` is the step's whole report, as the shards
+    /// claimed against it: sorted, without duplicates.
     fn collect(
         &mut self,
         report: Vec<BlockId>,
-        results: &mut Vec<(usize, ShardOutcome)>,
+        outcomes: &mut [ShardOutcome],
+        ran: &[bool],
     ) -> StepPlan {
         let mut plan = StepPlan {
             step: self.step,
@@ -284,18 +290,28 @@ impl Runtime {
         // The plan's list is the longest shard list, the others appended to it (one growth at
         // most, often in place): no fresh list per step, whose pages the allocator may have
         // returned to the system since the last one.
-        let total: usize = results.iter().map(|(_, (r, _))| r.scheduled.len()).sum();
-        if let Some((_, (longest, _))) = results
-            .iter_mut()
-            .max_by_key(|(_, (r, _))| r.scheduled.len())
-        {
+        let finished = || {
+            outcomes
+                .iter()
+                .zip(ran)
+                .enumerate()
+                .filter(|(_, (_, r))| **r)
+        };
+        let total: usize = finished().map(|(_, ((r, _), _))| r.scheduled.len()).sum();
+        let longest = finished()
+            .max_by_key(|(_, ((r, _), _))| r.scheduled.len())
+            .map(|(i, _)| i);
+        if let Some((longest, _)) = longest.and_then(|i| outcomes.get_mut(i)) {
             plan.scheduled = std::mem::take(&mut longest.scheduled);
             plan.scheduled.reserve(total - plan.scheduled.len());
         }
-        // Each outcome's lists are taken where they lie; the emptied outcomes are dropped
-        // together at the end.
-        for (i, (res, loads)) in results.iter_mut() {
-            let i = *i;
+        // Each outcome's lists are taken where they lie.
+        for (i, ((res, loads), _)) in outcomes
+            .iter_mut()
+            .zip(ran)
+            .enumerate()
+            .filter(|(_, (_, ran))| **ran)
+        {
             progress.add(i, res, loads.len());
             if let Some(w) = &self.workers {
                 self.loads_sent += loads.len() as u64;
@@ -303,6 +319,8 @@ impl Runtime {
                     w.dispatch(j);
                 }
             }
+            // Without workers (shut down) a load started is dropped, as it always was.
+            loads.clear();
             self.metrics += &res.counters;
             for (_, state) in &res.ended {
                 match state {
@@ -323,7 +341,6 @@ impl Runtime {
                 &mut res.first_schedule_latency_ns,
             );
         }
-        results.clear();
         evicted.sort_unstable();
         evicted.dedup();
         plan.recovery.report = report;

@@ -100,6 +100,46 @@ pub struct ShardStepResult {
     pub parked: usize,
 }
 
+impl ShardStepResult {
+    /// Empties every list (keeping its room) and zeroes every count: what a step's result
+    /// starts from. A result is cleared and refilled in place, step after step, so a step
+    /// neither allocates its lists anew nor zeroes or copies the whole value.
+    pub fn clear(&mut self) {
+        let ShardStepResult {
+            scheduled,
+            recovered,
+            scanned,
+            evicted,
+            ended,
+            handoffs,
+            runnable_latency_ns,
+            first_schedule_latency_ns,
+            counters,
+            loading,
+            waiting,
+            latest_running,
+            parked,
+        } = self;
+        scheduled.clear();
+        recovered.clear();
+        scanned.clear();
+        evicted.clear();
+        ended.clear();
+        handoffs.clear();
+        runnable_latency_ns.clear();
+        first_schedule_latency_ns.clear();
+        // Planted bug (scripts/plants.sh): a result reused from step to step keeps an
+        // earlier step's counts, so the runtime counts them again.
+        if !planted!("result-keeps-counts") {
+            *counters = Metrics::default();
+        }
+        *loading = 0;
+        *waiting = 0;
+        *latest_running = None;
+        *parked = 0;
+    }
+}
+
 /// The settings a step runs with (a snapshot; never changes mid-step).
 /// (The meaning of each field is the runtime setting of the same name.)
 #[derive(Clone, Debug)]
@@ -278,7 +318,7 @@ impl<S: Strategy> Shard<S> {
         commands: impl IntoIterator<Item = Command>,
         completions: impl IntoIterator<Item = Completion>,
     ) -> Vec<BlockId> {
-        self.result = ShardStepResult::default();
+        self.result.clear();
         self.step += 1;
         for cmd in commands {
             self.apply_command(env, cmd);
@@ -314,6 +354,7 @@ impl<S: Strategy> Shard<S> {
 
     /// Phase 3: decide, apply the last step's output, admit, schedule. While `draining`
     /// (shutdown) nothing is admitted or scheduled.
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))] // the mutex baseline's and tests'
     pub fn finish_step(
         &mut self,
         env: &Env<'_, S>,
@@ -322,6 +363,24 @@ impl<S: Strategy> Shard<S> {
         draining: bool,
         loads_out: &mut Vec<LoadJob>,
     ) -> ShardStepResult {
+        let mut out = ShardStepResult::default();
+        self.finish_step_into(env, settings, now, draining, loads_out, &mut out);
+        out
+    }
+
+    /// [`finish_step`](Self::finish_step), its result swapped into `out`: what `out` held
+    /// (a result the caller has emptied, its lists' room) becomes the shard's next result,
+    /// cleared by the next [`publish`](Self::publish). A caller that keeps one `out` per
+    /// shard from step to step neither allocates nor copies a result whole.
+    pub fn finish_step_into(
+        &mut self,
+        env: &Env<'_, S>,
+        settings: &StepSettings,
+        now: Instant,
+        draining: bool,
+        loads_out: &mut Vec<LoadJob>,
+        out: &mut ShardStepResult,
+    ) {
         self.decide(env, settings);
         self.apply_outputs(env);
         self.land_loads(env, now);
@@ -333,7 +392,7 @@ impl<S: Strategy> Shard<S> {
         self.result.waiting = self.waiting.len();
         self.result.latest_running = self.latest_running();
         self.result.parked = self.parked.len();
-        std::mem::take(&mut self.result)
+        std::mem::swap(out, &mut self.result);
     }
 
     /// The earliest deadline of an async load still in flight: when an idle engine must step
