@@ -155,9 +155,10 @@ impl State {
             self.shard.claim(&env, &cx.settings, &report, &ids);
         }
         let (now, jobs) = (Instant::now(), &mut self.jobs);
-        let res = self
-            .shard
-            .finish_step(&env, &cx.settings, now, draining, jobs);
+        // The result moves once, into the plan (its lists become the plan's).
+        let mut res = ShardStepResult::default();
+        self.shard
+            .finish_step(&env, &cx.settings, now, draining, jobs, &mut res);
         self.plan(res, ids)
     }
 

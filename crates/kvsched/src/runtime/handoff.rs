@@ -154,7 +154,7 @@ impl Inner {
         // (or on this very thread, for a step run inline).
         let draining = self.draining.load(Ordering::Relaxed);
         let (res, loads) = out;
-        shard.finish_step_into(&self.env(i), settings, now, draining, loads, res);
+        shard.finish_step(&self.env(i), settings, now, draining, loads, res);
         if !res.ended.is_empty() {
             let mut live = slot.ids.lock();
             for (id, _) in &res.ended {

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::release_tests::AsyncOffer;
 use super::strategy::LockFree;
-use super::{Command, Env, NewRequest, Shard, StepSettings};
+use super::{Command, Env, NewRequest, Shard, ShardStepResult, StepSettings};
 use crate::connector::{LoadJob, LoadResult};
 use crate::pool::BlockPool;
 use crate::rules::geometry::{CacheGroup, Geometry};
@@ -73,7 +73,8 @@ fn a_hung_loads_deadline_comes_after_thousands_of_completed_loads() {
             let report = InvalidSet::flat(ids.iter().copied(), env.geo);
             shard.claim(&env, &settings, &report, &ids);
         }
-        let res = shard.finish_step(&env, &settings, now, false, &mut loads);
+        let mut res = ShardStepResult::default();
+        shard.finish_step(&env, &settings, now, false, &mut loads, &mut res);
         expired.set(expired.get() + res.counters.deadlines_expired);
         loads
     };

@@ -353,26 +353,11 @@ impl<S: Strategy> Shard<S> {
     }
 
     /// Phase 3: decide, apply the last step's output, admit, schedule. While `draining`
-    /// (shutdown) nothing is admitted or scheduled.
-    #[cfg_attr(not(feature = "internals"), allow(dead_code))] // the mutex baseline's and tests'
+    /// (shutdown) nothing is admitted or scheduled. The step's result is swapped into `out`:
+    /// what `out` held (a result the caller has emptied, its lists' room) becomes the shard's
+    /// next result, cleared by the next [`publish`](Self::publish). A caller that keeps one
+    /// `out` per shard from step to step neither allocates nor copies a result whole.
     pub fn finish_step(
-        &mut self,
-        env: &Env<'_, S>,
-        settings: &StepSettings,
-        now: Instant,
-        draining: bool,
-        loads_out: &mut Vec<LoadJob>,
-    ) -> ShardStepResult {
-        let mut out = ShardStepResult::default();
-        self.finish_step_into(env, settings, now, draining, loads_out, &mut out);
-        out
-    }
-
-    /// [`finish_step`](Self::finish_step), its result swapped into `out`: what `out` held
-    /// (a result the caller has emptied, its lists' room) becomes the shard's next result,
-    /// cleared by the next [`publish`](Self::publish). A caller that keeps one `out` per
-    /// shard from step to step neither allocates nor copies a result whole.
-    pub fn finish_step_into(
         &mut self,
         env: &Env<'_, S>,
         settings: &StepSettings,

@@ -124,7 +124,9 @@ fn step(
         let report = InvalidSet::flat(ids.iter().copied(), env.geo);
         shard.claim(env, settings, &report, &ids);
     }
-    shard.finish_step(env, settings, now, false, loads)
+    let mut res = ShardStepResult::default();
+    shard.finish_step(env, settings, now, false, loads, &mut res);
+    res
 }
 
 /// A request's async load fails at its first block, so recovery restarts it from 0 and it
