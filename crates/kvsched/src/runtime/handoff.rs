@@ -266,8 +266,8 @@ impl Inner {
     /// while it is merged.
     ///
     /// Returns the step's whole report (the engine's share and every shard's, sorted, without
-    /// duplicates); each shard's outcome is in `scratch.outcomes` (where `scratch.ran` says
-    /// the shard finished its step).
+    /// duplicates); each shard's outcome is in `scratch.outcomes`, filled unless
+    /// `scratch.failed` says the shard panicked.
     pub(super) fn run_step_inline(
         &self,
         engine_share: Vec<BlockId>,
@@ -279,7 +279,6 @@ impl Inner {
             settings,
             failed,
             outcomes,
-            ran,
             routes,
         } = scratch;
         settings.clear();
@@ -287,8 +286,6 @@ impl Inner {
         failed.clear();
         failed.resize(k, false);
         outcomes.resize_with(k, ShardOutcome::default);
-        ran.clear();
-        ran.resize(k, false);
         // Every shard runs on this thread: the pool has one mutator for the step.
         // SAFETY: outside shutdown (which takes the runtime by value, so no step overlaps it),
         // only the shards' steps mutate the pool or reach its index: this one, and parallel
@@ -339,9 +336,8 @@ impl Inner {
             let out = &mut outcomes[i];
             self.guarded(i, &mut failed[i], || {
                 self.phase_finish(i, shard, &settings[i], now, out);
-                ran[i] = true;
             });
-            if ran[i] {
+            if !failed[i] {
                 let res = &mut out.0;
                 routes.record(i, k, res.scheduled.get(own_from..).unwrap_or_default());
                 if i + 1 < k {
@@ -365,13 +361,12 @@ pub(super) type ShardOutcome = (
 pub(super) struct StepScratch {
     /// Each shard's settings for a step run inline.
     settings: Vec<StepSettings>,
-    /// Whether each shard panicked in an earlier phase of a step run inline.
-    failed: Vec<bool>,
-    /// Each shard's outcome, by shard number: filled by the step, emptied by
-    /// [`Runtime::collect`], kept for its lists' room.
+    /// Whether each shard panicked in a phase of this step: its later phases are skipped and
+    /// its outcome is not filled.
+    pub(super) failed: Vec<bool>,
+    /// Each shard's outcome, by shard number: filled by the step (unless the shard
+    /// `failed`), emptied by [`Runtime::collect`], kept for its lists' room.
     pub(super) outcomes: Vec<ShardOutcome>,
-    /// Which shards' outcomes this step filled (a shard that panicked fills none).
-    pub(super) ran: Vec<bool>,
     /// The latest plan's sampling ids by shard, for `update` to route the engine's samples.
     pub(super) routes: SampleRoutes,
 }

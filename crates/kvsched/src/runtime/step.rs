@@ -191,7 +191,7 @@ impl Runtime {
         let mut scratch = std::mem::take(&mut self.scratch);
         let plan = if !self.runs_parallel(share.len()) {
             let report = self.inner.run_step_inline(share, &live, &mut scratch);
-            self.collect(report, &mut scratch.outcomes, &scratch.ran)
+            self.collect(report, &mut scratch.outcomes, &scratch.failed)
         } else {
             self.metrics.parallel_steps += 1;
             self.start_step(&share, &live);
@@ -200,16 +200,17 @@ impl Runtime {
             // Every shard's result, from the shards' slots.
             let k = self.inner.shards.len();
             scratch.outcomes.resize_with(k, ShardOutcome::default);
-            scratch.ran.clear();
-            scratch.ran.resize(k, false);
+            // A shard that panicked left no result in its slot.
+            scratch.failed.clear();
+            scratch.failed.resize(k, true);
             for (i, slot) in self.inner.shards.iter().enumerate() {
                 if let Some(r) = slot.result.lock().take() {
                     scratch.routes.record(i, k, &r.0.scheduled);
                     scratch.outcomes[i] = r;
-                    scratch.ran[i] = true;
+                    scratch.failed[i] = false;
                 }
             }
-            self.collect(report, &mut scratch.outcomes, &scratch.ran)
+            self.collect(report, &mut scratch.outcomes, &scratch.failed)
         };
         self.scratch = scratch;
         if let Some((shard, message)) = self.inner.poison.lock().clone() {
@@ -270,8 +271,8 @@ impl Runtime {
         share
     }
 
-    /// Merges the result of every shard that finished the step (`ran[i]`: its outcome is
-    /// `outcomes[i]`) into the step's plan, in canonical order, dispatching the loads they
+    /// Merges the result of every shard that finished the step (not `failed[i]`: its outcome
+    /// is `outcomes[i]`) into the step's plan, in canonical order, dispatching the loads they
     /// started and counting what they did; every list of those outcomes is left empty, with
     /// what room the plan did not take. `report` is the step's whole report, as the shards
     /// claimed against it: sorted, without duplicates.
@@ -279,7 +280,7 @@ impl Runtime {
         &mut self,
         report: Vec<BlockId>,
         outcomes: &mut [ShardOutcome],
-        ran: &[bool],
+        failed: &[bool],
     ) -> StepPlan {
         let mut plan = StepPlan {
             step: self.step,
@@ -293,9 +294,9 @@ impl Runtime {
         let finished = || {
             outcomes
                 .iter()
-                .zip(ran)
+                .zip(failed)
                 .enumerate()
-                .filter(|(_, (_, r))| **r)
+                .filter(|(_, (_, failed))| !**failed)
         };
         let total: usize = finished().map(|(_, ((r, _), _))| r.scheduled.len()).sum();
         let longest = finished()
@@ -308,9 +309,9 @@ impl Runtime {
         // Each outcome's lists are taken where they lie.
         for (i, ((res, loads), _)) in outcomes
             .iter_mut()
-            .zip(ran)
+            .zip(failed)
             .enumerate()
-            .filter(|(_, (_, ran))| **ran)
+            .filter(|(_, (_, failed))| !**failed)
         {
             progress.add(i, res, loads.len());
             if let Some(w) = &self.workers {
