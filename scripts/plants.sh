@@ -59,6 +59,12 @@ declare -A TESTS=(
   # runtime/shard/mod.rs: a shard's step result, reused from step to step, keeps an earlier
   # step's counts, which the runtime then counts again.
   [result-keeps-counts]="kvsched --test runtime_land;kvsched --test runtime_liveness"
+  # runtime/discard.rs: an output's samples count as the plan's own when only their number
+  # matches, so a request left out takes a token it was not sent.
+  [sampled-as-planned-by-count]="kvsched --test runtime_trust"
+  # shard: the list of requests a step scheduled to sample keeps every earlier step's, so a
+  # plan answered as planned samples requests again (duplicates, tokens not sent).
+  [sampling-kept]="kvsched --test runtime_trust"
   # runtime/shard/admit.rs: a panicking connector lookup is not caught where it happens.
   [lookup-uncaught]="kvsched --test runtime_liveness"
   # runtime/handoff.rs: a panic in a shard's step escapes (the thread dies, the step hangs).
@@ -344,6 +350,7 @@ ORDER=(decide-early claim-store late-leak deadline-compact-in-flight late-ok-acc
   redis-echo-off-on-any-error cluster-no-refresh-on-node-failure cluster-refresh-asks-in-order
   handoff-engine-unpark-dropped handoff-shard-unpark-dropped redis-refresh-on-spent-time
   failed-unstarted-load-uncounted queued-drop-uncounted result-keeps-counts
+  sampled-as-planned-by-count sampling-kept
   refresh-waits-on-lock echo-refusal-counts-server-errors save-pause-outlasts-outage
   align-pass-clears-mark report-evicted-late align-wait-inexact unconfirmed-kept-cached
   waits-overwritten preempt-planned)

@@ -263,3 +263,91 @@ fn a_failed_load_past_a_local_prefix_rolls_back_its_own_blocks_only() {
     );
     assert_eq!(report.metrics.finished, 2);
 }
+
+/// The plan's sampling entries' ids, in plan order (as an engine answering honestly sends).
+fn sampling(plan: &StepPlan) -> Vec<std::sync::Arc<str>> {
+    plan.scheduled
+        .iter()
+        .filter(|s| s.samples)
+        .map(|s| s.id.clone())
+        .collect()
+}
+
+#[test]
+fn samples_as_planned_apply_at_once_and_others_one_by_one() {
+    for shards in [1, 2] {
+        let mut rt = Runtime::builder().shards(shards).build().unwrap();
+        for id in ["a", "b", "c"] {
+            rt.submit(req(id, (0..8).map(|t| t + id.len() as u32).collect()))
+                .unwrap();
+        }
+        // Honest answers, the plan's own ids in its order: every request decodes, and
+        // nothing is counted twice or as unexpected.
+        let mut plan = rt.schedule().expect("step");
+        for _ in 0..2 {
+            let ids = sampling(&plan);
+            assert_eq!(ids.len(), 3, "{shards} shards: all three sample");
+            rt.update(StepOutput {
+                sampled: ids,
+                ..StepOutput::for_plan(&plan)
+            });
+            plan = rt.schedule().expect("step");
+        }
+        let m = rt.metrics();
+        assert_eq!(
+            (
+                m.duplicate_commands,
+                m.unexpected_samples,
+                m.unknown_commands
+            ),
+            (0, 0, 0),
+            "{shards} shards: {m:?}"
+        );
+        // As many samples as planned, but not the plan's: the first id twice, the last left
+        // out. Only what was sent counts: one duplicate, and the request left out takes no
+        // token (it computes nothing new in the next plan).
+        let ids = sampling(&plan);
+        let (first, last) = (ids[0].clone(), ids[2].clone());
+        let computed_before: u64 = plan
+            .scheduled
+            .iter()
+            .find(|s| s.id == last)
+            .map(|s| s.num_computed_tokens + s.num_tokens)
+            .expect("last");
+        rt.update(StepOutput {
+            sampled: vec![first.clone(), first.clone(), ids[1].clone()],
+            ..StepOutput::for_plan(&plan)
+        });
+        let next = rt.schedule().expect("step");
+        let m = rt.metrics();
+        assert_eq!(m.duplicate_commands, 1, "{shards} shards: {m:?}");
+        let left_out = next.scheduled.iter().find(|s| s.id == last);
+        assert!(
+            left_out.is_none_or(|s| s.num_computed_tokens + s.num_tokens <= computed_before),
+            "{shards} shards: {last} took a token it was not sent: {left_out:?}"
+        );
+        // The same texts in other allocations, in another order: each looked up by id.
+        let ids: Vec<std::sync::Arc<str>> = sampling(&next)
+            .iter()
+            .rev()
+            .map(|id| std::sync::Arc::from(&**id))
+            .collect();
+        assert!(!ids.is_empty());
+        rt.update(StepOutput {
+            sampled: ids,
+            ..StepOutput::for_plan(&next)
+        });
+        rt.schedule().expect("step");
+        let m = rt.metrics();
+        assert_eq!(
+            (
+                m.duplicate_commands,
+                m.unexpected_samples,
+                m.unknown_commands
+            ),
+            (1, 0, 0),
+            "{shards} shards: {m:?}"
+        );
+        drop(rt.shutdown());
+    }
+}

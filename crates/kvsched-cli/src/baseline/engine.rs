@@ -83,9 +83,16 @@ impl State {
             self.metrics.stale_outputs += u64::from(ignored);
             return Vec::new();
         }
-        // The shard keeps a sample only for a request the plan scheduled to sample.
-        self.inbox
-            .extend(out.sampled.into_iter().map(Command::Sampled));
+        // The shard keeps a sample only for a request the plan scheduled to sample: the
+        // plan's own sampling ids in its order all at once, as the runtime's `update`.
+        if self.engine.handed.sampled_as_planned(&out.sampled) {
+            if !out.sampled.is_empty() {
+                self.inbox.push(Command::SampledAll);
+            }
+        } else {
+            self.inbox
+                .extend(out.sampled.into_iter().map(Command::Sampled));
+        }
         let dests = &self.engine.handed.sync_dests;
         let mut failed: FxHashSet<BlockId> = FxHashSet::default();
         for b in out.invalid_blocks {

@@ -55,8 +55,9 @@ pub fn discarded(
 }
 
 /// What the latest plan handed out, against which the engine's output is checked: which
-/// blocks its sync loads wrote, and what each request read. (Who may sample each shard knows
-/// of its own requests.) The runtime and the mutex baseline record it the same way.
+/// blocks its sync loads wrote, what each request read, and which ids it scheduled to
+/// sample. (Whether a sample is for a request scheduled to sample each shard checks of its
+/// own requests.) The runtime and the mutex baseline record it the same way.
 #[derive(Debug, Default)]
 pub struct HandedOut {
     /// The destination blocks of each sync load (a failed block must be one of them).
@@ -64,19 +65,32 @@ pub struct HandedOut {
     /// What each scheduled request read, for the outputs to discard; recorded only for a
     /// plan with a sync load (without one, no output is discarded).
     pub reads: Vec<StepReads>,
+    /// The address of each sampling entry's id, in plan order.
+    sampling: Vec<usize>,
+}
+
+/// The address of an id's text: what identifies its allocation.
+#[inline]
+fn address(id: &StdArc<str>) -> usize {
+    StdArc::as_ptr(id).cast::<u8>() as usize
 }
 
 impl HandedOut {
     /// Records `plan` (replacing the last one); the lists keep their capacity from step to
     /// step.
     pub fn record(&mut self, plan: &crate::runtime::StepPlan) {
+        self.sampling.clear();
+        self.sampling.reserve(plan.scheduled.len());
         self.sync_dests.clear();
-        self.sync_dests.extend(
-            plan.scheduled
-                .iter()
-                .filter_map(|s| s.sync_load.as_deref())
-                .map(crate::connector::LoadJob::all_loaded_blocks),
-        );
+        // One pass: most entries sample, few carry a sync load.
+        for s in &plan.scheduled {
+            if s.samples {
+                self.sampling.push(address(&s.id));
+            }
+            if let Some(job) = s.sync_load.as_deref() {
+                self.sync_dests.push(job.all_loaded_blocks());
+            }
+        }
         self.reads.clear();
         if self.sync_dests.is_empty() {
             // Only a sync load's destination can be reported failed (`update` ignores every
@@ -88,5 +102,28 @@ impl HandedOut {
             pre_step_tokens: s.num_computed_tokens,
             tables: StdArc::clone(&s.block_tables),
         }));
+    }
+
+    /// Whether `sampled`, an output's samples for the recorded plan, are the plan's own ids
+    /// (the very allocations it handed out, as `s.id.clone()` gives them) of every entry it
+    /// scheduled to sample, each once, in plan order: then each shard applies them as a
+    /// [`Command::SampledAll`](crate::runtime::shard::Command::SampledAll) of the requests it
+    /// scheduled to sample, without a lookup by id. Anything else (a sample left out,
+    /// repeated, reordered, or the same text in another allocation) is `false`, and each
+    /// sample is looked up by its id.
+    ///
+    /// Valid until the next step begins: until then every request of the plan is live —
+    /// nothing ends a request outside a step — and holds its id, so no other `Arc<str>` can
+    /// sit at a recorded address, and an equal address is that request's own id.
+    pub fn sampled_as_planned(&self, sampled: &[StdArc<str>]) -> bool {
+        // Planted bug (scripts/plants.sh): only the count is compared.
+        if planted!("sampled-as-planned-by-count") {
+            return sampled.len() == self.sampling.len();
+        }
+        sampled.len() == self.sampling.len()
+            && sampled
+                .iter()
+                .zip(&self.sampling)
+                .all(|(id, &a)| address(id) == a)
     }
 }

@@ -15,7 +15,6 @@ use smallvec::SmallVec;
 use crate::rules::geometry::BlockId;
 use crate::rules::recovery::InvalidSet;
 use crate::runtime::error::RuntimeError;
-use crate::runtime::sample_routes::SampleRoutes;
 use crate::runtime::settings::Settings;
 use crate::runtime::shard::{Shard, StepSettings};
 use crate::runtime::shared::Inner;
@@ -279,7 +278,6 @@ impl Inner {
             settings,
             failed,
             outcomes,
-            routes,
         } = scratch;
         settings.clear();
         settings.extend((0..k).map(|i| self.step_settings(i, live)));
@@ -329,7 +327,6 @@ impl Inner {
         let now = Instant::now();
         for (i, shard) in shards.iter_mut().enumerate() {
             // The list comes with the shards' before this one: its own entries follow.
-            let own_from = list.len();
             shard.schedule_after(std::mem::take(&mut list));
             // The outcome is written into the shard's slot of `outcomes`, kept from step to
             // step: a large value (its lists and a step's counters) never moved whole.
@@ -337,12 +334,8 @@ impl Inner {
             self.guarded(i, &mut failed[i], || {
                 self.phase_finish(i, shard, &settings[i], now, out);
             });
-            if !failed[i] {
-                let res = &mut out.0;
-                routes.record(i, k, res.scheduled.get(own_from..).unwrap_or_default());
-                if i + 1 < k {
-                    list = std::mem::take(&mut res.scheduled);
-                }
+            if !failed[i] && i + 1 < k {
+                list = std::mem::take(&mut out.0.scheduled);
             }
         }
         ids
@@ -367,8 +360,6 @@ pub(super) struct StepScratch {
     /// Each shard's outcome, by shard number: filled by the step (unless the shard
     /// `failed`), emptied by [`Runtime::collect`], kept for its lists' room.
     pub(super) outcomes: Vec<ShardOutcome>,
-    /// The latest plan's sampling ids by shard, for `update` to route the engine's samples.
-    pub(super) routes: SampleRoutes,
 }
 
 /// Shards whose guards a step run inline keeps on the stack (more take one allocation).

@@ -93,8 +93,6 @@ pub mod route;
 #[cfg(not(any(kvsched_loom, feature = "internals")))]
 pub(crate) mod route;
 #[cfg(not(kvsched_loom))]
-mod sample_routes;
-#[cfg(not(kvsched_loom))]
 mod settings;
 #[cfg(all(not(kvsched_loom), feature = "internals"))]
 pub mod shard;

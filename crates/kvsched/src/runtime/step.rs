@@ -162,8 +162,6 @@ impl Runtime {
         if let Some(e) = self.poisoned() {
             return Err(e);
         }
-        // This step may end requests the last plan scheduled.
-        self.scratch.routes.forget();
         self.step += 1;
         // Acquire: pairs with the Release increment in `WorkSignal::notify`; read before the
         // shards drain, so a completion counted after this point may still be undrained and
@@ -205,7 +203,6 @@ impl Runtime {
             scratch.failed.resize(k, true);
             for (i, slot) in self.inner.shards.iter().enumerate() {
                 if let Some(r) = slot.result.lock().take() {
-                    scratch.routes.record(i, k, &r.0.scheduled);
                     scratch.outcomes[i] = r;
                     scratch.failed[i] = false;
                 }
@@ -219,7 +216,6 @@ impl Runtime {
             *self.inner.open.write() = false;
         }
         if let Some(e) = self.poisoned() {
-            self.scratch.routes.forget();
             return Err(e);
         }
         self.expect_output = !plan.scheduled.is_empty();
@@ -430,6 +426,14 @@ impl Runtime {
             if !out.sampled.is_empty() || !out.invalid_blocks.is_empty() {
                 self.metrics.stale_outputs += 1;
             }
+        } else if self.handed.sampled_as_planned(&out.sampled) {
+            // The plan's own sampling ids, in its order: each shard samples the requests it
+            // scheduled to sample, with no sample routed or looked up by id.
+            if !out.sampled.is_empty() {
+                for batch in &mut batches {
+                    batch.push(Command::SampledAll);
+                }
+            }
         } else if one_shard {
             // Every sample goes to the one shard: nothing to route.
             if let Some(batch) = batches.first_mut() {
@@ -437,16 +441,8 @@ impl Runtime {
             }
         } else {
             // Each shard keeps a sample only for a request the plan scheduled to sample.
-            let routes = &mut self.scratch.routes;
-            routes.rewind();
             for id in out.sampled {
-                let i = match routes.route(&id) {
-                    Some(i) => {
-                        debug_assert_eq!(i, self.inner.shard_of(&id), "sample {id} misrouted");
-                        i
-                    }
-                    None => self.inner.shard_of(&id),
-                };
+                let i = self.inner.shard_of(&id);
                 batches[i].push(Command::Sampled(id));
             }
         }

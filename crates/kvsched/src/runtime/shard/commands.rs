@@ -37,17 +37,18 @@ impl<S: Strategy> Shard<S> {
                 }
                 None => self.result.counters.unknown_commands += 1,
             },
-            // Only a request the answered plan scheduled to sample takes a sample; a sample for
-            // another request is ignored, as one naming no request (ended since, or never).
-            Command::Sampled(id) => match self.by_id.get(&id).and_then(|s| self.reqs.get_mut(s)) {
-                Some(r) if r.samples_last_step() => {
-                    if std::mem::replace(&mut r.sampled_pending, true) {
-                        self.result.counters.duplicate_commands += 1;
-                    }
+            Command::Sampled(id) => {
+                let seq = self.by_id.get(&id).copied();
+                self.sampled(seq);
+            }
+            Command::SampledAll => {
+                let sampling = std::mem::take(&mut self.sampling);
+                for &seq in &sampling {
+                    self.sampled(Some(seq));
                 }
-                Some(_) => self.result.counters.unexpected_samples += 1,
-                None => self.result.counters.unknown_commands += 1,
-            },
+                // Kept: another answer to the same plan samples them again (duplicates).
+                self.sampling = sampling;
+            }
             Command::Finish(id) => match self.by_id.get(&id).and_then(|s| self.reqs.get_mut(s)) {
                 Some(r) => {
                     if std::mem::replace(&mut r.finish_pending, true) {
@@ -78,6 +79,21 @@ impl<S: Strategy> Shard<S> {
                     self.result.counters.cross_shard_preemptions += 1;
                 }
             }
+        }
+    }
+
+    /// A sample for request `seq` (`None`: an id naming no live request). Only a request the
+    /// answered plan scheduled to sample takes a sample; a sample for another request is
+    /// ignored, as one naming no request (ended since, or never).
+    fn sampled(&mut self, seq: Option<u64>) {
+        match seq.and_then(|s| self.reqs.get_mut(&s)) {
+            Some(r) if r.samples_last_step() => {
+                if std::mem::replace(&mut r.sampled_pending, true) {
+                    self.result.counters.duplicate_commands += 1;
+                }
+            }
+            Some(_) => self.result.counters.unexpected_samples += 1,
+            None => self.result.counters.unknown_commands += 1,
         }
     }
 }

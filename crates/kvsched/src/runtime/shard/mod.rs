@@ -240,6 +240,9 @@ pub struct Shard<S: Strategy = LockFree> {
     /// Requests with something to apply after recovery: scheduled in the last step, named by a
     /// command, or recovered this step. Keeps that phase proportional to what changed.
     touched: Vec<u64>,
+    /// The requests (by admission sequence) the latest step scheduled to sample, in the
+    /// shard's order: what a [`Command::SampledAll`] answering its plan samples.
+    sampling: Vec<u64>,
     /// The running keys [`schedule`](Self::schedule) visits next, kept for its capacity.
     key_chunk: Vec<RequestKey>,
     /// Loading requests whose load completed this step.
@@ -281,6 +284,7 @@ impl<S: Strategy> Default for Shard<S> {
             step: 0,
             index: HolderIndex::default(),
             touched: Vec::new(),
+            sampling: Vec::new(),
             key_chunk: Vec::new(),
             landed: Vec::new(),
             deadlines: Deadlines::default(),
@@ -368,6 +372,12 @@ impl<S: Strategy> Shard<S> {
     ) {
         self.decide(env, settings);
         self.apply_outputs(env);
+        // The last plan's samples are applied: this step's schedule lists its own.
+        // (Planted bug `sampling-kept`, scripts/plants.sh: the list keeps every earlier
+        // step's entries.)
+        if !planted!("sampling-kept") {
+            self.sampling.clear();
+        }
         self.land_loads(env, now);
         if !draining {
             let admit = !std::mem::take(&mut self.hold_admission);

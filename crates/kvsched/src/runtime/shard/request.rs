@@ -148,6 +148,12 @@ pub enum Command {
     Cancel(StdArc<str>),
     /// A sampled token for a request scheduled in the last step.
     Sampled(StdArc<str>),
+    /// A sampled token for every request this shard scheduled to sample in the last step:
+    /// the engine's samples were the plan's own ids, each once, in plan order
+    /// ([`HandedOut::sampled_as_planned`](crate::runtime::discard::HandedOut::sampled_as_planned)).
+    /// Applied as a [`Sampled`](Command::Sampled) of each, found by admission sequence, not
+    /// by id.
+    SampledAll,
     /// The engine finished this request (stop token, …).
     Finish(StdArc<str>),
     /// The output of the shard's last step never came back: its scheduled work is re-offered.

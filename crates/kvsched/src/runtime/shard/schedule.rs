@@ -232,13 +232,18 @@ impl<S: Strategy> Shard<S> {
             job
         });
         let block_tables = r.block_tables();
+        let samples = upto == r.seq_len();
+        if samples {
+            // What a `SampledAll` answering this step's plan samples.
+            self.sampling.push(seq);
+        }
         self.result.scheduled.push(ScheduledRequest {
             id: r.id.clone(),
             block_tables,
             key: r.key.into(),
             num_computed_tokens: r.num_computed_tokens,
             num_tokens: n,
-            samples: upto == r.seq_len(),
+            samples,
             sync_load: sync_load.map(Box::new),
             first,
         });
