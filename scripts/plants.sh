@@ -65,6 +65,9 @@ declare -A TESTS=(
   # shard: the list of requests a step scheduled to sample keeps every earlier step's, so a
   # plan answered as planned samples requests again (duplicates, tokens not sent).
   [sampling-kept]="kvsched --test runtime_trust"
+  # rules/recovery/boundary.rs: a one-token window needs the entry of the block holding a
+  # mid-block boundary, so an old-hits-only request rolls back past its own length.
+  [window-one-needs-entry]="kvsched --test rules_examples"
   # runtime/shard/admit.rs: a panicking connector lookup is not caught where it happens.
   [lookup-uncaught]="kvsched --test runtime_liveness"
   # runtime/handoff.rs: a panic in a shard's step escapes (the thread dies, the step hangs).
@@ -350,7 +353,7 @@ ORDER=(decide-early claim-store late-leak deadline-compact-in-flight late-ok-acc
   redis-echo-off-on-any-error cluster-no-refresh-on-node-failure cluster-refresh-asks-in-order
   handoff-engine-unpark-dropped handoff-shard-unpark-dropped redis-refresh-on-spent-time
   failed-unstarted-load-uncounted queued-drop-uncounted result-keeps-counts
-  sampled-as-planned-by-count sampling-kept
+  sampled-as-planned-by-count sampling-kept window-one-needs-entry
   refresh-waits-on-lock echo-refusal-counts-server-errors save-pause-outlasts-outage
   align-pass-clears-mark report-evicted-late align-wait-inexact unconfirmed-kept-cached
   waits-overwritten preempt-planned)

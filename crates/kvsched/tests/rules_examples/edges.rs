@@ -212,6 +212,35 @@ fn safe_window_1_short_table_resumes() {
     assert_eq!(out.requests[0].num_computed_tokens, 12);
 }
 
+/// The same inside a block: an old-hits-only request at `P = 3` (mid-block) resumes there in
+/// mode `safe` — its one-token window needs no entry, full or short — and waits for the
+/// owner of the shared block instead of rolling back to 2 (or, beside a full-attention
+/// group of block size 1, to 0).
+#[test]
+fn safe_window_1_inside_a_block_resumes_at_p() {
+    let g = geo(vec![CacheGroup::sliding_window(2, 1)], None);
+    let reqs = vec![
+        async_req("A", 3, vec![vec![1, 2]]),
+        async_req("B", 3, vec![vec![1, 0]]),
+    ];
+    let out = run(&g, Mode::Safe, Policy::Recompute, &reqs, &[1]);
+    check(&out, 1, 3, 0, &[], &[(1, 0)], &[]);
+    let g = geo(
+        vec![
+            CacheGroup::full_attention(1),
+            CacheGroup::sliding_window(2, 1),
+        ],
+        None,
+    );
+    let reqs = vec![
+        async_req("A", 1, vec![vec![1], vec![]]),
+        async_req("B", 1, vec![vec![1], vec![]]),
+    ];
+    let out = run(&g, Mode::Safe, Policy::Recompute, &reqs, &[1]);
+    check(&out, 1, 1, 0, &[], &[(1, 0)], &[]);
+    assert_eq!(out.total_affected_tokens, 1, "only the owner recomputes");
+}
+
 /// docs/rules.md#one-id-two-owners: with one pool per group, id 7 stands in group 0 of R1 and in
 /// group 1 of R2, each its owner there; R3 holds 7 in both groups and waits for both owners
 /// (waiting for R1 alone, it could read group 1's block 7 while R2 still rewrites it).

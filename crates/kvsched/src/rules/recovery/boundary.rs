@@ -174,12 +174,20 @@ pub(super) fn resumable_at_pre_step(geo: &Geometry, req: RequestView<'_>, p: u64
 /// (`docs/rules.md#the-resumable-boundary`): `full_attention` every entry holding a token
 /// below `c`, `sliding_window` those holding tokens `[max(0, c − window + 1), c)`, `mamba`
 /// entry `c / b − 1`, the state after `c` tokens — `None` when `c` is not a multiple of `b`,
-/// whose state no entry holds.
+/// whose state no entry holds. A one-token window needs no entry (its range is empty), at a
+/// block boundary or inside a block.
 fn needed_entries(group: &CacheGroup, c: u64) -> Option<(u64, u64)> {
     let b = group.block_size;
     let hi = c.div_ceil(b);
     let lo = match group.kind {
         GroupKind::FullAttention => 0,
+        // Planted bug (scripts/plants.sh): a one-token window inside a block needs the
+        // entry holding the block (the token range's start rounded down, its end up).
+        GroupKind::SlidingWindow { window }
+            if window <= 1 && !planted!("window-one-needs-entry") =>
+        {
+            hi
+        }
         GroupKind::SlidingWindow { window } => c.saturating_sub(window - 1) / b,
         GroupKind::Mamba { .. } if c % b != 0 => return None,
         GroupKind::Mamba { .. } => hi - 1,
