@@ -10,6 +10,7 @@
 #
 #   scripts/instr-table.sh                       # every row
 #   ROWS="live256 live4k" scripts/instr-table.sh
+#   ROWS="same32 same32-1 same256-1" scripts/instr-table.sh   # the same steps in both
 #   BIN=/path/to/kvsched scripts/instr-table.sh  # another build
 #
 # Under valgrind a run is about 50 times slower, so the rows submit fewer requests than
@@ -38,16 +39,25 @@ args_of() {
     live1k) echo "--rate max --live 1024 --verify off --requests 8000 --duration 3600" ;;
     live4k) echo "--rate max --live 4096 --verify off --requests 16000 --duration 3600" ;;
     live4k-fail) echo "--rate max --live 4096 --requests 16000 --failure-rate 0.01 --duration 3600" ;;
+    # The same steps in both schedulers: a closed loop, instant loads, every load landed
+    # before the next step (`--lockstep`), no sim-store damage (docs/stress.md, "Same
+    # decisions"). One shard makes the baseline's decisions step for step; two split the
+    # step's budget, so their steps may differ a little.
+    same32) echo "--rate max --live 32 --verify off --requests 3000 $SAME" ;;
+    same32-1) echo "--rate max --live 32 --verify off --requests 3000 --shards 1 $SAME" ;;
+    same256-1) echo "--rate max --live 256 --verify off --requests 4000 --shards 1 $SAME" ;;
     *) echo "unknown row $1" >&2; exit 2 ;;
   esac
 }
+
+SAME="--lockstep --load-latency-us 0..0 --failure-rate 0 --seed 7 --duration 3600"
 
 counted() { grep -o 'Collected : [0-9]*' "$1" | awk '{print $3}'; }
 
 echo "$(date -u +%FT%TZ), $BIN"
 echo
-echo "| run | kvsched instructions / finished | baseline | kvsched / baseline |"
-echo "| --- | ---: | ---: | ---: |"
+echo "| run | kvsched instructions / finished | baseline | kvsched / baseline | steps, kvsched / baseline |"
+echo "| --- | ---: | ---: | ---: | ---: |"
 for row in "${rows[@]}"; do
   # shellcheck disable=SC2046
   valgrind --tool=callgrind --callgrind-out-file="$out/rt.cg" \
@@ -71,6 +81,8 @@ for name, run in (("kvsched", json.load(open(rt_json))), ("baseline", base)):
         sys.exit(f"instr-table.sh: {row}: the {name} run reached --duration")
 a = int(rt) / finished
 b = int(bl) / 2 / base_finished
-print(f"| `{args}` | {a:,.0f} | {b:,.0f} | {a / b:.3f} |", flush=True)
+steps = json.load(open(rt_json))["steps"]
+args = args.replace(" --duration 3600", "")
+print(f"| `{args}` | {a:,.0f} | {b:,.0f} | {a / b:.3f} | {steps:,} / {base['steps']:,} |", flush=True)
 PY
 done
