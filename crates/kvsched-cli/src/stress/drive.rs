@@ -85,6 +85,7 @@ struct Engine<'a, S> {
     injected: FaultCounts,
     /// The engine's fault stream: two draws per step (duplicate, stale) and one per stale block.
     frng: SplitMix64,
+    /// Requests the `late` fault cancelled (each once), until they end.
     late_done: FxHashSet<Arc<str>>,
     last_sync_block: Option<BlockRef>,
     /// The first sync-load destination of the step being run (a stale block is then its own).
@@ -326,7 +327,9 @@ impl<'a, S: Scheduler> Engine<'a, S> {
         let steps = self.steps;
         for (id, state) in &plan.ended {
             self.arrival_of.remove(&**id);
-            if *state == EndState::Cancelled && self.late_done.contains(&**id) {
+            // Forgotten as the request ends: the set holds only live requests' ids, not every
+            // one a long run ever cancelled late.
+            if self.late_done.remove(&**id) && *state == EndState::Cancelled {
                 self.engine_events.late_cancels_ended += 1;
             }
             if let Some((sent, max)) = self.samples_sent.remove(&**id) {
