@@ -68,6 +68,17 @@ declare -A TESTS=(
   # rules/recovery/boundary.rs: a one-token window needs the entry of the block holding a
   # mid-block boundary, so an old-hits-only request rolls back past its own length.
   [window-one-needs-entry]="kvsched --test rules_examples"
+  # shard/outputs.rs: a request whose sample the output left out has its progress confirmed
+  # without it: every token computed, no sample to come, and no step schedules it again.
+  [missing-sample-kept]="kvsched --test runtime_trust"
+  # shard: the step applying a cross-shard preemption does not report that it held
+  # admission, so an engine waiting on its empty plan sleeps while the victim could run.
+  [held-admission-unannounced]="kvsched --lib runtime::stall"
+  # shard/outputs.rs: a sample the engine was told to keep is dropped when recovery rolls the
+  # step back (the first safe step after a switch from vllm): one token too many.
+  [kept-sample-discarded]="kvsched --test runtime_discard"
+  # shard/schedule.rs: a request restarted at a switch to safe drops its kept sample.
+  [restart-drops-kept-sample]="kvsched --test runtime_discard"
   # runtime/shard/admit.rs: a panicking connector lookup is not caught where it happens.
   [lookup-uncaught]="kvsched --test runtime_liveness"
   # runtime/handoff.rs: a panic in a shard's step escapes (the thread dies, the step hangs).
@@ -354,6 +365,7 @@ ORDER=(decide-early claim-store late-leak deadline-compact-in-flight late-ok-acc
   handoff-engine-unpark-dropped handoff-shard-unpark-dropped redis-refresh-on-spent-time
   failed-unstarted-load-uncounted queued-drop-uncounted result-keeps-counts
   sampled-as-planned-by-count sampling-kept window-one-needs-entry
+  missing-sample-kept held-admission-unannounced kept-sample-discarded restart-drops-kept-sample
   refresh-waits-on-lock echo-refusal-counts-server-errors save-pause-outlasts-outage
   align-pass-clears-mark report-evicted-late align-wait-inexact unconfirmed-kept-cached
   waits-overwritten preempt-planned)

@@ -318,3 +318,91 @@ fn mode_vllm_hands_off_nothing_when_an_owner_ends_before_recomputing() {
     let m = rt.shutdown().metrics;
     assert_eq!(m.handoffs, 0, "{m:?}");
 }
+
+/// A sync load that fails for the first request that looks up, and offers nothing after.
+struct OneFailedSyncLoad(std::sync::atomic::AtomicBool);
+
+impl KvConnector for OneFailedSyncLoad {
+    fn lookup(&self, q: LookupQuery<'_>) -> LookupResult {
+        let first = !self.0.swap(true, std::sync::atomic::Ordering::Relaxed);
+        if q.local_tokens == 0 && first {
+            LookupResult {
+                external_tokens: 64,
+                load_async: false,
+            }
+        } else {
+            LookupResult::default()
+        }
+    }
+    fn load(&self, job: &LoadJob) -> LoadResult {
+        LoadResult::all_failed(job)
+    }
+}
+
+/// Every sample `update` does not name for discard is kept, across a live switch from
+/// `vllm` to `safe`: the first `safe` step restarts a request a `vllm` recovery rolled back
+/// to its hit rounded down (its Mamba state there may not exist) only once it has applied
+/// the last step's output, so the engine's kept token counts and the request emits exactly
+/// its tokens (dropped, it would be asked for the same position again: one token too many).
+/// The switch comes after each of the request's kept tokens in turn, on one and two shards.
+#[test]
+fn a_kept_sample_counts_across_a_switch_to_safe() {
+    for shards in [1, 2] {
+        for switch_after in 1..4 {
+            let case = format!("{shards} shards, switch after {switch_after} tokens");
+            let mut rt = Runtime::builder()
+                .groups(vec![
+                    CacheGroup::full_attention(16),
+                    CacheGroup::mamba(32, MambaMode::Align),
+                ])
+                .pool_blocks(64)
+                .shards(shards)
+                .mode(Mode::Vllm)
+                .connector(Arc::new(OneFailedSyncLoad(Default::default())))
+                .build()
+                .unwrap();
+            rt.submit(SubmitRequest {
+                id: "a".into(),
+                prompt: (0..96).collect(),
+                max_new_tokens: 4,
+                priority: 0,
+                load_deadline: None,
+            })
+            .unwrap();
+            let (mut emitted, mut restarted, mut first) = (0, false, true);
+            for _ in 0..40 {
+                if rt.live() == 0 {
+                    break;
+                }
+                if emitted == switch_after && rt.settings().mode == Mode::Vllm {
+                    rt.update_settings(rt.settings().with_mode(Mode::Safe))
+                        .unwrap();
+                }
+                let plan = rt.schedule().expect("step");
+                let mut out = StepOutput::all_sampled(&plan);
+                for s in &plan.scheduled {
+                    restarted |= rt.settings().mode == Mode::Safe && s.num_computed_tokens == 0;
+                    if let Some(job) = s.sync_load.as_ref().filter(|_| first) {
+                        // The load fails to fill the full-attention block of [32, 48).
+                        out.invalid_blocks.push(job.block_tables[0][2]);
+                        first = false;
+                    }
+                }
+                let discard = rt.update(out);
+                emitted += plan
+                    .scheduled
+                    .iter()
+                    .filter(|s| s.samples && !discard.contains(&s.id))
+                    .count();
+            }
+            assert_eq!(rt.live(), 0, "{case}: still live");
+            assert!(
+                restarted,
+                "{case}: the safe step restarted nothing: tests nothing"
+            );
+            assert_eq!(emitted, 4, "{case}: tokens emitted");
+            let report = rt.shutdown();
+            assert!(report.violations.is_empty(), "{case}: {report}");
+        }
+    }
+}

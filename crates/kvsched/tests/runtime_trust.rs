@@ -307,7 +307,8 @@ fn samples_as_planned_apply_at_once_and_others_one_by_one() {
         assert_eq!(sample_counts(&m), (0, 0, 0), "{shards} shards: {m:?}");
         // As many samples as planned, but not the plan's: the first id twice, the last left
         // out. Only what was sent counts: one duplicate, and the request left out takes no
-        // token (it computes nothing new in the next plan).
+        // token — its step is taken as lost and offered again where it started, asking for
+        // the sample once more.
         let ids = sampling(&plan);
         let (first, last) = (ids[0].clone(), ids[2].clone());
         let computed_before: u64 = plan
@@ -323,10 +324,13 @@ fn samples_as_planned_apply_at_once_and_others_one_by_one() {
         let next = rt.schedule().expect("step");
         let m = rt.metrics();
         assert_eq!(m.duplicate_commands, 1, "{shards} shards: {m:?}");
+        assert_eq!(m.missing_samples, 1, "{shards} shards: {m:?}");
         let left_out = next.scheduled.iter().find(|s| s.id == last);
         assert!(
-            left_out.is_none_or(|s| s.num_computed_tokens + s.num_tokens <= computed_before),
-            "{shards} shards: {last} took a token it was not sent: {left_out:?}"
+            left_out.is_some_and(
+                |s| s.samples && s.num_computed_tokens + s.num_tokens == computed_before
+            ),
+            "{shards} shards: {last} is not asked for its sample again: {left_out:?}"
         );
         // The same texts in other allocations, in another order: each looked up by id.
         let ids: Vec<std::sync::Arc<str>> = sampling(&next)
@@ -343,5 +347,89 @@ fn samples_as_planned_apply_at_once_and_others_one_by_one() {
         let m = rt.metrics();
         assert_eq!(sample_counts(&m), (1, 0, 0), "{shards} shards: {m:?}");
         drop(rt.shutdown());
+    }
+}
+
+/// An output that leaves out a sample its plan asked for (an engine that dropped a request
+/// from its batch, or lost its token) says nothing about whether the request ran: the
+/// request's step is lost, and offered again, so it is asked for the sample once more —
+/// never left with every token computed and no sample to come, which no later step would
+/// schedule (the engine, told there is no work, would sleep). Every request ends with
+/// exactly its tokens, on one or two shards, dense or with a Mamba group (whose state the
+/// step may have advanced in place: restarted rather than re-offered), whichever of its
+/// samples is left out — the prompt's or a decode step's, once or twice.
+#[test]
+fn a_left_out_sample_is_asked_for_again() {
+    use kvsched::{CacheGroup, EndState, MambaMode};
+    let hybrid = || {
+        vec![
+            CacheGroup::full_attention(16),
+            CacheGroup::mamba(32, MambaMode::Align),
+        ]
+    };
+    for shards in [1, 2] {
+        for groups in [vec![CacheGroup::full_attention(16)], hybrid()] {
+            // (request, which of its samples) left out.
+            for omit in [
+                &[("a", 0)][..],
+                &[("a", 1)],
+                &[("b", 0), ("b", 0), ("a", 2)],
+            ] {
+                let case = format!("{shards} shards, {} groups, omit {omit:?}", groups.len());
+                let mut rt = Runtime::builder()
+                    .groups(groups.clone())
+                    .pool_blocks(64)
+                    .shards(shards)
+                    .build()
+                    .unwrap();
+                for (id, len) in [("a", 40), ("b", 70)] {
+                    rt.submit(req(id, (0..len).collect())).unwrap();
+                }
+                let mut to_omit = omit.to_vec();
+                let mut sent = std::collections::HashMap::<String, u64>::new();
+                let mut ended = Vec::new();
+                for _ in 0..200 {
+                    let plan = rt.schedule().expect("step");
+                    ended.extend(plan.ended.iter().map(|(id, e)| (id.to_string(), *e)));
+                    let mut out = StepOutput::for_plan(&plan);
+                    for s in plan.scheduled.iter().filter(|s| s.samples) {
+                        let n = sent.entry(s.id.to_string()).or_default();
+                        if let Some(i) = to_omit.iter().position(|&(id, k)| *s.id == *id && k == *n)
+                        {
+                            to_omit.remove(i);
+                        } else {
+                            *n += 1;
+                            out.sampled.push(s.id.clone());
+                        }
+                    }
+                    rt.update(out);
+                    if rt.live() == 0 {
+                        break;
+                    }
+                    if plan.scheduled.is_empty() {
+                        assert!(
+                            rt.poll_work(),
+                            "{case}: step {}: live requests and no work",
+                            plan.step
+                        );
+                    }
+                }
+                ended.sort_by(|x, y| x.0.cmp(&y.0));
+                assert_eq!(
+                    ended,
+                    [
+                        ("a".to_owned(), EndState::Finished),
+                        ("b".to_owned(), EndState::Finished)
+                    ],
+                    "{case}"
+                );
+                assert!(to_omit.is_empty(), "{case}: never asked for {to_omit:?}");
+                assert_eq!(sent["a"], 4, "{case}: tokens of a");
+                assert_eq!(sent["b"], 4, "{case}: tokens of b");
+                let report = rt.shutdown();
+                assert!(report.violations.is_empty(), "{case}: {report}");
+                assert_eq!(report.metrics.missing_samples, omit.len() as u64, "{case}");
+            }
+        }
     }
 }

@@ -116,7 +116,10 @@ impl State {
             self.metrics.sync_loads_ok += dests.len() as u64 - bad;
         }
         let reported: FxHashSet<BlockId> = self.engine.sync_invalid.iter().map(|b| b.id).collect();
-        discarded(&self.cx.geo, &self.engine.handed.reads, &reported)
+        let discard = discarded(&self.cx.geo, &self.engine.handed.reads, &reported);
+        self.inbox
+            .extend(discard.iter().cloned().map(Command::Discarded));
+        discard
     }
 
     /// The step's plan from the shard's result and the step's report `ids`: its counters and

@@ -148,6 +148,7 @@ impl Events {
             handoffs: add(self.handoffs, o.handoffs),
             foreign_blocks: add(self.foreign_blocks, o.foreign_blocks),
             unexpected_samples: add(self.unexpected_samples, o.unexpected_samples),
+            missing_samples: add(self.missing_samples, o.missing_samples),
             lookup_panics: add(self.lookup_panics, o.lookup_panics),
             lost_outputs: add(self.lost_outputs, o.lost_outputs),
             lost_output_restarts: add(self.lost_output_restarts, o.lost_output_restarts),

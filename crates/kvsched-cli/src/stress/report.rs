@@ -220,6 +220,8 @@ pub struct Events {
     pub foreign_blocks: u64,
     /// Samples for requests the step did not schedule to sample: ignored.
     pub unexpected_samples: u64,
+    /// Samples the step asked for and the output left out: that request's step taken as lost.
+    pub missing_samples: u64,
     /// Connector lookups that panicked (also in `connector_panics`).
     pub lookup_panics: u64,
     /// Plans whose output never came back (their work re-offered).
@@ -268,6 +270,7 @@ impl Events {
             handoffs: m.handoffs,
             foreign_blocks: m.foreign_blocks,
             unexpected_samples: m.unexpected_samples,
+            missing_samples: m.missing_samples,
             lookup_panics: m.lookup_panics,
             lost_outputs: m.lost_outputs,
             lost_output_restarts: m.lost_output_restarts,

@@ -127,7 +127,7 @@ struct Run {
 }
 
 /// The totals both must agree on: every decision counter the two have in common.
-fn totals(m: &Metrics) -> [(&'static str, u64); 21] {
+fn totals(m: &Metrics) -> [(&'static str, u64); 22] {
     [
         ("submitted", m.submitted),
         ("finished", m.finished),
@@ -145,6 +145,7 @@ fn totals(m: &Metrics) -> [(&'static str, u64); 21] {
         ("length_capped", m.length_capped),
         ("foreign_blocks", m.foreign_blocks),
         ("unexpected_samples", m.unexpected_samples),
+        ("missing_samples", m.missing_samples),
         ("unknown_commands", m.unknown_commands),
         ("sync_loads_ok", m.sync_loads_ok),
         ("sync_loads_failed", m.sync_loads_failed),

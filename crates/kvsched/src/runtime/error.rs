@@ -26,7 +26,10 @@ pub enum RuntimeError {
     /// A live request already has this id.
     #[error("request {0:?}: duplicate id")]
     DuplicateId(String),
-    /// The request can never fit in the pool.
+    /// The request does not fit in the pool at its full length (prompt and
+    /// `max_new_tokens`, at least one), counting an entry of every group for every block of
+    /// tokens: a step allocates a block for each entry of the range it computes (sliding
+    /// window and Mamba groups' too) and frees those no longer needed after it.
     #[error("request {id:?}: needs {needed} blocks, the pool has {usable}")]
     TooLong {
         /// Request id.

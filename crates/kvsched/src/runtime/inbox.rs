@@ -71,7 +71,10 @@ mod tests {
 
     fn ids(cmds: std::vec::Drain<'_, Command>) -> Vec<String> {
         cmds.map(|c| match c {
-            Command::Cancel(id) | Command::Sampled(id) | Command::Finish(id) => id.to_string(),
+            Command::Cancel(id)
+            | Command::Sampled(id)
+            | Command::Discarded(id)
+            | Command::Finish(id) => id.to_string(),
             _ => "other".to_owned(),
         })
         .collect()

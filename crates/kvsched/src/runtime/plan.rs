@@ -15,8 +15,9 @@ use crate::runtime::shard::{EndState, RecoveredRequest, ScannedRequest, Schedule
 ///
 /// `step` must echo the [`StepPlan::step`] of the plan the output answers — the latest one
 /// (build it with [`StepOutput::for_plan`]). `sampled` and `invalid_blocks` belong to that
-/// step: in an output naming any other step they are ignored and the output is counted in
-/// [`Metrics::stale_outputs`]. `finished` is not tied to a step and always applies.
+/// step: in an output naming any other step they are ignored and the output, if it carried
+/// any, is counted in [`Metrics::stale_outputs`]. `finished` is not tied to a step and always
+/// applies.
 #[derive(Clone, Debug, Default)]
 pub struct StepOutput {
     /// The step this output answers ([`StepPlan::step`]).

@@ -24,6 +24,9 @@ pub(super) struct Progress {
     /// Loads parked past their deadline over all shards: their blocks come back when they
     /// return.
     pub(super) parked: usize,
+    /// A shard admitted nothing in the step (a cross-shard preemption's hold) while requests
+    /// wait there: the next step admits.
+    pub(super) admission_held: bool,
 }
 
 impl Progress {
@@ -31,6 +34,7 @@ impl Progress {
         self.moved |= !res.ended.is_empty() || res.loading > 0 || loads > 0;
         self.waiting += res.waiting;
         self.parked += res.parked;
+        self.admission_held |= res.admission_held;
         if let Some(k) = res.latest_running {
             if self.latest.is_none_or(|(best, _)| k > best) {
                 self.latest = Some((k, shard));
@@ -81,5 +85,53 @@ impl Runtime {
             None => self.metrics.no_progress_steps += 1,
         }
         false
+    }
+}
+
+#[cfg(all(test, not(kvsched_loom)))]
+mod tests {
+    use crate::runtime::shard::Command;
+    use crate::runtime::{Runtime, StepOutput, SubmitRequest};
+
+    /// The step that applies a cross-shard preemption admits nothing on the victim's shard
+    /// (so the freed blocks are not taken straight back): when the victim is all there is, that
+    /// step's plan is empty, and the victim's admission is work for the next step that no
+    /// event announces — the engine must be told, or, waiting, it sleeps for good.
+    #[test]
+    fn admission_held_by_a_preemption_is_work_for_the_next_step() {
+        for shards in [1, 2] {
+            let mut rt = Runtime::builder()
+                .shards(shards)
+                .token_budget(32)
+                .build()
+                .unwrap();
+            rt.submit(SubmitRequest {
+                id: "a".into(),
+                prompt: (0..40).collect(),
+                max_new_tokens: 2,
+                priority: 0,
+                load_deadline: None,
+            })
+            .unwrap();
+            // A first chunk that samples nothing: no output is pending at the preemption.
+            let plan = rt.schedule().unwrap();
+            let s = &plan.scheduled[0];
+            assert!(!s.samples);
+            let seq = s.key.sequence();
+            rt.update(StepOutput::all_sampled(&plan));
+            // What `resolve_stall` sends to end a stall across shards.
+            let shard = rt.inner.shard_of("a");
+            rt.inner.shards[shard].inbox.push(Command::Preempt(seq));
+            let plan = rt.schedule().unwrap();
+            assert!(plan.scheduled.is_empty(), "{shards} shards: preempted");
+            assert!(
+                rt.poll_work(),
+                "{shards} shards: the held admission is work"
+            );
+            let plan = rt.schedule().unwrap();
+            assert_eq!(plan.scheduled.len(), 1, "{shards} shards: admitted again");
+            assert_eq!(rt.metrics().cross_shard_preemptions, 1);
+            drop(rt.shutdown());
+        }
     }
 }

@@ -370,10 +370,13 @@ impl Runtime {
         // Work for the next step that no completion, submit or cancel announces: blocks a
         // request ending in this step freed (after the admissions, at its length cap, or on
         // another shard than a request that could not grow) while other requests wait or run,
-        // hand-offs for the next report, a stall that the next steps resolve by preempting.
+        // hand-offs for the next report, a stall that the next steps resolve by preempting,
+        // admission a preemption held back in this step.
         let others_live = progress.waiting > 0 || progress.latest.is_some();
-        self.work_pending =
-            stall_resolves || !self.handoffs.is_empty() || (others_live && !plan.ended.is_empty());
+        self.work_pending = stall_resolves
+            || progress.admission_held
+            || !self.handoffs.is_empty()
+            || (others_live && !plan.ended.is_empty());
         plan
     }
 
@@ -477,7 +480,16 @@ impl Runtime {
         }
         let reported: rustc_hash::FxHashSet<BlockId> =
             self.sync_invalid.iter().map(|b| b.id).collect();
-        discarded(&self.inner.geo, &self.handed.reads, &reported)
+        let discard = discarded(&self.inner.geo, &self.handed.reads, &reported);
+        // Each shard learns what the engine was told to discard: every other sample that
+        // came, the engine kept, whatever the next step's recovery decides.
+        for id in &discard {
+            let i = self.inner.shard_of(id);
+            self.inner.shards[i]
+                .inbox
+                .push(Command::Discarded(id.clone()));
+        }
+        discard
     }
 
     /// Counters so far.

@@ -49,6 +49,11 @@ impl<S: Strategy> Shard<S> {
                 // Kept: another answer to the same plan samples them again (duplicates).
                 self.sampling = sampling;
             }
+            Command::Discarded(id) => {
+                if let Some(r) = self.by_id.get(&id).and_then(|s| self.reqs.get_mut(s)) {
+                    r.discard_told = true;
+                }
+            }
             Command::Finish(id) => match self.by_id.get(&id).and_then(|s| self.reqs.get_mut(s)) {
                 Some(r) => {
                     if std::mem::replace(&mut r.finish_pending, true) {

@@ -61,8 +61,9 @@ pub struct Metrics {
     /// Of those, steps run in parallel on the shard threads (the others ran inline on the
     /// engine thread: their work could not pay for the hand-off).
     pub parallel_steps: u64,
-    /// Step outputs naming a step other than the latest plan's (their samples and invalid
-    /// blocks ignored).
+    /// Step outputs naming a step other than the latest plan's that carried samples or invalid
+    /// blocks, ignored (one of finishes only, or an empty one, ignores nothing and is not
+    /// counted; it answers no plan either way).
     pub stale_outputs: u64,
     /// Connector `lookup` calls that panicked (the request was offered nothing; also counted
     /// in `connector_panics`).
@@ -98,6 +99,11 @@ pub struct Metrics {
     /// (counted by the step that takes them; a sample naming no live request is an
     /// unknown command).
     pub unexpected_samples: u64,
+    /// Requests the answered step scheduled to sample whose output left their sample out
+    /// (and neither finished them nor was discarded): nothing says their part of the step
+    /// ran, so it is taken as lost, as a lost output's (re-offered where it started, or
+    /// restarted from the prefix cache).
+    pub missing_samples: u64,
     /// Sync loads (run by the engine inside a step) that filled all their blocks.
     pub sync_loads_ok: u64,
     /// Sync loads the engine reported blocks of as failed.
@@ -158,6 +164,7 @@ impl std::ops::AddAssign<&Metrics> for Metrics {
         self.late_load_stalls += other.late_load_stalls;
         self.foreign_blocks += other.foreign_blocks;
         self.unexpected_samples += other.unexpected_samples;
+        self.missing_samples += other.missing_samples;
         self.sync_loads_ok += other.sync_loads_ok;
         self.sync_loads_failed += other.sync_loads_failed;
         self.aligned_chunk_tokens += other.aligned_chunk_tokens;

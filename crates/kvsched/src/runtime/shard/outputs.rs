@@ -28,6 +28,23 @@ impl<S: Strategy> Shard<S> {
                 }
                 continue;
             }
+            // A request the plan scheduled to sample whose sample the output left out (and
+            // that the engine did not finish, nor recovery discard): nothing says its part of
+            // the step ran, so it is lost as a lost output's is, and offered again — never
+            // left with its tokens computed and no sample to come, which no step would
+            // schedule again. (Planted bug `missing-sample-kept`, scripts/plants.sh: its
+            // progress is confirmed without the sample.)
+            if r.samples_last_step()
+                && !r.sampled_pending
+                && !r.finish_pending
+                && !r.skip
+                && !r.discard_told
+                && !r.output_lost
+                && !planted!("missing-sample-kept")
+            {
+                r.output_lost = true;
+                self.result.counters.missing_samples += 1;
+            }
             let lost = std::mem::take(&mut r.output_lost);
             // Only a step the request was scheduled in can confirm progress: a request the
             // engine finished (or that got a sample) without running holds nothing new.
@@ -46,19 +63,27 @@ impl<S: Strategy> Shard<S> {
                 }
             }
             let skip = std::mem::take(&mut r.skip) || lost;
+            let told = std::mem::take(&mut r.discard_told);
             let sampled = std::mem::take(&mut r.sampled_pending);
             let finish = std::mem::take(&mut r.finish_pending);
             r.last_scheduled = 0;
+            // A sample counts unless the step was discarded — except one the engine was told
+            // to keep and so emitted: recovery discards exactly what `update` named, but for
+            // the first `safe` step after a live switch from `vllm`, which recovers blocks
+            // mode `vllm` cached unwritten in steps whose outputs were kept (what `vllm`
+            // computed stays). The request recomputes from where recovery put it, its token
+            // kept. (Planted bug `kept-sample-discarded`, scripts/plants.sh: recovery's
+            // `skip` drops it, and the request is asked for the same token again.)
+            let counted =
+                sampled && ran && !lost && (!skip || (!told && !planted!("kept-sample-discarded")));
+            if counted {
+                r.generated += 1;
+            }
             if !skip && ran {
-                if sampled {
-                    r.generated += 1;
-                }
                 r.written = r.num_computed_tokens;
                 Self::confirm_progress(env, r, &mut self.index, &mut self.result);
             }
-            if finish
-                || (!skip && r.generated >= r.max_new_tokens && r.max_new_tokens > 0 && sampled)
-            {
+            if finish || (counted && r.generated >= r.max_new_tokens && r.max_new_tokens > 0) {
                 self.end(env, seq, EndState::Finished);
             }
         }

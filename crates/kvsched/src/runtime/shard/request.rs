@@ -154,6 +154,10 @@ pub enum Command {
     /// Applied as a [`Sampled`](Command::Sampled) of each, found by admission sequence, not
     /// by id.
     SampledAll,
+    /// `update` told the engine to discard this request's output of the last step (its step
+    /// read a block one of the step's sync loads failed to fill): its sample, if one came,
+    /// never counts. Every other sample that came, the engine kept.
+    Discarded(StdArc<str>),
     /// The engine finished this request (stop token, …).
     Finish(StdArc<str>),
     /// The output of the shard's last step never came back: its scheduled work is re-offered.
@@ -253,6 +257,8 @@ pub(super) struct Req {
     pub(super) submitted_at: Instant,
     pub(super) first_scheduled: bool,
     pub(super) sampled_pending: bool,
+    /// `update` named it among the outputs to discard ([`Command::Discarded`]).
+    pub(super) discard_told: bool,
     pub(super) finish_pending: bool,
     pub(super) skip: bool,
 }
@@ -305,6 +311,7 @@ impl Req {
             submitted_at: n.submitted_at,
             first_scheduled: false,
             sampled_pending: false,
+            discard_told: false,
             finish_pending: false,
             skip: false,
         }

@@ -267,6 +267,10 @@ impl<S: Strategy> Shard<S> {
             Self::release_all(env, r, &mut self.result, &mut self.index);
             r.num_computed_tokens = 0;
             r.last_scheduled = 0;
+            // Nothing of its last step is applied once it starts over (a sample the engine
+            // kept is counted before: `restart_rounded_down`).
+            r.sampled_pending = false;
+            r.discard_told = false;
             r.sync_job = None;
             self.set_phase(seq, Phase::Waiting);
         }
@@ -282,8 +286,25 @@ impl<S: Strategy> Shard<S> {
         rounded.sort_unstable();
         rounded.dedup();
         for seq in rounded {
-            match self.reqs.get(&seq) {
+            match self.reqs.get_mut(&seq) {
                 Some(r) if r.rounded_down && r.phase == Phase::Running => {
+                    // Its last step's output is not decided by this step's recovery: a sample
+                    // the engine was told to keep counts before it starts over (and ends it
+                    // at its limit). (Planted bug `restart-drops-kept-sample`,
+                    // scripts/plants.sh: dropped, the request is asked for it again.)
+                    let kept = r.sampled_pending
+                        && r.last_scheduled > 0
+                        && !r.discard_told
+                        && !r.output_lost
+                        && !planted!("restart-drops-kept-sample");
+                    if kept {
+                        r.sampled_pending = false;
+                        r.generated += 1;
+                        if r.max_new_tokens > 0 && r.generated >= r.max_new_tokens {
+                            self.end(env, seq, EndState::Finished);
+                            continue;
+                        }
+                    }
                     self.preempt(env, seq);
                     self.result.counters.preemptions += 1;
                 }
