@@ -79,6 +79,9 @@ declare -A TESTS=(
   [kept-sample-discarded]="kvsched --test runtime_discard"
   # shard/schedule.rs: a request restarted at a switch to safe drops its kept sample.
   [restart-drops-kept-sample]="kvsched --test runtime_discard"
+  # bindings/python tier_jobs.rs: a memory tier's lookups answer from the index alone, which
+  # cannot see what the store evicted: evicted chunks promised, kept ones missed.
+  [tier-memory-index-only]="pytest test_tier_bounds.py::test_a_memory_tier_answers_what_its_store_holds"
   # runtime/shard/admit.rs: a panicking connector lookup is not caught where it happens.
   [lookup-uncaught]="kvsched --test runtime_liveness"
   # runtime/handoff.rs: a panic in a shard's step escapes (the thread dies, the step hangs).
@@ -366,6 +369,7 @@ ORDER=(decide-early claim-store late-leak deadline-compact-in-flight late-ok-acc
   failed-unstarted-load-uncounted queued-drop-uncounted result-keeps-counts
   sampled-as-planned-by-count sampling-kept window-one-needs-entry
   missing-sample-kept held-admission-unannounced kept-sample-discarded restart-drops-kept-sample
+  tier-memory-index-only
   refresh-waits-on-lock echo-refusal-counts-server-errors save-pause-outlasts-outage
   align-pass-clears-mark report-evicted-late align-wait-inexact unconfirmed-kept-cached
   waits-overwritten preempt-planned)

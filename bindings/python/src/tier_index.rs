@@ -4,7 +4,10 @@
 //! A key is, from the tier's point of view:
 //!
 //! * **storing** — a store job for it is in flight: `lookup` answers `None` (retry later);
-//! * **present** — this tier stored it, or a probe of the store found it: `True`;
+//! * **present** — this tier stored it, or a probe of the store found it: `True`. A memory
+//!   store, which says at once what it holds, is asked instead ([`Index::lookup_held`]): it
+//!   evicts its least recently read chunks behind the index's back, so only its own answer
+//!   says whether a key is still there;
 //! * **failed** — a load of it failed, whatever the reason (a damaged or forged chunk, a value
 //!   the store no longer holds or cannot hand back, a store call that failed): `False`, and
 //!   never probed, until a store of this tier writes it again. A tier that failed to load a
@@ -145,6 +148,32 @@ impl Index {
         }
         self.probing.insert(key);
         Lookup::Probe
+    }
+
+    /// [`lookup`](Self::lookup) for a store that says at once whether it holds `key`
+    /// (`held`: the memory tier, which evicts behind the index's back): being stored, retry;
+    /// failed, a miss (never promised again until stored); otherwise what the store holds —
+    /// a hit, kept present, or a miss, forgotten, so that a store writes it again.
+    pub(crate) fn lookup_held(&mut self, key: ChunkKey, held: bool) -> Lookup {
+        if self.storing.contains_key(&key) {
+            return Lookup::Retry;
+        }
+        if self.failed.contains(&key) {
+            return Lookup::Miss;
+        }
+        if held {
+            self.present.insert(key);
+            Lookup::Hit
+        } else {
+            self.present.remove(&key);
+            Lookup::Miss
+        }
+    }
+
+    /// A key the store no longer holds though the index took it for present (evicted): it is
+    /// forgotten, so a store writes it again.
+    pub(crate) fn forget_present(&mut self, key: ChunkKey) {
+        self.present.remove(&key);
     }
 
     /// Whether a store of `key` is needed (it is neither present nor being stored); if so, it

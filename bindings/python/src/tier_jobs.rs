@@ -151,7 +151,18 @@ impl Jobs {
         if self.forked() || self.shared.queue.lock().stop {
             return Some(false);
         }
-        let answer = self.shared.index.lock().lookup(key);
+        // A store that knows at once what it holds (memory) is asked first, outside the
+        // index's lock. (Planted bug `tier-memory-index-only`, scripts/plants.sh: the index
+        // alone answers, promising what the store evicted and missing what it kept.)
+        let held = self
+            .shared
+            .store
+            .held_now(key)
+            .filter(|_| !cfg!(kvsched_plant = "tier-memory-index-only"));
+        let answer = match held {
+            Some(held) => self.shared.index.lock().lookup_held(key, held),
+            None => self.shared.index.lock().lookup(key),
+        };
         match answer {
             Lookup::Hit => Some(true),
             Lookup::Miss => Some(false),
@@ -174,8 +185,20 @@ impl Jobs {
         if self.forked() {
             return self.submit_load(id, keys, blocks);
         }
+        // Keys the memory store evicted are written again, whatever the index remembers.
+        let evicted: Vec<ChunkKey> = if cfg!(kvsched_plant = "tier-memory-index-only") {
+            Vec::new()
+        } else {
+            keys.iter()
+                .copied()
+                .filter(|&k| self.shared.store.held_now(k) == Some(false))
+                .collect()
+        };
         let (keys, blocks) = {
             let mut ix = self.shared.index.lock();
+            for &k in &evicted {
+                ix.forget_present(k);
+            }
             keys.into_iter()
                 .zip(blocks)
                 .filter(|(k, _)| ix.begin_store(*k))

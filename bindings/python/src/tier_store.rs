@@ -110,6 +110,21 @@ impl Store {
         !matches!(self, Store::Memory(_))
     }
 
+    /// Whether the store holds `key` now, where that is known at once without waiting: the
+    /// memory tier (in this process, a lock held for a table lookup), which evicts behind
+    /// the index's back (least recently read first) — so its answer, not the index's
+    /// present set, says whether a lookup is a hit and whether a store must write the key
+    /// again. `None` for a store whose answer may wait (disk, Redis).
+    pub(crate) fn held_now(&self, key: ChunkKey) -> Option<bool> {
+        match self {
+            Store::Memory(t) => Some(
+                t.exists(&[key], &CancelToken::default())
+                    .is_ok_and(|held| held.first() == Some(&true)),
+            ),
+            _ => None,
+        }
+    }
+
     /// Whether the store holds each key, as a probe for keys this tier did not write. A disk
     /// tier's own `exists` answers from its index, which does not see the packs other
     /// engines wrote since it last looked; the probe indexes those first (`rescan`).

@@ -40,6 +40,32 @@ def test_the_present_set_stays_bounded_as_the_store_evicts():
     assert c.lookup(key(0)) is False
 
 
+def test_a_memory_tier_answers_what_its_store_holds():
+    # Room for 10 chunks of 64 + 80 bytes (the store evicts the least recently read), while
+    # the index keeps up to MIN_CAP keys in the order they were stored: only the store knows
+    # which chunks are still there.
+    _, view = kv_buffer(8, BS)
+    tier = KvschedTierManager(None, view, "kvsched", mac_key=MAC, capacity_bytes=10 * 144)
+    c = Caller(tier, view)
+    for i in range(10):
+        assert c.store([key(i)], [0])
+    # A read makes key 0 the most recently used: the next stores evict keys 1 and 2.
+    assert c.load([key(0)], [1])
+    for i in (10, 11):
+        assert c.store([key(i)], [0])
+    held = [i for i in range(12) if c.lookup(key(i))]
+    assert held == [0] + list(range(3, 12)), held
+    # Every key answered present loads; an evicted key, stored again, is written again (not
+    # skipped as already present) and loads.
+    for i in held:
+        assert c.load([key(i)], [1]), i
+    assert c.store([key(1)], [0]) and c.lookup(key(1)) is True and c.load([key(1)], [1])
+    # Many more keys than the store holds: never more answered present than it holds.
+    for i in range(100, 140):
+        assert c.store([key(i)], [0])
+    assert sum(c.lookup(key(i)) for i in range(140)) == 10
+
+
 def test_the_absent_set_stays_bounded_over_keys_asked_once(tmp_path):
     _, view = kv_buffer(8, BS)
     tier = KvschedTierManager(None, view, "kvsched", store="disk", path=str(tmp_path / "d"),

@@ -114,7 +114,8 @@ class SharerHolds:
         scheduled, their current tables) re-planned together on one report of every orphaned
         block, so each block's first waiter owns it and a waiter that owns several rolls back
         to the earliest (block by block, the last plan applied would win); the plan's waits
-        are added. Apply the plan's ``num_computed_tokens`` (and evictions) as after
+        are added. Returns a list of one :class:`RecoveryPlan` (empty when nothing is
+        orphaned): apply its ``num_computed_tokens`` (and evictions) as after
         ``_handle_invalid_blocks``.
 
         ``orphaned`` is what :meth:`refresh` returns (a mapping of block ids to lists of

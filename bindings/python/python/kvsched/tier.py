@@ -286,7 +286,7 @@ class KvschedTierManager(_Base):  # type: ignore[misc,valid-type]
             text, a ``str`` with a lone surrogate being a ``ValueError``.
         mac_key: 32 bytes, 64 hex digits, or ``env:NAME``; every engine on a shared store must
             use the same one. Without it chunks are checked by checksum only.
-        threads: the tier's worker threads.
+        threads: the tier's worker threads, 1 to 256.
         tag: a layout tag hashed into every key: engines with different models or layouts on
             one store must use different tags.
         probe: ask the store about keys this tier did not write (default: for disk and Redis,
@@ -337,6 +337,8 @@ class KvschedTierManager(_Base):  # type: ignore[misc,valid-type]
         flat, num_blocks = _view(primary_kv_view, num_blocks)
         capacity_bytes = _uint("capacity_bytes", capacity_bytes)
         threads = _uint("threads", threads)
+        if not 1 <= threads <= 256:
+            raise ValueError(f"threads: must be 1 to 256, got {threads}")
         tag = _uint("tag", tag)
         if probe is not None and not isinstance(probe, bool):
             raise TypeError(f"probe: expected a bool or None, not {type(probe).__name__}")
@@ -357,7 +359,10 @@ class KvschedTierManager(_Base):  # type: ignore[misc,valid-type]
 
     def lookup(self, key: Any, req_context: Any = None) -> bool | None:
         """``True`` present and ready, ``False`` not here, ``None`` being transferred (or being
-        asked of a shared store): retry later. An unknown key while 1024 probes are in flight
+        asked of a shared store): retry later. A memory tier answers from what its store holds
+        now; a disk or Redis tier from what it stored, loaded or probed, so a chunk another
+        engine deleted or the store evicted is promised until a load of it fails (the job
+        fails, never lands wrong KV), then answered ``False``. An unknown key while 1024 probes are in flight
         is ``False``: a lookup is a hint, never a wait. A ``str`` key that is no valid Unicode
         text (a lone surrogate) is a ``ValueError`` naming ``key``."""
         return self._native.lookup(offload_key_bytes(key))
