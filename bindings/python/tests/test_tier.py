@@ -243,18 +243,19 @@ def test_forgery_without_the_mac_key_is_refused(shared_tier_args):
     assert tc.load([key(1)], [2]) and tc.slot(2) == fake
 
 
-def test_eviction_by_capacity_fails_the_load_then_answers_absent():
+def test_eviction_by_capacity_answers_absent_and_fails_a_load():
     # Room for three chunks of 256 + 80 bytes.
     tier, c = make(capacity_bytes=3 * (BS + HEADER + 32) + 10)
     for i in range(5):
         c.fill(i, random_block(BS))
         assert c.store([key(i)], [i])
-    # The oldest were evicted behind the index's back: the lookup still says present...
-    assert c.lookup(key(0)) is True
+    # The oldest were evicted behind the index's back: the memory store, asked at once,
+    # says so...
+    assert c.lookup(key(0)) is False
+    # ...and a load of it anyway fails, counted missing, and is not promised after.
     assert not c.load([key(0)], [7])
     st = tier.stats()
     assert st["missing_chunks"] == 1 and st["failed_loads"] == 1
-    # ...but never after the failed load.
     assert c.lookup(key(0)) is False
     assert c.load([key(4)], [7]) and c.slot(7) == c.slot(4)
 
