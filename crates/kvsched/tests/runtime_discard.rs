@@ -406,3 +406,87 @@ fn a_kept_sample_counts_across_a_switch_to_safe() {
         }
     }
 }
+
+/// A sync load for the first request that looks up, which succeeds; nothing for the others.
+struct OneSyncLoad(std::sync::atomic::AtomicBool);
+
+impl KvConnector for OneSyncLoad {
+    fn lookup(&self, q: LookupQuery<'_>) -> LookupResult {
+        let first = !self.0.swap(true, std::sync::atomic::Ordering::Relaxed);
+        if q.local_tokens == 0 && first {
+            LookupResult {
+                external_tokens: 64,
+                load_async: false,
+            }
+        } else {
+            LookupResult::default()
+        }
+    }
+    fn load(&self, _: &LoadJob) -> LoadResult {
+        LoadResult::Ok
+    }
+}
+
+/// Mode `vllm` caches a sync load's destinations as it admits the loader, and a request
+/// admitted after it in the same step shares them. The loader ends; after a live switch to
+/// `safe`, the first `safe` step reports those blocks (nothing remembers that the load
+/// succeeded) and rolls the sharer back — but its last `vllm` step's sample, which `update`
+/// told the engine to keep, still counts: the sharer emits exactly its tokens.
+#[test]
+fn a_kept_sample_counts_when_the_first_safe_step_rolls_its_request_back() {
+    for shards in [1, 2] {
+        let mut rt = Runtime::builder()
+            .groups(vec![CacheGroup::full_attention(16)])
+            .pool_blocks(64)
+            .shards(shards)
+            .inline_steps_up_to(usize::MAX)
+            .mode(Mode::Vllm)
+            .connector(Arc::new(OneSyncLoad(Default::default())))
+            .build()
+            .unwrap();
+        let shared: Vec<u32> = (0..64).collect();
+        for (id, extra, max_new_tokens) in [("loader", 16, 1), ("sharer", 32, 4)] {
+            let prompt = shared.iter().copied().chain(1000..1000 + extra).collect();
+            rt.submit(SubmitRequest {
+                id: id.into(),
+                prompt,
+                max_new_tokens,
+                priority: 0,
+                load_deadline: None,
+            })
+            .unwrap();
+        }
+        let mut emitted = std::collections::HashMap::<String, usize>::new();
+        let mut rolled_back = false;
+        for _ in 0..40 {
+            if rt.live() == 0 {
+                break;
+            }
+            if emitted.get("sharer") == Some(&2) && rt.settings().mode == Mode::Vllm {
+                rt.update_settings(rt.settings().with_mode(Mode::Safe))
+                    .unwrap();
+            }
+            let plan = rt.schedule().expect("step");
+            rolled_back |= rt.settings().mode == Mode::Safe
+                && plan.recovery.recovered.iter().any(|r| &*r.id == "sharer");
+            let discard = rt.update(StepOutput::all_sampled(&plan));
+            for s in plan.scheduled.iter().filter(|s| s.samples) {
+                if !discard.contains(&s.id) {
+                    *emitted.entry(s.id.to_string()).or_default() += 1;
+                }
+            }
+        }
+        assert_eq!(rt.live(), 0, "{shards} shards: still live");
+        assert!(
+            rolled_back,
+            "{shards} shards: the first safe step rolled nothing back: tests nothing"
+        );
+        assert_eq!(emitted["loader"], 1, "{shards} shards");
+        assert_eq!(
+            emitted["sharer"], 4,
+            "{shards} shards: tokens the sharer emitted"
+        );
+        let report = rt.shutdown();
+        assert!(report.violations.is_empty(), "{shards} shards: {report}");
+    }
+}
