@@ -81,6 +81,8 @@ declare -A TESTS=(
   [restart-drops-kept-sample]="kvsched --test runtime_discard"
   # bindings/python tier_jobs.rs: a memory tier's lookups answer from the index alone, which
   # cannot see what the store evicted: evicted chunks promised, kept ones missed.
+  # runtime/builder.rs: a connector built for another geometry is taken.
+  [connector-geometry-unchecked]="kvsched --test kv_connector_misuse"
   [tier-memory-index-only]="pytest test_tier_bounds.py::test_a_memory_tier_answers_what_its_store_holds"
   # runtime/shard/admit.rs: a panicking connector lookup is not caught where it happens.
   [lookup-uncaught]="kvsched --test runtime_liveness"
@@ -369,7 +371,7 @@ ORDER=(decide-early claim-store late-leak deadline-compact-in-flight late-ok-acc
   failed-unstarted-load-uncounted queued-drop-uncounted result-keeps-counts
   sampled-as-planned-by-count sampling-kept window-one-needs-entry
   missing-sample-kept held-admission-unannounced kept-sample-discarded restart-drops-kept-sample
-  tier-memory-index-only
+  tier-memory-index-only connector-geometry-unchecked
   refresh-waits-on-lock echo-refusal-counts-server-errors save-pause-outlasts-outage
   align-pass-clears-mark report-evicted-late align-wait-inexact unconfirmed-kept-cached
   waits-overwritten preempt-planned)

@@ -1,7 +1,8 @@
 //! `TierConnector` misuse: a group index past the configured groups is an error, a job with
 //! more groups than the configuration fails their blocks, and dropping a connector over a
 //! hung tier returns within its drop timeout (one for all its threads); a save CPU share
-//! outside (0, 1] or a save batch of 0 is refused, naming the field.
+//! outside (0, 1] or a save batch of 0 is refused, naming the field; a runtime refuses a
+//! connector built for another geometry.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -273,4 +274,62 @@ fn a_wait_too_long_to_add_to_an_instant_is_a_config_error_naming_it() {
         .with_drop_timeout(day)
         .with_save_backoff(backoff(day, day));
     assert!(TierConnector::new(Arc::new(MemoryTier::new(1 << 20, 1)), memory, cfg).is_ok());
+}
+
+/// A connector built for other cache groups (another block size, another group list, another
+/// scheduler block size) would write each group's blocks at another size than the engine reads
+/// them: the runtime refuses to start with it, naming the connector; the same geometry starts.
+#[test]
+fn a_runtime_refuses_a_connector_built_for_another_geometry() {
+    use kvsched::{MambaMode, Runtime, RuntimeError};
+    let hybrid = vec![
+        CacheGroup::full_attention(16),
+        CacheGroup::mamba(32, MambaMode::Align),
+    ];
+    let runtime = |groups: Vec<CacheGroup>, s: Option<u64>, cfg: TierConnectorConfig| {
+        let c = Arc::new(connector(Arc::new(MemoryTier::new(1 << 20, 1)), cfg));
+        let mut b = Runtime::builder()
+            .groups(groups)
+            .pool_blocks(64)
+            .connector(c);
+        if let Some(s) = s {
+            b = b.scheduler_block_size(s);
+        }
+        b.build()
+    };
+    let cfg = || TierConnectorConfig::default().with_groups(hybrid.clone());
+    let mismatches = [
+        (vec![CacheGroup::full_attention(16)], None, cfg()),
+        (
+            vec![
+                CacheGroup::full_attention(32),
+                CacheGroup::mamba(32, MambaMode::Align),
+            ],
+            None,
+            cfg(),
+        ),
+        (hybrid.clone(), Some(64), cfg()),
+        (
+            hybrid.clone(),
+            None,
+            cfg().with_scheduler_block_size(Some(64)),
+        ),
+    ];
+    for (groups, s, cfg) in mismatches {
+        match runtime(groups.clone(), s, cfg) {
+            Err(RuntimeError::Config { field, problem }) => {
+                assert_eq!(field, "connector", "{problem}");
+            }
+            other => panic!("{groups:?}, S {s:?}: started: {:?}", other.map(|_| ())),
+        }
+    }
+    let rt = runtime(hybrid.clone(), None, cfg()).expect("the same geometry starts");
+    drop(rt.shutdown());
+    let rt = runtime(
+        hybrid.clone(),
+        Some(64),
+        cfg().with_scheduler_block_size(Some(64)),
+    )
+    .expect("the same S starts");
+    drop(rt.shutdown());
 }

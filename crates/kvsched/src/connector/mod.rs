@@ -8,6 +8,7 @@
 //! engine during the step (sync loads), returning success or the blocks that failed.
 
 use crate::pool::{BlockPool, BlockRef};
+use crate::rules::geometry::CacheGroup;
 use crate::sync::Arc;
 
 mod cancel;
@@ -236,6 +237,16 @@ pub trait KvConnector: Send + Sync + 'static {
     /// applied, so a write after the return (even one `may_write` allows, as the blocks are
     /// still this load's until then) could change bytes a reader already takes as loaded.
     fn load(&self, job: &LoadJob) -> LoadResult;
+    /// The cache groups a connector built for one geometry writes, in order, with the
+    /// scheduler block size `S` its lookups offer multiples of (`TierConnector`'s). The
+    /// runtime refuses to start with a connector whose geometry differs from its own
+    /// ([`RuntimeError::Config`](crate::RuntimeError::Config) naming `connector`): its loads
+    /// would write each group's blocks at another size than the engine reads them, and its
+    /// lookups offer ranges the runtime's rules do not align to. The default, `None`, is a
+    /// connector that takes the geometry of the jobs it is given.
+    fn geometry(&self) -> Option<(&[CacheGroup], u64)> {
+        None
+    }
 }
 
 /// A connector that never has anything: every request recomputes locally.

@@ -27,7 +27,7 @@ use crate::connector::{
 };
 use crate::pool::BlockRef;
 use crate::rng::{hash_str, unit_of};
-use crate::rules::geometry::{BlockId, Geometry};
+use crate::rules::geometry::{BlockId, CacheGroup, Geometry};
 use crate::sync::{Arc, AtomicU64, Ordering};
 
 /// The counts of a connector, as atomics; [`TierCounts`] is their snapshot.
@@ -466,6 +466,10 @@ impl Drop for TierConnector {
 }
 
 impl KvConnector for TierConnector {
+    fn geometry(&self) -> Option<(&[CacheGroup], u64)> {
+        Some((&self.cfg.groups, self.s))
+    }
+
     /// The prompt's chunk keys: the lookups of the request then derive none.
     fn prepare(&self, _request: &str, prompt: &[u32]) -> Option<Prepared> {
         Some(std::sync::Arc::new(self.prompt_keys(prompt)))

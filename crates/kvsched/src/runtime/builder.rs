@@ -186,6 +186,25 @@ impl Builder {
             DEFAULT_NULL_BLOCK,
         )?;
         self.check()?;
+        // (Planted bug `connector-geometry-unchecked`, scripts/plants.sh: a connector built
+        // for another geometry is taken, and its loads write blocks of other sizes.)
+        if let Some((groups, s)) = self
+            .connector
+            .geometry()
+            .filter(|_| !planted!("connector-geometry-unchecked"))
+        {
+            if groups != geo.groups() || s != geo.scheduler_block_size() {
+                return Err(RuntimeError::Config {
+                    field: "connector",
+                    problem: format!(
+                        "built for cache groups {groups:?} with scheduler block size {s}, \
+                         the runtime has {:?} with {}",
+                        geo.groups(),
+                        geo.scheduler_block_size()
+                    ),
+                });
+            }
+        }
         let pool = BlockPool::new(self.pool_blocks)?;
         let k = self.shards;
         let queues: Vec<Arc<ArrayQueue<Completion>>> = (0..k)
