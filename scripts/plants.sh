@@ -285,6 +285,9 @@ declare -A TESTS=(
   # not have and joins threads it never had.
   # bindings/python/python/kvsched/recovery.py: a Mamba `align` state a sharer waits for counts as
   # rewritten once its owner is past it, though only a step ending there writes it.
+  # bindings/python/python/kvsched/vllm.py: an older vLLM's async loader, at 0 tokens until
+  # its load lands, is scanned over nothing, so its failed load goes unnoticed.
+  [legacy-loader-at-zero]="pytest test_vllm.py::test_the_one_argument_signature_finds_a_loader_vllm_has_not_counted_yet"
   [align-wait-inexact]="pytest test_vllm.py::test_an_owner_past_an_align_state_it_never_ended_a_step_at_hands_it_over"
   [tier-fork-unchecked]="pytest test_tier_lifecycle.py::test_a_forked_child_fails_every_job_at_once_and_exits_cleanly"
   # tier.rs: dropping the tier joins its store with the GIL held; other threads stop while the
@@ -371,7 +374,7 @@ ORDER=(decide-early claim-store late-leak deadline-compact-in-flight late-ok-acc
   failed-unstarted-load-uncounted queued-drop-uncounted result-keeps-counts
   sampled-as-planned-by-count sampling-kept window-one-needs-entry
   missing-sample-kept held-admission-unannounced kept-sample-discarded restart-drops-kept-sample
-  tier-memory-index-only connector-geometry-unchecked
+  tier-memory-index-only connector-geometry-unchecked legacy-loader-at-zero
   refresh-waits-on-lock echo-refusal-counts-server-errors save-pause-outlasts-outage
   align-pass-clears-mark report-evicted-late align-wait-inexact unconfirmed-kept-cached
   waits-overwritten preempt-planned)

@@ -29,5 +29,12 @@ fn native_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
         "_PLANT_ALIGN_WAIT_INEXACT",
         cfg!(kvsched_plant = "align-wait-inexact"),
     )?;
+    // The plant `legacy-loader-at-zero` (scripts/plants.sh): `kvsched.vllm` takes an older
+    // vLLM's async loader at the 0 tokens that vLLM has not set yet, so its failed load goes
+    // unnoticed.
+    m.add(
+        "_PLANT_LEGACY_LOADER_AT_ZERO",
+        cfg!(kvsched_plant = "legacy-loader-at-zero"),
+    )?;
     Ok(())
 }

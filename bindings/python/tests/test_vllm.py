@@ -263,6 +263,27 @@ def test_the_one_argument_signature_takes_the_scheduled_tokens_from_the_output()
     assert s.requests["R2"].num_computed_tokens == 800  # P = 816 - 16
 
 
+@pytest.mark.parametrize("invalid_idx,to", [(0, 0), (50, 800), (98, 1568)])
+def test_the_one_argument_signature_finds_a_loader_vllm_has_not_counted_yet(invalid_idx, to):
+    # An older vLLM sets an async loader's `num_computed_tokens` only once its load lands:
+    # until then it is 0, and the loader is taken at the tokens its table covers (99 blocks
+    # of 16), as that vLLM scans it — at 0, a failed load would go unnoticed.
+    scenario = {
+        "groups": [{"kind": "full_attention", "block_size": 16}],
+        "requests": [
+            {"id": "R1", "class": "async", "num_computed_tokens": 0,
+             "block_tables": [[100 + i for i in range(99)]]},
+        ],
+    }
+    s = Scheduler(scenario)
+    s.update_from_output(SimpleNamespace(num_scheduled_tokens={}), {100 + invalid_idx})
+    assert s.failed_recving_kv_req_ids == {"R1"}
+    assert s.requests["R1"].num_computed_tokens == to
+    # Once in `failed_recving`, its computed length is vLLM's own.
+    s.update_from_output(SimpleNamespace(num_scheduled_tokens={}), {100 + 98})
+    assert s.requests["R1"].num_computed_tokens == to
+
+
 def test_plan_errors_name_the_field():
     with pytest.raises(kvsched.ScenarioError) as e:
         plan_recovery([RequestState("a", False, [[1], [2]], 16)], FA16, [1])

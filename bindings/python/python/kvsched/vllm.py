@@ -1,9 +1,9 @@
 """The recovery rules for vLLM's scheduler, importable without vLLM.
 
 vLLM's scheduler calls ``_handle_invalid_blocks`` when a KV connector reports blocks whose load
-failed. vLLM 0.33 handles one full-attention cache group; on a hybrid model (sliding-window or
-Mamba groups beside full attention) a multi-group report raises or falls back to recomputing
-whole requests. This module gives the scheduler kvsched's rules instead (``docs/rules.md``):
+failed. vLLM's rule recovers one full-attention cache group; on a hybrid model (sliding-window
+or Mamba groups beside full attention) a multi-group request raises (earlier versions) or is
+replayed from token 0, every block of it evicted (the current one). This module gives the scheduler kvsched's rules instead (``docs/rules.md``):
 every group scanned with its own block size, null entries skipped, one rollback point every
 group can resume from, and in mode ``safe`` one owner per invalid block with the other requests
 that read it held back until it is rewritten.
@@ -30,10 +30,10 @@ This module holds the third: the mixin, and what it reads from vLLM's objects
 from __future__ import annotations
 
 import numbers
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from kvsched import ScenarioError
+from kvsched import ScenarioError, _native
 from kvsched import recovery as _recovery
 from kvsched._args import U64_MAX, shown
 from kvsched.recovery import CacheGroup, RecoveryPlan, RequestState, Wait, plan_recovery
@@ -127,16 +127,37 @@ def _waiting_requests(scheduler: Any) -> list[Any]:
 
 
 def requests_from_scheduler(
-    scheduler: Any, num_scheduled_tokens: Mapping[str, int] | None = None
+    scheduler: Any,
+    num_scheduled_tokens: Mapping[str, int] | None = None,
+    groups: Sequence[CacheGroup] | None = None,
 ) -> list[RequestState]:
     """The requests ``_handle_invalid_blocks`` examines, in canonical order: the waiting ones
     in ``WAITING_FOR_REMOTE_KVS`` (async), then ``running`` (sync, with their scheduled tokens
     of the step from ``num_scheduled_tokens``, else ``scheduler_output``'s), block ids from
-    ``kv_cache_manager.get_block_ids``."""
+    ``kv_cache_manager.get_block_ids``.
+
+    With ``groups`` (the one-argument ``_handle_invalid_blocks`` of an older vLLM, which sets
+    an async loader's ``num_computed_tokens`` only once its load lands): an async request at
+    0 tokens and not in ``failed_recving_kv_req_ids`` is taken at the tokens its tables
+    cover, as that vLLM's scan does — at 0 its scan range would be empty, and a failed load
+    would go unnoticed."""
     sched = dict(num_scheduled_tokens or {})
     manager = scheduler.kv_cache_manager
+    failed = getattr(scheduler, "failed_recving_kv_req_ids", set())
+
+    def loading(r: Any) -> int:
+        tables = manager.get_block_ids(r.request_id)
+        if (
+            groups is None
+            or r.num_computed_tokens != 0
+            or r.request_id in failed
+            or _native._PLANT_LEGACY_LOADER_AT_ZERO
+        ):
+            return r.num_computed_tokens
+        return min(len(t) * g.block_size for t, g in zip(tables, groups))
+
     out = [
-        RequestState(r.request_id, True, manager.get_block_ids(r.request_id), r.num_computed_tokens, 0)
+        RequestState(r.request_id, True, manager.get_block_ids(r.request_id), loading(r), 0)
         for r in _waiting_requests(scheduler)
         if _status_name(r) == "WAITING_FOR_REMOTE_KVS"
     ]
@@ -206,11 +227,16 @@ class KvschedRecoveryMixin:
     def _handle_invalid_blocks(
         self, invalid_block_ids: set[int], num_scheduled_tokens: Mapping[str, int] | None = None
     ) -> set[str]:
+        groups = self._kvsched_groups()
+        legacy = None
         if num_scheduled_tokens is None:
+            # An older vLLM: the scheduled tokens come from the output `update_from_output`
+            # was given, and an async loader's computed length is not set yet.
             num_scheduled_tokens = getattr(self, "_kvsched_num_scheduled_tokens", None) or {}
+            legacy = groups
         plan = plan_recovery(
-            requests_from_scheduler(self, num_scheduled_tokens),
-            self._kvsched_groups(),
+            requests_from_scheduler(self, num_scheduled_tokens, legacy),
+            groups,
             invalid_block_ids,
             null_block_id=_null_block_id(self),
             policy=self._kvsched_policy(),
