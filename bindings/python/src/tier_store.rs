@@ -78,12 +78,18 @@ impl Store {
         let url = args
             .url
             .ok_or(("url", "required for store=\"redis\"".to_owned()))?;
+        // Values are chunks of `max_value_bytes`; one a little larger (another writer's: a
+        // chunk with a MAC read without a key, another chunk format) is read past, never
+        // kept, failing its checks, and leaves the connection and the node up; past four
+        // chunks (at least 64 KiB) a value is refused unread, a protocol error.
+        let chunk = usize::try_from(args.max_value_bytes).unwrap_or(usize::MAX);
+        let ceiling = chunk.saturating_mul(4).clamp(64 << 10, 512 << 20);
         let cfg = RedisConfig::from_url(url)
             .map_err(url_error)?
-            .max_value_bytes(usize::try_from(args.max_value_bytes).unwrap_or(usize::MAX));
-        RedisTier::new(cfg)
-            .map(|t| Store::Redis(Arc::new(t)))
-            .map_err(url_error)
+            .max_value_bytes(ceiling);
+        let tier = RedisTier::new(cfg).map_err(url_error)?;
+        tier.expect_values_up_to(chunk);
+        Ok(Store::Redis(Arc::new(tier)))
     }
 
     #[cfg(not(feature = "redis"))]

@@ -286,8 +286,8 @@ def _redis(url, *args):
 
 @pytest.mark.parametrize("damage", ["append", "wrong-type"])
 def test_a_value_the_store_holds_but_cannot_hand_back_is_not_promised_again(redis_url, damage):
-    # vLLM #49328 through a store call that fails as a whole: GET of a value past the chunk
-    # bound (APPEND) or of a list (WRONGTYPE) errs, while EXISTS still says the key is held.
+    # vLLM #49328: GET of a value past the chunk bound (APPEND: read past, failing its
+    # checks) or of a list (WRONGTYPE: not held), while EXISTS still says the key is held.
     tag = int.from_bytes(os.urandom(8), "little")
     tier, c = make(store="redis", url=redis_url, tag=tag)
     other, oc = make(store="redis", url=redis_url, tag=tag)  # an engine that never stored it
@@ -303,15 +303,21 @@ def test_a_value_the_store_holds_but_cannot_hand_back_is_not_promised_again(redi
         _redis(redis_url, "RPUSH", name, "x")
     # Neither can know yet: one stored it, the other's probe finds it.
     assert c.lookup(key(1)) is True and oc.lookup(key(1)) is True
+    c.fill(3, random_block(BS))
+    assert c.store([key(3)], [3])
     for t, tc in ((tier, c), (other, oc)):
         assert not tc.load([key(1)], [1])
+        # The connection and the node stay up: a healthy key loads at once.
+        assert tc.load([key(3)], [4]) and tc.slot(4) == c.slot(3)
         _never_promised_again(tc, key(1))
         st = t.stats()
-        # Counted as the store answered: a GET that erred is unreadable; a GET of a
-        # non-string value, which the Redis tier answers as "not held", missing.
-        counter = "unreadable_chunks" if damage == "append" else "missing_chunks"
-        assert st[counter] == 1 and st["missing_chunks"] + st["unreadable_chunks"] == 1, st
-        assert st["failed_keys"] == 1 and st["failed_loads"] == 1 and st["bad_chunks"] == 0, st
+        # Counted as the store answered: a value past the bound, read past, fails its
+        # checks; a GET of a non-string value, which the Redis tier answers as "not
+        # held", is missing.
+        counter = "bad_chunks" if damage == "append" else "missing_chunks"
+        assert st[counter] == 1 and st["missing_chunks"] + st["bad_chunks"] == 1, st
+        assert st["failed_keys"] == 1 and st["failed_loads"] == 1, st
+        assert st["unreadable_chunks"] == 0, st
     # The engine recomputes the block and stores it again: the bad value is overwritten.
     assert c.store([key(1)], [0])
     assert c.lookup(key(1)) is True

@@ -53,7 +53,8 @@
 //!   [`RedisConfig::checkout_timeout`]. The [`CancelToken`] is looked at before each
 //!   pipeline and every 20 ms while a read or write waits. A timeout or a cancel drops the
 //!   connection it was using (its reply is half read); a timeout also marks the node down.
-//! * Replies are untrusted (`reply`): a bulk string longer than the value bound (below), an
+//! * Replies are untrusted (`reply`): a bulk string longer than [`RedisConfig::max_value_bytes`]
+//!   (64 KiB in a control reply; one past the lowered value bound below is read past), an
 //!   array over a few values (2^18 for `CLUSTER SLOTS`), a line over 64 KiB without its
 //!   CRLF, a number written other than as digits after an optional `-`, and any RESP3 frame
 //!   (push, map, …) are protocol errors: the connection is dropped, the node marked down,
@@ -64,6 +65,11 @@
 //!   tier's callers said they store ([`Tier::expect_values_up_to`]: a
 //!   [`TierConnector`](crate::kv::TierConnector) says its largest chunk). A server answering
 //!   a get with a value of hundreds of megabytes then costs a refused call, not that memory.
+//!   A value past that bound but within `max_value_bytes` (another writer's: a chunk with a
+//!   MAC read by a tier without one, another chunk format) is read past without being kept:
+//!   the connection stays in step, the call's other keys are answered, and the value comes
+//!   back empty, failing its chunk's checks ([`RedisCounts::oversized_values`]); its time
+//!   counts against the call's deadline.
 //! * Replies in step: RESP has no request ids, so a connection whose replies fell out of
 //!   step with its commands would answer every later command with an earlier one's reply —
 //!   another key's value, for ever. Every pipeline ends with an `ECHO` of a nonce of the
@@ -142,6 +148,7 @@ pub(crate) struct AtomicCounts {
     pub slot_refreshes: AtomicU64,
     pub timeouts: AtomicU64,
     pub protocol_errors: AtomicU64,
+    pub oversized_values: AtomicU64,
 }
 
 /// What a [`RedisTier`] has done so far (totals since it was built).
@@ -168,6 +175,9 @@ pub struct RedisCounts {
     /// the wrong kind, bytes nobody asked for, …), in a handshake too; each dropped its
     /// connection.
     pub protocol_errors: u64,
+    /// Values a get met past the value bound but within `max_value_bytes`: read past without
+    /// being kept, the connection kept, each handed back empty (its chunk fails its checks).
+    pub oversized_values: u64,
 }
 
 enum Topology {
@@ -274,6 +284,7 @@ impl RedisTier {
             slot_refreshes: c.slot_refreshes.load(Ordering::Relaxed),
             timeouts: c.timeouts.load(Ordering::Relaxed),
             protocol_errors: c.protocol_errors.load(Ordering::Relaxed),
+            oversized_values: c.oversized_values.load(Ordering::Relaxed),
             connections: match &self.topology {
                 Topology::Single(n) => n.connections() as u64,
                 Topology::Cluster(c) => c.registered().iter().map(|n| n.connections() as u64).sum(),

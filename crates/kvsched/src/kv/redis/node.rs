@@ -238,7 +238,7 @@ impl Node {
         accept: &dyn Fn(&Value) -> bool,
         budget: Budget<'_>,
     ) -> Result<Vec<Value>, TierError> {
-        let data = Limits::data(self.shared.value_bound());
+        let data = Limits::data(self.shared.value_bound(), self.shared.max_value_bytes);
         let limits = limits.unwrap_or(&data);
         let counters = &self.shared.counters;
         let mut retried = false;

@@ -29,18 +29,27 @@ pub(crate) struct Limits {
     pub max_depth: usize,
     /// The longest line (a simple string, an error, an integer, a header).
     pub max_line: usize,
+    /// The longest bulk string read past, unkept, when it is over `max_bulk`: up to this it
+    /// is read and dropped as it arrives (no memory grows with it) and answered as
+    /// [`OVERSIZED`], so the connection stays in step and the pipeline's other replies count;
+    /// past it, a protocol error, refused unread. 0 for control replies.
+    pub skip_bulk_up_to: usize,
 }
+
+/// The error code an over-the-bound bulk string is answered with (never a Redis server's).
+pub(crate) const OVERSIZED: &str = "KVSCHED_OVERSIZED";
 
 impl Limits {
     /// Replies to data commands: bulk strings up to `max_value` bytes (the largest value
-    /// the tier stores), no nesting.
-    pub fn data(max_value: usize) -> Limits {
+    /// the tier stores), longer ones up to `skip_up_to` read past, no nesting.
+    pub fn data(max_value: usize, skip_up_to: usize) -> Limits {
         Limits {
             max_bulk: max_value,
             max_bytes: max_value.saturating_add(BUF),
             max_elements: 16,
             max_depth: 1,
             max_line: BUF,
+            skip_bulk_up_to: skip_up_to,
         }
     }
 
@@ -53,6 +62,7 @@ impl Limits {
             max_elements: 1 << 18,
             max_depth: 4,
             max_line: BUF,
+            skip_bulk_up_to: 0,
         }
     }
 }
@@ -198,6 +208,14 @@ impl<S> ReplyReader<S> {
                 let len =
                     usize::try_from(len).map_err(|_| protocol("a negative bulk string length"))?;
                 if len > tally.limits.max_bulk {
+                    // (Planted bug `redis-oversized-drops-node`, scripts/plants.sh: every
+                    // value past the bound is a protocol error, the node taken for down.)
+                    if len <= tally.limits.skip_bulk_up_to
+                        && !planted!("redis-oversized-drops-node")
+                    {
+                        self.skip(len, fill)?;
+                        return oversized(len, tally.limits.max_bulk);
+                    }
                     return Err(protocol(format!(
                         "a bulk string of {len} bytes, over the {} the tier accepts",
                         tally.limits.max_bulk
@@ -241,6 +259,32 @@ impl<S> ReplyReader<S> {
         }
     }
 
+    /// `len` bytes and their CRLF, dropped as they arrive.
+    fn skip(&mut self, len: usize, fill: &mut Fill<'_, S>) -> Result<(), ConnError> {
+        let mut left = len;
+        while left > 0 {
+            if self.start == self.end {
+                self.more(fill)?;
+            }
+            let take = left.min(self.end - self.start);
+            self.start += take;
+            left -= take;
+        }
+        self.crlf(fill)
+    }
+
+    /// The CRLF after a bulk string.
+    fn crlf(&mut self, fill: &mut Fill<'_, S>) -> Result<(), ConnError> {
+        while self.end - self.start < 2 {
+            self.more(fill)?;
+        }
+        if &self.buf[self.start..self.start + 2] != b"\r\n" {
+            return Err(protocol("a bulk string not followed by CRLF"));
+        }
+        self.start += 2;
+        Ok(())
+    }
+
     /// `len` bytes and their CRLF; the vector grows with what arrives.
     fn bulk(&mut self, len: usize, fill: &mut Fill<'_, S>) -> Result<Vec<u8>, ConnError> {
         let mut out = Vec::with_capacity(len.min(BUF));
@@ -252,13 +296,7 @@ impl<S> ReplyReader<S> {
             out.extend_from_slice(&self.buf[self.start..self.start + take]);
             self.start += take;
         }
-        while self.end - self.start < 2 {
-            self.more(fill)?;
-        }
-        if &self.buf[self.start..self.start + 2] != b"\r\n" {
-            return Err(protocol("a bulk string not followed by CRLF"));
-        }
-        self.start += 2;
+        self.crlf(fill)?;
         Ok(out)
     }
 }
@@ -284,6 +322,20 @@ impl Tally<'_> {
             )));
         }
         Ok(())
+    }
+}
+
+/// The answer for a bulk string of `len` bytes read past, over the `bound`: an error reply of
+/// code [`OVERSIZED`] (the redis crate's `ServerError` has no public constructor: its parser
+/// makes one from the line).
+fn oversized(len: usize, bound: usize) -> Result<Value, ConnError> {
+    let wire =
+        format!("-{OVERSIZED} a value of {len} bytes, over the {bound} the tier accepts\r\n");
+    match ::redis::parse_redis_value(wire.as_bytes()) {
+        Ok(v @ Value::ServerError(_)) => Ok(v),
+        _ => Err(protocol(format!(
+            "a value of {len} bytes, over the {bound}"
+        ))),
     }
 }
 

@@ -25,7 +25,7 @@ fn parse_with(wire: &[u8], step: usize, limits: &Limits) -> Result<Vec<Value>, C
 }
 
 fn data() -> Limits {
-    Limits::data(1 << 20)
+    Limits::data(1 << 20, 0)
 }
 
 #[test]
@@ -145,6 +145,8 @@ fn mutated_replies_never_panic_nor_exceed_the_limits() {
         max_elements: 32,
         max_depth: 3,
         max_line: 32,
+        // Mutated lengths past the bound are read past too.
+        skip_bulk_up_to: 128,
     };
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
     let mut next = || {
@@ -181,4 +183,36 @@ fn size(v: &Value) -> usize {
         Value::Array(items) => items.iter().map(size).sum(),
         _ => 0,
     }
+}
+
+/// A bulk string over the bound but within the skip limit is read past, unkept, in any split
+/// (the stream stays in step: the next reply parses), answered as an `OVERSIZED` error reply;
+/// past the skip limit, or with none, it is a protocol error, refused unread.
+#[test]
+fn a_value_over_the_bound_is_read_past_within_the_skip_limit() {
+    let big = vec![b'x'; 100_000];
+    let mut wire = format!("${}\r\n", big.len()).into_bytes();
+    wire.extend_from_slice(&big);
+    wire.extend_from_slice(b"\r\n:5\r\n$3\r\nabc\r\n");
+    for step in [1, 7, 4096, 1 << 20] {
+        if step == 1 && big.len() > 10_000 {
+            // Byte by byte through 100 kB: slow in a debug build, no different.
+            continue;
+        }
+        let v = parse_with(&wire, step, &Limits::data(1024, 1 << 20)).unwrap();
+        assert_eq!(v.len(), 3, "{step}");
+        match &v[0] {
+            Value::ServerError(e) => assert_eq!(e.code(), OVERSIZED, "{step}"),
+            other => panic!("{step}: {other:?}"),
+        }
+        assert_eq!(v[1], Value::Int(5), "{step}");
+        assert_eq!(v[2], Value::BulkString(b"abc".to_vec()), "{step}");
+    }
+    refused(&wire, &Limits::data(1024, 99_999), "over the 1024");
+    refused(&wire, &Limits::data(1024, 0), "over the 1024");
+    // A skipped value not followed by its CRLF is out of step: refused.
+    let mut bad = format!("${}\r\n", big.len()).into_bytes();
+    bad.extend_from_slice(&big);
+    bad.extend_from_slice(b"XX:5\r\n");
+    refused(&bad, &Limits::data(1024, 1 << 20), "CRLF");
 }

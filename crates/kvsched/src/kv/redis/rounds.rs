@@ -7,7 +7,7 @@ use super::cluster::{key_slot, SlotMap};
 use super::config::NodeAddr;
 use super::conn::Budget;
 use super::node::Node;
-use super::{resp, RedisTier, Topology};
+use super::{reply, resp, RedisTier, Topology};
 use crate::connector::CancelToken;
 use crate::kv::{ChunkKey, TierError};
 use crate::sync::{Arc, Ordering};
@@ -179,6 +179,18 @@ impl RedisTier {
                         Some(_)
                             if matches!(op, Op::Get)
                                 && resp::error_code(&v) == Some("WRONGTYPE") => {}
+                        // A value past the bound, read past unkept: held, but no chunk of
+                        // ours — handed back empty, it fails the chunk's checks.
+                        Some(_)
+                            if matches!(op, Op::Get)
+                                && resp::error_code(&v) == Some(reply::OVERSIZED) =>
+                        {
+                            self.shared
+                                .counters
+                                .oversized_values
+                                .fetch_add(1, Ordering::Relaxed);
+                            out[i] = Value::BulkString(Vec::new());
+                        }
                         Some(e) => return Err(self.server_error(&node, &e, op)),
                         None => out[i] = v,
                     }
