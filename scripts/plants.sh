@@ -85,6 +85,9 @@ declare -A TESTS=(
   # kv/redis/reply.rs: a value past the bound is a protocol error even within
   # max_value_bytes: the connection dropped, the node down, the call's other keys lost.
   [redis-oversized-drops-node]="kvsched-testkit --features redis --test kv_redis_desync;pytest test_tier.py::test_a_value_the_store_holds_but_cannot_hand_back_is_not_promised_again"
+  # runtime/invariants.rs: the accounting is read while Handles submit, a submit seen live
+  # and not yet counted.
+  [accounting-read-unheld]="kvsched --test runtime_api invariants_hold_while_handles_submit_from_other_threads"
   [connector-geometry-unchecked]="kvsched --test kv_connector_misuse"
   [tier-memory-index-only]="pytest test_tier_bounds.py::test_a_memory_tier_answers_what_its_store_holds"
   # runtime/shard/admit.rs: a panicking connector lookup is not caught where it happens.
@@ -378,7 +381,7 @@ ORDER=(decide-early claim-store late-leak deadline-compact-in-flight late-ok-acc
   sampled-as-planned-by-count sampling-kept window-one-needs-entry
   missing-sample-kept held-admission-unannounced kept-sample-discarded restart-drops-kept-sample
   tier-memory-index-only connector-geometry-unchecked legacy-loader-at-zero
-  redis-oversized-drops-node
+  redis-oversized-drops-node accounting-read-unheld
   refresh-waits-on-lock echo-refusal-counts-server-errors save-pause-outlasts-outage
   align-pass-clears-mark report-evicted-late align-wait-inexact unconfirmed-kept-cached
   waits-overwritten preempt-planned)

@@ -511,6 +511,54 @@ fn handle_submits_and_cancels_from_other_threads() {
     handle.cancel("late"); // a no-op, never a panic
 }
 
+/// The invariants read between steps hold while `Handle`s submit from other threads: the
+/// accounting (submitted = finished + failed + cancelled + live) is read with submits held
+/// off, so a submit counted live but not yet submitted is never seen half done.
+#[test]
+fn invariants_hold_while_handles_submit_from_other_threads() {
+    let mut rt = Runtime::builder()
+        .shards(2)
+        .pool_blocks(512)
+        .build()
+        .unwrap();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let threads: Vec<_> = (0..2)
+        .map(|t| {
+            let h = rt.handle();
+            let done = std::sync::Arc::clone(&done);
+            std::thread::spawn(move || {
+                for i in 0..1_000 {
+                    h.submit(req(&format!("t{t}-{i}"), 20)).unwrap();
+                }
+                done.fetch_add(1, std::sync::atomic::Ordering::Release);
+            })
+        })
+        .collect();
+    let mut out = StepOutput::default();
+    let mut engine = SimEngine::default();
+    let mut checks = 0;
+    for _ in 0..1_000_000 {
+        for _ in 0..8 {
+            let v = rt.check_invariants();
+            assert!(v.is_empty(), "after {checks} checks: {v:?}");
+            checks += 1;
+        }
+        rt.update(std::mem::take(&mut out));
+        let plan = rt.schedule().expect("step");
+        out = engine.step(&plan);
+        if done.load(std::sync::atomic::Ordering::Acquire) == 2 && rt.live() == 0 {
+            break;
+        }
+    }
+    for t in threads {
+        t.join().unwrap();
+    }
+    let report = rt.shutdown();
+    assert!(report.violations.is_empty(), "{report}");
+    assert_eq!(report.metrics.submitted, 2_000);
+    assert_eq!(report.metrics.finished, 2_000, "{report}");
+}
+
 /// Plans are numbered from 1; an output naming another step has its samples ignored and is
 /// counted, while `finished` still applies.
 #[test]
