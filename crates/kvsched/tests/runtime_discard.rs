@@ -319,12 +319,27 @@ fn mode_vllm_hands_off_nothing_when_an_owner_ends_before_recomputing() {
     assert_eq!(m.handoffs, 0, "{m:?}");
 }
 
-/// A sync load that fails for the first request that looks up, and offers nothing after.
-struct OneFailedSyncLoad(std::sync::atomic::AtomicBool);
+/// A sync load of 64 tokens for the first request that looks up (which fails, or succeeds),
+/// and nothing for the others.
+struct OneSyncLoad {
+    offered: std::sync::atomic::AtomicBool,
+    fails: bool,
+}
 
-impl KvConnector for OneFailedSyncLoad {
+impl OneSyncLoad {
+    fn new(fails: bool) -> Arc<Self> {
+        Arc::new(OneSyncLoad {
+            offered: Default::default(),
+            fails,
+        })
+    }
+}
+
+impl KvConnector for OneSyncLoad {
     fn lookup(&self, q: LookupQuery<'_>) -> LookupResult {
-        let first = !self.0.swap(true, std::sync::atomic::Ordering::Relaxed);
+        let first = !self
+            .offered
+            .swap(true, std::sync::atomic::Ordering::Relaxed);
         if q.local_tokens == 0 && first {
             LookupResult {
                 external_tokens: 64,
@@ -335,7 +350,11 @@ impl KvConnector for OneFailedSyncLoad {
         }
     }
     fn load(&self, job: &LoadJob) -> LoadResult {
-        LoadResult::all_failed(job)
+        if self.fails {
+            LoadResult::all_failed(job)
+        } else {
+            LoadResult::Ok
+        }
     }
 }
 
@@ -358,7 +377,7 @@ fn a_kept_sample_counts_across_a_switch_to_safe() {
                 .pool_blocks(64)
                 .shards(shards)
                 .mode(Mode::Vllm)
-                .connector(Arc::new(OneFailedSyncLoad(Default::default())))
+                .connector(OneSyncLoad::new(true))
                 .build()
                 .unwrap();
             rt.submit(SubmitRequest {
@@ -407,26 +426,6 @@ fn a_kept_sample_counts_across_a_switch_to_safe() {
     }
 }
 
-/// A sync load for the first request that looks up, which succeeds; nothing for the others.
-struct OneSyncLoad(std::sync::atomic::AtomicBool);
-
-impl KvConnector for OneSyncLoad {
-    fn lookup(&self, q: LookupQuery<'_>) -> LookupResult {
-        let first = !self.0.swap(true, std::sync::atomic::Ordering::Relaxed);
-        if q.local_tokens == 0 && first {
-            LookupResult {
-                external_tokens: 64,
-                load_async: false,
-            }
-        } else {
-            LookupResult::default()
-        }
-    }
-    fn load(&self, _: &LoadJob) -> LoadResult {
-        LoadResult::Ok
-    }
-}
-
 /// Mode `vllm` caches a sync load's destinations as it admits the loader, and a request
 /// admitted after it in the same step shares them. The loader ends; after a live switch to
 /// `safe`, the first `safe` step reports those blocks (nothing remembers that the load
@@ -441,7 +440,7 @@ fn a_kept_sample_counts_when_the_first_safe_step_rolls_its_request_back() {
             .shards(shards)
             .inline_steps_up_to(usize::MAX)
             .mode(Mode::Vllm)
-            .connector(Arc::new(OneSyncLoad(Default::default())))
+            .connector(OneSyncLoad::new(false))
             .build()
             .unwrap();
         let shared: Vec<u32> = (0..64).collect();
