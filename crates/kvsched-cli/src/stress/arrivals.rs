@@ -51,7 +51,13 @@ impl<S: Scheduler> Engine<'_, S> {
             self.next += 1;
             self.next_at = self.work.next_arrival();
         }
-        while let Some((g, arrival)) = self.held.pop_ready(Instant::now()) {
+        // Each submit hashes its prompt (here, on the engine thread): many long prompts due at
+        // once take a while, so the run's end is checked between them too, and what is left
+        // stays held (never submitted) once it has passed.
+        while Instant::now().saturating_duration_since(self.start) < self.duration {
+            let Some((g, arrival)) = self.held.pop_ready(Instant::now()) else {
+                break;
+            };
             self.submit_next(g, arrival);
         }
     }

@@ -380,6 +380,13 @@ fn whole(v: &Value) -> Result<u64, String> {
 /// other line must be a request, in non-decreasing arrival order, whose `hash_ids` hold
 /// exactly `⌈input_length / 512⌉` ids.
 pub(crate) fn parse(text: &str, limit: Option<usize>) -> Result<Vec<TraceRequest>, TraceError> {
+    if text.starts_with('\u{feff}') {
+        return Err(bad(
+            1,
+            "line",
+            "starts with a UTF-8 byte order mark (EF BB BF); save the trace as UTF-8 without one",
+        ));
+    }
     let mut out = Vec::new();
     let mut last_arrival = 0;
     for (n, raw) in text.lines().enumerate() {

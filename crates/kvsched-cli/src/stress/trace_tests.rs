@@ -140,6 +140,7 @@ fn speeds_outside_the_range_are_refused() {
 fn bad_lines_are_refused_naming_line_and_field() {
     let cases = [
         ("nope", "line 1: line: not JSON"),
+        ("\u{feff}{}", "line 1: line: starts with a UTF-8 byte order mark"),
         ("[1]", "line 1: line: not a JSON object"),
         ("7", "line 1: line: not a JSON object"),
         (r#"{"timestamp": 1e400, "input_length": 1, "output_length": 1, "hash_ids": [1]}"#, "line 1: timestamp: out of range: a number no 64-bit float holds"),

@@ -67,7 +67,7 @@ impl Plan {
         }
         if e.redis_restarts > 0 && cfg.store != StoreSpec::Redis {
             return Err(
-                "--redis-restarts: restarts only the Redis server kvsched starts (--store redis), not a server it does not own"
+                "--redis-restarts: needs --store redis (the Redis server kvsched starts, and so may restart; it never restarts a server given by URL)"
                     .into(),
             );
         }

@@ -370,7 +370,7 @@ impl Combined {
                 opt(row.reconnects),
                 thousands(row.finished_per_s.round() as u64),
                 thousands(row.completions_per_s.round() as u64),
-                format!("{:.0}", row.step_p99_us),
+                thousands(row.step_p99_us.round() as u64),
             ]);
         }
         let widths: Vec<usize> = (0..header.len())
