@@ -87,7 +87,7 @@ declare -A TESTS=(
   [redis-oversized-drops-node]="kvsched-testkit --features redis --test kv_redis_desync;pytest test_tier.py::test_a_value_the_store_holds_but_cannot_hand_back_is_not_promised_again"
   # runtime/invariants.rs: the accounting is read while Handles submit, a submit seen live
   # and not yet counted.
-  [accounting-read-unheld]="kvsched --test runtime_api invariants_hold_while_handles_submit_from_other_threads"
+  [accounting-read-unheld]="kvsched --test runtime_handles invariants_hold_while_handles_submit_from_other_threads"
   [connector-geometry-unchecked]="kvsched --test kv_connector_misuse"
   [tier-memory-index-only]="pytest test_tier_bounds.py::test_a_memory_tier_answers_what_its_store_holds"
   # runtime/shard/admit.rs: a panicking connector lookup is not caught where it happens.
