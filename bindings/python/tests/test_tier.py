@@ -355,8 +355,9 @@ def test_a_pack_the_disk_tier_refuses_to_read_is_not_promised_again(tmp_path, re
 
 def test_a_reader_without_the_mac_key_is_promised_a_keyed_chunk_at_most_once(shared_tier_args):
     # A keyed chunk is longer than a reader without the key takes a chunk to be: Redis's GET
-    # of it is refused (past the value bound) while EXISTS finds it held. (A disk tier opened
-    # without the key does not index such a pack: it never promises the chunk at all.)
+    # reads it past (over the value bound) and the load fails it, while EXISTS finds it held.
+    # (A disk tier opened without the key does not index such a pack: it never promises the
+    # chunk at all.)
     writer, wc = make(**shared_tier_args)
     wc.fill(0, random_block(BS))
     assert wc.store([key(1)], [0])
