@@ -4,14 +4,11 @@
 use kvsched::{Runtime, RuntimeError, StepOutput, SubmitRequest};
 use kvsched_testkit::SimEngine;
 
+mod support;
+
+/// A request of `len` tokens that generates two.
 fn req(id: &str, len: usize) -> SubmitRequest {
-    SubmitRequest {
-        id: id.into(),
-        prompt: (0..len as u32).collect(),
-        max_new_tokens: 2,
-        priority: 0,
-        load_deadline: None,
-    }
+    support::req(id, (0..len as u32).collect(), 2)
 }
 
 /// `Handle` is `Send + Sync + Clone`: checked at compile time, then used from four threads.

@@ -1,4 +1,5 @@
-//! What the runtime's liveness tests share: a hang guard and a request.
+//! What the runtime's tests share: a hang guard and a request. Each test file uses its part.
+#![allow(dead_code)]
 
 use std::sync::mpsc;
 use std::time::Duration;
