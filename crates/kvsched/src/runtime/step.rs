@@ -482,12 +482,16 @@ impl Runtime {
             self.sync_invalid.iter().map(|b| b.id).collect();
         let discard = discarded(&self.inner.geo, &self.handed.reads, &reported);
         // Each shard learns what the engine was told to discard: every other sample that
-        // came, the engine kept, whatever the next step's recovery decides.
-        for id in &discard {
-            let i = self.inner.shard_of(id);
-            self.inner.shards[i]
-                .inbox
-                .push(Command::Discarded(id.clone()));
+        // came, the engine kept, whatever the next step's recovery decides. One push a shard.
+        if !discard.is_empty() {
+            let mut batches = std::mem::take(&mut self.command_batches);
+            for id in &discard {
+                batches[self.inner.shard_of(id)].push(Command::Discarded(id.clone()));
+            }
+            for (slot, batch) in self.inner.shards.iter().zip(&mut batches) {
+                slot.inbox.push_all(batch);
+            }
+            self.command_batches = batches;
         }
         discard
     }
