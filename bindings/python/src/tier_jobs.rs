@@ -189,10 +189,15 @@ impl Jobs {
         let evicted: Vec<ChunkKey> = if cfg!(kvsched_plant = "tier-memory-index-only") {
             Vec::new()
         } else {
-            keys.iter()
-                .copied()
-                .filter(|&k| self.shared.store.held_now(k) == Some(false))
-                .collect()
+            match self.shared.store.held_now_all(&keys) {
+                Some(held) => keys
+                    .iter()
+                    .zip(held)
+                    .filter(|&(_, held)| !held)
+                    .map(|(&k, _)| k)
+                    .collect(),
+                None => Vec::new(),
+            }
         };
         let (keys, blocks) = {
             let mut ix = self.shared.index.lock();

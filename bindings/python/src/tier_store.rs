@@ -122,10 +122,16 @@ impl Store {
     /// present set, says whether a lookup is a hit and whether a store must write the key
     /// again. `None` for a store whose answer may wait (disk, Redis).
     pub(crate) fn held_now(&self, key: ChunkKey) -> Option<bool> {
+        self.held_now_all(&[key])
+            .map(|held| held.first() == Some(&true))
+    }
+
+    /// [`held_now`](Self::held_now) for each of `keys`, asked in one call.
+    pub(crate) fn held_now_all(&self, keys: &[ChunkKey]) -> Option<Vec<bool>> {
         match self {
             Store::Memory(t) => Some(
-                t.exists(&[key], &CancelToken::default())
-                    .is_ok_and(|held| held.first() == Some(&true)),
+                t.exists(keys, &CancelToken::default())
+                    .unwrap_or_else(|_| vec![false; keys.len()]),
             ),
             _ => None,
         }
