@@ -79,6 +79,9 @@ declare -A TESTS=(
   [kept-sample-discarded]="kvsched --test runtime_discard"
   # shard/schedule.rs: a request restarted at a switch to safe drops its kept sample.
   [restart-drops-kept-sample]="kvsched --test runtime_discard"
+  # shard/schedule.rs: a restart keeps the loss of the last step's output, so the restart's
+  # first step is lost too: its kept sample asked for again, one token too many.
+  [restart-keeps-lost-output]="kvsched --test runtime_discard"
   # bindings/python tier_jobs.rs: a memory tier's lookups answer from the index alone, which
   # cannot see what the store evicted: evicted chunks promised, kept ones missed.
   # runtime/builder.rs: a connector built for another geometry is taken.
@@ -382,6 +385,7 @@ ORDER=(decide-early claim-store late-leak deadline-compact-in-flight late-ok-acc
   failed-unstarted-load-uncounted queued-drop-uncounted result-keeps-counts
   sampled-as-planned-by-count sampling-kept window-one-needs-entry
   missing-sample-kept held-admission-unannounced kept-sample-discarded restart-drops-kept-sample
+  restart-keeps-lost-output
   tier-memory-index-only connector-geometry-unchecked legacy-loader-at-zero
   redis-oversized-drops-node accounting-read-unheld
   refresh-waits-on-lock echo-refusal-counts-server-errors save-pause-outlasts-outage

@@ -489,3 +489,75 @@ fn a_kept_sample_counts_when_the_first_safe_step_rolls_its_request_back() {
         assert!(report.violations.is_empty(), "{shards} shards: {report}");
     }
 }
+
+/// A lost output before a live switch from `vllm` to `safe`: the first `safe` step restarts
+/// the request a `vllm` recovery rolled back to its hit rounded down, and nothing of the lost
+/// step counts — but the restart ends that loss: the restarted run's first sample, which the
+/// engine keeps, counts, and the request is not restarted again (it would emit one token too
+/// many). The lost step is each of the request's steps after its failed load in turn, on one
+/// and two shards, dense and with a Mamba group.
+#[test]
+fn a_lost_output_before_a_switch_to_safe_is_lost_once() {
+    for shards in [1, 2] {
+        for mamba in [false, true] {
+            for lose_at in 2..6 {
+                let case = format!("{shards} shards, mamba {mamba}, step {lose_at} lost");
+                let mut groups = vec![CacheGroup::full_attention(16)];
+                if mamba {
+                    groups.push(CacheGroup::mamba(32, MambaMode::Align));
+                }
+                let mut rt = Runtime::builder()
+                    .groups(groups)
+                    .pool_blocks(64)
+                    .shards(shards)
+                    .mode(Mode::Vllm)
+                    .connector(OneSyncLoad::new(true))
+                    .build()
+                    .unwrap();
+                rt.submit(SubmitRequest {
+                    id: "a".into(),
+                    prompt: (0..96).collect(),
+                    max_new_tokens: 4,
+                    priority: 0,
+                    load_deadline: None,
+                })
+                .unwrap();
+                let (mut emitted, mut restarts, mut first) = (0, 0, true);
+                for step in 1..40 {
+                    if rt.live() == 0 {
+                        break;
+                    }
+                    let plan = rt.schedule().expect("step");
+                    let mut out = StepOutput::all_sampled(&plan);
+                    for s in &plan.scheduled {
+                        restarts += usize::from(
+                            rt.settings().mode == Mode::Safe && s.num_computed_tokens == 0,
+                        );
+                        if let Some(job) = s.sync_load.as_ref().filter(|_| first) {
+                            // The load fails to fill the full-attention block of [32, 48).
+                            out.invalid_blocks.push(job.block_tables[0][2]);
+                            first = false;
+                        }
+                    }
+                    if step == lose_at {
+                        // The engine never answers this step, and switches.
+                        rt.update_settings(rt.settings().with_mode(Mode::Safe))
+                            .unwrap();
+                        continue;
+                    }
+                    let discard = rt.update(out);
+                    emitted += plan
+                        .scheduled
+                        .iter()
+                        .filter(|s| s.samples && !discard.contains(&s.id))
+                        .count();
+                }
+                assert_eq!(rt.live(), 0, "{case}: still live");
+                assert_eq!(restarts, 1, "{case}: restarts");
+                assert_eq!(emitted, 4, "{case}: tokens emitted");
+                let report = rt.shutdown();
+                assert!(report.violations.is_empty(), "{case}: {report}");
+            }
+        }
+    }
+}
