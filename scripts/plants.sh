@@ -76,12 +76,12 @@ declare -A TESTS=(
   [held-admission-unannounced]="kvsched --lib runtime::stall"
   # shard/outputs.rs: a sample the engine was told to keep is dropped when recovery rolls the
   # step back (the first safe step after a switch from vllm): one token too many.
-  [kept-sample-discarded]="kvsched --test runtime_discard"
+  [kept-sample-discarded]="kvsched --test runtime_discard;kvsched --test kv_lifecycle_outputs"
   # shard/schedule.rs: a request restarted at a switch to safe drops its kept sample.
-  [restart-drops-kept-sample]="kvsched --test runtime_discard"
+  [restart-drops-kept-sample]="kvsched --test runtime_discard;kvsched --test kv_lifecycle_outputs"
   # shard/schedule.rs: a restart keeps the loss of the last step's output, so the restart's
   # first step is lost too: its kept sample asked for again, one token too many.
-  [restart-keeps-lost-output]="kvsched --test runtime_discard"
+  [restart-keeps-lost-output]="kvsched --test runtime_discard;kvsched --test kv_lifecycle_outputs"
   # bindings/python tier_jobs.rs: a memory tier's lookups answer from the index alone, which
   # cannot see what the store evicted: evicted chunks promised, kept ones missed.
   # runtime/builder.rs: a connector built for another geometry is taken.

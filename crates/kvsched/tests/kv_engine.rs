@@ -130,6 +130,12 @@ fn run_on(
     assert_eq!(rt.live(), 0, "requests left after {steps} steps");
     let report = rt.shutdown();
     assert!(report.violations.is_empty(), "{:?}", report.violations);
+    assert_eq!(
+        checker.counts().misplaced_samples,
+        0,
+        "{:?}",
+        checker.counts()
+    );
     conn.flush();
     Run {
         check: checker.counts().clone(),

@@ -524,6 +524,16 @@ impl<'a, S: Scheduler> Engine<'a, S> {
                 "kv: {g} garbage reads in mode safe: requests read KV bytes that differ from their reference (or a null entry) in steps whose output was kept"
             ));
         }
+        if let Some(n) = self
+            .sim
+            .kv_counts()
+            .map(|c| c.misplaced_samples)
+            .filter(|&n| n > 0)
+        {
+            violations.push(format!(
+                "kv: {n} kept samples asked for at another position than their request's next token"
+            ));
+        }
         violations.truncate(MAX_VIOLATIONS);
         Finished {
             report,

@@ -20,6 +20,10 @@
 //! 7. Garbage units of steps whose output the engine keeps are `garbage_reads`; those of
 //!    steps [`Runtime::update`](kvsched::Runtime::update) says to discard are
 //!    `garbage_reads_discarded`.
+//! 8. A request's tokens are its prompt and its kept samples, so a step that samples ends
+//!    where they end: `n + k` = their count. A kept sample of a step that ends elsewhere (the
+//!    scheduler asked again for a position the engine already emitted, or skipped one) is a
+//!    `misplaced_samples` — a wrong output in any mode.
 //!
 //! # What is checked when
 //!
@@ -81,6 +85,9 @@ pub struct KvCheckCounts {
     pub sync_loads: u64,
     /// See `sync_loads`.
     pub sync_loads_failed: u64,
+    /// Kept samples of steps that did not end at the request's next token (contract rule 8;
+    /// must be 0 in every mode).
+    pub misplaced_samples: u64,
 }
 
 /// One request's tokens and their chained prefix hashes.
@@ -353,6 +360,9 @@ impl KvChecker {
                 if s.samples {
                     if let Some(t) = self.reqs.get_mut(&s.id) {
                         let len = t.tokens.len();
+                        if s.num_computed_tokens.saturating_add(s.num_tokens) != len as u64 {
+                            self.counters.misplaced_samples += 1;
+                        }
                         t.push(Self::next_token(&s.id, len));
                     }
                     emitted.push(s.id.clone());

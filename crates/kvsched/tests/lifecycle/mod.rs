@@ -138,13 +138,32 @@ impl Bench {
 
     /// Runs `plan` and answers it.
     pub fn answer(&mut self, plan: &StepPlan) {
-        let plan = plan.clone();
+        self.answer_leaving_out(plan, |_| false);
+    }
+
+    /// Runs `plan` and answers it with the samples of the requests `left_out` names left out
+    /// (never sent); returns the samples the engine emits (those `update` does not discard).
+    pub fn answer_leaving_out(
+        &mut self,
+        plan: &StepPlan,
+        left_out: impl Fn(&str) -> bool,
+    ) -> Vec<Arc<str>> {
+        let mut plan = plan.clone();
         let check = self.checker.run_step(&plan, Some(self.conn.as_ref()));
-        let mut out = StepOutput::all_sampled(&plan);
+        for s in &mut plan.scheduled {
+            s.samples &= !left_out(&s.id);
+        }
+        let mut out = StepOutput::for_plan(&plan);
+        out.sampled = plan
+            .scheduled
+            .iter()
+            .filter(|s| s.samples)
+            .map(|s| s.id.clone())
+            .collect();
         out.invalid_blocks = check.invalid_blocks.clone();
         out.finished = std::mem::take(&mut self.finish_next);
         let discard = self.rt.update(out);
-        self.checker.settle(&plan, check, &discard);
+        let emitted = self.checker.settle(&plan, check, &discard);
         for s in plan.scheduled.iter().filter(|s| !discard.contains(&s.id)) {
             if let Some(prompt) = self.checker.prompt(&s.id) {
                 let prompt = prompt.to_vec();
@@ -152,6 +171,7 @@ impl Bench {
             }
         }
         self.rt.wait_for_work(std::time::Duration::from_millis(1));
+        emitted
     }
 
     /// One step whose output never reaches the runtime: with `ran`, the engine ran all of it
@@ -159,10 +179,15 @@ impl Bench {
     /// crashed before running any of it.
     pub fn step_lost(&mut self, ran: bool) -> StepPlan {
         let plan = self.plan();
-        if ran {
-            let _ = self.checker.run_step(&plan, Some(self.conn.as_ref()));
-        }
+        self.lose(&plan, ran);
         plan
+    }
+
+    /// `plan`'s output never reaches the runtime (`ran`: as in [`step_lost`](Self::step_lost)).
+    pub fn lose(&mut self, plan: &StepPlan, ran: bool) {
+        if ran {
+            let _ = self.checker.run_step(plan, Some(self.conn.as_ref()));
+        }
     }
 
     /// Steps until nothing is live, at most `max` steps.
@@ -193,8 +218,11 @@ impl Bench {
         }
     }
 
-    /// Shuts the runtime down; flushes the connector.
+    /// Shuts the runtime down; flushes the connector. Every sample the engine emitted was
+    /// asked for at its request's next token (`KvCheckCounts::misplaced_samples`).
     pub fn finish(self) -> Report {
+        let misplaced = self.checker.counts().misplaced_samples;
+        assert_eq!(misplaced, 0, "samples asked for at another position");
         let report = self.rt.shutdown();
         self.conn.flush();
         report
