@@ -138,19 +138,20 @@ fn a_trace_out_of_range_or_not_utf8_is_refused_naming_what_is_wrong() {
 }
 
 /// A trace request the device pool cannot hold (its prompt, or an output length past what a
-/// submit carries) is refused up front in one line naming `--trace` and the request, not
-/// found out by the run's submits.
+/// submit carries) is refused up front in one line naming `--trace`, the request's line (not
+/// its number: a blank line comes before it) and the field, not found out by the run's
+/// submits.
 #[test]
 fn a_trace_request_too_long_for_the_pool_is_refused_naming_it() {
     let dir = tempfile::tempdir().expect("tempdir");
     for (second, what) in [
         (
             "\"input_length\": 300000, \"output_length\": 1",
-            "300000 prompt",
+            "line 3: input_length: 300000 prompt",
         ),
         (
             "\"input_length\": 6, \"output_length\": 18446744073709551615",
-            "4294967295 output",
+            "line 3: output_length: 6 prompt and 18446744073709551615 output",
         ),
     ] {
         let path = dir.path().join("long.jsonl");
@@ -158,9 +159,9 @@ fn a_trace_request_too_long_for_the_pool_is_refused_naming_it() {
         std::fs::write(
             &path,
             format!(
-                "{{\"timestamp\": 0, \"input_length\": 6, \"output_length\": 1, \"hash_ids\": [1]}}\n\
+                "{{\"timestamp\": 0, \"input_length\": 6, \"output_length\": 1, \"hash_ids\": [1]}}\n\n\
                  {{\"timestamp\": 1, {second}, \"hash_ids\": [{}]}}\n",
-                if what.contains("prompt") { ids.join(", ") } else { "2".to_owned() }
+                if what.contains("input_length") { ids.join(", ") } else { "2".to_owned() }
             ),
         )
         .expect("write");
@@ -168,10 +169,7 @@ fn a_trace_request_too_long_for_the_pool_is_refused_naming_it() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{err}");
         assert_eq!(err.lines().count(), 1, "{err}");
-        assert!(
-            err.contains("--trace") && err.contains("request 2") && err.contains(what),
-            "{err}"
-        );
+        assert!(err.contains("--trace: ") && err.contains(what), "{err}");
     }
     // The bundled trace on a pool too small for its longer prompts.
     let out = stress(&[
@@ -195,7 +193,8 @@ fn a_trace_request_too_long_for_the_pool_is_refused_naming_it() {
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(
-        err.contains("--trace: request 1 (") && err.contains("--pool-blocks 2 holds 1"),
+        err.contains("mooncake_conversation_trace.jsonl: line 1: input_length: ")
+            && err.contains("--pool-blocks 2 holds 1"),
         "{err}"
     );
 }

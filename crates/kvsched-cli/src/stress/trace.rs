@@ -29,7 +29,8 @@ pub struct TraceArgs {
     /// block ids, so they share prefixes as in the trace. `--requests`, `--rate`,
     /// `--prompt-tokens`, `--prefix-share` and `--hit-ratio` are then unused. Other fields are skipped; one
     /// of the four given twice is refused. Limits: a file (not `-`, standard input) of at most
-    /// 256 MiB, lines of at most 1 MiB, prompts of at most 2^24 tokens.
+    /// 256 MiB, lines of at most 1 MiB, prompts of at most 2^24 tokens, 2^22 block ids in the
+    /// requests replayed.
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
     /// Replay the trace X times faster than it was recorded (arrival = timestamp / X), X in
@@ -231,9 +232,16 @@ const MAX_LINE: usize = 1 << 20;
 /// The longest prompt accepted, in tokens.
 const MAX_PROMPT: u64 = 1 << 24;
 
+/// The most block ids the requests read hold in all: 2^22, 2^31 prompt tokens (the bundled
+/// trace's 12,031 requests hold 288,500), so that a trace's reference (a few hash-table
+/// entries a block) and its prompts stay within a few hundred MB however the file is made.
+const MAX_BLOCK_IDS: u64 = 1 << 22;
+
 /// One request of a trace.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct TraceRequest {
+    /// Its line in the file (from 1).
+    pub(crate) line: usize,
     /// Arrival, in milliseconds from the start of the trace.
     pub(crate) arrival_ms: u64,
     /// Prompt tokens.
@@ -378,8 +386,17 @@ fn whole(v: &Value) -> Result<u64, String> {
 
 /// The first `limit` requests of a trace (all without one). Blank lines are skipped; every
 /// other line must be a request, in non-decreasing arrival order, whose `hash_ids` hold
-/// exactly `⌈input_length / 512⌉` ids.
+/// exactly `⌈input_length / 512⌉` ids, at most [`MAX_BLOCK_IDS`] in all.
 pub(crate) fn parse(text: &str, limit: Option<usize>) -> Result<Vec<TraceRequest>, TraceError> {
+    parse_within(text, limit, MAX_BLOCK_IDS)
+}
+
+/// [`parse`] with at most `max_block_ids` block ids in all.
+fn parse_within(
+    text: &str,
+    limit: Option<usize>,
+    max_block_ids: u64,
+) -> Result<Vec<TraceRequest>, TraceError> {
     if text.starts_with('\u{feff}') {
         return Err(bad(
             1,
@@ -389,6 +406,7 @@ pub(crate) fn parse(text: &str, limit: Option<usize>) -> Result<Vec<TraceRequest
     }
     let mut out = Vec::new();
     let mut last_arrival = 0;
+    let mut block_ids = 0u64;
     for (n, raw) in text.lines().enumerate() {
         let line = n + 1;
         if limit.is_some_and(|l| out.len() >= l) {
@@ -438,11 +456,23 @@ pub(crate) fn parse(text: &str, limit: Option<usize>) -> Result<Vec<TraceRequest
                 ),
             ));
         }
+        block_ids += want;
+        if block_ids > max_block_ids {
+            return Err(bad(
+                line,
+                "hash_ids",
+                format!(
+                    "the requests up to this line hold {block_ids} block ids, more than \
+                     {max_block_ids} in all; replay fewer with --trace-requests"
+                ),
+            ));
+        }
         let hash_ids = ids
             .iter()
             .map(|v| whole(v).map_err(|problem| bad(line, "hash_ids", problem)))
             .collect::<Result<Vec<u64>, _>>()?;
         out.push(TraceRequest {
+            line,
             arrival_ms,
             input_length,
             output_length,

@@ -11,28 +11,38 @@ pub(crate) fn max_new_tokens(r: &TraceRequest) -> u32 {
     r.output_length.clamp(1, u64::from(u32::MAX)) as u32
 }
 
-/// The first request of `reqs` (numbered from 1) the device pool of `cfg` cannot hold, as a
-/// `--trace` error; the same count the runtime's submit makes.
+/// The first request of `reqs` the device pool of `cfg` cannot hold, as a `--trace` error
+/// naming its line and the field that makes it too long (`input_length` if the prompt alone
+/// does not fit, else `output_length`); the same count the runtime's submit makes.
 pub(crate) fn check_fits(cfg: &StressConfig, reqs: &[TraceRequest]) -> Result<(), StressError> {
     let usable = (cfg.pool_blocks as u64).saturating_sub(1);
-    for (k, r) in reqs.iter().enumerate() {
-        let total = r.input_length.saturating_add(u64::from(max_new_tokens(r)));
-        let needed: u64 = cfg
-            .groups
+    let needed = |tokens: u64| -> u64 {
+        cfg.groups
             .groups()
             .iter()
-            .map(|g| g.blocks_for_tokens(total))
-            .sum();
-        if needed > usable {
+            .map(|g| g.blocks_for_tokens(tokens))
+            .fold(0, u64::saturating_add)
+    };
+    for r in reqs {
+        let total = r.input_length.saturating_add(u64::from(max_new_tokens(r)));
+        let need = needed(total);
+        if need > usable {
+            let field = if needed(r.input_length) > usable {
+                "input_length"
+            } else {
+                "output_length"
+            };
+            let file = cfg
+                .trace
+                .trace
+                .as_deref()
+                .map_or_else(String::new, |p| format!("{}: ", p.display()));
             return Err(StressError::Config {
                 flag: "--trace",
                 problem: format!(
-                    "request {} ({} prompt and {} output tokens) needs {needed} blocks; \
+                    "{file}line {}: {field}: {} prompt and {} output tokens need {need} blocks; \
                      --pool-blocks {} holds {usable} (and the null block)",
-                    k + 1,
-                    r.input_length,
-                    max_new_tokens(r),
-                    cfg.pool_blocks
+                    r.line, r.input_length, r.output_length, cfg.pool_blocks
                 ),
             });
         }

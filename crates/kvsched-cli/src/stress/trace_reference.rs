@@ -187,6 +187,7 @@ mod tests {
 
     fn req(input_length: u64, hash_ids: &[u64]) -> TraceRequest {
         TraceRequest {
+            line: 1,
             arrival_ms: 0,
             input_length,
             output_length: 1,

@@ -106,12 +106,14 @@ fn the_bundled_trace_has_the_figures_its_readme_states() {
 #[test]
 fn equal_ids_give_equal_tokens_and_the_last_block_is_cut() {
     let a = TraceRequest {
+        line: 1,
         arrival_ms: 0,
         input_length: 700,
         output_length: 1,
         hash_ids: vec![5, 9],
     };
     let b = TraceRequest {
+        line: 1,
         input_length: 1024,
         hash_ids: vec![5, 8],
         ..a.clone()
@@ -163,6 +165,21 @@ fn bad_lines_are_refused_naming_line_and_field() {
         let e = parse(text, None).expect_err(text).to_string();
         assert!(e.starts_with(want), "{text}: {e}");
     }
+    // The requests read hold at most so many block ids in all (2^22): at the cap, read; one
+    // past it, refused at the line that passes it.
+    let two =
+        "{\"timestamp\": 0, \"input_length\": 1000, \"output_length\": 1, \"hash_ids\": [1, 2]}\n";
+    let text = two.repeat(3);
+    assert_eq!(parse_within(&text, None, 6).expect("at the cap").len(), 3);
+    let e = parse_within(&format!("{text}\n{two}"), None, 6).expect_err("past the cap");
+    assert_eq!((e.line, e.field), (5, "hash_ids"), "{e}");
+    assert!(e.problem.contains("8 block ids, more than 6"), "{e}");
+    assert_eq!(
+        parse_within(&format!("{text}{two}"), Some(3), 6)
+            .expect("limit")
+            .len(),
+        3
+    );
     let ok = r#"{"timestamp": 0, "input_length": 6, "output_length": 1, "hash_ids": [1]}"#;
     assert_eq!(
         parse(&format!("{ok}\n{ok}\n{ok}"), Some(2))
