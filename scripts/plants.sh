@@ -301,6 +301,9 @@ declare -A TESTS=(
   [legacy-loader-at-zero]="pytest test_vllm.py::test_the_one_argument_signature_finds_a_loader_vllm_has_not_counted_yet"
   [align-wait-inexact]="pytest test_vllm.py::test_an_owner_past_an_align_state_it_never_ended_a_step_at_hands_it_over"
   [tier-fork-unchecked]="pytest test_tier_lifecycle.py::test_a_forked_child_fails_every_job_at_once_and_exits_cleanly"
+  # bindings/python tier_jobs.rs: idle workers wait in parking_lot's process-wide table, which
+  # a forked child inherits: a tier the child makes crashes or hangs at its first wait.
+  [tier-pool-parks-globally]="pytest test_tier_lifecycle.py::test_a_tier_made_in_a_forked_child_runs_while_the_parents_tier_idles"
   # tier.rs: dropping the tier joins its store with the GIL held; other threads stop while the
   # store waits on a silent server.
   [tier-drop-holds-gil]="pytest test_tier_lifecycle.py::test_dropping_a_tier_with_a_stuck_store_lets_other_threads_run"
@@ -385,7 +388,7 @@ ORDER=(decide-early claim-store late-leak deadline-compact-in-flight late-ok-acc
   failed-unstarted-load-uncounted queued-drop-uncounted result-keeps-counts
   sampled-as-planned-by-count sampling-kept window-one-needs-entry
   missing-sample-kept held-admission-unannounced kept-sample-discarded restart-drops-kept-sample
-  restart-keeps-lost-output
+  restart-keeps-lost-output tier-pool-parks-globally
   tier-memory-index-only connector-geometry-unchecked legacy-loader-at-zero
   redis-oversized-drops-node accounting-read-unheld
   refresh-waits-on-lock echo-refusal-counts-server-errors save-pause-outlasts-outage

@@ -15,15 +15,17 @@
 //! in any other process it runs nothing and touches none of the workers' locks: every store
 //! and load fails at once (reported by `take_finished`), `lookup` answers `false`, `wait_idle`
 //! answers `true`, and `stop` (and drop) joins nothing. A tier is created after the fork to be
-//! used in the child.
+//! used in the child; the pool's threads wait only on its own std locks
+//! ([`kvsched::sync::fork_safe`]), so an idle pool in the parent leaves nothing behind that
+//! the child's tier could trip on.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use kvsched::connector::CancelToken;
 use kvsched::kv::{ChunkCodec, ChunkKey, Tier};
-use kvsched::sync::condvar::Condvar;
-use kvsched::sync::{thread, Arc, AtomicU64, Mutex};
+use kvsched::sync::fork_safe::{Lock, Wake};
+use kvsched::sync::{thread, Arc, AtomicU64};
 
 use crate::tier_index::{Index, IndexLens, Lookup};
 use crate::tier_ops::{run_load, run_probe, run_store};
@@ -69,11 +71,11 @@ pub(crate) struct Counters {
 
 /// What the workers share with the pool.
 pub(crate) struct Shared {
-    queue: Mutex<Queue>,
-    work: Condvar,
-    idle: Condvar,
-    finished: Mutex<Vec<(u64, bool)>>,
-    pub(crate) index: Mutex<Index>,
+    queue: Lock<Queue>,
+    work: Wake,
+    idle: Wake,
+    finished: Lock<Vec<(u64, bool)>>,
+    pub(crate) index: Lock<Index>,
     pub(crate) tier: Arc<dyn Tier>,
     pub(crate) store: Store,
     pub(crate) codec: ChunkCodec,
@@ -87,12 +89,12 @@ pub(crate) struct Jobs {
     shared: Arc<Shared>,
     /// Taken (and joined) by the first `stop`; held while joining, so a concurrent `stop`
     /// returns only once the workers are gone.
-    workers: Mutex<Vec<thread::JoinHandle<()>>>,
+    workers: Lock<Vec<thread::JoinHandle<()>>>,
     /// The process that started the workers.
     pid: u32,
     /// The results of the jobs submitted in a forked child (all failed): only ever locked in
     /// a child, by the thread calling, so never held at a fork by a thread the child lacks.
-    child_finished: Mutex<Vec<(u64, bool)>>,
+    child_finished: Lock<Vec<(u64, bool)>>,
 }
 
 impl Jobs {
@@ -107,11 +109,11 @@ impl Jobs {
         threads: usize,
     ) -> std::io::Result<Jobs> {
         let shared = Arc::new(Shared {
-            queue: Mutex::new(Queue::default()),
-            work: Condvar::new(),
-            idle: Condvar::new(),
-            finished: Mutex::new(Vec::new()),
-            index: Mutex::new(Index::new(probe_unknown, index_cap)),
+            queue: Lock::new(Queue::default()),
+            work: Wake::new(),
+            idle: Wake::new(),
+            finished: Lock::new(Vec::new()),
+            index: Lock::new(Index::new(probe_unknown, index_cap)),
             tier: store.tier(),
             store,
             codec,
@@ -121,9 +123,9 @@ impl Jobs {
         });
         let jobs = Jobs {
             shared,
-            workers: Mutex::new(Vec::new()),
+            workers: Lock::new(Vec::new()),
             pid: std::process::id(),
-            child_finished: Mutex::new(Vec::new()),
+            child_finished: Lock::new(Vec::new()),
         };
         for n in 0..threads.max(1) {
             let s = jobs.shared.clone();
@@ -358,6 +360,18 @@ fn worker(s: &Shared) {
                 }
                 if let Some(j) = q.jobs.pop_front() {
                     break j;
+                }
+                if cfg!(kvsched_plant = "tier-pool-parks-globally") {
+                    // Planted bug (scripts/plants.sh): an idle worker waits in parking_lot's
+                    // process-wide table, as the pool once did; a child forked meanwhile
+                    // inherits its entry.
+                    drop(q);
+                    let lock = kvsched::sync::Mutex::new(());
+                    let pause = Instant::now() + Duration::from_millis(20);
+                    let cv = kvsched::sync::condvar::Condvar::new();
+                    drop(cv.wait_until(lock.lock(), Some(pause)));
+                    q = s.queue.lock();
+                    continue;
                 }
                 q = s.work.wait(q);
             }

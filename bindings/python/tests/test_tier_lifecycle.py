@@ -241,3 +241,56 @@ def test_a_signal_interrupts_drain_jobs_while_a_store_hangs():
         srv.close()
         for s in held:
             s.close()
+
+
+_FORK_NEW_TIER = """
+import os, sys, time
+from kvsched.tier import KvschedTierManager
+class Job:
+    def __init__(self, job_id, keys, block_ids):
+        self.job_id, self.keys, self.block_ids = job_id, keys, block_ids
+def tier(threads):
+    view = memoryview(bytearray(8 * 4096)).cast("B", [8, 4096])
+    return KvschedTierManager(None, view, "kvsched", threads=threads)
+parent = tier(32)  # idle: its workers wait for jobs
+time.sleep(0.2)
+pids = []
+for _ in range(6):
+    pid = os.fork()
+    if pid == 0:
+        t = tier(32)  # the child's own tier, as the docs say
+        for i in range(20):
+            t.submit_store(Job(i, [b"k%d" % i], [i % 8]))
+            t.lookup(b"k%d" % i)
+        ok = t.drain_jobs(10) and all(r.success for r in t.get_finished())
+        t.shutdown()
+        os._exit(0 if ok else 3)
+    pids.append(pid)
+deadline = time.time() + 20
+codes = {}
+while len(codes) < len(pids) and time.time() < deadline:
+    for pid in pids:
+        if pid not in codes:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                codes[pid] = os.waitstatus_to_exitcode(status)
+    time.sleep(0.01)
+for pid in pids:
+    if pid not in codes:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        codes[pid] = "hung"
+print("children", sorted(codes.values(), key=str), flush=True)
+parent.shutdown()
+"""
+
+
+def test_a_tier_made_in_a_forked_child_runs_while_the_parents_tier_idles():
+    # The parent's idle workers wait at the fork. Waiting on a lock that lists its waiters in
+    # a process-wide table (parking_lot's) left the parent's threads listed in the child, on
+    # stacks it reuses: the child's own tier then crashed (SIGSEGV) or hung at its first wait.
+    r = subprocess.run(
+        [sys.executable, "-c", _FORK_NEW_TIER], capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stderr
+    assert "children [0, 0, 0, 0, 0, 0]" in r.stdout, r.stdout + r.stderr

@@ -23,7 +23,9 @@ Any thread may call any method at any time, ``shutdown`` included: calls during 
 shutdown return, jobs submitted then fail at once and ``lookup`` answers ``False``. A tier is used in the process that
 created it: after ``os.fork()`` the child has none of its threads, so in the child every store
 and load fails at once, ``lookup`` answers ``False``, and ``shutdown`` (or dropping the tier)
-does nothing; create the tier after the fork to use it in the child.
+does nothing; create the tier after the fork to use it in the child (fork while the parent's
+tiers are idle, or use the ``spawn`` start method: a worker inside a store call at the fork
+may be waiting on a lock the child inherits a record of).
 
 When vLLM is installed, the class subclasses vLLM's ``SecondaryTierManager`` and returns its
 ``JobResult``; without vLLM it stands alone with the same methods and a ``JobResult`` of the

@@ -248,6 +248,8 @@ pub const DEFAULT_COMPLETION_QUEUE_CAPACITY: usize = 2;
 
 mod barrier;
 pub mod condvar;
+#[cfg(all(feature = "internals", not(kvsched_loom)))]
+pub mod fork_safe;
 pub mod park;
 #[cfg(kvsched_loom)]
 pub mod thread;
