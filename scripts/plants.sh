@@ -300,6 +300,9 @@ declare -A TESTS=(
   # its load lands, is scanned over nothing, so its failed load goes unnoticed.
   [legacy-loader-at-zero]="pytest test_vllm.py::test_the_one_argument_signature_finds_a_loader_vllm_has_not_counted_yet"
   [align-wait-inexact]="pytest test_vllm.py::test_an_owner_past_an_align_state_it_never_ended_a_step_at_hands_it_over"
+  # bindings/python recovery.py: a wait ends at the owner's first entry of the id in any
+  # group, though with one pool per group that entry is another block.
+  [wait-any-group]="pytest test_hostile.py::test_with_one_pool_per_group_a_wait_ends_where_the_owner_rewrites_the_sharers_group"
   [tier-fork-unchecked]="pytest test_tier_lifecycle.py::test_a_forked_child_fails_every_job_at_once_and_exits_cleanly"
   # bindings/python tier_jobs.rs: idle workers wait in parking_lot's process-wide table, which
   # a forked child inherits: a tier the child makes crashes or hangs at its first wait.
@@ -388,7 +391,7 @@ ORDER=(decide-early claim-store late-leak deadline-compact-in-flight late-ok-acc
   failed-unstarted-load-uncounted queued-drop-uncounted result-keeps-counts
   sampled-as-planned-by-count sampling-kept window-one-needs-entry
   missing-sample-kept held-admission-unannounced kept-sample-discarded restart-drops-kept-sample
-  restart-keeps-lost-output tier-pool-parks-globally
+  restart-keeps-lost-output tier-pool-parks-globally wait-any-group
   tier-memory-index-only connector-geometry-unchecked legacy-loader-at-zero
   redis-oversized-drops-node accounting-read-unheld
   refresh-waits-on-lock echo-refusal-counts-server-errors save-pause-outlasts-outage

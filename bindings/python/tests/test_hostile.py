@@ -241,6 +241,35 @@ def test_the_waits_of_a_sharer_name_where_the_owner_rewrites_the_block():
     assert [(w.block, w.owner, w.ready_at) for w in plan.waits["r2"]] == [(2, "r1", 32)]
 
 
+def test_with_one_pool_per_group_a_wait_ends_where_the_owner_rewrites_the_sharers_group():
+    """One pool per group: id 5 is r1's block at tokens 32-48 in group 0, and another block,
+    r0's, at 0-16 in group 1. r2 reads group 0's: it waits until r1 is back at 48, not 16 (the
+    end of the id's first entry in any group, which released r2 before r1 had recomputed)."""
+    groups = [CacheGroup("full_attention", 16), CacheGroup("full_attention", 16)]
+    reqs = [
+        RequestState("r0", True, [[1, 2, 3], [5, 6, 7]], 48),
+        RequestState("r1", True, [[8, 9, 5], [5, 6, 7]], 48),
+        RequestState("r2", True, [[8, 9, 5], [10, 11, 12]], 48),
+    ]
+    plan = plan_recovery(reqs, groups, [5])
+    assert plan.num_computed_tokens == {"r0": 0, "r1": 32, "r2": 48}
+    assert [(w.block, w.owner, w.ready_at) for w in plan.waits["r1"]] == [(5, "r0", 16)]
+    assert [(w.block, w.owner, w.ready_at) for w in plan.waits["r2"]] == [(5, "r1", 48)]
+    holds = SharerHolds()
+    holds.add(plan)
+    at = {"r0": 0, "r1": 32, "r2": 48}
+    assert holds.refresh(at.get) == {} and holds.held("r2")
+    at.update(r0=16)
+    assert holds.refresh(at.get) == {} and not holds.held("r1") and holds.held("r2")
+    at.update(r1=48)
+    assert holds.refresh(at.get) == {} and not holds.held("r2")
+    # A sharer holding the id in both groups waits for both of the owner's entries.
+    reqs[2] = RequestState("r2", True, [[8, 9, 5], [5, 11, 12]], 48)
+    plan = plan_recovery(reqs, groups, [5])
+    owners = sorted((w.owner, w.ready_at) for w in plan.waits["r2"])
+    assert ("r0", 16) in owners and ("r1", 48) in owners, owners
+
+
 @pytest.mark.parametrize(
     "tables",
     [

@@ -74,6 +74,8 @@ class RequestState:
 class Wait:
     """A sharer must not read ``block`` until ``owner`` has recomputed it: until the owner's
     ``num_computed_tokens`` reaches ``ready_at`` (the end of the block in the owner's table).
+    With one pool per group an id stands for another block in each group: the sharer then
+    gets one ``Wait`` per group it reads the id from, each at the owner's entry in that group.
 
     ``exact``: the block is a Mamba ``align`` state, which only a step *ending* at
     ``ready_at`` writes (a step writes the state where it ends). An owner seen past
@@ -271,7 +273,7 @@ def plan_from_outcome(
     num_computed: dict[str, int] = {}
     affected_tokens: dict[str, int] = {}
     waits: dict[str, list[Wait]] = {}
-    ends: dict[str, dict[int, int]] = {}
+    ends: dict[str, dict[tuple[int, int], tuple[int, bool]]] = {}
     for d in outcome["requests"]:
         if not d["affected"]:
             continue
@@ -279,13 +281,15 @@ def plan_from_outcome(
         num_computed[rid] = d["num_computed_tokens"]
         affected_tokens[rid] = d["affected_tokens"]
         if d["waits_for"]:
+            ws: list[Wait] = []
+            held = [set(t) for t in by_id[rid]]
             for w in d["waits_for"]:
-                if w["owner"] not in ends:
-                    ends[w["owner"]] = _rewritten_at(by_id[w["owner"]], groups, reported)
-            waits[rid] = [
-                Wait(w["block"], w["owner"], *ends[w["owner"]].get(w["block"], (0, False)))
-                for w in d["waits_for"]
-            ]
+                owner, block = w["owner"], w["block"]
+                if owner not in ends:
+                    ends[owner] = _rewritten_at(by_id[owner], groups, reported)
+                for ready_at, exact in _ready_at(ends[owner], held, block):
+                    ws.append(Wait(block, owner, ready_at, exact))
+            waits[rid] = ws
     return RecoveryPlan(
         num_computed_tokens=num_computed,
         skip=set(outcome["skip"]),
@@ -308,18 +312,39 @@ def _reported(scenario: dict[str, Any], n_groups: int) -> list[set[int]]:
 
 def _rewritten_at(
     tables: Sequence[Sequence[int]], groups: Sequence[CacheGroup], reported: list[set[int]]
-) -> dict[int, tuple[int, bool]]:
-    """Per reported block in the owner's ``tables``, the owner's ``num_computed_tokens`` from
-    which it is rewritten — the end of its first reported entry there — and whether that is
-    a Mamba ``align`` state, written only by a step ending exactly there (:class:`Wait`). One
-    pass over the owner's tables, however many sharers wait for it."""
-    out: dict[int, tuple[int, bool]] = {}
+) -> dict[tuple[int, int], tuple[int, bool]]:
+    """Per group and reported block in the owner's ``tables``, the owner's
+    ``num_computed_tokens`` from which it is rewritten — the end of its first reported entry
+    in that group — and whether that is a Mamba ``align`` state, written only by a step ending
+    exactly there (:class:`Wait`). One pass over the owner's tables, however many sharers wait
+    for it."""
+    out: dict[tuple[int, int], tuple[int, bool]] = {}
     for gi, (g, table) in enumerate(zip(groups, tables)):
         exact = g.kind == "mamba" and g.mamba_mode == "align"
         exact = exact and not _native._PLANT_ALIGN_WAIT_INEXACT
         for i, b in enumerate(table):
-            if b in reported[gi]:
-                end = (i + 1) * g.block_size
-                if b not in out or end < out[b][0]:
-                    out[b] = (end, exact)
+            if b in reported[gi] and (gi, b) not in out:
+                out[(gi, b)] = ((i + 1) * g.block_size, exact)
     return out
+
+
+def _ready_at(
+    owner_ends: dict[tuple[int, int], tuple[int, bool]],
+    sharer_tables: Sequence[set[int]],
+    block: int,
+) -> list[tuple[int, bool]]:
+    """Where the owner has rewritten ``block`` for the sharer: in each group whose table holds
+    it in both (with one pool per group an id stands for another block in each group, and the
+    owner's entry of another group ends elsewhere), one ``(ready_at, exact)`` each, distinct.
+    A sharer that holds it in no group the owner does waits for the owner's first entry."""
+    mine = [
+        owner_ends[(gi, block)]
+        for gi, table in enumerate(sharer_tables)
+        if (gi, block) in owner_ends and block in table
+    ]
+    if _native._PLANT_WAIT_ANY_GROUP or not mine:
+        # Planted bug `wait-any-group` (scripts/plants.sh): the owner's first entry of the id
+        # in any group, though that group's block is another.
+        firsts = [e for (_, b), e in owner_ends.items() if b == block]
+        return [min(firsts)] if firsts else [(0, False)]
+    return sorted(set(mine))

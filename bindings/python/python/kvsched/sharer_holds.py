@@ -94,12 +94,12 @@ class SharerHolds:
                 if c is None:
                     done = ended[w.owner]
                     if done is None or done < w.ready_at or (w.exact and done != w.ready_at):
-                        orphaned.setdefault(w.block, []).append(rid)
+                        _orphan(orphaned, w.block, rid)
                 elif c < w.ready_at:
                     keep.append(w)
                 elif w.exact and c > w.ready_at:
                     # An ``align`` state the owner went past inside a step: never written.
-                    orphaned.setdefault(w.block, []).append(rid)
+                    _orphan(orphaned, w.block, rid)
             self._waits[rid] = keep
         return orphaned
 
@@ -131,6 +131,14 @@ class SharerHolds:
         plan = plan_recovery(reqs, groups, blocks, **kw)
         self.add(plan)
         return [plan]
+
+
+def _orphan(orphaned: dict[int, list[str]], block: int, rid: str) -> None:
+    """Adds ``rid`` to the waiters of ``block`` once (a sharer may wait for one block id in
+    several groups: one :class:`Wait` each)."""
+    waiters = orphaned.setdefault(block, [])
+    if rid not in waiters:
+        waiters.append(rid)
 
 
 def _request_id(value: Any) -> str:
