@@ -514,6 +514,10 @@ def test_a_bytes_path_is_a_path(tmp_path):
     ([key(1)], 5, "block_ids"),
     (None, [0], "keys"),
     (b"k1", [0], "keys"),
+    (bytearray(b"k1"), [0, 1], "keys"),
+    # One key's bytes in a memoryview, not two keys 107 and 49 (its `tolist`).
+    (memoryview(b"k1"), [0, 1], "keys"),
+    ([key(1)], memoryview(b"\x00"), "block_ids"),
 ])
 def test_jobs_without_sequences_name_the_field(keys, block_ids, field):
     from tier_caller import JobMetadata

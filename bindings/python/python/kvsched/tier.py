@@ -243,10 +243,12 @@ def _seq(field: str, value: Any) -> list[Any]:
     collection (a set, a dict or a dict's view) is refused: keys are paired with slots by
     position, and a set's order is its hash order, so a store would save a block under
     another block's key."""
-    if hasattr(value, "tolist") and not isinstance(value, (bytes, bytearray, str)):
+    # Bytes in any form are one key's bytes, not a sequence: a memoryview's ``tolist`` would
+    # make each byte a key (or a block id).
+    if hasattr(value, "tolist") and not isinstance(value, (bytes, bytearray, memoryview, str)):
         value = value.tolist()
     if (
-        isinstance(value, (bytes, bytearray, str))
+        isinstance(value, (bytes, bytearray, memoryview, str))
         or unordered(value)
         or not isinstance(value, Iterable)
     ):
@@ -399,7 +401,7 @@ class KvschedTierManager(_Base):  # type: ignore[misc,valid-type]
     def touch(self, keys: Collection[Any], req_context: Any = None) -> None:
         """Recency for eviction: kvsched's tiers track their own (LRU on reads), so the keys
         are not read; what is no collection of keys is a ``TypeError`` naming ``keys``."""
-        if isinstance(keys, (str, bytes, bytearray)) or not isinstance(keys, Iterable):
+        if isinstance(keys, (str, bytes, bytearray, memoryview)) or not isinstance(keys, Iterable):
             raise TypeError(f"keys: expected a collection of keys, not {type(keys).__name__}")
         return None
 
