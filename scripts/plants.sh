@@ -304,6 +304,8 @@ declare -A TESTS=(
   # group, though with one pool per group that entry is another block.
   [wait-any-group]="pytest test_hostile.py::test_with_one_pool_per_group_a_wait_ends_where_the_owner_rewrites_the_sharers_group"
   [tier-fork-unchecked]="pytest test_tier_lifecycle.py::test_a_forked_child_fails_every_job_at_once_and_exits_cleanly"
+  # bindings/python tier_jobs.rs: a shutdown drops queued jobs unreported.
+  [tier-stop-drops-queued]="pytest test_tier_lifecycle.py::test_shutdown_reports_every_job_once_queued_ones_failed"
   # bindings/python tier_jobs.rs: idle workers wait in parking_lot's process-wide table, which
   # a forked child inherits: a tier the child makes crashes or hangs at its first wait.
   [tier-pool-parks-globally]="pytest test_tier_lifecycle.py::test_a_tier_made_in_a_forked_child_runs_while_the_parents_tier_idles"
@@ -391,7 +393,7 @@ ORDER=(decide-early claim-store late-leak deadline-compact-in-flight late-ok-acc
   failed-unstarted-load-uncounted queued-drop-uncounted result-keeps-counts
   sampled-as-planned-by-count sampling-kept window-one-needs-entry
   missing-sample-kept held-admission-unannounced kept-sample-discarded restart-drops-kept-sample
-  restart-keeps-lost-output tier-pool-parks-globally wait-any-group
+  restart-keeps-lost-output tier-pool-parks-globally wait-any-group tier-stop-drops-queued
   tier-memory-index-only connector-geometry-unchecked legacy-loader-at-zero
   redis-oversized-drops-node accounting-read-unheld
   refresh-waits-on-lock echo-refusal-counts-server-errors save-pause-outlasts-outage

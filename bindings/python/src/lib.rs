@@ -32,7 +32,10 @@ fn native_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // The plant `wait-any-group` (scripts/plants.sh): `kvsched.recovery` releases a sharer
     // once its owner has passed the id's first entry in any group, though with one pool per
     // group that entry is another block.
-    m.add("_PLANT_WAIT_ANY_GROUP", cfg!(kvsched_plant = "wait-any-group"))?;
+    m.add(
+        "_PLANT_WAIT_ANY_GROUP",
+        cfg!(kvsched_plant = "wait-any-group"),
+    )?;
     // The plant `legacy-loader-at-zero` (scripts/plants.sh): `kvsched.vllm` takes an older
     // vLLM's async loader at the 0 tokens that vLLM has not set yet, so its failed load goes
     // unnoticed.

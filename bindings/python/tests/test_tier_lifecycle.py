@@ -85,6 +85,18 @@ def test_shutdown_while_a_thread_waits_in_drain_jobs_stops_the_tier():
     assert [(r.job_id, r.success) for r in tier.get_finished()] == [(999, False)]
 
 
+def test_shutdown_reports_every_job_once_queued_ones_failed():
+    """Jobs still queued at a shutdown never run: each is reported failed, as a job submitted
+    after it is, so a caller waiting on its job ids sees every one resolve."""
+    tier, _ = _busy_tier(threads=1)
+    tier.shutdown()
+    results = [(r.job_id, r.success) for r in tier.get_finished()]
+    ids = [j for j, _ in results]
+    assert sorted(ids) == list(range(10_000, 10_400)), (len(ids), len(set(ids)))
+    assert any(not ok for _, ok in results), "nothing was queued at the shutdown: tests nothing"
+    assert tier.get_finished() == []
+
+
 _FORK = """
 import os, sys, time
 from kvsched.tier import KvschedTierManager, JobResult

@@ -418,8 +418,9 @@ class KvschedTierManager(_Base):  # type: ignore[misc,valid-type]
         return self._native.wait_idle(_timeout(timeout))
 
     def shutdown(self) -> None:
-        """Stops the tier's threads and waits for them (GIL released): queued jobs are
-        dropped, running loads and probes cancelled, a running store stops at its next batch
+        """Stops the tier's threads and waits for them (GIL released): queued jobs fail
+        without running (``get_finished`` reports them, as every job), running loads and
+        probes cancelled, a running store stops at its next batch
         of about 4 MiB (a batch already handed to the store is bounded by the store's call
         timeout: Redis's ``timeout_ms``, 2 s by default; memory and disk puts do not wait on a
         network). Idempotent; calls from other threads meanwhile and after return normally,
