@@ -73,7 +73,8 @@ pub(super) struct Index {
     pub(super) map: FxHashMap<ChunkKey, Place>,
     pub(super) packs: FxHashMap<u64, Pack>,
     /// The pack numbers a rescan skips: those indexed or found and left alone since open
-    /// whose files this tier has not deleted (so at most the packs in the directory).
+    /// whose files this tier has not deleted, less those a rescan no longer finds (so at most
+    /// the packs in the directory at the last rescan and this tier's own).
     pub(super) seen: FxHashSet<u64>,
     /// The file each pack number named when this tier wrote or indexed it (its device and
     /// inode, on Unix): another tier on the directory may put a pack of its own under a

@@ -189,6 +189,7 @@ impl DiskTier {
             oversized,
             refused,
             ignored,
+            ..
         } = scan::scan(&probe.root, probe.pack_limit(), probe.limit(), None)?;
         // The higher number is the later put: it wins a key both hold. Eviction goes by
         // modification time, oldest first.
@@ -243,6 +244,14 @@ impl DiskTier {
         let mut found = s.found;
         found.sort_unstable_by_key(|p| p.id);
         let mut index = self.index.lock();
+        // A number left alone whose file is gone (another tier evicted or removed it) is
+        // forgotten, so `seen` holds at most the packs in the directory and this tier's own:
+        // refused packs come and go as long as engines share the directory. (Planted bug
+        // `seen-never-pruned`, scripts/plants.sh: it grows with every one.)
+        if !planted!("seen-never-pruned") {
+            let Index { seen, packs, .. } = &mut *index;
+            seen.retain(|id| s.listed.contains(id) || packs.contains_key(id));
+        }
         index.seen.extend(s.ignored);
         let mut added = 0;
         for p in found {

@@ -40,6 +40,8 @@ pub(super) struct Scan {
     pub refused: u64,
     /// The numbers of the pack-named files left alone (oversized or refused).
     pub ignored: Vec<u64>,
+    /// The number of every pack-named file listed, looked at or skipped.
+    pub listed: FxHashSet<u64>,
 }
 
 /// Elsewhere than on Unix every temporary file is taken for a dead process's.
@@ -118,6 +120,7 @@ pub(super) fn scan(
         let Some(id) = pack_number(name) else {
             continue;
         };
+        s.listed.insert(id);
         if seen.is_some_and(|s| s.contains(&id)) {
             continue;
         }

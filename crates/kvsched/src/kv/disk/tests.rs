@@ -112,6 +112,27 @@ fn the_numbers_a_rescan_skips_are_the_packs_on_disk() {
     assert_eq!(got[0].as_deref(), Some(&[7u8; 100][..]));
 }
 
+/// Pack-named files a rescan refuses (damaged, or another tier's too large for this one) and
+/// that are then deleted — as engines sharing a directory write and evict them for as long as
+/// they run — leave no number behind: `seen` holds what the directory holds.
+#[test]
+fn refused_packs_that_are_gone_are_forgotten() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let t = tier(&dir);
+    for n in 0..200u64 {
+        let path = dir.path().join(format!("{:016x}.pack", 1_000_000 + n));
+        fs::write(&path, b"not a pack table").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(t.rescan().ok(), Some(0));
+        fs::remove_file(&path).unwrap_or_else(|e| panic!("{e}"));
+    }
+    assert_eq!(t.rescan().ok(), Some(0));
+    assert_eq!(
+        t.index.lock().seen.len(),
+        0,
+        "numbers of files long gone kept"
+    );
+}
+
 /// A capacity too small for one value's table stores nothing, not even an empty value, so
 /// the tier never holds more than its capacity.
 #[test]
