@@ -30,6 +30,9 @@ enum Fault {
     PanicPut,
     /// `exists` panics.
     PanicExists,
+    /// Every question about the tier (`may_block`, `reads_in_place`, `costs_per_call`,
+    /// `expect_values_up_to`) panics, every time.
+    PanicProperties,
 }
 
 /// A panic payload that panics when dropped (unless the thread is already unwinding).
@@ -116,10 +119,28 @@ impl Tier for Hostile {
         self.inner.put(chunks)
     }
     fn may_block(&self) -> bool {
+        if matches!(self.fault, Fault::PanicProperties) {
+            self.explode("may_block");
+        }
         matches!(self.fault, Fault::PanicGet)
     }
     fn reads_in_place(&self) -> bool {
+        if matches!(self.fault, Fault::PanicProperties) {
+            self.explode("reads_in_place");
+        }
         matches!(self.fault, Fault::HeldWithoutValue)
+    }
+    fn costs_per_call(&self) -> bool {
+        if matches!(self.fault, Fault::PanicProperties) {
+            self.explode("costs_per_call");
+        }
+        true
+    }
+    fn expect_values_up_to(&self, bytes: usize) {
+        if matches!(self.fault, Fault::PanicProperties) {
+            self.explode("expect_values_up_to");
+        }
+        self.inner.expect_values_up_to(bytes);
     }
 }
 
@@ -279,5 +300,25 @@ fn a_panicking_put_or_exists_leaves_saving_and_probing_working() {
         let (result, firsts) = load(&c, 4, 50);
         assert!(matches!(result, LoadResult::Ok), "{result:?}");
         assert!(stored_bytes(4, &firsts), "{firsts:?}");
+    }
+}
+
+/// A tier that panics when asked about itself (whether it may block, reads in place, costs
+/// something per call, the largest value to expect) is asked once, when the connector is
+/// made, behind the panic guard, and taken for the safest answer: the connector is made, and
+/// its loads neither panic nor fail — a sync load the engine makes on its own thread included.
+#[test]
+fn a_tier_that_panics_when_asked_about_itself_still_loads() {
+    for bombs in [false, true] {
+        let c = connector(
+            Arc::new(Hostile::new(Fault::PanicProperties, 0, bombs)),
+            cfg(),
+        );
+        store(&c, 5);
+        for dest in [10, 20] {
+            let (result, firsts) = load(&c, 5, dest);
+            assert!(matches!(result, LoadResult::Ok), "{result:?}");
+            assert!(stored_bytes(5, &firsts), "{firsts:?}");
+        }
     }
 }

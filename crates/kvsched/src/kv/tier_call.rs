@@ -23,3 +23,9 @@ pub(super) fn guarded<T>(
         ))),
     }
 }
+
+/// `f`, a question named `what` asked of a tier (one of its properties); `default` if it
+/// panics, so a tier's panic there costs its properties' safest answer, never the caller.
+pub(super) fn asked(what: &str, default: bool, f: impl FnOnce() -> bool) -> bool {
+    guarded(what, || Ok(f())).unwrap_or(default)
+}

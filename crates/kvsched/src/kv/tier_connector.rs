@@ -12,7 +12,7 @@ use super::key_index::KeyIndex;
 pub use super::prober::Prefetch;
 use super::prober::Prober;
 use super::saver::{Saver, SaverSettings, Work};
-use super::tier_call::guarded;
+use super::tier_call::{asked, guarded};
 pub use super::tier_config::{TierConnectorConfig, TierConnectorError};
 pub use super::tier_counts::TierCounts;
 use super::{ChunkCodec, ChunkKey, KvMemory, Tier};
@@ -80,7 +80,10 @@ fn bump(c: &AtomicU64, n: u64) {
 ///   (`get`, `read_with`, `put`, `exists`), on whichever thread makes it — the loading
 ///   thread, a get thread, the save or the probe thread — counts as a tier error: the
 ///   call's chunks fail (poisoned and reported, or not saved, or not indexed) and the thread
-///   goes on, so later calls work and `flush` returns. A tier whose `read_with` says it held
+///   goes on, so later calls work and `flush` returns. Its properties (`may_block`,
+///   `reads_in_place`, `costs_per_call`, `expect_values_up_to`) are asked once, by [`new`],
+///   behind the same guard; one that panics gets its safest answer (calls that may block, one
+///   batch a load). A tier whose `read_with` says it held
 ///   a chunk without handing the value over fails that block too: only bytes the connector
 ///   verified are ever reported loaded.
 ///
@@ -101,6 +104,9 @@ pub struct TierConnector {
     prober: Prober,
     /// The gets of a tier that may block, bounded by each load's deadline.
     gets: Option<BoundedGets>,
+    /// The tier's [`Tier::reads_in_place`] and [`Tier::costs_per_call`], asked once.
+    reads_in_place: bool,
+    costs_per_call: bool,
     /// The buffers loads read chunks into, reused.
     buffers: Buffers,
     /// The scheduler block size `S` lookups offer multiples of.
@@ -149,7 +155,17 @@ impl TierConnector {
         cfg.check_values()?;
         let codec = ChunkCodec::new(cfg.mac_key);
         let chunk_bytes = codec.encoded_len(memory.layout().max_block_bytes());
-        tier.expect_values_up_to(chunk_bytes);
+        // The tier's properties are asked here, once, each behind the panic guard its data
+        // calls have: a tier panicking in one gets the safest answer (calls that may block,
+        // on the connector's get threads, one batch a load). (Planted bug
+        // `tier-properties-unguarded`, scripts/plants.sh: asked at every load, unguarded.)
+        asked("expect_values_up_to", false, || {
+            tier.expect_values_up_to(chunk_bytes);
+            false
+        });
+        let may_block = asked("may_block", true, || tier.may_block());
+        let reads_in_place = asked("reads_in_place", false, || tier.reads_in_place());
+        let costs_per_call = asked("costs_per_call", true, || tier.costs_per_call());
         let layout = memory.layout();
         let bytes_per_block: Vec<usize> = (0..layout.num_groups())
             .map(|g| layout.bytes_per_block(g).unwrap_or(0))
@@ -184,7 +200,7 @@ impl TierConnector {
             cfg.probe_miss_ttl,
             cfg.drop_timeout,
         )?;
-        let gets = if tier.may_block() {
+        let gets = if may_block {
             Some(BoundedGets::start(Arc::clone(&tier), cfg.get_threads)?)
         } else {
             None
@@ -199,6 +215,8 @@ impl TierConnector {
             saver,
             prober,
             gets,
+            reads_in_place,
+            costs_per_call,
             buffers: Buffers::new(chunk_bytes),
             s,
             key_tag,

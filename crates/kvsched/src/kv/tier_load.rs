@@ -52,13 +52,31 @@ impl TierConnector {
     pub(super) fn fetch(&self, job: &LoadJob, wanted: &[Wanted], bad: &mut [Vec<BlockRef>]) {
         if job.cancel.is_cancelled() {
             self.fail_all(job, wanted, bad);
-        } else if self.gets.is_none() && self.tier.reads_in_place() {
+        } else if self.gets.is_none() && self.reads_in_place() {
             self.fetch_each(job, wanted, bad);
         } else {
             // A tier that may block (on the connector's get threads), or one whose calls
             // carry a fixed cost: one batched read a load, on this thread for the latter.
             self.fetch_batched(job, wanted, bad);
         }
+    }
+
+    /// The tier's [`Tier::reads_in_place`](super::Tier::reads_in_place) (asked at
+    /// construction, behind the panic guard).
+    fn reads_in_place(&self) -> bool {
+        if planted!("tier-properties-unguarded") {
+            return self.tier.reads_in_place();
+        }
+        self.reads_in_place
+    }
+
+    /// The tier's [`Tier::costs_per_call`](super::Tier::costs_per_call) (asked at
+    /// construction, behind the panic guard).
+    fn costs_per_call(&self) -> bool {
+        if planted!("tier-properties-unguarded") {
+            return self.tier.costs_per_call();
+        }
+        self.costs_per_call
     }
 
     fn fail_all(&self, job: &LoadJob, wanted: &[Wanted], bad: &mut [Vec<BlockRef>]) {
@@ -118,7 +136,7 @@ impl TierConnector {
     ///
     /// [`Tier::costs_per_call`]: super::Tier::costs_per_call
     fn fetch_batched(&self, job: &LoadJob, wanted: &[Wanted], bad: &mut [Vec<BlockRef>]) {
-        let piece = if self.tier.costs_per_call() {
+        let piece = if self.costs_per_call() {
             wanted.len()
         } else {
             let chunk = self
