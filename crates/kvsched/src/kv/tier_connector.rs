@@ -81,7 +81,7 @@ fn bump(c: &AtomicU64, n: u64) {
 ///   thread, a get thread, the save or the probe thread — counts as a tier error: the
 ///   call's chunks fail (poisoned and reported, or not saved, or not indexed) and the thread
 ///   goes on, so later calls work and `flush` returns. Its properties (`may_block`,
-///   `reads_in_place`, `costs_per_call`, `expect_values_up_to`) are asked once, by [`new`],
+///   `reads_in_place`, `costs_per_call`, `expect_values_up_to`) are asked once, by [`new`](Self::new),
 ///   behind the same guard; one that panics gets its safest answer (calls that may block, one
 ///   batch a load). A tier whose `read_with` says it held
 ///   a chunk without handing the value over fails that block too: only bytes the connector
