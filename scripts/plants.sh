@@ -85,6 +85,8 @@ declare -A TESTS=(
   [seen-never-pruned]="kvsched --lib kv::disk::tests::refused_packs_that_are_gone_are_forgotten"
   # kv/tier_load.rs: the tier's properties asked at every load, outside the panic guard.
   [tier-properties-unguarded]="kvsched --test kv_tier_panics"
+  # kv/tier_load.rs: a chunk the tier handed over and then disowned is counted loaded too.
+  [disowned-chunk-counted]="kvsched --test kv_tier_panics"
   [restart-keeps-lost-output]="kvsched --test runtime_discard;kvsched --test kv_lifecycle_outputs"
   # bindings/python tier_jobs.rs: a memory tier's lookups answer from the index alone, which
   # cannot see what the store evicted: evicted chunks promised, kept ones missed.
@@ -398,7 +400,7 @@ ORDER=(decide-early claim-store late-leak deadline-compact-in-flight late-ok-acc
   sampled-as-planned-by-count sampling-kept window-one-needs-entry
   missing-sample-kept held-admission-unannounced kept-sample-discarded restart-drops-kept-sample
   restart-keeps-lost-output tier-pool-parks-globally wait-any-group tier-stop-drops-queued
-  seen-never-pruned tier-properties-unguarded
+  seen-never-pruned tier-properties-unguarded disowned-chunk-counted
   tier-memory-index-only connector-geometry-unchecked legacy-loader-at-zero
   redis-oversized-drops-node accounting-read-unheld
   refresh-waits-on-lock echo-refusal-counts-server-errors save-pause-outlasts-outage

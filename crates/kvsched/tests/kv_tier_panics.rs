@@ -30,6 +30,12 @@ enum Fault {
     PanicPut,
     /// `exists` panics.
     PanicExists,
+    /// `read_with` hands the value over, then answers "not held".
+    HandOverThenAbsent,
+    /// `read_with` hands the value over, then answers an error.
+    HandOverThenErr,
+    /// `read_with` hands the value over, then panics.
+    HandOverThenPanic,
     /// Every question about the tier (`may_block`, `reads_in_place`, `costs_per_call`,
     /// `expect_values_up_to`) panics, every time.
     PanicProperties,
@@ -110,6 +116,20 @@ impl Tier for Hostile {
         if self.strikes(Fault::HeldWithoutValue) {
             return Ok(true);
         }
+        for disown in [
+            Fault::HandOverThenAbsent,
+            Fault::HandOverThenErr,
+            Fault::HandOverThenPanic,
+        ] {
+            if self.strikes(disown) {
+                self.inner.read_with(key, cancel, f)?;
+                return match disown {
+                    Fault::HandOverThenAbsent => Ok(false),
+                    Fault::HandOverThenErr => Err(TierError::Unavailable("disowned".into())),
+                    _ => self.explode("read_with"),
+                };
+            }
+        }
         self.inner.read_with(key, cancel, f)
     }
     fn put(&self, chunks: &[(ChunkKey, Vec<u8>)]) -> Result<(), TierError> {
@@ -128,7 +148,13 @@ impl Tier for Hostile {
         if matches!(self.fault, Fault::PanicProperties) {
             self.explode("reads_in_place");
         }
-        matches!(self.fault, Fault::HeldWithoutValue)
+        matches!(
+            self.fault,
+            Fault::HeldWithoutValue
+                | Fault::HandOverThenAbsent
+                | Fault::HandOverThenErr
+                | Fault::HandOverThenPanic
+        )
     }
     fn costs_per_call(&self) -> bool {
         if matches!(self.fault, Fault::PanicProperties) {
@@ -320,5 +346,41 @@ fn a_tier_that_panics_when_asked_about_itself_still_loads() {
             assert!(matches!(result, LoadResult::Ok), "{result:?}");
             assert!(stored_bytes(5, &firsts), "{firsts:?}");
         }
+    }
+}
+
+/// A tier that hands a chunk over and then disowns it (answers "not held", an error, a
+/// panic) fails that block — poisoned, reported — and the chunk is not counted loaded: the
+/// counts say what the load delivered.
+#[test]
+fn a_chunk_handed_over_then_disowned_fails_and_is_not_counted_loaded() {
+    for fault in [
+        Fault::HandOverThenAbsent,
+        Fault::HandOverThenErr,
+        Fault::HandOverThenPanic,
+    ] {
+        let c = connector(Arc::new(Hostile::new(fault, 1, false)), cfg());
+        store(&c, 6);
+        let before = c.counts();
+        let (result, firsts) = load(&c, 6, 30);
+        let failed: Vec<u64> = match result {
+            LoadResult::Failed(bad) => bad.into_flat().iter().map(|b| b.id).collect(),
+            other => panic!("a disowned chunk reported {other:?}"),
+        };
+        let after = c.counts();
+        let loaded = after.chunks_loaded - before.chunks_loaded;
+        // Absent: the first chunk fails alone; an error or a panic fails the rest of the load.
+        let want: &[u64] = match fault {
+            Fault::HandOverThenAbsent => &[30],
+            _ => &[30, 31, 32, 33],
+        };
+        assert_eq!(failed, want);
+        assert_eq!(firsts[0], POISON_BYTE, "{firsts:?}");
+        assert_eq!(loaded, 4 - want.len() as u64, "{after:?}");
+        assert_eq!(
+            after.kv_bytes_loaded - before.kv_bytes_loaded,
+            loaded * BYTES as u64
+        );
+        assert_eq!(after.tier_errors - before.tier_errors, 1, "{after:?}");
     }
 }

@@ -99,25 +99,53 @@ impl TierConnector {
             // The value is landed once: a tier that answers "held" without handing it over
             // leaves the block unwritten, and a second value is not landed over the first.
             let mut landed = false;
+            let mut loaded = None;
             let read = guarded("read", || {
                 self.tier.read_with(w.2, &job.cancel, &mut |v| {
                     if !std::mem::replace(&mut landed, true) {
-                        self.land(job, w, Some(v), bad);
+                        loaded = self.land(job, w, Some(v), bad);
                     }
                 })
             });
+            // A chunk counts as loaded only once the tier stands by the value it handed over:
+            // one it then disowns (answering "not held", an error, a panic) fails, its block
+            // poisoned and reported, and is not counted loaded as well. (Planted bug
+            // `disowned-chunk-counted`, scripts/plants.sh: counted at the hand-over.)
+            let early = planted!("disowned-chunk-counted");
+            if let Some(bytes) = loaded.filter(|_| early) {
+                self.count_loaded(w.2, bytes);
+            }
             match read {
                 // (Planted bug `held-without-value`, scripts/plants.sh: the tier's word that
                 // it held the chunk is taken for a chunk landed.)
-                Ok(true) if landed || planted!("held-without-value") => {}
+                Ok(true) if landed || planted!("held-without-value") => {
+                    if let Some(bytes) = loaded.filter(|_| !early) {
+                        self.count_loaded(w.2, bytes);
+                    }
+                }
                 Ok(true) => {
                     bump(&self.counters.tier_errors, 1);
                     self.fail(job, w.0, w.1, bad);
                 }
-                Ok(false) => self.land(job, w, None, bad),
+                Ok(false) if !landed => {
+                    self.land(job, w, None, bad);
+                }
+                Ok(false) => {
+                    // Handed over, then disowned: the block fails, if landing had not.
+                    if loaded.is_some() {
+                        bump(&self.counters.tier_errors, 1);
+                        self.index.remove(w.2);
+                        self.fail(job, w.0, w.1, bad);
+                    }
+                }
                 Err(_) => {
                     bump(&self.counters.tier_errors, 1);
-                    self.fail_all(job, &wanted[n..], bad);
+                    // A value landing failed is failed already; one it wrote fails now.
+                    let from = if landed && loaded.is_none() { n + 1 } else { n };
+                    if landed {
+                        self.index.remove(w.2);
+                    }
+                    self.fail_all(job, &wanted[from..], bad);
                     return;
                 }
             }
@@ -202,7 +230,9 @@ impl TierConnector {
             Some((bufs, held)) => {
                 self.saver.tier_answered();
                 for ((&w, buf), h) in wanted.iter().zip(&bufs).zip(held) {
-                    self.land(job, w, h.then_some(&buf[..]), bad);
+                    if let Some(bytes) = self.land(job, w, h.then_some(&buf[..]), bad) {
+                        self.count_loaded(w.2, bytes);
+                    }
                 }
                 self.buffers.give(bufs);
                 true
@@ -217,19 +247,22 @@ impl TierConnector {
     /// A chunk whose header names another block or length reaches no destination; one that
     /// fails its checksum or MAC has been copied by then, and its destination is poisoned
     /// before the load reports it (the block is the load's alone until its completion).
+    /// Returns the payload's bytes when the block now holds the verified chunk, for the
+    /// caller to count ([`count_loaded`](Self::count_loaded)) once the tier stands by it;
+    /// `None` when the block failed (poisoned, named in `bad`).
     fn land(
         &self,
         job: &LoadJob,
         (g, i, key): Wanted,
         value: Option<&[u8]>,
         bad: &mut [Vec<BlockRef>],
-    ) {
+    ) -> Option<u64> {
         let c = &self.counters;
         let Some(value) = value else {
             bump(&c.missing_chunks, 1);
             self.index.remove(key);
             self.fail(job, g, i, bad);
-            return;
+            return None;
         };
         let bytes = self.memory.layout().bytes_per_block(g).unwrap_or(0) as u64;
         let dest = job.may_write(g, i);
@@ -275,30 +308,37 @@ impl TierConnector {
                     (planted!("failed-copy-left-unpoisoned"), wrote, dest)
                 {
                     bad[g].push(d);
-                    return;
+                    return None;
                 }
                 self.fail(job, g, i, bad);
-                return;
+                return None;
             }
         };
         let Some(dest) = dest else {
             bump(&c.writes_refused, 1);
             self.fail(job, g, i, bad);
-            return;
+            return None;
         };
         let wrote = match wrote {
             Some(w) => w,
             None => self.memory.write(g, dest.id, 0, p).is_ok(),
         };
         if wrote {
-            bump(&c.chunks_loaded, 1);
-            if !self.own.contains(key) {
-                bump(&c.chunks_loaded_from_others, 1);
-            }
-            bump(&c.kv_bytes_loaded, p.len() as u64);
-            self.index.insert(key);
+            Some(p.len() as u64)
         } else {
             self.fail(job, g, i, bad);
+            None
         }
+    }
+
+    /// Counts chunk `key` loaded, `bytes` of payload, and indexes it.
+    fn count_loaded(&self, key: ChunkKey, bytes: u64) {
+        let c = &self.counters;
+        bump(&c.chunks_loaded, 1);
+        if !self.own.contains(key) {
+            bump(&c.chunks_loaded_from_others, 1);
+        }
+        bump(&c.kv_bytes_loaded, bytes);
+        self.index.insert(key);
     }
 }
