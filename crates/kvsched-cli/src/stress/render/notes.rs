@@ -23,6 +23,9 @@ pub(super) fn notes(sec: &FigureSection, report: &StressReport) -> Vec<String> {
                     crate::stress::store::shown_path(t),
                     c.trace.trace_speed
                 ));
+                if let Some(note) = behind_note(report) {
+                    notes.push(note);
+                }
             } else if let Rate::PerSecond(rate) = c.rate {
                 notes.push(format!(
                     "open loop: requests arrive at {rate}/s whatever the scheduler does, so finished requests/s follows that rate unless a scheduler falls behind"
@@ -60,6 +63,25 @@ pub(super) fn notes(sec: &FigureSection, report: &StressReport) -> Vec<String> {
         _ => {}
     }
     notes
+}
+
+/// For a trace replay: how long its arrivals took against the run, and when the run lasted
+/// well past its last arrival, that the engine fell behind them — which is also why it served
+/// less from cache than a prefix cache would (a request arriving while a prefix it shares is
+/// still queued or being computed computes it too).
+fn behind_note(report: &StressReport) -> Option<String> {
+    let c = &report.config;
+    let last = c.trace.loaded.as_ref()?.last()?;
+    let span = crate::stress::trace::arrival(last, c.trace.trace_speed).as_secs_f64();
+    let elapsed = report.run.elapsed_s;
+    let behind = if elapsed > 1.5 * span + 1.0 {
+        ": the engine fell behind its arrivals, so requests came while the prefixes they share were still queued or being computed, and computed them again — part of what it served less than the reference (a slower --trace-speed, or a faster engine, serves more)"
+    } else {
+        ""
+    };
+    Some(format!(
+        "the requests arrived over {span:.1} s of replay and the run took {elapsed:.1} s{behind}"
+    ))
 }
 
 /// The notes under the KV bytes: what verified and garbage mean, where the chunks came from
