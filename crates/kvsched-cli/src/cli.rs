@@ -109,6 +109,19 @@ enum Engine {
     Runtime,
 }
 
+/// The synthetic workload's flags a trace replay does not use: (clap id, flag).
+const TRACE_UNUSED: [(&str, &str); 9] = [
+    ("requests", "--requests"),
+    ("rate", "--rate"),
+    ("live", "--live"),
+    ("prompt_tokens", "--prompt-tokens"),
+    ("output_tokens", "--output-tokens"),
+    ("prefix_share", "--prefix-share"),
+    ("prefix_burst", "--prefix-burst"),
+    ("prefixes", "--prefixes"),
+    ("hit_ratio", "--hit-ratio"),
+];
+
 /// Exit code for bad input and usage errors.
 const EXIT_BAD_INPUT: u8 = 2;
 
@@ -156,6 +169,15 @@ pub fn main() -> ExitCode {
                      (leave --hit-ratio out, or use --store sim)",
                     args.config.store.shown()
                 ));
+            }
+            // A trace says its requests' arrivals, prompts and lengths: a flag of the synthetic
+            // workload typed with it would be dropped without a word, so it is refused.
+            if args.config.trace.trace.is_some() {
+                if let Some((_, flag)) = TRACE_UNUSED.iter().find(|(id, _)| given(id)) {
+                    return fail(&format!(
+                        "{flag}: unused with --trace (the trace gives its requests; --trace-requests N replays its first N)"
+                    ));
+                }
             }
             match follow_trace_duration(&mut args.config, given("duration_s")) {
                 Ok(()) => stress(&args),

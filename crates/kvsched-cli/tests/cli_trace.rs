@@ -82,6 +82,49 @@ fn a_bad_trace_is_one_line_naming_the_flag_and_the_line() {
     assert_eq!(out.status.code(), Some(2));
 }
 
+/// A flag of the synthetic workload typed with `--trace` is refused naming it, not dropped
+/// without a word; one a trace run uses (`--cancel-ratio`) is taken.
+#[test]
+fn the_synthetic_workloads_flags_are_refused_with_a_trace() {
+    for (flag, value) in [
+        ("--requests", "50"),
+        ("--rate", "max"),
+        ("--live", "8"),
+        ("--prompt-tokens", "64"),
+        ("--output-tokens", "4"),
+        ("--prefix-share", "0.5"),
+        ("--prefix-burst", "2"),
+        ("--prefixes", "5"),
+        ("--hit-ratio", "0.5"),
+    ] {
+        let out = stress(&["--trace", TRACE, flag, value]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            err.starts_with(&format!("error: {flag}: unused with --trace")),
+            "{err}"
+        );
+    }
+    let out = stress(&[
+        "--trace",
+        TRACE,
+        "--trace-requests",
+        "5",
+        "--cancel-ratio",
+        "0",
+        "--verify",
+        "off",
+        "--json",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// A timestamp past 64 bits is out of range (not "not whole"); bytes that are not UTF-8 are
 /// refused naming their line; a first arrival past the longest replay names `--trace` when no
 /// `--duration` was given; and a replay cut at the longest one says so, not `--duration`.

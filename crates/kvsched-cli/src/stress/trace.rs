@@ -26,8 +26,10 @@ pub struct TraceArgs {
     /// Replay this request trace (Mooncake's format, `traces/README.md`: one JSON object a
     /// line with `timestamp` in ms, `input_length`, `output_length`, `hash_ids` of 512-token
     /// blocks): its arrivals, prompt and output lengths, and prompts whose tokens follow the
-    /// block ids, so they share prefixes as in the trace. `--requests`, `--rate`,
-    /// `--prompt-tokens`, `--prefix-share` and `--hit-ratio` are then unused. Other fields are skipped; one
+    /// block ids, so they share prefixes as in the trace. The synthetic workload's flags
+    /// (`--requests`, `--rate`, `--live`, `--prompt-tokens`, `--output-tokens`,
+    /// `--prefix-share`, `--prefix-burst`, `--prefixes`, `--hit-ratio`) are refused with it;
+    /// client cancels (`--cancel-ratio`, `--faults cancel=R`) still apply. Other fields are skipped; one
     /// of the four given twice is refused. Limits: a file (not `-`, standard input) of at most
     /// 256 MiB, lines of at most 1 MiB, prompts of at most 2^24 tokens, 2^22 block ids in the
     /// requests replayed.

@@ -81,6 +81,11 @@ impl Workload {
 
     pub(super) fn request(&self, i: u64) -> Generated {
         let mut rng = SplitMix64::new(self.seed ^ (i + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        // A separate stream, so faults do not change the workload.
+        let mut frng =
+            SplitMix64::new(self.seed ^ 0xFA17_CA2C ^ (i + 1).wrapping_mul(0xD1B5_4A32_D192_ED03));
+        let fault_cancel_after = (self.fault_cancel > 0.0 && frng.unit() < self.fault_cancel)
+            .then(|| 1 + frng.below(128));
         if let Some(r) = self.trace.as_ref().and_then(|(t, _)| t.get(i as usize)) {
             // A trace's request: its prompt from its block ids, its output length as recorded.
             let cancel_after = (rng.unit() < self.cancel_ratio).then(|| 1 + rng.below(64));
@@ -93,7 +98,7 @@ impl Workload {
                     load_deadline: None,
                 },
                 cancel_after,
-                fault_cancel_after: None,
+                fault_cancel_after,
             };
         }
         let len = self.min_prompt + rng.below(self.max_prompt - self.min_prompt + 1);
@@ -119,11 +124,6 @@ impl Workload {
         let out = 1 + (exp * (self.output_mean - 1.0)) as u64;
         let max_new_tokens = out.min(self.output_cap).max(1) as u32;
         let cancel_after = (rng.unit() < self.cancel_ratio).then(|| 1 + rng.below(64));
-        // A separate stream, so faults do not change the workload.
-        let mut frng =
-            SplitMix64::new(self.seed ^ 0xFA17_CA2C ^ (i + 1).wrapping_mul(0xD1B5_4A32_D192_ED03));
-        let fault_cancel_after = (self.fault_cancel > 0.0 && frng.unit() < self.fault_cancel)
-            .then(|| 1 + frng.below(128));
         Generated {
             req: SubmitRequest {
                 id: self.id(i),
