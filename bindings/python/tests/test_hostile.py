@@ -588,6 +588,24 @@ def test_groups_from_kv_cache_config_refuses_what_the_rules_refuse(spec, mamba_m
     assert "\n" not in str(e.value)
 
 
+def test_groups_from_kv_cache_config_of_no_config_is_a_type_error_naming_it():
+    from types import SimpleNamespace
+
+    from kvsched.vllm import groups_from_kv_cache_config
+
+    for cfg, field in [
+        (None, "kv_cache_config"),
+        (SimpleNamespace(), "kv_cache_config"),
+        (SimpleNamespace(kv_cache_groups="ab"), "kv_cache_config"),
+        (SimpleNamespace(kv_cache_groups=[SimpleNamespace()]), "kv_cache_groups[0].kv_cache_spec"),
+    ]:
+        with pytest.raises(TypeError, match=rf"^{field.replace('[', '.').replace(']', '.')}"):
+            groups_from_kv_cache_config(cfg)
+    with pytest.raises(kvsched.ScenarioError) as e:
+        groups_from_kv_cache_config(_config(SimpleNamespace()))
+    assert e.value.field == "kv_cache_groups[0].block_size"
+
+
 def test_groups_from_kv_cache_config_takes_good_specs():
     from kvsched.vllm import groups_from_kv_cache_config
     from vllm_standins import FullAttentionSpec, MambaSpec, SlidingWindowSpec

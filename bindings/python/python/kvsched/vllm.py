@@ -30,7 +30,7 @@ This module holds the third: the mixin, and what it reads from vLLM's objects
 from __future__ import annotations
 
 import numbers
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from kvsched import ScenarioError, _native
@@ -71,12 +71,20 @@ def groups_from_kv_cache_config(kv_cache_config: Any, mamba_mode: str = "align")
         raise ScenarioError(
             "mamba_mode", f'expected "align" or "all", got {shown(mamba_mode)}'
         )
+    groups = getattr(kv_cache_config, "kv_cache_groups", None)
+    if isinstance(groups, (str, bytes)) or not isinstance(groups, Iterable):
+        raise TypeError(
+            "kv_cache_config: expected a vLLM KVCacheConfig (its kv_cache_groups), "
+            f"not {type(kv_cache_config).__name__}"
+        )
     out = []
-    for g in kv_cache_config.kv_cache_groups:
+    for g in groups:
         field = f"kv_cache_groups[{len(out)}]"
-        spec = g.kv_cache_spec
+        spec = getattr(g, "kv_cache_spec", None)
+        if spec is None:
+            raise TypeError(f"{field}.kv_cache_spec: missing")
         name = type(spec).__name__
-        bs = _positive(f"{field}.block_size", spec.block_size)
+        bs = _positive(f"{field}.block_size", getattr(spec, "block_size", None))
         if "Mamba" in name:
             # A spec's own mode where it names one of the rules' (vLLM's default, "none",
             # caches no Mamba prefix and names none): else `mamba_mode`.
