@@ -56,8 +56,9 @@ declare -A MODELS=(
   # runtime/worker.rs: no SeqCst fences between a worker's listing and its re-check of the jobs,
   # nor between a dispatch's push and its pop of the idle list.
   [worker-no-fence]="worker_idle_list::dispatch_races_worker_going_idle worker_idle_list::two_workers_dispatch_one_at_a_time"
-  # runtime/worker.rs: a worker lists itself idle again while still listed.
-  [worker-list-twice]="worker_idle_list::dispatch_races_worker_going_idle worker_idle_list::two_workers_dispatch_one_at_a_time"
+  # runtime/worker.rs: a worker stays listed idle while it runs a load, so a dispatch wakes it
+  # in an idle worker's place.
+  [worker-busy-listed]="worker_idle_list::a_second_job_runs_while_the_first_hangs"
   # runtime/worker.rs: a worker drops a completion when the shard's queue is full.
   [worker-drop-on-full]="completion_queue::one_worker_full_queue completion_queue::full_queue_makes_the_producer_retry"
   # runtime/worker.rs: shutdown waits for the workers without draining the queues meanwhile.
@@ -75,7 +76,7 @@ declare -A MODELS=(
 )
 ORDER=(drop-check-then-set claim-store barrier-relaxed clear-pending-relaxed free-list-no-tag release-relaxed
   fill-release-unguarded exclusive-unguarded
-  lookup-revive-unlocked unpark-no-lock worker-no-recheck worker-no-fence worker-list-twice
+  lookup-revive-unlocked unpark-no-lock worker-no-recheck worker-no-fence worker-busy-listed
   worker-drop-on-full shutdown-no-drain-while-waiting evict-cas-store evict-hint-unchecked
   delivered-before-push delivered-relaxed)
 

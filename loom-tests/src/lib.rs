@@ -135,11 +135,19 @@ pub struct Engine {
 impl Engine {
     /// Starts `workers` workers delivering into a queue of capacity `cap`.
     pub fn start(workers: usize, cap: usize) -> Self {
+        Self::start_with(workers, cap, std::sync::Arc::new(NoConnector))
+    }
+
+    /// [`start`](Self::start) with `connector` running the loads.
+    pub fn start_with(
+        workers: usize,
+        cap: usize,
+        connector: std::sync::Arc<dyn KvConnector>,
+    ) -> Self {
         let queue = Arc::new(ArrayQueue::new(cap));
         let parker = Parker::new();
         let signal = Arc::new(WorkSignal::new(parker.unparker()));
         let s = Arc::clone(&signal);
-        let connector: std::sync::Arc<dyn KvConnector> = std::sync::Arc::new(NoConnector);
         let notify: std::sync::Arc<dyn Fn() + Send + Sync> =
             std::sync::Arc::new(move || s.notify());
         let pool = WorkerPool::start(

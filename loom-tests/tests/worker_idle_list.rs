@@ -1,26 +1,28 @@
 //! **Race: a dispatch against a worker going idle** (the real `WorkerPool`: `dispatch` pushes
-//! the job, then pops an idle worker's index and unparks it; `worker_loop`, finding no job,
-//! lists itself — its `listed` flag swapped false → true before its index goes on the idle
-//! queue, sized to the workers — re-checks the jobs and parks untimed).
+//! the job, then takes the first worker listed idle — a CAS of its flag true → false — and
+//! unparks it; `worker_loop`, finding no job, lists itself, re-checks the jobs and parks
+//! untimed, and once awake takes its listing back before it runs anything).
 //!
 //! * `dispatch_races_worker_going_idle`: one worker; the engine dispatches a job while the
 //!   worker starts and goes idle, waits for its completion, dispatches a second while the
-//!   worker goes idle again (still listed or not), waits, and shuts the pool down.
+//!   worker goes idle again, waits, and shuts the pool down.
 //! * `two_workers_dispatch_one_at_a_time`: two workers; the engine dispatches a job, waits for
 //!   its completion, and dispatches another, each while either worker may be listed, going
 //!   idle or still busy.
+//! * `a_second_job_runs_while_the_first_hangs`: two workers; the first job's load blocks until
+//!   the engine has the second's completion, so the second must run on the other worker.
 //!
 //! No lost wake-up: every dispatched job is run (the engine parks untimed until its
 //! completion, so a job nobody runs leaves every thread asleep: loom reports the deadlock).
-//! Each worker is on the idle list at most once: the pool's debug assertions check that no
-//! listing overflows the queue and that every popped listing is its worker's only one.
+//! No busy worker is woken in an idle one's place: a worker listed before its re-check found
+//! the first job, left listed while it runs it, would take the second job's wake-up while the
+//! other worker sleeps — deadlock in the third model.
 //!
 //! Catches: a worker that parks without re-checking the jobs after listing itself (plant
-//! `worker-no-recheck`: a dispatch whose pop came before the listing wakes nobody — deadlock),
+//! `worker-no-recheck`: a dispatch whose scan came before the listing wakes nobody — deadlock),
 //! the SeqCst fences left out of the pairing (plant `worker-no-fence`: the worker's re-check
-//! misses the job while the dispatch's pop misses the listing — deadlock), a worker that lists
-//! itself while still listed (plant `worker-list-twice`: the idle queue overflows or holds its
-//! index twice).
+//! misses the job while the dispatch's scan misses the listing — deadlock), a worker that
+//! stays listed while it runs a load (plant `worker-busy-listed`: the third model's deadlock).
 //!
 //! The fences are checked because the shim's queue models, like crossbeam's queues, see an
 //! empty queue without taking a lock (a lock there would order the re-check after the
@@ -32,6 +34,10 @@
 
 #![cfg(kvsched_loom)]
 
+use kvsched::connector::{KvConnector, LoadJob, LoadResult, LookupQuery, LookupResult};
+use kvsched::runtime::worker::model_job_key;
+use kvsched::sync::condvar::Condvar;
+use kvsched::sync::Mutex;
 use kvsched_loom_tests::{model, Engine};
 
 #[test]
@@ -65,5 +71,52 @@ fn two_workers_dispatch_one_at_a_time() {
         }
         let (applied, stale, left) = e.shutdown();
         assert_eq!((applied, stale, left), (vec![], vec![], vec![]));
+    });
+}
+
+/// Job 1's load waits for this to open.
+#[derive(Default)]
+struct Gate {
+    open: Mutex<bool>,
+    opened: Condvar,
+}
+
+/// Loads that succeed, job 1's only once its gate opens.
+struct Gated(std::sync::Arc<Gate>);
+
+impl KvConnector for Gated {
+    fn lookup(&self, _: LookupQuery<'_>) -> LookupResult {
+        LookupResult::default()
+    }
+    fn load(&self, job: &LoadJob) -> LoadResult {
+        if model_job_key(job).seq() == 1 {
+            let mut open = self.0.open.lock();
+            while !*open {
+                open = self.0.opened.wait(open);
+            }
+        }
+        LoadResult::Ok
+    }
+}
+
+#[test]
+fn a_second_job_runs_while_the_first_hangs() {
+    model(|| {
+        let gate = std::sync::Arc::new(Gate::default());
+        let e = Engine::start_with(2, 2, std::sync::Arc::new(Gated(gate.clone())));
+        e.dispatch(1, 0);
+        e.dispatch(2, 0);
+        // Job 1 hangs until job 2 is done: the other worker must run job 2.
+        let mut got = Vec::new();
+        while !got.contains(&2) {
+            got.extend(e.drain_until(1).iter().map(|c| c.key.seq()));
+        }
+        *gate.open.lock() = true;
+        gate.opened.notify_all();
+        let (applied, stale, left) = e.shutdown();
+        assert!(stale.is_empty() && left.is_empty(), "{stale:?} {left:?}");
+        got.extend(applied);
+        got.sort_unstable();
+        assert_eq!(got, [1, 2]);
     });
 }

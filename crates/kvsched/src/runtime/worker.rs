@@ -164,10 +164,11 @@ mod pool_impl {
         stop: AtomicBool,
         /// Set when the pool is dropped without a drain: a full queue is abandoned.
         abandon: AtomicBool,
-        /// Idle workers, by index: each is listed at most once (its `listed` flag goes
-        /// false → true before it is pushed), so the queue, sized to the workers, never fills.
-        idle: ArrayQueue<usize>,
-        listed: Vec<AtomicBool>,
+        /// Per worker, whether it is listed idle: set by the worker before its last check of
+        /// the jobs and its park, cleared by the dispatch that wakes it or by the worker itself
+        /// once awake. A listed worker is parked or about to park, never running a load: a
+        /// dispatch wakes only a worker that can take its job.
+        idle: Vec<AtomicBool>,
         unparkers: Vec<Unparker>,
         counters: WorkerCounts,
         notify: Arc<dyn Fn() + Send + Sync>,
@@ -204,8 +205,7 @@ mod pool_impl {
                 connector,
                 stop: AtomicBool::new(false),
                 abandon: AtomicBool::new(false),
-                idle: ArrayQueue::new(n),
-                listed: (0..n).map(|_| AtomicBool::new(false)).collect(),
+                idle: (0..n).map(|_| AtomicBool::new(false)).collect(),
                 unparkers: parkers.iter().map(Parker::unparker).collect(),
                 counters: WorkerCounts::default(),
                 notify,
@@ -240,18 +240,23 @@ mod pool_impl {
             let s = &*self.shared;
             s.jobs.push(job);
             // SeqCst: pairs with the fence in `worker_loop` between listing and re-checking the
-            // jobs: either that re-check sees this job, or this pop sees the listing.
+            // jobs: either that re-check sees this job, or this scan sees the listing.
             // (Planted bug `worker-no-fence`, loom-tests/plants.sh: both fences left out.)
             if !planted!("worker-no-fence") {
                 fence(Ordering::SeqCst);
             }
-            if let Some(i) = s.idle.pop() {
-                // Release: pairs with the Acquire swap in `worker_loop`, which may list the
-                // worker again only after this pop. A swap, so the check below reads the
-                // latest value: the popped listing is the worker's only one.
-                let was_listed = s.listed[i].swap(false, Ordering::Release);
-                debug_assert!(was_listed, "worker {i} was on the idle list twice");
-                s.unparkers[i].unpark();
+            for (flag, unparker) in s.idle.iter().zip(&s.unparkers) {
+                // Relaxed: the fences above and in `worker_loop` order the listing against this
+                // read; the CAS takes the listing once (a worker taking it back, or another
+                // dispatch, makes it fail) and the unpark publishes what the worker needs.
+                if flag.load(Ordering::Relaxed)
+                    && flag
+                        .compare_exchange(true, false, Ordering::Relaxed, Ordering::Relaxed)
+                        .is_ok()
+                {
+                    unparker.unpark();
+                    return;
+                }
             }
         }
 
@@ -348,22 +353,12 @@ mod pool_impl {
                     backoff.snooze();
                     continue;
                 }
-                // List as idle (at most once), re-check, then park untimed: a dispatch after
-                // the re-check pops the listing and unparks us, and an unpark that lands
-                // before the park makes it return at once.
-                // Acquire: pairs with the Release swap in `dispatch` that unlisted us.
-                // Planted bug (loom-tests/plants.sh): the flag is ignored, so a worker still
-                // listed lists itself again.
-                let list =
-                    !s.listed[me].swap(true, Ordering::Acquire) || planted!("worker-list-twice");
-                if list {
-                    // Cannot fail: the queue holds one slot per worker and each is listed at
-                    // most once.
-                    let pushed = s.idle.push(me);
-                    debug_assert!(pushed.is_ok(), "worker {me}: the idle list overflowed");
-                }
+                // List as idle, re-check, then park untimed: a dispatch after the re-check
+                // takes the listing and unparks us, and an unpark that lands before the park
+                // makes it return at once. Relaxed: the fence below orders it.
+                s.idle[me].store(true, Ordering::Relaxed);
                 // SeqCst: pairs with the fence in `dispatch` (listing, then re-check here;
-                // push, then pop there).
+                // push, then scan there).
                 if !planted!("worker-no-fence") {
                     fence(Ordering::SeqCst);
                 }
@@ -374,6 +369,16 @@ mod pool_impl {
                     && !s.stop.load(Ordering::Acquire);
                 if idle {
                     parker.park();
+                }
+                // Awake (a dispatch's unpark, a job the re-check found, a stop, or a wake-up
+                // meant for an earlier park): the listing goes before any load runs, so no
+                // dispatch wakes this worker for a job while it runs another and leaves an idle
+                // one asleep. A dispatch that took it first has unparked us: our next park
+                // returns at once. Relaxed: a dispatch's CAS on the flag decides who takes it.
+                // (Planted bug `worker-busy-listed`, loom-tests/plants.sh: the listing stays,
+                // and a dispatch wakes this worker while it runs a load.)
+                if !planted!("worker-busy-listed") {
+                    s.idle[me].store(false, Ordering::Relaxed);
                 }
                 backoff.reset();
                 continue;
