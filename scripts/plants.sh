@@ -87,6 +87,9 @@ declare -A TESTS=(
   [tier-properties-unguarded]="kvsched --test kv_tier_panics"
   # kv/tier_load.rs: a chunk the tier handed over and then disowned is counted loaded too.
   [disowned-chunk-counted]="kvsched --test kv_tier_panics"
+  # kv/saver.rs: save threads rest on the condition variable offers notify, so an offer
+  # wakes a resting thread (which rests on) instead of one waiting for work.
+  [saver-rest-on-ready]="kvsched --lib kv::saver::tests::a_save_offered_while_one_thread_rests_is_stored_by_the_other"
   [restart-keeps-lost-output]="kvsched --test runtime_discard;kvsched --test kv_lifecycle_outputs"
   # bindings/python tier_jobs.rs: a memory tier's lookups answer from the index alone, which
   # cannot see what the store evicted: evicted chunks promised, kept ones missed.
@@ -400,7 +403,7 @@ ORDER=(decide-early claim-store late-leak deadline-compact-in-flight late-ok-acc
   sampled-as-planned-by-count sampling-kept window-one-needs-entry
   missing-sample-kept held-admission-unannounced kept-sample-discarded restart-drops-kept-sample
   restart-keeps-lost-output tier-pool-parks-globally wait-any-group tier-stop-drops-queued
-  seen-never-pruned tier-properties-unguarded disowned-chunk-counted
+  seen-never-pruned tier-properties-unguarded disowned-chunk-counted saver-rest-on-ready
   tier-memory-index-only connector-geometry-unchecked legacy-loader-at-zero
   redis-oversized-drops-node accounting-read-unheld
   refresh-waits-on-lock echo-refusal-counts-server-errors save-pause-outlasts-outage

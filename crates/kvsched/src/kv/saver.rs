@@ -113,7 +113,11 @@ struct Queue {
 
 struct Shared {
     queue: Mutex<Queue>,
+    /// Where threads wait for work: each offer wakes one of them.
     ready: Condvar,
+    /// Where threads rest their CPU share: only a stop wakes them (an offer that woke a
+    /// resting thread would go unserved while another waited for work).
+    rest: Condvar,
     capacity: usize,
     counters: SaverCounts,
     /// Threads holding work taken off the queue.
@@ -171,6 +175,7 @@ impl Saver {
                 stop: false,
             }),
             ready: Condvar::new(),
+            rest: Condvar::new(),
             capacity: capacity.max(1),
             counters: SaverCounts::default(),
             busy: AtomicUsize::new(0),
@@ -336,6 +341,7 @@ fn stop(shared: &Shared) {
         std::mem::take(&mut q.work)
     };
     shared.ready.notify_all();
+    shared.rest.notify_all();
     shared.dropped(left);
 }
 
@@ -559,9 +565,16 @@ impl Duty {
             return;
         }
         let until = Instant::now() + std::mem::take(&mut self.owed);
+        // (Planted bug `saver-rest-on-ready`, scripts/plants.sh: rests where threads wait for
+        // work, so an offer may wake this one, which rests on, instead of an idle one.)
+        let cv = if planted!("saver-rest-on-ready") {
+            &shared.ready
+        } else {
+            &shared.rest
+        };
         let mut q = shared.queue.lock();
         while !q.stop && Instant::now() < until {
-            q = shared.ready.wait_until(q, Some(until)).0;
+            q = cv.wait_until(q, Some(until)).0;
         }
     }
 }

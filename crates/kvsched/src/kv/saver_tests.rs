@@ -298,3 +298,87 @@ fn a_load_the_tier_answers_cuts_a_long_save_pause_short() {
     s.tier_answered();
     assert_eq!(s.shared.pause.lock().until, until);
 }
+
+/// A tier whose `put` of key 1 takes 50 ms (the rest stores at once), recording what it stored.
+#[derive(Default)]
+struct SlowFirst {
+    stored: Mutex<Vec<ChunkKey>>,
+}
+
+impl Tier for SlowFirst {
+    fn name(&self) -> &str {
+        "slow-first"
+    }
+    fn exists(&self, keys: &[ChunkKey], _: &CancelToken) -> Result<Vec<bool>, TierError> {
+        Ok(vec![false; keys.len()])
+    }
+    fn get(&self, keys: &[ChunkKey], _: &CancelToken) -> Result<Vec<Option<Vec<u8>>>, TierError> {
+        Ok(vec![None; keys.len()])
+    }
+    fn put(&self, chunks: &[(ChunkKey, Vec<u8>)]) -> Result<(), TierError> {
+        if chunks.iter().any(|(k, _)| *k == ChunkKey(1)) {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        self.stored.lock().extend(chunks.iter().map(|(k, _)| *k));
+        Ok(())
+    }
+}
+
+/// Two save threads, a CPU share of 1%: the thread that stored key 1 (50 ms) rests 5 s. A
+/// save offered while it rests and the other thread waits for work is stored by the other at
+/// once: an offer's wake-up goes to a thread waiting for work, never to a resting one (which
+/// would rest on, the save left queued for the rest of its 5 s).
+#[test]
+fn a_save_offered_while_one_thread_rests_is_stored_by_the_other() {
+    let tier = Arc::new(SlowFirst::default());
+    let t: Arc<dyn Tier> = tier.clone();
+    let ix = Arc::new(KeyIndex::new(64));
+    let saver = Saver::start(
+        t,
+        ChunkCodec::new(None),
+        ix.clone(),
+        ix,
+        SaverSettings {
+            capacity: 8,
+            threads: 2,
+            drop_timeout: std::time::Duration::from_secs(10),
+            backoff: SaveBackoff::default(),
+            chunk_bytes: 56,
+            cpu_share: 0.01,
+            batch: 1,
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let save = |k: u128| {
+        assert!(saver.offer(Work::Save {
+            key: ChunkKey(k),
+            group: 0,
+            tokens: 16,
+            chunk: vec![1; 56],
+        }));
+    };
+    let stored = |k: u128| tier.stored.lock().contains(&ChunkKey(k));
+    let wait_stored = |k: u128, secs: u64| {
+        let t0 = Instant::now();
+        while !stored(k) && t0.elapsed() < std::time::Duration::from_secs(secs) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        stored(k)
+    };
+    // One thread stores key 1 and starts its rest; the other stores key 2 (no rest to speak
+    // of) and waits for work again, after the first began resting.
+    save(1);
+    assert!(wait_stored(1, 10));
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    save(2);
+    assert!(wait_stored(2, 10));
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    // A hang guard, not a timing target: the other thread takes it at once, the resting one
+    // only after its 5 s.
+    save(3);
+    assert!(
+        wait_stored(3, 2),
+        "the save waited for a resting thread's rest"
+    );
+    drop(saver);
+}
