@@ -13,7 +13,7 @@
 //!
 //! # Limits
 //!
-//! Threads start on demand: a get queued while every thread is busy starts one more, up to
+//! Threads start on demand: a get that finds more gets queued than threads free starts one more, up to
 //! `threads`, so slow or hung gets do not hold up the others until that many are stuck. A
 //! get that never returns keeps its thread for good: at most `threads` can hang at once.
 //! Once every thread hangs, later gets wait in the queue and fail at their deadline; a
@@ -106,12 +106,24 @@ impl BoundedGets {
         Ok(())
     }
 
-    /// Starts a thread if every one is busy and fewer than the cap run (a failed start
-    /// leaves the get queued for the threads there are).
-    fn grow(&self) {
+    /// Starts a thread if the gets queued (`queued`, counted as the caller's went in) are more
+    /// than the threads not busy, and fewer than the cap run (a failed start leaves the get
+    /// queued for the threads there are).
+    fn grow(&self, queued: usize) {
         let running = self.threads.lock().len();
-        // Relaxed: a hint; a thread finishing meanwhile only means one more than needed.
-        if running < self.cap && self.shared.busy.load(Ordering::Relaxed) >= running {
+        // Relaxed: a thread that took a get before the caller's push counted itself busy
+        // under the queue's lock, which the caller took after it; one finishing meanwhile
+        // only means one thread more than needed.
+        let busy = self.shared.busy.load(Ordering::Relaxed);
+        // (Planted bug `gets-grow-on-busy-alone`, scripts/plants.sh: the queue is not
+        // counted, so two gets queued before the one thread takes the first leave the second
+        // behind it.)
+        let short = if planted!("gets-grow-on-busy-alone") {
+            busy >= running
+        } else {
+            busy.saturating_add(queued) > running
+        };
+        if running < self.cap && short {
             let _ = self.spawn();
         }
     }
@@ -128,14 +140,18 @@ impl BoundedGets {
     ) -> Answer {
         let slot = Arc::new(Slot::default());
         let call_cancel = CancelToken::new();
-        self.shared.queue.lock().push_back(Call {
-            keys: keys.to_vec(),
-            bufs,
-            cancel: call_cancel.clone(),
-            slot: Arc::clone(&slot),
-        });
+        let queued = {
+            let mut q = self.shared.queue.lock();
+            q.push_back(Call {
+                keys: keys.to_vec(),
+                bufs,
+                cancel: call_cancel.clone(),
+                slot: Arc::clone(&slot),
+            });
+            q.len()
+        };
         self.shared.wake.notify_one();
-        self.grow();
+        self.grow(queued);
         let started = Instant::now();
         let mut answer = slot.answer.lock();
         loop {
@@ -223,6 +239,11 @@ fn run(s: &Shared) {
                     return;
                 }
                 if let Some(c) = q.pop_front() {
+                    // Counted busy before the queue's lock goes: a caller that queues a get
+                    // after this pop (it takes the lock after us) sees this thread busy in
+                    // `grow` and starts another, instead of leaving its get behind this one.
+                    // Relaxed: the queue's lock orders it before that caller's read.
+                    s.busy.fetch_add(1, Ordering::Relaxed);
                     break c;
                 }
                 q = s.wake.wait(q);
@@ -230,9 +251,9 @@ fn run(s: &Shared) {
         };
         // Acquire: pairs with the Release store in `get`: a caller gone never gets its call run.
         if call.slot.gave_up.load(Ordering::Acquire) {
+            s.busy.fetch_sub(1, Ordering::Relaxed);
             continue;
         }
-        s.busy.fetch_add(1, Ordering::Relaxed);
         let Call {
             keys,
             mut bufs,
@@ -277,6 +298,36 @@ mod tests {
         fn put(&self, _: &[(ChunkKey, Vec<u8>)]) -> Result<(), TierError> {
             Ok(())
         }
+    }
+
+    /// Two gets queued before the one thread wakes to take the first: one thread cannot serve
+    /// both while the first hangs, so the second starts another (under the cap). Counting
+    /// busy threads alone, none is busy yet, and the second get would wait behind the first.
+    #[test]
+    fn gets_queued_past_the_idle_threads_start_another() {
+        let release = Arc::new(AtomicBool::new(false));
+        let gets = BoundedGets::start(Arc::new(Hung(Arc::clone(&release))), 4).unwrap();
+        let call = || Call {
+            keys: vec![ChunkKey(1)],
+            bufs: vec![Vec::new()],
+            cancel: CancelToken::new(),
+            slot: Arc::new(Slot::default()),
+        };
+        // Queued without a wake-up: the thread sleeps on as both wait.
+        let queued = {
+            let mut q = gets.shared.queue.lock();
+            q.push_back(call());
+            q.push_back(call());
+            q.len()
+        };
+        gets.grow(queued);
+        assert_eq!(
+            gets.threads.lock().len(),
+            2,
+            "no thread started for the second get"
+        );
+        gets.shared.wake.notify_all();
+        release.store(true, Ordering::Release);
     }
 
     #[test]
