@@ -13,8 +13,9 @@
 //!
 //! # Limits
 //!
-//! Threads start on demand: a get that finds more gets queued than threads free starts one more, up to
-//! `threads`, so slow or hung gets do not hold up the others until that many are stuck. A
+//! Threads start on demand: a get that finds more gets queued than threads free starts one
+//! more, up to `threads`, so slow or hung gets do not hold up the others until that many are
+//! stuck. A
 //! get that never returns keeps its thread for good: at most `threads` can hang at once.
 //! Once every thread hangs, later gets wait in the queue and fail at their deadline; a
 //! caller that gives up takes its get out of the queue, so the queue holds only gets whose
