@@ -93,6 +93,9 @@ declare -A TESTS=(
   # kv/bounded.rs: a get starts a thread only when every thread is busy, not counting the
   # gets queued: two queued before the one thread takes the first leave the second behind it.
   [gets-grow-on-busy-alone]="kvsched --lib kv::bounded::tests::gets_queued_past_the_idle_threads_start_another"
+  # shard/load_choice.rs: under a Mamba align group the cost policy loads a hit's head, and
+  # probes one resume unit, ending where the tier holds no state: every one fails.
+  [align-head-load]="kvsched --test runtime_load_probe"
   [restart-keeps-lost-output]="kvsched --test runtime_discard;kvsched --test kv_lifecycle_outputs"
   # bindings/python tier_jobs.rs: a memory tier's lookups answer from the index alone, which
   # cannot see what the store evicted: evicted chunks promised, kept ones missed.
@@ -407,7 +410,7 @@ ORDER=(decide-early claim-store late-leak deadline-compact-in-flight late-ok-acc
   missing-sample-kept held-admission-unannounced kept-sample-discarded restart-drops-kept-sample
   restart-keeps-lost-output tier-pool-parks-globally wait-any-group tier-stop-drops-queued
   seen-never-pruned tier-properties-unguarded disowned-chunk-counted saver-rest-on-ready
-  gets-grow-on-busy-alone
+  gets-grow-on-busy-alone align-head-load
   tier-memory-index-only connector-geometry-unchecked legacy-loader-at-zero
   redis-oversized-drops-node accounting-read-unheld
   refresh-waits-on-lock echo-refusal-counts-server-errors save-pause-outlasts-outage

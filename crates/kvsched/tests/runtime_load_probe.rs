@@ -3,31 +3,39 @@
 //! passed without a measured load, with at least one resume unit — a probe of what the
 //! estimate asks for, one token, rounds down to nothing and would measure nothing — and
 //! once the probe lands the tier is loaded again.
+//!
+//! With a Mamba `align` group a tier holds the group's state only where a step ended, and a
+//! lookup vouches only for its offer's end: a probe (or a head) ending anywhere else finds no
+//! state and fails, so there the probe loads the whole hit (plant `align-head-load`: a tier
+//! written off stays written off).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvsched::connector::{KvConnector, LoadJob, LoadResult, LookupQuery, LookupResult};
-use kvsched::{CacheGroup, LoadPolicy, Runtime, Settings, StepOutput, SubmitRequest};
+use kvsched::{CacheGroup, LoadPolicy, MambaMode, Runtime, Settings, StepOutput, SubmitRequest};
 
-/// Offers every prompt but its last 16 tokens as an async load; the first load fails, every
-/// later one lands.
+/// Offers every prompt but its last 65 tokens (640 of 705) as an async load; the first load
+/// fails, every later one lands — with `state_at_end_only`, only a load ending at the offer's
+/// end (where a Mamba `align` state is stored).
 struct FirstLoadFails {
     loads: AtomicU64,
+    state_at_end_only: bool,
 }
 
 impl KvConnector for FirstLoadFails {
     fn lookup(&self, q: LookupQuery<'_>) -> LookupResult {
         LookupResult {
             external_tokens: (q.prompt.len() as u64)
-                .saturating_sub(16)
+                .saturating_sub(65)
                 .saturating_sub(q.local_tokens),
             load_async: true,
         }
     }
     fn load(&self, job: &LoadJob) -> LoadResult {
-        if self.loads.fetch_add(1, Ordering::SeqCst) == 0 {
+        let first = self.loads.fetch_add(1, Ordering::SeqCst) == 0;
+        if first || (self.state_at_end_only && job.end_tokens != 640) {
             LoadResult::all_failed(job)
         } else {
             LoadResult::Ok
@@ -37,11 +45,27 @@ impl KvConnector for FirstLoadFails {
 
 #[test]
 fn a_tier_written_off_after_one_failure_is_probed_and_loaded_again() {
+    probed_and_loaded_again(vec![CacheGroup::full_attention(16)], false);
+}
+
+#[test]
+fn with_a_mamba_align_group_the_probe_loads_the_whole_hit() {
+    probed_and_loaded_again(
+        vec![
+            CacheGroup::full_attention(16),
+            CacheGroup::mamba(64, MambaMode::Align),
+        ],
+        true,
+    );
+}
+
+fn probed_and_loaded_again(groups: Vec<CacheGroup>, state_at_end_only: bool) {
     let conn = Arc::new(FirstLoadFails {
         loads: AtomicU64::new(0),
+        state_at_end_only,
     });
     let mut rt = Runtime::builder()
-        .groups(vec![CacheGroup::full_attention(16)])
+        .groups(groups)
         .pool_blocks(4096)
         .shards(1)
         .workers(1)
@@ -59,7 +83,7 @@ fn a_tier_written_off_after_one_failure_is_probed_and_loaded_again() {
     let mut out = StepOutput::default();
     let mut next = 0u32;
     let t0 = Instant::now();
-    // Distinct prompts of 10 blocks and a token, at most 8 live, arriving until the tier has
+    // Distinct prompts of 11 blocks of 64 and a token, at most 8 live, arriving until the tier has
     // been probed and has landed 10 loads, or for 30 s (a machine so loaded that the failed
     // load lands late delays the probe, not the verdict). The second arrives only once the
     // first request's load has failed: a request admitted before that failure is measured
@@ -76,7 +100,7 @@ fn a_tier_written_off_after_one_failure_is_probed_and_loaded_again() {
             break;
         }
         if open && rt.live() < 8 {
-            let prompt = (0..161).map(|t| next * 1000 + t).collect();
+            let prompt = (0..705).map(|t| next * 1000 + t).collect();
             rt.submit(SubmitRequest {
                 id: format!("p{next}"),
                 prompt,

@@ -2,12 +2,14 @@
 //! policy, none under `never`; under `cost`, what `runtime::policy::load_cost` decides from
 //! the tier's measured estimate (`runtime::load_estimate`) and the requests waiting behind
 //! this one, a probe granted now and then — at least one resume unit, so a tier written off
-//! is measured again. What a decision leaves to recompute is counted
+//! is measured again. With a Mamba `align` group a hit is loaded whole or not at all: the
+//! tier holds that group's state only where the offer ends. What a decision leaves to recompute is counted
 //! (`Metrics::cost_declined_*`, `cost_partial_requests`; `cost_probes` counts probes that
 //! loaded more than the decision would have).
 
 use std::time::Instant;
 
+use crate::rules::geometry::{GroupKind, MambaMode};
 use crate::runtime::policy::admission::external_end;
 use crate::runtime::policy::load_cost::{load_tokens, Engine, LoadPolicy, TierHit};
 
@@ -45,6 +47,22 @@ impl<S: Strategy> Shard<S> {
         };
         let decision = load_tokens(settings.load_policy, &hit, engine, false);
         let mut end = external_end(env.geo, prompt_len, local, decision.load);
+        // A Mamba `align` group resumes only where a step ended, and a tier holds its state
+        // there alone: the lookup vouches for the offer's end, not for any point before it,
+        // so a hit is loaded whole or not at all (a head would end where no state is stored,
+        // and fail). (Planted bug `align-head-load`, scripts/plants.sh: heads and probes of
+        // one resume unit are loaded, and every one of them fails.)
+        let whole_only = env.geo.groups().iter().any(|g| {
+            matches!(
+                g.kind,
+                GroupKind::Mamba {
+                    mode: MambaMode::Align
+                }
+            )
+        }) && !planted!("align-head-load");
+        if whole_only && end < full {
+            end = local;
+        }
         let probe = settings.load_policy == LoadPolicy::Cost
             && end < full
             && env.estimate.try_probe(now, settings.load_probe_interval);
@@ -53,13 +71,18 @@ impl<S: Strategy> Shard<S> {
             // At least one resume unit (`S` tokens) past the local prefix: a probe shorter
             // than that (a tier measured failing every load asks for one token) would round
             // down to nothing and measure nothing, and the tier would never be loaded again.
-            // (Planted bug `probe-rounds-to-nothing`, scripts/plants.sh.)
+            // (Planted bug `probe-rounds-to-nothing`, scripts/plants.sh.) Under a Mamba
+            // `align` group, the whole hit.
             let unit = if planted!("probe-rounds-to-nothing") {
                 0
             } else {
                 env.geo.scheduler_block_size()
             };
-            let probe_end = external_end(env.geo, prompt_len, local, probed.load.max(unit));
+            let probe_end = if whole_only {
+                full
+            } else {
+                external_end(env.geo, prompt_len, local, probed.load.max(unit))
+            };
             if probe_end > end {
                 end = probe_end.min(full);
                 counters.cost_probes += 1;
