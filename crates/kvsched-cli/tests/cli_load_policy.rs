@@ -97,6 +97,7 @@ fn cost_loads_every_hit_of_a_tier_that_pays() {
 #[test]
 fn bad_values_are_refused_naming_the_flag() {
     assert_refused(&["--load-policy", "sometimes"], "--load-policy", "always");
-    assert_refused(&["--compute-rate", "0"], "--compute-rate", "> 0");
-    assert_refused(&["--compute-rate", "inf"], "--compute-rate", "> 0");
+    assert_refused(&["--compute-rate", "0"], "--compute-rate", "≥ 0.001");
+    assert_refused(&["--compute-rate", "inf"], "--compute-rate", "≥ 0.001");
+    assert_refused(&["--compute-rate", "1e-300"], "--compute-rate", "≥ 0.001");
 }

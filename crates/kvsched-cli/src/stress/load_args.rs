@@ -47,12 +47,13 @@ pub fn parse_load_policy(s: &str) -> Result<LoadPolicy, String> {
     }
 }
 
-/// Parses `--compute-rate`: a finite number of tokens per second above 0.
+/// Parses `--compute-rate`: a finite number of tokens per second, at least 0.001 (the
+/// runtime's bound: below it a token's cost overflows the rule's arithmetic).
 fn parse_compute_rate(s: &str) -> Result<f64, String> {
     s.parse::<f64>()
         .ok()
-        .filter(|r| r.is_finite() && *r > 0.0)
-        .ok_or_else(|| format!("expected tokens per second, a number > 0, got `{s}`"))
+        .filter(|r| r.is_finite() && *r >= 1e-3)
+        .ok_or_else(|| format!("expected tokens per second, a number ≥ 0.001, got `{s}`"))
 }
 
 fn ser_load_policy<S: Serializer>(p: &LoadPolicy, s: S) -> Result<S::Ok, S::Error> {

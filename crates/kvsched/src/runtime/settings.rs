@@ -39,7 +39,8 @@ pub struct Settings {
     /// (docs/runtime.md, "Load or recompute"); `never` loads nothing.
     pub load_policy: LoadPolicy,
     /// The engine's compute rate in prompt tokens per second, which the `cost` load policy
-    /// weighs a load against (default `None`; required by `cost`, finite and > 0).
+    /// weighs a load against (default `None`; required by `cost`, finite and at least 0.001,
+    /// a token per 1,000 s: below that a token's cost overflows the rule's arithmetic).
     pub compute_rate: Option<f64>,
     /// Under the `cost` load policy, how long the tier may go unmeasured before one admission
     /// loads a hit the estimate would recompute, to measure the tier again (default 1 s).
@@ -84,11 +85,12 @@ impl Settings {
         }
         if self
             .compute_rate
-            .is_some_and(|r| !(r.is_finite() && r > 0.0))
+            .is_some_and(|r| !(r.is_finite() && r >= 1e-3))
         {
             return Err(RuntimeError::Config {
                 field: "compute_rate",
-                problem: "must be a finite number of tokens per second > 0 (or None)".into(),
+                problem: "must be a finite number of tokens per second, at least 0.001 (or None)"
+                    .into(),
             });
         }
         if self.load_policy == LoadPolicy::Cost && self.compute_rate.is_none() {
