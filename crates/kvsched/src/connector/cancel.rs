@@ -73,6 +73,7 @@ impl CancelToken {
                 .store(cur | DROPPED | CANCELLED, Ordering::Release);
             return cur & STARTED == 0;
         }
+        // Acquire: pairs with the AcqRel `fetch_or` in `start` (as the loop's failed CAS does).
         #[cfg_attr(kvsched_plant = "drop-check-then-set", allow(unreachable_code))]
         let mut cur = self.state.load(Ordering::Acquire);
         loop {

@@ -183,8 +183,8 @@ impl KvMemory for HostKvMemory {
         let whole = offset == 0 && Some(data.len()) == self.layout.bytes_per_block(group);
         if !(planted!("epoch-not-bumped-on-whole-block-write") && whole) {
             if let Some(e) = usize::try_from(block).ok().and_then(|b| self.epochs.get(b)) {
-                // Release: after the words above, so an Acquire load that sees this epoch
-                // sees the bytes (see the type's docs).
+                // Release: pairs with the Acquire load in `write_epoch`: after the words
+                // above, so a reader that sees this epoch sees the bytes (the type's docs).
                 e.fetch_add(1, Ordering::Release);
             }
         }

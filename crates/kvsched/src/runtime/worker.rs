@@ -220,6 +220,7 @@ mod pool_impl {
                     Ok(h) => handles.push(h),
                     Err(e) => {
                         // Stop the ones already started before reporting the error.
+                        // Release: pairs with the Acquire loads of `stop` in `worker_loop`.
                         shared.stop.store(true, Ordering::Release);
                         for u in &shared.unparkers {
                             u.unpark();
@@ -335,6 +336,7 @@ mod pool_impl {
             if !self.handles.is_empty() {
                 // Nobody drains the queues any more: workers blocked on a full queue give up,
                 // and a worker stuck in a load is detached after a second.
+                // Release: pairs with the Acquire loads of `abandon` in `worker_loop`.
                 self.shared.abandon.store(true, Ordering::Release);
                 let _ = self.stop_and_join(|| {}, Duration::from_secs(1));
             }
