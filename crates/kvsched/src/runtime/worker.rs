@@ -412,6 +412,8 @@ mod pool_impl {
                 continue;
             };
             let push_backoff = Backoff::new();
+            let mut pause = Duration::from_micros(50);
+            let mut refused = false;
             // Planted bug `delivered-before-push` (loom-tests/plants.sh): the completion counts
             // as delivered before it is in its queue.
             let early = planted!("delivered-before-push");
@@ -444,10 +446,18 @@ mod pool_impl {
                         s.counters
                             .queue_full_retries
                             .fetch_add(1, Ordering::Relaxed);
-                        (s.notify)();
+                        // The engine is woken to drain the queue at the first refusal, then
+                        // before each pause, which doubles from 50 µs to 1 ms: a queue an
+                        // engine leaves full costs about a wake-up a millisecond, not one
+                        // every 50 µs.
                         if push_backoff.is_completed() {
-                            thread::sleep(Duration::from_micros(50));
+                            (s.notify)();
+                            thread::sleep(pause);
+                            pause = (pause * 2).min(Duration::from_millis(1));
                         } else {
+                            if !std::mem::replace(&mut refused, true) {
+                                (s.notify)();
+                            }
                             push_backoff.snooze();
                         }
                     }
