@@ -427,17 +427,19 @@ python_built=""
 # maturin, pytest and hypothesis the first time).
 python_plant_build() {
   if [ ! -x "$venv/bin/maturin" ]; then
-    python3 -m venv "$venv" && "$venv/bin/pip" install --quiet maturin pytest hypothesis || return 1
+    python3 -m venv "$venv" && "$venv/bin/python" -m pip install --quiet maturin pytest hypothesis || return 1
   fi
   # A wheel installed into the venv, as CI installs the package: nothing is written into
-  # the source tree.
+  # the source tree. Through the venv's own python (`-m pip`): the `pip` script of a
+  # target-plants/ copied from another checkout names the original venv's python, and would
+  # install there while the tests import the copy's stale wheel.
   rm -rf target-plants/wheels
   # The wheel is a release build: its crates are cleaned in that profile too.
   cargo clean --quiet --release --target-dir target-plants -p kvsched -p kvsched-replay \
     -p kvsched-python || return 1
   (cd bindings/python && CARGO_TARGET_DIR="$PWD/../../target-plants" \
     "$venv/bin/maturin" build --interpreter "$venv/bin/python" --out ../../target-plants/wheels) &&
-    "$venv/bin/pip" install --quiet --force-reinstall --no-deps target-plants/wheels/*.whl
+    "$venv/bin/python" -m pip install --quiet --force-reinstall --no-deps target-plants/wheels/*.whl
 }
 # Builds target `args` (the test targets' syntax above) with the current plant.
 build_target() {
