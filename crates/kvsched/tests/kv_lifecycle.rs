@@ -275,25 +275,11 @@ fn random_lives_keep_no_garbage() {
                 CacheGroup::sliding_window(16, 32),
                 CacheGroup::mamba(16, mamba),
             ];
-            let faults = kvsched_testkit::FaultConfig {
-                seed,
-                corrupt: 0.05,
-                evict: 0.05,
-                ..kvsched_testkit::FaultConfig::default()
-            };
-            let tier = Arc::new(
-                kvsched_testkit::FaultyTier::new(MemoryTier::new(64 << 20, 4), faults)
-                    .expect("faults"),
-            );
+            let tier = lifecycle::faulty_memory_tier(seed, 0.05, 0.05);
             let mut e = Bench::new(groups, tier, async_ratio, |b| {
                 b.shards(2).workers(2).pool_blocks(64).token_budget(256)
             });
-            let prefixes: Vec<Vec<u32>> = (0..3u32)
-                .map(|p| (0..64).map(|t| p * 1000 + t + 1).collect())
-                .collect();
-            for p in &prefixes {
-                e.warm(p, 64);
-            }
+            let prefixes = lifecycle::warmed_prefixes(&mut e);
             let mut rng = kvsched_testkit::SplitMix64::new(seed * 31 + mamba as u64);
             let mut live: Vec<String> = Vec::new();
             let mut next = 0u32;

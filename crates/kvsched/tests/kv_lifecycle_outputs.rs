@@ -10,9 +10,7 @@
 //! restarted request's first step: its kept sample asked for again).
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
-use kvsched::kv::MemoryTier;
 use kvsched::{CacheGroup, EndState, MambaMode, Mode};
 
 mod lifecycle;
@@ -34,15 +32,7 @@ fn random_lives_emit_each_token_once() {
                 CacheGroup::mamba(16, mamba),
             ]
         };
-        let faults = kvsched_testkit::FaultConfig {
-            seed,
-            corrupt: 0.1,
-            evict: 0.05,
-            ..kvsched_testkit::FaultConfig::default()
-        };
-        let tier = Arc::new(
-            kvsched_testkit::FaultyTier::new(MemoryTier::new(64 << 20, 4), faults).expect("faults"),
-        );
+        let tier = lifecycle::faulty_memory_tier(seed, 0.1, 0.05);
         let async_ratio = [0.0, 0.5, 1.0][(seed % 3) as usize];
         let shards = 1 + (seed % 2) as usize;
         let mut e = Bench::new(groups, tier, async_ratio, |b| {
@@ -52,12 +42,7 @@ fn random_lives_emit_each_token_once() {
                 .token_budget(256)
                 .mode(Mode::Vllm)
         });
-        let prefixes: Vec<Vec<u32>> = (0..3u32)
-            .map(|p| (0..64).map(|t| p * 1000 + t + 1).collect())
-            .collect();
-        for p in &prefixes {
-            e.warm(p, 64);
-        }
+        let prefixes = lifecycle::warmed_prefixes(&mut e);
         let mut rng = kvsched_testkit::SplitMix64::new(seed * 977);
         let mut live: Vec<String> = Vec::new();
         let mut limits: HashMap<String, u32> = HashMap::new();

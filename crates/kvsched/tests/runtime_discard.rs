@@ -358,6 +358,28 @@ impl KvConnector for OneSyncLoad {
     }
 }
 
+/// A mode `vllm` runtime of `groups` on `shards` shards holding one request, `a`: 96 tokens,
+/// 4 to generate, whose first lookup is a sync load of 64 tokens that fails.
+fn one_failing_loader(groups: Vec<CacheGroup>, shards: usize) -> Runtime {
+    let rt = Runtime::builder()
+        .groups(groups)
+        .pool_blocks(64)
+        .shards(shards)
+        .mode(Mode::Vllm)
+        .connector(OneSyncLoad::new(true))
+        .build()
+        .unwrap();
+    rt.submit(SubmitRequest {
+        id: "a".into(),
+        prompt: (0..96).collect(),
+        max_new_tokens: 4,
+        priority: 0,
+        load_deadline: None,
+    })
+    .unwrap();
+    rt
+}
+
 /// Every sample `update` does not name for discard is kept, across a live switch from
 /// `vllm` to `safe`: the first `safe` step restarts a request a `vllm` recovery rolled back
 /// to its hit rounded down (its Mamba state there may not exist) only once it has applied
@@ -369,25 +391,13 @@ fn a_kept_sample_counts_across_a_switch_to_safe() {
     for shards in [1, 2] {
         for switch_after in 1..4 {
             let case = format!("{shards} shards, switch after {switch_after} tokens");
-            let mut rt = Runtime::builder()
-                .groups(vec![
+            let mut rt = one_failing_loader(
+                vec![
                     CacheGroup::full_attention(16),
                     CacheGroup::mamba(32, MambaMode::Align),
-                ])
-                .pool_blocks(64)
-                .shards(shards)
-                .mode(Mode::Vllm)
-                .connector(OneSyncLoad::new(true))
-                .build()
-                .unwrap();
-            rt.submit(SubmitRequest {
-                id: "a".into(),
-                prompt: (0..96).collect(),
-                max_new_tokens: 4,
-                priority: 0,
-                load_deadline: None,
-            })
-            .unwrap();
+                ],
+                shards,
+            );
             let (mut emitted, mut restarted, mut first) = (0, false, true);
             for _ in 0..40 {
                 if rt.live() == 0 {
@@ -506,22 +516,7 @@ fn a_lost_output_before_a_switch_to_safe_is_lost_once() {
                 if mamba {
                     groups.push(CacheGroup::mamba(32, MambaMode::Align));
                 }
-                let mut rt = Runtime::builder()
-                    .groups(groups)
-                    .pool_blocks(64)
-                    .shards(shards)
-                    .mode(Mode::Vllm)
-                    .connector(OneSyncLoad::new(true))
-                    .build()
-                    .unwrap();
-                rt.submit(SubmitRequest {
-                    id: "a".into(),
-                    prompt: (0..96).collect(),
-                    max_new_tokens: 4,
-                    priority: 0,
-                    load_deadline: None,
-                })
-                .unwrap();
+                let mut rt = one_failing_loader(groups, shards);
                 let (mut emitted, mut restarts, mut first) = (0, 0, true);
                 for step in 1..40 {
                     if rt.live() == 0 {

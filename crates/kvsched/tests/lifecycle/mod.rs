@@ -231,6 +231,32 @@ impl Bench {
     }
 }
 
+/// A memory tier (64 MiB) behind faults of `seed` damaging a share `corrupt` of the chunks it
+/// reads and losing a share `evict`.
+pub fn faulty_memory_tier(seed: u64, corrupt: f64, evict: f64) -> Arc<dyn Tier> {
+    let faults = kvsched_testkit::FaultConfig {
+        seed,
+        corrupt,
+        evict,
+        ..kvsched_testkit::FaultConfig::default()
+    };
+    Arc::new(
+        kvsched_testkit::FaultyTier::new(kvsched::kv::MemoryTier::new(64 << 20, 4), faults)
+            .expect("faults"),
+    )
+}
+
+/// Three prompts' 64-token prefixes, stored in `e`'s tier.
+pub fn warmed_prefixes(e: &mut Bench) -> Vec<Vec<u32>> {
+    let prefixes: Vec<Vec<u32>> = (0..3u32)
+        .map(|p| (0..64).map(|t| p * 1000 + t + 1).collect())
+        .collect();
+    for p in &prefixes {
+        e.warm(p, 64);
+    }
+    prefixes
+}
+
 /// A tier whose `get` of a key chosen at `rate` (seeded, per key) never returns until
 /// [`release`](Self::release): a store that hangs.
 pub struct HangingTier {
