@@ -18,7 +18,8 @@
 //!   lands, the tier's latency `L` and per-token time `B` (1 / bandwidth); if it fails, the
 //!   time a failed load took `T` (at least `L`: a deadline passed, typically) and the recompute
 //!   it leaves behind. A tier with no measured load yet costs nothing (it is loaded: that is how
-//!   it gets measured).
+//!   it gets measured). A term an estimate does not know (NaN) reads as 0; a tier whose `Q`,
+//!   `L` or `B` is infinite (or `T`, when it fails at all) is read as failing every load.
 //! * **The cost of loading the first `k` tokens** of the hit is the sum of the costs of the
 //!   segments they cover (the last one maybe in part), plus `(H − k)·c` to recompute the rest
 //!   of the hit (`H` tokens). Inside a segment, `E(m) − m·c = Q + T − e^(−λm)·(T − L + m·(c −
@@ -91,7 +92,8 @@ pub struct TierEstimate {
 }
 
 /// One tier's estimate as the rule weighs it, for an engine recomputing a token in `c` ns:
-/// every term finite and non-negative.
+/// every term non-negative, and finite but for a tier whose loads never land (`λ`, `Q` and `T`
+/// infinite: every load fails, after waiting forever).
 #[derive(Clone, Copy, Debug)]
 struct Terms {
     q: f64,
@@ -104,11 +106,19 @@ struct Terms {
     c: f64,
 }
 
-fn finite(x: f64) -> f64 {
-    if x.is_finite() {
-        x.max(0.0)
-    } else {
+/// The largest finite term: products with a token count (at most 2⁶⁴) stay finite, so the
+/// rule's arithmetic never meets `∞ − ∞` or `0·∞`.
+const CAP: f64 = 1e280;
+
+/// A time or size term: unknown (NaN) or negative reads as 0, `+∞` as itself, anything else
+/// at most [`CAP`].
+fn term(x: f64) -> f64 {
+    if x.is_nan() {
         0.0
+    } else if x == f64::INFINITY {
+        x
+    } else {
+        x.clamp(0.0, CAP)
     }
 }
 
@@ -120,12 +130,17 @@ impl Terms {
         } else {
             e.failure.clamp(0.0, 1.0)
         };
-        let l = finite(e.latency_ns);
-        let n = finite(e.mean_tokens);
-        let lambda = if f <= 0.0 {
-            0.0
-        } else if f >= 1.0 {
+        let (q, l, b) = (term(e.queue_ns), term(e.latency_ns), term(e.ns_per_token));
+        let t = term(e.failed_ns).max(l);
+        // A load that waits or takes forever never lands, and one that fails now and then
+        // after waiting forever costs forever: the rule reads such a tier as one whose every
+        // load fails, which it never loads (an infinite time read as 0 made it free).
+        let never_lands = [q, l, b].iter().any(|x| x.is_infinite()) || (f > 0.0 && t.is_infinite());
+        let n = term(e.mean_tokens).min(CAP);
+        let lambda = if never_lands || f >= 1.0 {
             f64::INFINITY
+        } else if f <= 0.0 {
+            0.0
         } else if n > 0.0 && !planted!("failure-share-read-per-token") {
             // (Planted bug `failure-share-read-per-token`, scripts/plants.sh: the share of
             // loads that failed is taken for the risk of each token, as if loads were one
@@ -135,13 +150,20 @@ impl Terms {
             // No sizes known: the share is taken for any load (a risk reached at one token).
             -(1.0 - f).ln()
         };
+        let (q, t) = if never_lands {
+            (f64::INFINITY, f64::INFINITY)
+        } else {
+            // A tier that never fails: a failed load's time weighs nothing.
+            (q, t.min(CAP))
+        };
         Terms {
-            q: finite(e.queue_ns),
+            q,
             l,
-            b: finite(e.ns_per_token),
-            t: finite(e.failed_ns).max(l),
+            b,
+            t,
             lambda,
-            c: finite(c),
+            // An engine that recomputes forever (a compute rate of almost 0): as dear as can be.
+            c: term(c).min(CAP),
         }
     }
 

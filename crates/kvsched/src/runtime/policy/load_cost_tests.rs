@@ -127,6 +127,54 @@ fn an_unmeasured_tier_and_a_tie_are_loaded() {
 }
 
 #[test]
+fn a_tier_whose_loads_take_forever_is_never_loaded_and_unknowns_read_as_zero() {
+    let inf = f64::INFINITY;
+    for e in [
+        TierEstimate {
+            latency_ns: inf,
+            ..tier(10.0, 10.0, 0.0, 0.0)
+        },
+        TierEstimate {
+            queue_ns: inf,
+            ..tier(10.0, 10.0, 0.0, 0.0)
+        },
+        TierEstimate {
+            ns_per_token: inf,
+            ..tier(10.0, 10.0, 0.0, 0.0)
+        },
+        // Failed loads that take forever, on a tier that fails now and then.
+        TierEstimate {
+            failed_ns: inf,
+            ..tier(10.0, 10.0, 0.0, 0.01)
+        },
+    ] {
+        let d = decide(&one(1000, e), RATE, false);
+        assert_eq!((d.load, d.reason), (0, LoadReason::Cheaper), "{e:?}");
+        assert_eq!(d.load_all_ns, inf, "{e:?}");
+        assert_eq!(e.failure_of(1000), 1.0, "{e:?}");
+        // Its probe still measures it, with a token.
+        assert_eq!(decide(&one(1000, e), RATE, true).load, 1, "{e:?}");
+    }
+    // On a tier that never fails, a failed load's time weighs nothing, infinite or not.
+    let never_fails = TierEstimate {
+        failed_ns: inf,
+        ..tier(10.0, 10.0, 0.0, 0.0)
+    };
+    assert_eq!(decide(&one(1000, never_fails), RATE, false).load, 1000);
+    // An unknown (NaN) term reads as 0: the fast tier above, loaded whole.
+    let nan = f64::NAN;
+    let unknown = TierEstimate {
+        latency_ns: nan,
+        failed_ns: nan,
+        ..tier(10.0, 10.0, 0.0, 0.0)
+    };
+    assert_eq!(decide(&one(1000, unknown), RATE, false).load, 1000);
+    // An engine that recomputes forever loads whatever lands.
+    let slow = one(1000, tier(1e9, 1e6, 1e9, 0.0));
+    assert_eq!(decide(&slow, 1e-300, false).load, 1000);
+}
+
+#[test]
 fn a_fast_tier_then_a_slow_one_loads_the_fast_segment_only() {
     let hit = [
         TierHit {
@@ -309,5 +357,34 @@ proptest! {
         let d = decide(&one(tokens, e), rate, false);
         let loads = e.load_ns(tokens, c) <= tokens as f64 * c;
         prop_assert_eq!(d.load, if loads { tokens } else { 0 });
+    }
+
+    #[test]
+    fn any_float_in_an_estimate_gives_a_decision_within_the_hit(
+        tokens in 0u64..u64::MAX, floats in proptest::collection::vec(
+            prop_oneof![Just(f64::NAN), Just(f64::INFINITY), Just(f64::NEG_INFINITY),
+                        Just(f64::MAX), Just(f64::MIN_POSITIVE), Just(0.0), Just(-1.0),
+                        0.0..1e9f64], 7),
+        rate in prop_oneof![Just(0.0), Just(f64::MIN_POSITIVE), Just(f64::INFINITY), Just(f64::NAN), 1e-3..1e12f64],
+        probe in any::<bool>(),
+    ) {
+        let e = TierEstimate {
+            samples: 1,
+            latency_ns: floats[0],
+            ns_per_token: floats[1],
+            queue_ns: floats[2],
+            failure: floats[3],
+            mean_tokens: floats[4],
+            failed_ns: floats[5],
+            in_flight: 0,
+        };
+        let d = decide(&one(tokens, e), rate, probe);
+        prop_assert!(d.load <= tokens);
+        prop_assert!(!d.load_all_ns.is_nan() && !d.recompute_all_ns.is_nan(), "{:?}", d);
+        let f = e.failure_of(tokens);
+        prop_assert!((0.0..=1.0).contains(&f), "{}", f);
+        if [e.latency_ns, e.ns_per_token, e.queue_ns].contains(&f64::INFINITY) && tokens > 0 {
+            prop_assert!(d.load <= 1, "a tier whose loads never land got {} tokens", d.load);
+        }
     }
 }
