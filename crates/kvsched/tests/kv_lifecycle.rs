@@ -314,16 +314,9 @@ fn random_lives_keep_no_garbage() {
                     break;
                 }
             }
-            assert_eq!(e.rt.live(), 0, "seed {seed} {mamba:?}: requests left");
             kept += e.checker.counts().garbage_reads;
-            let report = e.finish();
+            let report = e.finish_all_ended(50, &format!("seed {seed} {mamba:?}"));
             let m = &report.metrics;
-            assert_eq!(
-                m.finished + m.cancelled + m.failed,
-                50,
-                "seed {seed}: {m:?}"
-            );
-            assert!(report.violations.is_empty(), "{:?}", report.violations);
             preemptions += m.preemptions;
             loads += m.loads_dispatched;
         }

@@ -229,6 +229,17 @@ impl Bench {
         self.conn.flush();
         report
     }
+
+    /// [`finish`](Self::finish) after a run of `submitted` requests that all ended: none is
+    /// left live, each is counted finished, cancelled or failed, and no invariant was broken.
+    pub fn finish_all_ended(self, submitted: u64, run: &str) -> Report {
+        assert_eq!(self.rt.live(), 0, "{run}: requests left");
+        let report = self.finish();
+        let m = &report.metrics;
+        assert_eq!(m.finished + m.cancelled + m.failed, submitted, "{run}: {m:?}");
+        assert!(report.violations.is_empty(), "{run}: {:?}", report.violations);
+        report
+    }
 }
 
 /// A memory tier (64 MiB) behind faults of `seed` damaging a share `corrupt` of the chunks it
