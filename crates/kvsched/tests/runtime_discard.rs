@@ -386,6 +386,14 @@ fn one_failing_loader(groups: Vec<CacheGroup>, shards: usize) -> Runtime {
 /// the last step's output, so the engine's kept token counts and the request emits exactly
 /// its tokens (dropped, it would be asked for the same position again: one token too many).
 /// The switch comes after each of the request's kept tokens in turn, on one and two shards.
+/// The tokens a step emitted: its samples `update` did not return for discard.
+fn kept_samples(plan: &StepPlan, discard: &[Arc<str>]) -> usize {
+    plan.scheduled
+        .iter()
+        .filter(|s| s.samples && !discard.contains(&s.id))
+        .count()
+}
+
 #[test]
 fn a_kept_sample_counts_across_a_switch_to_safe() {
     for shards in [1, 2] {
@@ -417,12 +425,7 @@ fn a_kept_sample_counts_across_a_switch_to_safe() {
                         first = false;
                     }
                 }
-                let discard = rt.update(out);
-                emitted += plan
-                    .scheduled
-                    .iter()
-                    .filter(|s| s.samples && !discard.contains(&s.id))
-                    .count();
+                emitted += kept_samples(&plan, &rt.update(out));
             }
             assert_eq!(rt.live(), 0, "{case}: still live");
             assert!(
@@ -540,12 +543,7 @@ fn a_lost_output_before_a_switch_to_safe_is_lost_once() {
                             .unwrap();
                         continue;
                     }
-                    let discard = rt.update(out);
-                    emitted += plan
-                        .scheduled
-                        .iter()
-                        .filter(|s| s.samples && !discard.contains(&s.id))
-                        .count();
+                    emitted += kept_samples(&plan, &rt.update(out));
                 }
                 assert_eq!(rt.live(), 0, "{case}: still live");
                 assert_eq!(restarts, 1, "{case}: restarts");

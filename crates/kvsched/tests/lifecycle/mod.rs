@@ -236,8 +236,16 @@ impl Bench {
         assert_eq!(self.rt.live(), 0, "{run}: requests left");
         let report = self.finish();
         let m = &report.metrics;
-        assert_eq!(m.finished + m.cancelled + m.failed, submitted, "{run}: {m:?}");
-        assert!(report.violations.is_empty(), "{run}: {:?}", report.violations);
+        assert_eq!(
+            m.finished + m.cancelled + m.failed,
+            submitted,
+            "{run}: {m:?}"
+        );
+        assert!(
+            report.violations.is_empty(),
+            "{run}: {:?}",
+            report.violations
+        );
         report
     }
 }
