@@ -89,6 +89,14 @@ declare -A TESTS=(
   [disowned-chunk-counted]="kvsched --test kv_tier_panics"
   # kv/saver.rs: save threads rest on the condition variable offers notify, so an offer
   # wakes a resting thread (which rests on) instead of one waiting for work.
+  # kv/saver.rs, kv/prober.rs: the thread ending the last batch (probe) does not wake a
+  # parked flush, which waits out its deadline.
+  [saver-flush-unwoken]="kvsched --lib kv::saver::tests::a_flush_is_woken_when_the_last_batch_is_stored"
+  # kv/saver.rs: a thread rests its CPU share still counted busy, so a flush waits it out;
+  # `drop_queued` does not wake a flush waiting for what it dropped.
+  [saver-flush-waits-rest]="kvsched --lib kv::saver::tests::a_flush_does_not_wait_out_a_save_threads_rest"
+  [drop-queued-unwoken]="kvsched --lib kv::saver::tests::a_flush_waiting_for_dropped_saves_is_woken"
+  [probe-flush-unwoken]="kvsched --lib kv::prober::tests::a_flush_is_woken_when_the_last_probe_is_answered"
   [saver-rest-on-ready]="kvsched --lib kv::saver::tests::a_save_offered_while_one_thread_rests_is_stored_by_the_other"
   # kv/bounded.rs: a get starts a thread only when every thread is busy, not counting the
   # gets queued: two queued before the one thread takes the first leave the second behind it.
@@ -415,7 +423,8 @@ ORDER=(decide-early claim-store late-leak deadline-compact-in-flight late-ok-acc
   redis-oversized-drops-node accounting-read-unheld
   refresh-waits-on-lock echo-refusal-counts-server-errors save-pause-outlasts-outage
   align-pass-clears-mark report-evicted-late align-wait-inexact unconfirmed-kept-cached
-  waits-overwritten preempt-planned)
+  waits-overwritten preempt-planned saver-flush-unwoken probe-flush-unwoken
+  saver-flush-waits-rest drop-queued-unwoken)
 
 if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi
 

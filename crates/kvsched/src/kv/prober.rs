@@ -97,6 +97,9 @@ struct Queue {
 struct Shared {
     queue: Mutex<Queue>,
     ready: Condvar,
+    /// Where flushes wait: notified, under the queue's lock, when the thread ends a probe and
+    /// finds nothing queued, and at a stop.
+    drained: Condvar,
     /// The first key of each run asked recently, and when.
     asked: Mutex<FxHashMap<u128, Instant>>,
     miss_ttl: Duration,
@@ -127,6 +130,7 @@ impl Prober {
                 asleep: false,
             }),
             ready: Condvar::new(),
+            drained: Condvar::new(),
             asked: Mutex::new(FxHashMap::default()),
             miss_ttl,
             counts: ProbeCounts::default(),
@@ -208,16 +212,18 @@ impl Prober {
 
     /// Waits until nothing is queued or being asked, or `deadline` passed: whether so.
     pub(crate) fn flush_until(&self, deadline: Option<Instant>) -> bool {
+        let mut q = self.shared.queue.lock();
         loop {
-            let q = self.shared.queue.lock();
             if q.jobs.is_empty() && !q.busy {
                 return true;
             }
-            drop(q);
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                return false;
+            // (Planted bug `probe-flush-unwoken`, scripts/plants.sh: the thread ending
+            // its last probe does not wake a flush, which waits out its deadline.)
+            let (g, timed_out) = self.shared.drained.wait_until(q, deadline);
+            q = g;
+            if timed_out {
+                return q.jobs.is_empty() && !q.busy;
             }
-            thread::sleep(Duration::from_micros(200));
         }
     }
 
@@ -226,6 +232,7 @@ impl Prober {
     pub(crate) fn stop(&self) {
         self.shared.queue.lock().stop = true;
         self.shared.ready.notify_all();
+        self.shared.drained.notify_all();
     }
 
     /// Waits for the thread until `deadline` (`None`: for good), after [`stop`](Self::stop);
@@ -277,6 +284,7 @@ fn run(shared: &Shared, tier: &dyn Tier, index: &KeyIndex) {
             }
             if q.stop {
                 let left = std::mem::take(&mut q.jobs);
+                shared.drained.notify_all();
                 drop(q);
                 for j in left {
                     finish(&j);
@@ -299,7 +307,11 @@ fn run(shared: &Shared, tier: &dyn Tier, index: &KeyIndex) {
         for j in &jobs {
             finish(j);
         }
-        shared.queue.lock().busy = false;
+        let mut q = shared.queue.lock();
+        q.busy = false;
+        if q.jobs.is_empty() && !planted!("probe-flush-unwoken") {
+            shared.drained.notify_all();
+        }
     }
 }
 
@@ -343,5 +355,58 @@ fn finish(j: &Job) {
     if let Some(d) = &j.done {
         // Release: pairs with the Acquire load in `Prefetch::is_ready`.
         d.store(true, Ordering::Release);
+    }
+}
+
+#[cfg(all(test, not(kvsched_loom)))]
+mod tests {
+    use super::*;
+    use crate::kv::TierError;
+
+    /// A tier whose `exists` answers 30 ms after it is asked.
+    struct Slow;
+
+    impl Tier for Slow {
+        fn name(&self) -> &str {
+            "slow"
+        }
+        fn exists(&self, keys: &[ChunkKey], _: &CancelToken) -> Result<Vec<bool>, TierError> {
+            std::thread::sleep(Duration::from_millis(30));
+            Ok(vec![true; keys.len()])
+        }
+        fn get(
+            &self,
+            keys: &[ChunkKey],
+            _: &CancelToken,
+        ) -> Result<Vec<Option<Vec<u8>>>, TierError> {
+            Ok(vec![None; keys.len()])
+        }
+        fn put(&self, _: &[(ChunkKey, Vec<u8>)]) -> Result<(), TierError> {
+            Ok(())
+        }
+    }
+
+    /// A flush parks until the thread ending its last probe wakes it: it returns when the
+    /// tier answers, not at its deadline.
+    #[test]
+    fn a_flush_is_woken_when_the_last_probe_is_answered() {
+        let index = Arc::new(KeyIndex::new(64));
+        let prober = Prober::start(
+            Arc::new(Slow),
+            Arc::clone(&index),
+            Duration::from_secs(60),
+            Duration::from_secs(10),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let ready = prober.offer(vec![vec![ChunkKey(1), ChunkKey(2)]], true);
+        let started = Instant::now();
+        assert!(prober.flush_until(Some(started + Duration::from_secs(30))));
+        let waited = started.elapsed();
+        assert!(ready.is_ready());
+        assert!(index.contains(ChunkKey(2)), "the probe's hits are indexed");
+        assert!(
+            waited < Duration::from_secs(15),
+            "the flush waited out its deadline ({waited:?}): nothing woke it"
+        );
     }
 }

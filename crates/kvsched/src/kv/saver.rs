@@ -11,8 +11,8 @@ use super::key_index::KeyIndex;
 use super::tier_call::guarded;
 use super::{ChunkCodec, ChunkKey, Tier};
 use crate::connector::CancelToken;
-use crate::sync::condvar::Condvar;
-use crate::sync::{thread, Arc, AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering};
+use crate::sync::condvar::{Condvar, Guard};
+use crate::sync::{thread, Arc, AtomicBool, AtomicU64, Mutex, Ordering};
 
 /// One unit of background work.
 pub(crate) enum Work {
@@ -109,6 +109,8 @@ struct Pause {
 struct Queue {
     work: VecDeque<Work>,
     stop: bool,
+    /// Threads holding work taken off the queue.
+    busy: usize,
 }
 
 struct Shared {
@@ -118,10 +120,10 @@ struct Shared {
     /// Where threads rest their CPU share: only a stop wakes them (an offer that woke a
     /// resting thread would go unserved while another waited for work).
     rest: Condvar,
+    /// Where flushes wait: notified when the last busy thread finds the queue empty.
+    drained: Condvar,
     capacity: usize,
     counters: SaverCounts,
-    /// Threads holding work taken off the queue.
-    busy: AtomicUsize,
     backoff: SaveBackoff,
     pause: Mutex<Pause>,
     /// Whether a pause has started since the last stored batch: spares a load that the tier
@@ -173,12 +175,13 @@ impl Saver {
             queue: Mutex::new(Queue {
                 work: VecDeque::new(),
                 stop: false,
+                busy: 0,
             }),
             ready: Condvar::new(),
             rest: Condvar::new(),
+            drained: Condvar::new(),
             capacity: capacity.max(1),
             counters: SaverCounts::default(),
-            busy: AtomicUsize::new(0),
             backoff,
             pause: Mutex::new(Pause::default()),
             pausing: AtomicBool::new(false),
@@ -275,28 +278,39 @@ impl Saver {
     /// As [`flush`](Self::flush), but waits at most until `deadline` (`None`: for good);
     /// whether everything offered was stored by then.
     pub(crate) fn flush_until(&self, deadline: Option<Instant>) -> bool {
+        let mut q = self.shared.queue.lock();
         loop {
-            let q = self.shared.queue.lock();
-            // Acquire: pairs with the Release decrement in `run` after a batch is stored.
             // (Planted bug `saver-flush-early`, scripts/plants.sh: a batch a thread has taken
             // but not stored yet is not waited for.)
-            let idle =
-                planted!("saver-flush-early") || self.shared.busy.load(Ordering::Acquire) == 0;
+            let idle = planted!("saver-flush-early") || q.busy == 0;
             if q.work.is_empty() && idle {
                 return true;
             }
-            drop(q);
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                return false;
+            // Parked until the thread that ends the last batch finds the queue empty (it
+            // notifies under the lock held here, so the wake-up cannot fall between the check
+            // and the wait) or a stop: the queue is emptied then too.
+            let (g, timed_out) = self.shared.drained.wait_until(q, deadline);
+            q = g;
+            if timed_out {
+                return q.work.is_empty() && q.busy == 0;
             }
-            thread::sleep(std::time::Duration::from_micros(200));
         }
     }
 
     /// Drops the work still queued, counted in `dropped`, and returns how many saves that
     /// was; a batch a thread holds is finished, and later offers are queued as before.
     pub(crate) fn drop_queued(&self) -> u64 {
-        let left = std::mem::take(&mut self.shared.queue.lock().work);
+        let left = {
+            let mut q = self.shared.queue.lock();
+            let left = std::mem::take(&mut q.work);
+            // A flush waiting for the dropped saves is done if no thread holds a batch (else
+            // the thread ending it wakes the flush). (Planted bug `drop-queued-unwoken`,
+            // scripts/plants.sh: it is not woken, and waits out its deadline.)
+            if q.busy == 0 && !planted!("drop-queued-unwoken") {
+                self.shared.drained.notify_all();
+            }
+            left
+        };
         self.shared.dropped(left)
     }
 
@@ -342,6 +356,7 @@ fn stop(shared: &Shared) {
     };
     shared.ready.notify_all();
     shared.rest.notify_all();
+    shared.drained.notify_all();
     shared.dropped(left);
 }
 
@@ -495,8 +510,7 @@ fn run(shared: &Shared, tier: &dyn Tier, codec: &ChunkCodec, index: &KeyIndex, o
             if q.work.is_empty() {
                 return; // stopped and drained
             }
-            // Relaxed: taken under the queue lock, which `flush` holds while it reads.
-            shared.busy.fetch_add(1, Ordering::Relaxed);
+            q.busy += 1;
             while saves.len() < shared.batch {
                 let Some(w) = q.work.pop_front() else { break };
                 saves.push(w);
@@ -524,13 +538,24 @@ fn run(shared: &Shared, tier: &dyn Tier, codec: &ChunkCodec, index: &KeyIndex, o
             } else {
                 let started = Instant::now();
                 store(shared, tier, &chunks, index, own, &never);
-                duty.worked(started.elapsed(), shared);
+                duty.worked(started.elapsed());
             }
             shared.buffers.give(chunks.into_iter().map(|(_, b)| b));
         }
-        // Release: pairs with the Acquire load in `flush`, so a flush that sees 0 sees the
-        // batch stored and indexed.
-        shared.busy.fetch_sub(1, Ordering::Release);
+        let mut q = shared.queue.lock();
+        // The batch is stored and indexed: a flush waiting under this lock sees it done. Then
+        // the thread rests what it owes, not counted busy: a flush does not wait for its rest.
+        // (Planted bug `saver-flush-waits-rest`, scripts/plants.sh: it rests first.)
+        if planted!("saver-flush-waits-rest") {
+            q = duty.rest(q, shared);
+        }
+        q.busy -= 1;
+        // (Planted bug `saver-flush-unwoken`, scripts/plants.sh: the last batch's end does not
+        // wake a flush, which waits out its deadline.)
+        if q.busy == 0 && q.work.is_empty() && !planted!("saver-flush-unwoken") {
+            shared.drained.notify_all();
+        }
+        drop(duty.rest(q, shared));
     }
 }
 
@@ -557,12 +582,16 @@ impl Duty {
         }
     }
 
-    /// Counts `t` of work and rests what is owed once it reaches 1 ms (cut short when the
-    /// saver stops).
-    fn worked(&mut self, t: Duration, shared: &Shared) {
+    /// Counts `t` of work.
+    fn worked(&mut self, t: Duration) {
         self.owed += t.mul_f64(self.rest_per_work);
+    }
+
+    /// Rests what is owed once it reaches 1 ms (cut short when the saver stops), with the
+    /// queue's lock `q` released meanwhile.
+    fn rest<'a>(&mut self, mut q: Guard<'a, Queue>, shared: &Shared) -> Guard<'a, Queue> {
         if self.owed < Duration::from_millis(1) {
-            return;
+            return q;
         }
         let until = Instant::now() + std::mem::take(&mut self.owed);
         // (Planted bug `saver-rest-on-ready`, scripts/plants.sh: rests where threads wait for
@@ -572,10 +601,10 @@ impl Duty {
         } else {
             &shared.rest
         };
-        let mut q = shared.queue.lock();
         while !q.stop && Instant::now() < until {
             q = cv.wait_until(q, Some(until)).0;
         }
+        q
     }
 }
 

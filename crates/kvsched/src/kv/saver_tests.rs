@@ -82,6 +82,38 @@ fn flush_waits_for_a_batch_a_thread_has_taken() {
     let _ = opener.join();
 }
 
+/// A flush parks until the thread storing the last batch wakes it: it returns when the put
+/// does, not at its deadline.
+#[test]
+fn a_flush_is_woken_when_the_last_batch_is_stored() {
+    let gate = Arc::new(Gate::default());
+    let saver = gate_saver(&gate, 1);
+    for k in 1..4 {
+        assert!(saver.offer(Work::Save {
+            key: ChunkKey(k),
+            group: 0,
+            tokens: 16,
+            chunk: vec![1; 56],
+        }));
+    }
+    let opener = {
+        let gate = Arc::clone(&gate);
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(30));
+            *gate.open.lock() = true;
+        })
+    };
+    let started = Instant::now();
+    assert!(saver.flush_until(Some(started + std::time::Duration::from_secs(30))));
+    let waited = started.elapsed();
+    assert_eq!(saver.counts().saved_chunks.load(Ordering::Relaxed), 3);
+    assert!(
+        waited < std::time::Duration::from_secs(15),
+        "the flush waited out its deadline ({waited:?}): nothing woke it"
+    );
+    let _ = opener.join();
+}
+
 /// Saves still queued behind a put that does not return are dropped and counted at once, so
 /// counts read right after account for every save offered; the batch a thread holds is
 /// finished, and later offers are queued as before.
@@ -381,4 +413,84 @@ fn a_save_offered_while_one_thread_rests_is_stored_by_the_other() {
         "the save waited for a resting thread's rest"
     );
     drop(saver);
+}
+
+/// One save thread over [`SlowFirst`] at a CPU share of 1%, key 1 offered: its put takes
+/// 50 ms, then the thread rests about 5 s.
+fn resting_saver() -> (Arc<SlowFirst>, Saver) {
+    let tier = Arc::new(SlowFirst::default());
+    let t: Arc<dyn Tier> = tier.clone();
+    let ix = Arc::new(KeyIndex::new(64));
+    let saver = Saver::start(
+        t,
+        ChunkCodec::new(None),
+        ix.clone(),
+        ix,
+        SaverSettings {
+            capacity: 8,
+            threads: 1,
+            drop_timeout: std::time::Duration::from_secs(10),
+            backoff: SaveBackoff::default(),
+            chunk_bytes: 56,
+            cpu_share: 0.01,
+            batch: 1,
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert!(saver.offer(Work::Save {
+        key: ChunkKey(1),
+        group: 0,
+        tokens: 16,
+        chunk: vec![1; 56],
+    }));
+    (tier, saver)
+}
+
+/// A flush waits for the saves, not for the rest the thread owes after them.
+#[test]
+fn a_flush_does_not_wait_out_a_save_threads_rest() {
+    let (tier, saver) = resting_saver();
+    let started = Instant::now();
+    assert!(saver.flush_until(Some(started + std::time::Duration::from_secs(30))));
+    let waited = started.elapsed();
+    assert!(tier.stored.lock().contains(&ChunkKey(1)));
+    // A hang guard, not a timing target: the put takes 50 ms, the rest after it 5 s.
+    assert!(
+        waited < std::time::Duration::from_millis(2500),
+        "the flush waited for the thread's rest ({waited:?})"
+    );
+}
+
+/// A flush waiting for saves that `drop_queued` then drops is woken: nothing is left to wait
+/// for (the thread rests, so no batch's end would wake it).
+#[test]
+fn a_flush_waiting_for_dropped_saves_is_woken() {
+    let (_tier, saver) = resting_saver();
+    assert!(saver.flush_until(Some(Instant::now() + std::time::Duration::from_secs(30))));
+    // The thread rests now; a second save stays queued.
+    assert!(saver.offer(Work::Save {
+        key: ChunkKey(2),
+        group: 0,
+        tokens: 16,
+        chunk: vec![1; 56],
+    }));
+    let saver = Arc::new(saver);
+    let flusher = {
+        let saver = Arc::clone(&saver);
+        std::thread::spawn(move || {
+            let started = Instant::now();
+            let done = saver.flush_until(Some(started + std::time::Duration::from_secs(30)));
+            (done, started.elapsed())
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert_eq!(saver.drop_queued(), 1);
+    let (done, waited) = flusher
+        .join()
+        .unwrap_or_else(|_| panic!("flusher panicked"));
+    assert!(done, "nothing is queued or held: the flush is done");
+    assert!(
+        waited < std::time::Duration::from_millis(2500),
+        "the flush was not woken by the drop ({waited:?})"
+    );
 }
