@@ -385,6 +385,9 @@ declare -A TESTS=(
   # time, and each node it asks with none left is marked down (healthy nodes too), so a
   # failover away from a hung node is never followed.
   [redis-refresh-on-spent-time]="kvsched-testkit --features redis --test kv_redis_cluster"
+  # kv/redis/pool.rs: a caller giving up mid-connect (its token, its deadline) marks a
+  # healthy node down, so the calls after it fail without being tried.
+  [redis-gave-up-marks-down]="kvsched-testkit --features redis --test kv_redis_hostile"
   # kv/redis/cluster.rs: a refresh waits on another call's refresh for as long as it takes,
   # past its own call's deadline.
   [refresh-waits-on-lock]="kvsched-testkit --features redis --test kv_redis_desync"
@@ -424,7 +427,7 @@ ORDER=(decide-early claim-store late-leak deadline-compact-in-flight late-ok-acc
   refresh-waits-on-lock echo-refusal-counts-server-errors save-pause-outlasts-outage
   align-pass-clears-mark report-evicted-late align-wait-inexact unconfirmed-kept-cached
   waits-overwritten preempt-planned saver-flush-unwoken probe-flush-unwoken
-  saver-flush-waits-rest drop-queued-unwoken)
+  saver-flush-waits-rest drop-queued-unwoken redis-gave-up-marks-down)
 
 if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi
 

@@ -234,3 +234,92 @@ fn a_user_name_is_not_redacted_out_of_other_words() {
     assert!(e.contains("refused"), "{e}");
     assert!(!e.contains("***"), "{e}");
 }
+
+/// A healthy server whose handshake takes `auth_delay` (an `AUTH` over a slow link): `AUTH`
+/// answered after it, `GET` nil, `EXISTS` 0, `SET` OK, `ECHO` echoed. Returns its address.
+fn slow_auth_server(auth_delay: Duration) -> String {
+    use std::io::{BufRead, BufReader};
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(conn) = conn else { return };
+            thread::spawn(move || {
+                let Ok(mut out) = conn.try_clone() else {
+                    return;
+                };
+                let mut r = BufReader::new(conn);
+                let mut line = String::new();
+                let mut read_line = |r: &mut BufReader<_>| {
+                    line.clear();
+                    match r.read_line(&mut line) {
+                        Ok(n) if n > 0 => Some(line.trim()[1..].parse::<usize>().unwrap_or(0)),
+                        _ => None,
+                    }
+                };
+                while let Some(n) = read_line(&mut r) {
+                    let mut args: Vec<Vec<u8>> = Vec::new();
+                    for _ in 0..n {
+                        let Some(len) = read_line(&mut r) else { return };
+                        let mut b = vec![0u8; len + 2];
+                        if r.read_exact(&mut b).is_err() {
+                            return;
+                        }
+                        b.truncate(len);
+                        args.push(b);
+                    }
+                    let cmd = args
+                        .first()
+                        .map(|a| a.to_ascii_uppercase())
+                        .unwrap_or_default();
+                    let reply: Vec<u8> = match cmd.as_slice() {
+                        b"AUTH" => {
+                            thread::sleep(auth_delay);
+                            b"+OK\r\n".to_vec()
+                        }
+                        b"GET" => b"$-1\r\n".to_vec(),
+                        b"EXISTS" => b":0\r\n".to_vec(),
+                        b"SET" | b"SELECT" => b"+OK\r\n".to_vec(),
+                        b"ECHO" if args.len() == 2 => {
+                            let mut v = format!("${}\r\n", args[1].len()).into_bytes();
+                            v.extend_from_slice(&args[1]);
+                            v.extend_from_slice(b"\r\n");
+                            v
+                        }
+                        _ => b"-ERR unknown\r\n".to_vec(),
+                    };
+                    if out.write_all(&reply).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// A caller that gives up while its call is still connecting (its token fires during a slow
+/// handshake, as a load's deadline fires its get's) does not mark the node down: the next
+/// call, with time to spare, connects and succeeds.
+#[test]
+fn a_call_cancelled_while_connecting_leaves_a_healthy_node_up() {
+    let addr = slow_auth_server(Duration::from_millis(150));
+    let t = RedisTier::new(
+        RedisConfig::standalone(&addr)
+            .unwrap()
+            .credentials(None, "pw")
+            .io_timeout(Duration::from_secs(5)),
+    )
+    .unwrap();
+    let cancel = CancelToken::new();
+    let c = cancel.clone();
+    let canceller = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(30));
+        c.cancel();
+    });
+    let r = t.get(&keys(1), &cancel);
+    canceller.join().unwrap();
+    assert!(matches!(r, Err(TierError::Cancelled)), "{r:?}");
+    let put = t.put(&[(ChunkKey(2), vec![2u8; 64])]);
+    assert!(put.is_ok(), "after a cancelled connect: {put:?}");
+}

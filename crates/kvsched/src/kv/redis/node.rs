@@ -8,7 +8,7 @@ use ::redis::Value;
 
 use super::config::{NodeAddr, RedisConfig, Secret};
 use super::conn::{Budget, Conn, ConnError, Idle, Login};
-use super::pool::{CheckoutError, Pool};
+use super::pool::{CheckoutError, ConnectError, Pool};
 use super::reply::Limits;
 use super::{resp, AtomicCounts};
 use crate::kv::TierError;
@@ -190,26 +190,38 @@ impl Node {
         format!("{} {what}: {e}", self.addr)
     }
 
-    fn connect(&self, budget: Budget<'_>) -> Result<Conn, String> {
+    fn connect(&self, budget: Budget<'_>) -> Result<Conn, ConnectError> {
         let s = &self.shared;
         s.counters.connects.fetch_add(1, Ordering::Relaxed);
+        let own_deadline = Instant::now() + self.shared.connect_timeout;
         let connect_budget = Budget {
-            deadline: budget
-                .deadline
-                .min(Instant::now() + self.shared.connect_timeout),
+            deadline: budget.deadline.min(own_deadline),
             cancel: budget.cancel,
         };
+        // The caller's token fired, or its deadline (before the node's connect timeout)
+        // passed: whatever the connect met, the node is not blamed for it.
+        let gave_up = || {
+            let cancelled = budget.cancel.is_some_and(|c| c.is_cancelled());
+            let timed_out = budget.deadline < own_deadline && Instant::now() >= budget.deadline;
+            (cancelled || timed_out).then_some(ConnectError::GaveUp { cancelled })
+        };
+        if let Some(e) = gave_up() {
+            return Err(e);
+        }
         let login = Login {
             username: s.username.as_ref().map(|u| u.0.as_str()),
             password: s.password.as_ref().map(|p| p.0.as_str()),
             db: s.db,
         };
         Conn::open(&self.addr, s.tls.as_ref(), &login, connect_budget).map_err(|e| {
+            if let Some(e) = gave_up() {
+                return e;
+            }
             s.counters.connect_failures.fetch_add(1, Ordering::Relaxed);
             if e.protocol {
                 s.counters.protocol_errors.fetch_add(1, Ordering::Relaxed);
             }
-            self.describe("connect", &e.text)
+            ConnectError::Node(self.describe("connect", &e.text))
         })
     }
 
@@ -268,6 +280,10 @@ impl Node {
                     }
                     CheckoutError::Busy(_) => TierError::Timeout(self.shared.io_timeout),
                     CheckoutError::Connect(msg) => TierError::Unavailable(msg),
+                    CheckoutError::GaveUp { cancelled: true } => TierError::Cancelled,
+                    CheckoutError::GaveUp { cancelled: false } => {
+                        TierError::Timeout(self.shared.io_timeout)
+                    }
                 })?;
             let reused = lease.reused();
             let Some(con) = lease.conn() else {

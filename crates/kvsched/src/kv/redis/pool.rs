@@ -36,6 +36,39 @@ pub(crate) enum CheckoutError {
     Busy(Duration),
     /// Connecting failed (the node is now down); the connector's error.
     Connect(String),
+    /// The caller gave up while connecting (its cancel token fired, or its own deadline
+    /// passed before the connect timeout did): the node is not blamed.
+    GaveUp {
+        /// Whether the token fired (else the deadline passed).
+        cancelled: bool,
+    },
+}
+
+/// Why a connect failed, as the pool's `connect` callback says.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum ConnectError {
+    /// The node failed to connect (refused, reset, a failed handshake, its connect timeout):
+    /// it is down for the backoff.
+    Node(String),
+    /// The caller gave up first: the slot is freed, the node not marked down (a load's
+    /// deadline passing during a slow handshake says nothing of the node).
+    GaveUp {
+        /// Whether the caller's token fired (else its deadline passed).
+        cancelled: bool,
+    },
+}
+
+impl From<String> for ConnectError {
+    fn from(e: String) -> Self {
+        ConnectError::Node(e)
+    }
+}
+
+#[cfg(test)]
+impl From<&str> for ConnectError {
+    fn from(e: &str) -> Self {
+        ConnectError::Node(e.to_owned())
+    }
 }
 
 struct State<C> {
@@ -122,7 +155,7 @@ impl<C> Pool<C> {
     #[cfg(test)]
     pub fn checkout(
         &self,
-        connect: impl FnOnce() -> Result<C, String>,
+        connect: impl FnOnce() -> Result<C, ConnectError>,
     ) -> Result<Lease<'_, C>, CheckoutError> {
         self.checkout_until(Instant::now() + self.checkout_timeout, connect)
     }
@@ -132,7 +165,7 @@ impl<C> Pool<C> {
     pub fn checkout_until(
         &self,
         until: Instant,
-        connect: impl FnOnce() -> Result<C, String>,
+        connect: impl FnOnce() -> Result<C, ConnectError>,
     ) -> Result<Lease<'_, C>, CheckoutError> {
         let deadline = until.min(Instant::now() + self.checkout_timeout);
         let mut st = self.state.lock();
@@ -173,10 +206,26 @@ impl<C> Pool<C> {
                     Err(e) => {
                         let mut st = self.state.lock();
                         st.live -= 1;
-                        self.fail(&mut st, e.clone());
+                        let e = match e {
+                            // (Planted bug `redis-gave-up-marks-down`, scripts/plants.sh: a
+                            // caller leaving mid-connect marks the node down.)
+                            ConnectError::GaveUp { cancelled }
+                                if !planted!("redis-gave-up-marks-down") =>
+                            {
+                                CheckoutError::GaveUp { cancelled }
+                            }
+                            ConnectError::GaveUp { .. } => {
+                                self.fail(&mut st, "connect: the caller gave up".to_owned());
+                                CheckoutError::Connect("connect: the caller gave up".to_owned())
+                            }
+                            ConnectError::Node(e) => {
+                                self.fail(&mut st, e.clone());
+                                CheckoutError::Connect(e)
+                            }
+                        };
                         drop(st);
                         self.freed.notify_all();
-                        Err(CheckoutError::Connect(e))
+                        Err(e)
                     }
                 };
             }
@@ -278,6 +327,24 @@ mod tests {
         assert_eq!(pool.census(), (1, 0, 0));
         drop(b);
         assert_eq!(pool.census(), (1, 1, 0));
+    }
+
+    /// A caller leaving mid-connect frees its slot and blames nobody: the next checkout
+    /// connects at once, where a node failure would have it refused as down.
+    #[test]
+    fn a_caller_giving_up_mid_connect_leaves_the_node_up() {
+        let pool: Pool<u32> = Pool::new(1, Duration::from_secs(30), Duration::from_secs(30), MS);
+        let e = pool
+            .checkout(|| Err(ConnectError::GaveUp { cancelled: true }))
+            .err();
+        assert_eq!(e, Some(CheckoutError::GaveUp { cancelled: true }));
+        assert_eq!(pool.census(), (0, 0, 0));
+        assert!(!pool.is_down());
+        assert!(pool.checkout(|| Ok(1)).is_ok());
+        // A node failure does mark it down.
+        let pool: Pool<u32> = Pool::new(1, Duration::from_secs(30), Duration::from_secs(30), MS);
+        assert!(pool.checkout(|| Err("refused".into())).is_err());
+        assert!(pool.is_down());
     }
 
     #[test]
