@@ -388,6 +388,9 @@ declare -A TESTS=(
   # kv/redis/pool.rs: a caller giving up mid-connect (its token, its deadline) marks a
   # healthy node down, so the calls after it fail without being tried.
   [redis-gave-up-marks-down]="kvsched-testkit --features redis --test kv_redis_hostile"
+  # kv/memory_tier.rs: a read's use is recorded after its callback, so a panicking one leaves
+  # a stale order entry and the key's next value is evicted first.
+  [lru-order-after-read]="kvsched --lib kv::memory_tier::tests::a_panicking_read_callback_leaves_the_lru_order_consistent"
   # kv/redis/cluster.rs: a refresh waits on another call's refresh for as long as it takes,
   # past its own call's deadline.
   [refresh-waits-on-lock]="kvsched-testkit --features redis --test kv_redis_desync"
@@ -427,7 +430,7 @@ ORDER=(decide-early claim-store late-leak deadline-compact-in-flight late-ok-acc
   refresh-waits-on-lock echo-refusal-counts-server-errors save-pause-outlasts-outage
   align-pass-clears-mark report-evicted-late align-wait-inexact unconfirmed-kept-cached
   waits-overwritten preempt-planned saver-flush-unwoken probe-flush-unwoken
-  saver-flush-waits-rest drop-queued-unwoken redis-gave-up-marks-down)
+  saver-flush-waits-rest drop-queued-unwoken redis-gave-up-marks-down lru-order-after-read)
 
 if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi
 

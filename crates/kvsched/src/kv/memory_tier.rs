@@ -265,19 +265,29 @@ impl Tier for MemoryTier {
         if cancel.is_cancelled() {
             return Err(TierError::Cancelled);
         }
-        let mut s = self.shard(key).lock();
+        let mut guard = self.shard(key).lock();
+        let s = &mut *guard;
         let tick = s.tick();
         let held = match s.map.get_mut(&key) {
             Some((t, v)) => {
+                // The use is recorded before `f` runs: a panicking `f` (caught by the
+                // connector) leaves the order consistent with the map. (Planted bug
+                // `lru-order-after-read`, scripts/plants.sh: it is recorded after, and a
+                // panic leaves the key's old order entry, evicting its next value first.)
                 let old = std::mem::replace(t, tick);
-                f(v);
+                if planted!("lru-order-after-read") {
+                    f(v);
+                }
                 s.order.remove(&old);
                 s.order.insert(tick, key);
+                if !planted!("lru-order-after-read") {
+                    f(v);
+                }
                 true
             }
             None => false,
         };
-        drop(s);
+        drop(guard);
         // Relaxed: statistics only.
         if held {
             self.hits.fetch_add(1, Ordering::Relaxed);
@@ -462,5 +472,28 @@ mod tests {
         assert!(t.remove(k(1)));
         assert!(!t.remove(k(1)));
         assert!(!t.edit_stored(k(1), |_| true));
+    }
+
+    /// A `read_with` callback that panics (a `KvMemory::write` panicking in the connector's
+    /// landing, which the connector catches) leaves the LRU order as the map says: the key's
+    /// next value is the newest, not evicted first.
+    #[test]
+    fn a_panicking_read_callback_leaves_the_lru_order_consistent() {
+        let t = MemoryTier::new(256, 1); // one shard of four 64-byte values
+        for i in 1..=4u128 {
+            assert!(t.put(&[(ChunkKey(i), vec![i as u8; 64])]).is_ok());
+        }
+        let never = CancelToken::new();
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _ = t.read_with(ChunkKey(1), &never, &mut |_| panic!("write panicked"));
+        }));
+        assert!(r.is_err());
+        assert!(t.put(&[(ChunkKey(1), vec![9; 64])]).is_ok()); // the newest value now
+        assert!(t.put(&[(ChunkKey(5), vec![5; 64])]).is_ok()); // evicts the oldest: key 2
+        let held: Vec<bool> = t
+            .get(&[ChunkKey(1), ChunkKey(2)], &never)
+            .map(|v| v.iter().map(Option::is_some).collect())
+            .unwrap_or_default();
+        assert_eq!(held, [true, false], "[key 1 (newest), key 2 (oldest)] held");
     }
 }
