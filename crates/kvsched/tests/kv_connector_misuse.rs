@@ -117,6 +117,33 @@ fn dropping_a_connector_over_a_hung_put_returns_within_its_drop_timeout() {
     hung.release.store(true, Ordering::SeqCst);
 }
 
+/// Behind a stalled store the save queue holds at most `save_queue_bytes` of chunk copies,
+/// whatever `save_queue` allows: saves past it are dropped and counted.
+#[test]
+fn the_save_queue_is_bounded_in_bytes_behind_a_stalled_store() {
+    let hung = Arc::new(Hung {
+        release: AtomicBool::new(false),
+    });
+    // 128-byte blocks: a chunk is more than 128 bytes, so 1,000 bytes hold at most 7.
+    let c = connector(
+        hung.clone(),
+        one_group()
+            .with_save_queue_bytes(1000)
+            .with_drop_timeout(Duration::from_millis(300)),
+    );
+    c.memory().write(0, 1, 0, &[3; 128]).expect("write");
+    let mut queued = 0;
+    for p in 0..40u32 {
+        let prompt: Vec<u32> = (0..17).map(|t| p * 100 + t).collect();
+        queued += c.save_blocks(&prompt, &[(0, 0, 1)]);
+    }
+    // The thread holds what it took (at most the queue's 7), the queue at most 7 more.
+    assert!(queued <= 14, "{queued} saves queued behind a stalled store");
+    assert_eq!(c.counts().saves_dropped, 40 - queued as u64);
+    drop(c);
+    hung.release.store(true, Ordering::SeqCst);
+}
+
 /// A tier whose `put` and `exists` never return until released, counting the calls inside.
 #[derive(Default)]
 struct HungAll {
@@ -214,6 +241,7 @@ fn counts_of_zero_and_thread_counts_past_the_limit_are_config_errors_naming_them
     let memory: Arc<dyn KvMemory> = Arc::new(HostKvMemory::new(layout, 4).expect("memory"));
     let cases = [
         ("save_queue: 0", one_group().with_save_queue(0)),
+        ("save_queue_bytes: 0", one_group().with_save_queue_bytes(0)),
         ("index_capacity: 0", one_group().with_index_capacity(0)),
         ("save_threads: 0", one_group().with_save_threads(0)),
         ("save_threads: 1025", one_group().with_save_threads(1025)),

@@ -40,6 +40,11 @@ pub struct TierConnectorConfig {
     pub seed: u64,
     /// Most chunks waiting to be saved (at least 1); offers past it are dropped (counted).
     pub save_queue: usize,
+    /// Most bytes of chunks waiting to be saved (at least 1; default 256 MiB): each queued
+    /// save holds a copy of its block, so behind a stalled store the queue holds at most
+    /// `max(1, save_queue_bytes / chunk size)` chunks when that is fewer than `save_queue`
+    /// (the chunk size is the largest group's encoded block).
+    pub save_queue_bytes: usize,
     /// Threads storing chunks and probing the tier (1–1,024).
     pub save_threads: usize,
     /// Most keys the local index remembers (at least 1; default 1,048,576, about 40 MiB; the
@@ -91,6 +96,7 @@ with_setters!(TierConnectorConfig {
     with_async_ratio: async_ratio: f64,
     with_seed: seed: u64,
     with_save_queue: save_queue: usize,
+    with_save_queue_bytes: save_queue_bytes: usize,
     with_save_threads: save_threads: usize,
     with_index_capacity: index_capacity: usize,
     with_probe_on_miss: probe_on_miss: bool,
@@ -112,6 +118,7 @@ impl Default for TierConnectorConfig {
             async_ratio: 1.0,
             seed: 0x5eed,
             save_queue: 4096,
+            save_queue_bytes: 256 << 20,
             save_threads: 1,
             index_capacity: 1 << 20,
             probe_on_miss: true,
@@ -150,6 +157,11 @@ impl TierConnectorConfig {
         if self.save_queue == 0 {
             return Err(TierConnectorError::Config(
                 "save_queue: 0 chunks; at least 1 is needed".to_owned(),
+            ));
+        }
+        if self.save_queue_bytes == 0 {
+            return Err(TierConnectorError::Config(
+                "save_queue_bytes: 0 bytes; at least 1 is needed".to_owned(),
             ));
         }
         if self.index_capacity == 0 {

@@ -185,7 +185,15 @@ impl TierConnector {
             Arc::clone(&index),
             Arc::clone(&own),
             SaverSettings {
-                capacity: cfg.save_queue,
+                // (Planted bug `save-queue-bytes-ignored`, scripts/plants.sh: the queue is
+                // bounded in chunks only, and behind a stalled store holds `save_queue` copies
+                // of blocks, whatever their size.)
+                capacity: if planted!("save-queue-bytes-ignored") {
+                    cfg.save_queue
+                } else {
+                    cfg.save_queue
+                        .min((cfg.save_queue_bytes / chunk_bytes.max(1)).max(1))
+                },
                 threads: cfg.save_threads,
                 drop_timeout: cfg.drop_timeout,
                 backoff: cfg.save_backoff,
