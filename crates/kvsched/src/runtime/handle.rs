@@ -24,7 +24,12 @@ pub struct SubmitRequest {
     pub prompt: Vec<u32>,
     /// Tokens to generate before the runtime finishes it (0: until the engine finishes it).
     pub max_new_tokens: u32,
-    /// Lower runs first (default 0).
+    /// The request's place in canonical order: a lower value comes first, among requests of
+    /// the same class (waiting for a load, or running), before the admission sequence. It is
+    /// admitted, scheduled and handed claims before higher values, and preempted after them:
+    /// a preemption takes the running request with the highest value (the latest admitted
+    /// among equal values). Any `i16`; `SubmitRequest` has no `Default`, so every request
+    /// gives one, 0 being the usual neutral value.
     pub priority: i16,
     /// This request's load deadline, overriding [`Settings::load_deadline`]; `Some` must be
     /// above zero ([`RuntimeError::ZeroLoadDeadline`]).
