@@ -48,14 +48,14 @@ mod setters;
 mod panics;
 
 // Internal modules are crate-private in a normal build and public only to the loom models
-// (`cfg(kvsched_loom)`) and, under feature `internals`, to the command line, the tests and the
-// mechanism benchmarks. Each says so in its rustdoc: none is API.
+// (`cfg(kvsched_loom)`) and, under feature `internals`, to the command line, the Python package,
+// the tests and the mechanism benchmarks. Each says so in its rustdoc: none is API.
 pub mod connector;
 pub mod kv;
 #[cfg(any(kvsched_loom, feature = "internals"))]
 /// **Internal, not part of the stable API.** Public only under feature `internals`, for the
-/// project's own tools, tests and benchmarks (`kvsched-cli`, the tests, the mechanism
-/// benches); crate-private in a normal build. Anything here may change or disappear in any
+/// project's own tools, tests and benchmarks (`kvsched-cli`, the Python package, the
+/// tests, the mechanism benches); crate-private in a normal build. Anything here may change or disappear in any
 /// release, outside any semver promise.
 ///
 pub mod pool;
@@ -63,8 +63,8 @@ pub mod pool;
 pub(crate) mod pool;
 #[cfg(any(kvsched_loom, feature = "internals"))]
 /// **Internal, not part of the stable API.** Public only under feature `internals`, for the
-/// project's own tools, tests and benchmarks (`kvsched-cli`, the tests, the mechanism
-/// benches); crate-private in a normal build. Anything here may change or disappear in any
+/// project's own tools, tests and benchmarks (`kvsched-cli`, the Python package, the
+/// tests, the mechanism benches); crate-private in a normal build. Anything here may change or disappear in any
 /// release, outside any semver promise.
 ///
 pub mod rng;
@@ -73,8 +73,8 @@ pub(crate) mod rng;
 pub mod rules;
 #[cfg(any(kvsched_loom, feature = "internals"))]
 /// **Internal, not part of the stable API.** Public only under feature `internals`, for the
-/// project's own tools, tests and benchmarks (`kvsched-cli`, the tests, the mechanism
-/// benches); crate-private in a normal build. Anything here may change or disappear in any
+/// project's own tools, tests and benchmarks (`kvsched-cli`, the Python package, the
+/// tests, the mechanism benches); crate-private in a normal build. Anything here may change or disappear in any
 /// release, outside any semver promise.
 ///
 /// What an engine uses of the runtime is re-exported at the crate root ([`Runtime`],
@@ -85,8 +85,8 @@ pub mod runtime;
 pub(crate) mod runtime;
 #[cfg(any(kvsched_loom, feature = "internals"))]
 /// **Internal, not part of the stable API.** Public only under feature `internals`, for the
-/// project's own tools, tests and benchmarks (`kvsched-cli`, the tests, the mechanism
-/// benches); crate-private in a normal build. Anything here may change or disappear in any
+/// project's own tools, tests and benchmarks (`kvsched-cli`, the Python package, the
+/// tests, the mechanism benches); crate-private in a normal build. Anything here may change or disappear in any
 /// release, outside any semver promise.
 ///
 pub mod sync;
