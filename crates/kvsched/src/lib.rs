@@ -53,42 +53,19 @@ mod panics;
 pub mod connector;
 pub mod kv;
 #[cfg(any(kvsched_loom, feature = "internals"))]
-/// **Internal, not part of the stable API.** Public only under feature `internals`, for the
-/// project's own tools, tests and benchmarks (`kvsched-cli`, the Python package, the
-/// tests, the mechanism benches); crate-private in a normal build. Anything here may change or disappear in any
-/// release, outside any semver promise.
-///
 pub mod pool;
 #[cfg(not(any(kvsched_loom, feature = "internals")))]
 pub(crate) mod pool;
 #[cfg(any(kvsched_loom, feature = "internals"))]
-/// **Internal, not part of the stable API.** Public only under feature `internals`, for the
-/// project's own tools, tests and benchmarks (`kvsched-cli`, the Python package, the
-/// tests, the mechanism benches); crate-private in a normal build. Anything here may change or disappear in any
-/// release, outside any semver promise.
-///
 pub mod rng;
 #[cfg(not(any(kvsched_loom, feature = "internals")))]
 pub(crate) mod rng;
 pub mod rules;
 #[cfg(any(kvsched_loom, feature = "internals"))]
-/// **Internal, not part of the stable API.** Public only under feature `internals`, for the
-/// project's own tools, tests and benchmarks (`kvsched-cli`, the Python package, the
-/// tests, the mechanism benches); crate-private in a normal build. Anything here may change or disappear in any
-/// release, outside any semver promise.
-///
-/// What an engine uses of the runtime is re-exported at the crate root ([`Runtime`],
-/// [`Builder`], [`Settings`], …); use it from there.
-///
 pub mod runtime;
 #[cfg(not(any(kvsched_loom, feature = "internals")))]
 pub(crate) mod runtime;
 #[cfg(any(kvsched_loom, feature = "internals"))]
-/// **Internal, not part of the stable API.** Public only under feature `internals`, for the
-/// project's own tools, tests and benchmarks (`kvsched-cli`, the Python package, the
-/// tests, the mechanism benches); crate-private in a normal build. Anything here may change or disappear in any
-/// release, outside any semver promise.
-///
 pub mod sync;
 #[cfg(not(any(kvsched_loom, feature = "internals")))]
 pub(crate) mod sync;

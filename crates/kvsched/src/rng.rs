@@ -1,3 +1,8 @@
+//! **Internal, not part of the stable API.** Public only under feature `internals`, for the
+//! project's own tools, tests and benchmarks (`kvsched-cli`, the Python package, the tests,
+//! the mechanism benches); crate-private in a normal build. Anything here may change or
+//! disappear in any release, outside any semver promise.
+//!
 //! Seeded, deterministic hashing: the same request id and seed make the same decisions on
 //! every run. (Shard routing hashes ids with its own hash: `runtime::route`.)
 

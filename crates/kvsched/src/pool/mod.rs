@@ -1,3 +1,8 @@
+//! **Internal, not part of the stable API.** Public only under feature `internals`, for the
+//! project's own tools, tests and benchmarks (`kvsched-cli`, the Python package, the tests,
+//! the mechanism benches); crate-private in a normal build. Anything here may change or
+//! disappear in any release, outside any semver promise.
+//!
 //! The block pool shared by every shard and cache group of the runtime (docs/runtime.md).
 //!
 //! A [`BlockPool`] owns `num_blocks` slots; slot 0 is the null block and is never handed out.

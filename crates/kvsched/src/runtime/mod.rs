@@ -1,3 +1,11 @@
+//! **Internal, not part of the stable API.** Public only under feature `internals`, for the
+//! project's own tools, tests and benchmarks (`kvsched-cli`, the Python package, the tests,
+//! the mechanism benches); crate-private in a normal build. Anything here may change or
+//! disappear in any release, outside any semver promise.
+//!
+//! What an engine uses of the runtime is re-exported at the crate root ([`Runtime`],
+//! [`Builder`], [`Settings`], …); use it from there.
+//!
 //! The runtime an engine embeds: [`Runtime::builder`], [`Runtime::submit`],
 //! [`Runtime::schedule`] → [`StepPlan`], [`Runtime::update`] with a [`StepOutput`],
 //! [`Runtime::cancel`], [`Runtime::shutdown`] → [`Report`]. The engine loop is the example

@@ -1,3 +1,8 @@
+//! **Internal, not part of the stable API.** Public only under feature `internals`, for the
+//! project's own tools, tests and benchmarks (`kvsched-cli`, the Python package, the tests,
+//! the mechanism benches); crate-private in a normal build. Anything here may change or
+//! disappear in any release, outside any semver promise.
+//!
 //! The only module that names atomics, locks, threads and queues.
 //!
 //! Everything concurrent in kvsched imports from here. Normally these are `std` atomics,
