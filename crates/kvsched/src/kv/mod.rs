@@ -45,6 +45,8 @@ mod prober;
 #[cfg(all(feature = "redis", not(kvsched_loom)))]
 pub mod redis;
 #[cfg(not(kvsched_loom))]
+mod save_duty;
+#[cfg(not(kvsched_loom))]
 mod saver;
 mod tier;
 #[cfg(not(kvsched_loom))]

@@ -8,10 +8,11 @@ use std::time::{Duration, Instant};
 
 use super::buffers::Buffers;
 use super::key_index::KeyIndex;
+use super::save_duty::Duty;
 use super::tier_call::guarded;
 use super::{ChunkCodec, ChunkKey, Tier};
 use crate::connector::CancelToken;
-use crate::sync::condvar::{Condvar, Guard};
+use crate::sync::condvar::Condvar;
 use crate::sync::{thread, Arc, AtomicBool, AtomicU64, Mutex, Ordering};
 
 /// One unit of background work.
@@ -106,20 +107,20 @@ struct Pause {
     warned: bool,
 }
 
-struct Queue {
+pub(super) struct Queue {
     work: VecDeque<Work>,
-    stop: bool,
+    pub(super) stop: bool,
     /// Threads holding work taken off the queue.
     busy: usize,
 }
 
-struct Shared {
+pub(super) struct Shared {
     queue: Mutex<Queue>,
     /// Where threads wait for work: each offer wakes one of them.
-    ready: Condvar,
+    pub(super) ready: Condvar,
     /// Where threads rest their CPU share: only a stop wakes them (an offer that woke a
     /// resting thread would go unserved while another waited for work).
-    rest: Condvar,
+    pub(super) rest: Condvar,
     /// Where flushes wait: notified when the last busy thread finds the queue empty.
     drained: Condvar,
     capacity: usize,
@@ -556,55 +557,6 @@ fn run(shared: &Shared, tier: &dyn Tier, codec: &ChunkCodec, index: &KeyIndex, o
             shared.drained.notify_all();
         }
         drop(duty.rest(q, shared));
-    }
-}
-
-/// A save thread's duty cycle: after storing for `t` it owes `t · (1/share − 1)` of rest,
-/// paid in sleeps of at least 1 ms, so that a store whose writes cost CPU (a disk tier's file
-/// creations are kernel work) takes at most `share` of a core per save thread and the
-/// engine's threads keep theirs — the write-behind falls behind and drops (counted) instead
-/// of the step waiting for a core. A share of 1 never sleeps.
-struct Duty {
-    rest_per_work: f64,
-    owed: Duration,
-}
-
-impl Duty {
-    fn new(share: f64) -> Duty {
-        let share = if share.is_finite() {
-            share.clamp(0.01, 1.0)
-        } else {
-            1.0
-        };
-        Duty {
-            rest_per_work: 1.0 / share - 1.0,
-            owed: Duration::ZERO,
-        }
-    }
-
-    /// Counts `t` of work.
-    fn worked(&mut self, t: Duration) {
-        self.owed += t.mul_f64(self.rest_per_work);
-    }
-
-    /// Rests what is owed once it reaches 1 ms (cut short when the saver stops), with the
-    /// queue's lock `q` released meanwhile.
-    fn rest<'a>(&mut self, mut q: Guard<'a, Queue>, shared: &Shared) -> Guard<'a, Queue> {
-        if self.owed < Duration::from_millis(1) {
-            return q;
-        }
-        let until = Instant::now() + std::mem::take(&mut self.owed);
-        // (Planted bug `saver-rest-on-ready`, scripts/plants.sh: rests where threads wait for
-        // work, so an offer may wake this one, which rests on, instead of an idle one.)
-        let cv = if planted!("saver-rest-on-ready") {
-            &shared.ready
-        } else {
-            &shared.rest
-        };
-        while !q.stop && Instant::now() < until {
-            q = cv.wait_until(q, Some(until)).0;
-        }
-        q
     }
 }
 
