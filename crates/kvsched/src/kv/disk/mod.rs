@@ -79,7 +79,9 @@ pub struct DiskCounts {
 ///
 /// **Crash safety.** A pack is written as `<n>.<r>.<pid>.tmp` (`r` 64 bits no other user of
 /// the directory can foresee, so none can take the name first), then hard-linked as `<m>.pack`
-/// (never replacing a pack already there: a number taken is skipped) and the temporary name
+/// (never replacing a pack already there: a number taken is skipped, and after a few taken
+/// in a row the tier lists the directory and goes on from the first number free there) and
+/// the temporary name
 /// removed: a reader sees the whole pack or none of it. A process killed mid-put leaves at most a temporary
 /// file, which the next [`open`] deletes; [`open`] leaves alone the temporary files of
 /// processes still running (on Unix), puts in flight of other tiers on the directory. Torn or cut packs (a power loss without
@@ -112,8 +114,10 @@ pub struct DiskTier {
     root: PathBuf,
     cfg: DiskConfig,
     index: Mutex<Index>,
-    /// The number of the next pack (and temporary file).
+    /// The number of the next pack.
     next_pack: AtomicU64,
+    /// The number of the next temporary file (its name's first part).
+    next_temp: AtomicU64,
     /// The largest value the tier's callers said they store ([`Tier::expect_values_up_to`]:
     /// the largest of their words), 0 before any said: a read of a longer value is refused.
     ///
@@ -280,6 +284,7 @@ impl DiskTier {
             cfg,
             index: Mutex::new(Index::default()),
             next_pack: AtomicU64::new(0),
+            next_temp: AtomicU64::new(0),
             expected_max: AtomicU64::new(0),
             pid: std::process::id(),
             temp_names: std::collections::hash_map::RandomState::new(),

@@ -157,3 +157,40 @@ fn a_capacity_below_one_table_stores_nothing() {
         assert!(c.bytes <= capacity_bytes, "{capacity_bytes}: {c:?}");
     }
 }
+
+fn put1(t: &DiskTier, key: ChunkKey, byte: u8, len: usize) {
+    t.put(&[(key, vec![byte; len])])
+        .unwrap_or_else(|e| panic!("put {key}: {e}"));
+}
+
+fn get1(t: &DiskTier, key: ChunkKey) -> Option<Vec<u8>> {
+    let never = CancelToken::new();
+    t.get(&[key], &never)
+        .unwrap_or_else(|e| panic!("get {key}: {e}"))
+        .pop()
+        .flatten()
+}
+
+/// Another tier on the directory wrote 100 packs since this one opened, so the next 100
+/// numbers are taken: the put skips past them all (it lists the directory after a few)
+/// instead of failing after 64.
+#[test]
+fn a_put_behind_another_writer_skips_past_its_numbers() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let (a, b) = (tier(&dir), tier(&dir));
+    for i in 0..100u128 {
+        put1(&b, ChunkKey(1000 + i), 2, 64);
+    }
+    let key = ChunkKey(1);
+    let got = a.put(&[(key, vec![1; 64])]);
+    assert!(got.is_ok(), "{got:?}: {:?}", a.counts());
+    assert_eq!(a.counts().write_errors, 0);
+    assert_eq!(
+        a.pack_path(key),
+        Some(dir.path().join(format!("{:016x}.pack", 100))),
+        "the first number past the other's packs"
+    );
+    assert_eq!(get1(&a, key), Some(vec![1; 64]));
+    assert_eq!(b.rescan().ok(), Some(1));
+    assert_eq!(get1(&b, key), Some(vec![1; 64]));
+}

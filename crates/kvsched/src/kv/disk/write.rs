@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use super::{io_err, is_full, pack, sync_dir, DiskTier, PACK_EXT, TEMP_EXT};
 use crate::kv::{ChunkKey, TierError};
 use crate::sync::Ordering;
+use rustc_hash::FxHashSet;
 
 /// Why [`DiskTier::write_temp`] failed: whether the file system is full, and the error.
 struct WriteFailed {
@@ -17,6 +18,12 @@ struct WriteFailed {
     taken: bool,
     err: TierError,
 }
+
+/// Pack numbers found taken in a row before a put lists the directory to skip past them all.
+const SKIP_AFTER: u32 = 4;
+/// Pack numbers found taken before a put gives up (a directory listed every [`SKIP_AFTER`]
+/// of them; more are taken only by other writers linking as fast as it lists).
+const MAX_TAKEN: u32 = 64;
 
 /// Writes every byte of `bufs` (`write_vectored` may write part of them).
 fn write_all_vectored(f: &mut fs::File, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
@@ -69,16 +76,26 @@ impl DiskTier {
             .as_ref()
             .and_then(super::index::file_id);
         // Published under a number no pack has: a hard link fails rather than replace
-        // another `DiskTier`'s pack of the same number, and a number taken is skipped.
+        // another `DiskTier`'s pack of the same number, and a number taken is skipped. A tier
+        // behind the others on the directory (they wrote since its open or last rescan) meets
+        // their numbers one after the other: every few taken in a row, it lists the directory
+        // and goes on from the first number no file there has.
         let mut index = self.index.lock();
-        let mut tries = 0;
+        let mut taken = 0;
         let id = loop {
             // Relaxed: only uniqueness of the number matters.
             let id = self.next_pack.fetch_add(1, Ordering::Relaxed);
             let path = self.path_of(id);
             match fs::hard_link(&tmp, &path) {
                 Ok(()) => break id,
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists && tries < 64 => tries += 1,
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists && taken < MAX_TAKEN => {
+                    taken += 1;
+                    // (Planted bug `disk-link-never-skips-ahead`, scripts/plants.sh: a put
+                    // behind by more than `MAX_TAKEN` packs fails.)
+                    if taken % SKIP_AFTER == 0 && !planted!("disk-link-never-skips-ahead") {
+                        self.skip_taken_numbers();
+                    }
+                }
                 Err(e) => {
                     drop(index);
                     let _ = fs::remove_file(&tmp);
@@ -104,6 +121,26 @@ impl DiskTier {
         Ok(())
     }
 
+    /// Raises the next pack's number to the first one from it that no file in the directory
+    /// has (one it cannot list leaves the number as it is: the next link tells). The first
+    /// free one, not past the highest: a file named with a number near `u64::MAX` sends no
+    /// tier there.
+    fn skip_taken_numbers(&self) {
+        let Ok(dir) = fs::read_dir(&self.root) else {
+            return;
+        };
+        let taken: FxHashSet<u64> = dir
+            .filter_map(|f| pack_number(f.ok()?.file_name().to_str()?))
+            .collect();
+        // Relaxed: only uniqueness of the number matters.
+        let mut next = self.next_pack.load(Ordering::Relaxed);
+        while taken.contains(&next) {
+            next = next.wrapping_add(1);
+        }
+        // Relaxed: as above.
+        self.next_pack.fetch_max(next, Ordering::Relaxed);
+    }
+
     /// Writes the pack to a new temporary file (a name no other writer holds), once more
     /// after a full file system's eviction; its path.
     fn write_retrying(
@@ -116,7 +153,7 @@ impl DiskTier {
         let mut evicted = false;
         loop {
             // Relaxed: only uniqueness of the name matters.
-            let n = self.next_pack.fetch_add(1, Ordering::Relaxed);
+            let n = self.next_temp.fetch_add(1, Ordering::Relaxed);
             let tmp = self.root.join(self.temp_name(n));
             match self.write_temp(&tmp, table, values, len) {
                 Ok(()) => return Ok(tmp),
@@ -138,7 +175,8 @@ impl DiskTier {
         }
     }
 
-    /// The name of the `n`th temporary file: `<n>.<r>.<pid>.tmp`, `r` a keyed hash of `n`
+    /// The name of the `n`th temporary file (`n` counts this tier's own, apart from the pack
+    /// numbers): `<n>.<r>.<pid>.tmp`, `r` a keyed hash of `n`
     /// whose key never leaves the process, so that a co-tenant of the directory who sees
     /// every earlier name still cannot create the next one first and make puts fail.
     fn temp_name(&self, n: u64) -> String {
