@@ -140,6 +140,25 @@ pub struct DiskTier {
     /// with `ENOSPC`), or that is read-only (`u64::MAX - 1`: every write fails with `EROFS`).
     #[cfg(test)]
     test_fs: AtomicU64,
+    /// Tests: what runs at each [`Pause`] (taken out while it runs, so the tier's calls it
+    /// makes do not run it again).
+    #[cfg(test)]
+    pause: Mutex<Option<PauseHook>>,
+}
+
+/// Tests: a hook run at a [`Pause`].
+#[cfg(test)]
+type PauseHook = Box<dyn FnMut(&DiskTier, Pause) + Send>;
+
+/// Tests: the points where a test runs its hook (`DiskTier::pause`), to put another call of
+/// the tier's in between two steps of one.
+#[cfg(test)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pause {
+    /// A rescan copied the numbers it skips and has not yet walked the directory.
+    RescanCopiedSeen,
+    /// A rescan walked the directory and has not yet taken the lock to index what it found.
+    RescanWalked,
 }
 
 /// Whether `e` says the file system (or the user's quota) is full.
@@ -236,15 +255,21 @@ impl DiskTier {
 
     /// Indexes the packs written to the directory since open by another `DiskTier` on it
     /// (another engine's, sharing the directory): what a probe for chunks this tier did not
-    /// store calls first. Reads the directory and the tables of the new packs; a key both
-    /// hold becomes the new pack's. Returns how many packs were indexed.
+    /// store calls first. Reads the directory and the tables of the new packs without the
+    /// lock, then indexes under it those whose file is still the one read (not one this tier
+    /// deleted meanwhile); a key both hold becomes the new pack's. Returns how many packs
+    /// were indexed.
     ///
     /// # Errors
     ///
     /// An I/O error reading the directory or a table.
     pub fn rescan(&self) -> Result<usize, TierError> {
         let seen = self.index.lock().seen.clone();
+        #[cfg(test)]
+        self.test_pause(Pause::RescanCopiedSeen);
         let s = scan::scan(&self.root, self.pack_limit(), self.limit(), Some(&seen))?;
+        #[cfg(test)]
+        self.test_pause(Pause::RescanWalked);
         let mut found = s.found;
         found.sort_unstable_by_key(|p| p.id);
         let mut index = self.index.lock();
@@ -259,12 +284,22 @@ impl DiskTier {
         index.seen.extend(s.ignored);
         let mut added = 0;
         for p in found {
-            if index.seen.contains(&p.id) {
-                continue;
-            }
             // Relaxed: only uniqueness of the number matters.
             self.next_pack
                 .fetch_max(p.id.saturating_add(1), Ordering::Relaxed);
+            if index.seen.contains(&p.id) {
+                continue;
+            }
+            // The walk ran without the lock: a pack this tier wrote after `seen` was copied
+            // may have been deleted since (its keys saved again, or evicted), and indexing
+            // it would move its keys back onto a file that is gone, count its bytes, and
+            // delete the pack that holds those keys now. Only a pack whose file the walk read
+            // is still at its path is indexed: this tier deletes its packs under the lock,
+            // so such a file stays while the lock is held. (Planted bug
+            // `rescan-indexes-deleted-packs`, scripts/plants.sh.)
+            if !self.still_at_its_path(&p) && !planted!("rescan-indexes-deleted-packs") {
+                continue;
+            }
             index.files.insert(p.id, p.file);
             let live = p.entries.iter().filter(|e| e.off != pack::REMOVED);
             let entries = live.map(|e| (e.key, e.off, e.len));
@@ -299,6 +334,21 @@ impl DiskTier {
             refused_packs: found.refused,
             #[cfg(test)]
             test_fs: AtomicU64::new(u64::MAX),
+            #[cfg(test)]
+            pause: Mutex::new(None),
+        }
+    }
+
+    /// Tests: runs the hook set for `at`, if any.
+    #[cfg(test)]
+    fn test_pause(&self, at: Pause) {
+        let hook = self.pause.lock().take();
+        if let Some(mut hook) = hook {
+            hook(self, at);
+            let mut slot = self.pause.lock();
+            if slot.is_none() {
+                *slot = Some(hook);
+            }
         }
     }
 
@@ -311,6 +361,12 @@ impl DiskTier {
     pub fn pack_path(&self, key: ChunkKey) -> Option<PathBuf> {
         let pack = self.index.lock().map.get(&key)?.pack;
         Some(self.path_of(pack))
+    }
+
+    /// Whether the file a walk read as pack `p` is still at its path (not deleted, nor
+    /// replaced by another file under its number).
+    fn still_at_its_path(&self, p: &scan::Found) -> bool {
+        fs::symlink_metadata(self.path_of(p.id)).is_ok_and(|m| same_file(file_id(&m), p.file))
     }
 
     /// The file of pack `id`.
@@ -376,7 +432,8 @@ impl DiskTier {
     }
 
     /// Deletes the file of pack `id` (no longer indexed). Once the file is gone a rescan
-    /// cannot meet it, so `index` forgets its number; a file that could not be deleted stays
+    /// cannot meet it (one whose walk read it before finds it gone, and skips it), so `index`
+    /// forgets its number; a file that could not be deleted stays
     /// among the numbers a rescan skips. A file at the pack's path that is not the one this
     /// tier wrote or indexed there (another tier's pack under a number whose file was
     /// deleted) is left alone, and its number forgotten so that a rescan indexes it.

@@ -158,6 +158,23 @@ fn a_capacity_below_one_table_stores_nothing() {
     }
 }
 
+/// The bytes of the pack files in `dir`.
+fn pack_bytes_on_disk(dir: &tempfile::TempDir) -> u64 {
+    fs::read_dir(dir.path())
+        .unwrap_or_else(|e| panic!("{e}"))
+        .filter_map(|f| {
+            let f = f.ok()?;
+            write::pack_number(f.file_name().to_str()?)?;
+            Some(f.metadata().ok()?.len())
+        })
+        .sum()
+}
+
+/// Sets `t`'s hook (see `Pause`).
+fn on_pause(t: &DiskTier, hook: impl FnMut(&DiskTier, Pause) + Send + 'static) {
+    *t.pause.lock() = Some(Box::new(hook));
+}
+
 fn put1(t: &DiskTier, key: ChunkKey, byte: u8, len: usize) {
     t.put(&[(key, vec![byte; len])])
         .unwrap_or_else(|e| panic!("put {key}: {e}"));
@@ -169,6 +186,62 @@ fn get1(t: &DiskTier, key: ChunkKey) -> Option<Vec<u8>> {
         .unwrap_or_else(|e| panic!("get {key}: {e}"))
         .pop()
         .flatten()
+}
+
+/// A rescan walks the directory without the lock. A put of a key during the walk writes a
+/// pack the walk reads; the next put of the key, before the rescan takes the lock, deletes
+/// it. The rescan must not index that pack — the key would move back onto a file that is
+/// gone, and the live pack, then holding no key, be deleted: the key lost from disk too.
+#[test]
+fn a_rescan_never_indexes_a_pack_this_tier_saved_over_during_its_walk() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let t = tier(&dir);
+    let key = ChunkKey(7);
+    put1(&t, key, 1, 100);
+    on_pause(&t, move |t, at| match at {
+        // Written after `seen` was copied: the walk reads it.
+        Pause::RescanCopiedSeen => put1(t, key, 2, 100),
+        // Saved over, so deleted, before the rescan indexes what it found.
+        Pause::RescanWalked => put1(t, key, 3, 100),
+    });
+    assert_eq!(t.rescan().ok(), Some(0));
+    *t.pause.lock() = None;
+    assert_eq!(get1(&t, key), Some(vec![3; 100]), "the last put's value");
+    let c = t.counts();
+    assert_eq!((c.entries, c.bytes), (1, pack_bytes_on_disk(&dir)), "{c:?}");
+    drop(t);
+    assert_eq!(get1(&tier(&dir), key), Some(vec![3; 100]), "on disk");
+}
+
+/// As above, the pack the walk read evicted by the tier before the rescan takes the lock:
+/// indexing it would count bytes no file holds (and evict a live pack to make room for them).
+#[test]
+fn a_rescan_never_indexes_a_pack_this_tier_evicted_during_its_walk() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    // Room for two packs of one 100-byte value.
+    let cfg = DiskConfig {
+        capacity_bytes: 2 * DiskTier::pack_bytes(&[100]) + 10,
+        max_value_bytes: 100,
+        fsync: false,
+    };
+    let t = DiskTier::open(dir.path(), cfg).unwrap_or_else(|e| panic!("{e}"));
+    let (a, b, c) = (ChunkKey(1), ChunkKey(2), ChunkKey(3));
+    put1(&t, a, 1, 100);
+    on_pause(&t, move |t, at| match at {
+        Pause::RescanCopiedSeen => put1(t, b, 2, 100),
+        Pause::RescanWalked => {
+            // `a` the most recently used: `c`'s put evicts `b`'s pack.
+            assert!(get1(t, a).is_some());
+            put1(t, c, 3, 100);
+        }
+    });
+    assert_eq!(t.rescan().ok(), Some(0));
+    *t.pause.lock() = None;
+    let s = t.counts();
+    assert_eq!((s.entries, s.bytes), (2, pack_bytes_on_disk(&dir)), "{s:?}");
+    assert_eq!(get1(&t, a), Some(vec![1; 100]));
+    assert_eq!(get1(&t, c), Some(vec![3; 100]));
+    assert_eq!(get1(&t, b), None, "evicted");
 }
 
 /// Another tier on the directory wrote 100 packs since this one opened, so the next 100
