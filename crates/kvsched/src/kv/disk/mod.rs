@@ -159,6 +159,8 @@ enum Pause {
     RescanCopiedSeen,
     /// A rescan walked the directory and has not yet taken the lock to index what it found.
     RescanWalked,
+    /// A read took its key's place from the index and has not yet opened the pack.
+    ReadPlaced,
 }
 
 /// Whether `e` says the file system (or the user's quota) is full.

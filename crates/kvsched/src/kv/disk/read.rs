@@ -27,6 +27,10 @@ enum Read {
     Got,
 }
 
+/// Times a read follows its key to the pack a put saved it in again meanwhile before it
+/// answers "not held" (a key saved again that often while it is read).
+pub(super) const MOVES: u32 = 8;
+
 /// The pack file a batch of reads opened last: its number and descriptor.
 pub(super) type OpenPack = Option<(u64, File)>;
 
@@ -105,6 +109,8 @@ impl DiskTier {
             };
             (place, index.files.get(&place.pack).copied().flatten())
         };
+        #[cfg(test)]
+        self.test_pause(super::Pause::ReadPlaced);
         // A value longer than any the tier's callers store is no value of theirs (a forged
         // table may name one of 64 MiB): refused before a byte of it is read.
         // Relaxed: a bound (see `expected_max`).
@@ -182,7 +188,9 @@ impl DiskTier {
     }
 
     /// Reads `key` into `buf` and keeps the index and counters: a hit is a use of its pack;
-    /// a key whose pack file is gone forgets the pack.
+    /// a key whose pack file is gone forgets the pack. A key a put saved again while it was
+    /// read (the put deleted the pack the read looked for) is read again where the index
+    /// places it now, up to [`MOVES`] times.
     pub(super) fn get_one(
         &self,
         key: ChunkKey,
@@ -190,29 +198,35 @@ impl DiskTier {
         buf: &mut Vec<u8>,
         open: &mut OpenPack,
     ) -> Result<bool, TierError> {
-        let got = match self.read_into(key, cancel, buf, open)? {
-            Read::Got => true,
-            Read::Gone(place) => {
-                let mut index = self.index.lock();
-                // Deleted behind the tier's back: forget the pack (unless a put just moved
-                // the key to a new one).
-                if index.map.get(&key) == Some(&place) && !self.path_of(place.pack).exists() {
+        let mut moves = 0;
+        let got = loop {
+            let (place, replaced) = match self.read_into(key, cancel, buf, open)? {
+                Read::Got => break true,
+                Read::NotIndexed | Read::Refused => break false,
+                Read::Gone(place) => (place, false),
+                Read::Replaced(place) => (place, true),
+            };
+            let mut index = self.index.lock();
+            let now = index.map.get(&key).copied();
+            if now == Some(place) {
+                if replaced {
+                    // Not this tier's file any more: forget the pack, and its number, so
+                    // that a rescan indexes the file now there.
+                    index.forget_replaced(place.pack);
+                } else if !self.path_of(place.pack).exists() {
+                    // Deleted behind the tier's back: forget the pack.
                     index.drop_pack(place.pack);
                     index.files.remove(&place.pack);
                     index.seen.remove(&place.pack);
                 }
-                false
+                break false;
             }
-            Read::Replaced(place) => {
-                let mut index = self.index.lock();
-                // Not this tier's file any more: forget the pack, and its number, so that a
-                // rescan indexes the file now there.
-                if index.map.get(&key) == Some(&place) {
-                    index.forget_replaced(place.pack);
-                }
-                false
+            // Saved again meanwhile, in another pack: read it there. (Planted bug
+            // `disk-get-misses-moved-key`, scripts/plants.sh: a miss instead.)
+            if now.is_none() || moves == MOVES || planted!("disk-get-misses-moved-key") {
+                break false;
             }
-            Read::NotIndexed | Read::Refused => false,
+            moves += 1;
         };
         if got {
             self.index.lock().touch(key);

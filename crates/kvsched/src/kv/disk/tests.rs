@@ -203,6 +203,7 @@ fn a_rescan_never_indexes_a_pack_this_tier_saved_over_during_its_walk() {
         Pause::RescanCopiedSeen => put1(t, key, 2, 100),
         // Saved over, so deleted, before the rescan indexes what it found.
         Pause::RescanWalked => put1(t, key, 3, 100),
+        Pause::ReadPlaced => {}
     });
     assert_eq!(t.rescan().ok(), Some(0));
     *t.pause.lock() = None;
@@ -234,6 +235,7 @@ fn a_rescan_never_indexes_a_pack_this_tier_evicted_during_its_walk() {
             assert!(get1(t, a).is_some());
             put1(t, c, 3, 100);
         }
+        Pause::ReadPlaced => {}
     });
     assert_eq!(t.rescan().ok(), Some(0));
     *t.pause.lock() = None;
@@ -266,4 +268,45 @@ fn a_put_behind_another_writer_skips_past_its_numbers() {
     assert_eq!(get1(&a, key), Some(vec![1; 64]));
     assert_eq!(b.rescan().ok(), Some(1));
     assert_eq!(get1(&b, key), Some(vec![1; 64]));
+}
+
+/// A get that took its key's place from the index, then lost the pack to a put of the same
+/// key (which deleted it), reads the key from the new pack: it was held throughout.
+#[test]
+fn a_get_racing_a_reput_of_its_key_reads_the_new_pack() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let t = tier(&dir);
+    let key = ChunkKey(9);
+    put1(&t, key, 1, 100);
+    let mut once = true;
+    on_pause(&t, move |t, at| {
+        if at == Pause::ReadPlaced && std::mem::take(&mut once) {
+            put1(t, key, 2, 100);
+        }
+    });
+    assert_eq!(get1(&t, key), Some(vec![2; 100]));
+    let c = t.counts();
+    assert_eq!((c.hits, c.misses, c.entries), (1, 0, 1), "{c:?}");
+}
+
+/// A key saved again every time a get looks for it: the get follows it a bounded number of
+/// times, then answers "not held", and the index still holds the key.
+#[test]
+fn a_get_follows_a_moving_key_a_bounded_number_of_times() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let t = tier(&dir);
+    let key = ChunkKey(9);
+    put1(&t, key, 1, 100);
+    let puts = crate::sync::Arc::new(crate::sync::AtomicU64::new(0));
+    let counted = crate::sync::Arc::clone(&puts);
+    on_pause(&t, move |t, at| {
+        if at == Pause::ReadPlaced {
+            counted.fetch_add(1, Ordering::Relaxed);
+            put1(t, key, 2, 100);
+        }
+    });
+    assert_eq!(get1(&t, key), None);
+    assert_eq!(puts.load(Ordering::Relaxed), u64::from(read::MOVES) + 1);
+    *t.pause.lock() = None;
+    assert_eq!(get1(&t, key), Some(vec![2; 100]));
 }
