@@ -393,6 +393,12 @@ declare -A TESTS=(
   # kv/tier_connector.rs: the save queue is bounded in chunks only, so behind a stalled store
   # it holds `save_queue` copies of blocks whatever their size.
   [save-queue-bytes-ignored]="kvsched --test kv_connector_misuse"
+  # kv/disk: a rescan indexes a pack this tier deleted during its walk (and deletes the live
+  # one); a put behind other writers never skips past their numbers (gives up after 64); a
+  # get whose key was saved again meanwhile answers "not held".
+  [rescan-indexes-deleted-packs]="kvsched --lib kv::disk::tests::a_rescan_never_indexes_a_pack_this_tier_saved_over_during_its_walk"
+  [disk-link-never-skips-ahead]="kvsched --lib kv::disk::tests::a_put_behind_another_writer_skips_past_its_numbers"
+  [disk-get-misses-moved-key]="kvsched --lib kv::disk::tests::a_get_racing_a_reput_of_its_key_reads_the_new_pack"
   [lru-order-after-read]="kvsched --lib kv::memory_tier::tests::a_panicking_read_callback_leaves_the_lru_order_consistent"
   # kv/redis/cluster.rs: a refresh waits on another call's refresh for as long as it takes,
   # past its own call's deadline.
@@ -434,7 +440,7 @@ ORDER=(decide-early claim-store late-leak deadline-compact-in-flight late-ok-acc
   align-pass-clears-mark report-evicted-late align-wait-inexact unconfirmed-kept-cached
   waits-overwritten preempt-planned saver-flush-unwoken probe-flush-unwoken
   saver-flush-waits-rest drop-queued-unwoken redis-gave-up-marks-down lru-order-after-read
-  save-queue-bytes-ignored)
+  save-queue-bytes-ignored rescan-indexes-deleted-packs disk-link-never-skips-ahead disk-get-misses-moved-key)
 
 if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi
 
