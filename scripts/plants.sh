@@ -398,7 +398,7 @@ declare -A TESTS=(
   # get whose key was saved again meanwhile answers "not held".
   [rescan-indexes-deleted-packs]="kvsched --lib kv::disk::tests::a_rescan_never_indexes_a_pack_this_tier_saved_over_during_its_walk"
   [disk-link-never-skips-ahead]="kvsched --lib kv::disk::tests::a_put_behind_another_writer_skips_past_its_numbers"
-  [disk-get-misses-moved-key]="kvsched --lib kv::disk::tests::a_get_racing_a_reput_of_its_key_reads_the_new_pack"
+  [disk-get-misses-moved-key]="kvsched --lib kv::disk::tests::a_get_racing_a_reput_of_its_key_reads_the_new_pack;kvsched --test kv_disk_races"
   [lru-order-after-read]="kvsched --lib kv::memory_tier::tests::a_panicking_read_callback_leaves_the_lru_order_consistent"
   # kv/redis/cluster.rs: a refresh waits on another call's refresh for as long as it takes,
   # past its own call's deadline.

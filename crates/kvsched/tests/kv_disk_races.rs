@@ -1,9 +1,9 @@
-//! The disk tier's own calls racing each other on real threads, without pauses: a rescan
-//! racing puts that save one key again and again never loses the key (nor brings back a pack
-//! the tier deleted), and a `get` racing such puts never answers "not held". The
-//! interleavings these races reach now and then are pinned step by step by the unit tests
-//! in `kv::disk::tests` (plants `rescan-indexes-deleted-packs`, `disk-get-misses-moved-key`);
-//! these check that no other interleaving of the real calls loses the key.
+//! The disk tier's own calls racing each other on real threads, without pauses: a `get`
+//! racing puts that save its key again and again never answers "not held" (plant
+//! `disk-get-misses-moved-key`, which this race catches within its run). The interleavings
+//! are pinned step by step by the unit tests in `kv::disk::tests`, with the rescan's race
+//! against such puts (plant `rescan-indexes-deleted-packs`), which a run this short on real
+//! threads does not reach reliably.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -32,52 +32,6 @@ fn reputter(
         }
         puts
     })
-}
-
-#[test]
-fn a_rescan_racing_reputs_of_a_key_never_loses_it() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    // Another tier's packs, so that a rescan's walk takes a while.
-    {
-        let other = DiskTier::open(dir.path(), DiskConfig::default()).expect("open");
-        for i in 0..1000u128 {
-            other
-                .put(&[(ChunkKey(1_000_000 + i), vec![1u8; 64])])
-                .expect("put");
-        }
-    }
-    let tier = Arc::new(DiskTier::open(dir.path(), DiskConfig::default()).expect("open"));
-    let key = ChunkKey(7);
-    tier.put(&[(key, vec![7u8; 256])]).expect("put");
-    // Each put holds `gate`, so the check below sees what a rescan left before another put
-    // saves the key again.
-    let gate = Arc::new(Mutex::new(()));
-    let stop = Arc::new(AtomicBool::new(false));
-    let putter = reputter(&tier, key, &stop, Some(&gate));
-    let never = CancelToken::new();
-    let until = Instant::now() + RACE;
-    let (mut rounds, mut lost) = (0u64, 0u64);
-    while Instant::now() < until {
-        rounds += 1;
-        tier.rescan().expect("rescan");
-        let _g = gate.lock().expect("gate");
-        if tier.get(&[key], &never).expect("get")[0].is_none() {
-            lost += 1;
-            break;
-        }
-    }
-    stop.store(true, Ordering::Relaxed);
-    let puts = putter.join().expect("putter");
-    let fresh = DiskTier::open(dir.path(), DiskConfig::default()).expect("reopen");
-    let on_disk = fresh.get(&[key], &never).expect("get")[0].is_some();
-    assert_eq!(
-        (lost, on_disk),
-        (0, true),
-        "key lost after {rounds} rescans racing {puts} puts"
-    );
-    // Every pack of the key but the last was deleted, and none brought back.
-    let c = tier.counts();
-    assert_eq!(c.entries, 1001, "{c:?}");
 }
 
 #[test]
