@@ -43,5 +43,25 @@ fn native_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
         "_PLANT_LEGACY_LOADER_AT_ZERO",
         cfg!(kvsched_plant = "legacy-loader-at-zero"),
     )?;
+    // The plant `owner-freed-still-waited-for` (scripts/plants.sh): `kvsched.vllm` takes an
+    // owner whose blocks vLLM freed (an async loader failed at 0 tokens, recomputing into new
+    // blocks) for rewriting the shared block, and releases its sharers to read garbage.
+    m.add(
+        "_PLANT_OWNER_FREED_STILL_WAITED_FOR",
+        cfg!(kvsched_plant = "owner-freed-still-waited-for"),
+    )?;
+    // The plant `async-pre-step-counts-next-step` (scripts/plants.sh): `kvsched.vllm` takes
+    // the pre-step length under async scheduling as `num_computed_tokens` less the reported
+    // step's tokens only, counting the next step's, already scheduled, as computed before.
+    m.add(
+        "_PLANT_ASYNC_PRE_STEP_COUNTS_NEXT_STEP",
+        cfg!(kvsched_plant = "async-pre-step-counts-next-step"),
+    )?;
+    // The plant `ended-by-status-list` (scripts/plants.sh): `kvsched.vllm` takes a request
+    // for ended by a fixed list of status names, missing vLLM's newer finished statuses.
+    m.add(
+        "_PLANT_ENDED_BY_STATUS_LIST",
+        cfg!(kvsched_plant = "ended-by-status-list"),
+    )?;
     Ok(())
 }

@@ -25,7 +25,8 @@ class SharerHolds:
     :meth:`refresh` drops the waits whose owner has recomputed past the block (a Mamba ``align``
     state: ended a step at it), and for a block whose owner ended first (finished, failed,
     preempted), or went past an ``align`` state without ending a step there, hands the block
-    to the next waiter:
+    to the next waiter, and so does an owner that no longer holds the block (its blocks
+    freed and new ones given, so it recomputes into those):
     it returns the requests and block that must be re-planned (the next waiter then owns it and
     rolls back; the others wait for it), which :meth:`replan` does.
     """
@@ -55,26 +56,36 @@ class SharerHolds:
         self,
         computed: Callable[[str], int | None],
         last: Callable[[str], int | None] | None = None,
+        holding: Callable[[str, int], bool] | None = None,
     ) -> dict[int, list[str]]:
         """``computed(id)``: a live request's ``num_computed_tokens``, ``None`` once it ended;
         ``last(id)``: an ended request's ``num_computed_tokens`` when it ended, ``None`` when
         not known. An owner that ended after rewriting a block (as far as ``last`` knows)
-        leaves its waiters nothing to wait for.
+        leaves its waiters nothing to wait for. ``holding(owner, block)``: whether a live
+        owner's block tables still hold the block; one that does not (vLLM freed its blocks
+        and gave it new ones, as for an async load that failed at 0 computed tokens) rewrites
+        it nowhere, however far it computes, and hands it on as an owner that ended first.
 
         Returns, per block whose owner ended before rewriting it (or not known to have), its
         waiters in the order they were added (canonical order); those waits are dropped here,
         for :meth:`replan`. A callback answering anything but a whole number ≥ 0 or ``None``
         (NaN, a float, a string) is a ``TypeError`` or ``ValueError`` naming the callback and
-        the request, and leaves every wait as it was; so is a ``computed`` that is not
-        callable or a ``last`` that is neither callable nor ``None``, naming it.
+        the request, and so is a ``holding`` answering no ``bool``; either leaves every wait
+        as it was. So is a ``computed`` that is not callable or a ``last`` or ``holding``
+        that is neither callable nor ``None``, naming it.
         """
         if not callable(computed):
             raise TypeError(f"computed: expected a callable, not {type(computed).__name__}")
         if last is not None and not callable(last):
             raise TypeError(f"last: expected a callable or None, not {type(last).__name__}")
+        if holding is not None and not callable(holding):
+            raise TypeError(
+                f"holding: expected a callable or None, not {type(holding).__name__}"
+            )
         # Every answer is asked for and checked before any wait changes.
         now: dict[str, int | None] = {}
         ended: dict[str, int | None] = {}
+        gone: set[tuple[str, int]] = set()
         for rid, ws in self._waits.items():
             for r in [rid, *(w.owner for w in ws)]:
                 if r not in now:
@@ -83,6 +94,9 @@ class SharerHolds:
                 if now[w.owner] is None and w.owner not in ended:
                     done = last(w.owner) if last is not None else None
                     ended[w.owner] = _tokens("last", w.owner, done)
+                elif now[w.owner] is not None and holding is not None and now[rid] is not None:
+                    if not _holds_answer(w.owner, w.block, holding(w.owner, w.block)):
+                        gone.add((w.owner, w.block))
         orphaned: dict[int, list[str]] = {}
         for rid in list(self._waits):
             if now[rid] is None:
@@ -95,6 +109,9 @@ class SharerHolds:
                     done = ended[w.owner]
                     if done is None or done < w.ready_at or (w.exact and done != w.ready_at):
                         _orphan(orphaned, w.block, rid)
+                elif (w.owner, w.block) in gone:
+                    # Recomputing into other blocks: this one is never rewritten.
+                    _orphan(orphaned, w.block, rid)
                 elif c < w.ready_at:
                     keep.append(w)
                 elif w.exact and c > w.ready_at:
@@ -189,6 +206,14 @@ def _replanned(rid: str, s: Any) -> RequestState:
         raise TypeError(
             f"state({rid!r}): expected a RequestState, not {type(s).__name__}"
         ) from None
+
+
+def _holds_answer(owner: str, block: int, value: Any) -> bool:
+    """A ``holding`` callback's answer: a ``bool`` (numpy's too), else a ``TypeError`` naming
+    the callback, the owner and the block."""
+    if not isinstance(value, bool) and type(value).__name__ != "bool_":
+        raise TypeError(f"holding({owner!r}, {block}): expected a bool, not {value!r}")
+    return bool(value)
 
 
 def _tokens(callback: str, request_id: str, value: Any) -> int | None:

@@ -59,9 +59,20 @@ plan_from_outcome = _recovery.plan_from_outcome
 
 def groups_from_kv_cache_config(kv_cache_config: Any, mamba_mode: str = "align") -> list[CacheGroup]:
     """The cache groups of a vLLM ``KVCacheConfig`` (``kv_cache_groups[i].kv_cache_spec``):
-    a spec with a ``sliding_window`` (not ``None``) is a sliding-window group, a Mamba spec
-    (its class name has ``Mamba``) a Mamba group in the spec's ``mamba_cache_mode`` when that
-    is ``"align"`` or ``"all"``, else in ``mamba_mode``, any other a full-attention group.
+    a spec with a ``sliding_window`` (not ``None``) is a sliding-window group, a
+    ``ChunkedLocalAttentionSpec`` (chunked local attention, its class name has
+    ``ChunkedLocal``) a sliding-window group whose window is its ``attention_chunk_size``, a
+    Mamba spec (its class name has ``Mamba``) a Mamba group in the spec's ``mamba_cache_mode``
+    when that is ``"align"`` or ``"all"``, else in ``mamba_mode``, any other a full-attention
+    group.
+
+    Chunked local attention: a token attends to the tokens of its own chunk before it, so
+    resuming at ``c`` needs at most the ``chunk - 1`` tokens before ``c`` — what a window of
+    the chunk size needs, or more — and vLLM puts the null block in the entries before the
+    current chunk, which a window group allows. Where those null entries lie inside the
+    window, the rules find no state there and roll the request back further: never less safe
+    than the chunk needs. (A ``FullAttentionSpec`` with an ``attention_chunk_size``, vLLM's
+    layout without the hybrid allocator, keeps every entry: a full-attention group.)
 
     What the rules refuse is refused here, as a :class:`kvsched.ScenarioError` naming the
     field: a ``block_size`` or ``sliding_window`` that is no whole number in ``1..=2**64-1``
@@ -92,6 +103,11 @@ def groups_from_kv_cache_config(kv_cache_config: Any, mamba_mode: str = "align")
             if not isinstance(mode, str) or str.__str__(mode) not in ("align", "all"):
                 mode = mamba_mode
             out.append(CacheGroup("mamba", bs, mamba_mode=str.__str__(mode)))
+        elif "ChunkedLocal" in name:
+            chunk = _positive(
+                f"{field}.attention_chunk_size", getattr(spec, "attention_chunk_size", None)
+            )
+            out.append(CacheGroup("sliding_window", bs, window=chunk))
         elif getattr(spec, "sliding_window", None) is not None:
             window = _positive(f"{field}.sliding_window", spec.sliding_window)
             out.append(CacheGroup("sliding_window", bs, window=window))
@@ -122,6 +138,27 @@ def _status_name(request: Any) -> str:
     return getattr(s, "name", str(s))
 
 
+def _ended(request: Any) -> bool:
+    """Whether a request has ended as far as its blocks go: preempted, or finished by vLLM's
+    own rule (``RequestStatus.is_finished``: every status past ``PREEMPTED``, whatever new
+    finished statuses a vLLM version adds, such as ``FINISHED_REPETITION``); a status with no
+    such rule is finished when its name starts with ``FINISHED``."""
+    status = getattr(request, "status", None)
+    name = _status_name(request)
+    if name == "PREEMPTED":
+        return True
+    if _native._PLANT_ENDED_BY_STATUS_LIST:
+        # Planted bug `ended-by-status-list` (scripts/plants.sh): a fixed list of names.
+        return name in _ENDED_BY_NAME
+    is_finished = getattr(type(status), "is_finished", None)
+    if callable(is_finished):
+        try:
+            return bool(is_finished(status))
+        except Exception:  # a rule that does not take its own status: ask by name
+            pass
+    return name.startswith("FINISHED")
+
+
 def _waiting_requests(scheduler: Any) -> list[Any]:
     """The scheduler's waiting requests (``skipped_waiting`` first where vLLM has it)."""
     seen: set[str] = set()
@@ -138,11 +175,18 @@ def requests_from_scheduler(
     scheduler: Any,
     num_scheduled_tokens: Mapping[str, int] | None = None,
     groups: Sequence[CacheGroup] | None = None,
+    scheduled_since: Mapping[str, int] | None = None,
 ) -> list[RequestState]:
     """The requests ``_handle_invalid_blocks`` examines, in canonical order: the waiting ones
     in ``WAITING_FOR_REMOTE_KVS`` (async), then ``running`` (sync, with their scheduled tokens
     of the step from ``num_scheduled_tokens``, else ``scheduler_output``'s), block ids from
     ``kv_cache_manager.get_block_ids``.
+
+    ``scheduled_since``: per request, the tokens of steps scheduled after the reported one
+    and not yet reported (vLLM's ``AsyncScheduler`` schedules step N+1 before it hands
+    ``update_from_output`` step N's output, and adds a step's tokens to
+    ``num_computed_tokens`` when it schedules it): they are no part of the request's length
+    at the reported step, whose pre-step length is ``num_computed_tokens`` less both.
 
     With ``groups`` (the one-argument ``_handle_invalid_blocks`` of an older vLLM, which sets
     an async loader's ``num_computed_tokens`` only once its load lands): an async request at
@@ -150,6 +194,7 @@ def requests_from_scheduler(
     cover, as that vLLM's scan does — at 0 its scan range would be empty, and a failed load
     would go unnoticed."""
     sched = dict(num_scheduled_tokens or {})
+    since = dict(scheduled_since or {})
     manager = scheduler.kv_cache_manager
     failed = getattr(scheduler, "failed_recving_kv_req_ids", set())
 
@@ -174,7 +219,7 @@ def requests_from_scheduler(
             r.request_id,
             False,
             manager.get_block_ids(r.request_id),
-            r.num_computed_tokens,
+            r.num_computed_tokens - since.get(r.request_id, 0),
             sched.get(r.request_id, 0),
         )
         for r in scheduler.running
@@ -188,8 +233,9 @@ def _null_block_id(scheduler: Any) -> int:
     return int(getattr(null, "block_id", 0))
 
 
-_ENDED = {"FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED", "FINISHED_ABORTED", "FINISHED_IGNORED",
-          "FINISHED_ERROR", "PREEMPTED"}
+# The finished statuses of vLLM 0.33, for the plant `ended-by-status-list` only.
+_ENDED_BY_NAME = {"FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED", "FINISHED_ABORTED",
+                  "FINISHED_IGNORED", "FINISHED_ERROR"}
 
 
 class KvschedRecoveryMixin:
@@ -201,7 +247,10 @@ class KvschedRecoveryMixin:
     the prefix-cache evictions (``kv_cache_manager.evict_blocks``), and returns the ids
     ``update_from_output`` must skip. In mode ``safe`` it also records the waiting sharers, and
     ``schedule`` holds them out of ``running`` until their owners have rewritten the shared
-    blocks (handing a block to the next waiter when its owner ends first).
+    blocks (handing a block to the next waiter when its owner ends first, or no longer holds
+    it), lowering ``max_num_running_reqs`` by their number meanwhile. Under ``AsyncScheduler``
+    the tokens of steps scheduled after the reported one (recorded from the outputs
+    ``schedule`` returned) are left out of the pre-step length.
 
     Class attributes: ``kvsched_mode`` (``"safe"`` or ``"vllm"``), ``kvsched_mamba_mode``.
     """
@@ -226,6 +275,9 @@ class KvschedRecoveryMixin:
         # The step's scheduled tokens, for vLLM versions whose `_handle_invalid_blocks` is not
         # given them.
         self._kvsched_num_scheduled_tokens = getattr(scheduler_output, "num_scheduled_tokens", None)
+        # Under async scheduling the steps scheduled after this one are already counted in
+        # `num_computed_tokens`: their tokens, per request, for the pre-step length.
+        self._kvsched_scheduled_since = self._kvsched_reported(scheduler_output)
         # Owners' progress now counts the step's scheduled tokens (vLLM adds them at schedule
         # time), and an owner this output finishes is still live: the waits it satisfied are
         # dropped before it ends, not handed off as if it ended first.
@@ -242,8 +294,12 @@ class KvschedRecoveryMixin:
             # was given, and an async loader's computed length is not set yet.
             num_scheduled_tokens = getattr(self, "_kvsched_num_scheduled_tokens", None) or {}
             legacy = groups
+        since = getattr(self, "_kvsched_scheduled_since", None)
+        if _native._PLANT_ASYNC_PRE_STEP_COUNTS_NEXT_STEP:
+            # Planted bug `async-pre-step-counts-next-step` (scripts/plants.sh).
+            since = None
         plan = plan_recovery(
-            requests_from_scheduler(self, num_scheduled_tokens, legacy),
+            requests_from_scheduler(self, num_scheduled_tokens, legacy, since),
             groups,
             invalid_block_ids,
             null_block_id=_null_block_id(self),
@@ -253,6 +309,30 @@ class KvschedRecoveryMixin:
         self._kvsched_apply(plan)
         self._kvsched_holds().add(plan)
         return plan.request_ids_to_skip()
+
+    def _kvsched_reported(self, scheduler_output: Any) -> dict[str, int]:
+        """The output of step N is reported: drops it (and any older) from the outputs this
+        scheduler's ``schedule`` returned and no ``update_from_output`` has seen yet, and
+        returns, per request, the tokens of those left — the steps scheduled after N
+        (``AsyncScheduler``; none under the synchronous ``Scheduler``)."""
+        pending = self.__dict__.setdefault("_kvsched_pending_outputs", [])
+        at = next((i for i, o in enumerate(pending) if o is scheduler_output), None)
+        if at is None:
+            return {}
+        del pending[: at + 1]
+        since: dict[str, int] = {}
+        for out in pending:
+            for rid, n in (getattr(out, "num_scheduled_tokens", None) or {}).items():
+                since[rid] = since.get(rid, 0) + n
+        return since
+
+    def _kvsched_scheduled(self, scheduler_output: Any) -> None:
+        """Records an output ``schedule`` returned until ``update_from_output`` is given it
+        (at most 8 kept: vLLM's async scheduling runs one step ahead, pipeline parallelism a
+        few)."""
+        pending = self.__dict__.setdefault("_kvsched_pending_outputs", [])
+        pending.append(scheduler_output)
+        del pending[:-8]
 
     def _kvsched_apply(self, plan: RecoveryPlan) -> None:
         for rid, n in plan.num_computed_tokens.items():
@@ -267,7 +347,7 @@ class KvschedRecoveryMixin:
 
     def _kvsched_computed(self, rid: str) -> int | None:
         req = self.requests.get(rid)
-        if req is None or _status_name(req) in _ENDED:
+        if req is None or _ended(req):
             return None
         return req.num_computed_tokens
 
@@ -279,10 +359,21 @@ class KvschedRecoveryMixin:
             return None
         return req.num_computed_tokens
 
+    def _kvsched_holding(self, rid: str, block: int) -> bool:
+        """Whether owner ``rid``'s block tables still hold ``block``: vLLM frees an owner's
+        blocks and gives it new ones (a failed async load at 0 computed tokens, freed when it
+        lands; a preemption), and the owner then recomputes into those, never rewriting the
+        shared block."""
+        if _native._PLANT_OWNER_FREED_STILL_WAITED_FOR:
+            # Planted bug `owner-freed-still-waited-for` (scripts/plants.sh).
+            return True
+        tables = self.kv_cache_manager.get_block_ids(rid)
+        return any(block in t for t in tables)
+
     def _kvsched_release(self) -> None:
         """Refreshes the holds; hands orphaned blocks to their next waiters."""
         holds = self._kvsched_holds()
-        orphaned = holds.refresh(self._kvsched_computed, self._kvsched_last)
+        orphaned = holds.refresh(self._kvsched_computed, self._kvsched_last, self._kvsched_holding)
         if not orphaned:
             return
         manager = self.kv_cache_manager
@@ -317,14 +408,27 @@ class KvschedRecoveryMixin:
         ]
         if not held:
             try:
-                return super().schedule(*args, **kwargs)  # type: ignore[misc]
+                out = super().schedule(*args, **kwargs)  # type: ignore[misc]
             finally:
                 _put_back(out_of_waiting)
+            self._kvsched_scheduled(out)
+            return out
         before = list(self.running)
         self.running = [r for r in before if not holds.held(r.request_id)]
+        # The held requests count against vLLM's limit on running requests (`max_num_seqs`):
+        # its `schedule` admits while `len(self.running)` is below the limit and asserts it,
+        # and they go back into `running` after it.
+        limit = getattr(self, "max_num_running_reqs", None)
+        lowered = isinstance(limit, int) and not isinstance(limit, bool)
+        if lowered:
+            self.max_num_running_reqs = max(limit - len(held), 0)
         try:
-            return super().schedule(*args, **kwargs)  # type: ignore[misc]
+            out = super().schedule(*args, **kwargs)  # type: ignore[misc]
+            self._kvsched_scheduled(out)
+            return out
         finally:
+            if lowered:
+                self.max_num_running_reqs = limit
             # The held requests go back where they stood; what schedule added follows.
             after = list(self.running)
             kept = {id(r) for r in after} | {id(r) for r in held}
