@@ -42,7 +42,9 @@ pub struct NativeTier {
     store: Store,
     tag: u64,
     num_blocks: u64,
-    _buffer: PyUntypedBuffer,
+    /// The export of the primary tier's buffer, released by `shutdown` once the threads are
+    /// joined (the primary tier then closes its mmap), else when the tier drops.
+    buffer: std::sync::Mutex<Option<PyUntypedBuffer>>,
 }
 
 impl NativeTier {
@@ -149,7 +151,9 @@ impl NativeTier {
         .map_err(|(field, problem)| bad(field, problem))?;
         // Safety: the export stays owned by this `NativeTier` until after `jobs` (every thread
         // holding the region) has been stopped and joined: `jobs` is dropped first (field
-        // order) and `shutdown` joins it too. It was checked writable and contiguous.
+        // order), and `shutdown` releases it only after joining them (a stopped pool runs no
+        // job again: every job submitted later fails unrun, touching no slot). It was checked
+        // writable and contiguous.
         let region = unsafe { Region::new(export.buf_ptr().cast::<u8>(), len, block_bytes) };
         let jobs = Jobs::start(
             opened.clone(),
@@ -165,7 +169,7 @@ impl NativeTier {
             store: opened,
             tag,
             num_blocks,
-            _buffer: export,
+            buffer: std::sync::Mutex::new(Some(export)),
         })
     }
 
@@ -274,8 +278,14 @@ impl NativeTier {
 
     /// Stops and joins the threads without the GIL (queued jobs are dropped, running ones
     /// cancelled). Idempotent; other threads may call the tier meanwhile.
+    /// The buffer's export is then released (with the GIL held, as the buffer protocol
+    /// requires), so the primary tier may close the memory behind it.
     fn shutdown(&self, py: Python<'_>) {
         py.detach(|| self.jobs.stop());
+        // In a forked child `stop` joins nothing, but the child has none of the threads:
+        // nothing there uses the region either.
+        let export = self.buffer.lock().unwrap_or_else(|e| e.into_inner()).take();
+        drop(export);
     }
 
     /// Whether this is a process forked from the one that created the tier (where it runs

@@ -256,6 +256,20 @@ def _seq(field: str, value: Any) -> list[Any]:
     return list(value)
 
 
+def _keys(value: Any) -> list[Any]:
+    """A job's ``keys`` as a list: vLLM types them ``Collection[OffloadKey]``, so besides a
+    sequence any collection is taken — a set, a frozenset, a dict's keys — in its iteration
+    order, which is the order vLLM pairs them with ``block_ids`` in (it builds the slots by
+    iterating the same collection, in the same process, unchanged meanwhile). ``block_ids``
+    stay a sequence or array: slots given unordered pair with nothing. One key's bytes (a
+    ``bytes``, ``str``) or what is no collection is a ``TypeError`` naming ``keys``."""
+    if hasattr(value, "tolist") and not isinstance(value, (bytes, bytearray, memoryview, str)):
+        value = value.tolist()
+    if isinstance(value, (bytes, bytearray, memoryview, str)) or not isinstance(value, Iterable):
+        raise TypeError(f"keys: expected a collection of keys, not {type(value).__name__}")
+    return list(value)
+
+
 def _uint(field: str, value: Any, most: int = _U64_MAX) -> int:
     """``value`` as a whole number in ``0..=most``: a ``TypeError`` for anything but an integer
     (``bool`` and floats included: 1.7 is no block id), a ``ValueError`` out of range, each
@@ -398,6 +412,12 @@ class KvschedTierManager(_Base):  # type: ignore[misc,valid-type]
     # Newer vLLM spells it this way.
     get_finished_jobs = get_finished
 
+    @staticmethod
+    def get_tier_type() -> str:
+        """The tier type :func:`register` registers this class under (vLLM versions that
+        declare it abstract ask the class)."""
+        return TIER_TYPE
+
     def touch(self, keys: Collection[Any], req_context: Any = None) -> None:
         """Recency for eviction: kvsched's tiers track their own (LRU on reads), so the keys
         are not read; what is no collection of keys is a ``TypeError`` naming ``keys``."""
@@ -408,14 +428,17 @@ class KvschedTierManager(_Base):  # type: ignore[misc,valid-type]
     def request_finished(self, req_context: Any) -> None:
         return None
 
-    def drain_jobs(self, timeout: float = 30.0) -> bool:
+    def drain_jobs(self, timeout: float | None = None) -> bool:
         """Waits (GIL released) until no job is queued or running, at most ``timeout`` seconds
-        (one too large to count, such as ``float("inf")``: without limit; 0 or less: not at
-        all); whether that happened. Signals are handled while it waits: a ``KeyboardInterrupt``
+        (``None``, the default, or one too large to count, such as ``float("inf")``: without
+        limit; 0 or less: not at all); whether that happened. vLLM's ``reset_cache`` calls it
+        with no argument and needs it to return only once no transfer touches the primary
+        buffer: without a timeout it returns ``True``, then, every time (a job's wait is
+        bounded by the store's call timeout, Redis's ``timeout_ms``). Signals are handled while it waits: a ``KeyboardInterrupt``
         (or what a signal handler raises) interrupts it within about 50 ms, the jobs going on.
         A timeout that is no number is a ``TypeError``, NaN a ``ValueError``, each naming
         ``timeout``."""
-        return self._native.wait_idle(_timeout(timeout))
+        return self._native.wait_idle(float("inf") if timeout is None else _timeout(timeout))
 
     def shutdown(self) -> None:
         """Stops the tier's threads and waits for them (GIL released): queued jobs fail
@@ -424,9 +447,15 @@ class KvschedTierManager(_Base):  # type: ignore[misc,valid-type]
         of about 4 MiB (a batch already handed to the store is bounded by the store's call
         timeout: Redis's ``timeout_ms``, 2 s by default; memory and disk puts do not wait on a
         network). Idempotent; calls from other threads meanwhile and after return normally,
-        their jobs failing at once. Dropping the tier does the same. In a forked child it does
-        nothing."""
+        their jobs failing at once. Dropping the tier does the same. In a forked child it joins
+        nothing.
+
+        Once the threads are joined the tier lets go of ``primary_kv_view`` (its export of the
+        buffer and its own views), so the primary tier may release its view and close the
+        memory behind it (vLLM shuts the secondary tiers down first, then the primary, which
+        closes its ``mmap``)."""
         self._native.shutdown()
+        self._primary_kv_view = None
 
     # --- kvsched's own -------------------------------------------------------------------
 
@@ -454,7 +483,7 @@ class KvschedTierManager(_Base):  # type: ignore[misc,valid-type]
                 f"{type(job_metadata).__name__}"
             ) from None
         job_id = _uint("job_id", job_id)
-        keys = [offload_key_bytes(k) for k in _seq("keys", raw_keys)]
+        keys = [offload_key_bytes(k) for k in _keys(raw_keys)]
         ids = _seq("block_ids", raw_ids)
         blocks = [_uint(f"block_ids[{i}]", b) for i, b in enumerate(ids)]
         return job_id, keys, blocks
