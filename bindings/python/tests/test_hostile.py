@@ -834,3 +834,23 @@ def test_text_that_is_no_valid_unicode_names_the_argument(kw, field):
     raw, view = kv_buffer(N, BS)
     with pytest.raises(ValueError, match=f"^{field}: "):
         KvschedTierManager(None, view, "kvsched", **kw)
+
+
+@pytest.mark.parametrize("depth", [200, 5000], ids=["past-the-parser", "past-json-dumps"])
+def test_nesting_past_the_parsers_limit_gives_the_commands_message(depth):
+    # docs/replay.md: nesting deeper than 128 is malformed JSON, named at the innermost value
+    # being read. recover(dict) says what recover_json (and the command) says of its text,
+    # whether or not json.dumps itself can write that deep.
+    deep: list = []
+    for _ in range(depth):
+        deep = [deep]
+    scenario = {"mode": "safe", "groups": deep, "requests": [], "invalid_blocks": []}
+    text = ('{"mode": "safe", "groups": ' + "[" * (depth + 1) + "]" * (depth + 1)
+            + ', "requests": [], "invalid_blocks": []}')
+    with pytest.raises(kvsched.ScenarioError) as from_dict:
+        kvsched.recover(scenario)
+    with pytest.raises(kvsched.ScenarioError) as from_text:
+        kvsched.recover_json(text)
+    assert str(from_dict.value) == str(from_text.value)
+    assert (from_dict.value.field, from_dict.value.problem) == (
+        from_text.value.field, from_text.value.problem)

@@ -75,16 +75,43 @@ def recover(scenario: dict[str, Any], *, explain: bool = False) -> dict[str, Any
     try:
         text = json.dumps(scenario, allow_nan=True)
     except (TypeError, ValueError, RecursionError):
-        raise _unencodable(scenario, "") from None
+        err = _unencodable(scenario, "")
+        if err is not _TOO_DEEP:
+            raise err from None
+        # Nested too deeply for json.dumps itself. The parser reads the text in order and
+        # stops, with its own message, at the first container past its nesting limit; the
+        # levels down to there, written with nothing below them, give that message.
+        text = json.dumps(
+            _cut(scenario, _PARSER_DEPTH + 1), allow_nan=True, skipkeys=True, default=lambda _: None
+        )
     try:
         return json.loads(recover_json(text, explain=explain))
     except ScenarioError:
         # json.dumps writes a key that is not a str (an int, a float, a bool, None) as a
         # string: the parser's error would name the field "1". Name the dict holding it.
+        # A walk stopped by the nesting limit found none: the parser's message (the
+        # command's, as for recover_json) stands.
         found = _find_unencodable(scenario, "", 0)
-        if found is not None:
+        if found is not None and found is not _TOO_DEEP:
             raise found from None
         raise
+
+
+#: The nesting the parser reads (serde_json's limit); deeper is its error.
+_PARSER_DEPTH = 128
+
+#: What the walk below answers past the parser's nesting, never raised: the parser's own
+#: message is given instead.
+_TOO_DEEP = ScenarioError("scenario", "nested too deeply")
+
+
+def _cut(value: Any, levels: int) -> Any:
+    """``value`` down to ``levels`` levels of lists and dicts, those below written empty."""
+    if isinstance(value, dict):
+        return {} if levels <= 0 else {k: _cut(v, levels - 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [] if levels <= 0 else [_cut(v, levels - 1) for v in value]
+    return value
 
 
 def _check_explain(explain: Any) -> None:
@@ -102,8 +129,8 @@ def _unencodable(value: Any, path: str) -> ScenarioError:
 
 def _find_unencodable(value: Any, path: str, depth: int) -> ScenarioError | None:
     shown = path or "scenario"
-    if depth > 128:
-        return ScenarioError(shown, "nested too deeply")
+    if depth > _PARSER_DEPTH:
+        return _TOO_DEEP
     if isinstance(value, int) and not isinstance(value, bool):
         try:
             str(value)
