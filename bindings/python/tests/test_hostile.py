@@ -704,6 +704,10 @@ def _state(rid):
         (lambda h: h.refresh(None), TypeError, r"^computed: expected a callable, not NoneType$"),
         (lambda h: h.refresh(lambda r: 0, 5), TypeError,
          r"^last: expected a callable or None, not int$"),
+        (lambda h: h.refresh(lambda r: 0, None, 5), TypeError,
+         r"^holding: expected a callable or None, not int$"),
+        (lambda h: h.refresh(lambda r: 0, None, lambda o, b: 1), TypeError,
+         r"^holding\('o', 2\): expected a bool, not 1$"),
         (lambda h: h.replan([2], _state, [CacheGroup("full_attention", 16)]), TypeError,
          r"^orphaned: expected a mapping of block ids to waiters \(as refresh returns\), not list$"),
         (lambda h: h.replan({2: "s"}, _state, [CacheGroup("full_attention", 16)]), TypeError,
@@ -720,7 +724,7 @@ def _state(rid):
          TypeError, r"^state\('s'\): expected a RequestState, not NoneType$"),
     ],
     ids=["add-None", "add-dict", "held-list", "held-None", "forget-list", "refresh-None",
-         "refresh-last-int", "replan-list", "replan-str-waiters", "replan-int-waiter",
+         "refresh-last-int", "refresh-holding-int", "refresh-holding-answers-int", "replan-list", "replan-str-waiters", "replan-int-waiter",
          "replan-float-block", "replan-huge-block", "replan-state-None", "replan-state-answers-None"],
 )
 def test_sharer_holds_methods_name_an_argument_of_the_wrong_type(call, error, message):
@@ -854,3 +858,9 @@ def test_nesting_past_the_parsers_limit_gives_the_commands_message(depth):
     assert str(from_dict.value) == str(from_text.value)
     assert (from_dict.value.field, from_dict.value.problem) == (
         from_text.value.field, from_text.value.problem)
+
+
+def test_the_tier_names_its_tier_type_as_vllm_asks_the_class():
+    # vLLM versions that declare `get_tier_type` abstract (a static method) cannot create a
+    # tier class without it.
+    assert KvschedTierManager.get_tier_type() == "kvsched"
