@@ -399,6 +399,13 @@ declare -A TESTS=(
   [rescan-indexes-deleted-packs]="kvsched --lib kv::disk::tests::a_rescan_never_indexes_a_pack_this_tier_saved_over_during_its_walk"
   [disk-link-never-skips-ahead]="kvsched --lib kv::disk::tests::a_put_behind_another_writer_skips_past_its_numbers"
   [disk-get-misses-moved-key]="kvsched --lib kv::disk::tests::a_get_racing_a_reput_of_its_key_reads_the_new_pack;kvsched --test kv_disk_races"
+  # bindings/python kvsched/vllm.py: an owner vLLM freed and gave new blocks is still waited
+  # for (its sharer released to read the old block unrewritten); under async scheduling the
+  # pre-step length counts the step scheduled ahead; a request has ended only by a list of
+  # status names (FINISHED_REPETITION missing).
+  [owner-freed-still-waited-for]="pytest test_vllm_sim.py::test_an_owner_whose_blocks_vllm_freed_hands_the_block_to_its_sharer"
+  [async-pre-step-counts-next-step]="pytest test_vllm_sim.py::test_under_async_scheduling_the_pre_step_length_leaves_out_the_step_scheduled_ahead"
+  [ended-by-status-list]="pytest test_vllm_sim.py::test_an_owner_finished_with_any_finished_status_hands_the_block_over"
   [lru-order-after-read]="kvsched --lib kv::memory_tier::tests::a_panicking_read_callback_leaves_the_lru_order_consistent"
   # kv/redis/cluster.rs: a refresh waits on another call's refresh for as long as it takes,
   # past its own call's deadline.
@@ -440,7 +447,8 @@ ORDER=(decide-early claim-store late-leak deadline-compact-in-flight late-ok-acc
   align-pass-clears-mark report-evicted-late align-wait-inexact unconfirmed-kept-cached
   waits-overwritten preempt-planned saver-flush-unwoken probe-flush-unwoken
   saver-flush-waits-rest drop-queued-unwoken redis-gave-up-marks-down lru-order-after-read
-  save-queue-bytes-ignored rescan-indexes-deleted-packs disk-link-never-skips-ahead disk-get-misses-moved-key)
+  save-queue-bytes-ignored rescan-indexes-deleted-packs disk-link-never-skips-ahead disk-get-misses-moved-key
+  owner-freed-still-waited-for async-pre-step-counts-next-step ended-by-status-list)
 
 if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi
 
