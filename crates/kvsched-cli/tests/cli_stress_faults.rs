@@ -128,6 +128,36 @@ fn human_report_has_a_faults_section_with_faults() {
     assert!(!plain.contains("faults injected"), "{plain}");
 }
 
+/// Every stale block the `stale` fault names is accounted for: those named against the
+/// step's own sync load are counted stale, every other one foreign, and the report shows both.
+#[test]
+fn every_injected_stale_block_is_counted_stale_or_foreign() {
+    let v = json_of(&small(&["--faults", "stale=0.3", "--json"]));
+    let n = |path: &str| {
+        get(&v, path)
+            .as_u64()
+            .unwrap_or_else(|| panic!("{path}: {v}"))
+    };
+    let (named, in_sync) = (
+        n("faults_injected.stale"),
+        n("engine.stale_named_in_sync_step"),
+    );
+    assert!(named > 0, "{v}");
+    assert_eq!(named, in_sync + n("events.foreign_blocks"), "{v}");
+    assert!(n("events.stale_blocks") >= in_sync, "{v}");
+    let out = small(&["--faults", "stale=0.3"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    let flat = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    for needle in [
+        "foreign blocks (dropped)",
+        "(counted foreign); dropped from reports in all:",
+        "the fault's other blocks (steps without a sync load of them, ids past the pool) are foreign blocks",
+    ] {
+        assert!(flat.contains(needle), "missing {needle:?} in:\n{text}");
+    }
+}
+
 /// Every load failing at its deadline (most while still queued: no worker ever starts them)
 /// shows its tokens under "of which after a failed load" as every load failing its chunks'
 /// checks does: the report learns a failed load's range from the plan's recovery, not only

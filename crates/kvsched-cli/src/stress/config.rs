@@ -171,7 +171,8 @@ pub struct StressConfig {
     ///   and finished id, every failed sync-load block);
     /// * `stale=R`: in share R of steps the engine names a stale block among the failed
     ///   blocks (a block seen in a sync load, at a generation older than the one it had
-    ///   there, or an id past the pool);
+    ///   there, or an id past the pool): counted `stale_blocks` when the step's own sync
+    ///   load wrote that block, `foreign_blocks` otherwise, dropped either way;
     /// * `cancel=R`: share R of requests are cancelled by the client at a random later step
     ///   (1–128 steps after submission; on top of --cancel-ratio).
     ///

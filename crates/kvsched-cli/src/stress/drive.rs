@@ -411,10 +411,15 @@ impl<'a, S: Scheduler> Engine<'a, S> {
                 .or(self.last_sync_block)
                 .filter(|b| b.generation > 0);
             let b = match older {
-                Some(b) if self.step_sync_block.is_some() || pick < 0.5 => BlockRef {
-                    id: b.id,
-                    generation: b.generation - 1,
-                },
+                Some(b) if self.step_sync_block.is_some() || pick < 0.5 => {
+                    if self.step_sync_block.is_some() {
+                        self.engine_events.stale_named_in_sync_step += 1;
+                    }
+                    BlockRef {
+                        id: b.id,
+                        generation: b.generation - 1,
+                    }
+                }
                 _ => BlockRef {
                     id: self.cfg.pool_blocks as u64 + self.frng.below(1024),
                     generation: 1,

@@ -380,6 +380,13 @@ pub(super) fn sections() -> Vec<Section> {
                     |r| c(r.events.stale_blocks)
                 ),
                 row!(
+                    "events.foreign_blocks",
+                    "foreign blocks (dropped)",
+                    Count,
+                    None,
+                    |r| c(r.events.foreign_blocks)
+                ),
+                row!(
                     "events.unknown_commands",
                     "unknown commands (ignored)",
                     Count,

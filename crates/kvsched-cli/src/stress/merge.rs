@@ -172,6 +172,10 @@ impl EngineEvents {
             late_cancels_ended: add(self.late_cancels_ended, o.late_cancels_ended),
             arrivals_held_back: add(self.arrivals_held_back, o.arrivals_held_back),
             samples_after_cancel: add(self.samples_after_cancel, o.samples_after_cancel),
+            stale_named_in_sync_step: add(
+                self.stale_named_in_sync_step,
+                o.stale_named_in_sync_step,
+            ),
         }
     }
 }

@@ -6,10 +6,11 @@ use serde_json::Value;
 
 use super::config::StressConfig;
 use super::cpu::CpuReport;
-use super::figures::{Figures, Stats};
+use super::figures::Figures;
 use super::histograms::Curves;
 pub use super::prompt_sources::PromptTokens;
 use super::scheduler::Mechanisms;
+use super::stats::median_value;
 use super::step_cost::StepCost;
 use kvsched::runtime::Metrics;
 
@@ -304,6 +305,12 @@ pub struct EngineEvents {
     /// `MAX_LIVE_PROMPT_TOKENS` (67,108,864) tokens, the driver's memory bound.
     #[serde(default)]
     pub arrivals_held_back: u64,
+    /// Stale blocks the `stale` fault named at an older generation of a destination of the
+    /// step's own sync loads: the runtime counts each in `events.stale_blocks`. The fault's
+    /// other blocks (steps with no sync load, ids past the pool) name no destination of the
+    /// step's sync loads: the runtime counts each in `events.foreign_blocks`.
+    #[serde(default)]
+    pub stale_named_in_sync_step: u64,
 }
 
 /// The invariant verdict.
@@ -411,61 +418,6 @@ impl RunReport {
         median.scheduler = first.scheduler;
         median.has = first.has;
         Some(median)
-    }
-}
-
-/// The median of the JSON values `vs` (of one key, `key`, in each run), see
-/// [`RunReport::median`].
-fn median_value(key: &str, vs: &[&Value]) -> Value {
-    let Some(first) = vs.first() else {
-        return Value::Null;
-    };
-    match first {
-        Value::Object(o) => Value::Object(
-            o.keys()
-                .map(|k| {
-                    let sub: Vec<&Value> = vs.iter().filter_map(|v| v.get(k)).collect();
-                    (k.clone(), median_value(k, &sub))
-                })
-                .collect(),
-        ),
-        Value::Bool(_) => {
-            let b = vs.iter().filter_map(|v| v.as_bool());
-            Value::Bool(if key == "timed_out" {
-                b.into_iter().any(|b| b)
-            } else {
-                b.into_iter().all(|b| b)
-            })
-        }
-        Value::Array(_) => Value::Array(
-            vs.iter()
-                .enumerate()
-                .flat_map(|(i, v)| {
-                    v.as_array().into_iter().flatten().map(move |x| match x {
-                        Value::String(s) => Value::String(format!("run {}: {s}", i + 1)),
-                        x => x.clone(),
-                    })
-                })
-                .collect(),
-        ),
-        _ => {
-            let ints: Option<Vec<u64>> = vs.iter().map(|v| v.as_u64()).collect();
-            if let Some(mut ints) = ints {
-                ints.sort_unstable();
-                let n = ints.len();
-                let m = if n % 2 == 1 {
-                    ints[n / 2]
-                } else {
-                    (u128::from(ints[n / 2 - 1]) + u128::from(ints[n / 2])).div_ceil(2) as u64
-                };
-                return Value::from(m);
-            }
-            let floats: Vec<f64> = vs.iter().filter_map(|v| v.as_f64()).collect();
-            match Stats::of(floats) {
-                Some(s) => Value::from((s.median * 1000.0).round() / 1000.0),
-                None => (*first).clone(),
-            }
-        }
     }
 }
 

@@ -149,12 +149,19 @@ fn duplicate_caused(r: &RunReport) -> String {
     )
 }
 
-/// `stale`: the stale blocks named, and every stale block dropped.
+/// `stale`: the stale blocks named, where the runtime counted them (an older generation of
+/// one of the step's sync-load destinations: stale; anything else: foreign), and every stale
+/// and foreign block dropped.
 fn stale_caused(r: &RunReport) -> String {
+    let named = r.faults_injected.stale;
+    let in_sync = r.engine.stale_named_in_sync_step.min(named);
     format!(
-        "{} stale blocks named; {} stale blocks dropped from reports in all",
-        count(r.faults_injected.stale),
-        count(r.events.stale_blocks)
+        "{} stale blocks named: {} at an older generation of the step's own sync-load destination (counted stale), {} in steps with no sync load of that block or past the pool (counted foreign); dropped from reports in all: {} stale blocks (hand-offs and failed blocks whose holders ended first included), {} foreign blocks",
+        count(named),
+        count(in_sync),
+        count(named - in_sync),
+        count(r.events.stale_blocks),
+        count(r.events.foreign_blocks)
     )
 }
 

@@ -26,7 +26,8 @@ use crate::stress::report::StressReport;
 /// in `schedule()` + `update()` per step),
 /// `cost.{step_wall_s,step_cpu_s,step_cpu_us_per_finished,engine_cpu_s,other_threads_cpu_s}`,
 /// `engine.{client_cancels,client_cancels_skipped,
-/// samples_after_cancel,fault_cancels_after_end,late_cancels_ended,arrivals_held_back}`, `config.repeat`,
+/// samples_after_cancel,fault_cancels_after_end,late_cancels_ended,arrivals_held_back,
+/// stale_named_in_sync_step}`, `config.repeat`,
 /// `kv.*` (the KV bytes loaded, saved and verified, the garbage reads — `null` with
 /// `--verify off` — and the connector's integrity counters, see
 /// [`KvCounts`](crate::stress::report::KvCounts)),

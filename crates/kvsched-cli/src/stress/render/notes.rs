@@ -247,7 +247,7 @@ fn events_notes(report: &StressReport, notes: &mut Vec<String>) {
     }
     if runs.iter().any(|r| r.events.stale_blocks > 0) {
         notes.push(if c.fault_rates().stale > 0.0 {
-            "stale blocks: blocks a report named after they had been freed and reused (or ids past the pool), dropped: the stale fault's, plus hand-offs and failed blocks whose holders ended first".to_owned()
+            "stale blocks: blocks a report named at an older generation than the step's sync load handed out (freed and reused since), dropped: the stale fault's named in a step that loaded that block, plus hand-offs and failed blocks whose holders ended first; the fault's other blocks (steps without a sync load of them, ids past the pool) are foreign blocks, dropped too".to_owned()
         } else {
             "stale blocks: hand-offs or failed blocks freed before the report named them (their last holder ended first), dropped as they should be".to_owned()
         });
