@@ -118,6 +118,32 @@ pub(super) fn plane(cfg: &StressConfig, stores: &Stores, who: &str) -> Result<Pl
     })
 }
 
+/// With `--repeat`, the judge's counts of `median` (the runs' medians) replaced by their
+/// sums over `runs`: a wrong token or logit of any run stays in the report (a median of
+/// 0, 1 and 4 wrong tokens would read 1, of 0, 0 and 4 would read 0).
+pub(super) fn sum_judged<'a>(
+    median: &mut Option<ModelReport>,
+    runs: impl Iterator<Item = &'a ModelReport>,
+) {
+    let Some(m) = median else {
+        return;
+    };
+    let runs: Vec<&ModelReport> = runs.collect();
+    let sum = |f: fn(&ModelReport) -> u64| runs.iter().map(|r| f(r)).sum::<u64>();
+    m.tokens_checked = sum(|r| r.tokens_checked);
+    m.token_mismatches = sum(|r| r.token_mismatches);
+    m.logit_mismatches = sum(|r| r.logit_mismatches);
+    m.requests_affected = sum(|r| r.requests_affected);
+    m.failed_load_sharers = sum(|r| r.failed_load_sharers);
+    m.tainted_reads = sum(|r| r.tainted_reads);
+    m.unreadable_reads = sum(|r| r.unreadable_reads);
+    m.scheduled_past_tokens = sum(|r| r.scheduled_past_tokens);
+    let c = &mut m.wrong_tokens_by_cause;
+    c.sharers_read_failed_load = sum(|r| r.wrong_tokens_by_cause.sharers_read_failed_load);
+    c.rolled_back_blocks_cached = sum(|r| r.wrong_tokens_by_cause.rolled_back_blocks_cached);
+    c.unattributed = sum(|r| r.wrong_tokens_by_cause.unattributed);
+}
+
 /// The model's section of a run's report (`model` in JSON).
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct ModelReport {
@@ -143,6 +169,10 @@ pub struct ModelReport {
     pub tainted_reads: u64,
     /// Reads through a null entry or of an unreadable block.
     pub unreadable_reads: u64,
+    /// Scheduled requests the model could not run: unknown to it, or scheduled past the
+    /// tokens they have (each an invariant violation).
+    #[serde(default)]
+    pub scheduled_past_tokens: u64,
     /// Tokens the model computed (prefill, decode and recompute).
     pub tokens_computed: u64,
     /// Sync loads the model's engine ran, and those that reported invalid blocks.
@@ -307,6 +337,7 @@ impl ModelDriver {
             failed_load_sharers: c.failed_load_sharers,
             tainted_reads: c.tainted_reads,
             unreadable_reads: c.unreadable_reads,
+            scheduled_past_tokens: c.scheduled_past_tokens,
             tokens_computed: c.tokens_computed,
             sync_loads: c.sync_loads,
             sync_loads_failed: c.sync_loads_failed,

@@ -403,7 +403,8 @@ impl RunReport {
     /// The median of `runs` (each number the median over the runs, an even count taking the
     /// mean of the middle two, rounded for integers; `timed_out` if any run timed out;
     /// `invariants.ok` and `reconciled` only if every run's are; the violations of every run,
-    /// prefixed by its number when there are several). The first run when there is one.
+    /// prefixed by its number when there are several; the model judge's counts summed, so
+    /// no run's wrong token is lost). The first run when there is one.
     pub(super) fn median(runs: &[RunReport]) -> Option<RunReport> {
         let first = runs.first()?;
         if runs.len() == 1 {
@@ -417,6 +418,10 @@ impl RunReport {
         let mut median: RunReport = serde_json::from_value(median_value("", &refs)).ok()?;
         median.scheduler = first.scheduler;
         median.has = first.has;
+        super::model::sum_judged(
+            &mut median.model,
+            runs.iter().filter_map(|r| r.model.as_ref()),
+        );
         Some(median)
     }
 }

@@ -1,6 +1,7 @@
 //! The model's section of the human report (`--engine model`): what the judge checked and
-//! found, what recovery cost (tokens recomputed, time to first token) and the model's share
-//! of the run, per scheduler (with `--repeat`, the median run's).
+//! found, what recovery cost (tokens rolled back, time to first token) and the model's share
+//! of the run, per scheduler (with `--repeat`, the judge's counts summed over the runs, the
+//! other figures the median run's).
 
 use std::fmt::Write;
 
@@ -17,22 +18,30 @@ pub(super) fn model(report: &StressReport, o: &mut String) {
             continue;
         };
         if !std::mem::replace(&mut title, true) {
+            let runs = report.runs.len();
             let _ = writeln!(
                 o,
-                "\nmodel (every kept token judged against its request decoded alone)"
+                "\nmodel (every kept token judged against its request decoded alone{})",
+                if runs > 1 {
+                    format!("; judge counts summed over the {runs} runs, the rest the median run's")
+                } else {
+                    String::new()
+                }
             );
         }
         let ms = |us: f64| format!("{:.1} ms", us / 1e3);
         let lines = [
             format!(
-                "tokens checked {}, wrong tokens {}, wrong logits {}, requests affected {}",
+                "tokens checked {}, wrong tokens {}, wrong logits {}, requests affected {}, unreadable reads {}, requests scheduled past their tokens {}",
                 count(m.tokens_checked),
                 count(m.token_mismatches),
                 count(m.logit_mismatches),
-                count(m.requests_affected)
+                count(m.requests_affected),
+                count(m.unreadable_reads),
+                count(m.scheduled_past_tokens)
             ),
             format!(
-                "tokens recomputed {}, sync loads {} ({} failed), time to first token p50 {}, p99 {} ({} requests)",
+                "tokens rolled back by recovery {} (to recompute, unless the request then failed or was cancelled), sync loads {} ({} failed), time to first token p50 {}, p99 {} ({} requests)",
                 count(r.tokens_recomputed),
                 count(m.sync_loads),
                 count(m.sync_loads_failed),
@@ -69,7 +78,7 @@ fn verdict(r: &RunReport, report: &StressReport, o: &mut String) {
             "nothing judged: no request kept a token (every one failed or was cancelled), so \
              exactness says nothing about this run"
         }
-        (_, 0) => "token-exact: every kept token and logit equals the request decoded alone",
+        (_, 0) if m.token_mismatches == 0 => "token-exact: every kept token and logit equals the request decoded alone",
         (kvsched::rules::recovery::Mode::Safe, _) => {
             "wrong outputs in mode safe: an invariant violation"
         }
