@@ -390,6 +390,34 @@ pub(super) fn percentiles(ns: &[u64]) -> Percentiles {
 mod tests {
     use super::*;
 
+    /// With `--repeat`, the judge's counts are the runs' sums: runs that kept 0, 1 and 4
+    /// wrong tokens report 5 (their median, 1, would hide the 4), the rest stays the median's.
+    #[test]
+    fn repeated_runs_sum_the_judges_counts() {
+        let run = |wrong: u64, model_s: f64| ModelReport {
+            tokens_checked: 100,
+            token_mismatches: wrong,
+            logit_mismatches: wrong,
+            requests_affected: wrong.min(1),
+            unreadable_reads: wrong,
+            model_s,
+            ..ModelReport::default()
+        };
+        let runs = [run(0, 1.0), run(1, 2.0), run(4, 3.0)];
+        let mut median = Some(run(1, 2.0));
+        sum_judged(&mut median, runs.iter());
+        let m = median.expect("model");
+        assert_eq!(
+            (m.tokens_checked, m.token_mismatches, m.logit_mismatches),
+            (300, 5, 5)
+        );
+        assert_eq!((m.requests_affected, m.unreadable_reads), (2, 5));
+        assert_eq!(m.model_s, 2.0);
+        let mut none = None;
+        sum_judged(&mut none, runs.iter());
+        assert!(none.is_none());
+    }
+
     /// `--engine model` sizes only the flags left out, and the simulated engine keeps its own.
     #[test]
     fn model_defaults_apply_to_the_flags_left_out() {
