@@ -122,6 +122,37 @@ const TRACE_UNUSED: [(&str, &str); 9] = [
     ("hit_ratio", "--hit-ratio"),
 ];
 
+/// The flags typed where nothing reads them, each refused rather than dropped without a
+/// word: a trace's flags without `--trace`, `--store-capacity` with a Redis store (the
+/// server's memory is its own), and `--engine-index`, which `--engines` sets for each engine
+/// it runs (always with `--json`), typed by hand.
+fn unused_flags(args: &StressArgs, given: &dyn Fn(&str) -> bool) -> Option<String> {
+    let c = &args.config;
+    if c.trace.trace.is_none() {
+        let unused = [
+            ("trace_speed", "--trace-speed"),
+            ("trace_requests", "--trace-requests"),
+        ];
+        if let Some((_, flag)) = unused.iter().find(|(id, _)| given(id)) {
+            return Some(format!(
+                "{flag}: unused without --trace (it sets how a trace replays)"
+            ));
+        }
+    }
+    if given("store_capacity") && c.store.is_redis() {
+        return Some(format!(
+            "--store-capacity: sizes a sim, memory or disk store; --store {} holds what the Redis server's memory allows (--redis-maxmemory for the one kvsched starts)",
+            c.store.shown()
+        ));
+    }
+    if c.engines.engine_index.is_some() && !args.json {
+        return Some(
+            "--engine-index: set by --engines for each engine it runs; leave it out".to_owned(),
+        );
+    }
+    None
+}
+
 /// Exit code for bad input and usage errors.
 const EXIT_BAD_INPUT: u8 = 2;
 
@@ -178,6 +209,9 @@ pub fn main() -> ExitCode {
                         "{flag}: unused with --trace (the trace gives its requests; --trace-requests N replays its first N)"
                     ));
                 }
+            }
+            if let Some(message) = unused_flags(&args, &given) {
+                return fail(&message);
             }
             match follow_trace_duration(&mut args.config, given("duration_s")) {
                 Ok(()) => stress(&args),

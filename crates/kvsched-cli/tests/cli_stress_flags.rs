@@ -238,3 +238,47 @@ fn a_report_that_cannot_be_written_is_an_output_error() {
     let out = run("> /dev/null");
     assert_eq!(out.status.code(), Some(0));
 }
+
+/// A flag nothing would read is refused, naming it, rather than dropped without a word.
+#[test]
+fn flags_nothing_reads_are_refused() {
+    let mut cases = vec![
+        (
+            vec!["--trace-speed", "2"],
+            "--trace-speed: unused without --trace",
+        ),
+        (
+            vec!["--trace-requests", "5"],
+            "--trace-requests: unused without --trace",
+        ),
+        (
+            vec!["--engine-index", "0"],
+            "--engine-index: set by --engines",
+        ),
+        (vec!["--store", "disk="], "the path is empty"),
+    ];
+    if cfg!(feature = "redis") {
+        cases.extend([
+            (
+                vec!["--store", "redis://127.0.0.1:1", "--store-capacity", "1G"],
+                "--store-capacity",
+            ),
+            (vec!["--store", "redis://"], "host 1: empty host"),
+            (
+                vec!["--store", "redis://127.0.0.1:1?tag=mine"],
+                "no query string",
+            ),
+        ]);
+    }
+    for (args, needle) in cases {
+        let out = stress(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: not one line: {err:?}");
+        assert!(
+            err.contains(needle),
+            "{args:?}: {err} does not say {needle}"
+        );
+        assert!(out.stdout.is_empty(), "{args:?}");
+    }
+}

@@ -64,7 +64,7 @@ impl StoreSpec {
     }
 
     /// Whether it is Redis.
-    pub(super) fn is_redis(&self) -> bool {
+    pub(crate) fn is_redis(&self) -> bool {
         matches!(self, StoreSpec::Redis | StoreSpec::RedisUrl { .. })
     }
 
@@ -113,7 +113,7 @@ impl FromStr for StoreSpec {
         }
         if let Some(dir) = s.strip_prefix("disk=") {
             if dir.is_empty() {
-                return Err("disk=DIR: the directory is empty".to_owned());
+                return Err("disk=DIR: the path is empty (no directory given)".to_owned());
             }
             return Ok(StoreSpec::Disk(PathBuf::from(dir)));
         }
@@ -183,11 +183,34 @@ fn parse_redis(s: &str) -> Result<StoreSpec, String> {
     if s == "redis" {
         return Ok(StoreSpec::Redis);
     }
+    redis_url_shape(s)?;
     let cfg = RedisConfig::from_url(s).map_err(|e| format!("bad Redis URL: {e}"))?;
     Ok(StoreSpec::RedisUrl {
         url: s.to_owned(),
         shown: cfg.redacted_url(),
     })
+}
+
+/// What `RedisConfig::from_url` would take wrongly or name badly in `s`
+/// (`redis://HOST:PORT[,…]`): a query string, which nothing reads, and an empty host,
+/// named by its place in the list. Never repeats the URL, which may hold a password.
+#[cfg(feature = "redis")]
+fn redis_url_shape(s: &str) -> Result<(), String> {
+    let rest = s.split_once("://").map_or(s, |(_, r)| r);
+    if rest.contains('?') {
+        return Err(
+            "a Redis URL takes no query string (`?…`): nothing would read it; give redis://HOST:PORT[,…]"
+                .to_owned(),
+        );
+    }
+    for (i, host) in rest.split(',').enumerate() {
+        let host = host.rsplit_once('@').map_or(host, |(_, h)| h);
+        let host = host.split(['/', ':']).next().unwrap_or("");
+        if host.is_empty() {
+            return Err(format!("bad Redis URL: host {}: empty host", i + 1));
+        }
+    }
+    Ok(())
 }
 
 /// The stores of one invocation: what lives across its runs (a private Redis server).
@@ -538,6 +561,14 @@ mod tests {
             assert!(!s.shown().contains("secret"), "{}", s.shown());
             assert!(!format!("{s:?}").contains("secret"));
             assert!("redis://".parse::<StoreSpec>().is_err());
+            for (bad, needle) in [
+                ("redis://", "host 1: empty host"),
+                ("redis://h:1,:2", "host 2: empty host"),
+                ("redis://h:1?tag=mine", "no query string"),
+            ] {
+                let e = bad.parse::<StoreSpec>().expect_err(bad);
+                assert!(e.contains(needle), "{bad}: {e}");
+            }
         }
         #[cfg(not(feature = "redis"))]
         {
