@@ -21,15 +21,27 @@ pub fn render_human(report: &StressReport) -> String {
     settings(c, &mut o);
     legend(report, &mut o);
     let mut table = Table::new(report.baseline.as_ref().map(|b| b.scheduler));
-    let mut crossing = 0;
+    let (mut crossing, mut against) = (0, 0);
     for sec in &report.figures.0 {
-        crossing += section(sec, report, &mut table);
+        let (c, a) = section(sec, report, &mut table);
+        crossing += c;
+        against += a;
     }
     o.push_str(&table.render());
     if crossing > 0 {
         wrap(
             &format!(
                 "warning: on {crossing} row(s) marked * the ratio's min–max crosses 1: the runs disagree on which scheduler is better there"
+            ),
+            "",
+            "         ",
+            &mut o,
+        );
+    }
+    if against > 0 {
+        wrap(
+            &format!(
+                "warning: on {against} row(s) marked † the ratio (the median of the per-pair ratios) points the other way from the two cells (the medians of each scheduler's runs): the pairs and the medians disagree on which scheduler is better there"
             ),
             "",
             "         ",
@@ -87,8 +99,9 @@ const KV_IF_NONZERO: [&str; 9] = [
 /// the baseline lacks a figure's mechanism, a note saying so. Without `--faults`, the events
 /// section shows only the counters that are nonzero somewhere (and is left out if none is);
 /// the KV section leaves out the integrity counters that are 0 in every run and names them
-/// in a note. Returns how many of its rows have a ratio whose min–max crosses 1.
-fn section(sec: &FigureSection, report: &StressReport, table: &mut Table) -> usize {
+/// in a note. Returns how many of its rows have a ratio whose min–max crosses 1, and how many
+/// a ratio pointing against its cells.
+fn section(sec: &FigureSection, report: &StressReport, table: &mut Table) -> (usize, usize) {
     let faults = report.config.faults.is_some();
     let baseline = report.baseline.as_ref();
     let several = report.runs.len() > 1;
@@ -111,18 +124,19 @@ fn section(sec: &FigureSection, report: &StressReport, table: &mut Table) -> usi
         .map(|f| f.label)
         .collect();
     if events && figures.is_empty() {
-        return 0;
+        return (0, 0);
     }
     table.title(if events && faults {
         "fault events"
     } else {
         sec.title
     });
-    let mut crossing = 0;
+    let (mut crossing, mut against) = (0, 0);
     let mut lacking = false;
     for f in figures {
-        let (ratio, crosses) = ratio_cell(f, several, baseline.is_some());
+        let (ratio, crosses, points_against) = ratio_cell(f, several, baseline.is_some());
         crossing += usize::from(crosses);
+        against += usize::from(points_against);
         table.row(
             f.label,
             [
@@ -157,24 +171,43 @@ fn section(sec: &FigureSection, report: &StressReport, table: &mut Table) -> usi
             lacks(b)
         ));
     }
-    crossing
+    (crossing, against)
 }
 
-/// The ratio cell of `f`, marked ` *` when with several runs its min–max crosses 1 (and
-/// whether it does); `n/a` for a ranked figure with a baseline but no ratio.
-fn ratio_cell(f: &Figure, several: bool, baseline: bool) -> (String, bool) {
+/// The ratio cell of `f`, marked ` *` when with several runs its min–max crosses 1, and ` †`
+/// when the ratio (the median of the per-pair ratios) points the other way from the ratio of
+/// the two cells' medians (and whether each is so); `n/a` for a ranked figure with a baseline
+/// but no ratio.
+fn ratio_cell(f: &Figure, several: bool, baseline: bool) -> (String, bool, bool) {
     match &f.ratio {
         Some(r) => {
             let crosses = several && r.crosses_1();
-            let mark = if crosses { " *" } else { "" };
+            let against = several && points_against(f, r.median);
+            let mark = match (crosses, against) {
+                (true, true) => " *†",
+                (true, false) => " *",
+                (false, true) => " †",
+                (false, false) => "",
+            };
             (
                 format!("{}{mark}", cell(r, Format::Fixed(2), several, "×")),
                 crosses,
+                against,
             )
         }
-        None if f.better.is_some() && baseline => ("n/a".to_owned(), false),
-        None => (String::new(), false),
+        None if f.better.is_some() && baseline => ("n/a".to_owned(), false, false),
+        None => (String::new(), false, false),
     }
+}
+
+/// Whether `ratio` (> 1: kvsched better) and the ratio of the two medians fall on opposite
+/// sides of 1: the per-pair ratios favour one scheduler while the cells favour the other.
+fn points_against(f: &Figure, ratio: f64) -> bool {
+    let (Some(better), Some(k), Some(Some(b))) = (f.better, &f.kvsched, &f.baseline) else {
+        return false;
+    };
+    crate::stress::figures::ratio(better, k.median, b.median)
+        .is_some_and(|m| (m > 1.0 && ratio < 1.0) || (m < 1.0 && ratio > 1.0))
 }
 
 /// Whether any run of either scheduler has a nonzero value of `f`.
@@ -202,5 +235,42 @@ fn lacks(r: &RunReport) -> String {
         String::new()
     } else {
         format!(" ({})", v.join("; "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stress::figures::Better;
+    use crate::stress::stats::Stats;
+
+    /// A latency row whose per-pair ratios favour the baseline while the medians favour
+    /// kvsched (kvsched 4,395 against 5,398, ratio 0.63×) is marked †; one whose ratio and
+    /// medians agree is not.
+    #[test]
+    fn a_ratio_pointing_against_its_cells_is_marked() {
+        let stats = |runs: Vec<f64>| Stats::of(runs).expect("runs");
+        let figure = |k: Vec<f64>, b: Vec<f64>, ratio: Vec<f64>| Figure {
+            section: "completion → runnable (µs)",
+            label: "p99",
+            better: Some(Better::Lower),
+            kvsched: Some(stats(k)),
+            baseline: Some(Some(stats(b))),
+            ratio: Some(stats(ratio)),
+            ratio_crosses_1: None,
+            key: "completion_to_runnable_us.p99",
+            format: Format::Fixed(1),
+        };
+        let against = figure(
+            vec![4_395.0, 9_000.0, 1_000.0],
+            vec![5_398.0, 1_000.0, 1_700.0],
+            vec![0.63, 0.11, 1.70],
+        );
+        let (cell, crosses, marked) = ratio_cell(&against, true, true);
+        assert!(crosses && marked, "{cell}");
+        assert!(cell.ends_with(" *†"), "{cell}");
+        let agreeing = figure(vec![100.0, 110.0], vec![200.0, 210.0], vec![2.0, 1.9]);
+        let (cell, _, marked) = ratio_cell(&agreeing, true, true);
+        assert!(!marked && !cell.contains('†'), "{cell}");
     }
 }
