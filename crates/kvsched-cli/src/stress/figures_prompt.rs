@@ -34,7 +34,7 @@ pub(super) fn prompt_section() -> Section {
             count("prompt_tokens.device_hit", "device prefix cache", |r| {
                 c(r.prompt_tokens.device_hit)
             }),
-            count("prompt_tokens.tier_hit", "tier (loaded, verified)", |r| {
+            count("prompt_tokens.tier_hit", "tier (loaded)", |r| {
                 c(r.prompt_tokens.tier_hit)
             }),
             count("prompt_tokens.computed", "computed", |r| {

@@ -452,7 +452,7 @@ fn prompt_lines(total: &RunReport, reference: Option<&TraceReference>, out: &mut
     let rows = [
         ("prompt tokens", p.total, String::new()),
         ("device prefix cache", p.device_hit, pct(p.device_hit)),
-        ("tier (loaded, verified)", p.tier_hit, pct(p.tier_hit)),
+        ("tier (loaded)", p.tier_hit, pct(p.tier_hit)),
         ("computed", p.computed, pct(p.computed)),
         (
             "of which after a failed load",

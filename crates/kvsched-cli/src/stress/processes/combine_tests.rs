@@ -402,7 +402,7 @@ fn the_human_report_splits_the_prompt_tokens_and_gives_the_trace_reference() {
         "prompt tokens of the 10 finished requests of every engine, by source\n",
         "  prompt tokens                 4,000\n",
         "  device prefix cache             400   10.0%\n",
-        "  tier (loaded, verified)         600   15.0%\n",
+        "  tier (loaded)                   600   15.0%\n",
         "  computed                      3,000   75.0%\n",
         "  of which after a failed load     20    0.5%\n",
     ] {

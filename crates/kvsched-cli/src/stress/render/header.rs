@@ -57,6 +57,7 @@ pub(super) fn settings(c: &StressConfig, o: &mut String) {
         phrases.push("debug build (timings are not the scheduler's: build with --release)".into());
     }
     wrap_phrases(&phrases, o);
+    wrap(&what_runs(c), "", "  ", o);
     if let Some(r) = &c.trace.trace_reference {
         let cut = c
             .trace
@@ -213,4 +214,40 @@ pub(super) fn legend(report: &StressReport, o: &mut String) {
 fn requests(n: u64) -> String {
     let noun = if n == 1 { "request" } else { "requests" };
     format!("{} {noun}", super::cells::count(n))
+}
+
+/// One sentence for a reader new to the report: what drove the scheduler, and the failures
+/// the run put in its way.
+fn what_runs(c: &StressConfig) -> String {
+    let engine = match c.engine {
+        EngineKind::Sim => {
+            "a simulated engine (no model: its steps take a set time, every KV read is checked against a reference)"
+        }
+        EngineKind::Model => {
+            "a tiny real model (every kept token judged against its request decoded alone)"
+        }
+    };
+    let mut faults = Vec::new();
+    if !c.store.is_real() && c.failure_rate > 0.0 {
+        faults.push("store chunks damaged in transfer (--failure-rate)");
+    }
+    if c.cancel_ratio > 0.0 {
+        faults.push("client cancels (--cancel-ratio)");
+    }
+    if c.faults.is_some() {
+        faults.push("the --faults below");
+    }
+    let faults = if faults.is_empty() {
+        "no faults injected".to_owned()
+    } else {
+        format!("faults injected: {}", faults.join(", "))
+    };
+    let who = if c.baseline.is_some() {
+        "the kvsched scheduler and the baseline"
+    } else {
+        "the kvsched scheduler"
+    };
+    format!(
+        "what this is: {engine} drives {who}, {faults}; the report counts what the scheduler did and whether its invariants held"
+    )
 }

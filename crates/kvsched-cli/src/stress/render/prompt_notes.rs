@@ -22,14 +22,26 @@ pub(super) fn prompt_notes(report: &StressReport, notes: &mut Vec<String>) {
             String::new()
         };
         notes.push(format!(
-            "{who}of the {} prompt tokens of {} finished requests, the device prefix cache served {}, the tier {}, the engine computed {} ({} because a load of them failed: a damaged or missing chunk, a tier error, a passed deadline)",
+            "{who}of the {} prompt tokens of {} finished requests, the device prefix cache served {}, the tier {} ({}), the engine computed {}, of which {} of all the prompt tokens because a load of them failed (a damaged or missing chunk, a tier error, a passed deadline)",
             count(p.total),
             count(p.requests),
             pct(p.device_hit, p.total),
             pct(p.tier_hit, p.total),
+            if report.config.verify == crate::stress::values::Verify::Off {
+                "loaded, not verified: --verify off"
+            } else {
+                "loaded and verified"
+            },
             pct(p.computed, p.total),
             pct(p.computed_after_failed_load, p.total),
         ));
+        if r.tokens_recomputed != p.computed_after_failed_load && r.tokens_recomputed > 0 {
+            notes.push(format!(
+                "{who}tokens recomputed ({}) is every token recovery rolled back, each time it did (decode tokens, and those of requests that then failed or were cancelled, included); \"of which after a failed load\" ({}) is the finished requests' prompt tokens the engine computed because their load failed, each once",
+                count(r.tokens_recomputed),
+                count(p.computed_after_failed_load),
+            ));
+        }
     }
     let Some(t) = &report.config.trace.trace_reference else {
         return;
