@@ -266,7 +266,7 @@ fn flags_nothing_reads_are_refused() {
             (vec!["--store", "redis://"], "host 1: empty host"),
             (
                 vec!["--store", "redis://127.0.0.1:1?tag=mine"],
-                "no query string",
+                "tag (`?tag=…`) is not used",
             ),
         ]);
     }

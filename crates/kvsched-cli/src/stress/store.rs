@@ -192,14 +192,19 @@ fn parse_redis(s: &str) -> Result<StoreSpec, String> {
 }
 
 /// What `RedisConfig::from_url` would take wrongly or name badly in `s`
-/// (`redis://HOST:PORT[,…]`): a query string, which nothing reads, and an empty host,
-/// named by its place in the list. Never repeats the URL, which may hold a password.
+/// (`redis://HOST:PORT[,…]`): a `tag` in the query, which the run would drop (it keys each
+/// scheduler's values under its own tag), and an empty host, named by its place in the list.
+/// Never repeats the URL, which may hold a password.
 #[cfg(feature = "redis")]
 fn redis_url_shape(s: &str) -> Result<(), String> {
     let rest = s.split_once("://").map_or(s, |(_, r)| r);
-    if rest.contains('?') {
+    let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+    if query
+        .split('&')
+        .any(|pair| pair.split('=').next() == Some("tag"))
+    {
         return Err(
-            "a Redis URL takes no query string (`?…`): nothing would read it; give redis://HOST:PORT[,…]"
+            "a Redis URL's tag (`?tag=…`) is not used: kvsched stress keeps each scheduler's values under its own tag (kvsched-stress-kvsched, kvsched-stress-mutex)"
                 .to_owned(),
         );
     }
@@ -564,7 +569,8 @@ mod tests {
             for (bad, needle) in [
                 ("redis://", "host 1: empty host"),
                 ("redis://h:1,:2", "host 2: empty host"),
-                ("redis://h:1?tag=mine", "no query string"),
+                ("redis://h:1?tag=mine", "tag (`?tag=…`) is not used"),
+                ("redis://h:1?pool=2&tag=x", "tag (`?tag=…`) is not used"),
             ] {
                 let e = bad.parse::<StoreSpec>().expect_err(bad);
                 assert!(e.contains(needle), "{bad}: {e}");
