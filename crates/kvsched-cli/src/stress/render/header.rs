@@ -238,9 +238,9 @@ fn what_runs(c: &StressConfig) -> String {
         faults.push("the --faults below");
     }
     let faults = if faults.is_empty() {
-        "no faults injected".to_owned()
+        "with no failures put in its way".to_owned()
     } else {
-        format!("faults injected: {}", faults.join(", "))
+        format!("with failures put in its way: {}", faults.join(", "))
     };
     let who = if c.baseline.is_some() {
         "the kvsched scheduler and the baseline"
