@@ -263,7 +263,7 @@ mod tests {
         };
         let against = figure(
             vec![4_395.0, 9_000.0, 1_000.0],
-            vec![5_398.0, 1_000.0, 1_700.0],
+            vec![5_398.0, 1_000.0, 9_500.0],
             vec![0.63, 0.11, 1.70],
         );
         let (cell, crosses, marked) = ratio_cell(&against, true, true);
