@@ -16,9 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvsched::connector::KvConnector;
-use kvsched::kv::{
-    HostKvMemory, KvLayout, KvMemory, MemoryTier, Tier, TierConnector, TierConnectorConfig,
-};
+use kvsched::kv::{HostKvMemory, KvMemory, MemoryTier, Tier, TierConnector, TierConnectorConfig};
 use kvsched::{CacheGroup, MambaMode, Mode, Runtime, StepOutput, SubmitRequest};
 use kvsched_testkit::{FaultConfig, FaultyTier};
 use kvsched_testkit::{ModelEngine, ModelShape, TinyModel};
@@ -80,7 +78,7 @@ fn run(
     print: bool,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let model = Arc::new(TinyModel::new(groups, ModelShape::default(), 42));
-    let layout = KvLayout::for_groups(groups, model.bytes_per_token(), model.state_bytes())?;
+    let layout = model.kv_layout(groups)?;
     let memory: Arc<dyn KvMemory> = Arc::new(HostKvMemory::new(layout, 4096)?);
     let conn = Arc::new(TierConnector::new(
         tier,

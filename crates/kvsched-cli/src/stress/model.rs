@@ -23,16 +23,17 @@ use super::drive::Plane;
 use super::report::Percentiles;
 use super::store::Stores;
 use super::values::{EngineKind, Rate};
-use kvsched::kv::{HostKvMemory, KvLayout, KvMemory, TierConnector, TierError};
+use kvsched::kv::{HostKvMemory, KvMemory, TierConnector, TierError};
 use kvsched::runtime::{StepOutput, StepPlan};
 use kvsched_testkit::{ModelEngine, ModelShape, ModelStep, SimCounts, TinyModel};
 
 /// `--engine`'s long help.
 pub(super) const ENGINE_HELP: &str = "\
 What answers the plans: `sim` (the simulated engine: reference bytes per block, every read \
-checked) or `model` (a tiny hand-written hybrid model, one layer per cache group, its KV in \
-the blocks the plan names; every kept token and logit is compared with the request decoded \
-alone, and a difference in mode safe is an invariant violation, exit 1).
+checked) or `model` (a tiny hand-written hybrid model, a layer per cache group then a second \
+layer of group 0, its KV in the blocks the plan names; every kept token and logit is \
+compared with the request decoded alone, and a difference in mode safe is an invariant \
+violation, exit 1).
 
 With `model`, the flags left out take a workload sized for a run of a few seconds on two \
 cores: --requests 600 --rate 200 --prompt-tokens 256 --output-tokens 16 --prefix-share 0.95 \
@@ -93,8 +94,7 @@ pub(super) fn plane(cfg: &StressConfig, stores: &Stores, who: &str) -> Result<Pl
         ModelShape::default(),
         cfg.seed ^ 0x7e57,
     ));
-    let layout = KvLayout::for_groups(&groups, model.bytes_per_token(), model.state_bytes())
-        .map_err(|e| kv(&e))?;
+    let layout = model.kv_layout(&groups).map_err(|e| kv(&e))?;
     let chunk_bytes = super::max_chunk_bytes(&layout);
     let store = stores.open(cfg, who, chunk_bytes)?;
     let memory: Arc<dyn KvMemory> =

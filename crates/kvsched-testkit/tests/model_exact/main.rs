@@ -12,6 +12,7 @@ use kvsched_testkit::SplitMix64;
 use kvsched_testkit::{FaultConfig, FaultyTier};
 use kvsched_testkit::{ModelCounts, ModelEngine, WrongTokenCauses};
 
+mod context;
 mod support;
 use support::*;
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvsched::connector::KvConnector;
-use kvsched::kv::{HostKvMemory, KvLayout, KvMemory, Tier, TierConnector, TierConnectorConfig};
+use kvsched::kv::{HostKvMemory, KvMemory, Tier, TierConnector, TierConnectorConfig};
 use kvsched::{CacheGroup, MambaMode, Mode, Report, Runtime, StepOutput, StepPlan, SubmitRequest};
 use kvsched_testkit::{ModelCounts, ModelEngine, ModelShape, TinyModel};
 
@@ -73,8 +73,7 @@ pub(crate) fn stack(
     seed: u64,
 ) -> (Runtime, Arc<TierConnector>, ModelEngine) {
     let model = Arc::new(TinyModel::new(groups, ModelShape::default(), 42));
-    let layout =
-        KvLayout::for_groups(groups, model.bytes_per_token(), model.state_bytes()).expect("layout");
+    let layout = model.kv_layout(groups).expect("layout");
     let memory: Arc<dyn KvMemory> = Arc::new(HostKvMemory::new(layout, 4096).expect("memory"));
     let conn = Arc::new(
         TierConnector::new(

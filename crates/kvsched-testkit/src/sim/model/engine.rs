@@ -127,6 +127,7 @@ impl std::fmt::Debug for ModelEngine {
 /// The K/V a step reads: KV memory through one request's tables.
 struct Tables<'a> {
     id: &'a StdArc<str>,
+    model: &'a TinyModel,
     /// The position being computed.
     pos: u64,
     taint: &'a mut Taint,
@@ -139,12 +140,15 @@ struct Tables<'a> {
 
 impl Context for Tables<'_> {
     fn kv(&mut self, layer: usize, pos: u64, k: &mut [f32], v: &mut [f32]) -> bool {
-        let (Some(grp), Some(table)) = (self.groups.get(layer), self.tables.get(layer)) else {
+        let (g, slot) = self.model.slot(layer);
+        let (Some(grp), Some(table)) = (self.groups.get(g), self.tables.get(g)) else {
             self.unreadable += 1;
             return false;
         };
         let b = grp.block_size.max(1);
+        // One layer's K and V; a token's slot holds them for each of the group's layers.
         let bpt = self.buf.len();
+        let per_token = bpt * self.model.group_layers(g);
         let Some(r) = usize::try_from(pos / b)
             .ok()
             .and_then(|i| table.get(i))
@@ -158,8 +162,8 @@ impl Context for Tables<'_> {
             return false;
         };
         self.taint.read(self.id, self.pos, *r, pos % b);
-        let off = (pos % b) as usize * bpt;
-        if self.memory.read(layer, r.id, off, &mut self.buf).is_err() {
+        let off = (pos % b) as usize * per_token + slot * bpt;
+        if self.memory.read(g, r.id, off, &mut self.buf).is_err() {
             self.unreadable += 1;
             return false;
         }
@@ -172,7 +176,7 @@ impl Context for Tables<'_> {
 
 impl ModelEngine {
     /// An engine running `model` (built for `groups`) on `memory`, whose layout must be
-    /// `KvLayout::for_groups(groups, model.bytes_per_token(), model.state_bytes())`.
+    /// `model.kv_layout(groups)`.
     pub fn new(
         model: StdArc<TinyModel>,
         groups: Vec<CacheGroup>,
@@ -296,13 +300,15 @@ impl ModelEngine {
     /// attends (so a token reads what any token of the step wrote before it in this layer).
     fn attention_layer(&mut self, layer: usize, batch: &mut [(&ScheduledRequest, Vec<Vec<f32>>)]) {
         let d = self.model.shape.dim;
-        let grp = self.groups[layer];
+        let (g, slot) = self.model.slot(layer);
+        let grp = self.groups[g];
         let b = grp.block_size.max(1);
-        let bpt = self.model.bytes_per_token();
+        let bpt = self.model.kv_bytes();
+        let per_token = bpt * self.model.group_layers(g);
         let mut bytes = vec![0u8; bpt];
         let (mut k, mut v) = (vec![0.0f32; d], vec![0.0f32; d]);
         for (s, xs) in batch.iter() {
-            let table = s.block_tables.get(layer).map_or(&[][..], |t| &t[..]);
+            let table = s.block_tables.get(g).map_or(&[][..], |t| &t[..]);
             for (j, x) in xs.iter().enumerate() {
                 let pos = s.num_computed_tokens + j as u64;
                 self.model.project_kv(layer, x, &mut k, &mut v);
@@ -310,15 +316,15 @@ impl ModelEngine {
                 to_bytes(&v, &mut bytes[bpt / 2..]);
                 if let Some(r) = table.get((pos / b) as usize).filter(|r| r.id != 0) {
                     self.taint.write(&s.id, pos, *r, pos % b);
-                    let _ = self
-                        .memory
-                        .write(layer, r.id, (pos % b) as usize * bpt, &bytes);
+                    let off = (pos % b) as usize * per_token + slot * bpt;
+                    let _ = self.memory.write(g, r.id, off, &bytes);
                 }
             }
         }
         for (s, xs) in batch.iter_mut() {
             let mut ctx = Tables {
                 id: &s.id,
+                model: &self.model,
                 pos: 0,
                 taint: &mut self.taint,
                 memory: self.memory.as_ref(),
@@ -342,15 +348,18 @@ impl ModelEngine {
     /// entry holding its last token.
     fn recurrent_layer(&mut self, layer: usize, batch: &mut [(&ScheduledRequest, Vec<Vec<f32>>)]) {
         let d = self.model.shape.dim;
-        let grp = self.groups[layer];
+        let (g, slot) = self.model.slot(layer);
+        let grp = self.groups[g];
         let b = grp.block_size.max(1);
         let all = grp.kind
             == (GroupKind::Mamba {
                 mode: MambaMode::All,
             });
         let mut bytes = vec![0u8; self.model.state_bytes()];
+        // A Mamba entry holds the state of each of the group's layers, in order.
+        let off = slot * bytes.len();
         for (s, xs) in batch.iter_mut() {
-            let table = s.block_tables.get(layer).map_or(&[][..], |t| &t[..]);
+            let table = s.block_tables.get(g).map_or(&[][..], |t| &t[..]);
             let entry = |m: u64| {
                 usize::try_from(m.div_ceil(b) - 1)
                     .ok()
@@ -364,7 +373,7 @@ impl ModelEngine {
                     self.taint.read(&s.id, n, *r, 0);
                 }
                 match entry(n) {
-                    Some(r) if self.memory.read(layer, r.id, 0, &mut bytes).is_ok() => {
+                    Some(r) if self.memory.read(g, r.id, off, &mut bytes).is_ok() => {
                         from_bytes(&bytes, &mut h);
                     }
                     _ => self.counters.unreadable_reads += 1,
@@ -378,7 +387,7 @@ impl ModelEngine {
                     if let Some(r) = entry(m) {
                         self.taint.write(&s.id, m - 1, *r, 0);
                         to_bytes(&h, &mut bytes);
-                        let _ = self.memory.write(layer, r.id, 0, &bytes);
+                        let _ = self.memory.write(g, r.id, off, &bytes);
                     }
                 }
             }

@@ -1,6 +1,7 @@
 //! A tiny hybrid language model, written by hand, behind the plan: f32, seeded random
 //! weights, a small vocabulary, one layer per cache group — full attention, sliding window, or
-//! a Mamba-style gated linear recurrence — and greedy decoding.
+//! a Mamba-style gated linear recurrence — then a second layer of group 0 (so every cached
+//! block's bytes depend on the whole context before it), and greedy decoding.
 //!
 //! Every token goes through the same fixed-order loops whether it is computed in a prefill
 //! chunk, alone, or recomputed after a failure, so its outputs are bit-identical by

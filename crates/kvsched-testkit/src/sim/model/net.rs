@@ -10,12 +10,14 @@
 #![allow(clippy::needless_range_loop)]
 
 use crate::rng::SplitMix64;
+use kvsched::kv::{KvLayout, KvMemoryError};
 use kvsched::rules::geometry::{CacheGroup, GroupKind};
 
 /// The shape of a [`TinyModel`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ModelShape {
-    /// Tokens the model knows (token ids are taken modulo it).
+    /// Tokens the sampler chooses from. Any `u32` token id has an embedding of its own (its
+    /// full id is hashed into it): ids equal modulo `vocab` are different tokens.
     pub vocab: usize,
     /// Width of the hidden state, of each K and V vector, and of a Mamba state.
     pub dim: usize,
@@ -48,13 +50,23 @@ pub(super) enum Layer {
     },
 }
 
-/// A tiny hybrid language model with seeded random weights: one layer per cache group (full
-/// attention, sliding window, or a Mamba-style gated linear recurrence), greedy decoding.
+/// A tiny hybrid language model with seeded random weights, greedy decoding. Its layers are
+/// one per cache group (full attention, sliding window, or a Mamba-style gated linear
+/// recurrence), in order, then a second layer of group 0: a KV cache group may hold several
+/// layers of one kind (vLLM groups the layers of one spec), and group 0's second layer reads
+/// the output of every layer before it, so every cached block's bytes — group 0's included,
+/// on a dense model too — depend on the whole context before the block, not only on its own
+/// tokens and positions.
 #[derive(Clone, Debug)]
 pub struct TinyModel {
     pub(super) shape: ModelShape,
-    pub(super) embed: Vec<f32>,
+    /// Seeds the hashed embedding.
+    embed_seed: u64,
     pub(super) layers: Vec<Layer>,
+    /// Per layer: its cache group and its slot among the group's layers.
+    slots: Vec<(usize, usize)>,
+    /// Per cache group: how many layers it holds.
+    group_layers: Vec<usize>,
     pub(super) unembed: Vec<f32>,
 }
 
@@ -97,7 +109,8 @@ fn sigmoid(x: f32) -> f32 {
 }
 
 impl TinyModel {
-    /// A model for `groups` (one layer per group, in order) with weights drawn from `seed`.
+    /// A model for `groups` (one layer per group, in order, then a second layer of group 0)
+    /// with weights drawn from `seed`.
     pub fn new(groups: &[CacheGroup], shape: ModelShape, seed: u64) -> TinyModel {
         let d = shape.dim.max(1);
         let shape = ModelShape {
@@ -108,36 +121,43 @@ impl TinyModel {
         // Layers outweigh the embedding, so a token depends on its context, not mostly on
         // the token before it: a wrong read anywhere shows in the sampled tokens.
         let s = 2.0 / (d as f32).sqrt();
-        let embed = random(&mut rng, shape.vocab * d, 1.0);
-        let layers = groups
-            .iter()
-            .map(|g| match g.kind {
-                GroupKind::Mamba { .. } => Layer::Recurrent {
-                    wa: random(&mut rng, d * d, s),
-                    wb: random(&mut rng, d * d, s),
-                    wc: random(&mut rng, d * d, s),
+        let embed_seed = rng.next_u64();
+        let layer = |rng: &mut SplitMix64, g: &CacheGroup| match g.kind {
+            GroupKind::Mamba { .. } => Layer::Recurrent {
+                wa: random(rng, d * d, s),
+                wb: random(rng, d * d, s),
+                wc: random(rng, d * d, s),
+            },
+            GroupKind::FullAttention | GroupKind::SlidingWindow { .. } => Layer::Attention {
+                window: match g.kind {
+                    GroupKind::SlidingWindow { window } => Some(window),
+                    _ => None,
                 },
-                GroupKind::FullAttention => Layer::Attention {
-                    window: None,
-                    wq: random(&mut rng, d * d, s),
-                    wk: random(&mut rng, d * d, s),
-                    wv: random(&mut rng, d * d, s),
-                    wo: random(&mut rng, d * d, s),
-                },
-                GroupKind::SlidingWindow { window } => Layer::Attention {
-                    window: Some(window),
-                    wq: random(&mut rng, d * d, s),
-                    wk: random(&mut rng, d * d, s),
-                    wv: random(&mut rng, d * d, s),
-                    wo: random(&mut rng, d * d, s),
-                },
-            })
-            .collect();
+                wq: random(rng, d * d, s),
+                wk: random(rng, d * d, s),
+                wv: random(rng, d * d, s),
+                wo: random(rng, d * d, s),
+            },
+        };
+        let mut layers = Vec::new();
+        let mut slots = Vec::new();
+        for (g, grp) in groups.iter().enumerate() {
+            layers.push(layer(&mut rng, grp));
+            slots.push((g, 0));
+        }
+        let mut group_layers = vec![1; groups.len()];
+        if let Some(first) = groups.first() {
+            layers.push(layer(&mut rng, first));
+            slots.push((0, 1));
+            group_layers[0] = 2;
+        }
         let unembed = random(&mut rng, shape.vocab * d, s);
         TinyModel {
             shape,
-            embed,
+            embed_seed,
             layers,
+            slots,
+            group_layers,
             unembed,
         }
     }
@@ -147,22 +167,63 @@ impl TinyModel {
         self.shape
     }
 
-    /// Bytes of one token's K and V in an attention group's block.
-    pub fn bytes_per_token(&self) -> usize {
+    /// Bytes of one token's K and V of one attention layer.
+    pub(super) fn kv_bytes(&self) -> usize {
         2 * self.shape.dim * 4
     }
 
-    /// Bytes of one Mamba state.
-    pub fn state_bytes(&self) -> usize {
+    /// Bytes of one Mamba state of one recurrent layer.
+    pub(super) fn state_bytes(&self) -> usize {
         self.shape.dim * 4
     }
 
+    /// The KV memory layout the model's engine needs for its groups: an attention group's
+    /// block holds, per token, the K and V of each of the group's layers in order; a Mamba
+    /// entry holds the state of each of its layers in order.
+    ///
+    /// # Errors
+    ///
+    /// [`KvMemoryError::Layout`] when a size overflows.
+    pub fn kv_layout(&self, groups: &[CacheGroup]) -> Result<KvLayout, KvMemoryError> {
+        let sizes = groups
+            .iter()
+            .enumerate()
+            .map(|(g, grp)| {
+                let n = self.group_layers.get(g).copied().unwrap_or(1);
+                let per = match grp.kind {
+                    GroupKind::Mamba { .. } => Some(self.state_bytes()),
+                    _ => usize::try_from(grp.block_size)
+                        .ok()
+                        .and_then(|b| b.checked_mul(self.kv_bytes())),
+                };
+                per.and_then(|p| p.checked_mul(n)).ok_or_else(|| {
+                    KvMemoryError::Layout(format!("group {g}: block bytes overflow"))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        KvLayout::new(sizes)
+    }
+
+    /// Layer `layer`'s cache group, and its slot among the group's layers.
+    pub(super) fn slot(&self, layer: usize) -> (usize, usize) {
+        self.slots.get(layer).copied().unwrap_or((layer, 0))
+    }
+
+    /// How many layers cache group `g` holds.
+    pub(super) fn group_layers(&self, g: usize) -> usize {
+        self.group_layers.get(g).copied().unwrap_or(1)
+    }
+
     /// The hidden state of `token` at position `pos` entering the first layer: its
-    /// embedding plus a sinusoidal position code.
+    /// embedding — drawn from the full token id hashed with the model's seed, so no two ids
+    /// share one — plus a sinusoidal position code.
     pub(super) fn embed(&self, token: u32, pos: u64, x: &mut [f32]) {
         let d = self.shape.dim;
-        let t = token as usize % self.shape.vocab;
-        x.copy_from_slice(&self.embed[t * d..(t + 1) * d]);
+        let mut rng =
+            SplitMix64::new(self.embed_seed ^ u64::from(token).wrapping_mul(0xD6E8_FEB8_6659_FD93));
+        for v in x.iter_mut() {
+            *v = (rng.unit() as f32) * 2.0 - 1.0;
+        }
         for (c, v) in x.iter_mut().enumerate() {
             let freq = 1.0 / 10_000f32.powf((c / 2 * 2) as f32 / d as f32);
             let angle = (pos % 65_536) as f32 * freq;

@@ -88,46 +88,69 @@ impl Reference {
 }
 
 /// The bytes a warm tier holds for `prompt`'s full blocks in every group, as the model
-/// computes them alone: K and V of each token of an attention block, the state at a Mamba
-/// block's end. `(group, index, bytes)`, groups in order.
+/// computes them alone: per token of an attention block, K and V of each of the group's layers
+/// in order; at a Mamba block's end, the state of each of its layers in order.
+/// `(group, index, bytes)`, groups in order.
 pub(super) fn prefix_blocks(
     model: &TinyModel,
     block_sizes: &[u64],
     prompt: &[u32],
 ) -> Vec<(usize, usize, Vec<u8>)> {
     let mut r = Reference::new(model, prompt);
-    let layers = model.layers.len();
-    let mut states: Vec<Vec<Vec<u8>>> = vec![Vec::new(); layers];
+    let groups = block_sizes.len();
+    let size = |g: usize| block_sizes.get(g).copied().unwrap_or(1).max(1) as usize;
+    // Per group, per block end passed: the group's layers' states, in slot order.
+    let mut states: Vec<Vec<Vec<u8>>> = vec![Vec::new(); groups];
     let state_bytes = model.state_bytes();
+    let layers = model.layers.len();
     while r.done < prompt.len() {
         r.step(model);
-        for (layer, states) in states.iter_mut().enumerate() {
-            let b = block_sizes.get(layer).copied().unwrap_or(1).max(1) as usize;
-            if !model.is_attention(layer) && r.done % b == 0 {
-                let mut bytes = vec![0u8; state_bytes];
-                super::net::to_bytes(&r.state[layer], &mut bytes);
-                states.push(bytes);
+        for g in 0..groups {
+            if r.done % size(g) != 0 {
+                continue;
+            }
+            let mut bytes = vec![0u8; state_bytes * model.group_layers(g)];
+            let mut any = false;
+            for layer in (0..layers).filter(|&l| model.slot(l).0 == g) {
+                if !model.is_attention(layer) {
+                    let slot = model.slot(layer).1;
+                    let out = &mut bytes[slot * state_bytes..(slot + 1) * state_bytes];
+                    super::net::to_bytes(&r.state[layer], out);
+                    any = true;
+                }
+            }
+            if any {
+                states[g].push(bytes);
             }
         }
     }
     let mut out = Vec::new();
-    let half = model.bytes_per_token() / 2;
-    for layer in 0..layers {
-        let b = block_sizes.get(layer).copied().unwrap_or(1).max(1) as usize;
-        if model.is_attention(layer) {
-            for i in 0..prompt.len() / b {
-                let mut bytes = vec![0u8; b * 2 * half];
-                for (j, slot) in bytes.chunks_exact_mut(2 * half).enumerate() {
+    let kv = model.kv_bytes();
+    let half = kv / 2;
+    for g in 0..groups {
+        let b = size(g);
+        let per_token = kv * model.group_layers(g);
+        let attention: Vec<usize> = (0..layers)
+            .filter(|&l| model.slot(l).0 == g && model.is_attention(l))
+            .collect();
+        if attention.is_empty() {
+            for (i, bytes) in std::mem::take(&mut states[g]).into_iter().enumerate() {
+                out.push((g, i, bytes));
+            }
+            continue;
+        }
+        for i in 0..prompt.len() / b {
+            let mut bytes = vec![0u8; b * per_token];
+            for (j, token) in bytes.chunks_exact_mut(per_token).enumerate() {
+                for &layer in &attention {
+                    let slot = model.slot(layer).1;
                     let (k, v) = &r.kv[layer][i * b + j];
-                    super::net::to_bytes(k, &mut slot[..half]);
-                    super::net::to_bytes(v, &mut slot[half..]);
+                    let at = &mut token[slot * kv..(slot + 1) * kv];
+                    super::net::to_bytes(k, &mut at[..half]);
+                    super::net::to_bytes(v, &mut at[half..]);
                 }
-                out.push((layer, i, bytes));
             }
-        } else {
-            for (i, bytes) in std::mem::take(&mut states[layer]).into_iter().enumerate() {
-                out.push((layer, i, bytes));
-            }
+            out.push((g, i, bytes));
         }
     }
     out
