@@ -1,10 +1,10 @@
 //! An engine's loop around kvsched, with a real (tiny) model: a hybrid model with full
-//! attention, a sliding window and a Mamba-style layer, its KV in host memory, a tier that
+//! attention (two layers), a sliding window and a Mamba-style layer, its KV in host memory, a tier that
 //! damages some chunks at rest, and every sample judged against the request decoded alone.
 //!
 //! ```sh
 //! cargo run --release --example model_engine            # mode safe: 0 wrong tokens
-//! cargo run --release --example model_engine -- vllm    # vLLM's design: wrong tokens
+//! cargo run --release --example model_engine -- vllm    # vLLM's design: wrong logits
 //! ```
 //!
 //! The step is what any engine does with a plan (see `ModelEngine::run_step` for the model
