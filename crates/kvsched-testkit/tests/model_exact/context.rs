@@ -24,9 +24,11 @@ fn geometries() -> Vec<(&'static str, Vec<CacheGroup>)> {
 
 /// Warms a tier with `prompt`'s first 64 tokens as the model computes them, except that the
 /// blocks `swap` picks hold what the model computes for `other` instead; runs `prompt` alone
-/// (sync loads) and returns the judge's counts.
+/// (`async_ratio`: the share of loads the scheduler runs asynchronously) and returns the
+/// judge's counts.
 fn run_swapped(
     groups: &[CacheGroup],
+    async_ratio: f64,
     prompt: &[u32],
     other: &[u32],
     swap: impl Fn(usize, usize) -> bool,
@@ -34,7 +36,7 @@ fn run_swapped(
     let tier: Arc<dyn Tier> = Arc::new(MemoryTier::new(64 << 20, 4));
     let k = Knobs {
         mode: Mode::Safe,
-        async_ratio: 0.0,
+        async_ratio,
         shards: 1,
         ..Knobs::default()
     };
@@ -71,18 +73,24 @@ fn prompt() -> Vec<u32> {
 }
 
 /// Block 3 of each group, taken from a prompt that differs only in its first token (block 0):
-/// same tokens at the same positions, another context. Every group's swap shows.
+/// same tokens at the same positions, another context. Every group's swap shows, whether the
+/// engine loads it (sync) or the scheduler's workers do (async).
 #[test]
 fn a_block_computed_under_another_context_is_judged_wrong_in_every_group() {
     let p = prompt();
     let mut q = p.clone();
     q[0] = (q[0] + 1) % 64;
     for (name, groups) in geometries() {
-        let exact = run_swapped(&groups, &p, &q, |_, _| false);
-        assert_eq!(exact.logit_mismatches, 0, "{name}: {exact:?}");
-        for g in 0..groups.len() {
-            let c = run_swapped(&groups, &p, &q, |h, i| h == g && i == 3);
-            assert!(c.logit_mismatches > 0, "{name}, group {g}: {c:?}");
+        for async_ratio in [0.0, 1.0] {
+            let exact = run_swapped(&groups, async_ratio, &p, &q, |_, _| false);
+            assert_eq!(exact.logit_mismatches, 0, "{name}: {exact:?}");
+            for g in 0..groups.len() {
+                let c = run_swapped(&groups, async_ratio, &p, &q, |h, i| h == g && i == 3);
+                assert!(
+                    c.logit_mismatches > 0,
+                    "{name}, async {async_ratio}, group {g}: {c:?}"
+                );
+            }
         }
     }
 }
@@ -95,7 +103,7 @@ fn blocks_of_token_ids_equal_modulo_the_vocabulary_are_judged_wrong() {
     let q: Vec<u32> = p.iter().map(|t| t + 64).collect();
     for (name, groups) in geometries() {
         for g in 0..groups.len() {
-            let c = run_swapped(&groups, &p, &q, |h, _| h == g);
+            let c = run_swapped(&groups, 0.0, &p, &q, |h, _| h == g);
             assert!(c.logit_mismatches > 0, "{name}, group {g}: {c:?}");
         }
     }
