@@ -13,6 +13,7 @@ use kvsched_testkit::{FaultConfig, FaultyTier};
 use kvsched_testkit::{ModelCounts, ModelEngine, WrongTokenCauses};
 
 mod context;
+mod mamba_all_rewrite;
 mod support;
 use support::*;
 

@@ -210,6 +210,10 @@ pub fn decide_traced<O: Ord + Clone, T: Trace<O>>(
     let applies_eviction = match mode {
         // Planted bug for the rules' properties: a request with only old hits evicts nothing.
         Mode::Safe if planted!("old-hits-evict-nothing") => min_new.is_some(),
+        // Planted bug for the model test: nothing is evicted, so a Mamba `all` block a
+        // request rolled back below stays cached while its steps write the states of lengths
+        // inside it there, and a prefix hit reads one as the block-end state.
+        Mode::Safe if planted!("safe-evicts-nothing") => false,
         Mode::Safe => true,
         Mode::Vllm => {
             // Planted bug for the model test: mode vllm evicts a failed sync load's blocks
