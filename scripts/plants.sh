@@ -406,6 +406,9 @@ declare -A TESTS=(
   [owner-freed-still-waited-for]="pytest test_vllm_sim.py::test_an_owner_whose_blocks_vllm_freed_hands_the_block_to_its_sharer"
   [async-pre-step-counts-next-step]="pytest test_vllm_sim.py::test_under_async_scheduling_the_pre_step_length_leaves_out_the_step_scheduled_ahead"
   [ended-by-status-list]="pytest test_vllm_sim.py::test_an_owner_finished_with_any_finished_status_hands_the_block_over"
+  # rules/recovery/decide.rs: mode safe evicts nothing from the boundary on, so a prefix hit
+  # reaches a Mamba all block a rolled-back request is rewriting mid-block.
+  [safe-evicts-nothing]="kvsched-testkit --test model_exact"
   [lru-order-after-read]="kvsched --lib kv::memory_tier::tests::a_panicking_read_callback_leaves_the_lru_order_consistent"
   # kv/redis/cluster.rs: a refresh waits on another call's refresh for as long as it takes,
   # past its own call's deadline.
@@ -448,7 +451,8 @@ ORDER=(decide-early claim-store late-leak deadline-compact-in-flight late-ok-acc
   waits-overwritten preempt-planned saver-flush-unwoken probe-flush-unwoken
   saver-flush-waits-rest drop-queued-unwoken redis-gave-up-marks-down lru-order-after-read
   save-queue-bytes-ignored rescan-indexes-deleted-packs disk-link-never-skips-ahead disk-get-misses-moved-key
-  owner-freed-still-waited-for async-pre-step-counts-next-step ended-by-status-list)
+  owner-freed-still-waited-for async-pre-step-counts-next-step ended-by-status-list
+  safe-evicts-nothing)
 
 if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi
 
