@@ -96,9 +96,10 @@ pub fn can_resume(case: &Case, r: usize, owned: &[(Hit, usize)], c: u64) -> bool
         match group.kind {
             GroupKind::FullAttention => (0..c.div_ceil(b)).all(usable),
             GroupKind::SlidingWindow { window } => {
-                // entries holding tokens [max(0, c - window + 1), c)
+                // entries holding tokens [max(0, c - window + 1), c): none for a window of
+                // one token (docs/rules.md, "One-token sliding window")
                 let first_token = (c + 1).saturating_sub(window);
-                (first_token / b..=(c - 1) / b).all(usable)
+                first_token >= c || (first_token / b..=(c - 1) / b).all(usable)
             }
             GroupKind::Mamba { .. } => c % b == 0 && usable(c / b - 1),
         }
