@@ -5,7 +5,6 @@
 //! every group of every geometry.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use kvsched::kv::{MemoryTier, Tier};
 use kvsched::{CacheGroup, MambaMode, Mode};
@@ -56,13 +55,7 @@ fn run_swapped(
         conn.store_now(prompt, g, i, &bytes).expect("store");
     }
     submit(&mut rt, &mut engine, "r".into(), prompt.to_vec(), 6);
-    while rt.live() > 0 {
-        let plan = rt.schedule().expect("step");
-        answer(&mut rt, &mut engine, &conn, &plan, Vec::new());
-        rt.wait_for_work(Duration::from_millis(1));
-    }
-    rt.shutdown();
-    let c = engine.counts();
+    let c = finish(rt, &mut engine, &conn);
     assert!(conn.counts().chunks_loaded >= 4, "{:?}", conn.counts());
     assert_eq!(c.tokens_checked, 6, "{c:?}");
     c

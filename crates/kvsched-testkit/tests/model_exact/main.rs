@@ -315,13 +315,7 @@ fn a_tier_warmed_with_the_models_bytes_serves_exact_prefixes() {
             }
             submit(&mut rt, &mut engine, format!("w{n}"), p.clone(), 6);
         }
-        while rt.live() > 0 {
-            let plan = rt.schedule().expect("step");
-            answer(&mut rt, &mut engine, &conn, &plan, Vec::new());
-            rt.wait_for_work(Duration::from_millis(1));
-        }
-        rt.shutdown();
-        let c = engine.counts();
+        let c = finish(rt, &mut engine, &conn);
         assert_eq!(c.tokens_checked, 24, "{c:?}");
         assert_eq!(c.logit_mismatches, 0, "{mamba:?}: {c:?}");
         assert!(conn.counts().chunks_loaded >= 4 * 4, "{:?}", conn.counts());

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use kvsched::kv::{MemoryTier, Tier};
+use kvsched::kv::{MemoryTier, Tier, TierConnector};
 use kvsched::{CacheGroup, MambaMode, Mode, Runtime, StepOutput, SubmitRequest};
 use kvsched_testkit::{ModelCounts, ModelEngine};
 
@@ -16,6 +16,28 @@ use crate::support::*;
 const PREFIX: usize = 96;
 /// The tier's block of the prefix that is damaged at rest: `[48, 64)`.
 const DAMAGED: usize = 3;
+
+/// Full attention and Mamba `all` of 16 tokens over `tier`, one shard, sync loads, a token
+/// budget of 12, in `mode`; and the prefix.
+fn mamba_all_stack(
+    mode: Mode,
+    tier: Arc<dyn Tier>,
+) -> (Runtime, Arc<TierConnector>, ModelEngine, Vec<u32>) {
+    let groups = vec![
+        CacheGroup::full_attention(16),
+        CacheGroup::mamba(16, MambaMode::All),
+    ];
+    let k = Knobs {
+        mode,
+        async_ratio: 0.0,
+        shards: 1,
+        budget: 12,
+        ..Knobs::default()
+    };
+    let (rt, conn, engine) = stack(&groups, tier, &k, 3);
+    let prefix: Vec<u32> = (0..PREFIX as u32).map(|t| (t * 5 + 2) % 61).collect();
+    (rt, conn, engine, prefix)
+}
 
 /// What [`rolled_back_mid_block`] saw besides the judge's counts.
 #[derive(Debug)]
@@ -41,21 +63,8 @@ struct Seen {
 /// the prefix up to the end of that block and 2 tokens: its prefix hit reaches as far as the
 /// prefix cache holds the prefix, that block's state included if it is cached.
 fn rolled_back_mid_block(damaged_group: usize) -> Seen {
-    let groups = vec![
-        CacheGroup::full_attention(16),
-        CacheGroup::mamba(16, MambaMode::All),
-    ];
     let store = Arc::new(MemoryTier::new(64 << 20, 4));
-    let tier: Arc<dyn Tier> = store.clone();
-    let k = Knobs {
-        mode: Mode::Safe,
-        async_ratio: 0.0,
-        shards: 1,
-        budget: 12,
-        ..Knobs::default()
-    };
-    let (mut rt, conn, mut engine) = stack(&groups, tier, &k, 3);
-    let prefix: Vec<u32> = (0..PREFIX as u32).map(|t| (t * 5 + 2) % 61).collect();
+    let (mut rt, conn, mut engine, prefix) = mamba_all_stack(Mode::Safe, store.clone());
     for (g, i, bytes) in engine.reference_blocks(&prefix) {
         assert!(conn.store_now(&prefix, g, i, &bytes).expect("store"));
         if (g, i) == (damaged_group, DAMAGED) {
@@ -109,7 +118,7 @@ fn rolled_back_mid_block(damaged_group: usize) -> Seen {
         if !failed_before && engine.counts().sync_loads_failed > 0 {
             // Nor does the tier hold it any longer.
             for i in 0..PREFIX / 16 {
-                for g in 0..groups.len() {
+                for g in 0..2 {
                     let key = conn.chunk_key(g, &prefix, i).expect("a full block's key");
                     assert!(store.remove(key));
                 }
@@ -173,20 +182,8 @@ fn a_mamba_all_request_rolled_back_mid_prefix_writes_no_state_a_prefix_hit_reads
 /// the block, and the judge counts both its outputs wrong.)
 #[test]
 fn a_live_switch_rolling_a_request_back_below_cached_mamba_all_blocks_evicts_them() {
-    let groups = vec![
-        CacheGroup::full_attention(16),
-        CacheGroup::mamba(16, MambaMode::All),
-    ];
     let tier: Arc<dyn Tier> = Arc::new(MemoryTier::new(64 << 20, 4));
-    let k = Knobs {
-        mode: Mode::Vllm,
-        async_ratio: 0.0,
-        shards: 1,
-        budget: 12,
-        ..Knobs::default()
-    };
-    let (mut rt, conn, mut engine) = stack(&groups, tier, &k, 3);
-    let prefix: Vec<u32> = (0..PREFIX as u32).map(|t| (t * 5 + 2) % 61).collect();
+    let (mut rt, conn, mut engine, prefix) = mamba_all_stack(Mode::Vllm, tier);
     for (g, i, bytes) in engine.reference_blocks(&prefix[..32]) {
         assert!(conn.store_now(&prefix, g, i, &bytes).expect("store"));
     }

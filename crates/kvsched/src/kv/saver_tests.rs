@@ -362,25 +362,7 @@ impl Tier for SlowFirst {
 /// would rest on, the save left queued for the rest of its 5 s).
 #[test]
 fn a_save_offered_while_one_thread_rests_is_stored_by_the_other() {
-    let tier = Arc::new(SlowFirst::default());
-    let t: Arc<dyn Tier> = tier.clone();
-    let ix = Arc::new(KeyIndex::new(64));
-    let saver = Saver::start(
-        t,
-        ChunkCodec::new(None),
-        ix.clone(),
-        ix,
-        SaverSettings {
-            capacity: 8,
-            threads: 2,
-            drop_timeout: std::time::Duration::from_secs(10),
-            backoff: SaveBackoff::default(),
-            chunk_bytes: 56,
-            cpu_share: 0.01,
-            batch: 1,
-        },
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
+    let (tier, saver) = slow_first_saver(2);
     let save = |k: u128| {
         assert!(saver.offer(Work::Save {
             key: ChunkKey(k),
@@ -415,9 +397,9 @@ fn a_save_offered_while_one_thread_rests_is_stored_by_the_other() {
     drop(saver);
 }
 
-/// One save thread over [`SlowFirst`] at a CPU share of 1%, key 1 offered: its put takes
-/// 50 ms, then the thread rests about 5 s.
-fn resting_saver() -> (Arc<SlowFirst>, Saver) {
+/// `threads` save threads over [`SlowFirst`] at a CPU share of 1%, a put a batch: the
+/// thread that stores key 1 (50 ms) then rests about 5 s.
+fn slow_first_saver(threads: usize) -> (Arc<SlowFirst>, Saver) {
     let tier = Arc::new(SlowFirst::default());
     let t: Arc<dyn Tier> = tier.clone();
     let ix = Arc::new(KeyIndex::new(64));
@@ -428,7 +410,7 @@ fn resting_saver() -> (Arc<SlowFirst>, Saver) {
         ix,
         SaverSettings {
             capacity: 8,
-            threads: 1,
+            threads,
             drop_timeout: std::time::Duration::from_secs(10),
             backoff: SaveBackoff::default(),
             chunk_bytes: 56,
@@ -437,6 +419,13 @@ fn resting_saver() -> (Arc<SlowFirst>, Saver) {
         },
     )
     .unwrap_or_else(|e| panic!("{e}"));
+    (tier, saver)
+}
+
+/// One save thread over [`SlowFirst`], key 1 offered: its put takes 50 ms, then the thread
+/// rests about 5 s.
+fn resting_saver() -> (Arc<SlowFirst>, Saver) {
+    let (tier, saver) = slow_first_saver(1);
     assert!(saver.offer(Work::Save {
         key: ChunkKey(1),
         group: 0,
