@@ -19,6 +19,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use kvsched::kv::{ChunkCodec, ChunkKey, DiskTier};
+use kvsched::sync::fork_safe::Lock;
 use kvsched::sync::Ordering;
 
 use crate::tier_index::Index;
@@ -44,7 +45,7 @@ pub struct NativeTier {
     num_blocks: u64,
     /// The export of the primary tier's buffer, released by `shutdown` once the threads are
     /// joined (the primary tier then closes its mmap), else when the tier drops.
-    buffer: std::sync::Mutex<Option<PyUntypedBuffer>>,
+    buffer: Lock<Option<PyUntypedBuffer>>,
 }
 
 impl NativeTier {
@@ -169,7 +170,7 @@ impl NativeTier {
             store: opened,
             tag,
             num_blocks,
-            buffer: std::sync::Mutex::new(Some(export)),
+            buffer: Lock::new(Some(export)),
         })
     }
 
@@ -284,7 +285,7 @@ impl NativeTier {
         py.detach(|| self.jobs.stop());
         // In a forked child `stop` joins nothing, but the child has none of the threads:
         // nothing there uses the region either.
-        let export = self.buffer.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let export = self.buffer.lock().take();
         drop(export);
     }
 
