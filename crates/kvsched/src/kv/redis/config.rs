@@ -393,7 +393,7 @@ impl RedisConfig {
     }
 
     /// How long a whole call may take: its deadline, counted from its start, bounds every
-    /// checkout, connect, write and read of every pipeline it sends (redirects and a resend
+    /// checkout, host name lookup, connect, write and read of every pipeline it sends (redirects and a resend
     /// on a stale connection included). A call past it fails with
     /// [`TierError::Timeout`](crate::kv::TierError::Timeout), drops the connection it was
     /// using and marks the node down. A server trickling a reply byte by byte does not

@@ -5,7 +5,7 @@
 //! `reply`, bounded.
 
 use std::io::{ErrorKind, Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
+use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use ::redis::Value;
@@ -163,15 +163,17 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
-    /// Connects to `addr` (TLS if `tls` is set), then authenticates and selects the
-    /// database, all within `budget`. The error text names the step, never a credential.
+    /// Connects to the first of `addrs` (`addr`'s, resolved) that accepts (TLS if `tls` is
+    /// set, `addr`'s host the server name), then authenticates and selects the database, all
+    /// within `budget`. The error text names the step, never a credential.
     pub fn open(
         addr: &NodeAddr,
+        addrs: &[SocketAddr],
         tls: Option<&Arc<rustls::ClientConfig>>,
         login: &Login<'_>,
         budget: Budget<'_>,
     ) -> Result<Conn, OpenError> {
-        Self::open_plain_or_tls(addr, tls, budget)
+        Self::open_plain_or_tls(addr, addrs, tls, budget)
             .map_err(OpenError::other)
             .and_then(|mut conn| conn.login(login, budget).map(|()| conn))
     }
@@ -179,10 +181,11 @@ impl Conn {
     /// The connection, before the handshake.
     fn open_plain_or_tls(
         addr: &NodeAddr,
+        addrs: &[SocketAddr],
         tls: Option<&Arc<rustls::ClientConfig>>,
         budget: Budget<'_>,
     ) -> Result<Conn, String> {
-        let sock = tcp_connect(addr, budget)?;
+        let sock = tcp_connect(addrs, budget)?;
         let _ = sock.set_nodelay(true);
         let stream = match tls {
             None => Stream::Plain(sock),
@@ -382,16 +385,13 @@ fn peek_now(sock: &TcpStream) -> std::io::Result<usize> {
     }
 }
 
-/// A TCP connection to the first address of `addr` that accepts within the budget.
-fn tcp_connect(addr: &NodeAddr, budget: Budget<'_>) -> Result<TcpStream, String> {
-    let addrs: Vec<_> = (addr.host.as_str(), addr.port)
-        .to_socket_addrs()
-        .map_err(|e| format!("resolve: {e}"))?
-        .collect();
+/// A TCP connection to the first of `addrs` that accepts within the budget. (The name was
+/// resolved before, within the budget too: `resolve`.)
+fn tcp_connect(addrs: &[SocketAddr], budget: Budget<'_>) -> Result<TcpStream, String> {
     let mut last = String::from("resolve: no address");
     for a in addrs {
         budget.check().map_err(|e| e.to_string())?;
-        match TcpStream::connect_timeout(&a, budget.remaining().max(Duration::from_millis(1))) {
+        match TcpStream::connect_timeout(a, budget.remaining().max(Duration::from_millis(1))) {
             Ok(s) => return Ok(s),
             Err(e) => last = e.to_string(),
         }

@@ -8,6 +8,7 @@
 //! * `conn` — one connection (TCP or TLS), its handshake, its deadline-bound writes and reads;
 //! * `reply` — the bounded RESP2 reply parser;
 //! * `tls` — rustls settings and the bounded read of the CA file;
+//! * `resolve` — host name lookups, off the caller's thread, within its deadline;
 //! * `cluster` — hash slots, the `CLUSTER SLOTS` map, MOVED/ASK;
 //! * `resp` — command packing.
 //!
@@ -50,7 +51,9 @@
 //!   included) waits at most until then, and a server that answers never, slowly, or one
 //!   byte at a time cannot extend it. Within it, a connect takes at most
 //!   [`RedisConfig::connect_timeout`] and waiting for a pooled connection at most
-//!   [`RedisConfig::checkout_timeout`]. The [`CancelToken`] is looked at before each
+//!   [`RedisConfig::checkout_timeout`]. A host name (a seed's, a slot map's, a redirect's) is
+//!   looked up on a thread of its own (`resolve`), the call waiting for it no later than its
+//!   deadline; its answer is kept for 30 s. The [`CancelToken`] is looked at before each
 //!   pipeline and every 20 ms while a read or write waits. A timeout or a cancel drops the
 //!   connection it was using (its reply is half read); a timeout also marks the node down.
 //! * Replies are untrusted (`reply`): a bulk string longer than [`RedisConfig::max_value_bytes`]
@@ -119,6 +122,7 @@ mod conn;
 mod node;
 mod pool;
 mod reply;
+mod resolve;
 mod resp;
 mod rounds;
 mod tls;
@@ -214,6 +218,14 @@ impl RedisTier {
     /// A tier for `config` (checked here; the CA certificate file, if any, is read here). No
     /// connection is made until the first call.
     pub fn new(config: RedisConfig) -> Result<RedisTier, ConfigError> {
+        Self::with_resolver(config, Box::new(resolve::system))
+    }
+
+    /// [`new`](Self::new), resolving host names with `resolve` (a test's).
+    fn with_resolver(
+        config: RedisConfig,
+        resolve: Box<resolve::ResolveFn>,
+    ) -> Result<RedisTier, ConfigError> {
         config.validate()?;
         let tls = if config.tls {
             Some(tls::client_config(config.ca_cert.as_deref())?)
@@ -231,6 +243,7 @@ impl RedisTier {
             expected_max: AtomicUsize::new(0),
             sentinel: node::Sentinel::new(),
             counters: AtomicCounts::default(),
+            lookups: Arc::new(resolve::Lookups::new(resolve)),
         });
         let make = {
             let cfg = config.clone();

@@ -7,9 +7,10 @@ use std::time::{Duration, Instant};
 use ::redis::Value;
 
 use super::config::{NodeAddr, RedisConfig, Secret};
-use super::conn::{Budget, Conn, ConnError, Idle, Login};
+use super::conn::{Budget, Conn, ConnError, Idle, Login, OpenError};
 use super::pool::{CheckoutError, ConnectError, Pool};
 use super::reply::Limits;
+use super::resolve::{Lookups, Resolver};
 use super::{resp, AtomicCounts};
 use crate::kv::TierError;
 use crate::sync::{Arc, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -111,6 +112,8 @@ pub(crate) struct Shared {
     /// The `ECHO` closing every pipeline.
     pub sentinel: Sentinel,
     pub counters: AtomicCounts,
+    /// The host name resolver and its lookups under way.
+    pub lookups: Arc<Lookups>,
 }
 
 impl Shared {
@@ -140,6 +143,8 @@ impl std::fmt::Debug for Shared {
 /// One server and its pool.
 pub(crate) struct Node {
     pub addr: NodeAddr,
+    /// The address's host, resolved within a call's deadline.
+    resolver: Resolver,
     pool: Pool<Conn>,
     shared: Arc<Shared>,
     /// The server refuses `ECHO` for good: its pipelines go without it (the other checks
@@ -159,6 +164,7 @@ impl Node {
     /// A node at `addr`; connects lazily.
     pub fn new(addr: NodeAddr, cfg: &RedisConfig, shared: Arc<Shared>) -> Node {
         Node {
+            resolver: Resolver::new(&addr.host, addr.port),
             addr,
             pool: Pool::new(
                 cfg.pool_size,
@@ -213,16 +219,25 @@ impl Node {
             password: s.password.as_ref().map(|p| p.0.as_str()),
             db: s.db,
         };
-        Conn::open(&self.addr, s.tls.as_ref(), &login, connect_budget).map_err(|e| {
-            if let Some(e) = gave_up() {
-                return e;
-            }
-            s.counters.connect_failures.fetch_add(1, Ordering::Relaxed);
-            if e.protocol {
-                s.counters.protocol_errors.fetch_add(1, Ordering::Relaxed);
-            }
-            ConnectError::Node(self.describe("connect", &e.text))
-        })
+        self.resolver
+            .addrs(&s.lookups, connect_budget)
+            .map_err(|text| OpenError {
+                text,
+                protocol: false,
+            })
+            .and_then(|addrs| {
+                Conn::open(&self.addr, &addrs, s.tls.as_ref(), &login, connect_budget)
+            })
+            .map_err(|e| {
+                if let Some(e) = gave_up() {
+                    return e;
+                }
+                s.counters.connect_failures.fetch_add(1, Ordering::Relaxed);
+                if e.protocol {
+                    s.counters.protocol_errors.fetch_add(1, Ordering::Relaxed);
+                }
+                ConnectError::Node(self.describe("connect", &e.text))
+            })
     }
 
     /// Sends `packed` (`replies` commands) on one connection and reads the `replies` replies
