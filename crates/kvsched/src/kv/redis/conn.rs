@@ -89,11 +89,35 @@ impl Stream {
     }
 }
 
+/// A TLS stream's reads and writes go one socket read or write at a time, each within the
+/// socket's timeout slice, and answer `WouldBlock` ("not yet") when that one did not finish
+/// the job: the caller looks at its deadline and cancel token before the next. rustls's own
+/// `Stream` reads on until a whole record (up to 16 KiB) has come and writes until all it
+/// holds is sent, so a server trickling a byte every few milliseconds would hold a call
+/// past its deadline for minutes.
 impl Read for Stream {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         match self {
             Stream::Plain(s) => s.read(buf),
-            Stream::Tls(t) => t.read(buf),
+            Stream::Tls(t) if planted!("redis-tls-whole-records") => t.read(buf),
+            Stream::Tls(t) => {
+                // Plaintext already there, or the end of the stream (clean, or not).
+                match t.conn.reader().read(buf) {
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+                    done => return done,
+                }
+                // Something to send first (an alert, a key update).
+                if t.conn.wants_write() {
+                    t.conn.write_tls(&mut t.sock)?;
+                    return Err(ErrorKind::WouldBlock.into());
+                }
+                t.conn.read_tls(&mut t.sock)?;
+                t.conn
+                    .process_new_packets()
+                    .map_err(|e| std::io::Error::new(ErrorKind::InvalidData, e))?;
+                // `WouldBlock` while the record is not whole yet.
+                t.conn.reader().read(buf)
+            }
         }
     }
 }
@@ -102,15 +126,59 @@ impl Write for Stream {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         match self {
             Stream::Plain(s) => s.write(buf),
-            Stream::Tls(t) => t.write(buf),
+            Stream::Tls(t) if planted!("redis-tls-whole-records") => t.write(buf),
+            Stream::Tls(t) => {
+                // What was taken before goes out first, one socket write per call.
+                if t.conn.wants_write() {
+                    t.conn.write_tls(&mut t.sock)?;
+                    if t.conn.wants_write() {
+                        return Err(ErrorKind::WouldBlock.into());
+                    }
+                }
+                // Taken whole or in part (up to rustls's buffer limit), sent by the calls
+                // after.
+                t.conn.writer().write(buf)
+            }
         }
     }
     fn flush(&mut self) -> std::io::Result<()> {
         match self {
             Stream::Plain(s) => s.flush(),
-            Stream::Tls(t) => t.flush(),
+            Stream::Tls(t) if planted!("redis-tls-whole-records") => t.flush(),
+            Stream::Tls(t) => {
+                if t.conn.wants_write() {
+                    if t.conn.write_tls(&mut t.sock)? == 0 {
+                        return Err(ErrorKind::WriteZero.into());
+                    }
+                    if t.conn.wants_write() {
+                        return Err(ErrorKind::WouldBlock.into());
+                    }
+                }
+                t.sock.flush()
+            }
         }
     }
+}
+
+/// One step of a TLS handshake: one socket write of what it has to send, else one socket
+/// read and the records it completed.
+fn tls_handshake_step(
+    t: &mut rustls::StreamOwned<rustls::ClientConnection, TcpStream>,
+) -> std::io::Result<()> {
+    if t.conn.wants_write() {
+        t.conn.write_tls(&mut t.sock)?;
+        return Ok(());
+    }
+    if t.conn.read_tls(&mut t.sock)? == 0 {
+        return Err(std::io::Error::new(
+            ErrorKind::UnexpectedEof,
+            "the server closed the connection",
+        ));
+    }
+    t.conn
+        .process_new_packets()
+        .map(drop)
+        .map_err(|e| std::io::Error::new(ErrorKind::InvalidData, e))
 }
 
 /// Whether an I/O error only means "not yet" (a read or write timeout slice ran out).
@@ -195,13 +263,23 @@ impl Conn {
                 let conn = rustls::ClientConnection::new(Arc::clone(cfg), name)
                     .map_err(|e| format!("TLS: {e}"))?;
                 let mut t = rustls::StreamOwned::new(conn, sock);
-                while t.conn.is_handshaking() {
+                // The deadline is looked at between socket reads and writes (rustls's
+                // `complete_io` would read on until the handshake is done, however slowly
+                // the server's bytes come).
+                while t.conn.is_handshaking() || t.conn.wants_write() {
                     budget.check().map_err(|e| format!("TLS handshake: {e}"))?;
                     let slice = Some(budget.slice());
                     let _ = t.sock.set_read_timeout(slice);
                     let _ = t.sock.set_write_timeout(slice);
-                    match t.conn.complete_io(&mut t.sock) {
-                        Ok(_) => {}
+                    // Planted bug `redis-tls-whole-records` (scripts/plants.sh): rustls's
+                    // own I/O, which reads and writes until done.
+                    let step = if planted!("redis-tls-whole-records") {
+                        t.conn.complete_io(&mut t.sock).map(drop)
+                    } else {
+                        tls_handshake_step(&mut t)
+                    };
+                    match step {
+                        Ok(()) => {}
                         Err(e) if not_yet(&e) => {}
                         Err(e) => return Err(format!("TLS handshake: {e}")),
                     }

@@ -49,7 +49,8 @@
 //! * Timeouts: a whole call ends by its deadline, [`RedisConfig::io_timeout`] after it
 //!   starts: every checkout, connect, write and read of every pipeline it sends (redirects
 //!   included) waits at most until then, and a server that answers never, slowly, or one
-//!   byte at a time cannot extend it. Within it, a connect takes at most
+//!   byte at a time cannot extend it (over TLS too: `conn` reads and writes one socket step
+//!   at a time, never a whole TLS record). Within it, a connect takes at most
 //!   [`RedisConfig::connect_timeout`] and waiting for a pooled connection at most
 //!   [`RedisConfig::checkout_timeout`]. A host name (a seed's, a slot map's, a redirect's) is
 //!   looked up on a thread of its own (`resolve`), the call waiting for it no later than its
