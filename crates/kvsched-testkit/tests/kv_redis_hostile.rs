@@ -323,3 +323,54 @@ fn a_call_cancelled_while_connecting_leaves_a_healthy_node_up() {
     let put = t.put(&[(ChunkKey(2), vec![2u8; 64])]);
     assert!(put.is_ok(), "after a cancelled connect: {put:?}");
 }
+
+/// A cluster node answering `CLUSTER SLOTS` with 10,000 ranges each of every slot (a
+/// reply of 0.45 MB, within the control reply's limits): the map is refused at once as
+/// overlapping, the call failing by its deadline, not after a write per slot per range.
+#[test]
+fn a_slot_map_of_overlapping_ranges_is_refused_by_the_deadline() {
+    use kvsched_testkit::redis::resp::{bulk, read_command};
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(conn) = conn else { return };
+            thread::spawn(move || {
+                let Ok(mut w) = conn.try_clone() else { return };
+                let mut r = std::io::BufReader::new(conn);
+                while let Some(cmd) = read_command(&mut r) {
+                    let reply = match cmd[0].to_ascii_uppercase().as_slice() {
+                        b"ECHO" => bulk(&cmd[1]),
+                        b"CLUSTER" => {
+                            let range = format!(
+                                "*3\r\n:0\r\n:16383\r\n*2\r\n$9\r\n127.0.0.1\r\n:{port}\r\n"
+                            );
+                            let mut s = b"*10000\r\n".to_vec();
+                            s.extend_from_slice(range.repeat(10_000).as_bytes());
+                            s
+                        }
+                        _ => b"$-1\r\n".to_vec(),
+                    };
+                    if w.write_all(&reply).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let io = Duration::from_millis(300);
+    let t = RedisTier::new(
+        RedisConfig::from_url(&format!("redis://127.0.0.1:{port}?cluster=yes"))
+            .unwrap()
+            .io_timeout(io),
+    )
+    .unwrap();
+    let t0 = Instant::now();
+    let r = t.get(&keys(1), &CancelToken::new());
+    let took = t0.elapsed();
+    assert!(took < 3 * io, "took {took:?} ({r:?})");
+    assert!(
+        matches!(&r, Err(TierError::Unavailable(e)) if e.contains("overlap")),
+        "{r:?}"
+    );
+}

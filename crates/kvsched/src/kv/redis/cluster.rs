@@ -81,7 +81,10 @@ pub(crate) fn key_slot(key: &[u8]) -> u16 {
 }
 
 /// Slot ranges and their primary's address, from a `CLUSTER SLOTS` reply. An empty or `?`
-/// host means "the node you asked" (`queried`).
+/// host means "the node you asked" (`queried`). Ranges covering more than [`SLOTS`] slots in
+/// all overlap, which no cluster answers: refused, as the map built from them would cost a
+/// write per slot per range (40,000 ranges of every slot, in a 2 MB reply, held a call 16 s
+/// past a 300 ms deadline in a debug build).
 pub(crate) fn parse_slots(
     v: &Value,
     queried: &NodeAddr,
@@ -89,7 +92,8 @@ pub(crate) fn parse_slots(
     let Value::Array(ranges) = v else {
         return Err(format!("CLUSTER SLOTS: not an array: {}", resp::kind(v)));
     };
-    let mut out = Vec::with_capacity(ranges.len());
+    let mut out = Vec::with_capacity(ranges.len().min(SLOTS));
+    let mut covered = 0usize;
     for r in ranges {
         let Value::Array(fields) = r else {
             return Err("CLUSTER SLOTS: a range is not an array".into());
@@ -103,6 +107,12 @@ pub(crate) fn parse_slots(
             (Ok(s), Ok(e)) if s <= e && usize::from(e) < SLOTS => (s, e),
             _ => return Err("CLUSTER SLOTS: slot range out of 0..16384".into()),
         };
+        covered += usize::from(end - start) + 1;
+        // Planted bug `cluster-slots-overlap-accepted` (scripts/plants.sh): any number of
+        // ranges over the same slots is taken.
+        if covered > SLOTS && !planted!("cluster-slots-overlap-accepted") {
+            return Err("CLUSTER SLOTS: ranges overlap (more than 16384 slots in all)".into());
+        }
         let host = match primary.first() {
             Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
             Some(Value::SimpleString(s)) => s.clone(),
@@ -403,11 +413,14 @@ impl Cluster {
     fn install(&self, ranges: Vec<(u16, u16, NodeAddr)>, seen: u64) -> Result<(), TierError> {
         let mut map = SlotMap::empty();
         map.generation = seen + 1;
+        // Each node's index in `map.nodes`, by address (up to 16384 ranges, 1024 nodes).
+        let mut index: BTreeMap<NodeAddr, usize> = BTreeMap::new();
         for (start, end, addr) in ranges {
-            let idx = match map.nodes.iter().position(|n| n.addr == addr) {
-                Some(i) => i,
+            let idx = match index.get(&addr) {
+                Some(&i) => i,
                 None => {
                     map.nodes.push(self.node(&addr)?);
+                    index.insert(addr, map.nodes.len() - 1);
                     map.nodes.len() - 1
                 }
             };
@@ -496,5 +509,12 @@ mod tests {
         ])]);
         assert!(parse_slots(&bad, &q).is_err());
         assert!(parse_slots(&Value::Nil, &q).is_err());
+        // Every slot twice: ranges that overlap.
+        let twice = Value::Array(vec![
+            Value::Array(vec![Value::Int(0), Value::Int(16383), node("h", 1)]),
+            Value::Array(vec![Value::Int(5), Value::Int(5), node("h", 1)]),
+        ]);
+        let e = parse_slots(&twice, &q).unwrap_err();
+        assert!(e.contains("overlap"), "{e}");
     }
 }

@@ -89,9 +89,10 @@
 //! * Cluster: `MOVED` refreshes the slot map and resends to the named node; `ASK` resends
 //!   once to the importing node after `ASKING`; at most [`RedisConfig::max_redirects`]
 //!   rounds per call. A slot map refresh that finds no usable map (every node refusing, or
-//!   answering a map with no slots, too many nodes or a malformed range) is not tried again
-//!   for the node backoff's delay: meanwhile a call needing the map fails at once with the
-//!   refresh's error, [`RedisCounts::slot_refreshes`] not counting it.
+//!   answering a map with no slots, too many nodes, a malformed range or ranges that
+//!   overlap) is not tried again for the node backoff's delay: meanwhile a call needing
+//!   the map fails at once with the refresh's error, [`RedisCounts::slot_refreshes`] not
+//!   counting it.
 //! * `OOM` (maxmemory reached with a `noeviction` policy) is [`TierError::Refused`]. With an
 //!   evicting policy (`allkeys-lru`) keys vanish instead, and `get` answers `None` for them.
 //! * A key holding something other than a string (written by someone else) reads as `None`.
