@@ -117,9 +117,13 @@ impl Resolver {
             drop(st);
             refused = self.start(lookups).err();
             st = lock.lock();
-            if refused.is_some() && st.finished == seen {
-                // No thread took the lookup (the tier's are all busy).
+            if let Some(e) = refused.as_ref().filter(|_| st.finished == seen) {
+                // No thread took the lookup (the tier's are all busy): it ended, failed, for
+                // the calls that came to wait on it meanwhile too.
                 st.running = false;
+                st.error = Some(e.clone());
+                st.finished = st.finished.wrapping_add(1);
+                cv.notify_all();
             }
         }
         if let Some((a, _)) = &st.addrs {
