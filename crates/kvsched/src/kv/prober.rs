@@ -36,7 +36,8 @@ use super::tier_call::guarded;
 use super::{ChunkKey, Tier};
 use crate::connector::CancelToken;
 use crate::sync::condvar::Condvar;
-use crate::sync::{thread, Arc, AtomicBool, AtomicU64, Mutex, Ordering};
+use crate::sync::thread_group::ThreadGroup;
+use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex, Ordering};
 
 /// Keys of one run probed at most (a prompt of 16,384 tokens of 16-token blocks).
 pub(crate) const MAX_RUN: usize = 1024;
@@ -110,7 +111,7 @@ struct Shared {
 /// dropped; a tier call in progress is waited for at most `drop_timeout`).
 pub(crate) struct Prober {
     shared: Arc<Shared>,
-    thread: Option<thread::JoinHandle<()>>,
+    thread: ThreadGroup,
     drop_timeout: Duration,
 }
 
@@ -136,12 +137,13 @@ impl Prober {
             counts: ProbeCounts::default(),
         });
         let s = Arc::clone(&shared);
-        let thread = thread::Builder::new()
-            .name("kvsched-prober".to_owned())
-            .spawn(move || run(&s, tier.as_ref(), &index))?;
+        let mut thread = ThreadGroup::new();
+        thread.spawn("kvsched-prober".to_owned(), move || {
+            run(&s, tier.as_ref(), &index);
+        })?;
         Ok(Prober {
             shared,
-            thread: Some(thread),
+            thread,
             drop_timeout,
         })
     }
@@ -235,21 +237,12 @@ impl Prober {
         self.shared.drained.notify_all();
     }
 
-    /// Waits for the thread until `deadline` (`None`: for good), after [`stop`](Self::stop);
-    /// one still inside a tier call then is detached, to end when that call returns (the
-    /// queue is stopped). Whether it ended. Once it has run, dropping waits for nothing.
+    /// Waits for the thread until `deadline` (`None`: for good), after [`stop`](Self::stop),
+    /// parked until the thread ends and wakes it ([`ThreadGroup`]); one still inside a tier
+    /// call then is detached, to end when that call returns (the queue is stopped). Whether
+    /// it ended. Once it has run, dropping waits for nothing.
     pub(crate) fn join_until(&mut self, deadline: Option<Instant>) -> bool {
-        let Some(h) = self.thread.take() else {
-            return true;
-        };
-        while !h.is_finished() && deadline.is_none_or(|d| Instant::now() < d) {
-            thread::sleep(Duration::from_millis(1));
-        }
-        if h.is_finished() {
-            let _ = h.join();
-            return true;
-        }
-        false
+        self.thread.join_until(deadline) == 0
     }
 }
 
@@ -363,15 +356,28 @@ mod tests {
     use super::*;
     use crate::kv::TierError;
 
-    /// A tier whose `exists` answers 30 ms after it is asked.
-    struct Slow;
+    /// A tier whose `exists` answers `delay` after it is asked.
+    struct Slow {
+        delay: Duration,
+        started: AtomicBool,
+    }
+
+    impl Slow {
+        fn new(delay: Duration) -> Arc<Slow> {
+            Arc::new(Slow {
+                delay,
+                started: AtomicBool::new(false),
+            })
+        }
+    }
 
     impl Tier for Slow {
         fn name(&self) -> &str {
             "slow"
         }
         fn exists(&self, keys: &[ChunkKey], _: &CancelToken) -> Result<Vec<bool>, TierError> {
-            std::thread::sleep(Duration::from_millis(30));
+            self.started.store(true, Ordering::SeqCst);
+            std::thread::sleep(self.delay);
             Ok(vec![true; keys.len()])
         }
         fn get(
@@ -392,7 +398,7 @@ mod tests {
     fn a_flush_is_woken_when_the_last_probe_is_answered() {
         let index = Arc::new(KeyIndex::new(64));
         let prober = Prober::start(
-            Arc::new(Slow),
+            Slow::new(Duration::from_millis(30)),
             Arc::clone(&index),
             Duration::from_secs(60),
             Duration::from_secs(10),
@@ -408,5 +414,41 @@ mod tests {
             waited < Duration::from_secs(15),
             "the flush waited out its deadline ({waited:?}): nothing woke it"
         );
+    }
+
+    /// Joining the thread parks until it ends: it returns when the probe it waited for is
+    /// answered, without waking in the meantime (no polling) and without waiting out its
+    /// deadline (no lost wake-up).
+    #[test]
+    fn joining_is_woken_when_the_thread_ends() {
+        use crate::sync::thread_group::test_support::voluntary_switches;
+        let tier = Slow::new(Duration::from_millis(500));
+        let mut prober = Prober::start(
+            tier.clone(),
+            Arc::new(KeyIndex::new(64)),
+            Duration::from_secs(60),
+            Duration::from_secs(10),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let ready = prober.offer(vec![vec![ChunkKey(1)]], true);
+        while !tier.started.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        prober.stop();
+        let before = voluntary_switches();
+        let started = Instant::now();
+        assert!(prober.join_until(Some(started + Duration::from_secs(20))));
+        let waited = started.elapsed();
+        let after = voluntary_switches();
+        assert!(ready.is_ready(), "the probe in progress was answered");
+        assert!(
+            waited < Duration::from_secs(10),
+            "the join waited out its deadline ({waited:?}): nothing woke it"
+        );
+        // A hang guard on polling, not a count to match: a 1 ms poll over the 500 ms probe
+        // sleeps hundreds of times; a parked join, a few.
+        if let (Some(a), Some(b)) = (before, after) {
+            assert!(b - a < 50, "the join slept {} times: it polls", b - a);
+        }
     }
 }

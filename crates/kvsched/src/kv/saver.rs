@@ -13,7 +13,8 @@ use super::tier_call::guarded;
 use super::{ChunkCodec, ChunkKey, Tier};
 use crate::connector::CancelToken;
 use crate::sync::condvar::Condvar;
-use crate::sync::{thread, Arc, AtomicBool, AtomicU64, Mutex, Ordering};
+use crate::sync::thread_group::ThreadGroup;
+use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex, Ordering};
 
 /// One unit of background work.
 pub(crate) enum Work {
@@ -143,7 +144,7 @@ pub(super) struct Shared {
 /// finish on its own. Flush first to have everything offered stored.
 pub(crate) struct Saver {
     shared: Arc<Shared>,
-    threads: Vec<thread::JoinHandle<()>>,
+    threads: ThreadGroup,
     drop_timeout: std::time::Duration,
 }
 
@@ -190,7 +191,7 @@ impl Saver {
             cpu_share,
             batch: batch.max(1),
         });
-        let mut handles = Vec::new();
+        let mut group = ThreadGroup::new();
         for i in 0..threads.max(1) {
             let (s, t, c, ix, own) = (
                 Arc::clone(&shared),
@@ -199,23 +200,18 @@ impl Saver {
                 Arc::clone(&index),
                 Arc::clone(&own),
             );
-            let h = thread::Builder::new()
-                .name(format!("kvsched-saver-{i}"))
-                .spawn(move || run(&s, t.as_ref(), &c, &ix, &own));
-            match h {
-                Ok(h) => handles.push(h),
-                Err(e) => {
-                    stop(&shared);
-                    for h in handles {
-                        let _ = h.join();
-                    }
-                    return Err(e);
-                }
+            let spawned = group.spawn(format!("kvsched-saver-{i}"), move || {
+                run(&s, t.as_ref(), &c, &ix, &own);
+            });
+            if let Err(e) = spawned {
+                stop(&shared);
+                group.join_until(None);
+                return Err(e);
             }
         }
         Ok(Saver {
             shared,
-            threads: handles,
+            threads: group,
             drop_timeout,
         })
     }
@@ -321,22 +317,12 @@ impl Saver {
         stop(&self.shared);
     }
 
-    /// Waits for the threads until `deadline` (`None`: for good), after [`stop`](Self::stop);
-    /// a thread still inside a tier call then is detached, to end when that call returns (the
-    /// queue is stopped). Whether every thread ended. Once it has run, dropping waits for
-    /// nothing.
+    /// Waits for the threads until `deadline` (`None`: for good), after [`stop`](Self::stop),
+    /// parked until the last of them ends and wakes it ([`ThreadGroup`]); a thread still inside
+    /// a tier call then is detached, to end when that call returns (the queue is stopped).
+    /// Whether every thread ended. Once it has run, dropping waits for nothing.
     pub(crate) fn join_until(&mut self, deadline: Option<Instant>) -> bool {
-        let mut left = 0;
-        for h in self.threads.drain(..) {
-            while !h.is_finished() && deadline.is_none_or(|d| Instant::now() < d) {
-                thread::sleep(std::time::Duration::from_millis(1));
-            }
-            if h.is_finished() {
-                let _ = h.join();
-            } else {
-                left += 1;
-            }
-        }
+        let left = self.threads.join_until(deadline);
         if left > 0 {
             tracing::warn!(
                 threads = left,

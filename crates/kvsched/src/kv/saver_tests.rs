@@ -483,3 +483,49 @@ fn a_flush_waiting_for_dropped_saves_is_woken() {
         "the flush was not woken by the drop ({waited:?})"
     );
 }
+
+/// Joining the save threads parks until the last of them ends: it returns when the put it
+/// waited for does, without waking in the meantime (no polling) and without waiting out its
+/// deadline (no lost wake-up).
+#[test]
+fn joining_is_woken_when_the_last_thread_ends() {
+    use crate::sync::thread_group::test_support::voluntary_switches;
+    let gate = Arc::new(Gate::default());
+    let mut saver = gate_saver(&gate, 1);
+    assert!(saver.offer(Work::Save {
+        key: ChunkKey(1),
+        group: 0,
+        tokens: 16,
+        chunk: vec![1; 56],
+    }));
+    while !gate.started.load(Ordering::SeqCst) {
+        std::thread::yield_now();
+    }
+    let opener = {
+        let gate = Arc::clone(&gate);
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(500));
+            *gate.open.lock() = true;
+        })
+    };
+    saver.stop();
+    let before = voluntary_switches();
+    let started = Instant::now();
+    assert!(saver.join_until(Some(started + std::time::Duration::from_secs(20))));
+    let waited = started.elapsed();
+    let after = voluntary_switches();
+    assert!(
+        gate.stored.load(Ordering::SeqCst),
+        "the held batch was finished"
+    );
+    assert!(
+        waited < std::time::Duration::from_secs(10),
+        "the join waited out its deadline ({waited:?}): nothing woke it"
+    );
+    // A hang guard on polling, not a count to match: a 1 ms poll over the 500 ms put sleeps
+    // hundreds of times; a parked join, a few.
+    if let (Some(a), Some(b)) = (before, after) {
+        assert!(b - a < 50, "the join slept {} times: it polls", b - a);
+    }
+    let _ = opener.join();
+}

@@ -258,6 +258,8 @@ pub mod fork_safe;
 pub mod park;
 #[cfg(kvsched_loom)]
 pub mod thread;
+#[cfg(not(kvsched_loom))]
+pub(crate) mod thread_group;
 mod word_store;
 pub use barrier::PhaseBarrier;
 pub use park::{Parker, Unparker};
