@@ -8,8 +8,10 @@
 //! compiled (and type-checked, and linted) in every build, so a plant cannot rot unnoticed.
 
 /// `true` only in a build with `--cfg kvsched_plant="NAME"`; a constant, usable in `const`s.
+/// With several names (`planted!("A", "B")`), in a build with any of them: a site that two
+/// plants share (code two components share, each plant with its own component's test).
 macro_rules! planted {
-    ($name:tt) => {
-        cfg!(kvsched_plant = $name)
+    ($($name:tt),+ $(,)?) => {
+        cfg!(any($(kvsched_plant = $name),+))
     };
 }

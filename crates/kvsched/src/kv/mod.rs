@@ -34,6 +34,11 @@ mod chunk;
 #[cfg(not(kvsched_loom))]
 mod completed;
 mod disk;
+// Public to the loom models, which drive it.
+#[cfg(kvsched_loom)]
+pub mod drain;
+#[cfg(not(kvsched_loom))]
+mod drain;
 mod host_kv_memory;
 mod key;
 #[cfg(not(kvsched_loom))]

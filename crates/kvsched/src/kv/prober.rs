@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
+use super::drain::{Backlog, Drain, Held};
 use super::key_index::KeyIndex;
 use super::tier_call::guarded;
 use super::{ChunkKey, Tier};
@@ -89,18 +90,28 @@ struct Job {
 struct Queue {
     jobs: VecDeque<Job>,
     keys: usize,
-    busy: bool,
+    /// The probe the thread holds (at most one).
+    held: Held,
     stop: bool,
     /// The thread waits untimed: an offer must wake it.
     asleep: bool,
 }
 
+impl Backlog for Queue {
+    fn nothing_queued(&self) -> bool {
+        self.jobs.is_empty()
+    }
+    fn held(&mut self) -> &mut Held {
+        &mut self.held
+    }
+}
+
 struct Shared {
     queue: Mutex<Queue>,
     ready: Condvar,
-    /// Where flushes wait: notified, under the queue's lock, when the thread ends a probe and
-    /// finds nothing queued, and at a stop.
-    drained: Condvar,
+    /// Where flushes wait: woken, under the queue's lock, when the thread ends a probe and
+    /// finds nothing queued, and when a stop drops what is queued.
+    drain: Drain,
     /// The first key of each run asked recently, and when.
     asked: Mutex<FxHashMap<u128, Instant>>,
     miss_ttl: Duration,
@@ -126,12 +137,12 @@ impl Prober {
             queue: Mutex::new(Queue {
                 jobs: VecDeque::new(),
                 keys: 0,
-                busy: false,
+                held: Held::default(),
                 stop: false,
                 asleep: false,
             }),
             ready: Condvar::new(),
-            drained: Condvar::new(),
+            drain: Drain::new(),
             asked: Mutex::new(FxHashMap::default()),
             miss_ttl,
             counts: ProbeCounts::default(),
@@ -212,21 +223,12 @@ impl Prober {
         Prefetch { done }
     }
 
-    /// Waits until nothing is queued or being asked, or `deadline` passed: whether so.
+    /// Waits until nothing is queued or being asked, or `deadline` passed: whether so. It
+    /// parks until the thread ending its probe finds nothing queued, or until the thread's
+    /// stop drops what is ([`Drain`]).
     pub(crate) fn flush_until(&self, deadline: Option<Instant>) -> bool {
-        let mut q = self.shared.queue.lock();
-        loop {
-            if q.jobs.is_empty() && !q.busy {
-                return true;
-            }
-            // (Planted bug `probe-flush-unwoken`, scripts/plants.sh: the thread ending
-            // its last probe does not wake a flush, which waits out its deadline.)
-            let (g, timed_out) = self.shared.drained.wait_until(q, deadline);
-            q = g;
-            if timed_out {
-                return q.jobs.is_empty() && !q.busy;
-            }
-        }
+        let q = self.shared.queue.lock();
+        self.shared.drain.flush_until(q, deadline)
     }
 
     /// Stops the thread without waiting for it (work still queued is dropped): what a
@@ -234,7 +236,6 @@ impl Prober {
     pub(crate) fn stop(&self) {
         self.shared.queue.lock().stop = true;
         self.shared.ready.notify_all();
-        self.shared.drained.notify_all();
     }
 
     /// Waits for the thread until `deadline` (`None`: for good), after [`stop`](Self::stop),
@@ -277,7 +278,7 @@ fn run(shared: &Shared, tier: &dyn Tier, index: &KeyIndex) {
             }
             if q.stop {
                 let left = std::mem::take(&mut q.jobs);
-                shared.drained.notify_all();
+                shared.drain.dropped(&mut *q);
                 drop(q);
                 for j in left {
                     finish(&j);
@@ -294,17 +295,14 @@ fn run(shared: &Shared, tier: &dyn Tier, index: &KeyIndex) {
                 q.keys -= n;
                 jobs.extend(q.jobs.pop_front());
             }
-            q.busy = true;
+            shared.drain.take(&mut *q);
         }
         probe(shared, tier, index, &jobs, &never);
         for j in &jobs {
             finish(j);
         }
-        let mut q = shared.queue.lock();
-        q.busy = false;
-        if q.jobs.is_empty() && !planted!("probe-flush-unwoken") {
-            shared.drained.notify_all();
-        }
+        // Wakes a flush if nothing is queued.
+        shared.drain.end(&mut *shared.queue.lock());
     }
 }
 

@@ -7,6 +7,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use super::buffers::Buffers;
+use super::drain::{Backlog, Drain, Held};
 use super::key_index::KeyIndex;
 use super::save_duty::Duty;
 use super::tier_call::guarded;
@@ -111,8 +112,17 @@ struct Pause {
 pub(super) struct Queue {
     work: VecDeque<Work>,
     pub(super) stop: bool,
-    /// Threads holding work taken off the queue.
-    busy: usize,
+    /// Batches threads hold, taken off the queue.
+    held: Held,
+}
+
+impl Backlog for Queue {
+    fn nothing_queued(&self) -> bool {
+        self.work.is_empty()
+    }
+    fn held(&mut self) -> &mut Held {
+        &mut self.held
+    }
 }
 
 pub(super) struct Shared {
@@ -122,8 +132,9 @@ pub(super) struct Shared {
     /// Where threads rest their CPU share: only a stop wakes them (an offer that woke a
     /// resting thread would go unserved while another waited for work).
     pub(super) rest: Condvar,
-    /// Where flushes wait: notified when the last busy thread finds the queue empty.
-    drained: Condvar,
+    /// Where flushes wait: woken when the last batch's end finds the queue empty, or when
+    /// dropping the queued work leaves no batch held.
+    drain: Drain,
     capacity: usize,
     counters: SaverCounts,
     backoff: SaveBackoff,
@@ -177,11 +188,11 @@ impl Saver {
             queue: Mutex::new(Queue {
                 work: VecDeque::new(),
                 stop: false,
-                busy: 0,
+                held: Held::default(),
             }),
             ready: Condvar::new(),
             rest: Condvar::new(),
-            drained: Condvar::new(),
+            drain: Drain::new(),
             capacity: capacity.max(1),
             counters: SaverCounts::default(),
             backoff,
@@ -273,25 +284,12 @@ impl Saver {
     }
 
     /// As [`flush`](Self::flush), but waits at most until `deadline` (`None`: for good);
-    /// whether everything offered was stored by then.
+    /// whether everything offered was stored (or dropped) by then. It parks until the thread
+    /// that ends the last batch finds the queue empty, or until the queued work is dropped
+    /// (`drop_queued`, a stop) with no batch held ([`Drain`]).
     pub(crate) fn flush_until(&self, deadline: Option<Instant>) -> bool {
-        let mut q = self.shared.queue.lock();
-        loop {
-            // (Planted bug `saver-flush-early`, scripts/plants.sh: a batch a thread has taken
-            // but not stored yet is not waited for.)
-            let idle = planted!("saver-flush-early") || q.busy == 0;
-            if q.work.is_empty() && idle {
-                return true;
-            }
-            // Parked until the thread that ends the last batch finds the queue empty (it
-            // notifies under the lock held here, so the wake-up cannot fall between the check
-            // and the wait) or a stop: the queue is emptied then too.
-            let (g, timed_out) = self.shared.drained.wait_until(q, deadline);
-            q = g;
-            if timed_out {
-                return q.work.is_empty() && q.busy == 0;
-            }
-        }
+        let q = self.shared.queue.lock();
+        self.shared.drain.flush_until(q, deadline)
     }
 
     /// Drops the work still queued, counted in `dropped`, and returns how many saves that
@@ -301,11 +299,8 @@ impl Saver {
             let mut q = self.shared.queue.lock();
             let left = std::mem::take(&mut q.work);
             // A flush waiting for the dropped saves is done if no thread holds a batch (else
-            // the thread ending it wakes the flush). (Planted bug `drop-queued-unwoken`,
-            // scripts/plants.sh: it is not woken, and waits out its deadline.)
-            if q.busy == 0 && !planted!("drop-queued-unwoken") {
-                self.shared.drained.notify_all();
-            }
+            // the thread ending it wakes the flush).
+            self.shared.drain.dropped(&mut *q);
             left
         };
         self.shared.dropped(left)
@@ -339,11 +334,12 @@ fn stop(shared: &Shared) {
     let left = {
         let mut q = shared.queue.lock();
         q.stop = true;
-        std::mem::take(&mut q.work)
+        let left = std::mem::take(&mut q.work);
+        shared.drain.dropped(&mut *q);
+        left
     };
     shared.ready.notify_all();
     shared.rest.notify_all();
-    shared.drained.notify_all();
     shared.dropped(left);
 }
 
@@ -497,7 +493,7 @@ fn run(shared: &Shared, tier: &dyn Tier, codec: &ChunkCodec, index: &KeyIndex, o
             if q.work.is_empty() {
                 return; // stopped and drained
             }
-            q.busy += 1;
+            shared.drain.take(&mut *q);
             while saves.len() < shared.batch {
                 let Some(w) = q.work.pop_front() else { break };
                 saves.push(w);
@@ -536,12 +532,8 @@ fn run(shared: &Shared, tier: &dyn Tier, codec: &ChunkCodec, index: &KeyIndex, o
         if planted!("saver-flush-waits-rest") {
             q = duty.rest(q, shared);
         }
-        q.busy -= 1;
-        // (Planted bug `saver-flush-unwoken`, scripts/plants.sh: the last batch's end does not
-        // wake a flush, which waits out its deadline.)
-        if q.busy == 0 && q.work.is_empty() && !planted!("saver-flush-unwoken") {
-            shared.drained.notify_all();
-        }
+        // Wakes a flush if this was the last batch and nothing is queued.
+        shared.drain.end(&mut *q);
         drop(duty.rest(q, shared));
     }
 }

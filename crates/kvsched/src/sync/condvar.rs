@@ -61,6 +61,16 @@ impl Condvar {
         (guard, timed_out)
     }
 
+    /// Under loom (no clock): [`wait`](Condvar::wait), never timing out.
+    #[cfg(kvsched_loom)]
+    pub fn wait_until<'a, T>(
+        &self,
+        guard: Guard<'a, T>,
+        _deadline: Option<std::time::Instant>,
+    ) -> (Guard<'a, T>, bool) {
+        (self.wait(guard), false)
+    }
+
     /// Wakes one waiter.
     pub fn notify_one(&self) {
         self.cv.notify_one();
