@@ -73,12 +73,21 @@ declare -A MODELS=(
   [delivered-before-push]="loads_in_flight"
   # runtime/worker.rs: the delivered count is bumped Relaxed, not Release.
   [delivered-relaxed]="loads_in_flight"
+  # kv/drain.rs: the end of the last batch does not wake a flush (the two plants are one
+  # site, shared by the write-behind and the prober).
+  [saver-flush-unwoken]="flush_drain::save_flush_waits_for_two_threads"
+  [probe-flush-unwoken]="flush_drain::probe_flush_waits_for_the_probe"
+  # kv/drain.rs: dropping the queued work (drop_queued, a stop) does not wake a flush.
+  [drop-queued-unwoken]="flush_drain::save_flush_woken_by_drop_queued flush_drain::probe_flush_against_a_stop"
+  # kv/drain.rs: a flush does not wait for a batch a thread holds.
+  [saver-flush-early]="flush_drain::save_flush_waits_for_two_threads flush_drain::probe_flush_waits_for_the_probe"
 )
 ORDER=(drop-check-then-set claim-store barrier-relaxed clear-pending-relaxed free-list-no-tag release-relaxed
   fill-release-unguarded exclusive-unguarded
   lookup-revive-unlocked unpark-no-lock worker-no-recheck worker-no-fence worker-busy-listed
   worker-drop-on-full shutdown-no-drain-while-waiting evict-cas-store evict-hint-unchecked
-  delivered-before-push delivered-relaxed)
+  delivered-before-push delivered-relaxed saver-flush-unwoken probe-flush-unwoken drop-queued-unwoken
+  saver-flush-early)
 
 if [ "$#" -gt 0 ]; then
   plants=("$@")
