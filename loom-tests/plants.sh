@@ -73,6 +73,8 @@ declare -A MODELS=(
   [delivered-before-push]="loads_in_flight"
   # runtime/worker.rs: the delivered count is bumped Relaxed, not Release.
   [delivered-relaxed]="loads_in_flight"
+  # sync/thread_group.rs: a thread's end does not wake the join.
+  [thread-end-unwoken]="thread_group_join"
   # kv/drain.rs: the end of the last batch does not wake a flush (the two plants are one
   # site, shared by the write-behind and the prober).
   [saver-flush-unwoken]="flush_drain::save_flush_waits_for_two_threads"
@@ -87,7 +89,7 @@ ORDER=(drop-check-then-set claim-store barrier-relaxed clear-pending-relaxed fre
   lookup-revive-unlocked unpark-no-lock worker-no-recheck worker-no-fence worker-busy-listed
   worker-drop-on-full shutdown-no-drain-while-waiting evict-cas-store evict-hint-unchecked
   delivered-before-push delivered-relaxed saver-flush-unwoken probe-flush-unwoken drop-queued-unwoken
-  saver-flush-early)
+  saver-flush-early thread-end-unwoken)
 
 if [ "$#" -gt 0 ]; then
   plants=("$@")

@@ -38,6 +38,7 @@ declare -A BOUND=(
   [evict_vs_release]=2                      # evict-cas-store
   [evict_stale_hash_hint]=2                 # evict-hint-unchecked
   [loads_in_flight]=2                       # delivered-before-push, delivered-relaxed
+  [thread_group_join]=2                     # thread-end-unwoken
   [flush_drain]=2                           # saver-flush-unwoken, probe-flush-unwoken, drop-queued-unwoken, saver-flush-early
 )
 

@@ -162,7 +162,7 @@ pub(crate) struct Saver {
 impl std::fmt::Debug for Saver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Saver")
-            .field("threads", &self.threads.len())
+            .field("threads", &self.threads.threads())
             .finish_non_exhaustive()
     }
 }

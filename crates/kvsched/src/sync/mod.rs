@@ -258,6 +258,9 @@ pub mod fork_safe;
 pub mod park;
 #[cfg(kvsched_loom)]
 pub mod thread;
+// Public to the loom models, which drive it.
+#[cfg(kvsched_loom)]
+pub mod thread_group;
 #[cfg(not(kvsched_loom))]
 pub(crate) mod thread_group;
 mod word_store;

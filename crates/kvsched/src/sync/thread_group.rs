@@ -1,7 +1,7 @@
 //! [`ThreadGroup`]: threads joined together until one deadline. Each thread marks its end as
 //! its last act and wakes the joiner, which parks until every thread has ended or the
 //! deadline passed — it never polls — and leaves a thread still running then behind
-//! (detached, to end on its own).
+//! (detached, to end on its own). Under loom, which has no clock, the join waits for good.
 
 use std::time::Instant;
 
@@ -42,7 +42,7 @@ impl Drop for EndMark {
 
 /// Threads spawned together and joined together ([`join_until`](Self::join_until)).
 #[derive(Debug, Default)]
-pub(crate) struct ThreadGroup {
+pub struct ThreadGroup {
     ends: Arc<Ends>,
     /// Each thread's handle, with its index in `ends`.
     threads: Vec<(usize, thread::JoinHandle<()>)>,
@@ -50,17 +50,17 @@ pub(crate) struct ThreadGroup {
 
 impl ThreadGroup {
     /// An empty group.
-    pub(crate) fn new() -> Self {
+    pub fn new() -> Self {
         Self::default()
     }
 
     /// Threads spawned and not yet joined or left behind.
-    pub(crate) fn len(&self) -> usize {
+    pub fn threads(&self) -> usize {
         self.threads.len()
     }
 
     /// Spawns a thread named `name` running `f`.
-    pub(crate) fn spawn(
+    pub fn spawn(
         &mut self,
         name: String,
         f: impl FnOnce() + Send + 'static,
@@ -86,7 +86,7 @@ impl ThreadGroup {
     /// Waits until every thread has ended or `deadline` passed (`None`: for good), parked
     /// until a thread's end wakes it; joins those that ended and leaves the others behind,
     /// detached. How many were left behind. The group is empty afterwards.
-    pub(crate) fn join_until(&mut self, deadline: Option<Instant>) -> usize {
+    pub fn join_until(&mut self, deadline: Option<Instant>) -> usize {
         if self.threads.is_empty() {
             return 0;
         }
@@ -155,7 +155,7 @@ mod tests {
             1
         );
         assert!(started.elapsed() >= Duration::from_millis(50));
-        assert_eq!(group.len(), 0);
+        assert_eq!(group.threads(), 0);
         drop(tx);
     }
 }
