@@ -89,11 +89,12 @@ declare -A TESTS=(
   [disowned-chunk-counted]="kvsched --test kv_tier_panics"
   # kv/saver.rs: save threads rest on the condition variable offers notify, so an offer
   # wakes a resting thread (which rests on) instead of one waiting for work.
-  # kv/saver.rs, kv/prober.rs: the thread ending the last batch (probe) does not wake a
-  # parked flush, which waits out its deadline.
+  # kv/drain.rs (the saver's and the prober's flush): the thread ending the last batch
+  # (probe) does not wake a parked flush, which waits out its deadline. Both plants break
+  # that one site, so each is caught by both queues' tests (and by loom's flush_drain).
   [saver-flush-unwoken]="kvsched --lib kv::saver::tests::a_flush_is_woken_when_the_last_batch_is_stored"
   # kv/saver.rs: a thread rests its CPU share still counted busy, so a flush waits it out;
-  # `drop_queued` does not wake a flush waiting for what it dropped.
+  # kv/drain.rs: `drop_queued` does not wake a flush waiting for what it dropped.
   [saver-flush-waits-rest]="kvsched --lib kv::saver::tests::a_flush_does_not_wait_out_a_save_threads_rest"
   [drop-queued-unwoken]="kvsched --lib kv::saver::tests::a_flush_waiting_for_dropped_saves_is_woken"
   [probe-flush-unwoken]="kvsched --lib kv::prober::tests::a_flush_is_woken_when_the_last_probe_is_answered"
@@ -123,7 +124,7 @@ declare -A TESTS=(
   # runtime/shard/outputs.rs: Mamba entries that hold no state (mode align) are cached.
   # (kvsched stress reads their garbage in mode safe: an invariant violation, exit 1.)
   [mamba-align-cache-unwritten]="kvsched --test kv_engine;kvsched-cli --test cli_stress;kvsched-testkit --test model_exact"
-  # kv/saver.rs: flush returns while a saver thread still holds a batch it has not stored.
+  # kv/drain.rs: a flush returns while a saver thread still holds a batch it has not stored.
   [saver-flush-early]="kvsched --lib kv::saver"
   # kv/saver.rs: a load the tier answers leaves a long save pause on, so saving stays off for
   # up to `max_pause` after the store is back.
@@ -388,6 +389,18 @@ declare -A TESTS=(
   # kv/redis/pool.rs: a caller giving up mid-connect (its token, its deadline) marks a
   # healthy node down, so the calls after it fail without being tried.
   [redis-gave-up-marks-down]="kvsched-testkit --features redis --test kv_redis_hostile"
+  # kv/redis/resolve.rs: a node's host name is looked up on the caller's thread, which waits
+  # for a hung resolver past its deadline.
+  [redis-resolve-unbounded]="kvsched --features redis --lib kv::redis::resolve"
+  # kv/redis/conn.rs: TLS reads and the handshake go through rustls's own loops, which wait
+  # for a whole record however slowly its bytes come, past the call's deadline.
+  [redis-tls-whole-records]="kvsched-testkit --features redis --test kv_redis_tls_trickle"
+  # kv/redis/cluster.rs: a CLUSTER SLOTS reply whose ranges overlap is taken, its slots
+  # written again and again under the refresh lock past the call's deadline.
+  [cluster-slots-overlap-accepted]="kvsched-testkit --features redis --test kv_redis_hostile;kvsched --features redis --lib kv::redis::cluster"
+  # sync/thread_group.rs: a thread ending does not wake the saver's or prober's join, which
+  # waits out its deadline.
+  [thread-end-unwoken]="kvsched --lib joining_is_woken_when"
   # kv/memory_tier.rs: a read's use is recorded after its callback, so a panicking one leaves
   # a stale order entry and the key's next value is evicted first.
   # kv/tier_connector.rs: the save queue is bounded in chunks only, so behind a stalled store
@@ -452,7 +465,8 @@ ORDER=(decide-early claim-store late-leak deadline-compact-in-flight late-ok-acc
   saver-flush-waits-rest drop-queued-unwoken redis-gave-up-marks-down lru-order-after-read
   save-queue-bytes-ignored rescan-indexes-deleted-packs disk-link-never-skips-ahead disk-get-misses-moved-key
   owner-freed-still-waited-for async-pre-step-counts-next-step ended-by-status-list
-  safe-evicts-nothing)
+  safe-evicts-nothing redis-resolve-unbounded redis-tls-whole-records cluster-slots-overlap-accepted
+  thread-end-unwoken)
 
 if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi
 
