@@ -3,8 +3,8 @@
 //!
 //! A `Tier::get` is a call into code the connector does not control (a socket, a disk, a
 //! wrapper): it may never return. When a load has a deadline, [`BoundedGets`] runs the get on
-//! one of its own threads and the caller waits for the answer until the deadline or until the
-//! load's token fires, then gives up: the load fails for all its blocks, and the get's own
+//! one of its own threads and the caller sleeps until the answer comes, the deadline passes or
+//! the load's token fires (whose firing wakes it: [`CancelToken::watch`]), then gives up: the load fails for all its blocks, and the get's own
 //! cancel token fires, so a tier that looks at it (as the Redis tier does, every 20 ms)
 //! returns and frees its thread rather than finishing a read nobody waits for. The answer of
 //! a get that comes back late is dropped unread, and the bytes of a load are written into KV
@@ -29,6 +29,7 @@ use super::tier_call::guarded;
 use super::{ChunkKey, Tier, TierError};
 use crate::connector::CancelToken;
 use crate::sync::condvar::Condvar;
+use crate::sync::park::{Parker, Unparker};
 use crate::sync::{thread, Arc, AtomicBool, AtomicUsize, Mutex, Ordering};
 
 /// The buffers of a get, filled, and which keys were held.
@@ -46,11 +47,21 @@ struct Call {
 }
 
 /// The answer of one call; `gave_up` once its caller stopped waiting.
-#[derive(Default)]
 struct Slot {
     answer: Mutex<Option<Answer>>,
-    ready: Condvar,
+    /// Wakes the caller once the answer is in.
+    ready: Unparker,
     gave_up: AtomicBool,
+}
+
+impl Slot {
+    fn new(ready: Unparker) -> Slot {
+        Slot {
+            answer: Mutex::new(None),
+            ready,
+            gave_up: AtomicBool::new(false),
+        }
+    }
 }
 
 struct Shared {
@@ -60,6 +71,9 @@ struct Shared {
     stop: AtomicBool,
     /// Threads inside a `get` now.
     busy: AtomicUsize,
+    /// Threads that have left `run`, each counted (and `gone` notified) as it goes.
+    exited: Mutex<usize>,
+    gone: Condvar,
 }
 
 /// Threads running tier gets whose callers wait only until a deadline.
@@ -70,8 +84,6 @@ pub(crate) struct BoundedGets {
     cap: usize,
 }
 
-/// How often a waiting caller checks its load's cancellation token.
-const CANCEL_POLL: Duration = Duration::from_millis(5);
 /// How long a drop waits for the get threads at most (one inside a get that never returns
 /// is left behind).
 pub(crate) const JOIN_WAIT: Duration = Duration::from_millis(200);
@@ -86,6 +98,8 @@ impl BoundedGets {
             wake: Condvar::new(),
             stop: AtomicBool::new(false),
             busy: AtomicUsize::new(0),
+            exited: Mutex::new(0),
+            gone: Condvar::new(),
         });
         let gets = BoundedGets {
             shared,
@@ -102,7 +116,10 @@ impl BoundedGets {
         let s = Arc::clone(&self.shared);
         let h = thread::Builder::new()
             .name(format!("kvsched-tier-get-{}", threads.len()))
-            .spawn(move || run(&s))?;
+            .spawn(move || {
+                let _exit = Exit(&s);
+                run(&s);
+            })?;
         threads.push(h);
         Ok(())
     }
@@ -139,7 +156,8 @@ impl BoundedGets {
         cancel: &CancelToken,
         deadline: Instant,
     ) -> Answer {
-        let slot = Arc::new(Slot::default());
+        let parker = Parker::new();
+        let slot = Arc::new(Slot::new(parker.unparker()));
         let call_cancel = CancelToken::new();
         let queued = {
             let mut q = self.shared.queue.lock();
@@ -154,8 +172,10 @@ impl BoundedGets {
         self.shared.wake.notify_one();
         self.grow(queued);
         let started = Instant::now();
-        let mut answer = slot.answer.lock();
+        // The load's token wakes this thread as it fires; so does the answer (`run`).
+        let _watch = cancel.watch(parker.unparker());
         loop {
+            let mut answer = slot.answer.lock();
             if let Some(a) = answer.take() {
                 return a;
             }
@@ -185,8 +205,11 @@ impl BoundedGets {
                     .retain(|c| !Arc::ptr_eq(&c.slot, &slot));
                 return Err(e);
             }
-            let wake = deadline.min(now + CANCEL_POLL);
-            answer = slot.ready.wait_until(answer, Some(wake)).0;
+            drop(answer);
+            count_wait();
+            // Woken by the answer or the token (an unpark before the park makes it return at
+            // once), or at the deadline.
+            parker.park_timeout(deadline.saturating_duration_since(now));
         }
     }
 
@@ -201,15 +224,26 @@ impl BoundedGets {
         shutdown(&self.shared);
     }
 
-    /// Waits for the threads until `deadline`, after [`stop`](Self::stop); one inside a get
-    /// that never returns is left behind (detached). Once it has run, dropping waits for
-    /// nothing.
+    /// Waits for the threads until `deadline`, after [`stop`](Self::stop), woken as each one
+    /// ends; one inside a get that never returns is left behind (detached). Once it has run,
+    /// dropping waits for nothing.
     pub(crate) fn join_until(&mut self, deadline: Instant) {
-        for h in self.threads.get_mut().drain(..) {
-            while !h.is_finished() && Instant::now() < deadline {
-                thread::sleep(Duration::from_millis(1));
+        let handles: Vec<_> = self.threads.get_mut().drain(..).collect();
+        let mut exited = self.shared.exited.lock();
+        while *exited < handles.len() {
+            count_wait();
+            let (g, timed_out) = self.shared.gone.wait_until(exited, Some(deadline));
+            exited = g;
+            if timed_out {
+                break;
             }
-            if h.is_finished() {
+        }
+        // Every thread has left `run` (only its exit is still to come), or the deadline
+        // passed: those that ended are joined, the rest left behind.
+        let all = *exited >= handles.len();
+        drop(exited);
+        for h in handles {
+            if all || h.is_finished() {
                 let _ = h.join();
             }
         }
@@ -223,11 +257,37 @@ impl Drop for BoundedGets {
     }
 }
 
+// How many times this thread went to sleep in `get_into` or `join_until`: the tests' count of
+// wake-ups, which a wait woken by its event keeps to one or two.
+#[cfg(all(test, not(kvsched_loom)))]
+thread_local! {
+    static WAITS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+fn count_wait() {
+    #[cfg(all(test, not(kvsched_loom)))]
+    WAITS.with(|w| w.set(w.get() + 1));
+}
+
 fn shutdown(s: &Shared) {
     // Release: pairs with the Acquire load in `run`.
     s.stop.store(true, Ordering::Release);
     let _guard = s.queue.lock();
     s.wake.notify_all();
+}
+
+/// Counts its thread out of `run` (whichever way it leaves) and wakes a join waiting for it.
+struct Exit<'a>(&'a Shared);
+
+impl Drop for Exit<'_> {
+    fn drop(&mut self) {
+        *self.0.exited.lock() += 1;
+        // Planted bug `get-thread-exit-silent` (scripts/plants.sh): the join is not woken and
+        // waits out its deadline.
+        if !planted!("get-thread-exit-silent") {
+            self.0.gone.notify_all();
+        }
+    }
 }
 
 fn run(s: &Shared) {
@@ -268,7 +328,7 @@ fn run(s: &Shared) {
         .map(|()| (bufs, held));
         s.busy.fetch_sub(1, Ordering::Relaxed);
         *slot.answer.lock() = Some(answer);
-        slot.ready.notify_one();
+        slot.ready.unpark();
     }
 }
 
@@ -312,7 +372,7 @@ mod tests {
             keys: vec![ChunkKey(1)],
             bufs: vec![Vec::new()],
             cancel: CancelToken::new(),
-            slot: Arc::new(Slot::default()),
+            slot: Arc::new(Slot::new(Parker::new().unparker())),
         };
         // Queued without a wake-up: the thread sleeps on as both wait.
         let queued = {
@@ -407,5 +467,82 @@ mod tests {
             );
             thread::sleep(Duration::from_millis(1));
         }
+    }
+
+    /// Hangs one get in the store: the caller's deadline is far off and nothing answers.
+    fn one_get_hung(gets: &BoundedGets) {
+        gets.shared.queue.lock().push_back(Call {
+            keys: vec![ChunkKey(1)],
+            bufs: vec![Vec::new()],
+            cancel: CancelToken::new(),
+            slot: Arc::new(Slot::new(Parker::new().unparker())),
+        });
+        gets.shared.wake.notify_all();
+        while gets.busy() == 0 {
+            thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// A load's token fired while its caller waits for a hung get wakes the caller at once:
+    /// it goes to sleep once (not once per poll) and returns long before its deadline. A
+    /// cancel that wakes nobody leaves it asleep until the deadline, 10 s on.
+    #[test]
+    fn a_cancel_wakes_the_caller_waiting_for_its_get() {
+        let release = Arc::new(AtomicBool::new(false));
+        let gets = Arc::new(BoundedGets::start(Arc::new(Hung(Arc::clone(&release))), 1).unwrap());
+        let load = CancelToken::new();
+        let (g, l) = (Arc::clone(&gets), load.clone());
+        let caller = thread::spawn(move || {
+            let t = Instant::now();
+            let bufs = vec![Vec::new()];
+            let got = g.get_into(&[ChunkKey(1)], bufs, &l, t + Duration::from_secs(10));
+            (got, t.elapsed(), WAITS.with(std::cell::Cell::get))
+        });
+        while gets.busy() == 0 {
+            thread::sleep(Duration::from_millis(1));
+        }
+        // Time for the caller to fall asleep: one that polled would wake again and again.
+        thread::sleep(Duration::from_millis(100));
+        load.cancel();
+        let (got, took, waits) = caller.join().unwrap();
+        release.store(true, Ordering::Release);
+        assert!(matches!(got, Err(TierError::Cancelled)), "{got:?}");
+        assert!(
+            took < Duration::from_secs(2),
+            "the cancel woke nobody: {took:?}"
+        );
+        assert!(
+            waits <= 2,
+            "the caller woke {waits} times before its cancel"
+        );
+    }
+
+    /// A join wakes when the threads end: it sleeps once while a get hangs, not once per
+    /// poll, and returns as soon as the last thread is gone, long before its deadline.
+    #[test]
+    fn a_join_wakes_when_the_threads_end() {
+        let release = Arc::new(AtomicBool::new(false));
+        let mut gets = BoundedGets::start(Arc::new(Hung(Arc::clone(&release))), 1).unwrap();
+        one_get_hung(&gets);
+        gets.stop();
+        let r = Arc::clone(&release);
+        let releaser = thread::spawn(move || {
+            thread::sleep(Duration::from_millis(100));
+            r.store(true, Ordering::Release);
+        });
+        let t = Instant::now();
+        let before = WAITS.with(std::cell::Cell::get);
+        gets.join_until(t + Duration::from_secs(10));
+        let (took, waits) = (t.elapsed(), WAITS.with(std::cell::Cell::get) - before);
+        releaser.join().unwrap();
+        assert!(
+            took < Duration::from_secs(2),
+            "the thread's end woke nobody: {took:?}"
+        );
+        assert!(
+            waits <= 2,
+            "the join woke {waits} times before the thread ended"
+        );
+        assert_eq!(gets.busy(), 0);
     }
 }
