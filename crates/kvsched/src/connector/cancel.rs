@@ -42,6 +42,7 @@ struct Inner {
 
 /// The threads to wake when the token fires, each with its registration's number.
 #[derive(Debug, Default)]
+#[cfg_attr(kvsched_loom, allow(dead_code))] // watched by the bounded gets, compiled out of loom
 struct Watchers {
     next: u64,
     list: Vec<(u64, Unparker)>,
@@ -50,6 +51,7 @@ struct Watchers {
 /// A thread's registration with [`CancelToken::watch`]: its unparker is woken when the token
 /// fires, until this is dropped.
 #[derive(Debug)]
+#[cfg_attr(kvsched_loom, allow(dead_code))] // the bounded gets, compiled out of loom builds
 pub(crate) struct Watch<'a> {
     token: &'a CancelToken,
     id: u64,
@@ -101,6 +103,7 @@ impl CancelToken {
     /// Has `unparker` woken when the token fires, until the returned registration is dropped.
     /// The watcher checks [`is_cancelled`](Self::is_cancelled) after this and before each
     /// park: a firing before the registration is seen there, one after it unparks.
+    #[cfg_attr(kvsched_loom, allow(dead_code))] // the bounded gets, compiled out of loom builds
     pub(crate) fn watch(&self, unparker: Unparker) -> Watch<'_> {
         let mut w = self.inner.watchers.lock();
         let id = w.next;
