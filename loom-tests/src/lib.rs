@@ -11,9 +11,10 @@ use std::time::Duration;
 
 use kvsched::connector::{KvConnector, NoConnector};
 use kvsched::runtime::claim::RequestKey;
+use kvsched::runtime::completion_queue::CompletionQueue;
 use kvsched::runtime::worker::{model_job, model_job_key, Completion, WorkerPool};
 use kvsched::sync::park::{Parker, Unparker};
-use kvsched::sync::{Arc, ArrayQueue, AtomicU64, Ordering};
+use kvsched::sync::{Arc, AtomicU64, Ordering};
 use loom::cell::UnsafeCell;
 
 /// Preemption bound used when `LOOM_MAX_PREEMPTIONS` is not set (run.sh always sets it).
@@ -125,7 +126,7 @@ pub const NO_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 /// `notify` wired to a [`WorkSignal`] on this thread's parker.
 pub struct Engine {
     /// The shard's completion queue.
-    pub queue: Arc<ArrayQueue<Completion>>,
+    pub queue: Arc<CompletionQueue>,
     /// The real pool.
     pub pool: WorkerPool,
     signal: Arc<WorkSignal>,
@@ -144,7 +145,7 @@ impl Engine {
         cap: usize,
         connector: std::sync::Arc<dyn KvConnector>,
     ) -> Self {
-        let queue = Arc::new(ArrayQueue::new(cap));
+        let queue = Arc::new(CompletionQueue::new(cap));
         let parker = Parker::new();
         let signal = Arc::new(WorkSignal::new(parker.unparker()));
         let s = Arc::clone(&signal);

@@ -7,6 +7,7 @@ use crate::connector::{KvConnector, NoConnector};
 use crate::pool::BlockPool;
 use crate::rules::geometry::{CacheGroup, Geometry, DEFAULT_NULL_BLOCK};
 use crate::rules::recovery::{Mode, Policy};
+use crate::runtime::completion_queue::CompletionQueue;
 use crate::runtime::error::RuntimeError;
 use crate::runtime::handoff::spawn_shard_threads;
 #[cfg(doc)]
@@ -17,8 +18,8 @@ use crate::runtime::shared::Inner;
 use crate::runtime::signal::WorkSignal;
 use crate::runtime::step::Runtime;
 use crate::runtime::step_mode::{LastStep, DEFAULT_PARALLEL_STEP_WORK};
-use crate::runtime::worker::{Completion, WorkerPool};
-use crate::sync::{Arc, ArrayQueue, Parker};
+use crate::runtime::worker::WorkerPool;
+use crate::sync::{Arc, Parker};
 
 /// The largest pool a runtime accepts: 2^24 blocks (about 40 bytes of bookkeeping each:
 /// state word, free-list link, claim words). A cap by documented limit, not by trying to
@@ -207,8 +208,8 @@ impl Builder {
         }
         let pool = BlockPool::new(self.pool_blocks)?;
         let k = self.shards;
-        let queues: Vec<Arc<ArrayQueue<Completion>>> = (0..k)
-            .map(|_| Arc::new(ArrayQueue::new(self.completion_queue_capacity)))
+        let queues: Vec<Arc<CompletionQueue>> = (0..k)
+            .map(|_| Arc::new(CompletionQueue::new(self.completion_queue_capacity)))
             .collect();
         let engine_parker = Parker::new();
         let signal = StdArc::new(WorkSignal::new(engine_parker.unparker()));

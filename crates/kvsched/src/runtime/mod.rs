@@ -62,6 +62,10 @@ pub mod claim;
 pub(crate) mod claim;
 #[cfg(all(test, not(kvsched_loom)))]
 mod claim_barrier_tests;
+#[cfg(any(kvsched_loom, feature = "internals"))]
+pub mod completion_queue;
+#[cfg(not(any(kvsched_loom, feature = "internals")))]
+pub(crate) mod completion_queue;
 #[cfg(all(not(kvsched_loom), feature = "internals"))]
 pub mod discard;
 #[cfg(all(not(kvsched_loom), not(feature = "internals")))]
@@ -122,6 +126,8 @@ mod step_mode;
 pub mod worker;
 #[cfg(not(any(kvsched_loom, feature = "internals")))]
 pub(crate) mod worker;
+#[cfg(all(test, not(kvsched_loom)))]
+mod worker_tests;
 
 #[cfg(not(kvsched_loom))]
 pub use self::{

@@ -11,6 +11,7 @@ use crate::connector::{KvConnector, LoadJob};
 use crate::pool::BlockPool;
 use crate::rules::geometry::{BlockId, Geometry};
 use crate::runtime::claim::ClaimTable;
+use crate::runtime::completion_queue::CompletionQueue;
 use crate::runtime::inbox::Inbox;
 use crate::runtime::load_estimate::LoadEstimate;
 use crate::runtime::quarantine::Quarantine;
@@ -18,10 +19,7 @@ use crate::runtime::route::shard_of;
 use crate::runtime::settings::Settings;
 use crate::runtime::shard::{Env, Shard, ShardStepResult, StepSettings};
 use crate::runtime::signal::WorkSignal;
-use crate::runtime::worker::Completion;
-use crate::sync::{
-    Arc, ArrayQueue, AtomicBool, AtomicU64, AtomicUsize, Mutex, PhaseBarrier, RwLock, Unparker,
-};
+use crate::sync::{Arc, AtomicBool, AtomicU64, AtomicUsize, Mutex, PhaseBarrier, RwLock, Unparker};
 
 /// Jobs the workers' queue may hold before admission stops dispatching asynchronous loads
 /// (requests then compute what they would have loaded): with every worker stuck in a
@@ -34,7 +32,7 @@ pub(super) const MAX_QUEUED_LOADS: usize = 4096;
 pub(super) struct ShardSlot {
     pub(super) state: Mutex<Shard>,
     pub(super) inbox: Inbox,
-    pub(super) completions: Arc<ArrayQueue<Completion>>,
+    pub(super) completions: Arc<CompletionQueue>,
     pub(super) published: Mutex<Vec<BlockId>>,
     pub(super) result: Mutex<Option<(ShardStepResult, Vec<LoadJob>)>>,
     /// Live request ids (duplicate check at submit; removed when a request ends).
@@ -92,7 +90,7 @@ impl Inner {
         geo: Geometry,
         pool: BlockPool,
         connector: StdArc<dyn KvConnector>,
-        queues: &[Arc<ArrayQueue<Completion>>],
+        queues: &[Arc<CompletionQueue>],
         settings: Vec<StepSettings>,
         live: Settings,
         signal: StdArc<WorkSignal>,

@@ -6,13 +6,15 @@
 //! * A worker never takes a scheduler lock: it pops a [`LoadJob`] from a lock-free queue, runs
 //!   [`KvConnector::load`], and pushes a [`Completion`] onto the owning shard's bounded
 //!   completion queue.
-//! * **Back-pressure is explicit:** when a shard's completion queue is full the worker backs
-//!   off (spin, then yield) and retries; it never drops a completion. Shards drain their queue
-//!   at every step, so a stalled engine stalls the workers, never loses results.
+//! * **Back-pressure is explicit:** when a shard's completion queue is full the worker spins
+//!   briefly, then parks until a pop makes room ([`CompletionQueue`](super::completion_queue))
+//!   and retries; it never drops a completion. Shards drain their queue at every step, so a
+//!   stalled engine stalls the workers, never loses results.
 //! * A connector that panics is reported as a failed load of every block the job writes; the
 //!   worker thread survives and takes the next job.
 //! * On shutdown, workers finish the load they are running, deliver it, and exit; jobs still
-//!   queued are returned to the caller so it can report them cancelled.
+//!   queued are returned to the caller so it can report them cancelled. The shutdown sleeps
+//!   until a worker exits or waits for room (then it drains), or until its deadline.
 
 use std::time::Instant;
 
@@ -126,11 +128,12 @@ pub fn model_job_key(job: &LoadJob) -> RequestKey {
 mod pool_impl {
     use std::time::{Duration, Instant};
 
-    use super::{take_job, Completion};
+    use super::take_job;
     use crate::connector::{KvConnector, LoadJob};
+    use crate::runtime::completion_queue::CompletionQueue;
     use crate::sync::park::{Parker, Unparker};
     use crate::sync::{
-        fence, thread, Arc, ArrayQueue, AtomicBool, AtomicU64, Backoff, Ordering, SegQueue,
+        fence, thread, Arc, AtomicBool, AtomicU64, AtomicUsize, Backoff, Mutex, Ordering, SegQueue,
     };
 
     /// The ordering of a completion's `delivered` count: Release, pairing with the Acquire
@@ -149,7 +152,8 @@ mod pool_impl {
         pub loads: AtomicU64,
         /// Connector panics caught.
         pub panics: AtomicU64,
-        /// Times a worker found a completion queue full and backed off.
+        /// Times a worker found a completion queue full and backed off (a spin, or a park
+        /// until a pop made room).
         pub queue_full_retries: AtomicU64,
         /// Jobs whose deadline had passed when a worker took them: returned without running.
         pub expired_unrun: AtomicU64,
@@ -159,9 +163,14 @@ mod pool_impl {
 
     struct Shared {
         jobs: SegQueue<LoadJob>,
-        queues: Vec<Arc<ArrayQueue<Completion>>>,
+        queues: Vec<Arc<CompletionQueue>>,
         connector: Arc<dyn KvConnector>,
         stop: AtomicBool,
+        /// Workers that have left `worker_loop`, each counted before it wakes the joiner.
+        exited: AtomicUsize,
+        /// The thread waiting in `stop_and_join`, once one is: woken by a worker that exits
+        /// or waits for room in a full queue (which the joiner's drain makes).
+        joiner: Mutex<Option<Unparker>>,
         /// Set when the pool is dropped without a drain: a full queue is abandoned.
         abandon: AtomicBool,
         /// Per worker, whether it is listed idle: set by the worker before its last check of
@@ -193,7 +202,7 @@ mod pool_impl {
         /// `notify` is called after every delivered completion.
         pub fn start(
             workers: usize,
-            queues: Vec<Arc<ArrayQueue<Completion>>>,
+            queues: Vec<Arc<CompletionQueue>>,
             connector: Arc<dyn KvConnector>,
             notify: Arc<dyn Fn() + Send + Sync>,
         ) -> std::io::Result<Self> {
@@ -204,6 +213,8 @@ mod pool_impl {
                 queues,
                 connector,
                 stop: AtomicBool::new(false),
+                exited: AtomicUsize::new(0),
+                joiner: Mutex::new(None),
                 abandon: AtomicBool::new(false),
                 idle: (0..n).map(|_| AtomicBool::new(false)).collect(),
                 unparkers: parkers.iter().map(Parker::unparker).collect(),
@@ -215,7 +226,10 @@ mod pool_impl {
                 let s = Arc::clone(&shared);
                 let h = thread::Builder::new()
                     .name(format!("kvsched-worker-{i}"))
-                    .spawn(move || worker_loop(&s, i, &parker));
+                    .spawn(move || {
+                        let _exit = Exit(&s);
+                        worker_loop(&s, i, &parker);
+                    });
                 match h {
                     Ok(h) => handles.push(h),
                     Err(e) => {
@@ -273,8 +287,9 @@ mod pool_impl {
         }
 
         /// Stops the workers after their current load and returns the jobs never started.
-        /// `drain` is called repeatedly while waiting, so the caller can empty completion queues
-        /// that a finishing worker may be blocked on.
+        /// `drain` is called while waiting, first and then each time a worker waits for room
+        /// in a full queue, so the caller can empty the completion queues that a finishing
+        /// worker is blocked on; between those the caller sleeps until a worker exits.
         /// Waits at most `timeout` for the loads in flight; returns the jobs never started and
         /// whether every worker finished. Workers still inside a load after the timeout are
         /// detached: they finish it, deliver nothing, and exit — the caller must treat their
@@ -288,6 +303,10 @@ mod pool_impl {
             mut drain: impl FnMut(),
             timeout: Duration,
         ) -> (Vec<LoadJob>, bool) {
+            // Listed before the stop, so a worker that exits on it (or waits for room) finds
+            // this thread to wake.
+            let parker = Parker::new();
+            *self.shared.joiner.lock() = Some(parker.unparker());
             // Release: pairs with the Acquire load in `worker_loop`; a worker that sees the flag
             // exits after its current load.
             self.shared.stop.store(true, Ordering::Release);
@@ -296,28 +315,40 @@ mod pool_impl {
             }
             // A timeout past what an Instant can hold waits for the loads as long as they take.
             let deadline = Instant::now().checked_add(timeout);
-            // The pause between checks doubles up to 5 ms: a load that ends soon is seen soon,
-            // one that hangs costs the wait next to nothing.
-            let mut pause = Duration::from_micros(100);
-            while self.handles.iter().any(|h| !h.is_finished()) {
+            let n = self.handles.len();
+            // Acquire: pairs with the Release increment in `Exit::drop`: a worker counted has
+            // left its loop (only its thread's end is still to come).
+            while self.shared.exited.load(Ordering::Acquire) < n {
                 // Planted bug (loom-tests/plants.sh): no drain while waiting, so a worker
                 // blocked on a full queue never finishes.
                 if !planted!("shutdown-no-drain-while-waiting") {
                     drain();
                 }
-                if deadline.is_some_and(|d| Instant::now() >= d) {
+                let now = Instant::now();
+                if deadline.is_some_and(|d| now >= d) {
                     // Release: pairs with the Acquire load in the push loop; a late worker
                     // delivers nothing.
                     self.shared.abandon.store(true, Ordering::Release);
+                    // A worker parked on a full queue wakes to see it.
+                    for u in &self.shared.unparkers {
+                        u.unpark();
+                    }
                     break;
                 }
-                thread::sleep(pause);
-                pause = (pause * 2).min(Duration::from_millis(5));
+                // Woken by a worker exiting or waiting for room (an unpark before the park
+                // makes it return at once), or at the deadline.
+                match deadline {
+                    Some(d) => parker.park_timeout(d.saturating_duration_since(now)),
+                    None => parker.park(),
+                }
             }
+            *self.shared.joiner.lock() = None;
             drain();
+            // Acquire: as above.
+            let all_exited = self.shared.exited.load(Ordering::Acquire) >= n;
             let mut all_finished = true;
             for h in self.handles.drain(..) {
-                if h.is_finished() {
+                if all_exited || h.is_finished() {
                     let _ = h.join();
                 } else {
                     all_finished = false; // detached
@@ -339,6 +370,28 @@ mod pool_impl {
                 // Release: pairs with the Acquire loads of `abandon` in `worker_loop`.
                 self.shared.abandon.store(true, Ordering::Release);
                 let _ = self.stop_and_join(|| {}, Duration::from_secs(1));
+            }
+        }
+    }
+
+    /// Wakes the thread in `stop_and_join`, if one waits.
+    fn wake_joiner(s: &Shared) {
+        if let Some(u) = &*s.joiner.lock() {
+            u.unpark();
+        }
+    }
+
+    /// Counts its worker out of `worker_loop` (whichever way it leaves) and wakes the joiner.
+    struct Exit<'a>(&'a Shared);
+
+    impl Drop for Exit<'_> {
+        fn drop(&mut self) {
+            // Release: pairs with the Acquire loads in `stop_and_join`.
+            self.0.exited.fetch_add(1, Ordering::Release);
+            // Planted bug `worker-exit-silent` (scripts/plants.sh): the joiner is not woken
+            // and sleeps until its deadline.
+            if !planted!("worker-exit-silent") {
+                wake_joiner(self.0);
             }
         }
     }
@@ -412,8 +465,12 @@ mod pool_impl {
                 continue;
             };
             let push_backoff = Backoff::new();
-            let mut pause = Duration::from_micros(50);
             let mut refused = false;
+            // Listed on the queue as waiting for room since the last refusal (the retry that
+            // follows a listing parks when refused); `on_list` until taken off it here (a pop
+            // that wakes the worker takes it off too).
+            let mut listed = false;
+            let mut on_list = false;
             // Planted bug `delivered-before-push` (loom-tests/plants.sh): the completion counts
             // as delivered before it is in its queue.
             let early = planted!("delivered-before-push");
@@ -423,6 +480,9 @@ mod pool_impl {
             loop {
                 match q.push(c) {
                     Ok(()) => {
+                        if on_list {
+                            q.unlist(me);
+                        }
                         // Release: pairs with the Acquire load in `Runtime::loads_in_flight`,
                         // so a caller that counts this completion delivered finds it queued.
                         // (Planted bug `delivered-relaxed`: Relaxed.)
@@ -438,22 +498,34 @@ mod pool_impl {
                             drop(back);
                             break;
                         }
-                        // Acquire: pairs with the Release store in `Drop`.
+                        // Acquire: pairs with the Release stores in `Drop` and `stop_and_join`
+                        // (each unparks the workers after it).
                         if s.abandon.load(Ordering::Acquire) {
+                            if on_list {
+                                q.unlist(me);
+                            }
                             break;
                         }
                         c = back;
+                        if std::mem::take(&mut listed) {
+                            // Refused after listing: no pop came between, and the next one
+                            // wakes this worker (or a stop, or a wake-up meant for an earlier
+                            // park: the push is retried and the worker listed again).
+                            parker.park();
+                            continue;
+                        }
                         s.counters
                             .queue_full_retries
                             .fetch_add(1, Ordering::Relaxed);
-                        // The engine is woken to drain the queue at the first refusal, then
-                        // before each pause, which doubles from 50 µs to 1 ms: a queue an
-                        // engine leaves full costs about a wake-up a millisecond, not one
-                        // every 50 µs.
+                        // The engine is woken to drain the queue at the first refusal, and
+                        // again once the spins are done and the worker lists itself to sleep
+                        // until a pop makes room (so is a shutdown waiting to drain).
                         if push_backoff.is_completed() {
                             (s.notify)();
-                            thread::sleep(pause);
-                            pause = (pause * 2).min(Duration::from_millis(1));
+                            q.wait_for_room(me, &s.unparkers[me]);
+                            listed = true;
+                            on_list = true;
+                            wake_joiner(s);
                         } else {
                             if !std::mem::replace(&mut refused, true) {
                                 (s.notify)();
