@@ -133,7 +133,7 @@ mod pool_impl {
     use crate::runtime::completion_queue::CompletionQueue;
     use crate::sync::park::{Parker, Unparker};
     use crate::sync::{
-        fence, thread, Arc, AtomicBool, AtomicU64, AtomicUsize, Backoff, Mutex, Ordering, SegQueue,
+        fence, thread, Arc, AtomicBool, AtomicU64, AtomicUsize, Backoff, Ordering, SegQueue,
     };
 
     /// The ordering of a completion's `delivered` count: Release, pairing with the Acquire
@@ -168,9 +168,11 @@ mod pool_impl {
         stop: AtomicBool,
         /// Workers that have left `worker_loop`, each counted before it wakes the joiner.
         exited: AtomicUsize,
-        /// The thread waiting in `stop_and_join`, once one is: woken by a worker that exits
-        /// or waits for room in a full queue (which the joiner's drain makes).
-        joiner: Mutex<Option<Unparker>>,
+        /// Wakes the thread waiting in `stop_and_join` (the pool's `joiner`): unparked by a
+        /// worker that exits or waits for room in a full queue (which the joiner's drain
+        /// makes). An unpark while nobody joins leaves a notification that makes the join's
+        /// first park return at once: one more check, nothing lost.
+        joiner: Unparker,
         /// Set when the pool is dropped without a drain: a full queue is abandoned.
         abandon: AtomicBool,
         /// Per worker, whether it is listed idle: set by the worker before its last check of
@@ -186,6 +188,8 @@ mod pool_impl {
     /// A fixed set of worker threads.
     pub struct WorkerPool {
         shared: Arc<Shared>,
+        /// Where `stop_and_join` sleeps (one joiner at a time: it takes the pool mutably).
+        joiner: Parker,
         handles: Vec<thread::JoinHandle<()>>,
     }
 
@@ -208,13 +212,14 @@ mod pool_impl {
         ) -> std::io::Result<Self> {
             let n = workers.max(1);
             let parkers: Vec<Parker> = (0..n).map(|_| Parker::new()).collect();
+            let joiner = Parker::new();
             let shared = Arc::new(Shared {
                 jobs: SegQueue::new(),
                 queues,
                 connector,
                 stop: AtomicBool::new(false),
                 exited: AtomicUsize::new(0),
-                joiner: Mutex::new(None),
+                joiner: joiner.unparker(),
                 abandon: AtomicBool::new(false),
                 idle: (0..n).map(|_| AtomicBool::new(false)).collect(),
                 unparkers: parkers.iter().map(Parker::unparker).collect(),
@@ -246,7 +251,11 @@ mod pool_impl {
                     }
                 }
             }
-            Ok(WorkerPool { shared, handles })
+            Ok(WorkerPool {
+                shared,
+                joiner,
+                handles,
+            })
         }
 
         /// Queues a load and wakes one idle worker, if any is listed (an awake worker takes
@@ -303,10 +312,6 @@ mod pool_impl {
             mut drain: impl FnMut(),
             timeout: Duration,
         ) -> (Vec<LoadJob>, bool) {
-            // Listed before the stop, so a worker that exits on it (or waits for room) finds
-            // this thread to wake.
-            let parker = Parker::new();
-            *self.shared.joiner.lock() = Some(parker.unparker());
             // Release: pairs with the Acquire load in `worker_loop`; a worker that sees the flag
             // exits after its current load.
             self.shared.stop.store(true, Ordering::Release);
@@ -338,11 +343,10 @@ mod pool_impl {
                 // Woken by a worker exiting or waiting for room (an unpark before the park
                 // makes it return at once), or at the deadline.
                 match deadline {
-                    Some(d) => parker.park_timeout(d.saturating_duration_since(now)),
-                    None => parker.park(),
+                    Some(d) => self.joiner.park_timeout(d.saturating_duration_since(now)),
+                    None => self.joiner.park(),
                 }
             }
-            *self.shared.joiner.lock() = None;
             drain();
             // Acquire: as above.
             let all_exited = self.shared.exited.load(Ordering::Acquire) >= n;
@@ -374,13 +378,6 @@ mod pool_impl {
         }
     }
 
-    /// Wakes the thread in `stop_and_join`, if one waits.
-    fn wake_joiner(s: &Shared) {
-        if let Some(u) = &*s.joiner.lock() {
-            u.unpark();
-        }
-    }
-
     /// Counts its worker out of `worker_loop` (whichever way it leaves) and wakes the joiner.
     struct Exit<'a>(&'a Shared);
 
@@ -391,7 +388,7 @@ mod pool_impl {
             // Planted bug `worker-exit-silent` (scripts/plants.sh): the joiner is not woken
             // and sleeps until its deadline.
             if !planted!("worker-exit-silent") {
-                wake_joiner(self.0);
+                self.0.joiner.unpark();
             }
         }
     }
@@ -525,7 +522,7 @@ mod pool_impl {
                             q.wait_for_room(me, &s.unparkers[me]);
                             listed = true;
                             on_list = true;
-                            wake_joiner(s);
+                            s.joiner.unpark();
                         } else {
                             if !std::mem::replace(&mut refused, true) {
                                 (s.notify)();
