@@ -32,6 +32,8 @@ done < <(bash loom-tests/run.sh --bounds)
 declare -A MODELS=(
   # connector/cancel.rs: a drop checks the started bit, then sets its own with a plain store.
   [drop-check-then-set]="cancel_start_vs_drop::exactly_one_side_wins"
+  # connector/cancel.rs: a token's firing wakes none of the threads watching it.
+  [cancel-wakes-nobody]="cancel_watch_wakeup"
   # runtime/claim.rs: a claim is a plain store, so the last writer wins instead of the least key.
   [claim-store]="claim_table::two_claimants_one_block claim_decide_after_all_claimed"
   # sync/barrier.rs: PhaseBarrier waiters depart with a Relaxed load instead of Acquire.
@@ -89,7 +91,7 @@ ORDER=(drop-check-then-set claim-store barrier-relaxed clear-pending-relaxed fre
   lookup-revive-unlocked unpark-no-lock worker-no-recheck worker-no-fence worker-busy-listed
   worker-drop-on-full shutdown-no-drain-while-waiting evict-cas-store evict-hint-unchecked
   delivered-before-push delivered-relaxed saver-flush-unwoken probe-flush-unwoken drop-queued-unwoken
-  saver-flush-early thread-end-unwoken)
+  saver-flush-early thread-end-unwoken cancel-wakes-nobody)
 
 if [ "$#" -gt 0 ]; then
   plants=("$@")

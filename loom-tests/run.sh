@@ -35,6 +35,7 @@ declare -A BOUND=(
   [work_signal_no_lost_wakeup]=2            # plants from 1
   [worker_idle_list]=2                      # plants from 0
   [cancel_start_vs_drop]=2                  # plants from 1 (drop-check-then-set)
+  [cancel_watch_wakeup]=2                   # cancel-wakes-nobody
   [evict_vs_release]=2                      # evict-cas-store
   [evict_stale_hash_hint]=2                 # evict-hint-unchecked
   [loads_in_flight]=2                       # delivered-before-push, delivered-relaxed

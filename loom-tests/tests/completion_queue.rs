@@ -1,7 +1,8 @@
 //! **Race: the completion hand-off worker → shard** (the real `WorkerPool`: a worker runs a
-//! job and pushes its `Completion` onto the shard's bounded queue — the sync shim's
-//! `ArrayQueue` — retrying with a notification while it is full; the shard drains it at every
-//! step and waits for work between steps as `Runtime::wait_for_work` does).
+//! job and pushes its `Completion` onto the shard's bounded `CompletionQueue` — the sync
+//! shim's `ArrayQueue` — and, finding it full, notifies the shard, lists itself and parks
+//! until a pop makes room; the shard drains it at every step and waits for work between steps
+//! as `Runtime::wait_for_work` does).
 //!
 //! * `one_worker_full_queue`: one worker, two jobs, a queue of capacity 1: the second push can
 //!   find the queue full and retry while the shard drains step after step; the shard gets
@@ -21,7 +22,8 @@
 //! the shard waits for it forever — loom reports the deadlock), a push or pop that loses or
 //! duplicates an item under contention, a full-queue retry that does not notify the shard
 //! (`full_queue_makes_the_producer_retry` then never wakes: loom stops it at its branch limit,
-//! as checked by hand).
+//! as checked by hand), a pop that leaves a listed worker asleep (it then waits forever with
+//! room in the queue: a deadlock).
 
 #![cfg(kvsched_loom)]
 

@@ -1,6 +1,6 @@
 //! **Race: shutdown against in-flight completions** (the real `WorkerPool::shutdown` — the
-//! stop flag, the unparks, the wait on `is_finished` that drains while any worker runs, the
-//! final drain and the jobs never started — with `Runtime::shutdown`'s drain closure and last
+//! stop flag, the unparks, the wait that drains and parks until a worker exits or waits for
+//! room, the final drain and the jobs never started — with `Runtime::shutdown`'s drain closure and last
 //! step, into a shard queue of capacity 1).
 //!
 //! The engine dispatches two jobs and shuts down at once, while the workers are starting,
@@ -16,8 +16,8 @@
 //! shutdown terminates (no worker left blocked on a full queue, none asleep past the stop).
 //!
 //! Catches: a shutdown that waits for a worker blocked on a full queue without draining it
-//! (plant `shutdown-no-drain-while-waiting`: both threads spin forever — loom stops the
-//! execution at its branch limit), a worker left asleep through the stop (a stop without the
+//! (plant `shutdown-no-drain-while-waiting`: both threads sleep for good — loom reports the
+//! deadlock), a worker left asleep through the stop (a stop without the
 //! unparks: the engine waits on it forever, as checked by hand), a job both run and returned
 //! or lost from the accounting.
 

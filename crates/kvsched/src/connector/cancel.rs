@@ -42,7 +42,6 @@ struct Inner {
 
 /// The threads to wake when the token fires, each with its registration's number.
 #[derive(Debug, Default)]
-#[cfg_attr(kvsched_loom, allow(dead_code))] // watched by the bounded gets, compiled out of loom
 struct Watchers {
     next: u64,
     list: Vec<(u64, Unparker)>,
@@ -51,7 +50,6 @@ struct Watchers {
 /// A thread's registration with [`CancelToken::watch`]: its unparker is woken when the token
 /// fires, until this is dropped.
 #[derive(Debug)]
-#[cfg_attr(kvsched_loom, allow(dead_code))] // the bounded gets, compiled out of loom builds
 pub(crate) struct Watch<'a> {
     token: &'a CancelToken,
     id: u64,
@@ -103,7 +101,6 @@ impl CancelToken {
     /// Has `unparker` woken when the token fires, until the returned registration is dropped.
     /// The watcher checks [`is_cancelled`](Self::is_cancelled) after this and before each
     /// park: a firing before the registration is seen there, one after it unparks.
-    #[cfg_attr(kvsched_loom, allow(dead_code))] // the bounded gets, compiled out of loom builds
     pub(crate) fn watch(&self, unparker: Unparker) -> Watch<'_> {
         let mut w = self.inner.watchers.lock();
         let id = w.next;
@@ -115,6 +112,14 @@ impl CancelToken {
         self.inner.state.fetch_or(WATCHED, Ordering::Relaxed);
         drop(w);
         Watch { token: self, id }
+    }
+
+    /// Runs `f` with `unparker` [watching](Self::watch) the token (loom models: the
+    /// registration is crate-private).
+    #[cfg(kvsched_loom)]
+    pub fn model_watch_while(&self, unparker: Unparker, f: impl FnOnce()) {
+        let _watch = self.watch(unparker);
+        f();
     }
 
     /// Whether the token was fired. A load that sees `true` should stop and report its
