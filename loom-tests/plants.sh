@@ -63,6 +63,8 @@ declare -A MODELS=(
   [worker-busy-listed]="worker_idle_list::a_second_job_runs_while_the_first_hangs"
   # runtime/worker.rs: a worker drops a completion when the shard's queue is full.
   [worker-drop-on-full]="completion_queue::one_worker_full_queue completion_queue::full_queue_makes_the_producer_retry"
+  # runtime/completion_queue.rs: a pop wakes none of the workers parked on the full queue.
+  [pop-wakes-no-pusher]="completion_queue::full_queue_makes_the_producer_retry"
   # runtime/worker.rs: shutdown waits for the workers without draining the queues meanwhile.
   [shutdown-no-drain-while-waiting]="shutdown_drain::one_worker_two_jobs shutdown_drain::two_workers_two_jobs"
   # pool/prefix_index.rs: evict clears CACHED with a plain store, losing a lock-free release's
@@ -91,7 +93,7 @@ ORDER=(drop-check-then-set claim-store barrier-relaxed clear-pending-relaxed fre
   lookup-revive-unlocked unpark-no-lock worker-no-recheck worker-no-fence worker-busy-listed
   worker-drop-on-full shutdown-no-drain-while-waiting evict-cas-store evict-hint-unchecked
   delivered-before-push delivered-relaxed saver-flush-unwoken probe-flush-unwoken drop-queued-unwoken
-  saver-flush-early thread-end-unwoken cancel-wakes-nobody)
+  saver-flush-early thread-end-unwoken cancel-wakes-nobody pop-wakes-no-pusher)
 
 if [ "$#" -gt 0 ]; then
   plants=("$@")
