@@ -401,6 +401,15 @@ declare -A TESTS=(
   # sync/thread_group.rs: a thread ending does not wake the saver's or prober's join, which
   # waits out its deadline.
   [thread-end-unwoken]="kvsched --lib joining_is_woken_when"
+  # connector/cancel.rs: a token's firing wakes none of the threads watching it, so a caller
+  # waiting for a tier get sleeps on to its deadline.
+  [cancel-wakes-nobody]="kvsched --lib kv::bounded;kvsched --lib connector::cancel"
+  # kv/bounded.rs: a get thread's exit does not wake the join waiting for it.
+  [get-thread-exit-silent]="kvsched --lib kv::bounded"
+  # runtime/completion_queue.rs: a pop wakes none of the workers parked on the full queue.
+  [pop-wakes-no-pusher]="kvsched --lib runtime::worker_tests"
+  # runtime/worker.rs: a worker's exit does not wake the shutdown waiting for it.
+  [worker-exit-silent]="kvsched --lib runtime::worker_tests"
   # kv/memory_tier.rs: a read's use is recorded after its callback, so a panicking one leaves
   # a stale order entry and the key's next value is evicted first.
   # kv/tier_connector.rs: the save queue is bounded in chunks only, so behind a stalled store
@@ -466,7 +475,7 @@ ORDER=(decide-early claim-store late-leak deadline-compact-in-flight late-ok-acc
   save-queue-bytes-ignored rescan-indexes-deleted-packs disk-link-never-skips-ahead disk-get-misses-moved-key
   owner-freed-still-waited-for async-pre-step-counts-next-step ended-by-status-list
   safe-evicts-nothing redis-resolve-unbounded redis-tls-whole-records cluster-slots-overlap-accepted
-  thread-end-unwoken)
+  thread-end-unwoken cancel-wakes-nobody get-thread-exit-silent pop-wakes-no-pusher worker-exit-silent)
 
 if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi
 
