@@ -321,6 +321,48 @@ fn loads_queued_behind_a_hung_connector_stop_at_the_bound() {
     assert_eq!(m.finished, REQUESTS, "{m:?}");
 }
 
+/// The bound on loads queued behind a hung connector holds within a step too: a step that
+/// admits more requests than the workers' queue has room for dispatches loads for as many as
+/// fit (shared out between the shards) and the rest compute (`load_queue_skips`), so at most
+/// 4,096 jobs wait for a worker, whatever `max_seqs` lets one step admit.
+#[test]
+fn one_step_dispatches_no_more_loads_than_the_queue_has_room_for() {
+    const REQUESTS: u32 = 4_300;
+    for shards in [1, 2] {
+        let release = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let hung = Arc::clone(&release);
+        let m = guarded("one step past the bound", move || {
+            let mut rt = Runtime::builder()
+                .groups(vec![CacheGroup::full_attention(16)])
+                .pool_blocks(16_384)
+                .shards(shards)
+                .workers(1)
+                .max_seqs(1 << 20)
+                .token_budget(1 << 20)
+                .settings(Settings::default().with_load_deadline(None))
+                .connector(Arc::new(HungLoads(hung)))
+                .shutdown_timeout(Duration::from_millis(50))
+                .build()
+                .unwrap();
+            for i in 0..REQUESTS {
+                let prompt = (0..17).map(|t| i * 17 + t).collect();
+                rt.submit(req(&format!("q{i}"), prompt, 1)).unwrap();
+            }
+            for _ in 0..3 {
+                let plan = rt.schedule().unwrap();
+                rt.update(StepOutput::all_sampled(&plan));
+            }
+            let m = rt.metrics();
+            let _ = rt.shutdown();
+            m
+        });
+        release.store(true, std::sync::atomic::Ordering::Release);
+        // 4,096 queued and the one the worker took.
+        assert!(m.loads_dispatched <= 4_097, "{shards} shards: {m:?}");
+        assert!(m.load_queue_skips > 0, "{m:?}");
+    }
+}
+
 /// An idle engine waiting for work with a long timeout wakes at the deadline of a load that
 /// never completes: the wait ends there, says there is work, and the next step fails the
 /// load, so its request computes instead. (Waking only on completions, the wait would

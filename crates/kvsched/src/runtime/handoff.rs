@@ -98,7 +98,7 @@ impl Inner {
             load_probe_interval: live.load_probe_interval,
             // Relaxed: set by the engine thread before the `go` Release that started this
             // step (or on this very thread, for a step run inline).
-            loads_backlogged: self.loads_backlogged.load(Ordering::Relaxed),
+            load_room: share_of(self.load_room.load(Ordering::Relaxed), self.shards.len(), i),
             ..self.settings[i].clone()
         }
     }
@@ -340,6 +340,15 @@ impl Inner {
         }
         ids
     }
+}
+
+/// Shard `i`'s share of `room` split between `k` shards: equal shares, the first `room mod k`
+/// shards one more, so the shares add up to `room` (`usize::MAX`, no bound, stays unbounded).
+fn share_of(room: usize, k: usize, i: usize) -> usize {
+    if room == usize::MAX || k == 0 {
+        return room;
+    }
+    room / k + usize::from(i < room % k)
 }
 
 /// A shard's result for a step and the loads it started.

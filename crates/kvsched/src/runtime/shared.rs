@@ -21,10 +21,11 @@ use crate::runtime::shard::{Env, Shard, ShardStepResult, StepSettings};
 use crate::runtime::signal::WorkSignal;
 use crate::sync::{Arc, AtomicBool, AtomicU64, AtomicUsize, Mutex, PhaseBarrier, RwLock, Unparker};
 
-/// Jobs the workers' queue may hold before admission stops dispatching asynchronous loads
-/// (requests then compute what they would have loaded): with every worker stuck in a
-/// connector that never returns, the queue would otherwise grow by a job (its block tables,
-/// its prompt) for every request admitted.
+/// The most jobs the workers' queue holds: a step dispatches asynchronous loads only into the
+/// room left when it begins (shared out between the shards), and requests admitted past it
+/// compute what they would have loaded. With every worker stuck in a connector that never
+/// returns, the queue would otherwise grow by a job (its block tables, its prompt) for every
+/// request admitted.
 pub(super) const MAX_QUEUED_LOADS: usize = 4096;
 
 /// One shard's slot: its state, its inputs (commands, completions), and what its part of
@@ -61,9 +62,10 @@ pub(super) struct Inner {
     pub(super) stop: AtomicBool,
     /// Shutdown's last step: apply what arrived, admit and schedule nothing.
     pub(super) draining: AtomicBool,
-    /// The workers' queue held [`MAX_QUEUED_LOADS`] jobs or more when the step began: this
-    /// step dispatches no asynchronous load.
-    pub(super) loads_backlogged: AtomicBool,
+    /// Room in the workers' queue when the step began ([`MAX_QUEUED_LOADS`] less the jobs it
+    /// held): the most asynchronous loads this step dispatches, shared out between the
+    /// shards.
+    pub(super) load_room: AtomicUsize,
     /// Wakes the engine thread, which parks while shard threads finish a step.
     pub(super) engine: Unparker,
     /// Wakes an idle engine (`Runtime::wait_for_work`): a completion delivered, a request
@@ -123,7 +125,7 @@ impl Inner {
             done: AtomicUsize::new(0),
             stop: AtomicBool::new(false),
             draining: AtomicBool::new(false),
-            loads_backlogged: AtomicBool::new(false),
+            load_room: AtomicUsize::new(MAX_QUEUED_LOADS),
             engine: signal.engine().clone(),
             signal,
             seq: AtomicU64::new(1),

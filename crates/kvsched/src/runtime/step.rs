@@ -109,9 +109,9 @@ pub struct Runtime {
     pub(super) merge: MergeScratch,
     /// Asynchronous loads handed to the workers.
     pub(super) loads_sent: u64,
-    /// `loads_sent` when the workers' queue was last found with room
-    /// ([`workers_backlogged`](Self::workers_backlogged)).
-    pub(super) room_at_loads_sent: Option<u64>,
+    /// `loads_sent` when the workers' queue was last found with room, and that room
+    /// ([`workers_room`](Self::workers_room)).
+    pub(super) room_at_loads_sent: Option<(u64, usize)>,
     /// `update`'s per-shard command lists, empty between calls (kept for their capacity).
     pub(super) command_batches: Vec<Vec<Command>>,
     /// The lists a step fills and empties, kept for their capacity.
@@ -177,11 +177,13 @@ impl Runtime {
         let share = self.engine_share();
         // Planted bug (scripts/plants.sh): the workers' queue is never full, so loads pile up
         // behind a connector that never returns.
-        let backlogged = !planted!("load-queue-unbounded") && self.workers_backlogged();
+        let room = if planted!("load-queue-unbounded") {
+            usize::MAX
+        } else {
+            self.workers_room()
+        };
         // Relaxed: read by the shards of this step, after the `go` Release (or on this thread).
-        self.inner
-            .loads_backlogged
-            .store(backlogged, Ordering::Relaxed);
+        self.inner.load_room.store(room, Ordering::Relaxed);
         // One snapshot of the live settings for the whole step, on every shard.
         let live = self.inner.live_settings.load_full();
         let span = tracing::debug_span!("kvsched_step", step = self.step);
@@ -547,20 +549,22 @@ impl Runtime {
         )
     }
 
-    /// Whether the workers' queue holds [`MAX_QUEUED_LOADS`] jobs. The queue only shrinks
-    /// between dispatches, so room found once lasts until the next load is dispatched: the
-    /// queue's length, on cache lines the workers write, is read only after a step that
-    /// dispatched loads or found it full.
-    fn workers_backlogged(&mut self) -> bool {
+    /// Room in the workers' queue: how many more jobs it may hold before [`MAX_QUEUED_LOADS`].
+    /// The queue only shrinks between dispatches, so room found once lasts (at least) until
+    /// the next load is dispatched: the queue's length, on cache lines the workers write, is
+    /// read only after a step that dispatched loads or found it full.
+    fn workers_room(&mut self) -> usize {
         let Some(w) = &self.workers else {
-            return false;
+            return MAX_QUEUED_LOADS;
         };
-        if self.room_at_loads_sent == Some(self.loads_sent) {
-            return false;
+        if let Some((sent, room)) = self.room_at_loads_sent {
+            if sent == self.loads_sent {
+                return room;
+            }
         }
-        let full = w.queued() >= MAX_QUEUED_LOADS;
-        self.room_at_loads_sent = (!full).then_some(self.loads_sent);
-        full
+        let room = MAX_QUEUED_LOADS.saturating_sub(w.queued());
+        self.room_at_loads_sent = (room > 0).then_some((self.loads_sent, room));
+        room
     }
 
     /// Requests submitted and not yet ended, from counters (no lock): a step's size hint.

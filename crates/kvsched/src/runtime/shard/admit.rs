@@ -140,7 +140,23 @@ impl<S: Strategy> Shard<S> {
         // block past the local hit (the same for every request sharing that prefix).
         let b0 = geo.groups()[0].block_size;
         r.prefix_key = r.hashes[0].get((local / b0) as usize).copied();
-        let look = Self::lookup_external(env, settings, now, r, local, &mut self.result.counters);
+        // Planted bug `load-room-whole-step` (scripts/plants.sh): a step that began with any
+        // room in the workers' queue dispatches a load for every request it admits, past the
+        // bound.
+        let room = if planted!("load-room-whole-step") {
+            settings.load_room > 0
+        } else {
+            self.load_room > 0
+        };
+        let look = Self::lookup_external(
+            env,
+            settings,
+            now,
+            r,
+            local,
+            room,
+            &mut self.result.counters,
+        );
         let counters = &mut self.result.counters;
         // The requests still waiting once this one is admitted.
         let behind = self.waiting.len().saturating_sub(1) as u64;
@@ -212,19 +228,22 @@ impl<S: Strategy> Shard<S> {
             });
         }
         loads_out.push(job);
+        self.load_room = self.load_room.saturating_sub(1);
         self.set_phase(seq, Phase::Loading);
         Admitted::Into(Phase::Loading)
     }
 
     /// What the connector offers past the local prefix of `r`: nothing (counted) when the
     /// request's retry budget is spent or its prefix is quarantined, or when the offer is an
-    /// asynchronous load and the workers' queue is full.
+    /// asynchronous load and the workers' queue has no room left for it (`room`: this
+    /// shard's share of the room is not spent yet).
     fn lookup_external(
         env: &Env<'_, S>,
         settings: &StepSettings,
         now: Instant,
         r: &Req,
         local: u64,
+        room: bool,
         counters: &mut Metrics,
     ) -> LookupResult {
         let offer_external = if r.load_failures >= settings.max_load_retries {
@@ -263,7 +282,7 @@ impl<S: Strategy> Shard<S> {
                 }
             }
         };
-        if look.load_async && look.external_tokens > 0 && settings.loads_backlogged {
+        if look.load_async && look.external_tokens > 0 && !room {
             counters.load_queue_skips += 1;
             return LookupResult::default();
         }

@@ -175,8 +175,9 @@ pub struct StepSettings {
     pub load_probe_interval: Duration,
     /// Workers running async loads (the load estimate's queue).
     pub workers: usize,
-    /// The workers' queue is full: dispatch no asynchronous load this step.
-    pub loads_backlogged: bool,
+    /// Asynchronous loads this shard may dispatch this step: its share of the room left in
+    /// the workers' queue (0 while the queue is full; `usize::MAX` for no bound).
+    pub load_room: usize,
 }
 
 impl StepSettings {
@@ -202,7 +203,7 @@ impl StepSettings {
             compute_rate: settings.compute_rate.unwrap_or(0.0),
             load_probe_interval: settings.load_probe_interval,
             workers: 1,
-            loads_backlogged: false,
+            load_room: usize::MAX,
         }
     }
 }
@@ -269,6 +270,9 @@ pub struct Shard<S: Strategy = LockFree> {
     spare_hits: Vec<Vec<Hit>>,
     /// Admission's scratch: the fresh blocks of the prompt being admitted.
     fresh: Vec<BlockRef>,
+    /// Asynchronous loads this step may still dispatch (`StepSettings::load_room`, less
+    /// those admission dispatched so far).
+    load_room: usize,
     /// What mode `vllm` cached before it was known written.
     unconfirmed: unconfirmed::Unconfirmed,
     /// Requests a mode `vllm` recovery rounded down (`Req::rounded_down`), for mode `safe` to
@@ -299,6 +303,7 @@ impl<S: Strategy> Default for Shard<S> {
             hits: Vec::new(),
             spare_hits: Vec::new(),
             fresh: Vec::new(),
+            load_room: 0,
             unconfirmed: unconfirmed::Unconfirmed::default(),
             rounded: Vec::new(),
             result: ShardStepResult::default(),
@@ -385,6 +390,7 @@ impl<S: Strategy> Shard<S> {
         }
         self.land_loads(env, now);
         if !draining {
+            self.load_room = settings.load_room;
             let admit = !std::mem::take(&mut self.hold_admission);
             self.admit_and_schedule(env, settings, now, admit, loads_out);
             // (Planted bug `held-admission-unannounced`, scripts/plants.sh: the hold is not
