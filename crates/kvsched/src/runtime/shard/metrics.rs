@@ -50,9 +50,10 @@ pub struct Metrics {
     pub retry_budget_skips: u64,
     /// Admissions offered no external load because the prefix was quarantined.
     pub quarantine_skips: u64,
-    /// Admissions whose asynchronous load was not dispatched because the workers' queue was
-    /// full (4,096 jobs no worker had taken: the workers stuck in the connector); the
-    /// request computes those tokens instead.
+    /// Admissions whose asynchronous load was not dispatched because the workers' queue had
+    /// no room left for it (4,096 jobs no worker had taken, those the step dispatched before
+    /// it included: the workers stuck in the connector); the request computes those tokens
+    /// instead.
     pub load_queue_skips: u64,
     /// Times a prefix entered quarantine.
     pub prefixes_quarantined: u64,
