@@ -370,3 +370,39 @@ fn ending_a_loading_request_and_a_late_scribble() {
         assert_eq!(t.ended.get("hung"), Some(&want));
     }
 }
+
+/// Under policy `fail` requests whose loads failed end failed, and every request ends once,
+/// reported, in either mode; in mode `safe` nothing kept reads garbage.
+#[test]
+fn policy_fail_ends_requests_failed_and_reads_no_garbage() {
+    for mode in [kvsched::Mode::Safe, kvsched::Mode::Vllm] {
+        for (shards, asyncl) in [(1, true), (2, false)] {
+            let s = Settings::default()
+                .with_policy(kvsched::Policy::Fail)
+                .with_mode(mode);
+            let geo = vec![
+                CacheGroup::full_attention(4),
+                CacheGroup::sliding_window(4, 6),
+            ];
+            let mut e = engine(geo, 300, shards, asyncl, s, faulty);
+            e.sloppy = true;
+            // Mode vllm lets sharers read what a failed sync load left (its known flaw).
+            e.judge = mode == kvsched::Mode::Safe;
+            e.exact_kernels = mode == kvsched::Mode::Vllm;
+            let mut n = 0;
+            for round in 0..12u32 {
+                for i in 0..4u32 {
+                    let id = format!("f{round}-{i}");
+                    e.submit(&id, shared_prompt(round % 3, i, 10 + i as usize * 5), 3)
+                        .unwrap();
+                    n += 1;
+                }
+                e.step().unwrap();
+            }
+            e.run_to_end(5000);
+            let t = finish_checks(e, n);
+            let failed = t.ended.values().filter(|s| **s == EndState::Failed).count();
+            assert!(failed > 0, "{mode:?}: no request failed");
+        }
+    }
+}
