@@ -31,7 +31,7 @@ declare -A TESTS=(
   # budget says, so the prefix a request computed is not reusable.
   [unaligned-chunks]="kvsched --test runtime_alignment"
   # shard: a late completion's parked blocks are never released.
-  [late-leak]="kvsched --test runtime_faults"
+  [late-leak]="kvsched --test runtime_faults;kvsched --test engine_hostile"
   # shard/admit.rs: compacting the deadline queue drops the entries of loads still in flight,
   # so a hung load's deadline never comes.
   [deadline-compact-in-flight]="kvsched --lib runtime::shard::deadline_tests"
@@ -47,7 +47,7 @@ declare -A TESTS=(
   # and the report's currency check both ignore generations).
   [trust-stale]="kvsched --test runtime_faults"
   # shard: an engine finish of a request whose load is in flight frees its blocks at once.
-  [end-while-loading]="kvsched --test runtime_faults"
+  [end-while-loading]="kvsched --test runtime_faults;kvsched --test engine_hostile"
   # runtime/step.rs: a stalled runtime never preempts across shards.
   [no-cross-shard-preempt]="kvsched-cli --test cli_liveness"
   # stress/prompt_sources.rs: a load that failed before any worker started it (its deadline
@@ -410,6 +410,9 @@ declare -A TESTS=(
   [pop-wakes-no-pusher]="kvsched --lib runtime::worker_tests"
   # runtime/worker.rs: a worker's exit does not wake the shutdown waiting for it.
   [worker-exit-silent]="kvsched --lib runtime::worker_tests"
+  # runtime/shard/admit.rs: a step that began with any room in the workers' queue dispatches
+  # a load for every request it admits, past the queue's bound.
+  [load-room-whole-step]="kvsched --test runtime_liveness"
   # kv/memory_tier.rs: a read's use is recorded after its callback, so a panicking one leaves
   # a stale order entry and the key's next value is evicted first.
   # kv/tier_connector.rs: the save queue is bounded in chunks only, so behind a stalled store
@@ -475,7 +478,8 @@ ORDER=(decide-early claim-store late-leak deadline-compact-in-flight late-ok-acc
   save-queue-bytes-ignored rescan-indexes-deleted-packs disk-link-never-skips-ahead disk-get-misses-moved-key
   owner-freed-still-waited-for async-pre-step-counts-next-step ended-by-status-list
   safe-evicts-nothing redis-resolve-unbounded redis-tls-whole-records cluster-slots-overlap-accepted
-  thread-end-unwoken cancel-wakes-nobody get-thread-exit-silent pop-wakes-no-pusher worker-exit-silent)
+  thread-end-unwoken cancel-wakes-nobody get-thread-exit-silent pop-wakes-no-pusher worker-exit-silent
+  load-room-whole-step)
 
 if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi
 
