@@ -10,7 +10,7 @@
 //! come.
 //!
 //! A thread that sleeps until the token fires (a caller waiting for a tier get) is
-//! [woken](CancelToken::watch) by the firing itself: it never polls the token.
+//! woken by the firing itself: it never polls the token.
 
 use crate::sync::park::Unparker;
 use crate::sync::{Arc, AtomicU32, Mutex, Ordering};
@@ -27,8 +27,8 @@ const WATCHED: u32 = 8;
 
 /// A shared, one-way flag: once [`cancel`](Self::cancel)led it stays cancelled. Cloning shares
 /// the flag. Checking it is one atomic load; firing it is one atomic update, plus a short lock
-/// and an unpark per watcher when a thread [watches](Self::watch) it; it never waits for
-/// anything else.
+/// and an unpark per watcher when a thread inside the library (a caller waiting for a tier
+/// get) watches it; it never waits for anything else.
 #[derive(Clone, Debug, Default)]
 pub struct CancelToken {
     inner: Arc<Inner>,
