@@ -398,14 +398,12 @@ declare -A TESTS=(
   # kv/redis/cluster.rs: a CLUSTER SLOTS reply whose ranges overlap is taken, its slots
   # written again and again under the refresh lock past the call's deadline.
   [cluster-slots-overlap-accepted]="kvsched-testkit --features redis --test kv_redis_hostile;kvsched --features redis --lib kv::redis::cluster"
-  # sync/thread_group.rs: a thread ending does not wake the saver's or prober's join, which
-  # waits out its deadline.
-  [thread-end-unwoken]="kvsched --lib joining_is_woken_when"
+  # sync/thread_group.rs: a thread ending does not wake the join of the saver's, the prober's
+  # or the bounded gets' threads, which waits out its deadline.
+  [thread-end-unwoken]="kvsched --lib joining_is_woken_when;kvsched --lib kv::bounded::tests::a_join_wakes_when_the_threads_end"
   # connector/cancel.rs: a token's firing wakes none of the threads watching it, so a caller
   # waiting for a tier get sleeps on to its deadline.
   [cancel-wakes-nobody]="kvsched --lib kv::bounded;kvsched --lib connector::cancel"
-  # kv/bounded.rs: a get thread's exit does not wake the join waiting for it.
-  [get-thread-exit-silent]="kvsched --lib kv::bounded"
   # runtime/completion_queue.rs: a pop wakes none of the workers parked on the full queue.
   [pop-wakes-no-pusher]="kvsched --lib runtime::worker_tests"
   # runtime/worker.rs: a worker's exit does not wake the shutdown waiting for it.
@@ -478,7 +476,7 @@ ORDER=(decide-early claim-store late-leak deadline-compact-in-flight late-ok-acc
   save-queue-bytes-ignored rescan-indexes-deleted-packs disk-link-never-skips-ahead disk-get-misses-moved-key
   owner-freed-still-waited-for async-pre-step-counts-next-step ended-by-status-list
   safe-evicts-nothing redis-resolve-unbounded redis-tls-whole-records cluster-slots-overlap-accepted
-  thread-end-unwoken cancel-wakes-nobody get-thread-exit-silent pop-wakes-no-pusher worker-exit-silent
+  thread-end-unwoken cancel-wakes-nobody pop-wakes-no-pusher worker-exit-silent
   load-room-whole-step)
 
 if [ "$#" -gt 0 ]; then plants=("$@"); else plants=("${ORDER[@]}"); fi
