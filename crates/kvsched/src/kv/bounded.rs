@@ -3,24 +3,23 @@
 //!
 //! A `Tier::get` is a call into code the connector does not control (a socket, a disk, a
 //! wrapper): it may never return. When a load has a deadline, [`BoundedGets`] runs the get on
-//! one of its own threads and the caller sleeps until the answer comes, the deadline passes or
-//! the load's token fires (whose firing wakes it: [`CancelToken::watch`]), then gives up: the load fails for all its blocks, and the get's own
-//! cancel token fires, so a tier that looks at it (as the Redis tier does, every 20 ms)
-//! returns and frees its thread rather than finishing a read nobody waits for. The answer of
-//! a get that comes back late is dropped unread, and the bytes of a load are written into KV
-//! memory only by the caller after the answer came in time, so a late get never writes
-//! anything.
+//! one of its own threads and the caller sleeps until the answer comes, the deadline passes
+//! or the load's token fires (whose firing wakes it: [`CancelToken::watch`]), then gives up:
+//! the load fails for all its blocks, and the get's own cancel token fires, so a tier that
+//! looks at it (as the Redis tier does, every 20 ms) returns and frees its thread rather than
+//! finishing a read nobody waits for. The answer of a get that comes back late is dropped
+//! unread, and the bytes of a load are written into KV memory only by the caller after the
+//! answer came in time, so a late get never writes anything.
 //!
 //! # Limits
 //!
 //! Threads start on demand: a get that finds more gets queued than threads free starts one
 //! more, up to `threads`, so slow or hung gets do not hold up the others until that many are
-//! stuck. A
-//! get that never returns keeps its thread for good: at most `threads` can hang at once.
-//! Once every thread hangs, later gets wait in the queue and fail at their deadline; a
+//! stuck. A get that never returns keeps its thread for good: at most `threads` can hang at
+//! once. Once every thread hangs, later gets wait in the queue and fail at their deadline; a
 //! caller that gives up takes its get out of the queue, so the queue holds only gets whose
-//! callers still wait. Busy threads are counted ([`BoundedGets::busy`])
-//! and a hung one is left behind when the connector is dropped.
+//! callers still wait. Busy threads are counted ([`BoundedGets::busy`]) and a hung one is
+//! left behind when the connector is dropped.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
