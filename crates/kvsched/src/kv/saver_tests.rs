@@ -32,6 +32,29 @@ impl Tier for Gate {
 }
 
 /// A saver of one thread and a queue of 8 over `gate`, `batch` chunks a put.
+/// Offers one save and waits until the save thread has taken it (its put held at the gate);
+/// the gate opens `open_after_ms` later, on the returned thread.
+fn one_batch_taken(
+    saver: &Saver,
+    gate: &Arc<Gate>,
+    open_after_ms: u64,
+) -> std::thread::JoinHandle<()> {
+    assert!(saver.offer(Work::Save {
+        key: ChunkKey(1),
+        group: 0,
+        tokens: 16,
+        chunk: vec![1; 56],
+    }));
+    while !gate.started.load(Ordering::SeqCst) {
+        std::thread::yield_now();
+    }
+    let gate = Arc::clone(gate);
+    std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(open_after_ms));
+        *gate.open.lock() = true;
+    })
+}
+
 fn gate_saver(gate: &Arc<Gate>, batch: usize) -> Saver {
     let tier: Arc<dyn Tier> = gate.clone();
     let ix = Arc::new(KeyIndex::new(64));
@@ -57,23 +80,8 @@ fn gate_saver(gate: &Arc<Gate>, batch: usize) -> Saver {
 fn flush_waits_for_a_batch_a_thread_has_taken() {
     let gate = Arc::new(Gate::default());
     let saver = gate_saver(&gate, 32);
-    assert!(saver.offer(Work::Save {
-        key: ChunkKey(1),
-        group: 0,
-        tokens: 16,
-        chunk: vec![1; 56],
-    }));
     // The thread has taken the batch: the queue is empty, the put is in progress.
-    while !gate.started.load(Ordering::SeqCst) {
-        std::thread::yield_now();
-    }
-    let opener = {
-        let gate = Arc::clone(&gate);
-        std::thread::spawn(move || {
-            std::thread::sleep(std::time::Duration::from_millis(30));
-            *gate.open.lock() = true;
-        })
-    };
+    let opener = one_batch_taken(&saver, &gate, 30);
     saver.flush();
     assert!(
         gate.stored.load(Ordering::SeqCst),
@@ -492,22 +500,7 @@ fn joining_is_woken_when_the_last_thread_ends() {
     use crate::sync::thread_group::test_support::voluntary_switches;
     let gate = Arc::new(Gate::default());
     let mut saver = gate_saver(&gate, 1);
-    assert!(saver.offer(Work::Save {
-        key: ChunkKey(1),
-        group: 0,
-        tokens: 16,
-        chunk: vec![1; 56],
-    }));
-    while !gate.started.load(Ordering::SeqCst) {
-        std::thread::yield_now();
-    }
-    let opener = {
-        let gate = Arc::clone(&gate);
-        std::thread::spawn(move || {
-            std::thread::sleep(std::time::Duration::from_millis(500));
-            *gate.open.lock() = true;
-        })
-    };
+    let opener = one_batch_taken(&saver, &gate, 500);
     saver.stop();
     let before = voluntary_switches();
     let started = Instant::now();

@@ -46,10 +46,9 @@ fn pool(queue: &Arc<CompletionQueue>, connector: StdArc<dyn KvConnector>) -> Wor
     WorkerPool::start(1, vec![Arc::clone(queue)], connector, StdArc::new(|| {})).unwrap()
 }
 
-/// A worker finding its queue full spins, then parks until a pop makes room: it retries a
-/// few times, not once per pause while the queue stays full, and the pop wakes it at once.
-#[test]
-fn a_worker_waiting_for_room_wakes_at_the_pop() {
+/// A pool of one worker whose load's completion found its queue (of one, already holding
+/// one) full: returned once the worker has been refused at least once.
+fn worker_on_full_queue() -> (Arc<CompletionQueue>, WorkerPool) {
     let q = Arc::new(CompletionQueue::new(1));
     q.push(completion()).unwrap();
     let pool = pool(&q, StdArc::new(NoConnector));
@@ -59,6 +58,15 @@ fn a_worker_waiting_for_room_wakes_at_the_pop() {
         .queue_full_retries
         .load(Ordering::Relaxed)
         > 0));
+    (q, pool)
+}
+
+/// A worker finding its queue full spins, then parks until a pop makes room: it retries a
+/// few times, not once per pause while the queue stays full, and the pop wakes it at once.
+#[test]
+fn a_worker_waiting_for_room_wakes_at_the_pop() {
+    let (q, pool) = worker_on_full_queue();
+    let counts = pool.counts();
     // Time for the worker to fall asleep: one that slept a pause at a time would retry again
     // and again.
     thread::sleep(Duration::from_millis(200));
@@ -135,15 +143,7 @@ fn a_shutdown_wakes_when_its_workers_exit() {
 /// the shutdown ends long before its deadline.
 #[test]
 fn a_shutdown_drains_for_a_worker_waiting_for_room() {
-    let q = Arc::new(CompletionQueue::new(1));
-    q.push(completion()).unwrap();
-    let pool = pool(&q, StdArc::new(NoConnector));
-    pool.dispatch(job());
-    let counts = pool.counts();
-    assert!(within_10s(|| counts
-        .queue_full_retries
-        .load(Ordering::Relaxed)
-        > 0));
+    let (q, pool) = worker_on_full_queue();
     thread::sleep(Duration::from_millis(50));
     let t = Instant::now();
     let mut got = 0;
