@@ -12,6 +12,9 @@
 # --shards 1), live256, live1k, live4k, live16k, live64k (--rate max --live N --verify off;
 # 16k and 64k with 80,000 requests, so that a run is mostly at its live count, not ramping up
 # to it and draining), live4k-fail (--rate max --live 4096 --requests 30000, verify on).
+# Not in the default list: same256, same4k, same16k — the closed loop with instant loads
+# waited for before every step (`--lockstep --load-latency-us 0..0 --failure-rate 0`), so
+# both schedulers take the same steps and their step percentiles compare the same work.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,14 +37,17 @@ args_of() {
     live16k) echo "--rate max --live 16384 --requests 80000 --verify off" ;;
     live64k) echo "--rate max --live 65536 --requests 80000 --verify off" ;;
     live4k-fail) echo "--rate max --live 4096 --requests 30000 --failure-rate 0.01" ;;
+    same256) echo "--rate max --live 256 --requests 20000 --verify off --lockstep --load-latency-us 0..0 --failure-rate 0 --seed 7" ;;
+    same4k) echo "--rate max --live 4096 --requests 30000 --verify off --lockstep --load-latency-us 0..0 --failure-rate 0 --seed 7" ;;
+    same16k) echo "--rate max --live 16384 --requests 40000 --verify off --lockstep --load-latency-us 0..0 --failure-rate 0 --seed 7" ;;
     *) echo "unknown row $1" >&2; exit 2 ;;
   esac
 }
 
 echo "$(date -u +%FT%TZ), load average $(cut -d' ' -f1-3 /proc/loadavg), --repeat $repeat"
 echo
-echo "| run | step wall p50 | step wall p99 | step CPU p50 | step CPU p99 | scheduler CPU µs / finished | process CPU µs / finished | finished/s |"
-echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+echo "| run | step wall p50 | step wall p99 | step CPU p50 | step CPU p99 | scheduler CPU µs / finished | process CPU µs / finished | finished/s | scheduled / step |"
+echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
 for row in "${rows[@]}"; do
   plot=()
   if [ -n "${PLOT:-}" ] && [ "$row" = live4k-fail ]; then plot=(--plot "$PLOT"); fi
@@ -60,7 +66,7 @@ name = f"`{args}`" if args else "defaults (2,000/s open loop, verify on)"
 print(f"| {name} | {cell('step_overhead_us.p50')} | {cell('step_overhead_us.p99', 0)} "
       f"| {cell('step_cpu_us.p50')} | {cell('step_cpu_us.p99', 0)} "
       f"| {cell('cost.step_cpu_us_per_finished')} | {cell('cpu.us_per_finished', 0)} "
-      f"| {cell('finished_per_s', 0)} |")
+      f"| {cell('finished_per_s', 0)} | {cell('scheduled_per_step')} |")
 PY
 done
 echo

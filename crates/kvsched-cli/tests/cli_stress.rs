@@ -452,3 +452,32 @@ fn step_cpu_and_the_cost_split_add_up() {
         "{v}"
     );
 }
+
+#[test]
+fn requests_scheduled_per_step_is_the_plans_total_over_the_steps() {
+    let out = small(&["--json"]);
+    let v = json_of(&out);
+    let n = |k: &str| {
+        get(&v, k)
+            .as_f64()
+            .unwrap_or_else(|| panic!("{k} is not a number: {v}"))
+    };
+    let (scheduled, steps) = (n("scheduled"), n("steps"));
+    // Every output token is sampled in a step that scheduled its request; every request
+    // scheduled at least once.
+    assert!(scheduled >= n("output_tokens"), "{v}");
+    assert!(scheduled >= n("requests.finished"), "{v}");
+    // At most `--max-seqs` (256) a step.
+    assert!(scheduled <= steps * 256.0, "{v}");
+    let mean = n("scheduled_per_step");
+    assert!(
+        (mean - scheduled / steps).abs() <= 0.05,
+        "{mean} vs {scheduled}/{steps}: {v}"
+    );
+    assert!((1.0..=256.0).contains(&mean), "{v}");
+    assert_eq!(
+        get(&v, "figures")["scheduled_per_step"]["kvsched"]["median"].as_f64(),
+        Some(mean),
+        "{v}"
+    );
+}

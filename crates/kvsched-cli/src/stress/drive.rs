@@ -121,6 +121,8 @@ struct Engine<'a, S> {
     ended: u64,
     rejected: u64,
     steps: u64,
+    /// Requests the plans scheduled, summed over the steps.
+    scheduled: u64,
     /// Arrival offset of request `next` (open loop).
     next_at: Option<Duration>,
     last_progress: Instant,
@@ -184,6 +186,7 @@ impl<'a, S: Scheduler> Engine<'a, S> {
             ended: 0,
             rejected: 0,
             steps: 0,
+            scheduled: 0,
             next_at,
             last_progress: Instant::now(),
             start,
@@ -305,6 +308,7 @@ impl<'a, S: Scheduler> Engine<'a, S> {
         self.out.step = plan.step;
         let t1 = Instant::now();
         self.steps += 1;
+        self.scheduled += plan.scheduled.len() as u64;
         self.timer
             .end_step(&mut self.rec.step, &mut self.rec.step_cpu);
         for &l in &plan.runnable_latency_ns {
@@ -552,6 +556,7 @@ impl<'a, S: Scheduler> Engine<'a, S> {
             output_tokens: self.output_tokens,
             elapsed,
             steps: self.steps,
+            scheduled: self.scheduled,
             sync_run,
             injected: self.injected,
             violations,

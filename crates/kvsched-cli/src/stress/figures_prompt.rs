@@ -49,12 +49,20 @@ pub(super) fn prompt_section() -> Section {
     }
 }
 
-/// The run: steps and run time (counts of the run, not ranked).
+/// The run: steps, requests scheduled per step and run time (counts of the run, not ranked).
 pub(super) fn run_section() -> Section {
     Section {
         title: "run",
         rows: vec![
             count("steps", "steps", |r| c(r.steps)),
+            Row {
+                key: "scheduled_per_step",
+                label: "requests scheduled per step (mean)",
+                format: Format::Fixed(1),
+                better: None,
+                value: |r| Some(r.scheduled_per_step),
+                needs: None,
+            },
             Row {
                 key: "elapsed_s",
                 label: "run time (s)",

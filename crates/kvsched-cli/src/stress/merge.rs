@@ -327,6 +327,11 @@ impl RunReport {
                 .completion_to_runnable_us
                 .merge(&o.completion_to_runnable_us),
             steps: add(self.steps, o.steps),
+            scheduled: add(self.scheduled, o.scheduled),
+            scheduled_per_step: super::run_end::per_step(
+                add(self.scheduled, o.scheduled),
+                add(self.steps, o.steps),
+            ),
             elapsed_s: self.elapsed_s.max(o.elapsed_s),
             timed_out: self.timed_out || o.timed_out,
             faults_injected: self.faults_injected.merge(&o.faults_injected),

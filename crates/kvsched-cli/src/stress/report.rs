@@ -367,6 +367,15 @@ pub struct RunReport {
     pub completion_to_runnable_us: Percentiles,
     /// Steps run.
     pub steps: u64,
+    /// Requests the plans scheduled, summed over the steps (a request counts once per step
+    /// that schedules it).
+    #[serde(default)]
+    pub scheduled: u64,
+    /// `scheduled` over `steps`: how many requests a step scheduled on average. In a closed
+    /// loop each step schedules what is runnable, so a scheduler whose loop goes round more
+    /// slowly takes fewer, larger steps: compare step percentiles with this beside them.
+    #[serde(default)]
+    pub scheduled_per_step: f64,
     /// Run time (seconds), shutdown excluded.
     pub elapsed_s: f64,
     /// Whether `--duration` ended the run before every request ended.

@@ -112,6 +112,8 @@ pub(super) struct Finished {
     /// Run time, shutdown excluded.
     pub(super) elapsed: Duration,
     pub(super) steps: u64,
+    /// Requests the plans scheduled, summed over the steps.
+    pub(super) scheduled: u64,
     pub(super) sync_run: u64,
     pub(super) injected: FaultCounts,
     pub(super) violations: Vec<String>,
@@ -167,6 +169,8 @@ impl Finished {
             },
             has,
             steps: self.steps,
+            scheduled: self.scheduled,
+            scheduled_per_step: per_step(self.scheduled, self.steps),
             elapsed_s: (secs * 1000.0).round() / 1000.0,
             timed_out,
             faults_injected: self.injected,
@@ -187,4 +191,12 @@ impl Finished {
             },
         }
     }
+}
+
+/// `scheduled` requests over `steps` steps, to one decimal (0 without steps).
+pub(super) fn per_step(scheduled: u64, steps: u64) -> f64 {
+    if steps == 0 {
+        return 0.0;
+    }
+    (scheduled as f64 / steps as f64 * 10.0).round() / 10.0
 }
