@@ -82,17 +82,19 @@ fn a_negative_replay_flag_value_names_the_flag() {
     }
 }
 
-/// `--model-us` and `--check-every` out of range: one line naming the flag and its range in
-/// words, as the other integer flags (not clap's "invalid digit found in string" or
-/// "0 is not in 1..18446744073709551615").
+/// `--model-us`, `--check-every` and `--parallel-step-work` out of range: one line naming the
+/// flag and its range in words, as the other integer flags (not clap's "invalid digit found
+/// in string" or "0 is not in 1..18446744073709551615").
 #[test]
-fn model_us_and_check_every_out_of_range_name_the_flag_and_range() {
+fn model_us_check_every_and_parallel_step_work_out_of_range_name_the_flag_and_range() {
     for (flag, value, range) in [
         ("--model-us", "-1", "from 0 to 1000000"),
         ("--model-us", "1000001", "from 0 to 1000000"),
         ("--check-every", "0", "at least 1"),
         ("--check-every", "-3", "at least 1"),
         ("--check-every", "18446744073709551616", "at least 1"),
+        ("--parallel-step-work", "-1", "from 0 to 16777216"),
+        ("--parallel-step-work", "16777217", "from 0 to 16777216"),
     ] {
         let out = stress(&[flag, value]);
         let err = String::from_utf8_lossy(&out.stderr);

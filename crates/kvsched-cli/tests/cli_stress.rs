@@ -481,3 +481,39 @@ fn requests_scheduled_per_step_is_the_plans_total_over_the_steps() {
         "{v}"
     );
 }
+
+#[test]
+fn parallel_step_work_decides_which_steps_run_on_the_shard_threads() {
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "--json",
+            "--rate",
+            "max",
+            "--live",
+            "512",
+            "--requests",
+            "1500",
+            "--verify",
+            "off",
+            "--model-us",
+            "50",
+            "--duration",
+            "30",
+        ];
+        args.extend_from_slice(extra);
+        let v = json_of(&stress(&args));
+        let n = |k: &str| get(&v, k).as_u64().unwrap_or_else(|| panic!("{k}: {v}"));
+        (n("events.parallel_steps"), n("steps"))
+    };
+    // The runtime's threshold (about 1 ms of work) keeps these light steps inline; a closed
+    // loop's first step, which takes every submission at once, may not be.
+    let (by_default, _) = run(&[]);
+    assert!(by_default <= 1, "{by_default} parallel steps");
+    // 0 decides by the live count alone: every step with more than 256 live is parallel
+    // (the steps of the ramp-down, with fewer live, are not).
+    let (parallel, steps) = run(&["--parallel-step-work", "0"]);
+    assert!(
+        parallel * 4 > steps,
+        "{parallel} of {steps} steps in parallel"
+    );
+}

@@ -194,6 +194,10 @@ pub struct StressConfig {
     /// `slow=R`, R > 0; else the runtime's default of 5000).
     #[arg(long, allow_negative_numbers = true, value_parser = super::values::u64_in::<1, MAX_LOAD_DEADLINE_MS>)]
     pub load_deadline_ms: Option<u64>,
+    /// kvsched: work units (about a request touched each) from which a step runs in parallel
+    /// on the shard threads (0–16777216; default: the runtime's, 2048, about 1 ms of work).
+    #[arg(long, allow_negative_numbers = true, value_parser = super::values::u64_in::<0, MAX_PARALLEL_STEP_WORK>)]
+    pub parallel_step_work: Option<u64>,
     /// Before every step, wait until every asynchronous load dispatched so far has delivered
     /// its completion, so that no decision depends on when a worker finishes a load: on the
     /// same seed kvsched and the baseline then see the same inputs at every step. Loads then
@@ -259,6 +263,7 @@ impl Default for StressConfig {
             baseline: None,
             faults: None,
             load_deadline_ms: None,
+            parallel_step_work: None,
             lockstep: false,
             repeat: 1,
             store: StoreSpec::Sim,

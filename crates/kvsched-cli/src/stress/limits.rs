@@ -36,3 +36,5 @@ pub const MAX_OUTPUT_TOKENS: i64 = 1 << 16;
 pub const MAX_LOAD_LATENCY_US: u64 = 1_000_000;
 /// The longest `--load-deadline-ms`: an hour.
 pub const MAX_LOAD_DEADLINE_MS: u64 = 3_600_000;
+/// The largest `--parallel-step-work`.
+pub const MAX_PARALLEL_STEP_WORK: u64 = 1 << 24;

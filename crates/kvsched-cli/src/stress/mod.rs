@@ -289,7 +289,11 @@ fn run_kvsched(
 ) -> Result<RunReport, StressError> {
     let plane = plane(cfg, stores, "kvsched")?;
     let conn = Arc::new(FaultConnector::new(cfg, Arc::clone(&plane.connector)));
-    let rt = Runtime::builder()
+    let mut rt = Runtime::builder();
+    if let Some(units) = cfg.parallel_step_work {
+        rt = rt.parallel_step_work(usize::try_from(units).unwrap_or(usize::MAX));
+    }
+    let rt = rt
         .groups(cfg.groups.groups())
         .pool_blocks(cfg.pool_blocks)
         .shards(cfg.shards)
