@@ -277,12 +277,13 @@ fn run(shared: &Shared, tier: &dyn Tier, index: &KeyIndex) {
                 }
             }
             if q.stop {
-                let left = std::mem::take(&mut q.jobs);
-                shared.drain.dropped(&mut *q);
-                drop(q);
-                for j in left {
+                // The dropped jobs' prefetches turn ready before a flush is woken (under the
+                // lock it returns through), so a flush that returns sees them ready: the order
+                // loom-tests/tests/flush_drain.rs models.
+                for j in std::mem::take(&mut q.jobs) {
                     finish(&j);
                 }
+                shared.drain.dropped(&mut *q);
                 return;
             }
             let mut keys = 0;
