@@ -416,11 +416,7 @@ fn hybrid_mamba_prefixes_computed_here_are_shared_without_garbage() {
 fn step_cpu_and_the_cost_split_add_up() {
     let out = small(&["--json"]);
     let v = json_of(&out);
-    let f = |k: &str| {
-        get(&v, k)
-            .as_f64()
-            .unwrap_or_else(|| panic!("{k} is not a number: {v}"))
-    };
+    let f = |k: &str| num(&v, k);
     // One CPU sample per step, as for the wall clock.
     assert_eq!(
         get(&v, "step_cpu_us.count"),
@@ -457,11 +453,7 @@ fn step_cpu_and_the_cost_split_add_up() {
 fn requests_scheduled_per_step_is_the_plans_total_over_the_steps() {
     let out = small(&["--json"]);
     let v = json_of(&out);
-    let n = |k: &str| {
-        get(&v, k)
-            .as_f64()
-            .unwrap_or_else(|| panic!("{k} is not a number: {v}"))
-    };
+    let n = |k: &str| num(&v, k);
     let (scheduled, steps) = (n("scheduled"), n("steps"));
     // Every output token is sampled in a step that scheduled its request; every request
     // scheduled at least once.

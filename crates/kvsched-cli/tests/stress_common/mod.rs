@@ -181,6 +181,13 @@ pub fn get<'a>(v: &'a Value, path: &str) -> &'a Value {
     })
 }
 
+/// The number at `path` (a panic naming it and the report otherwise).
+pub fn num(v: &Value, path: &str) -> f64 {
+    get(v, path)
+        .as_f64()
+        .unwrap_or_else(|| panic!("{path} is not a number: {v}"))
+}
+
 pub fn assert_run_keys(v: &Value) {
     for k in ["submitted", "finished", "failed", "cancelled"] {
         assert!(get(v, &format!("requests.{k}")).is_u64(), "requests.{k}");
