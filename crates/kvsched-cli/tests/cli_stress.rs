@@ -509,3 +509,68 @@ fn parallel_step_work_decides_which_steps_run_on_the_shard_threads() {
         "{parallel} of {steps} steps in parallel"
     );
 }
+
+/// Against a baseline in a closed loop the run section says whether the two schedulers'
+/// steps were of a size — what their step percentiles compare — with the two means; not in
+/// an open loop, nor with --lockstep (the same steps by construction).
+#[test]
+fn a_closed_loop_against_a_baseline_says_how_large_each_schedulers_steps_were() {
+    let closed = [
+        "--baseline",
+        "mutex",
+        "--rate",
+        "max",
+        "--live",
+        "256",
+        "--requests",
+        "1500",
+        "--verify",
+        "off",
+        "--model-us",
+        "50",
+        "--duration",
+        "30",
+    ];
+    let note = |args: &[&str]| {
+        let out = stress(args);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert_eq!(out.status.code(), Some(0), "{text}");
+        let run = text
+            .split("\nrun\n")
+            .nth(1)
+            .and_then(|s| s.split("\nCPU").next())
+            .unwrap_or_else(|| panic!("no run section in:\n{text}"))
+            .to_owned();
+        run.contains("closed loop: kvsched's steps scheduled")
+            .then_some(run)
+    };
+    let run = note(&closed).expect("a closed loop with a baseline has the note");
+    let mean = |label: &str| -> f64 {
+        let line = run
+            .lines()
+            .find(|l| l.trim_start().starts_with(label))
+            .unwrap_or_else(|| panic!("no {label} row in:\n{run}"));
+        line.split_whitespace()
+            .last()
+            .and_then(|x| x.parse().ok())
+            .unwrap_or_else(|| panic!("{line}"))
+    };
+    // The note quotes the baseline's mean as the row shows it.
+    let baseline = mean("requests scheduled per step");
+    assert!(
+        run.contains(&format!("against the baseline's {baseline:.1}")),
+        "{run}"
+    );
+    let mut lockstep = closed.to_vec();
+    lockstep.push("--lockstep");
+    assert!(note(&lockstep).is_none());
+    assert!(note(&[
+        "--baseline",
+        "mutex",
+        "--requests",
+        "300",
+        "--model-us",
+        "50"
+    ])
+    .is_none());
+}

@@ -56,6 +56,7 @@ pub(super) fn notes(sec: &FigureSection, report: &StressReport) -> Vec<String> {
         t if t.starts_with("completion") => notes.push(
             "a load completion landing → the step that makes its request runnable".to_owned(),
         ),
+        "run" => notes.extend(step_size_note(report)),
         "recovery" => decisions_notes(report, &mut notes),
         KV_SECTION => kv_notes(report, &mut notes),
         PROMPT_SECTION => super::prompt_notes::prompt_notes(report, &mut notes),
@@ -63,6 +64,27 @@ pub(super) fn notes(sec: &FigureSection, report: &StressReport) -> Vec<String> {
         _ => {}
     }
     notes
+}
+
+/// With a baseline in a closed loop: whether the two schedulers' steps were of a size, since
+/// each step schedules what is runnable when it starts, and a scheduler whose loop goes round
+/// more slowly takes fewer, larger steps — whose percentiles then compare different steps.
+fn step_size_note(report: &StressReport) -> Option<String> {
+    let base = report.baseline.as_ref()?;
+    if !matches!(report.config.rate, Rate::Max) || report.config.lockstep {
+        return None;
+    }
+    let (k, b) = (report.run.scheduled_per_step, base.scheduled_per_step);
+    if k <= 0.0 || b <= 0.0 {
+        return None;
+    }
+    let ratio = k / b;
+    let sizes = format!("{k:.1} requests a step against the baseline's {b:.1}");
+    Some(if (0.95..=1.05).contains(&ratio) {
+        format!("closed loop: kvsched's steps scheduled {sizes}, steps of about one size, so the step percentiles below compare like with like")
+    } else {
+        format!("closed loop: kvsched's steps scheduled {sizes} ({ratio:.2}×): each step schedules what is runnable when it starts, and the scheduler whose loop goes round more slowly takes fewer, larger steps, so the step percentiles below compare steps of different sizes — compare the CPU per finished request, or run --lockstep for the same steps")
+    })
 }
 
 /// For a trace replay: how long its arrivals took against the run, and when the run lasted
@@ -287,4 +309,55 @@ fn unknown_commands_note(r: &RunReport) -> Option<String> {
         counted(unknown, "unknown command", "unknown commands"),
         parts.join("; ")
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The note of a run where kvsched's steps scheduled `k` requests on average and the
+    /// baseline's `b`, with the settings `config`.
+    fn note_of(k: f64, b: f64, config: StressConfig) -> Option<String> {
+        let run = |s| RunReport {
+            scheduled_per_step: s,
+            ..RunReport::default()
+        };
+        let report = StressReport::of(vec![run(k)], vec![run(b)], config).expect("a report");
+        step_size_note(&report)
+    }
+
+    fn closed() -> StressConfig {
+        StressConfig {
+            rate: Rate::Max,
+            ..StressConfig::default()
+        }
+    }
+
+    #[test]
+    fn steps_of_different_sizes_are_named_with_their_ratio() {
+        let note = note_of(160.0, 142.1, closed()).expect("a note");
+        assert!(
+            note.contains("160.0 requests a step against the baseline's 142.1 (1.13×)"),
+            "{note}"
+        );
+        assert!(note.contains("compare steps of different sizes"), "{note}");
+        let level = note_of(146.5, 149.3, closed()).expect("a note");
+        assert!(level.contains("steps of about one size"), "{level}");
+    }
+
+    #[test]
+    fn no_note_without_a_baseline_in_an_open_loop_or_in_lockstep() {
+        assert_eq!(note_of(160.0, 142.1, StressConfig::default()), None);
+        let lockstep = StressConfig {
+            lockstep: true,
+            ..closed()
+        };
+        assert_eq!(note_of(160.0, 142.1, lockstep), None);
+        let run = RunReport {
+            scheduled_per_step: 160.0,
+            ..RunReport::default()
+        };
+        let alone = StressReport::of(vec![run], Vec::new(), closed()).expect("a report");
+        assert_eq!(step_size_note(&alone), None);
+    }
 }
