@@ -474,24 +474,25 @@ fn requests_scheduled_per_step_is_the_plans_total_over_the_steps() {
     );
 }
 
+/// A closed loop of a second or so: 1,500 requests, no KV checks, a 50 µs model.
+const SMALL_CLOSED_LOOP: &[&str] = &[
+    "--rate",
+    "max",
+    "--requests",
+    "1500",
+    "--verify",
+    "off",
+    "--model-us",
+    "50",
+    "--duration",
+    "30",
+];
+
 #[test]
 fn parallel_step_work_decides_which_steps_run_on_the_shard_threads() {
     let run = |extra: &[&str]| {
-        let mut args = vec![
-            "--json",
-            "--rate",
-            "max",
-            "--live",
-            "512",
-            "--requests",
-            "1500",
-            "--verify",
-            "off",
-            "--model-us",
-            "50",
-            "--duration",
-            "30",
-        ];
+        let mut args = vec!["--json", "--live", "512"];
+        args.extend_from_slice(SMALL_CLOSED_LOOP);
         args.extend_from_slice(extra);
         let v = json_of(&stress(&args));
         let n = |k: &str| get(&v, k).as_u64().unwrap_or_else(|| panic!("{k}: {v}"));
@@ -515,22 +516,8 @@ fn parallel_step_work_decides_which_steps_run_on_the_shard_threads() {
 /// an open loop, nor with --lockstep (the same steps by construction).
 #[test]
 fn a_closed_loop_against_a_baseline_says_how_large_each_schedulers_steps_were() {
-    let closed = [
-        "--baseline",
-        "mutex",
-        "--rate",
-        "max",
-        "--live",
-        "256",
-        "--requests",
-        "1500",
-        "--verify",
-        "off",
-        "--model-us",
-        "50",
-        "--duration",
-        "30",
-    ];
+    let mut closed = vec!["--baseline", "mutex", "--live", "256"];
+    closed.extend_from_slice(SMALL_CLOSED_LOOP);
     let note = |args: &[&str]| {
         let out = stress(args);
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -561,7 +548,7 @@ fn a_closed_loop_against_a_baseline_says_how_large_each_schedulers_steps_were() 
         run.contains(&format!("against the baseline's {baseline:.1}")),
         "{run}"
     );
-    let mut lockstep = closed.to_vec();
+    let mut lockstep = closed.clone();
     lockstep.push("--lockstep");
     assert!(note(&lockstep).is_none());
     assert!(note(&[
