@@ -78,12 +78,14 @@ fn mode_safe_is_token_exact_with_failed_loads_preemption_and_cancels() {
     for groups in ["hybrid-swa-mamba", "hybrid-swa-mamba-all"] {
         // Closed loop, so that the pool is under pressure however fast this machine runs the
         // model: at an open-loop rate, a release build on a quiet machine could finish the
-        // `-all` run without a preemption.
+        // `-all` run without a preemption. How many preemptions a run has follows from when
+        // loads land: 300 requests give 19–37 (120 runs of each geometry, 2 cores, 6 at a
+        // time); 100 gave 2–14 in 300 runs here, and none in one CI run.
         let r = assert_exact(&[
             "--groups",
             groups,
             "--requests",
-            "100",
+            "300",
             "--rate",
             "max",
             "--live",
