@@ -58,8 +58,8 @@ fn n(r: &Value, path: &str) -> u64 {
         .unwrap_or_else(|| panic!("{path} missing in {r}"))
 }
 
-/// Mode safe, token-exact: the judge checked tokens and found none wrong, the run had the
-/// failures it was meant to, and exit 0.
+/// Mode safe, token-exact: the judge checked tokens and found none wrong, nor any value read
+/// wrong, the run had the failures it was meant to, and exit 0.
 fn assert_exact(args: &[&str]) -> Value {
     let (code, r) = model_run(args);
     let m = &r["model"];
@@ -67,6 +67,7 @@ fn assert_exact(args: &[&str]) -> Value {
     assert!(n(&r, "model.tokens_checked") > 100, "{args:?}: {m}");
     assert_eq!(n(&r, "model.token_mismatches"), 0, "{args:?}: {m}");
     assert_eq!(n(&r, "model.logit_mismatches"), 0, "{args:?}: {m}");
+    assert_eq!(n(&r, "model.read_mismatches"), 0, "{args:?}: {m}");
     assert_eq!(n(&r, "model.unreadable_reads"), 0, "{args:?}: {m}");
     assert!(r["invariants"]["ok"].as_bool() == Some(true), "{args:?}");
     r
@@ -153,7 +154,7 @@ fn mode_safe_is_token_exact_on_damaged_and_evicted_chunks_of_a_real_store() {
 /// 70 on seeds 1–3 in a release build with two layers in group 0, docs/model.md).
 #[test]
 fn mode_vllm_keeps_wrong_tokens_and_mode_safe_does_not() {
-    let (mut tokens, mut logits, mut attributed) = (0, 0, 0);
+    let (mut tokens, mut logits, mut reads, mut attributed) = (0, 0, 0, 0);
     for seed in ["1", "2", "3"] {
         let args = [
             "--groups",
@@ -191,6 +192,7 @@ fn mode_vllm_keeps_wrong_tokens_and_mode_safe_does_not() {
         assert!(n(&vllm, "model.tokens_checked") > 0);
         tokens += n(&vllm, "model.token_mismatches");
         logits += n(&vllm, "model.logit_mismatches");
+        reads += n(&vllm, "model.read_mismatches");
         attributed += n(
             &vllm,
             "model.wrong_tokens_by_cause.sharers_read_failed_load",
@@ -207,6 +209,8 @@ fn mode_vllm_keeps_wrong_tokens_and_mode_safe_does_not() {
     // A wrong token comes with a wrong logit. The engine traces wrong tokens to reads of what
     // a failed sync load left (not all of them: docs/model.md, `unattributed`).
     assert!(logits >= tokens);
+    // A wrong logit comes from a wrong read.
+    assert!(reads > 0, "mode vllm read no wrong value");
     assert!(attributed > 0, "no wrong token traced to a failed load");
 }
 
@@ -219,8 +223,12 @@ fn the_human_report_shows_the_judge() {
     let out = stress_guarded(&all, Duration::from_secs(600));
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{text}");
-    assert!(text.contains("model (every kept token judged"), "{text}");
+    assert!(
+        text.contains("model (every kept token and every value read judged"),
+        "{text}"
+    );
     assert!(text.contains("wrong tokens 0"), "{text}");
+    assert!(text.contains("wrong reads 0"), "{text}");
     assert!(text.contains("time to first token p50"), "{text}");
 }
 

@@ -147,8 +147,8 @@ fn run(
             c.sync_loads, c.sync_loads_failed, t.chunks_loaded, t.checksum_failures
         );
         println!(
-            "  judged {} tokens against each request decoded alone: {} wrong tokens, {} wrong logits",
-            c.tokens_checked, c.token_mismatches, c.logit_mismatches
+            "  judged {} tokens against each request decoded alone: {} wrong tokens, {} wrong logits, {} wrong reads",
+            c.tokens_checked, c.token_mismatches, c.logit_mismatches, c.read_mismatches
         );
         println!(
             "  tokens recomputed by recovery {}",

@@ -134,6 +134,7 @@ pub(super) fn sum_judged<'a>(
     m.token_mismatches = sum(|r| r.token_mismatches);
     m.logit_mismatches = sum(|r| r.logit_mismatches);
     m.requests_affected = sum(|r| r.requests_affected);
+    m.read_mismatches = sum(|r| r.read_mismatches);
     m.failed_load_sharers = sum(|r| r.failed_load_sharers);
     m.tainted_reads = sum(|r| r.tainted_reads);
     m.unreadable_reads = sum(|r| r.unreadable_reads);
@@ -155,6 +156,10 @@ pub struct ModelReport {
     pub logit_mismatches: u64,
     /// Requests with at least one logit mismatch.
     pub requests_affected: u64,
+    /// Values read from KV memory (one layer's K and V at a position, or a recurrent state)
+    /// whose bits differ from the request's decoded alone, whether or not a logit changed.
+    #[serde(default)]
+    pub read_mismatches: u64,
     /// `token_mismatches` by the vLLM behaviour each comes from, from what the mismatching
     /// request actually read (docs/model.md, "Which vLLM behaviour each wrong token is").
     #[serde(default)]
@@ -277,15 +282,19 @@ impl ModelDriver {
         Ok(stored)
     }
 
-    /// Runs `plan` on the model (timed) and returns its output: the sync loads' failed
+    /// Runs `plan` on the model (timed; the judge's reference decodes apart) and returns its output: the sync loads' failed
     /// blocks and a sample for every request scheduled to sample.
     pub(super) fn step(&mut self, plan: &StepPlan) -> StepOutput {
         for (id, _) in &plan.ended {
             self.end_request(id);
         }
+        // The judge's reference decodes first, timed as the judge's.
         let t = Instant::now();
+        self.engine.decode_references(plan);
+        let t1 = Instant::now();
+        self.judge_ns += ns(t1 - t);
         let step = self.engine.run_step(plan, Some(self.connector.as_ref()));
-        self.model_ns += ns(t.elapsed());
+        self.model_ns += ns(t1.elapsed());
         let mut out = StepOutput::all_sampled(plan);
         out.invalid_blocks = step.invalid_blocks.clone();
         self.pending = Some(step);
@@ -333,6 +342,7 @@ impl ModelDriver {
             token_mismatches: c.token_mismatches,
             logit_mismatches: c.logit_mismatches,
             requests_affected: c.requests_affected,
+            read_mismatches: c.read_mismatches,
             wrong_tokens_by_cause: (&c.wrong_token_causes).into(),
             failed_load_sharers: c.failed_load_sharers,
             tainted_reads: c.tainted_reads,
@@ -356,6 +366,12 @@ impl ModelDriver {
             out.push(format!(
                 "model: {} of {} kept tokens ({} logits) differ from the requests decoded alone, in {} requests, in mode safe",
                 c.token_mismatches, c.tokens_checked, c.logit_mismatches, c.requests_affected
+            ));
+        }
+        if c.read_mismatches != 0 {
+            out.push(format!(
+                "model: {} values read from KV memory differ from the requests decoded alone, in mode safe",
+                c.read_mismatches
             ));
         }
         if c.scheduled_past_tokens != 0 {

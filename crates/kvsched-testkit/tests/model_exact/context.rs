@@ -2,7 +2,8 @@
 //! that serves a block of another prompt with the same tokens at the same positions — a key
 //! that ignored the parent hash — or of tokens equal modulo the sampler's vocabulary — a key
 //! that truncated token ids — hands the model wrong K/V or state, and the judge sees it, in
-//! every group of every geometry.
+//! every group of every geometry. So does one bit flipped in one value, the lowest included,
+//! which rounding may hide from every logit but not from the comparison of every value read.
 
 use std::sync::Arc;
 
@@ -32,6 +33,25 @@ fn run_swapped(
     other: &[u32],
     swap: impl Fn(usize, usize) -> bool,
 ) -> ModelCounts {
+    run_edited(
+        groups,
+        async_ratio,
+        prompt,
+        other,
+        |g, i, _| swap(g, i),
+        |_, _, _| {},
+    )
+}
+
+/// [`run_swapped`], and then `edit` changes the bytes of each block before they are stored.
+fn run_edited(
+    groups: &[CacheGroup],
+    async_ratio: f64,
+    prompt: &[u32],
+    other: &[u32],
+    swap: impl Fn(usize, usize, &[u8]) -> bool,
+    edit: impl Fn(usize, usize, &mut Vec<u8>),
+) -> ModelCounts {
     let tier: Arc<dyn Tier> = Arc::new(MemoryTier::new(64 << 20, 4));
     let k = Knobs {
         mode: Mode::Safe,
@@ -42,7 +62,7 @@ fn run_swapped(
     let (mut rt, conn, mut engine) = stack(groups, tier, &k, 3);
     let theirs = engine.reference_blocks(&other[..64]);
     for (g, i, bytes) in engine.reference_blocks(&prompt[..64]) {
-        let bytes = if swap(g, i) {
+        let mut bytes = if swap(g, i, &bytes) {
             let (_, _, b) = theirs
                 .iter()
                 .find(|(h, j, _)| (*h, *j) == (g, i))
@@ -52,6 +72,7 @@ fn run_swapped(
         } else {
             bytes
         };
+        edit(g, i, &mut bytes);
         conn.store_now(prompt, g, i, &bytes).expect("store");
     }
     submit(&mut rt, &mut engine, "r".into(), prompt.to_vec(), 6);
@@ -76,7 +97,11 @@ fn a_block_computed_under_another_context_is_judged_wrong_in_every_group() {
     for (name, groups) in geometries() {
         for async_ratio in [0.0, 1.0] {
             let exact = run_swapped(&groups, async_ratio, &p, &q, |_, _| false);
-            assert_eq!(exact.logit_mismatches, 0, "{name}: {exact:?}");
+            assert_eq!(
+                (exact.logit_mismatches, exact.read_mismatches),
+                (0, 0),
+                "{name}: {exact:?}"
+            );
             for g in 0..groups.len() {
                 let c = run_swapped(&groups, async_ratio, &p, &q, |h, i| h == g && i == 3);
                 assert!(
@@ -98,6 +123,43 @@ fn blocks_of_token_ids_equal_modulo_the_vocabulary_are_judged_wrong() {
         for g in 0..groups.len() {
             let c = run_swapped(&groups, 0.0, &p, &q, |h, _| h == g);
             assert!(c.logit_mismatches > 0, "{name}, group {g}: {c:?}");
+        }
+    }
+}
+
+/// One bit of the first value of block 3 (of 4 loaded) flipped in one group: its first
+/// layer's K at position 48, or its state after position 63. Every flip is a wrong read the
+/// judge counts, in every group of every geometry, loaded by the engine or by the scheduler's
+/// workers, whether or not a logit changed (a flip of bit 0 changes none in most groups).
+#[test]
+fn one_bit_flipped_in_a_loaded_value_is_a_wrong_read_in_every_group() {
+    let p = prompt();
+    for (name, groups) in geometries() {
+        for async_ratio in [0.0, 1.0] {
+            for g in 0..groups.len() {
+                for bit in [0u8, 10, 22, 30] {
+                    let c = run_edited(
+                        &groups,
+                        async_ratio,
+                        &p,
+                        &p,
+                        |_, _, _| false,
+                        |h, i, bytes| {
+                            if (h, i) == (g, 3) {
+                                bytes[usize::from(bit / 8)] ^= 1 << (bit % 8);
+                            }
+                        },
+                    );
+                    assert!(
+                        c.read_mismatches > 0,
+                        "{name}, async {async_ratio}, group {g}, bit {bit}: {c:?}"
+                    );
+                    eprintln!(
+                        "{name}, async {async_ratio}, group {g}, bit {bit}: {} wrong reads, {} wrong logits",
+                        c.read_mismatches, c.logit_mismatches
+                    );
+                }
+            }
         }
     }
 }

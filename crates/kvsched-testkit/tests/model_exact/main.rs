@@ -107,7 +107,8 @@ fn chunked_prefill_and_decode_equal_the_request_alone() {
             let r = run(hybrid(mamba), &k, 1);
             assert!(r.model.tokens_checked > 100, "{:?}", r.model);
             assert_eq!(
-                r.model.logit_mismatches, 0,
+                (r.model.logit_mismatches, r.model.read_mismatches),
+                (0, 0),
                 "{mamba:?} budget {budget}: {:?}",
                 r.model
             );
@@ -133,9 +134,11 @@ fn mode_safe_is_token_exact_under_damaged_chunks_preemption_and_lost_outputs() {
             };
             let r = run(hybrid(mamba), &k, seed);
             assert_eq!(
-                r.model.logit_mismatches, 0,
+                (r.model.logit_mismatches, r.model.read_mismatches),
+                (0, 0),
                 "seed {seed} {mamba:?}: {:?} {:?}",
-                r.model, r.report.metrics
+                r.model,
+                r.report.metrics
             );
             assert!(r.report.violations.is_empty(), "{:?}", r.report.violations);
             checked += r.model.tokens_checked;
@@ -171,7 +174,11 @@ fn mode_safe_is_exact_on_bursts_sharing_prefixes_whose_sync_loads_fail() {
     }
     assert!(safe.tokens_checked > 1000, "{safe:?}");
     assert!(safe.sync_loads_failed > 0, "{safe:?}");
-    assert_eq!(safe.logit_mismatches, 0, "{safe:?}");
+    assert_eq!(
+        (safe.logit_mismatches, safe.read_mismatches),
+        (0, 0),
+        "{safe:?}"
+    );
     assert_eq!(safe.failed_load_sharers, 0, "{safe:?}");
 }
 
@@ -285,13 +292,18 @@ fn mode_vllm_sharers_read_a_failed_sync_load_and_mode_safe_has_none() {
         };
         assert_eq!(vllm.wrong_token_causes, causes, "{shards} shards: {vllm:?}");
         assert_eq!(safe.failed_load_sharers, 0, "{shards} shards: {safe:?}");
-        assert_eq!(safe.logit_mismatches, 0, "{shards} shards: {safe:?}");
+        assert_eq!(
+            (safe.logit_mismatches, safe.read_mismatches),
+            (0, 0),
+            "{shards} shards: {safe:?}"
+        );
         assert_eq!(
             unshared.failed_load_sharers, 0,
             "{shards} shards: {unshared:?}"
         );
         assert_eq!(
-            unshared.logit_mismatches, 0,
+            (unshared.logit_mismatches, unshared.read_mismatches),
+            (0, 0),
             "{shards} shards: {unshared:?}"
         );
     }
@@ -317,7 +329,11 @@ fn a_tier_warmed_with_the_models_bytes_serves_exact_prefixes() {
         }
         let c = finish(rt, &mut engine, &conn);
         assert_eq!(c.tokens_checked, 24, "{c:?}");
-        assert_eq!(c.logit_mismatches, 0, "{mamba:?}: {c:?}");
+        assert_eq!(
+            (c.logit_mismatches, c.read_mismatches),
+            (0, 0),
+            "{mamba:?}: {c:?}"
+        );
         assert!(conn.counts().chunks_loaded >= 4 * 4, "{:?}", conn.counts());
     }
 }
@@ -374,9 +390,14 @@ fn mode_vllm_hits_rolled_back_blocks_left_cached_and_mode_safe_has_none() {
             ..WrongTokenCauses::default()
         };
         assert_eq!(vllm.wrong_token_causes, causes, "{shards} shards: {vllm:?}");
-        assert_eq!(safe.logit_mismatches, 0, "{shards} shards: {safe:?}");
         assert_eq!(
-            unshared.logit_mismatches, 0,
+            (safe.logit_mismatches, safe.read_mismatches),
+            (0, 0),
+            "{shards} shards: {safe:?}"
+        );
+        assert_eq!(
+            (unshared.logit_mismatches, unshared.read_mismatches),
+            (0, 0),
             "{shards} shards: {unshared:?}"
         );
     }

@@ -160,8 +160,13 @@ fn a_mamba_all_request_rolled_back_mid_prefix_writes_no_state_a_prefix_hit_reads
         assert!(seen.longest_hit >= 48, "no probe hit the prefix: {seen:?}");
         assert_eq!(seen.hits_into_rewritten, 0, "{seen:?}");
         assert_eq!(
-            (m.logit_mismatches, m.token_mismatches, m.unreadable_reads),
-            (0, 0, 0),
+            (
+                m.logit_mismatches,
+                m.token_mismatches,
+                m.unreadable_reads,
+                m.read_mismatches
+            ),
+            (0, 0, 0, 0),
             "damaged group {damaged_group}: {seen:?}"
         );
         assert_eq!(m.tokens_checked, 4 + 2 * u64::from(seen.probes), "{seen:?}");
@@ -238,7 +243,11 @@ fn a_live_switch_rolling_a_request_back_below_cached_mamba_all_blocks_evicts_the
     eprintln!("rolled back to {rolled_back:?}, probe hit {probe_hit:?}: {m:?}");
     assert_eq!(rolled_back, Some(0), "{m:?}");
     assert!(probed, "r never ended a step inside [32, 48)");
-    assert_eq!((m.logit_mismatches, m.unreadable_reads), (0, 0), "{m:?}");
+    assert_eq!(
+        (m.logit_mismatches, m.unreadable_reads, m.read_mismatches),
+        (0, 0, 0),
+        "{m:?}"
+    );
     assert_eq!(probe_hit, Some(32), "{m:?}");
     assert_eq!(m.tokens_checked, 1 + 20 + 2, "{m:?}");
 }

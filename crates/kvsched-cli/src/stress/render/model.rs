@@ -21,7 +21,7 @@ pub(super) fn model(report: &StressReport, o: &mut String) {
             let runs = report.runs.len();
             let _ = writeln!(
                 o,
-                "\nmodel (every kept token judged against its request decoded alone{})",
+                "\nmodel (every kept token and every value read judged against its request decoded alone{})",
                 if runs > 1 {
                     format!("; judge counts summed over the {runs} runs, the rest the median run's")
                 } else {
@@ -32,11 +32,12 @@ pub(super) fn model(report: &StressReport, o: &mut String) {
         let ms = |us: f64| format!("{:.1} ms", us / 1e3);
         let lines = [
             format!(
-                "tokens checked {}, wrong tokens {}, wrong logits {}, requests affected {}, unreadable reads {}, requests scheduled past their tokens {}",
+                "tokens checked {}, wrong tokens {}, wrong logits {}, requests affected {}, wrong reads {}, unreadable reads {}, requests scheduled past their tokens {}",
                 count(m.tokens_checked),
                 count(m.token_mismatches),
                 count(m.logit_mismatches),
                 count(m.requests_affected),
+                count(m.read_mismatches),
                 count(m.unreadable_reads),
                 count(m.scheduled_past_tokens)
             ),
@@ -72,13 +73,13 @@ fn verdict(r: &RunReport, report: &StressReport, o: &mut String) {
     let Some(m) = &r.model else {
         return;
     };
-    let text = match (report.config.mode, m.logit_mismatches) {
+    let text = match (report.config.mode, m.logit_mismatches + m.read_mismatches) {
         // Every request failed or was cancelled before its first token: nothing was judged.
         (_, 0) if m.tokens_checked == 0 => {
             "nothing judged: no request kept a token (every one failed or was cancelled), so \
              exactness says nothing about this run"
         }
-        (_, 0) if m.token_mismatches == 0 => "token-exact: every kept token and logit equals the request decoded alone",
+        (_, 0) if m.token_mismatches == 0 => "token-exact: every kept token and logit, and every value read, equals the request decoded alone",
         (kvsched::rules::recovery::Mode::Safe, _) => {
             "wrong outputs in mode safe: an invariant violation"
         }

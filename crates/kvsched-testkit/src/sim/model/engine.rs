@@ -3,7 +3,7 @@
 //! written into the blocks the plan names, then every token attends — and a sample per
 //! request that samples. Its KV lives in [`KvMemory`], reached only through the plan's
 //! per-group block tables; null entries are never touched. The judge compares every kept
-//! sample with the same request decoded alone.
+//! sample, and every value a layer reads from KV memory, with the same request decoded alone.
 
 use std::sync::Arc as StdArc;
 
@@ -29,6 +29,14 @@ pub struct ModelCounts {
     pub logit_mismatches: u64,
     /// Requests with at least one logit mismatch.
     pub requests_affected: u64,
+    /// Values read from KV memory — one layer's K and V at one position, or a recurrent
+    /// layer's state — whose bits differ from the same request's decoded alone: a wrong read
+    /// whether or not it changed a logit. Counted for the steps whose output was kept: the
+    /// reads of a request whose output `Runtime::update` discards (a failed sync load's
+    /// loader and sharers) are not, nor those of a step never settled; a request's reads are
+    /// compared until it keeps a wrong token, after which its context is no longer the
+    /// reference's.
+    pub read_mismatches: u64,
     /// Reads through a null entry or of an unreadable block (their values count as 0).
     pub unreadable_reads: u64,
     /// Requests a plan scheduled that the engine could not run: unknown to it, or scheduled
@@ -62,6 +70,7 @@ impl std::ops::AddAssign<&ModelCounts> for ModelCounts {
             token_mismatches,
             logit_mismatches,
             requests_affected,
+            read_mismatches,
             unreadable_reads,
             scheduled_past_tokens,
             tokens_computed,
@@ -75,6 +84,7 @@ impl std::ops::AddAssign<&ModelCounts> for ModelCounts {
         self.token_mismatches += token_mismatches;
         self.logit_mismatches += logit_mismatches;
         self.requests_affected += requests_affected;
+        self.read_mismatches += read_mismatches;
         self.unreadable_reads += unreadable_reads;
         self.scheduled_past_tokens += scheduled_past_tokens;
         self.tokens_computed += tokens_computed;
@@ -94,6 +104,8 @@ struct Seq {
     prompt_len: usize,
     reference: Reference,
     affected: bool,
+    /// It kept a token the reference did not sample: its reads are no longer compared.
+    diverged: bool,
 }
 
 /// The result of [`ModelEngine::run_step`], settled by [`ModelEngine::settle`].
@@ -103,6 +115,9 @@ pub struct ModelStep {
     pub invalid_blocks: Vec<BlockRef>,
     /// Per sampling request: (token, logit bits).
     samples: FxHashMap<StdArc<str>, (u32, u32)>,
+    /// Per request: the values it read that differ from its reference's (counted once the
+    /// step's output is known kept).
+    read_mismatches: FxHashMap<StdArc<str>, u64>,
 }
 
 /// The tiny model as an engine: runs plans on KV memory and judges every kept sample.
@@ -136,6 +151,15 @@ struct Tables<'a> {
     tables: &'a [BlockTable],
     buf: Vec<u8>,
     unreadable: u64,
+    /// The request decoded alone, while its reads are compared.
+    reference: Option<&'a mut Reference>,
+    /// Reads whose bits differ from the reference's.
+    mismatches: u64,
+}
+
+/// Whether `a` and `b` hold the same floats, bit for bit.
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
 impl Context for Tables<'_> {
@@ -170,6 +194,19 @@ impl Context for Tables<'_> {
         let half = bpt / 2;
         from_bytes(&self.buf[..half], k);
         from_bytes(&self.buf[half..], v);
+        // Planted bug `model-kv-read-unjudged` (scripts/plants.sh): K and V reads are not
+        // compared, so a wrong one that changes no logit goes unseen.
+        if let Some(want) = self
+            .reference
+            .as_deref_mut()
+            .filter(|_| !cfg!(kvsched_plant = "model-kv-read-unjudged"))
+        {
+            if let Some((wk, wv)) = want.kv_at(self.model, layer, pos) {
+                if !same_bits(k, wk) || !same_bits(v, wv) {
+                    self.mismatches += 1;
+                }
+            }
+        }
         true
     }
 }
@@ -211,6 +248,7 @@ impl ModelEngine {
                 prompt_len: prompt.len(),
                 reference,
                 affected: false,
+                diverged: false,
             },
         );
     }
@@ -239,6 +277,22 @@ impl ModelEngine {
         self.seqs.get(id).map(|s| &s.tokens[..])
     }
 
+    /// Decodes each request `plan` schedules alone as far as the step computes it: the
+    /// reference values its reads are compared with. [`ModelEngine::run_step`] does this
+    /// itself; an engine timing its steps calls it first to keep the judge's work out of the
+    /// model's time.
+    pub fn decode_references(&mut self, plan: &StepPlan) {
+        for s in &plan.scheduled {
+            let Some(seq) = self.seqs.get_mut(&s.id).filter(|q| !q.diverged) else {
+                continue;
+            };
+            let last = s.num_computed_tokens.saturating_add(s.num_tokens);
+            if let Some(pos) = last.checked_sub(1) {
+                seq.reference.decode_to(&self.model, pos);
+            }
+        }
+    }
+
     /// Runs a step: the plan's sync loads through `connector`, then every layer over the
     /// whole batch. A request unknown to the engine or scheduled past the tokens it has is
     /// skipped and counted (`scheduled_past_tokens`).
@@ -255,6 +309,7 @@ impl ModelEngine {
                 }
             }
         }
+        self.decode_references(plan);
         let d = self.model.shape.dim;
         // Hidden states of every scheduled token, request by request.
         let mut batch: Vec<(&ScheduledRequest, Vec<Vec<f32>>)> = Vec::new();
@@ -283,9 +338,9 @@ impl ModelEngine {
         }
         for layer in 0..self.model.layers.len() {
             if self.model.is_attention(layer) {
-                self.attention_layer(layer, &mut batch);
+                self.attention_layer(layer, &mut batch, &mut step);
             } else {
-                self.recurrent_layer(layer, &mut batch);
+                self.recurrent_layer(layer, &mut batch, &mut step);
             }
         }
         for (s, xs) in &batch {
@@ -298,7 +353,12 @@ impl ModelEngine {
 
     /// An attention layer over the batch: every token's K/V written first, then every token
     /// attends (so a token reads what any token of the step wrote before it in this layer).
-    fn attention_layer(&mut self, layer: usize, batch: &mut [(&ScheduledRequest, Vec<Vec<f32>>)]) {
+    fn attention_layer(
+        &mut self,
+        layer: usize,
+        batch: &mut [(&ScheduledRequest, Vec<Vec<f32>>)],
+        step: &mut ModelStep,
+    ) {
         let d = self.model.shape.dim;
         let (g, slot) = self.model.slot(layer);
         let grp = self.groups[g];
@@ -322,6 +382,11 @@ impl ModelEngine {
             }
         }
         for (s, xs) in batch.iter_mut() {
+            let reference = self
+                .seqs
+                .get_mut(&s.id)
+                .filter(|q| !q.diverged)
+                .map(|q| &mut q.reference);
             let mut ctx = Tables {
                 id: &s.id,
                 model: &self.model,
@@ -332,6 +397,8 @@ impl ModelEngine {
                 tables: &s.block_tables,
                 buf: vec![0u8; bpt],
                 unreadable: 0,
+                reference,
+                mismatches: 0,
             };
             for (j, x) in xs.iter_mut().enumerate() {
                 let pos = s.num_computed_tokens + j as u64;
@@ -339,6 +406,9 @@ impl ModelEngine {
                 self.model.attend(layer, pos, x, &mut ctx);
             }
             self.counters.unreadable_reads += ctx.unreadable;
+            if ctx.mismatches > 0 {
+                *step.read_mismatches.entry(s.id.clone()).or_default() += ctx.mismatches;
+            }
         }
     }
 
@@ -346,7 +416,12 @@ impl ModelEngine {
     /// the entry holding its last token, advanced token by token, and written back — at the
     /// step's end (mode `align`) and at every block end it passes (mode `all`), each into the
     /// entry holding its last token.
-    fn recurrent_layer(&mut self, layer: usize, batch: &mut [(&ScheduledRequest, Vec<Vec<f32>>)]) {
+    fn recurrent_layer(
+        &mut self,
+        layer: usize,
+        batch: &mut [(&ScheduledRequest, Vec<Vec<f32>>)],
+        step: &mut ModelStep,
+    ) {
         let d = self.model.shape.dim;
         let (g, slot) = self.model.slot(layer);
         let grp = self.groups[g];
@@ -375,6 +450,18 @@ impl ModelEngine {
                 match entry(n) {
                     Some(r) if self.memory.read(g, r.id, off, &mut bytes).is_ok() => {
                         from_bytes(&bytes, &mut h);
+                        // Planted bug `model-state-read-unjudged` (scripts/plants.sh): a
+                        // state read is not compared.
+                        let want = self
+                            .seqs
+                            .get_mut(&s.id)
+                            .filter(|q| {
+                                !q.diverged && !cfg!(kvsched_plant = "model-state-read-unjudged")
+                            })
+                            .and_then(|q| q.reference.state_after(&self.model, layer, n - 1));
+                        if want.is_some_and(|w| !same_bits(&h, w)) {
+                            *step.read_mismatches.entry(s.id.clone()).or_default() += 1;
+                        }
                     }
                     _ => self.counters.unreadable_reads += 1,
                 }
@@ -395,8 +482,9 @@ impl ModelEngine {
     }
 
     /// Settles a step once `Runtime::update` said which outputs to discard: each kept sample
-    /// is appended to its request's tokens and judged against the reference. Returns the
-    /// requests whose samples the engine may emit.
+    /// is appended to its request's tokens and judged against the reference, and the wrong
+    /// reads of the requests whose output is kept are counted. Returns the requests whose
+    /// samples the engine may emit.
     pub fn settle(
         &mut self,
         plan: &StepPlan,
@@ -404,6 +492,11 @@ impl ModelEngine {
         discarded: &[StdArc<str>],
     ) -> Vec<StdArc<str>> {
         let discarded: FxHashSet<&StdArc<str>> = discarded.iter().collect();
+        for (id, n) in &step.read_mismatches {
+            if !discarded.contains(id) {
+                self.counters.read_mismatches += n;
+            }
+        }
         let mut emitted = Vec::new();
         for s in plan.scheduled.iter().filter(|s| s.samples) {
             let (Some(&(token, bits)), false) =
@@ -418,6 +511,7 @@ impl ModelEngine {
             let (want, want_bits) = seq.reference.sample(&self.model, i);
             self.counters.tokens_checked += 1;
             if token != want {
+                seq.diverged = true;
                 self.counters.token_mismatches += 1;
                 let cause = self.taint.cause(&s.id);
                 self.counters.wrong_token_causes.count(cause);

@@ -1,6 +1,7 @@
 //! The judge's reference: a request decoded alone — its prompt through the model token by
 //! token with private K/V and state, no prefix cache, no tier, no failure — with the token and
-//! logit bits of every sample.
+//! logit bits of every sample, and every value a layer keeps (K and V at each position, a
+//! recurrent state after each), which the engine's reads are compared with.
 
 // Plain index loops, on purpose: every sum runs in one fixed order (as in `net`).
 #![allow(clippy::needless_range_loop)]
@@ -16,6 +17,9 @@ pub(super) struct Reference {
     kv: Vec<Vec<(Vec<f32>, Vec<f32>)>>,
     /// Per layer: the recurrent state (recurrent layers).
     state: Vec<Vec<f32>>,
+    /// Per layer: the recurrent state after each position computed (recurrent layers; empty
+    /// otherwise).
+    states: Vec<Vec<Vec<f32>>>,
     /// `samples[i]`: (token, logit bits) sampled after position `prompt_len - 1 + i`.
     samples: Vec<(u32, u32)>,
     /// Positions computed.
@@ -45,6 +49,7 @@ impl Reference {
             tokens: prompt.to_vec(),
             kv: vec![Vec::new(); layers],
             state: vec![vec![0.0; model.shape.dim]; layers],
+            states: vec![Vec::new(); layers],
             samples: Vec::new(),
             done: 0,
         }
@@ -57,6 +62,46 @@ impl Reference {
             self.step(model);
         }
         self.samples.get(i).copied().unwrap_or((u32::MAX, u32::MAX))
+    }
+
+    /// K and V of `layer` at `pos`, decoding as far as needed (`None`: not an attention layer,
+    /// or past the tokens the reference can decode).
+    pub(super) fn kv_at(
+        &mut self,
+        model: &TinyModel,
+        layer: usize,
+        pos: u64,
+    ) -> Option<(&[f32], &[f32])> {
+        let pos = usize::try_from(pos).ok()?;
+        self.decode_through(model, pos);
+        let (k, v) = self.kv.get(layer)?.get(pos)?;
+        Some((k, v))
+    }
+
+    /// The state of the recurrent `layer` after position `pos`, decoding as far as needed
+    /// (`None`: not a recurrent layer, or past the tokens the reference can decode).
+    pub(super) fn state_after(
+        &mut self,
+        model: &TinyModel,
+        layer: usize,
+        pos: u64,
+    ) -> Option<&[f32]> {
+        let pos = usize::try_from(pos).ok()?;
+        self.decode_through(model, pos);
+        self.states.get(layer)?.get(pos).map(Vec::as_slice)
+    }
+
+    /// Decodes until position `pos` is computed, or as far as the tokens go.
+    pub(super) fn decode_to(&mut self, model: &TinyModel, pos: u64) {
+        if let Ok(pos) = usize::try_from(pos) {
+            self.decode_through(model, pos);
+        }
+    }
+
+    fn decode_through(&mut self, model: &TinyModel, pos: usize) {
+        while self.done <= pos && self.done < self.tokens.len() {
+            self.step(model);
+        }
     }
 
     /// Computes the next position: the prompt's tokens first, then its own samples.
@@ -76,6 +121,7 @@ impl Reference {
                 model.attend(layer, pos as u64, &mut x, &mut Private(&self.kv));
             } else {
                 model.recur(layer, &mut x, &mut self.state[layer]);
+                self.states[layer].push(self.state[layer].clone());
             }
         }
         self.done += 1;
