@@ -396,6 +396,10 @@ declare -A TESTS=(
   # kv/redis/resolve.rs: a node's host name is looked up on the caller's thread, which waits
   # for a hung resolver past its deadline.
   [redis-resolve-unbounded]="kvsched --features redis --lib kv::redis::resolve"
+  # kv/redis/resolve.rs: a lookup's end wakes none of the calls waiting for it (they sleep
+  # to their deadline); a call waiting for a lookup wakes every 20 ms to look again.
+  [resolve-end-wakes-nobody]="kvsched --features redis --lib kv::redis::resolve"
+  [resolve-wait-polls]="kvsched --features redis --lib kv::redis::resolve"
   # kv/redis/conn.rs: TLS reads and the handshake go through rustls's own loops, which wait
   # for a whole record however slowly its bytes come, past the call's deadline.
   [redis-tls-whole-records]="kvsched-testkit --features redis --test kv_redis_tls_trickle"
@@ -407,7 +411,7 @@ declare -A TESTS=(
   [thread-end-unwoken]="kvsched --lib joining_is_woken_when;kvsched --lib kv::bounded::tests::a_join_wakes_when_the_threads_end"
   # connector/cancel.rs: a token's firing wakes none of the threads watching it, so a caller
   # waiting for a tier get sleeps on to its deadline.
-  [cancel-wakes-nobody]="kvsched --lib kv::bounded;kvsched --lib connector::cancel"
+  [cancel-wakes-nobody]="kvsched --lib kv::bounded;kvsched --lib connector::cancel;kvsched --features redis --lib kv::redis::resolve"
   # runtime/completion_queue.rs: a pop wakes none of the workers parked on the full queue.
   [pop-wakes-no-pusher]="kvsched --lib runtime::worker_tests"
   # runtime/worker.rs: a worker's exit does not wake the shutdown waiting for it.
@@ -479,7 +483,7 @@ ORDER=(decide-early claim-store late-leak deadline-compact-in-flight late-ok-acc
   saver-flush-waits-rest drop-queued-unwoken redis-gave-up-marks-down lru-order-after-read
   save-queue-bytes-ignored rescan-indexes-deleted-packs disk-link-never-skips-ahead disk-get-misses-moved-key
   owner-freed-still-waited-for async-pre-step-counts-next-step ended-by-status-list
-  safe-evicts-nothing redis-resolve-unbounded redis-tls-whole-records cluster-slots-overlap-accepted
+  safe-evicts-nothing redis-resolve-unbounded resolve-end-wakes-nobody resolve-wait-polls redis-tls-whole-records cluster-slots-overlap-accepted
   thread-end-unwoken cancel-wakes-nobody pop-wakes-no-pusher worker-exit-silent
   load-room-whole-step)
 

@@ -1,7 +1,7 @@
 //! A node's host name, resolved within a call's deadline. The system's resolver
 //! (`getaddrinfo`, behind std's `to_socket_addrs`) blocks for as long as it takes and cannot
-//! be interrupted, so a name is looked up on a thread of its own while the call waits for its
-//! answer no later than its deadline (looking at its cancel token every 20 ms). A call that
+//! be interrupted, so a name is looked up on a thread of its own while the call sleeps until
+//! the lookup ends, its cancel token fires (each wakes it) or its deadline passes. A call that
 //! gives up leaves the lookup running; the next call waits for that same lookup, never
 //! starting another: one lookup per node at a time, and at most [`MAX_LOOKUPS`] per tier.
 //!
@@ -14,7 +14,7 @@ use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 use super::conn::Budget;
-use crate::sync::condvar::Condvar;
+use crate::sync::park::{Parker, Unparker};
 use crate::sync::{Arc, AtomicUsize, Mutex, Ordering};
 
 /// How long a lookup's addresses are used before the name is looked up again.
@@ -24,9 +24,6 @@ pub(crate) const FRESH_FOR: Duration = Duration::from_secs(30);
 /// resolver that never answers holds at most this many threads, however many names a
 /// hostile cluster's redirects make the tier resolve.
 pub(crate) const MAX_LOOKUPS: usize = 8;
-
-/// The longest a waiting call goes without looking at its deadline and cancel token.
-const POLL: Duration = Duration::from_millis(20);
 
 /// Resolves `host:port`: the system's resolver, or a test's.
 pub(crate) type ResolveFn = dyn Fn(&str, u16) -> std::io::Result<Vec<SocketAddr>> + Send + Sync;
@@ -62,6 +59,27 @@ struct State {
     finished: u64,
     /// Whether a lookup is under way.
     running: bool,
+    /// The calls waiting for the lookup under way, each with its registration's number: the
+    /// lookup's end wakes them. A call leaves the list as it stops waiting, so it holds no
+    /// more entries than calls wait.
+    waiters: Vec<(u64, Unparker)>,
+    next_waiter: u64,
+}
+
+impl State {
+    /// Records a lookup's end and wakes the calls waiting for it.
+    fn finish(&mut self) {
+        self.finished = self.finished.wrapping_add(1);
+        self.running = false;
+        // Planted bug `resolve-end-wakes-nobody` (scripts/plants.sh): the calls waiting for
+        // the lookup sleep on until their deadline.
+        if planted!("resolve-end-wakes-nobody") {
+            return;
+        }
+        for (_, u) in &self.waiters {
+            u.unpark();
+        }
+    }
 }
 
 /// One node's name, resolved.
@@ -70,7 +88,7 @@ pub(crate) struct Resolver {
     port: u16,
     /// `Some` for an IP address: never looked up.
     literal: Option<SocketAddr>,
-    state: Arc<(Mutex<State>, Condvar)>,
+    state: Arc<Mutex<State>>,
 }
 
 impl Resolver {
@@ -82,7 +100,7 @@ impl Resolver {
                 .parse::<IpAddr>()
                 .ok()
                 .map(|ip| SocketAddr::new(ip, port)),
-            state: Arc::new((Mutex::new(State::default()), Condvar::new())),
+            state: Arc::new(Mutex::new(State::default())),
         }
     }
 
@@ -102,7 +120,7 @@ impl Resolver {
         if planted!("redis-resolve-unbounded") {
             return (lookups.resolve)(&self.host, self.port).map_err(|e| format!("resolve: {e}"));
         }
-        let (lock, cv) = &*self.state;
+        let lock = &*self.state;
         let mut st = lock.lock();
         if let Some((a, at)) = &st.addrs {
             if at.elapsed() < FRESH_FOR {
@@ -120,10 +138,8 @@ impl Resolver {
             if let Some(e) = refused.as_ref().filter(|_| st.finished == seen) {
                 // No thread took the lookup (the tier's are all busy): it ended, failed, for
                 // the calls that came to wait on it meanwhile too.
-                st.running = false;
                 st.error = Some(e.clone());
-                st.finished = st.finished.wrapping_add(1);
-                cv.notify_all();
+                st.finish();
             }
         }
         if let Some((a, _)) = &st.addrs {
@@ -132,20 +148,42 @@ impl Resolver {
         if let Some(e) = refused {
             return Err(e);
         }
-        loop {
+        // Listed under the lock that `finish` takes, before `finished` is looked at: a lookup
+        // that ends after the look wakes this call, one that ended before it is seen.
+        let parker = Parker::new();
+        let id = st.next_waiter;
+        st.next_waiter = st.next_waiter.wrapping_add(1);
+        st.waiters.push((id, parker.unparker()));
+        // The cancel token wakes the call as it fires (a firing before this is seen by
+        // `check`). Its watchers' lock is taken inside the node's, never the other way round.
+        let _watch = budget.cancel.map(|c| c.watch(parker.unparker()));
+        let answer = loop {
             if st.finished != seen {
-                return match (&st.addrs, &st.error) {
+                break match (&st.addrs, &st.error) {
                     (Some((a, _)), _) => Ok(a.clone()),
                     (None, Some(e)) => Err(e.clone()),
                     (None, None) => Err(format!("resolve {}: no address", self.host)),
                 };
             }
-            budget
-                .check()
-                .map_err(|e| format!("resolve {}: {e}", self.host))?;
-            let wake = budget.deadline.min(Instant::now() + POLL);
-            st = cv.wait_until(st, Some(wake)).0;
-        }
+            if let Err(e) = budget.check() {
+                break Err(format!("resolve {}: {e}", self.host));
+            }
+            drop(st);
+            count_wait();
+            // Woken by the lookup's end or the token (an unpark before the park makes it
+            // return at once), or at the deadline.
+            // Planted bug `resolve-wait-polls` (scripts/plants.sh): the call wakes every
+            // 20 ms to look again, as it once did.
+            let poll = if planted!("resolve-wait-polls") {
+                Duration::from_millis(20)
+            } else {
+                Duration::MAX
+            };
+            parker.park_timeout(budget.remaining().min(poll));
+            st = lock.lock();
+        };
+        st.waiters.retain(|(w, _)| *w != id);
+        answer
     }
 
     /// Starts a lookup on a thread of its own (the caller marked it running, and holds no
@@ -188,15 +226,14 @@ impl Resolver {
 /// answer recorded, the node's waiting calls woken, the tier's count lowered.
 struct Done {
     host: String,
-    state: Arc<(Mutex<State>, Condvar)>,
+    state: Arc<Mutex<State>>,
     lookups: Arc<Lookups>,
     found: Option<std::io::Result<Vec<SocketAddr>>>,
 }
 
 impl Drop for Done {
     fn drop(&mut self) {
-        let (lock, cv) = &*self.state;
-        let mut st = lock.lock();
+        let mut st = self.state.lock();
         match self.found.take() {
             Some(Ok(a)) if !a.is_empty() => {
                 st.addrs = Some((a, Instant::now()));
@@ -206,13 +243,23 @@ impl Drop for Done {
             Some(Err(e)) => st.error = Some(format!("resolve {}: {e}", self.host)),
             None => st.error = Some(format!("resolve {}: the lookup failed", self.host)),
         }
-        st.finished = st.finished.wrapping_add(1);
-        st.running = false;
+        st.finish();
         drop(st);
-        cv.notify_all();
         // Relaxed: see the claim in `start`.
         self.lookups.under_way.fetch_sub(1, Ordering::Relaxed);
     }
+}
+
+// How many times this thread went to sleep waiting for a lookup: the tests' count of
+// wake-ups, which a wait woken by its event keeps to one or two.
+#[cfg(all(test, not(kvsched_loom)))]
+thread_local! {
+    static WAITS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+fn count_wait() {
+    #[cfg(all(test, not(kvsched_loom)))]
+    WAITS.with(|w| w.set(w.get() + 1));
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@ use super::*;
 use crate::connector::CancelToken;
 use crate::kv::redis::{RedisConfig, RedisTier};
 use crate::kv::{ChunkKey, Tier, TierError};
+use crate::sync::condvar::Condvar;
 
 /// A resolver that answers only once the test opens its gate (or 5 s pass), counting its
 /// lookups: a system resolver waiting on a DNS server that does not answer.
@@ -71,7 +72,7 @@ fn a_resolver_that_never_answers_costs_a_call_no_more_than_its_deadline() {
     gated.open();
 }
 
-/// A cancel ends a call waiting on a lookup within the cancel poll.
+/// A call whose token fired before it asked ends at once.
 #[test]
 fn a_cancel_ends_a_wait_for_a_lookup() {
     let gated = Gated::default();
@@ -90,6 +91,68 @@ fn a_cancel_ends_a_wait_for_a_lookup() {
     assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
     assert!(got.is_err_and(|e| e.contains("cancelled")));
     gated.open();
+}
+
+/// A call waiting for a lookup that will not answer for seconds: on its own thread, with a
+/// 5 s deadline and `token`; returns its answer, how long it took, and how many times it went
+/// to sleep.
+fn wait_on_a_slow_lookup(
+    gated: &Gated,
+    token: &CancelToken,
+) -> std::thread::JoinHandle<(Result<Vec<SocketAddr>, String>, Duration, usize)> {
+    let lookups = Arc::new(Lookups::new(gated.resolve()));
+    let token = token.clone();
+    let handle = std::thread::spawn(move || {
+        let r = Resolver::new("redis.invalid", 1);
+        let t0 = Instant::now();
+        let got = r.addrs(
+            &lookups,
+            Budget {
+                deadline: t0 + Duration::from_secs(5),
+                cancel: Some(&token),
+            },
+        );
+        (got, t0.elapsed(), WAITS.with(std::cell::Cell::get))
+    });
+    while gated.calls() == 0 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Time for the call to fall asleep: one that polled would wake again and again.
+    std::thread::sleep(Duration::from_millis(100));
+    handle
+}
+
+/// A cancel fired while a call waits for a lookup wakes the call at once: it goes to sleep
+/// once (not once per poll) and returns long before its deadline.
+#[test]
+fn a_cancel_wakes_a_call_waiting_for_a_lookup() {
+    let gated = Gated::default();
+    let token = CancelToken::new();
+    let caller = wait_on_a_slow_lookup(&gated, &token);
+    token.cancel();
+    let (got, took, waits) = caller.join().unwrap();
+    gated.open();
+    assert!(got.is_err_and(|e| e.contains("cancelled")));
+    assert!(
+        took < Duration::from_secs(2),
+        "the cancel woke nobody: {took:?}"
+    );
+    assert!(waits <= 2, "the call woke {waits} times before its cancel");
+}
+
+/// A lookup's end wakes the calls waiting for it at once, with its answer.
+#[test]
+fn a_lookups_end_wakes_the_calls_waiting_for_it() {
+    let gated = Gated::default();
+    let caller = wait_on_a_slow_lookup(&gated, &CancelToken::new());
+    gated.open();
+    let (got, took, waits) = caller.join().unwrap();
+    assert_eq!(got, Ok(vec![SocketAddr::from(([127, 0, 0, 1], 1))]));
+    assert!(
+        took < Duration::from_secs(2),
+        "the lookup woke nobody: {took:?}"
+    );
+    assert!(waits <= 2, "the call woke {waits} times before the answer");
 }
 
 /// A lookup that answers after its caller left serves the next call at once, and for
@@ -114,7 +177,7 @@ fn a_late_answer_is_kept_and_served_while_the_next_lookup_runs() {
     assert_eq!(gated.calls(), 1);
     // Stale now: served at once, a new lookup started (the gate is shut again: it hangs).
     *gated.open.0.lock() = false;
-    if let Some((_, at)) = &mut r.state.0.lock().addrs {
+    if let Some((_, at)) = &mut r.state.lock().addrs {
         *at = Instant::now()
             .checked_sub(FRESH_FOR + Duration::from_secs(1))
             .unwrap();
