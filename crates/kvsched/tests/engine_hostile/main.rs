@@ -315,10 +315,15 @@ fn lost_outputs_are_reoffered() {
     assert_eq!(report.census.referenced, 0);
 }
 
+/// A request ended (cancelled, or finished by the engine) while its load hangs stays until
+/// the load's deadline passes, its blocks parked under pressure on the pool; the load then
+/// scribbles on them late, and nothing kept reads it. The deadline is long enough that the
+/// 44 steps before it run well inside it on a loaded machine (at 300 ms they once did not).
 #[test]
 fn ending_a_loading_request_and_a_late_scribble() {
+    const DEADLINE_MS: u64 = 2_000;
     for cancel_by_finish in [false, true] {
-        let mut e = engine(fa(), 48, 2, true, with_deadline(300), |j| {
+        let mut e = engine(fa(), 48, 2, true, with_deadline(DEADLINE_MS), |j| {
             if &*j.request == "hung" {
                 Act::HangThenScribble
             } else {
@@ -348,7 +353,7 @@ fn ending_a_loading_request_and_a_late_scribble() {
             e.step().unwrap();
         }
         assert!(!e.t.ended.contains_key("hung"), "ended while its load runs");
-        std::thread::sleep(Duration::from_millis(310));
+        std::thread::sleep(Duration::from_millis(DEADLINE_MS + 10));
         for _ in 0..10 {
             e.step().unwrap();
         }
