@@ -225,6 +225,9 @@ declare -A TESTS=(
   # kvsched-testkit sim/model/engine.rs: the model engine does not count a read through a
   # null entry, so the `unreadable_reads` every model test holds at 0 would read 0 anyway.
   [model-null-read-uncounted]="kvsched-testkit --test model_exact a_read_through_a_null_entry"
+  # kv/tier_load.rs: a tier call that the load's own cancellation ended counts as a tier
+  # error, so a run whose client cancels a loading request reports a healthy store in error.
+  [cancelled-call-a-tier-error]="kvsched --test kv_tier_cancel"
   # kvsched-testkit sim/model/engine.rs: the judge does not compare K/V reads (or Mamba state
   # reads) with the request decoded alone, so a wrong read that changes no logit goes unseen.
   [model-kv-read-unjudged]="kvsched-testkit --test model_exact one_bit_flipped_in_a_loaded_value"
@@ -454,7 +457,7 @@ declare -A TESTS=(
 )
 ORDER=(decide-early claim-store late-leak deadline-compact-in-flight late-ok-accepted load-queue-unbounded panic-ok trust-stale end-while-loading no-cross-shard-preempt lookup-uncaught shard-panic-escapes
   mamba-align-cache-unwritten saver-flush-early register-unwritten reoffer-unwritten park-unstarted baseline-no-second-chance holder-release-unrecorded unaligned-chunks prompt-end-state-uncached
-  branch-state-uncached mamba-state-one-block-late mamba-state-into-null window-into-null model-null-read-uncounted model-kv-read-unjudged model-state-read-unjudged tier-present-after-failed-load tier-failed-load-probed-again scan-one-group-less load-unverified save-payload-offset epoch-not-bumped-on-whole-block-write failed-copy-left-unpoisoned load-pieces-drop-tail vector-store-skips-round
+  branch-state-uncached mamba-state-one-block-late mamba-state-into-null window-into-null model-null-read-uncounted cancelled-call-a-tier-error model-kv-read-unjudged model-state-read-unjudged tier-present-after-failed-load tier-failed-load-probed-again scan-one-group-less load-unverified save-payload-offset epoch-not-bumped-on-whole-block-write failed-copy-left-unpoisoned load-pieces-drop-tail vector-store-skips-round
   probe-hits-unindexed vllm-admits-before-schedule cost-ignores-failures pack-offset-past-table failure-share-read-per-token
   handoff-count-after-release inbox-apply-under-lock merge-larger-first probe-offer-never-wakes allocatable-release-uncounted
   old-hits-back-to-p old-hits-evict-nothing vllm-evicts-on-recompute waits-one-owner-per-id wait-ignores-pending-work

@@ -33,7 +33,9 @@ pub struct TierCounts {
     pub mac_failures: u64,
     /// Chunks truncated or with a bad header.
     pub format_errors: u64,
-    /// Tier calls that failed as a whole (every block of the call invalid).
+    /// Tier calls that failed as a whole (every block of the call invalid). A call the load's
+    /// own cancellation ended (`TierError::Cancelled` once its token fired) is not one: the
+    /// load counts in `loads_cancelled`.
     pub tier_errors: u64,
     /// Destinations the load was no longer allowed to write (its fill ended): left alone.
     pub writes_refused: u64,

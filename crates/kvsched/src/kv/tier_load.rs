@@ -35,7 +35,7 @@ use std::time::Instant;
 use super::{bump, TierConnector};
 use crate::connector::LoadJob;
 use crate::kv::tier_call::guarded;
-use crate::kv::{ChunkErrorClass, ChunkHeader, ChunkKey};
+use crate::kv::{ChunkErrorClass, ChunkHeader, ChunkKey, TierError};
 use crate::pool::BlockRef;
 
 /// One chunk a load wants: its group, its index in the group's table, its key.
@@ -77,6 +77,22 @@ impl TierConnector {
             return self.tier.costs_per_call();
         }
         self.costs_per_call
+    }
+
+    /// Counts a tier call that failed as a whole (`err`: its error, `None` for an answer of
+    /// the wrong shape): a tier error, unless the call ended `Cancelled` because the load's
+    /// own token fired — the caller stopped it, the tier did nothing wrong, and
+    /// `loads_cancelled` counts the load. A tier that says `Cancelled` while the token has
+    /// not fired is in error.
+    fn call_failed(&self, job: &LoadJob, err: Option<&TierError>) {
+        // (Planted bug `cancelled-call-a-tier-error`, scripts/plants.sh: it counts too, so a
+        // run whose client cancels a loading request reports a healthy tier in error.)
+        let cancelled = matches!(err, Some(TierError::Cancelled))
+            && job.cancel.is_cancelled()
+            && !planted!("cancelled-call-a-tier-error");
+        if !cancelled {
+            bump(&self.counters.tier_errors, 1);
+        }
     }
 
     fn fail_all(&self, job: &LoadJob, wanted: &[Wanted], bad: &mut [Vec<BlockRef>]) {
@@ -138,8 +154,8 @@ impl TierConnector {
                         self.fail(job, w.0, w.1, bad);
                     }
                 }
-                Err(_) => {
-                    bump(&self.counters.tier_errors, 1);
+                Err(e) => {
+                    self.call_failed(job, Some(&e));
                     // A value landing failed is failed already; one it wrote fails now.
                     let from = if landed && loaded.is_none() { n + 1 } else { n };
                     if landed {
@@ -207,8 +223,12 @@ impl TierConnector {
         };
         let got = match got {
             Ok((bufs, held)) if bufs.len() == n && held.len() == n => Some((bufs, held)),
-            Ok(_) | Err(_) => {
-                bump(&self.counters.tier_errors, 1);
+            Ok(_) => {
+                self.call_failed(job, None);
+                None
+            }
+            Err(e) => {
+                self.call_failed(job, Some(&e));
                 None
             }
         };
