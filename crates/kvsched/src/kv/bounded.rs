@@ -195,7 +195,7 @@ impl BoundedGets {
                 return Err(e);
             }
             drop(answer);
-            count_wait();
+            crate::sync::park::count_wait();
             // Woken by the answer or the token (an unpark before the park makes it return at
             // once), or at the deadline.
             parker.park_timeout(deadline.saturating_duration_since(now));
@@ -226,18 +226,6 @@ impl Drop for BoundedGets {
         shutdown(&self.shared);
         self.join_until(Instant::now() + JOIN_WAIT);
     }
-}
-
-// How many times this thread went to sleep in `get_into`: the tests' count of
-// wake-ups, which a wait woken by its event keeps to one or two.
-#[cfg(all(test, not(kvsched_loom)))]
-thread_local! {
-    static WAITS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
-}
-
-fn count_wait() {
-    #[cfg(all(test, not(kvsched_loom)))]
-    WAITS.with(|w| w.set(w.get() + 1));
 }
 
 fn shutdown(s: &Shared) {
@@ -454,7 +442,7 @@ mod tests {
             let t = Instant::now();
             let bufs = vec![Vec::new()];
             let got = g.get_into(&[ChunkKey(1)], bufs, &l, t + Duration::from_secs(10));
-            (got, t.elapsed(), WAITS.with(std::cell::Cell::get))
+            (got, t.elapsed(), crate::sync::park::waits())
         });
         while gets.busy() == 0 {
             thread::sleep(Duration::from_millis(1));

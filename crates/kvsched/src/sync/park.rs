@@ -153,3 +153,23 @@ impl Unparker {
         s.cvar.notify_one();
     }
 }
+
+// How many times this thread went to sleep waiting for an event (a tier get, a host-name
+// lookup): the tests' count of wake-ups, which a wait woken by its event keeps to one or two.
+#[cfg(all(test, not(kvsched_loom)))]
+thread_local! {
+    static WAITS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Counts one sleep of this thread in the tests' count ([`waits`]); nothing outside tests.
+#[cfg_attr(kvsched_loom, allow(dead_code))]
+pub(crate) fn count_wait() {
+    #[cfg(all(test, not(kvsched_loom)))]
+    WAITS.with(|w| w.set(w.get() + 1));
+}
+
+/// How many sleeps this thread has counted ([`count_wait`]).
+#[cfg(all(test, not(kvsched_loom)))]
+pub(crate) fn waits() -> usize {
+    WAITS.with(std::cell::Cell::get)
+}

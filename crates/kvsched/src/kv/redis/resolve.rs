@@ -169,7 +169,7 @@ impl Resolver {
                 break Err(format!("resolve {}: {e}", self.host));
             }
             drop(st);
-            count_wait();
+            crate::sync::park::count_wait();
             // Woken by the lookup's end or the token (an unpark before the park makes it
             // return at once), or at the deadline.
             // Planted bug `resolve-wait-polls` (scripts/plants.sh): the call wakes every
@@ -248,18 +248,6 @@ impl Drop for Done {
         // Relaxed: see the claim in `start`.
         self.lookups.under_way.fetch_sub(1, Ordering::Relaxed);
     }
-}
-
-// How many times this thread went to sleep waiting for a lookup: the tests' count of
-// wake-ups, which a wait woken by its event keeps to one or two.
-#[cfg(all(test, not(kvsched_loom)))]
-thread_local! {
-    static WAITS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
-}
-
-fn count_wait() {
-    #[cfg(all(test, not(kvsched_loom)))]
-    WAITS.with(|w| w.set(w.get() + 1));
 }
 
 #[cfg(test)]
