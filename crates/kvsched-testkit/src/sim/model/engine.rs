@@ -278,9 +278,9 @@ impl ModelEngine {
     }
 
     /// Decodes each request `plan` schedules alone as far as the step computes it: the
-    /// reference values its reads are compared with. [`ModelEngine::run_step`] does this
-    /// itself; an engine timing its steps calls it first to keep the judge's work out of the
-    /// model's time.
+    /// reference values its reads are compared with. [`ModelEngine::run_step`] decodes as far
+    /// as each read needs when this was not called; an engine timing its steps calls it first
+    /// to keep the judge's work out of the model's time.
     pub fn decode_references(&mut self, plan: &StepPlan) {
         for s in &plan.scheduled {
             let Some(seq) = self.seqs.get_mut(&s.id).filter(|q| !q.diverged) else {
@@ -309,7 +309,6 @@ impl ModelEngine {
                 }
             }
         }
-        self.decode_references(plan);
         let d = self.model.shape.dim;
         // Hidden states of every scheduled token, request by request.
         let mut batch: Vec<(&ScheduledRequest, Vec<Vec<f32>>)> = Vec::new();

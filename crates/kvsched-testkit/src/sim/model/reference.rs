@@ -15,10 +15,8 @@ pub(super) struct Reference {
     tokens: Vec<u32>,
     /// Per layer: K and V of every position computed (attention layers; empty otherwise).
     kv: Vec<Vec<(Vec<f32>, Vec<f32>)>>,
-    /// Per layer: the recurrent state (recurrent layers).
-    state: Vec<Vec<f32>>,
     /// Per layer: the recurrent state after each position computed (recurrent layers; empty
-    /// otherwise).
+    /// otherwise). The last is the state the next position starts from.
     states: Vec<Vec<Vec<f32>>>,
     /// `samples[i]`: (token, logit bits) sampled after position `prompt_len - 1 + i`.
     samples: Vec<(u32, u32)>,
@@ -48,7 +46,6 @@ impl Reference {
             prompt_len: prompt.len(),
             tokens: prompt.to_vec(),
             kv: vec![Vec::new(); layers],
-            state: vec![vec![0.0; model.shape.dim]; layers],
             states: vec![Vec::new(); layers],
             samples: Vec::new(),
             done: 0,
@@ -120,8 +117,12 @@ impl Reference {
                 self.kv[layer].push((k, v));
                 model.attend(layer, pos as u64, &mut x, &mut Private(&self.kv));
             } else {
-                model.recur(layer, &mut x, &mut self.state[layer]);
-                self.states[layer].push(self.state[layer].clone());
+                let mut h = self.states[layer]
+                    .last()
+                    .cloned()
+                    .unwrap_or_else(|| vec![0.0; d]);
+                model.recur(layer, &mut x, &mut h);
+                self.states[layer].push(h);
             }
         }
         self.done += 1;
@@ -161,7 +162,9 @@ pub(super) fn prefix_blocks(
                 if !model.is_attention(layer) {
                     let slot = model.slot(layer).1;
                     let out = &mut bytes[slot * state_bytes..(slot + 1) * state_bytes];
-                    super::net::to_bytes(&r.state[layer], out);
+                    if let Some(h) = r.states[layer].last() {
+                        super::net::to_bytes(h, out);
+                    }
                     any = true;
                 }
             }
