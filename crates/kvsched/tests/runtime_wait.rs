@@ -1,15 +1,19 @@
 //! An engine that waits whenever a plan schedules nothing (`wait_for_work`) is woken for
 //! work a step leaves to the next one, not only for completions, submits and cancels:
-//! blocks a request ending at its length cap frees while another waits for admission, and a
-//! stall across shards that the next steps resolve by preempting.
+//! blocks a request ending at its length cap frees while another waits for admission, blocks
+//! a shard frees after another shard could not grow, and a stall across shards that the next
+//! steps resolve by preempting.
 //!
 //! These scenarios have no connector and no thread but the engine's, so no event would ever
 //! come: an empty plan with live requests must itself say there is work (`poll_work`), or the
 //! engine, waiting with no timeout, would sleep for good.
 
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use kvsched::{CacheGroup, EndState, Runtime, StepOutput};
+use kvsched::connector::{KvConnector, LoadJob, LoadResult, LookupQuery, LookupResult};
+use kvsched::{CacheGroup, EndState, Runtime, StepOutput, SubmitRequest};
 
 mod support;
 use support::{guarded, req};
@@ -155,4 +159,106 @@ fn blocks_freed_on_one_shard_wake_the_engine_for_a_request_running_on_another() 
             assert_eq!(ended.len(), 3, "{ids:?} {limits:?}: {ended:?}");
         }
     }
+}
+
+/// Offers the prompt of requests named `L…` past its first block, asynchronously, at their
+/// first lookup only; the load waits for the gate, then fails.
+#[derive(Default)]
+struct FailAtGate {
+    gate: AtomicBool,
+    offered: AtomicUsize,
+}
+
+impl KvConnector for FailAtGate {
+    fn lookup(&self, q: LookupQuery<'_>) -> LookupResult {
+        let first = q.request.starts_with('L') && self.offered.fetch_add(1, Ordering::SeqCst) == 0;
+        LookupResult {
+            external_tokens: if first {
+                (q.prompt.len() as u64 - 1) / 16 * 16
+            } else {
+                0
+            },
+            load_async: true,
+        }
+    }
+    fn load(&self, job: &LoadJob) -> LoadResult {
+        let t0 = Instant::now();
+        while !self.gate.load(Ordering::SeqCst) && t0.elapsed() < Duration::from_secs(30) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        LoadResult::all_failed(job)
+    }
+}
+
+/// "R" runs on one shard and grows until the pool is full, while "L" loads 32 tokens into
+/// blocks of its own; "W", urgent and too long for what is left, waits on L's shard. L's load
+/// fails: its shard frees L's blocks and, with W first in its admission order, admits
+/// nothing. When R's shard stepped first it could not grow in that step, and the plan is
+/// empty: the freed blocks are work for the next step that no event announces, and the
+/// engine must be told. Ids are tried in triples (their shards are the runtime's choice)
+/// until that order happened.
+#[test]
+fn blocks_freed_by_a_failed_load_wake_the_engine_for_a_request_on_another_shard() {
+    let unannounced = guarded("blocks freed by a failed load", || {
+        let mut unannounced = 0;
+        for (r, l, w) in
+            (0..4).flat_map(|i| (0..4).flat_map(move |j| (0..3).map(move |k| (i, j, k))))
+        {
+            let (r, l, w) = (format!("R{r}"), format!("L{l}"), format!("W{w}"));
+            let conn = Arc::new(FailAtGate::default());
+            let mut rt = Runtime::builder()
+                .groups(vec![CacheGroup::full_attention(16)])
+                .pool_blocks(9) // 8 usable blocks
+                .shards(2)
+                .workers(1)
+                .connector(conn.clone())
+                .build()
+                .unwrap();
+            rt.submit(req(&r, vec![7; 16], 100)).unwrap();
+            rt.submit(req(&l, (100..148).collect(), 4)).unwrap();
+            // R grows until the pool is full (5 blocks besides L's 3): a plan without it.
+            let mut plan = rt.schedule().unwrap();
+            for _ in 0..200 {
+                rt.update(StepOutput::all_sampled(&plan));
+                plan = rt.schedule().unwrap();
+                if plan.scheduled.is_empty() {
+                    break;
+                }
+            }
+            assert!(plan.scheduled.is_empty(), "{r}: R never filled the pool");
+            rt.submit(SubmitRequest {
+                priority: -1,
+                ..req(&w, (200..312).collect(), 2)
+            })
+            .unwrap();
+            plan = rt.schedule().unwrap();
+            rt.update(StepOutput::all_sampled(&plan));
+            conn.gate.store(true, Ordering::SeqCst);
+            assert!(rt.wait_for_work(Duration::from_secs(30)), "the load's end");
+            // The step that takes the failure in.
+            let plan = rt.schedule().unwrap();
+            if plan.scheduled.is_empty() {
+                unannounced += 1;
+                assert!(
+                    rt.poll_work(),
+                    "{r} {l} {w}: blocks freed, R unscheduled, and nothing says there is work"
+                );
+            }
+            rt.update(StepOutput::all_sampled(&plan));
+            let (ended, _) = drive(&mut rt, |_, _| {});
+            let report = rt.shutdown();
+            assert!(report.violations.is_empty(), "{report}");
+            assert_eq!(ended.len(), 3, "{r} {l} {w}: {ended:?}");
+            assert!(
+                ended.iter().all(|(_, e)| *e == EndState::Finished),
+                "{ended:?}"
+            );
+        }
+        unannounced
+    });
+    // The order that leaves the freed blocks to the next step happened.
+    assert!(
+        unannounced > 0,
+        "no ids put R's shard first: the scenario tests nothing"
+    );
 }

@@ -62,10 +62,12 @@ impl Runtime {
     /// keep an idle engine asleep past its deadline.
     ///
     /// It also returns `true` at once when the last step left the next one work that no
-    /// event announces: blocks freed in that step (a request ending at its length cap after
-    /// the step's admissions) while requests wait, blocks handed over to a waiter (taken up
-    /// in the next step's report), a stall across shards the next steps resolve by
-    /// preempting, or the preempted request's admission, which that step held back.
+    /// event announces: a request that ended in that step (at its length cap, after the
+    /// step's admissions) while others wait or run, blocks freed after a shard that left
+    /// requests waiting or running had taken what it could (a failed load's blocks, freed by
+    /// a shard that stepped after it), blocks handed over to a waiter (taken up in the next
+    /// step's report), a stall across shards the next steps resolve by preempting, or the
+    /// preempted request's admission, which that step held back.
     ///
     /// A `timeout` too large to represent as an instant waits until one of those happens.
     pub fn wait_for_work(&self, timeout: Duration) -> bool {

@@ -27,6 +27,9 @@ pub(super) struct Progress {
     /// A shard admitted nothing in the step (a cross-shard preemption's hold) while requests
     /// wait there: the next step admits.
     pub(super) admission_held: bool,
+    /// The fewest allocatable blocks a shard that left requests waiting or running saw once
+    /// it had admitted and scheduled ([`ShardStepResult::allocatable_seen`]).
+    pub(super) allocatable_seen: Option<usize>,
 }
 
 impl Progress {
@@ -35,6 +38,9 @@ impl Progress {
         self.waiting += res.waiting;
         self.parked += res.parked;
         self.admission_held |= res.admission_held;
+        if let Some(seen) = res.allocatable_seen {
+            self.allocatable_seen = Some(self.allocatable_seen.map_or(seen, |s| s.min(seen)));
+        }
         if let Some(k) = res.latest_running {
             if self.latest.is_none_or(|(best, _)| k > best) {
                 self.latest = Some((k, shard));

@@ -66,7 +66,7 @@ pub use metrics::Metrics;
 pub use request::{Command, NewRequest, PreparedPrompt};
 use request::{Phase, Req};
 pub use scheduled::{BlockTable, EndState, RecoveredRequest, ScannedRequest, ScheduledRequest};
-use strategy::{Claims, LockFree, Strategy};
+use strategy::{Claims, LockFree, Pool as _, Strategy};
 
 /// What a shard hands back from a step.
 #[derive(Debug, Default)]
@@ -101,6 +101,11 @@ pub struct ShardStepResult {
     /// The step admitted nothing here (a cross-shard preemption's hold) while requests wait:
     /// the next step admits, work no event announces.
     pub admission_held: bool,
+    /// The pool's allocatable blocks once this shard had admitted and scheduled, when it left
+    /// requests waiting or running (`None` otherwise): a pool holding more at the step's end
+    /// had blocks freed after this shard could take them — by another shard's recovery, failed
+    /// load or end — work for the next step that no event announces.
+    pub allocatable_seen: Option<usize>,
 }
 
 impl ShardStepResult {
@@ -123,6 +128,7 @@ impl ShardStepResult {
             latest_running,
             parked,
             admission_held,
+            allocatable_seen,
         } = self;
         scheduled.clear();
         recovered.clear();
@@ -142,6 +148,7 @@ impl ShardStepResult {
         *latest_running = None;
         *parked = 0;
         *admission_held = false;
+        *allocatable_seen = None;
     }
 }
 
@@ -398,6 +405,9 @@ impl<S: Strategy> Shard<S> {
             // request could be admitted.)
             self.result.admission_held =
                 !admit && !self.waiting.is_empty() && !planted!("held-admission-unannounced");
+            // Read after this shard's last allocation of the step.
+            self.result.allocatable_seen = (!self.waiting.is_empty() || !self.running.is_empty())
+                .then(|| env.pool.allocatable());
         }
         self.result.loading = self.loading.len();
         self.result.waiting = self.waiting.len();
