@@ -262,3 +262,114 @@ fn blocks_freed_by_a_failed_load_wake_the_engine_for_a_request_on_another_shard(
         "no ids put R's shard first: the scenario tests nothing"
     );
 }
+
+/// Offers the first lookup the prompt's full blocks as an asynchronous load that does not
+/// return until the test lets it (later lookups: nothing); counts the loads started.
+#[derive(Default)]
+struct HangOnce {
+    release: AtomicBool,
+    offered: AtomicBool,
+    started: AtomicUsize,
+}
+
+impl KvConnector for HangOnce {
+    fn lookup(&self, q: LookupQuery<'_>) -> LookupResult {
+        let first = !self.offered.swap(true, Ordering::SeqCst);
+        LookupResult {
+            external_tokens: if first {
+                (q.prompt.len() as u64 - 1) / 16 * 16
+            } else {
+                0
+            },
+            load_async: true,
+        }
+    }
+    fn load(&self, _: &LoadJob) -> LoadResult {
+        self.started.fetch_add(1, Ordering::SeqCst);
+        let t0 = Instant::now();
+        while !self.release.load(Ordering::SeqCst) && t0.elapsed() < Duration::from_secs(60) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        LoadResult::Ok
+    }
+}
+
+/// A request whose growth the blocks parked for a late load hold back is preempted to let it
+/// start over at most once: started over, it stops at the same place, and preempting it
+/// again frees nothing anyone else could use — the engine is told to wait for the late load
+/// instead (an engine that waits on empty plans sleeps), and the request finishes once the
+/// load returns. Restarting it step after step would recompute its prefix for nothing while
+/// the load hangs, and an engine waiting on empty plans would never sleep.
+#[test]
+fn a_request_parked_blocks_hold_back_waits_for_the_late_load_not_restarts_again_and_again() {
+    for shards in [1, 2] {
+        let mut done = false;
+        for _ in 0..5 {
+            let conn = Arc::new(HangOnce::default());
+            let c = Arc::clone(&conn);
+            let out = guarded("parked blocks hold a request back", move || {
+                let mut rt = Runtime::builder()
+                    .groups(vec![CacheGroup::full_attention(16)])
+                    .pool_blocks(6) // 5 usable
+                    .shards(shards)
+                    .workers(1)
+                    .settings(
+                        kvsched::Settings::default()
+                            .with_load_deadline(Some(Duration::from_millis(20))),
+                    )
+                    .connector(c.clone())
+                    .build()
+                    .unwrap();
+                // 33 tokens: the load of 32 parks two blocks at its deadline; started over,
+                // the request computes and grows to the three blocks left, short of the five
+                // its 40 new tokens need.
+                rt.submit(req("p", (0..33).collect(), 40)).unwrap();
+                let mut slept = false;
+                for _ in 0..2_000 {
+                    let plan = rt.schedule().unwrap();
+                    rt.update(StepOutput::all_sampled(&plan));
+                    if plan.scheduled.is_empty() && !rt.wait_for_work(Duration::from_millis(500)) {
+                        slept = true;
+                        break;
+                    }
+                }
+                let preemptions = rt.metrics().preemptions;
+                let started = c.started.load(Ordering::SeqCst);
+                c.release.store(true, Ordering::SeqCst);
+                // The late load's return is the event the engine waits for.
+                assert!(
+                    rt.wait_for_work(Duration::from_secs(30)),
+                    "the late load's return"
+                );
+                let (ended, _) = drive(&mut rt, |_, _| {});
+                let report = rt.shutdown();
+                assert!(report.violations.is_empty(), "{report}");
+                (started, slept, preemptions, ended, report.metrics)
+            });
+            let (started, slept, preemptions, ended, m) = out;
+            if started == 0 {
+                continue; // the deadline passed before the worker took the load
+            }
+            assert!(
+                slept,
+                "{shards} shards: never told to wait ({preemptions} preemptions): {m:?}"
+            );
+            assert!(
+                preemptions <= 1,
+                "{shards} shards: {preemptions} preemptions: {m:?}"
+            );
+            assert!(m.late_load_stalls > 0, "{shards} shards: {m:?}");
+            assert_eq!(
+                ended,
+                [("p".to_owned(), EndState::Finished)],
+                "{shards} shards"
+            );
+            done = true;
+            break;
+        }
+        assert!(
+            done,
+            "{shards} shards: in five runs the worker started no load in time"
+        );
+    }
+}

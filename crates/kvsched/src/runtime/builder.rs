@@ -251,6 +251,7 @@ impl Builder {
             expect_output: false,
             answered: true,
             stalled_steps: 0,
+            preempted_unserved: false,
             work_pending: false,
             panicked: None,
             handed: Default::default(),

@@ -30,6 +30,9 @@ pub(super) struct Progress {
     /// The fewest allocatable blocks a shard that left requests waiting or running saw once
     /// it had admitted and scheduled ([`ShardStepResult::allocatable_seen`]).
     pub(super) allocatable_seen: Option<usize>,
+    /// A request generated a token or ended in the step: what a preemption across shards
+    /// is for.
+    pub(super) served: bool,
 }
 
 impl Progress {
@@ -38,6 +41,7 @@ impl Progress {
         self.waiting += res.waiting;
         self.parked += res.parked;
         self.admission_held |= res.admission_held;
+        self.served |= res.generated > 0 || !res.ended.is_empty();
         if let Some(seen) = res.allocatable_seen {
             self.allocatable_seen = Some(self.allocatable_seen.map_or(seen, |s| s.min(seen)));
         }
@@ -57,17 +61,31 @@ impl Runtime {
     /// admission), whichever shard holds it, is preempted at the next step. With no running
     /// request to preempt the stall is counted: in [`Metrics::late_load_stalls`] while blocks
     /// are parked for late loads (the pool waits for them), else in
-    /// [`Metrics::no_progress_steps`]. Returns whether the next step goes on resolving the
-    /// stall (counting it towards a preemption, or applying one): work for the next step
-    /// that no event announces.
+    /// [`Metrics::no_progress_steps`].
+    ///
+    /// While blocks are parked, a preemption that no request's token or end followed is not
+    /// repeated: the request it restarted stopped where it was, short of blocks only the late
+    /// loads give back, and a second one would recompute its prefix again for nothing, step
+    /// after step, for as long as the loads hang. The stall is counted a wait for them
+    /// instead (`late_load_stalls`), and the engine waits for an event (their return, say).
+    ///
+    /// Returns whether the next step goes on resolving the stall (counting it towards a
+    /// preemption, or applying one): work for the next step that no event announces.
     pub(super) fn resolve_stall(&mut self, p: &Progress) -> bool {
+        if p.served {
+            self.preempted_unserved = false;
+        }
+        // Planted bug `stall-preempts-for-nothing` (scripts/plants.sh): a preemption nothing
+        // came of is repeated while the pool waits for late loads.
+        let futile =
+            p.parked > 0 && self.preempted_unserved && !planted!("stall-preempts-for-nothing");
         if p.moved || (p.waiting == 0 && p.latest.is_none()) {
             self.stalled_steps = 0;
             return false;
         }
         self.stalled_steps += 1;
         if self.stalled_steps < STALL_STEPS {
-            return p.latest.is_some();
+            return p.latest.is_some() && !futile;
         }
         self.stalled_steps = 0;
         // Planted bug for the liveness tests: never preempt across shards.
@@ -81,14 +99,15 @@ impl Runtime {
             p
         };
         match p.latest {
-            Some((key, shard)) => {
+            Some((key, shard)) if !futile => {
                 self.inner.shards[shard]
                     .inbox
                     .push(Command::Preempt(key.seq()));
+                self.preempted_unserved = true;
                 return true;
             }
-            None if p.parked > 0 => self.metrics.late_load_stalls += 1,
-            None => self.metrics.no_progress_steps += 1,
+            _ if p.parked > 0 => self.metrics.late_load_stalls += 1,
+            _ => self.metrics.no_progress_steps += 1,
         }
         false
     }

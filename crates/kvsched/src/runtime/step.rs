@@ -98,6 +98,8 @@ pub struct Runtime {
     pub(super) answered: bool,
     /// Consecutive steps without progress (see [`Runtime::schedule`]).
     pub(super) stalled_steps: u32,
+    /// No token or end has followed the latest preemption across shards (`resolve_stall`).
+    pub(super) preempted_unserved: bool,
     /// The latest step left the next one work that no event announces (see
     /// [`Runtime::wait_for_work`]): `poll_work` and `wait_for_work` return `true` at once.
     pub(super) work_pending: bool,

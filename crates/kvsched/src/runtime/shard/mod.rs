@@ -106,6 +106,9 @@ pub struct ShardStepResult {
     /// had blocks freed after this shard could take them — by another shard's recovery, failed
     /// load or end — work for the next step that no event announces.
     pub allocatable_seen: Option<usize>,
+    /// Tokens this step counted generated (samples kept, by the last step's output or a
+    /// restart that keeps one): progress a preemption across shards is judged by.
+    pub generated: u64,
 }
 
 impl ShardStepResult {
@@ -129,6 +132,7 @@ impl ShardStepResult {
             parked,
             admission_held,
             allocatable_seen,
+            generated,
         } = self;
         scheduled.clear();
         recovered.clear();
@@ -149,6 +153,7 @@ impl ShardStepResult {
         *parked = 0;
         *admission_held = false;
         *allocatable_seen = None;
+        *generated = 0;
     }
 }
 

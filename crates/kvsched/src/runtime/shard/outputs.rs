@@ -78,6 +78,7 @@ impl<S: Strategy> Shard<S> {
                 sampled && ran && !lost && (!skip || (!told && !planted!("kept-sample-discarded")));
             if counted {
                 r.generated += 1;
+                self.result.generated += 1;
             }
             if !skip && ran {
                 r.written = r.num_computed_tokens;

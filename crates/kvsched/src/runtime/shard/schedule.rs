@@ -306,6 +306,7 @@ impl<S: Strategy> Shard<S> {
                     if kept {
                         r.sampled_pending = false;
                         r.generated += 1;
+                        self.result.generated += 1;
                         if r.max_new_tokens > 0 && r.generated >= r.max_new_tokens {
                             self.end(env, seq, EndState::Finished);
                             continue;
