@@ -175,12 +175,16 @@ declare -A TESTS=(
   # runtime/signal.rs: only completions, submits and cancels wake an engine waiting for work,
   # so blocks freed inside a step, or a stall the next steps resolve, wait for one.
   [wait-ignores-pending-work]="kvsched --test runtime_wait"
-  # runtime/step.rs: blocks a shard frees after another shard could not take them (a failed
-  # load's, on a shard stepping later) wait for an event, so a waiting engine sleeps for good.
+  # runtime/signal.rs: blocks an allocation of a step was refused, allocatable at its end (two
+  # shards admitting at once, each refused by the other's share), wait for an event, so a
+  # waiting engine sleeps for good.
   [freed-blocks-unannounced]="kvsched --test runtime_wait"
   # runtime/stall.rs: a preemption across shards nothing came of is repeated while blocks are
   # parked for late loads, so the request it restarts recomputes its prefix step after step.
   [stall-preempts-for-nothing]="kvsched --test runtime_wait"
+  # runtime/signal.rs: a step whose report recovered resets the stall count, and a stall it
+  # leaves waits for an event before it is counted: a waiting engine sleeps for good.
+  [recovered-stall-unannounced]="kvsched --lib runtime::stall"
   # runtime/policy/trust.rs: an async load's own blocks counted from the table's start, so a
   # failure of a load past a local prefix rolls the prefix back too.
   [load-blocks-from-zero]="kvsched --test runtime_trust"
@@ -466,7 +470,7 @@ ORDER=(decide-early claim-store late-leak deadline-compact-in-flight late-ok-acc
   branch-state-uncached mamba-state-one-block-late mamba-state-into-null window-into-null model-null-read-uncounted cancelled-call-a-tier-error model-kv-read-unjudged model-state-read-unjudged tier-present-after-failed-load tier-failed-load-probed-again scan-one-group-less load-unverified save-payload-offset epoch-not-bumped-on-whole-block-write failed-copy-left-unpoisoned load-pieces-drop-tail vector-store-skips-round
   probe-hits-unindexed vllm-admits-before-schedule cost-ignores-failures pack-offset-past-table failure-share-read-per-token
   handoff-count-after-release inbox-apply-under-lock merge-larger-first probe-offer-never-wakes allocatable-release-uncounted
-  old-hits-back-to-p old-hits-evict-nothing vllm-evicts-on-recompute waits-one-owner-per-id wait-ignores-pending-work freed-blocks-unannounced stall-preempts-for-nothing
+  old-hits-back-to-p old-hits-evict-nothing vllm-evicts-on-recompute waits-one-owner-per-id wait-ignores-pending-work freed-blocks-unannounced stall-preempts-for-nothing recovered-stall-unannounced
   load-blocks-from-zero drop-deadline-per-thread lockstep-flush-unbounded
   quarantine-deadline-uncounted prompt-keys-one-group prepare-under-open-lock sync-newer-generation-ignored
   wait-past-deadline submit-wakes-nobody tier-panic-escapes held-without-value

@@ -1,18 +1,21 @@
 //! An engine that waits whenever a plan schedules nothing (`wait_for_work`) is woken for
 //! work a step leaves to the next one, not only for completions, submits and cancels:
 //! blocks a request ending at its length cap frees while another waits for admission, blocks
-//! a shard frees after another shard could not grow, and a stall across shards that the next
-//! steps resolve by preempting.
+//! a shard frees after another shard could not grow, a pool two shards' admissions raced for
+//! and both gave back, and a stall across shards that the next steps resolve by preempting;
+//! and a request that blocks parked for a late load hold back is not restarted again and
+//! again, so the engine does wait.
 //!
-//! These scenarios have no connector and no thread but the engine's, so no event would ever
-//! come: an empty plan with live requests must itself say there is work (`poll_work`), or the
-//! engine, waiting with no timeout, would sleep for good.
+//! Once the scenario is set up no event comes (the connectors' loads, where there are any,
+//! have returned or hang): an empty plan with live requests must itself say there is work
+//! (`poll_work`), or the engine, waiting with no timeout, would sleep for good.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvsched::connector::{KvConnector, LoadJob, LoadResult, LookupQuery, LookupResult};
+use kvsched::runtime::route::shard_of;
 use kvsched::{CacheGroup, EndState, Runtime, StepOutput, SubmitRequest};
 
 mod support;
@@ -237,6 +240,16 @@ fn blocks_freed_by_a_failed_load_wake_the_engine_for_a_request_on_another_shard(
             assert!(rt.wait_for_work(Duration::from_secs(30)), "the load's end");
             // The step that takes the failure in.
             let plan = rt.schedule().unwrap();
+            eprintln!(
+                "DBG {r} {l} {w} {:?} restarts {} report {:?} ended {:?}",
+                plan.scheduled
+                    .iter()
+                    .map(|s| (s.id.clone(), s.num_computed_tokens, s.num_tokens))
+                    .collect::<Vec<_>>(),
+                rt.metrics().lost_output_restarts,
+                plan.recovery.report,
+                plan.ended
+            );
             if plan.scheduled.is_empty() {
                 unannounced += 1;
                 assert!(
@@ -372,4 +385,46 @@ fn a_request_parked_blocks_hold_back_waits_for_the_late_load_not_restarts_again_
             "{shards} shards: in five runs the worker started no load in time"
         );
     }
+}
+
+/// Two shards stepping in parallel each admit a request that needs two thirds of an empty
+/// pool. When both allocate at the same time each takes part of the pool, fails, and gives it
+/// back: neither is admitted, and the plan is empty while the whole pool is free — work for
+/// the next step that no event announces, and the engine must be told. The race needs both
+/// shard threads running at once, so only some trials meet it (the count is printed); a
+/// trial that does not is a step like any other.
+#[test]
+fn two_shards_refused_by_their_own_race_wake_the_engine() {
+    let raced = guarded("admissions racing", || {
+        let mut raced = 0;
+        for _ in 0..300 {
+            let mut rt = Runtime::builder()
+                .groups(vec![CacheGroup::full_attention(16)])
+                .pool_blocks(13) // 12 usable blocks: room for one request, not two
+                .shards(2)
+                .inline_steps_up_to(0)
+                .parallel_step_work(0)
+                .build()
+                .unwrap();
+            let a = "a".to_owned();
+            let b = (0..)
+                .map(|i| format!("b{i}"))
+                .find(|b| shard_of(b, 2) != shard_of(&a, 2))
+                .unwrap();
+            for id in [&a, &b] {
+                rt.submit(req(id, vec![3; 120], 1)).unwrap();
+            }
+            let plan = rt.schedule().unwrap();
+            if plan.scheduled.is_empty() {
+                raced += 1;
+                assert!(
+                    rt.poll_work(),
+                    "both refused, the pool free, and nothing says there is work"
+                );
+            }
+            drop(rt.shutdown());
+        }
+        raced
+    });
+    eprintln!("{raced} of 300 trials raced");
 }

@@ -9,6 +9,8 @@
 
 use std::time::{Duration, Instant};
 
+use crate::runtime::plan::StepPlan;
+use crate::runtime::stall::Progress;
 use crate::runtime::step::Runtime;
 use crate::sync::{AtomicU64, Ordering, Unparker};
 
@@ -63,7 +65,8 @@ impl Runtime {
     ///
     /// It also returns `true` at once when the last step left the next one work that no
     /// event announces: a request that ended in that step (at its length cap, after the
-    /// step's admissions) while others wait or run, blocks freed after a shard that left
+    /// step's admissions), or a report it recovered (a stall it left is counted from the
+    /// next step), while others wait or run, blocks freed after a shard that left
     /// requests waiting or running had taken what it could (a failed load's blocks, freed by
     /// a shard that stepped after it), blocks handed over to a waiter (taken up in the next
     /// step's report), a stall across shards the next steps resolve by preempting, or the
@@ -102,6 +105,44 @@ impl Runtime {
                 }
             }
         }
+    }
+
+    /// Whether the step that planned `plan` (its shards' `progress`; `stall_resolves`: the
+    /// next steps go on resolving a stall) left the next one work that no completion, submit
+    /// or cancel announces: a request ending in it (after the admissions, at its length cap,
+    /// or on another shard than a request that could not grow: its blocks, its place among
+    /// `max_seqs`), or a report recovered (the stall count starts over: a stall the step left
+    /// is counted from the next one), while other requests wait or run; as many blocks
+    /// allocatable at the step's end as an allocation of the step was refused (freed after the
+    /// refusal — a failed load's, a recovery's, on a shard that stepped after it — or taken for
+    /// a moment by another shard's allocation that failed too: two shards admitting at once
+    /// can each take part of the pool, fail, and give it back); hand-offs for the next report;
+    /// a stall the next steps resolve by preempting; admission a preemption held back. The
+    /// pool is read after every shard's step: nothing frees blocks between steps. A refusal
+    /// records what the allocation needed, so a pool still short of it at the step's end
+    /// (nothing freed) announces nothing: no step is taken for nothing.
+    pub(super) fn work_left(
+        &self,
+        plan: &StepPlan,
+        progress: &Progress,
+        stall_resolves: bool,
+    ) -> bool {
+        let others_live = progress.waiting > 0 || progress.latest.is_some();
+        // Planted bug `freed-blocks-unannounced` (scripts/plants.sh): blocks a refused
+        // allocation wanted, there at the step's end, wait for an event.
+        let freed_since = progress
+            .blocks_wanted
+            .is_some_and(|n| self.inner.pool.allocatable() >= n)
+            && !planted!("freed-blocks-unannounced");
+        // Planted bug `recovered-stall-unannounced` (scripts/plants.sh): a stall left by a
+        // step that recovered waits for an event before it is counted.
+        let recovered =
+            !plan.recovery.report.is_empty() && !planted!("recovered-stall-unannounced");
+        stall_resolves
+            || progress.admission_held
+            || freed_since
+            || !self.handoffs.is_empty()
+            || (others_live && (!plan.ended.is_empty() || recovered))
     }
 
     /// Whether the last step left the next one work that no event announces.

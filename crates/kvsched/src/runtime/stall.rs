@@ -27,9 +27,9 @@ pub(super) struct Progress {
     /// A shard admitted nothing in the step (a cross-shard preemption's hold) while requests
     /// wait there: the next step admits.
     pub(super) admission_held: bool,
-    /// The fewest allocatable blocks a shard that left requests waiting or running saw once
-    /// it had admitted and scheduled ([`ShardStepResult::allocatable_seen`]).
-    pub(super) allocatable_seen: Option<usize>,
+    /// The fewest blocks an allocation of the step refused a request, over the shards
+    /// ([`ShardStepResult::blocks_wanted`]).
+    pub(super) blocks_wanted: Option<usize>,
     /// A request generated a token or ended in the step: what a preemption across shards
     /// is for.
     pub(super) served: bool,
@@ -42,8 +42,8 @@ impl Progress {
         self.parked += res.parked;
         self.admission_held |= res.admission_held;
         self.served |= res.generated > 0 || !res.ended.is_empty();
-        if let Some(seen) = res.allocatable_seen {
-            self.allocatable_seen = Some(self.allocatable_seen.map_or(seen, |s| s.min(seen)));
+        if let Some(n) = res.blocks_wanted {
+            self.blocks_wanted = Some(self.blocks_wanted.map_or(n, |m| m.min(n)));
         }
         if let Some(k) = res.latest_running {
             if self.latest.is_none_or(|(best, _)| k > best) {
@@ -115,8 +115,75 @@ impl Runtime {
 
 #[cfg(all(test, not(kvsched_loom)))]
 mod tests {
+    use crate::pool::BlockRef;
+    use crate::rules::geometry::CacheGroup;
     use crate::runtime::shard::Command;
     use crate::runtime::{Runtime, StepOutput, SubmitRequest};
+
+    /// A step whose report recovered nothing anyone runs has still moved the runtime: the stall
+    /// count starts over, and a stall across shards it leaves is counted from the next step,
+    /// which the engine must be told to take, or, waiting, it sleeps for good. The report here
+    /// names a block nobody holds any more, as a failed load's does once its request started
+    /// over and freed it.
+    #[test]
+    fn a_stall_left_by_a_step_that_recovered_is_work_for_the_next_step() {
+        let full = CacheGroup::full_attention(16);
+        let mut rt = Runtime::builder()
+            .groups(vec![full, full])
+            .pool_blocks(10) // 9 usable: two requests growing two blocks at a time stall on one
+            .shards(2)
+            .build()
+            .unwrap();
+        let mut ids = (0..).map(|i| format!("r{i}"));
+        let a = ids.next().unwrap();
+        let b = ids
+            .find(|id| rt.inner.shard_of(id) != rt.inner.shard_of(&a))
+            .unwrap();
+        for id in [&a, &b] {
+            rt.submit(SubmitRequest {
+                id: id.as_str().into(),
+                prompt: vec![1; 16],
+                max_new_tokens: 40,
+                priority: 0,
+                load_deadline: None,
+            })
+            .unwrap();
+        }
+        let mut plan = rt.schedule().unwrap();
+        for _ in 0..100 {
+            if plan.scheduled.is_empty() {
+                break;
+            }
+            rt.update(StepOutput::all_sampled(&plan));
+            plan = rt.schedule().unwrap();
+        }
+        assert!(plan.scheduled.is_empty() && rt.live() == 2, "stalled");
+        let free = (1..10)
+            .find(|&id| rt.inner.pool.ref_count(id) == 0)
+            .expect("a free block");
+        let generation = rt.inner.pool.generation(free).unwrap();
+        rt.sync_invalid.push(BlockRef {
+            id: free,
+            generation,
+        });
+        let plan = rt.schedule().unwrap();
+        assert!(plan.scheduled.is_empty());
+        assert_eq!(plan.recovery.report, [free]);
+        assert!(
+            rt.poll_work(),
+            "the stall left by the step that recovered is work"
+        );
+        // Taken, the next steps count the stall and preempt.
+        for _ in 0..10 {
+            if !rt.poll_work() {
+                break;
+            }
+            let plan = rt.schedule().unwrap();
+            rt.update(StepOutput::all_sampled(&plan));
+        }
+        assert_eq!(rt.metrics().cross_shard_preemptions, 1);
+        drop(rt.shutdown());
+    }
 
     /// The step that applies a cross-shard preemption admits nothing on the victim's shard
     /// (so the freed blocks are not taken straight back): when the victim is all there is, that

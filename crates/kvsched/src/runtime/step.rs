@@ -371,26 +371,7 @@ impl Runtime {
         };
         progress.moved |= !plan.scheduled.is_empty() || !plan.recovery.report.is_empty();
         let stall_resolves = self.resolve_stall(&progress);
-        // Work for the next step that no completion, submit or cancel announces: a request
-        // ending in this step (after the admissions, at its length cap, or on another shard
-        // than a request that could not grow: its blocks, its place among `max_seqs`) while
-        // other requests wait or run, blocks freed after a shard that left requests waiting
-        // or running had taken what it could (a failed load's or a recovery's on a shard that
-        // stepped after it), hand-offs for the next report, a stall that the next steps
-        // resolve by preempting, admission a preemption held back in this step. The pool is
-        // read after every shard's step: nothing frees blocks between steps.
-        let others_live = progress.waiting > 0 || progress.latest.is_some();
-        // Planted bug `freed-blocks-unannounced` (scripts/plants.sh): blocks freed after a
-        // shard could take them wait for an event.
-        let freed_since = progress
-            .allocatable_seen
-            .is_some_and(|seen| self.inner.pool.allocatable() > seen)
-            && !planted!("freed-blocks-unannounced");
-        self.work_pending = stall_resolves
-            || progress.admission_held
-            || freed_since
-            || !self.handoffs.is_empty()
-            || (others_live && !plan.ended.is_empty());
+        self.work_pending = self.work_left(&plan, &progress, stall_resolves);
         plan
     }
 

@@ -127,13 +127,17 @@ impl<S: Strategy> Shard<S> {
         // Full-attention-like groups need every entry below the local prefix.
         let cached = prefix_cap(geo, prompt_len, &r.hashes, |h| env.pool.contains_hash(h));
         let at_best = geo.groups().iter().map(|g| prefix_entries(g, cached).1);
-        if fewest_blocks_needed(geo, prompt_len, cached, at_best) > env.pool.allocatable() {
+        let need = fewest_blocks_needed(geo, prompt_len, cached, at_best);
+        if need > env.pool.allocatable() {
+            self.result.want(need);
             return Admitted::PoolFull;
         }
         let (local, got) = Self::local_prefix(env, r, cached);
         let held = got.iter().map(Vec::len);
-        if fewest_blocks_needed(geo, prompt_len, local, held) > env.pool.allocatable() {
-            Self::release_prefix(env, got);
+        let need = fewest_blocks_needed(geo, prompt_len, local, held);
+        if need > env.pool.allocatable() {
+            self.result
+                .want(need + Self::release_prefix_unheld(env, got));
             return Admitted::PoolFull;
         }
         // The prefix the connector would load from: the chained hash of group 0's first
@@ -163,7 +167,10 @@ impl<S: Strategy> Shard<S> {
         let ext = look.external_tokens;
         let ext_end = Self::loaded_end(env, settings, now, r, local, ext, behind, counters);
         let fresh = &mut self.fresh;
-        if !Self::allocate_prompt(env, r, seq, (local, ext_end), got, &mut self.index, fresh) {
+        if let Err(need) =
+            Self::allocate_prompt(env, r, seq, (local, ext_end), got, &mut self.index, fresh)
+        {
+            self.result.want(need);
             return Admitted::PoolFull;
         }
         // Admitted: what the connector prepared for its lookups is not kept (a restart looks
@@ -292,8 +299,9 @@ impl<S: Strategy> Shard<S> {
     /// Fills the tables of `r` for its whole prompt: the local prefix `got` first, the null
     /// block for the entries of the external range `local..ext_end` that hold nothing (a
     /// Mamba `align` group's states before the one at `ext_end`: `policy::admission`), fresh
-    /// blocks after it, entries below `local` counted as registered. Returns `false`, with the
-    /// prefix released, when the pool cannot supply the fresh blocks. `fresh` is scratch
+    /// blocks after it, entries below `local` counted as registered. When the pool cannot supply
+    /// the fresh blocks, releases the prefix and returns the blocks an attempt needs
+    /// allocatable: the fresh ones and the prefix's that nobody else holds. `fresh` is scratch
     /// (left empty).
     fn allocate_prompt(
         env: &Env<'_, S>,
@@ -303,7 +311,7 @@ impl<S: Strategy> Shard<S> {
         mut got: Vec<Vec<(BlockId, Generation)>>,
         index: &mut HolderIndex,
         fresh: &mut Vec<BlockRef>,
-    ) -> bool {
+    ) -> Result<(), usize> {
         let geo = env.geo;
         for (g, grp) in geo.groups().iter().enumerate() {
             while got[g].len() < external_nulls(grp, ext_end) {
@@ -316,8 +324,7 @@ impl<S: Strategy> Shard<S> {
         let prompt_len = r.prompt.len() as u64;
         let need = blocks_needed_at(geo, prompt_len, ext_end, got.iter().map(Vec::len));
         if !env.pool.allocate_n(need, fresh) {
-            Self::release_prefix(env, got);
-            return false;
+            return Err(need + Self::release_prefix_unheld(env, got));
         }
         let mut fresh = fresh.drain(..);
         for (g, grp) in geo.groups().iter().enumerate() {
@@ -337,7 +344,24 @@ impl<S: Strategy> Shard<S> {
             r.gens[g] = got[g].iter().map(|x| x.1).collect();
             r.registered[g] = (local / grp.block_size) as usize;
         }
-        true
+        Ok(())
+    }
+
+    /// [`release_prefix`](Self::release_prefix), returning how many of its blocks nobody holds
+    /// once released: allocatable blocks a new attempt would take up again with the prefix,
+    /// so they count with what it must allocate.
+    fn release_prefix_unheld(env: &Env<'_, S>, got: Vec<Vec<(BlockId, Generation)>>) -> usize {
+        let null = env.geo.null_block();
+        let ids: Vec<BlockId> = got
+            .iter()
+            .flatten()
+            .map(|&(id, _)| id)
+            .filter(|&id| id != null)
+            .collect();
+        Self::release_prefix(env, got);
+        ids.into_iter()
+            .filter(|&id| env.pool.ref_count(id) == 0)
+            .count()
     }
 
     /// Releases the entries of a prefix [`local_prefix`](Self::local_prefix) took (nulls

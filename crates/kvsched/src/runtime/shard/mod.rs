@@ -66,7 +66,7 @@ pub use metrics::Metrics;
 pub use request::{Command, NewRequest, PreparedPrompt};
 use request::{Phase, Req};
 pub use scheduled::{BlockTable, EndState, RecoveredRequest, ScannedRequest, ScheduledRequest};
-use strategy::{Claims, LockFree, Pool as _, Strategy};
+use strategy::{Claims, LockFree, Strategy};
 
 /// What a shard hands back from a step.
 #[derive(Debug, Default)]
@@ -101,17 +101,24 @@ pub struct ShardStepResult {
     /// The step admitted nothing here (a cross-shard preemption's hold) while requests wait:
     /// the next step admits, work no event announces.
     pub admission_held: bool,
-    /// The pool's allocatable blocks once this shard had admitted and scheduled, when it left
-    /// requests waiting or running (`None` otherwise): a pool holding more at the step's end
-    /// had blocks freed after this shard could take them — by another shard's recovery, failed
-    /// load or end — work for the next step that no event announces.
-    pub allocatable_seen: Option<usize>,
+    /// The fewest blocks an allocation of this step refused one of its requests (admission, or
+    /// growth; `None`: none was refused): when the pool holds that many at the step's end —
+    /// freed after the refusal by another shard's recovery, failed load or end, or held for a
+    /// moment by another shard's allocation that failed too — the next step can do what this
+    /// one could not, work that no event announces.
+    pub blocks_wanted: Option<usize>,
     /// Tokens this step counted generated (samples kept, by the last step's output or a
     /// restart that keeps one): progress a preemption across shards is judged by.
     pub generated: u64,
 }
 
 impl ShardStepResult {
+    /// Records that an allocation of `n` blocks was refused a request in this step
+    /// ([`blocks_wanted`](Self::blocks_wanted)).
+    pub(super) fn want(&mut self, n: usize) {
+        self.blocks_wanted = Some(self.blocks_wanted.map_or(n, |m| m.min(n)));
+    }
+
     /// Empties every list (keeping its room) and zeroes every count: what a step's result
     /// starts from. A result is cleared and refilled in place, step after step, so a step
     /// neither allocates its lists anew nor zeroes or copies the whole value.
@@ -131,7 +138,7 @@ impl ShardStepResult {
             latest_running,
             parked,
             admission_held,
-            allocatable_seen,
+            blocks_wanted,
             generated,
         } = self;
         scheduled.clear();
@@ -152,7 +159,7 @@ impl ShardStepResult {
         *latest_running = None;
         *parked = 0;
         *admission_held = false;
-        *allocatable_seen = None;
+        *blocks_wanted = None;
         *generated = 0;
     }
 }
@@ -410,9 +417,6 @@ impl<S: Strategy> Shard<S> {
             // request could be admitted.)
             self.result.admission_held =
                 !admit && !self.waiting.is_empty() && !planted!("held-admission-unannounced");
-            // Read after this shard's last allocation of the step.
-            self.result.allocatable_seen = (!self.waiting.is_empty() || !self.running.is_empty())
-                .then(|| env.pool.allocatable());
         }
         self.result.loading = self.loading.len();
         self.result.waiting = self.waiting.len();

@@ -19,19 +19,25 @@ use crate::runtime::policy::state_ends::written_state;
 const KEY_CHUNK: usize = 32;
 
 impl<S: Strategy> Shard<S> {
-    /// Makes room in the tables of `r` for `upto` computed tokens.
-    fn grow(env: &Env<'_, S>, r: &mut Req, upto: u64, index: &mut HolderIndex) -> bool {
+    /// Makes room in the tables of `r` for `upto` computed tokens; on failure, the blocks the
+    /// allocation that failed needed.
+    fn grow(
+        env: &Env<'_, S>,
+        r: &mut Req,
+        upto: u64,
+        index: &mut HolderIndex,
+    ) -> Result<(), usize> {
         let groups = env.geo.groups();
         if !Self::fill_written_entries(env, r, upto, index) {
-            return false;
+            return Err(1);
         }
         let need = blocks_needed(groups, r.tables.iter().map(Vec::len), upto);
         if need == 0 {
-            return true;
+            return Ok(());
         }
         let mut fresh = Vec::with_capacity(need);
         if !env.pool.allocate_n(need, &mut fresh) {
-            return false;
+            return Err(need);
         }
         let mut fresh = fresh.into_iter();
         for (g, grp) in groups.iter().enumerate() {
@@ -44,7 +50,7 @@ impl<S: Strategy> Shard<S> {
                 }
             }
         }
-        true
+        Ok(())
     }
 
     /// Gives a fresh block to every entry a step computing from the request's length up to
@@ -186,7 +192,7 @@ impl<S: Strategy> Shard<S> {
             self.end(env, seq, EndState::Finished);
             return false;
         }
-        if !Self::grow(env, r, upto, &mut self.index) {
+        if Self::grow(env, r, upto, &mut self.index).is_err() {
             // Preempt the latest running request of this shard, if it is not this one and not
             // in this step's plan already. Scheduling in canonical order never meets one that
             // is; mode vllm schedules the requests it admits after the running ones, and
@@ -208,7 +214,8 @@ impl<S: Strategy> Shard<S> {
             let Some(r) = self.reqs.get_mut(&seq) else {
                 return false;
             };
-            if !Self::grow(env, r, upto, &mut self.index) {
+            if let Err(need) = Self::grow(env, r, upto, &mut self.index) {
+                self.result.want(need);
                 return false;
             }
         }
