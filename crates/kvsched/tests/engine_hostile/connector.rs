@@ -73,6 +73,9 @@ pub enum Act {
     Slow(u64),
     /// Wait until cancelled, then 10 ms more, scribble poison where allowed, report Ok.
     HangUntilCancel,
+    /// Wait until cancelled (or the deadline), then this many ms more (its blocks parked all
+    /// that time), scribble poison where allowed, report Ok.
+    HangPastCancel(u64),
 }
 
 pub struct Conn {
@@ -176,6 +179,15 @@ impl KvConnector for Conn {
                     std::thread::sleep(Duration::from_millis(1));
                 }
                 std::thread::sleep(Duration::from_millis(10));
+                write(false, &|_| true);
+                LoadResult::Ok
+            }
+            Act::HangPastCancel(ms) => {
+                while !job.cancel.is_cancelled() && job.deadline.is_none_or(|d| Instant::now() < d)
+                {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                std::thread::sleep(Duration::from_millis(ms));
                 write(false, &|_| true);
                 LoadResult::Ok
             }

@@ -53,6 +53,9 @@ pub struct Engine {
     pub rng: u64,
     pub budget: u64,
     pub max_seqs: usize,
+    /// Lose the output of every step whose number is a multiple of this (0: none): the
+    /// engine ran it, its writes garbage, and never answered it.
+    pub lose_every: u64,
 }
 
 impl Engine {
@@ -178,6 +181,9 @@ impl Engine {
                 }
             }
         }
+        let lost = self.lose_every > 0
+            && self.t.steps % self.lose_every == 0
+            && !plan.scheduled.is_empty();
         let mut bad_read = HashSet::new();
         let mut sent = HashSet::new();
         for s in &plan.scheduled {
@@ -228,7 +234,7 @@ impl Engine {
                     }
                     if let Some(blk) = s.block_tables[g].get(pos / b) {
                         if blk.id != 0 {
-                            let v = if bad_read.contains(&s.id) && !self.exact_kernels {
+                            let v = if lost || (bad_read.contains(&s.id) && !self.exact_kernels) {
                                 POISON
                             } else {
                                 tag(g, &r.prompt, &s.id, pos)
@@ -242,7 +248,7 @@ impl Engine {
                     }
                 }
             }
-            if s.samples {
+            if s.samples && !lost {
                 self.rng = self
                     .rng
                     .wrapping_mul(6364136223846793005)
@@ -257,6 +263,10 @@ impl Engine {
                 }
                 sent.insert(s.id.clone());
             }
+        }
+        if lost {
+            // Nothing of the step is answered; the next `schedule` takes it as lost.
+            return Ok(plan.scheduled.len());
         }
         if self.sloppy && self.rng % 3 == 0 {
             out.sampled.reverse();
@@ -382,6 +392,7 @@ pub fn engine_with(
         rng: 1,
         budget,
         max_seqs,
+        lose_every: 0,
     }
 }
 

@@ -5,6 +5,7 @@
 
 mod connector;
 mod harness;
+mod sweep;
 
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
