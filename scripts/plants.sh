@@ -131,10 +131,10 @@ declare -A TESTS=(
   [save-pause-outlasts-outage]="kvsched --lib kv::saver::tests::a_load_the_tier_answers"
   # runtime/shard/outputs.rs: an output applied to a request that did not run confirms its
   # computed length, so an engine finish before its sync load ran caches unwritten blocks.
-  [register-unwritten]="kvsched --test kv_lifecycle"
+  [register-unwritten]="kvsched --test kv_lifecycle;kvsched --test engine_hostile"
   # runtime/policy/lost.rs: a lost step is offered again at its pre-step length, past a sync
   # load that may never have run or a Mamba state it advanced in place.
-  [reoffer-unwritten]="kvsched --test kv_lifecycle;kvsched --lib runtime::policy::lost"
+  [reoffer-unwritten]="kvsched --test kv_lifecycle;kvsched --lib runtime::policy::lost;kvsched --test engine_hostile"
   # connector/cancel.rs: a load no worker started is never dropped; its blocks are parked
   # for a completion that never comes (a hung worker), and the pool drains.
   [park-unstarted]="kvsched --test kv_lifecycle"
