@@ -240,16 +240,6 @@ fn blocks_freed_by_a_failed_load_wake_the_engine_for_a_request_on_another_shard(
             assert!(rt.wait_for_work(Duration::from_secs(30)), "the load's end");
             // The step that takes the failure in.
             let plan = rt.schedule().unwrap();
-            eprintln!(
-                "DBG {r} {l} {w} {:?} restarts {} report {:?} ended {:?}",
-                plan.scheduled
-                    .iter()
-                    .map(|s| (s.id.clone(), s.num_computed_tokens, s.num_tokens))
-                    .collect::<Vec<_>>(),
-                rt.metrics().lost_output_restarts,
-                plan.recovery.report,
-                plan.ended
-            );
             if plan.scheduled.is_empty() {
                 unannounced += 1;
                 assert!(
